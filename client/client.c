@@ -1,0 +1,573 @@
+/* libgpubuf-client: connection, requests and the buffer life cycle. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "util.h"
+#include "wire.h"
+
+static _Thread_local char tl_error[512];
+
+void gpubuf__set_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tl_error, sizeof(tl_error), fmt, ap);
+    va_end(ap);
+}
+
+GPUBUF_EXTERN const char *gpubuf_last_error_message(void) {
+    return tl_error;
+}
+
+int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                       int *ret_fd) {
+    uint8_t stackbuf[512];
+    uint8_t *frame = stackbuf, *payload = NULL;
+    size_t plen;
+    ssize_t n;
+    int r, fd = -1;
+    Gpubuf__Response *resp;
+
+    *ret_fd = -1;
+    if (c->broken) {
+        gpubuf__set_error("the connection to gpubufd is closed");
+        return GPUBUF_EDISCONNECTED;
+    }
+    req->id = ++c->next_id;
+    plen = gpubuf__request__get_packed_size(req);
+    if (plen > c->max_request) {
+        gpubuf__set_error("request of %zu bytes exceeds the daemon's limit of %u", plen,
+                          c->max_request);
+        return -EMSGSIZE;
+    }
+    if (plen + GPUBUF_WIRE_HEADER_SIZE > sizeof(stackbuf)) {
+        frame = malloc(plen + GPUBUF_WIRE_HEADER_SIZE);
+        if (!frame)
+            return -ENOMEM;
+    }
+    gpubuf_wire_header_encode(frame, (uint32_t)plen);
+    gpubuf__request__pack(req, frame + GPUBUF_WIRE_HEADER_SIZE);
+    r = gpubuf_wire_send_all(c->fd, frame, plen + GPUBUF_WIRE_HEADER_SIZE, -1);
+    if (frame != stackbuf)
+        free(frame);
+    if (r < 0) {
+        c->broken = true;
+        gpubuf__set_error("sending to gpubufd: %s", strerror(-r));
+        return r == -EPIPE ? GPUBUF_EDISCONNECTED : r;
+    }
+    n = gpubuf_wire_read_frame(c->fd, GPUBUF_WIRE_MAX_RESPONSE, &payload, &fd);
+    if (n < 0) {
+        c->broken = true;
+        gpubuf__set_error("reading from gpubufd: %s", gpubuf_strerror((int)n));
+        return (int)n == -ECONNRESET ? GPUBUF_EDISCONNECTED : (int)n;
+    }
+    resp = gpubuf__response__unpack(NULL, (size_t)n, payload);
+    free(payload);
+    if (!resp || (resp->id != req->id && resp->id != 0)) {
+        if (resp)
+            gpubuf__response__free_unpacked(resp, NULL);
+        if (fd >= 0)
+            close(fd);
+        c->broken = true;
+        gpubuf__set_error("gpubufd sent an undecodable or unexpected reply");
+        return GPUBUF_EPROTOCOL;
+    }
+    if (resp->id == 0 && resp->status < 0) {
+        /* Connection-level error (shutdown, bad frame): the stream ends. */
+        c->broken = true;
+    }
+    if (resp->status < 0) {
+        r = resp->status;
+        gpubuf__set_error("%s", resp->message && *resp->message ? resp->message
+                                                                  : gpubuf_strerror(r));
+        gpubuf__response__free_unpacked(resp, NULL);
+        if (fd >= 0)
+            close(fd);
+        return r;
+    }
+    tl_error[0] = '\0';
+    *ret = resp;
+    *ret_fd = fd;
+    return 0;
+}
+
+GPUBUF_EXTERN int gpubuf_connect(const char *path, gpubuf_client **ret) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    gpubuf_client *c;
+    int fd, r;
+    if (!ret)
+        return -EINVAL;
+    if (!path)
+        path = getenv("GPUBUF_SOCKET");
+    if (!path || !*path)
+        path = GPUBUF_DEFAULT_SOCKET;
+    if (strlen(path) >= sizeof(sa.sun_path)) {
+        gpubuf__set_error("socket path too long: %s", path);
+        return -ENAMETOOLONG;
+    }
+    strcpy(sa.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        r = -errno;
+        gpubuf__set_error("cannot connect to gpubufd at %s: %s", path, strerror(-r));
+        close(fd);
+        return r;
+    }
+    c = calloc(1, sizeof(*c));
+    if (!c) {
+        close(fd);
+        return -ENOMEM;
+    }
+    c->fd = fd;
+    atomic_init(&c->refs, 1);
+    pthread_mutex_init(&c->lock, NULL);
+    c->max_request = GPUBUF_WIRE_MAX_REQUEST;
+
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello hello = GPUBUF__HELLO__INIT;
+    Gpubuf__Response *resp;
+    char name[64];
+    int rfd;
+    snprintf(name, sizeof(name), "%s", program_invocation_short_name);
+    hello.min_version = GPUBUF_PROTOCOL_VERSION;
+    hello.max_version = GPUBUF_PROTOCOL_VERSION;
+    hello.client_name = name;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &hello;
+    r = gpubuf__rpc_locked(c, &req, &resp, &rfd);
+    if (r < 0) {
+        gpubuf__client_unref(c);
+        return r;
+    }
+    if (resp->body_case != GPUBUF__RESPONSE__BODY_HELLO) {
+        gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf__client_unref(c);
+        return GPUBUF_EPROTOCOL;
+    }
+    c->session_id = resp->hello->session_id;
+    if (resp->hello->max_request >= 256)
+        c->max_request = resp->hello->max_request;
+    gpubuf__response__free_unpacked(resp, NULL);
+    *ret = c;
+    return 0;
+}
+
+void gpubuf__client_unref(gpubuf_client *c) {
+    if (atomic_fetch_sub(&c->refs, 1) != 1)
+        return;
+    gpubuf__mapping_clear(c);
+    if (c->fd >= 0)
+        close(c->fd);
+    pthread_mutex_destroy(&c->lock);
+    free(c);
+}
+
+GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
+    if (!c)
+        return NULL;
+    pthread_mutex_lock(&c->lock);
+    /* Closing the socket drops every daemon reference of this connection;
+     * views still alive keep only their local mapping. */
+    shutdown(c->fd, SHUT_RDWR);
+    c->broken = true;
+    pthread_mutex_unlock(&c->lock);
+    gpubuf__client_unref(c);
+    return NULL;
+}
+
+/* Build a root view from a Buffer reply. Lock held. Consumes fd. */
+static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_buffer **ret) {
+    gpubuf_mapping *map;
+    gpubuf_buffer *b;
+    int r;
+    if (!m || !m->slab || m->offset > m->slab->size || m->size > m->slab->size - m->offset) {
+        if (fd >= 0)
+            close(fd);
+        gpubuf__set_error("gpubufd described a buffer outside its slab");
+        return GPUBUF_EPROTOCOL;
+    }
+    b = calloc(1, sizeof(*b));
+    if (!b) {
+        if (fd >= 0)
+            close(fd);
+        return -ENOMEM;
+    }
+    r = gpubuf__mapping_get(c, m->slab, fd, &map);
+    if (r < 0) {
+        free(b);
+        return r;
+    }
+    atomic_init(&b->refs, 1);
+    b->c = c;
+    b->map = map;
+    b->id = m->buffer_id;
+    b->offset = m->offset;
+    b->size = m->size;
+    b->owns_ref = true;
+    snprintf(b->name, sizeof(b->name), "%s", m->name ? m->name : "");
+    atomic_fetch_add(&c->refs, 1);
+    *ret = b;
+    return 0;
+}
+
+/* Tell the daemon to drop one reference (lock held). */
+static int send_release(gpubuf_client *c, uint64_t id) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
+    Gpubuf__Response *resp;
+    int fd, r;
+    rel.buffer_id = id;
+    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    req.release = &rel;
+    r = gpubuf__rpc_locked(c, &req, &resp, &fd);
+    if (r == 0) {
+        if (fd >= 0)
+            close(fd);
+        gpubuf__response__free_unpacked(resp, NULL);
+    }
+    return r;
+}
+
+static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret) {
+    Gpubuf__Response *resp;
+    int fd, r;
+    pthread_mutex_lock(&c->lock);
+    r = gpubuf__rpc_locked(c, req, &resp, &fd);
+    if (r == 0) {
+        if (resp->body_case != GPUBUF__RESPONSE__BODY_BUFFER) {
+            if (fd >= 0)
+                close(fd);
+            r = GPUBUF_EPROTOCOL;
+        } else {
+            r = make_view(c, resp->buffer, fd, ret);
+            if (r < 0) /* mapping failed: give the reference back */
+                send_release(c, resp->buffer->buffer_id);
+        }
+        gpubuf__response__free_unpacked(resp, NULL);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return r;
+}
+
+static bool name_ok(const char *name) {
+    size_t len = strlen(name);
+    if (!gpubuf_name_valid(name, len)) {
+        gpubuf__set_error("invalid name '%.64s': 1..255 bytes of A-Z a-z 0-9 . _ : / @ + -",
+                          name);
+        return false;
+    }
+    return true;
+}
+
+GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size,
+                               const char *name, gpubuf_buffer **ret) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    if (!c || !ret || size == 0)
+        return -EINVAL;
+    if (name && *name && !name_ok(name))
+        return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
+    a.pool = (char *)(pool ? pool : "");
+    a.size = size;
+    a.name = (char *)(name ? name : "");
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    return buffer_request(c, &req, ret);
+}
+
+GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms,
+                              gpubuf_buffer **ret) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    if (!c || !name || !ret)
+        return -EINVAL;
+    if (!name_ok(name))
+        return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = (char *)name;
+    o.timeout_ms = timeout_ms;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &o;
+    return buffer_request(c, &req, ret);
+}
+
+GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
+                                 gpubuf_buffer **ret) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    if (!c || !ret)
+        return -EINVAL;
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
+    o.buffer_id = id;
+    o.timeout_ms = timeout_ms;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &o;
+    return buffer_request(c, &req, ret);
+}
+
+/* A request whose reply carries no body we need. */
+static int simple_request(gpubuf_client *c, Gpubuf__Request *req) {
+    Gpubuf__Response *resp;
+    int fd, r;
+    pthread_mutex_lock(&c->lock);
+    r = gpubuf__rpc_locked(c, req, &resp, &fd);
+    pthread_mutex_unlock(&c->lock);
+    if (r == 0) {
+        if (fd >= 0)
+            close(fd);
+        gpubuf__response__free_unpacked(resp, NULL);
+    }
+    return r;
+}
+
+GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
+    if (!b)
+        return -EINVAL;
+    s.buffer_id = b->id;
+    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
+    req.seal = &s;
+    return simple_request(b->c, &req);
+}
+
+GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
+    if (!c || !name)
+        return -EINVAL;
+    if (!name_ok(name))
+        return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
+    d.target_case = GPUBUF__DELETE_REQUEST__TARGET_NAME;
+    d.name = (char *)name;
+    req.body_case = GPUBUF__REQUEST__BODY_DELETE;
+    req.delete_ = &d;
+    return simple_request(c, &req);
+}
+
+GPUBUF_EXTERN int gpubuf_delete_id(gpubuf_client *c, uint64_t id) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
+    if (!c)
+        return -EINVAL;
+    d.target_case = GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID;
+    d.buffer_id = id;
+    req.body_case = GPUBUF__REQUEST__BODY_DELETE;
+    req.delete_ = &d;
+    return simple_request(c, &req);
+}
+
+static void copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
+    memset(o, 0, sizeof(*o));
+    o->id = m->buffer_id;
+    snprintf(o->name, sizeof(o->name), "%s", m->name ? m->name : "");
+    snprintf(o->pool, sizeof(o->pool), "%s", m->pool ? m->pool : "");
+    o->size = m->size;
+    o->state = (gpubuf_state)m->state;
+    o->refs = m->refs;
+    o->owner_uid = m->owner_uid;
+    o->offset = m->offset;
+    o->slab_id = m->slab ? m->slab->slab_id : 0;
+}
+
+GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatRequest s = GPUBUF__STAT_REQUEST__INIT;
+    Gpubuf__Response *resp;
+    int fd, r;
+    if (!c || !name || !ret)
+        return -EINVAL;
+    s.target_case = GPUBUF__STAT_REQUEST__TARGET_NAME;
+    s.name = (char *)name;
+    req.body_case = GPUBUF__REQUEST__BODY_STAT;
+    req.stat = &s;
+    pthread_mutex_lock(&c->lock);
+    r = gpubuf__rpc_locked(c, &req, &resp, &fd);
+    pthread_mutex_unlock(&c->lock);
+    if (r < 0)
+        return r;
+    if (fd >= 0)
+        close(fd);
+    if (resp->body_case == GPUBUF__RESPONSE__BODY_BUFFER)
+        copy_info(ret, resp->buffer);
+    else
+        r = GPUBUF_EPROTOCOL;
+    gpubuf__response__free_unpacked(resp, NULL);
+    return r;
+}
+
+GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
+    if (s) {
+        free(s->pools);
+        free(s->buffers);
+        free(s->clients);
+        free(s);
+    }
+    return NULL;
+}
+
+GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
+    Gpubuf__Response *resp;
+    gpubuf_status *s;
+    int fd, r;
+    if (!c || !ret)
+        return -EINVAL;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &sr;
+    pthread_mutex_lock(&c->lock);
+    r = gpubuf__rpc_locked(c, &req, &resp, &fd);
+    pthread_mutex_unlock(&c->lock);
+    if (r < 0)
+        return r;
+    if (fd >= 0)
+        close(fd);
+    if (resp->body_case != GPUBUF__RESPONSE__BODY_STATUS_REPLY) {
+        gpubuf__response__free_unpacked(resp, NULL);
+        return GPUBUF_EPROTOCOL;
+    }
+    Gpubuf__StatusReply *st = resp->status_reply;
+    s = calloc(1, sizeof(*s));
+    if (s) {
+        s->pools = calloc(st->n_pools + 1, sizeof(*s->pools));
+        s->buffers = calloc(st->n_buffers + 1, sizeof(*s->buffers));
+        s->clients = calloc(st->n_clients + 1, sizeof(*s->clients));
+    }
+    if (!s || !s->pools || !s->buffers || !s->clients) {
+        gpubuf_status_free(s);
+        gpubuf__response__free_unpacked(resp, NULL);
+        return -ENOMEM;
+    }
+    for (size_t i = 0; i < st->n_pools; i++) {
+        const Gpubuf__PoolStatus *p = st->pools[i];
+        gpubuf_pool_info *o = &s->pools[i];
+        snprintf(o->name, sizeof(o->name), "%s", p->name);
+        o->kind = (gpubuf_pool_kind)p->kind;
+        o->device = p->device;
+        if (p->device_uuid.len == 16)
+            gpubuf_format_uuid(p->device_uuid.data, o->device_uuid);
+        o->capacity = p->capacity;
+        o->used = p->used;
+        o->reserved = p->reserved;
+        o->slab_size = p->slab_size;
+        o->slabs = p->slabs;
+        o->buffers = p->buffers;
+    }
+    s->n_pools = st->n_pools;
+    for (size_t i = 0; i < st->n_buffers; i++)
+        copy_info(&s->buffers[i], st->buffers[i]);
+    s->n_buffers = st->n_buffers;
+    for (size_t i = 0; i < st->n_clients; i++) {
+        const Gpubuf__ClientStatus *x = st->clients[i];
+        gpubuf_client_info *o = &s->clients[i];
+        o->session_id = x->session_id;
+        o->pid = x->pid;
+        o->uid = x->uid;
+        o->gid = x->gid;
+        o->references = x->references;
+        o->buffers_held = x->buffers_held;
+        snprintf(o->name, sizeof(o->name), "%s", x->name ? x->name : "");
+    }
+    s->n_clients = st->n_clients;
+    s->uptime_ms = st->uptime_ms;
+    snprintf(s->version, sizeof(s->version), "%s", st->version ? st->version : "");
+    gpubuf__response__free_unpacked(resp, NULL);
+    *ret = s;
+    return 0;
+}
+
+/* ---- views ------------------------------------------------------------- */
+
+GPUBUF_EXTERN gpubuf_buffer *gpubuf_buffer_ref(gpubuf_buffer *b) {
+    if (b)
+        atomic_fetch_add(&b->refs, 1);
+    return b;
+}
+
+GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b) {
+    int r = 0;
+    while (b) {
+        if (atomic_fetch_sub(&b->refs, 1) != 1)
+            return r;
+        gpubuf_buffer *parent = b->parent;
+        if (b->owns_ref) {
+            gpubuf_client *c = b->c;
+            pthread_mutex_lock(&c->lock);
+            /* Unmap before the daemon may recycle the memory. */
+            gpubuf__mapping_put(c, b->map);
+            if (!c->broken)
+                r = send_release(c, b->id);
+            pthread_mutex_unlock(&c->lock);
+            gpubuf__client_unref(c);
+        }
+        free(b);
+        b = parent; /* a slice held one reference to its parent */
+    }
+    return r;
+}
+
+GPUBUF_EXTERN uint64_t gpubuf_buffer_device_ptr(const gpubuf_buffer *b) {
+    return b ? b->map->base + b->offset : 0;
+}
+
+GPUBUF_EXTERN void *gpubuf_buffer_host_ptr(const gpubuf_buffer *b) {
+    if (!b || !b->map->host)
+        return NULL;
+    return (char *)b->map->host + b->offset;
+}
+
+GPUBUF_EXTERN uint64_t gpubuf_buffer_size(const gpubuf_buffer *b) {
+    return b ? b->size : 0;
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_device(const gpubuf_buffer *b) {
+    return b ? b->map->device : -1;
+}
+
+GPUBUF_EXTERN gpubuf_pool_kind gpubuf_buffer_pool_kind(const gpubuf_buffer *b) {
+    return b ? b->map->kind : (gpubuf_pool_kind)0;
+}
+
+GPUBUF_EXTERN uint64_t gpubuf_buffer_id(const gpubuf_buffer *b) {
+    return b ? b->id : 0;
+}
+
+GPUBUF_EXTERN const char *gpubuf_buffer_name(const gpubuf_buffer *b) {
+    return b ? b->name : "";
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_slice(gpubuf_buffer *b, uint64_t offset, uint64_t length,
+                                      gpubuf_buffer **ret) {
+    gpubuf_buffer *s;
+    if (!b || !ret)
+        return -EINVAL;
+    if (offset > b->size || length > b->size - offset) {
+        gpubuf__set_error("slice [%llu, +%llu) outside a view of %llu bytes",
+                          (unsigned long long)offset, (unsigned long long)length,
+                          (unsigned long long)b->size);
+        return GPUBUF_ERANGE;
+    }
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return -ENOMEM;
+    atomic_init(&s->refs, 1);
+    s->c = b->c;
+    s->parent = gpubuf_buffer_ref(b);
+    s->map = b->map;
+    s->id = b->id;
+    s->offset = b->offset + offset;
+    s->size = length;
+    s->owns_ref = false;
+    memcpy(s->name, b->name, sizeof(s->name));
+    *ret = s;
+    return 0;
+}

@@ -1,0 +1,70 @@
+/* libgpubuf-client internals: connection, mapping cache, views. */
+#ifndef GPUBUF_CLIENT_INTERNAL_H
+#define GPUBUF_CLIENT_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <uthash.h>
+
+#include "cuda_driver.h"
+#include "gpubuf.pb-c.h"
+#include "gpubuf/gpubuf.h"
+
+/* One slab mapped into this process, shared by all views in it. */
+typedef struct gpubuf_mapping {
+    uint64_t slab_id;
+    gpubuf_pool_kind kind;
+    uint64_t size;
+    uint64_t base;      /* device address (cuda) or host address (host) */
+    void *host;         /* host pools: the mmap'ed slab */
+    int device;         /* local CUDA ordinal, -1 for host */
+    uint32_t views;     /* root views using it (under the client's lock) */
+#ifdef GPUBUF_HAVE_CUDA
+    CUcontext ctx;
+#endif
+    UT_hash_handle hh;
+} gpubuf_mapping;
+
+struct gpubuf_client {
+    int fd;
+    atomic_int refs;     /* the connection itself + every live root view */
+    pthread_mutex_t lock; /* serialises requests and the mapping cache */
+    uint64_t next_id;
+    uint64_t session_id;
+    uint32_t max_request;
+    bool broken;         /* the stream is out of sync or closed */
+    gpubuf_mapping *maps;
+    uint32_t n_maps;
+};
+
+struct gpubuf_buffer {
+    atomic_int refs;
+    gpubuf_client *c;
+    gpubuf_buffer *parent; /* slices: the view they keep alive */
+    gpubuf_mapping *map;   /* shared mapping (root views own one view count) */
+    uint64_t id;
+    uint64_t offset;       /* of the view's first byte inside the slab */
+    uint64_t size;
+    bool owns_ref;         /* root view: holds one daemon reference */
+    char name[GPUBUF_NAME_MAX + 1];
+};
+
+/* Send req and wait for its response (lock held by the caller).
+ * *ret_fd receives an fd that came with the response, or -1. */
+int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                       int *ret_fd);
+
+/* Map (or find) the slab described by msg; takes one view count. Consumes fd. */
+int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
+                        gpubuf_mapping **ret);
+/* Drop one view count; unmaps when it reaches zero (lock held). */
+void gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m);
+/* Unmap everything (disconnect). */
+void gpubuf__mapping_clear(gpubuf_client *c);
+
+void gpubuf__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void gpubuf__client_unref(gpubuf_client *c);
+
+#endif

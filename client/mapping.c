@@ -1,0 +1,234 @@
+/* The mapping cache: each slab is imported once per connection and unmapped
+ * when its last view goes; host copies for host and CUDA views. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#ifdef GPUBUF_HAVE_CUDA
+static int map_cuda(gpubuf_mapping *m, const Gpubuf__Slab *msg) {
+    const gpubuf_cuda *cu;
+    CUipcMemHandle h;
+    CUdevice dev;
+    CUdeviceptr ptr;
+    CUcontext ignored;
+    CUresult cr;
+    char why[256];
+    int r, ordinal = -1;
+    if ((r = gpubuf_cuda_load(&cu)) < 0) {
+        gpubuf__set_error("%s", gpubuf_cuda_load_error());
+        return r;
+    }
+    if (msg->ipc_handle.len != sizeof(h.reserved) || msg->device_uuid.len != 16) {
+        gpubuf__set_error("gpubufd sent a CUDA slab without IPC handle or device UUID");
+        return GPUBUF_EPROTOCOL;
+    }
+    /* Devices are matched by UUID: ordinals differ between processes with
+     * different CUDA_VISIBLE_DEVICES. */
+    if (gpubuf_cuda_device_by_uuid(cu, msg->device_uuid.data, &ordinal) < 0) {
+        gpubuf__set_error("the buffer's GPU (daemon device %d) is not visible in this process",
+                          msg->device);
+        return GPUBUF_ENODEVICE;
+    }
+    if ((cr = cu->DeviceGet(&dev, ordinal)) != CUDA_SUCCESS ||
+        (cr = cu->DevicePrimaryCtxRetain(&m->ctx, dev)) != CUDA_SUCCESS) {
+        gpubuf__set_error("%s", gpubuf_cuda_describe(cr, "primary context", why, sizeof(why)));
+        return GPUBUF_ECUDA;
+    }
+    memcpy(h.reserved, msg->ipc_handle.data, sizeof(h.reserved));
+    cu->CtxPushCurrent(m->ctx);
+    cr = cu->IpcOpenMemHandle(&ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
+    cu->CtxPopCurrent(&ignored);
+    if (cr != CUDA_SUCCESS) {
+        gpubuf__set_error("%s", gpubuf_cuda_describe(cr, "cuIpcOpenMemHandle", why, sizeof(why)));
+        cu->DevicePrimaryCtxRelease(dev);
+        return GPUBUF_ECUDA;
+    }
+    m->base = (uint64_t)ptr;
+    m->device = ordinal;
+    return 0;
+}
+
+static void unmap_cuda(gpubuf_mapping *m) {
+    const gpubuf_cuda *cu;
+    CUcontext ignored;
+    CUdevice dev;
+    if (gpubuf_cuda_load(&cu) < 0)
+        return;
+    cu->CtxPushCurrent(m->ctx);
+    cu->IpcCloseMemHandle((CUdeviceptr)m->base);
+    cu->CtxPopCurrent(&ignored);
+    if (cu->DeviceGet(&dev, m->device) == CUDA_SUCCESS)
+        cu->DevicePrimaryCtxRelease(dev);
+}
+#endif
+
+int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
+                        gpubuf_mapping **ret) {
+    gpubuf_mapping *m;
+    uint64_t id = msg->slab_id;
+    int r;
+    HASH_FIND(hh, c->maps, &id, sizeof(id), m);
+    if (m) {
+        if (fd >= 0)
+            close(fd); /* already mapped: the fresh fd is not needed */
+        m->views++;
+        *ret = m;
+        return 0;
+    }
+    m = calloc(1, sizeof(*m));
+    if (!m) {
+        if (fd >= 0)
+            close(fd);
+        return -ENOMEM;
+    }
+    m->slab_id = id;
+    m->kind = (gpubuf_pool_kind)msg->kind;
+    m->size = msg->size;
+    m->device = -1;
+    switch (m->kind) {
+    case GPUBUF_POOL_HOST:
+        if (fd < 0) {
+            gpubuf__set_error("gpubufd sent a host slab without its file descriptor");
+            r = GPUBUF_EPROTOCOL;
+            break;
+        }
+        m->host = mmap(NULL, (size_t)m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m->host == MAP_FAILED) {
+            r = -errno;
+            m->host = NULL;
+            gpubuf__set_error("mmap of a %llu-byte slab: %s", (unsigned long long)m->size,
+                              strerror(-r));
+            break;
+        }
+        m->base = (uint64_t)(uintptr_t)m->host;
+        r = 0;
+        break;
+    case GPUBUF_POOL_CUDA_IPC:
+#ifdef GPUBUF_HAVE_CUDA
+        r = map_cuda(m, msg);
+#else
+        gpubuf__set_error("libgpubuf-client was built without CUDA support");
+        r = GPUBUF_ENODRIVER;
+#endif
+        break;
+    default:
+        gpubuf__set_error("unknown pool kind %d", (int)m->kind);
+        r = GPUBUF_EPROTOCOL;
+        break;
+    }
+    if (fd >= 0)
+        close(fd);
+    if (r < 0) {
+        free(m);
+        return r;
+    }
+    m->views = 1;
+    HASH_ADD(hh, c->maps, slab_id, sizeof(m->slab_id), m);
+    c->n_maps++;
+    *ret = m;
+    return 0;
+}
+
+static void unmap(gpubuf_mapping *m) {
+    if (m->host)
+        munmap(m->host, (size_t)m->size);
+#ifdef GPUBUF_HAVE_CUDA
+    else if (m->kind == GPUBUF_POOL_CUDA_IPC)
+        unmap_cuda(m);
+#endif
+}
+
+void gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m) {
+    if (--m->views > 0)
+        return;
+    HASH_DEL(c->maps, m);
+    c->n_maps--;
+    unmap(m);
+    free(m);
+}
+
+void gpubuf__mapping_clear(gpubuf_client *c) {
+    gpubuf_mapping *m, *tmp;
+    HASH_ITER(hh, c->maps, m, tmp) {
+        HASH_DEL(c->maps, m);
+        unmap(m);
+        free(m);
+    }
+    c->n_maps = 0;
+}
+
+static int check_range(const gpubuf_buffer *b, uint64_t offset, uint64_t length) {
+    if (offset > b->size || length > b->size - offset) {
+        gpubuf__set_error("copy of [%llu, +%llu) outside a view of %llu bytes",
+                          (unsigned long long)offset, (unsigned long long)length,
+                          (unsigned long long)b->size);
+        return GPUBUF_ERANGE;
+    }
+    return 0;
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy_to_host(const gpubuf_buffer *b, uint64_t offset, void *dst,
+                                             uint64_t length) {
+    int r;
+    if (!b || (!dst && length))
+        return -EINVAL;
+    if ((r = check_range(b, offset, length)) < 0 || length == 0)
+        return r;
+    if (b->map->host) {
+        memcpy(dst, (char *)b->map->host + b->offset + offset, (size_t)length);
+        return 0;
+    }
+#ifdef GPUBUF_HAVE_CUDA
+    const gpubuf_cuda *cu;
+    CUcontext ignored;
+    char why[256];
+    if ((r = gpubuf_cuda_load(&cu)) < 0)
+        return r;
+    cu->CtxPushCurrent(b->map->ctx);
+    CUresult cr = cu->MemcpyDtoH(dst, (CUdeviceptr)(b->map->base + b->offset + offset),
+                                 (size_t)length);
+    cu->CtxPopCurrent(&ignored);
+    if (cr != CUDA_SUCCESS) {
+        gpubuf__set_error("%s", gpubuf_cuda_describe(cr, "cuMemcpyDtoH", why, sizeof(why)));
+        return GPUBUF_ECUDA;
+    }
+    return 0;
+#else
+    return GPUBUF_ENODRIVER;
+#endif
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy_from_host(gpubuf_buffer *b, uint64_t offset,
+                                               const void *src, uint64_t length) {
+    int r;
+    if (!b || (!src && length))
+        return -EINVAL;
+    if ((r = check_range(b, offset, length)) < 0 || length == 0)
+        return r;
+    if (b->map->host) {
+        memcpy((char *)b->map->host + b->offset + offset, src, (size_t)length);
+        return 0;
+    }
+#ifdef GPUBUF_HAVE_CUDA
+    const gpubuf_cuda *cu;
+    CUcontext ignored;
+    char why[256];
+    if ((r = gpubuf_cuda_load(&cu)) < 0)
+        return r;
+    cu->CtxPushCurrent(b->map->ctx);
+    CUresult cr = cu->MemcpyHtoD((CUdeviceptr)(b->map->base + b->offset + offset), src,
+                                 (size_t)length);
+    cu->CtxPopCurrent(&ignored);
+    if (cr != CUDA_SUCCESS) {
+        gpubuf__set_error("%s", gpubuf_cuda_describe(cr, "cuMemcpyHtoD", why, sizeof(why)));
+        return GPUBUF_ECUDA;
+    }
+    return 0;
+#else
+    return GPUBUF_ENODRIVER;
+#endif
+}

@@ -1,0 +1,136 @@
+#include "cuda_driver.h"
+
+#ifdef GPUBUF_HAVE_CUDA
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "gpubuf/gpubuf.h"
+
+static gpubuf_cuda g_cu;
+static int g_status = GPUBUF_ENODRIVER;
+static char g_error[256] = "CUDA driver not loaded";
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t,
+                                   CUdriverProcAddressQueryResult *);
+
+static int resolve(get_proc_v2_fn gp, const char *sym, void **out) {
+    CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
+    CUresult r = gp(sym, out, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q);
+    if (r != CUDA_SUCCESS || q != CU_GET_PROC_ADDRESS_SUCCESS || !*out) {
+        snprintf(g_error, sizeof(g_error),
+                 "libcuda.so.1 has no %s for CUDA %d (driver too old?)", sym, CUDA_VERSION);
+        return -1;
+    }
+    return 0;
+}
+
+static void load_once(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    get_proc_v2_fn gp;
+    if (!lib) {
+        snprintf(g_error, sizeof(g_error), "cannot load the CUDA driver: %s", dlerror());
+        return;
+    }
+    gp = (get_proc_v2_fn)dlsym(lib, "cuGetProcAddress_v2");
+    if (!gp) {
+        snprintf(g_error, sizeof(g_error),
+                 "the CUDA driver has no cuGetProcAddress_v2 (needs driver >= 12.0)");
+        return;
+    }
+#define R(field, sym)                                                                          \
+    if (resolve(gp, sym, (void **)&g_cu.field) < 0)                                            \
+        return;
+    R(Init, "cuInit");
+    R(DriverGetVersion, "cuDriverGetVersion");
+    R(GetErrorName, "cuGetErrorName");
+    R(GetErrorString, "cuGetErrorString");
+    R(DeviceGetCount, "cuDeviceGetCount");
+    R(DeviceGet, "cuDeviceGet");
+    R(DeviceGetName, "cuDeviceGetName");
+    R(DeviceGetUuid, "cuDeviceGetUuid");
+    R(DeviceTotalMem, "cuDeviceTotalMem");
+    R(DeviceGetAttribute, "cuDeviceGetAttribute");
+    R(DeviceCanAccessPeer, "cuDeviceCanAccessPeer");
+    R(DevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    R(DevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease");
+    R(CtxSetCurrent, "cuCtxSetCurrent");
+    R(CtxGetCurrent, "cuCtxGetCurrent");
+    R(CtxPushCurrent, "cuCtxPushCurrent");
+    R(CtxPopCurrent, "cuCtxPopCurrent");
+    R(CtxSynchronize, "cuCtxSynchronize");
+    R(MemAlloc, "cuMemAlloc");
+    R(MemFree, "cuMemFree");
+    R(MemGetInfo, "cuMemGetInfo");
+    R(IpcGetMemHandle, "cuIpcGetMemHandle");
+    R(IpcOpenMemHandle, "cuIpcOpenMemHandle");
+    R(IpcCloseMemHandle, "cuIpcCloseMemHandle");
+    R(MemcpyHtoD, "cuMemcpyHtoD");
+    R(MemcpyDtoH, "cuMemcpyDtoH");
+    R(MemcpyDtoD, "cuMemcpyDtoD");
+    R(MemcpyDtoDAsync, "cuMemcpyDtoDAsync");
+    R(MemsetD8, "cuMemsetD8");
+    R(MemsetD32, "cuMemsetD32");
+    R(ModuleLoadData, "cuModuleLoadData");
+    R(ModuleUnload, "cuModuleUnload");
+    R(ModuleGetFunction, "cuModuleGetFunction");
+    R(LaunchKernel, "cuLaunchKernel");
+    R(StreamSynchronize, "cuStreamSynchronize");
+    R(EventCreate, "cuEventCreate");
+    R(EventRecord, "cuEventRecord");
+    R(EventSynchronize, "cuEventSynchronize");
+    R(EventElapsedTime, "cuEventElapsedTime");
+    R(EventDestroy, "cuEventDestroy");
+#undef R
+    CUresult r = g_cu.Init(0);
+    if (r != CUDA_SUCCESS) {
+        gpubuf_cuda_describe(r, "cuInit", g_error, sizeof(g_error));
+        g_status = GPUBUF_ECUDA;
+        return;
+    }
+    g_cu.DriverGetVersion(&g_cu.version);
+    g_status = 0;
+    g_error[0] = '\0';
+}
+
+int gpubuf_cuda_load(const gpubuf_cuda **ret) {
+    pthread_once(&g_once, load_once);
+    if (g_status == 0)
+        *ret = &g_cu;
+    return g_status;
+}
+
+const char *gpubuf_cuda_load_error(void) {
+    return g_error;
+}
+
+char *gpubuf_cuda_describe(CUresult r, const char *what, char *buf, size_t len) {
+    const char *name = NULL, *text = NULL;
+    if (g_cu.GetErrorName)
+        g_cu.GetErrorName(r, &name);
+    if (g_cu.GetErrorString)
+        g_cu.GetErrorString(r, &text);
+    snprintf(buf, len, "%s: %s (%s)", what, name ? name : "CUDA error",
+             text ? text : "no description");
+    return buf;
+}
+
+int gpubuf_cuda_device_by_uuid(const gpubuf_cuda *cu, const uint8_t uuid[16], int *ret_ordinal) {
+    int n = 0;
+    if (cu->DeviceGetCount(&n) != CUDA_SUCCESS)
+        return GPUBUF_ECUDA;
+    for (int i = 0; i < n; i++) {
+        CUdevice d;
+        CUuuid u;
+        if (cu->DeviceGet(&d, i) != CUDA_SUCCESS || cu->DeviceGetUuid(&u, d) != CUDA_SUCCESS)
+            continue;
+        if (memcmp(u.bytes, uuid, 16) == 0) {
+            *ret_ordinal = i;
+            return 0;
+        }
+    }
+    return GPUBUF_ENODEVICE;
+}
+#endif

@@ -1,0 +1,80 @@
+#include "util.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gpubuf/gpubuf.h"
+
+int gpubuf_parse_size(const char *s, uint64_t *ret) {
+    char *end;
+    unsigned long long v;
+    uint64_t mul = 1;
+    if (!s || !*s || *s == '-')
+        return -EINVAL;
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno || end == s)
+        return -EINVAL;
+    switch (*end) {
+    case '\0': break;
+    case 'k': case 'K': mul = 1ull << 10; end++; break;
+    case 'm': case 'M': mul = 1ull << 20; end++; break;
+    case 'g': case 'G': mul = 1ull << 30; end++; break;
+    case 't': case 'T': mul = 1ull << 40; end++; break;
+    default: return -EINVAL;
+    }
+    if (*end == 'i' && mul > 1)
+        end++;
+    if ((*end == 'B' || *end == 'b') && end[1] == '\0')
+        end++;
+    if (*end != '\0')
+        return -EINVAL;
+    if (v > UINT64_MAX / mul)
+        return -EINVAL;
+    *ret = v * mul;
+    return 0;
+}
+
+char *gpubuf_format_size(uint64_t bytes, char *buf, size_t len) {
+    static const char *units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+    double v = (double)bytes;
+    int u = 0;
+    while (v >= 1024.0 && u < 4) {
+        v /= 1024.0;
+        u++;
+    }
+    if (u == 0)
+        snprintf(buf, len, "%llu B", (unsigned long long)bytes);
+    else
+        snprintf(buf, len, "%.1f %s", v, units[u]);
+    return buf;
+}
+
+void gpubuf_format_uuid(const uint8_t u[16], char out[41]) {
+    snprintf(out, 41,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0],
+             u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13],
+             u[14], u[15]);
+}
+
+uint64_t gpubuf_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+bool gpubuf_name_valid(const char *name, size_t len) {
+    if (len == 0 || len > GPUBUF_NAME_MAX || name[0] == '/')
+        return false;
+    for (size_t i = 0; i < len; i++) {
+        char ch = name[i];
+        if ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9'))
+            continue;
+        if (!strchr("._:/@+-", ch) || ch == '\0')
+            return false;
+    }
+    return true;
+}

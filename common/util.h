@@ -1,0 +1,29 @@
+/* Small helpers shared by the daemon, the client library and the tools. */
+#ifndef GPUBUF_UTIL_H
+#define GPUBUF_UTIL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Parse "123", "64K", "256M", "8G", "1T" (binary units). Returns 0 or -EINVAL. */
+int gpubuf_parse_size(const char *s, uint64_t *ret);
+
+/* Format bytes as "256.0 MiB" into buf. Returns buf. */
+char *gpubuf_format_size(uint64_t bytes, char *buf, size_t len);
+
+/* Format a 16-byte CUDA UUID as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */
+void gpubuf_format_uuid(const uint8_t uuid[16], char out[41]);
+
+/* Monotonic clock in nanoseconds. */
+uint64_t gpubuf_now_ns(void);
+
+/* True when name is a valid buffer or pool name: 1..GPUBUF_NAME_MAX bytes of
+ * [A-Za-z0-9._:/@+-], not starting with '/'. */
+bool gpubuf_name_valid(const char *name, size_t len);
+
+static inline uint64_t gpubuf_align_up(uint64_t v, uint64_t a) {
+    return (v + a - 1) & ~(a - 1);
+}
+
+#endif

@@ -1,0 +1,149 @@
+/* cuda-ipc backend: slabs are cuMemAlloc allocations in the device's primary
+ * context; clients map them with the 64-byte cuIpcGetMemHandle blob. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "cuda_driver.h"
+
+#ifdef GPUBUF_HAVE_CUDA
+typedef struct cuda_impl {
+    const gpubuf_cuda *cu;
+    CUdevice dev;
+    CUcontext ctx;
+} cuda_impl;
+
+typedef struct cuda_slab {
+    CUdeviceptr ptr;
+} cuda_slab;
+
+static int cuda_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
+                            gpubuf_slab_export *ret_export, char *err, size_t errlen) {
+    cuda_impl *im = be->impl;
+    const gpubuf_cuda *cu = im->cu;
+    cuda_slab *s = calloc(1, sizeof(*s));
+    CUipcMemHandle h;
+    CUresult r;
+    if (!s)
+        return -ENOMEM;
+    cu->CtxSetCurrent(im->ctx);
+    r = cu->MemAlloc(&s->ptr, (size_t)size);
+    if (r != CUDA_SUCCESS) {
+        gpubuf_cuda_describe(r, "cuMemAlloc", err, errlen);
+        free(s);
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : GPUBUF_ECUDA;
+    }
+    r = cu->IpcGetMemHandle(&h, s->ptr);
+    if (r != CUDA_SUCCESS) {
+        gpubuf_cuda_describe(r, "cuIpcGetMemHandle", err, errlen);
+        cu->MemFree(s->ptr);
+        free(s);
+        return GPUBUF_ECUDA;
+    }
+    memset(ret_export, 0, sizeof(*ret_export));
+    ret_export->fd = -1;
+    memcpy(ret_export->ipc_handle, h.reserved, GPUBUF_IPC_HANDLE_SIZE);
+    ret_export->has_ipc_handle = true;
+    *ret_priv = s;
+    return 0;
+}
+
+static void cuda_slab_destroy(gpubuf_backend *be, void *priv, gpubuf_slab_export *exp) {
+    cuda_impl *im = be->impl;
+    cuda_slab *s = priv;
+    (void)exp;
+    im->cu->CtxSetCurrent(im->ctx);
+    im->cu->MemFree(s->ptr);
+    free(s);
+}
+
+static void cuda_destroy(gpubuf_backend *be) {
+    cuda_impl *im = be->impl;
+    if (im) {
+        im->cu->DevicePrimaryCtxRelease(im->dev);
+        free(im);
+    }
+}
+
+static const gpubuf_backend_ops cuda_ops = {
+    .slab_create = cuda_slab_create,
+    .slab_destroy = cuda_slab_destroy,
+    .destroy = cuda_destroy,
+};
+
+int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
+    const gpubuf_cuda *cu;
+    int n = 0;
+    if (gpubuf_cuda_load(&cu) < 0) {
+        snprintf(err, errlen, "%s", gpubuf_cuda_load_error());
+        return 0;
+    }
+    if (cu->DeviceGetCount(&n) != CUDA_SUCCESS)
+        return 0;
+    return n;
+}
+
+int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+    const gpubuf_cuda *cu;
+    gpubuf_backend *be = NULL;
+    cuda_impl *im = NULL;
+    CUuuid uuid;
+    CUresult r;
+    size_t total = 0;
+    int n = 0, rc = gpubuf_cuda_load(&cu);
+    if (rc < 0) {
+        snprintf(err, errlen, "%s", gpubuf_cuda_load_error());
+        return rc;
+    }
+    cu->DeviceGetCount(&n);
+    if (device < 0 || device >= n) {
+        snprintf(err, errlen, "CUDA device %d does not exist (%d visible)", device, n);
+        return GPUBUF_ENODEVICE;
+    }
+    be = calloc(1, sizeof(*be));
+    im = calloc(1, sizeof(*im));
+    if (!be || !im) {
+        rc = -ENOMEM;
+        goto fail;
+    }
+    im->cu = cu;
+    if ((r = cu->DeviceGet(&im->dev, device)) != CUDA_SUCCESS ||
+        (r = cu->DevicePrimaryCtxRetain(&im->ctx, im->dev)) != CUDA_SUCCESS) {
+        gpubuf_cuda_describe(r, "primary context", err, errlen);
+        rc = GPUBUF_ECUDA;
+        goto fail;
+    }
+    cu->DeviceGetUuid(&uuid, im->dev);
+    cu->DeviceTotalMem(&total, im->dev);
+    cu->DeviceGetName(be->device_name, (int)sizeof(be->device_name), im->dev);
+    be->ops = &cuda_ops;
+    be->kind = GPUBUF_POOL_CUDA_IPC;
+    be->device = device;
+    memcpy(be->uuid, uuid.bytes, 16);
+    be->has_uuid = true;
+    be->alignment = 512;
+    be->granularity = 2u << 20;
+    be->device_total = total;
+    be->impl = im;
+    *ret = be;
+    return 0;
+fail:
+    free(im);
+    free(be);
+    return rc;
+}
+#else
+int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
+    snprintf(err, errlen, "gpubufd was built without CUDA support");
+    return 0;
+}
+
+int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+    (void)device;
+    (void)ret;
+    snprintf(err, errlen, "gpubufd was built without CUDA support (GPUBUF_WITH_CUDA=OFF)");
+    return GPUBUF_ENODRIVER;
+}
+#endif

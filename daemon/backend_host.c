@@ -1,0 +1,99 @@
+/* host backend: slabs are memfd shared memory, passed to clients by SCM_RIGHTS.
+ * The memfd is sealed against shrinking so no client can make another's
+ * mapping fault with SIGBUS. */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "backend.h"
+
+static int host_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
+                            gpubuf_slab_export *ret_export, char *err, size_t errlen) {
+    (void)be;
+    int fd = memfd_create("gpubuf-slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, errlen, "memfd_create: %s", strerror(e));
+        return -e;
+    }
+    if (ftruncate(fd, (off_t)size) < 0) {
+        int e = errno;
+        snprintf(err, errlen, "ftruncate(%llu): %s", (unsigned long long)size, strerror(e));
+        close(fd);
+        return -e;
+    }
+    if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+        int e = errno;
+        snprintf(err, errlen, "F_ADD_SEALS: %s", strerror(e));
+        close(fd);
+        return -e;
+    }
+    memset(ret_export, 0, sizeof(*ret_export));
+    ret_export->fd = fd;
+    *ret_priv = NULL;
+    return 0;
+}
+
+static void host_slab_destroy(gpubuf_backend *be, void *priv, gpubuf_slab_export *exp) {
+    (void)be;
+    (void)priv;
+    if (exp->fd >= 0)
+        close(exp->fd);
+    exp->fd = -1;
+}
+
+static void host_destroy(gpubuf_backend *be) {
+    (void)be;
+}
+
+static const gpubuf_backend_ops host_ops = {
+    .slab_create = host_slab_create,
+    .slab_destroy = host_slab_destroy,
+    .destroy = host_destroy,
+};
+
+int gpubuf_backend_host_new(gpubuf_backend **ret, char *err, size_t errlen) {
+    gpubuf_backend *be = calloc(1, sizeof(*be));
+    (void)err;
+    (void)errlen;
+    if (!be)
+        return -ENOMEM;
+    be->ops = &host_ops;
+    be->kind = GPUBUF_POOL_HOST;
+    be->device = -1;
+    be->alignment = 256;
+    be->granularity = (uint64_t)sysconf(_SC_PAGESIZE);
+    snprintf(be->device_name, sizeof(be->device_name), "host");
+    *ret = be;
+    return 0;
+}
+
+gpubuf_backend *gpubuf_backend_free(gpubuf_backend *be) {
+    if (be) {
+        be->ops->destroy(be);
+        free(be);
+    }
+    return NULL;
+}
+
+const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind) {
+    switch (kind) {
+    case GPUBUF_POOL_HOST: return "host";
+    case GPUBUF_POOL_CUDA_IPC: return "cuda-ipc";
+    }
+    return "unknown";
+}
+
+int gpubuf_pool_kind_parse(const char *s, gpubuf_pool_kind *ret) {
+    if (strcmp(s, "host") == 0)
+        *ret = GPUBUF_POOL_HOST;
+    else if (strcmp(s, "cuda-ipc") == 0 || strcmp(s, "cuda") == 0)
+        *ret = GPUBUF_POOL_CUDA_IPC;
+    else
+        return -EINVAL;
+    return 0;
+}

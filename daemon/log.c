@@ -1,0 +1,41 @@
+#include "log.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+int gpubuf_log_level = GPUBUF_LOG_INFO;
+static int journal;
+
+void gpubuf_log_init(void) {
+    journal = getenv("JOURNAL_STREAM") != NULL;
+}
+
+int gpubuf_log_parse_level(const char *s) {
+    static const char *names[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info",
+                                  "debug"};
+    for (int i = 0; i < 8; i++)
+        if (strcasecmp(s, names[i]) == 0)
+            return i;
+    if (strcasecmp(s, "error") == 0)
+        return GPUBUF_LOG_ERR;
+    if (strcasecmp(s, "warn") == 0)
+        return GPUBUF_LOG_WARNING;
+    return -1;
+}
+
+void gpubuf_log(int prio, const char *fmt, ...) {
+    static const char *words[] = {"emerg", "alert", "crit", "error", "warning", "notice", "info",
+                                  "debug"};
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof(line), fmt, ap);
+    va_end(ap);
+    if (journal)
+        fprintf(stderr, "<%d>%s\n", prio, line);
+    else
+        fprintf(stderr, "gpubufd: %s: %s\n", words[prio & 7], line);
+}

@@ -1,0 +1,256 @@
+#include "pool.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+int gpubuf_pool_new(const char *name, gpubuf_backend *be, uint64_t capacity, uint64_t slab_size,
+                    uint64_t *slab_id_counter, gpubuf_pool **ret) {
+    gpubuf_pool *p;
+    if (!be || slab_size == 0 || capacity == 0)
+        return -EINVAL;
+    p = calloc(1, sizeof(*p));
+    if (!p)
+        return -ENOMEM;
+    p->name = strdup(name);
+    if (!p->name) {
+        free(p);
+        return -ENOMEM;
+    }
+    p->be = be;
+    p->slab_size = gpubuf_align_up(slab_size, be->granularity);
+    p->capacity = capacity;
+    p->next_slab_id = slab_id_counter;
+    *ret = p;
+    return 0;
+}
+
+static void slab_destroy(gpubuf_pool *p, gpubuf_slab *s) {
+    if (s->prev)
+        s->prev->next = s->next;
+    else
+        p->slabs = s->next;
+    if (s->next)
+        s->next->prev = s->prev;
+    p->be->ops->slab_destroy(p->be, s->priv, &s->exp);
+    p->reserved -= s->size;
+    p->n_slabs--;
+    free(s->free);
+    free(s);
+}
+
+gpubuf_pool *gpubuf_pool_free(gpubuf_pool *p) {
+    if (!p)
+        return NULL;
+    while (p->slabs)
+        slab_destroy(p, p->slabs);
+    gpubuf_backend_free(p->be);
+    free(p->name);
+    free(p);
+    return NULL;
+}
+
+static int extents_reserve(gpubuf_slab *s, uint32_t n) {
+    if (n <= s->cap_free)
+        return 0;
+    uint32_t cap = s->cap_free ? s->cap_free * 2 : 8;
+    while (cap < n)
+        cap *= 2;
+    gpubuf_extent *e = realloc(s->free, cap * sizeof(*e));
+    if (!e)
+        return -ENOMEM;
+    s->free = e;
+    s->cap_free = cap;
+    return 0;
+}
+
+static int slab_create(gpubuf_pool *p, uint64_t size, bool dedicated, gpubuf_slab **ret) {
+    gpubuf_slab *s;
+    int r;
+    if (size > p->capacity || p->reserved > p->capacity - size) {
+        snprintf(p->last_error, sizeof(p->last_error),
+                 "pool '%s' is full: %llu of %llu bytes in slabs, %llu more needed", p->name,
+                 (unsigned long long)p->reserved, (unsigned long long)p->capacity,
+                 (unsigned long long)size);
+        return GPUBUF_EPOOLFULL;
+    }
+    s = calloc(1, sizeof(*s));
+    if (!s || extents_reserve(s, 8) < 0) {
+        free(s);
+        return -ENOMEM;
+    }
+    r = p->be->ops->slab_create(p->be, size, &s->priv, &s->exp, p->last_error,
+                                sizeof(p->last_error));
+    if (r < 0) {
+        free(s->free);
+        free(s);
+        return r;
+    }
+    s->id = ++*p->next_slab_id;
+    s->size = size;
+    s->dedicated = dedicated;
+    s->pool = p;
+    s->free[0] = (gpubuf_extent){0, size};
+    s->n_free = 1;
+    s->next = p->slabs;
+    if (p->slabs)
+        p->slabs->prev = s;
+    p->slabs = s;
+    p->reserved += size;
+    p->n_slabs++;
+    *ret = s;
+    return 0;
+}
+
+/* Cost of placing (size, align) in extent e; UINT64_MAX when it does not fit. */
+static uint64_t fit_waste(const gpubuf_extent *e, uint64_t size, uint64_t align) {
+    uint64_t start = gpubuf_align_up(e->off, align);
+    uint64_t pad = start - e->off;
+    if (pad > e->len || e->len - pad < size)
+        return UINT64_MAX;
+    return e->len - size;
+}
+
+static void take(gpubuf_slab *s, uint32_t i, uint64_t size, uint64_t align, gpubuf_block *ret) {
+    gpubuf_extent e = s->free[i];
+    uint64_t start = gpubuf_align_up(e.off, align);
+    uint64_t pad = start - e.off;
+    uint64_t tail = e.len - pad - size;
+    /* Padding before the block stays free, and so does the tail. */
+    if (pad && tail) {
+        /* Room was reserved by the caller. */
+        memmove(&s->free[i + 2], &s->free[i + 1], (s->n_free - i - 1) * sizeof(*s->free));
+        s->free[i] = (gpubuf_extent){e.off, pad};
+        s->free[i + 1] = (gpubuf_extent){start + size, tail};
+        s->n_free++;
+    } else if (pad) {
+        s->free[i] = (gpubuf_extent){e.off, pad};
+    } else if (tail) {
+        s->free[i] = (gpubuf_extent){start + size, tail};
+    } else {
+        memmove(&s->free[i], &s->free[i + 1], (s->n_free - i - 1) * sizeof(*s->free));
+        s->n_free--;
+    }
+    s->used += size;
+    s->blocks++;
+    ret->slab = s;
+    ret->offset = start;
+    ret->size = size;
+}
+
+int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_block *ret) {
+    gpubuf_slab *best = NULL, *s;
+    uint32_t best_i = 0;
+    uint64_t best_waste = UINT64_MAX;
+    int r;
+    p->last_error[0] = '\0';
+    if (align == 0)
+        align = p->be->alignment;
+    if (size == 0 || (align & (align - 1)) || align > p->be->granularity ||
+        size > UINT64_MAX / 2) {
+        snprintf(p->last_error, sizeof(p->last_error),
+                 "invalid size %llu or alignment %llu (power of two <= %llu)",
+                 (unsigned long long)size, (unsigned long long)align,
+                 (unsigned long long)p->be->granularity);
+        return -EINVAL;
+    }
+    if (align < p->be->alignment)
+        align = p->be->alignment;
+    size = gpubuf_align_up(size, p->be->alignment);
+
+    if (size > p->slab_size) {
+        r = slab_create(p, gpubuf_align_up(size, p->be->granularity), true, &s);
+        if (r < 0)
+            return r;
+        best = s;
+        best_i = 0;
+    } else {
+        for (s = p->slabs; s; s = s->next) {
+            if (s->dedicated)
+                continue;
+            for (uint32_t i = 0; i < s->n_free; i++) {
+                uint64_t w = fit_waste(&s->free[i], size, align);
+                if (w < best_waste) {
+                    best_waste = w;
+                    best = s;
+                    best_i = i;
+                    if (w == 0)
+                        goto found;
+                }
+            }
+        }
+    found:
+        if (!best) {
+            r = slab_create(p, p->slab_size, false, &s);
+            if (r < 0)
+                return r;
+            best = s;
+            best_i = 0;
+        }
+    }
+    if (extents_reserve(best, best->n_free + 1) < 0)
+        return -ENOMEM;
+    take(best, best_i, size, align, ret);
+    p->used += size;
+    p->n_blocks++;
+    return 0;
+}
+
+static bool has_other_spare(const gpubuf_pool *p, const gpubuf_slab *self) {
+    for (const gpubuf_slab *s = p->slabs; s; s = s->next)
+        if (s != self && !s->dedicated && s->blocks == 0)
+            return true;
+    return false;
+}
+
+void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b) {
+    gpubuf_slab *s = b->slab;
+    uint64_t off = b->offset, len = b->size;
+    uint32_t lo = 0, hi = s->n_free;
+    /* Find the first extent after the block. */
+    while (lo < hi) {
+        uint32_t mid = (lo + hi) / 2;
+        if (s->free[mid].off < off)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    bool merge_prev = lo > 0 && s->free[lo - 1].off + s->free[lo - 1].len == off;
+    bool merge_next = lo < s->n_free && off + len == s->free[lo].off;
+    if (merge_prev && merge_next) {
+        s->free[lo - 1].len += len + s->free[lo].len;
+        memmove(&s->free[lo], &s->free[lo + 1], (s->n_free - lo - 1) * sizeof(*s->free));
+        s->n_free--;
+    } else if (merge_prev) {
+        s->free[lo - 1].len += len;
+    } else if (merge_next) {
+        s->free[lo].off = off;
+        s->free[lo].len += len;
+    } else {
+        /* Growing a small array only fails when the process is out of
+         * memory; the free list cannot stay consistent without it. */
+        if (extents_reserve(s, s->n_free + 1) < 0)
+            abort();
+        memmove(&s->free[lo + 1], &s->free[lo], (s->n_free - lo) * sizeof(*s->free));
+        s->free[lo] = (gpubuf_extent){off, len};
+        s->n_free++;
+    }
+    s->used -= len;
+    s->blocks--;
+    p->used -= len;
+    p->n_blocks--;
+    if (s->blocks == 0 && (s->dedicated || has_other_spare(p, s)))
+        slab_destroy(p, s);
+}
+
+uint64_t gpubuf_pool_largest_free(const gpubuf_pool *p) {
+    uint64_t m = 0;
+    for (const gpubuf_slab *s = p->slabs; s; s = s->next)
+        for (uint32_t i = 0; i < s->n_free; i++)
+            if (s->free[i].len > m)
+                m = s->free[i].len;
+    return m;
+}

@@ -1,0 +1,73 @@
+/* Pool room: carves backend slabs into buffers.
+ *
+ * Regular slabs have the pool's slab size; a request larger than that gets a
+ * dedicated slab of its own (rounded to the backend's granularity). Inside a
+ * slab, free space is a sorted array of extents: allocation is best fit over
+ * all slabs, free coalesces with both neighbours. The pool grows slab by slab
+ * until its capacity; an empty regular slab is kept as a spare only if no
+ * other spare exists, so bytes go back to the backend. Pure bookkeeping apart
+ * from the backend calls: unit-tested on the host backend. */
+#ifndef GPUBUFD_POOL_H
+#define GPUBUFD_POOL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend.h"
+
+typedef struct gpubuf_extent {
+    uint64_t off, len;
+} gpubuf_extent;
+
+typedef struct gpubuf_slab {
+    uint64_t id;
+    uint64_t size;
+    uint64_t used;    /* bytes in live blocks */
+    uint32_t blocks;  /* live blocks */
+    bool dedicated;
+    void *priv;
+    gpubuf_slab_export exp;
+    gpubuf_extent *free; /* sorted by offset, never adjacent */
+    uint32_t n_free, cap_free;
+    struct gpubuf_pool *pool;
+    struct gpubuf_slab *next, *prev;
+} gpubuf_slab;
+
+typedef struct gpubuf_block {
+    gpubuf_slab *slab;
+    uint64_t offset;
+    uint64_t size; /* rounded size actually taken */
+} gpubuf_block;
+
+typedef struct gpubuf_pool {
+    char *name;
+    gpubuf_backend *be;
+    uint64_t capacity;   /* upper bound on bytes in slabs */
+    uint64_t slab_size;
+    uint64_t reserved;   /* bytes in slabs */
+    uint64_t used;       /* bytes in live blocks */
+    uint32_t n_slabs;
+    uint32_t n_blocks;
+    gpubuf_slab *slabs;
+    uint64_t *next_slab_id; /* shared counter: slab ids are unique per daemon */
+    char last_error[256];
+} gpubuf_pool;
+
+/* Create a pool over backend be (the pool takes ownership of be). */
+int gpubuf_pool_new(const char *name, gpubuf_backend *be, uint64_t capacity, uint64_t slab_size,
+                    uint64_t *slab_id_counter, gpubuf_pool **ret);
+gpubuf_pool *gpubuf_pool_free(gpubuf_pool *p);
+
+/* Allocate size bytes aligned to align (0: the backend's alignment; must be a
+ * power of two no larger than the slab granularity).
+ * Returns 0, -EINVAL, GPUBUF_EPOOLFULL, or a backend error (message in
+ * p->last_error). */
+int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_block *ret);
+
+/* Give a block back; may destroy its slab. */
+void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b);
+
+/* Largest free extent of the pool's existing slabs (for tests and status). */
+uint64_t gpubuf_pool_largest_free(const gpubuf_pool *p);
+
+#endif

@@ -1,0 +1,323 @@
+#include "registry.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "util.h"
+
+static int fail(gpubuf_registry *r, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->last_error, sizeof(r->last_error), fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+void gpubuf_registry_init(gpubuf_registry *r) {
+    memset(r, 0, sizeof(*r));
+}
+
+static void buf_free(gpubuf_registry *r, gpubuf_buf *b) {
+    HASH_DELETE(hh_id, r->by_id, b);
+    if (b->in_name_index)
+        HASH_DELETE(hh_name, r->by_name, b);
+    gpubuf_pool_release(b->pool, &b->blk);
+    r->n_buffers--;
+    r->freed_buffers++;
+    free(b->name);
+    free(b);
+}
+
+/* Free b when nothing can reach it any more. Named sealed buffers persist
+ * without references until deleted; everything else goes with its last one. */
+static void buf_maybe_free(gpubuf_registry *r, gpubuf_buf *b) {
+    if (b->refs == 0 && (b->state != GPUBUF_STATE_SEALED || !b->name))
+        buf_free(r, b);
+}
+
+static void waiter_unlink(gpubuf_registry *r, gpubuf_waiter *w) {
+    if (w->prev)
+        w->prev->next = w->next;
+    else
+        r->waiters = w->next;
+    if (w->next)
+        w->next->prev = w->prev;
+    if (w->hprev)
+        w->hprev->hnext = w->hnext;
+    else
+        w->holder->waiters = w->hnext;
+    if (w->hnext)
+        w->hnext->hprev = w->hprev;
+    w->next = w->prev = w->hnext = w->hprev = NULL;
+    r->n_waiters--;
+}
+
+void gpubuf_registry_destroy(gpubuf_registry *r) {
+    gpubuf_holder *h, *htmp;
+    gpubuf_buf *b, *btmp;
+    HASH_ITER(hh, r->holders, h, htmp) {
+        while (h->waiters) {
+            gpubuf_waiter *w = h->waiters;
+            waiter_unlink(r, w);
+            w->cancel(w);
+        }
+        gpubuf_ref *ref, *rtmp;
+        HASH_ITER(hh, h->refs, ref, rtmp) {
+            HASH_DEL(h->refs, ref);
+            free(ref);
+        }
+        HASH_DEL(r->holders, h);
+        free(h);
+    }
+    HASH_ITER(hh_id, r->by_id, b, btmp) {
+        b->refs = 0;
+        buf_free(r, b);
+    }
+    HASH_CLEAR(hh_name, r->by_name);
+}
+
+gpubuf_holder *gpubuf_registry_holder_new(gpubuf_registry *r, pid_t pid, uid_t uid, gid_t gid) {
+    gpubuf_holder *h = calloc(1, sizeof(*h));
+    if (!h)
+        return NULL;
+    h->id = ++r->next_holder_id;
+    h->pid = pid;
+    h->uid = uid;
+    h->gid = gid;
+    HASH_ADD(hh, r->holders, id, sizeof(h->id), h);
+    return h;
+}
+
+gpubuf_buf *gpubuf_registry_find_id(gpubuf_registry *r, uint64_t id) {
+    gpubuf_buf *b;
+    HASH_FIND(hh_id, r->by_id, &id, sizeof(id), b);
+    return b;
+}
+
+gpubuf_buf *gpubuf_registry_find_name(gpubuf_registry *r, const char *name) {
+    gpubuf_buf *b;
+    HASH_FIND(hh_name, r->by_name, name, strlen(name), b);
+    return b;
+}
+
+static gpubuf_ref *ref_find(gpubuf_holder *h, uint64_t id) {
+    gpubuf_ref *ref;
+    HASH_FIND(hh, h->refs, &id, sizeof(id), ref);
+    return ref;
+}
+
+uint32_t gpubuf_registry_holder_count(gpubuf_holder *h, uint64_t buffer_id) {
+    gpubuf_ref *ref = ref_find(h, buffer_id);
+    return ref ? ref->count : 0;
+}
+
+static int ref_add(gpubuf_holder *h, gpubuf_buf *b) {
+    gpubuf_ref *ref = ref_find(h, b->id);
+    if (!ref) {
+        ref = calloc(1, sizeof(*ref));
+        if (!ref)
+            return -ENOMEM;
+        ref->buffer_id = b->id;
+        HASH_ADD(hh, h->refs, buffer_id, sizeof(ref->buffer_id), ref);
+    }
+    ref->count++;
+    h->n_refs++;
+    b->refs++;
+    return 0;
+}
+
+int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *pool, uint64_t size,
+                          uint64_t align, const char *name, gpubuf_buf **ret) {
+    gpubuf_buf *b;
+    int rc;
+    if (name && *name) {
+        size_t len = strlen(name);
+        if (len > GPUBUF_NAME_MAX)
+            return fail(r, -ENAMETOOLONG, "name longer than %d bytes", GPUBUF_NAME_MAX);
+        if (!gpubuf_name_valid(name, len))
+            return fail(r, -EINVAL, "invalid name '%s' (allowed: A-Z a-z 0-9 . _ : / @ + -)",
+                        name);
+        if (gpubuf_registry_find_name(r, name))
+            return fail(r, -EEXIST, "a buffer named '%s' exists", name);
+    } else {
+        name = NULL;
+    }
+    if (size == 0)
+        return fail(r, -EINVAL, "size must be at least 1 byte");
+    b = calloc(1, sizeof(*b));
+    if (!b)
+        return fail(r, -ENOMEM, "out of memory");
+    if (name && !(b->name = strdup(name))) {
+        free(b);
+        return fail(r, -ENOMEM, "out of memory");
+    }
+    rc = gpubuf_pool_alloc(pool, size, align, &b->blk);
+    if (rc < 0) {
+        fail(r, rc, "%s", pool->last_error[0] ? pool->last_error : "allocation failed");
+        free(b->name);
+        free(b);
+        return rc;
+    }
+    b->id = ++r->next_buffer_id;
+    b->pool = pool;
+    b->size = size;
+    b->state = GPUBUF_STATE_ALLOCATED;
+    b->owner_uid = (uint32_t)h->uid;
+    b->owner_holder = h->id;
+    HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
+    if (b->name) {
+        HASH_ADD_KEYPTR(hh_name, r->by_name, b->name, strlen(b->name), b);
+        b->in_name_index = true;
+    }
+    r->n_buffers++;
+    if (ref_add(h, b) < 0) {
+        buf_free(r, b);
+        return fail(r, -ENOMEM, "out of memory");
+    }
+    *ret = b;
+    return 0;
+}
+
+static bool waiter_matches(const gpubuf_waiter *w, const gpubuf_buf *b) {
+    if (w->name)
+        return b->name && strcmp(w->name, b->name) == 0;
+    return w->buffer_id == b->id;
+}
+
+int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpubuf_buf **ret) {
+    gpubuf_buf *b = gpubuf_registry_find_id(r, id);
+    if (!b)
+        return fail(r, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+    if (b->owner_holder != h->id)
+        return fail(r, -EPERM, "buffer %llu was allocated by another client",
+                    (unsigned long long)id);
+    if (b->state != GPUBUF_STATE_ALLOCATED)
+        return fail(r, GPUBUF_ESTATE, "buffer %llu is already %s", (unsigned long long)id,
+                    b->state == GPUBUF_STATE_SEALED ? "sealed" : "deleted");
+    b->state = GPUBUF_STATE_SEALED;
+    /* Wake waiters for this name or id. Each gets its own reference. */
+    gpubuf_waiter *w = r->waiters, *next;
+    for (; w; w = next) {
+        next = w->next;
+        if (!waiter_matches(w, b))
+            continue;
+        if (ref_add(w->holder, b) < 0)
+            continue; /* out of memory: the waiter times out */
+        waiter_unlink(r, w);
+        /* The callback may free w (but not other waiters). */
+        w->wake(w, b);
+    }
+    *ret = b;
+    return 0;
+}
+
+int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id,
+                         gpubuf_buf **ret) {
+    gpubuf_buf *b;
+    if (name) {
+        b = gpubuf_registry_find_name(r, name);
+        if (!b)
+            return fail(r, -ENOENT, "no buffer named '%s'", name);
+    } else {
+        b = gpubuf_registry_find_id(r, id);
+        if (!b)
+            return fail(r, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+    }
+    if (b->state == GPUBUF_STATE_DELETED)
+        return fail(r, -ENOENT, "buffer %llu was deleted", (unsigned long long)b->id);
+    if (b->state != GPUBUF_STATE_SEALED)
+        return fail(r, -ENOENT, "buffer %llu is not sealed yet", (unsigned long long)b->id);
+    if (ref_add(h, b) < 0)
+        return fail(r, -ENOMEM, "out of memory");
+    *ret = b;
+    return 0;
+}
+
+int gpubuf_registry_release(gpubuf_registry *r, gpubuf_holder *h, uint64_t id) {
+    gpubuf_ref *ref = ref_find(h, id);
+    gpubuf_buf *b;
+    if (!ref)
+        return fail(r, GPUBUF_ENOTHELD, "this client holds no reference to buffer %llu",
+                    (unsigned long long)id);
+    b = gpubuf_registry_find_id(r, id);
+    if (--ref->count == 0) {
+        HASH_DEL(h->refs, ref);
+        free(ref);
+    }
+    h->n_refs--;
+    if (b) {
+        b->refs--;
+        buf_maybe_free(r, b);
+    }
+    return 0;
+}
+
+int gpubuf_registry_delete(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id) {
+    gpubuf_buf *b = name ? gpubuf_registry_find_name(r, name) : gpubuf_registry_find_id(r, id);
+    if (!b || b->state == GPUBUF_STATE_DELETED) {
+        if (name)
+            return fail(r, -ENOENT, "no buffer named '%s'", name);
+        return fail(r, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+    }
+    if (h->uid != 0 && h->uid != b->owner_uid)
+        return fail(r, -EPERM, "buffer %llu belongs to uid %u", (unsigned long long)b->id,
+                    b->owner_uid);
+    b->state = GPUBUF_STATE_DELETED;
+    if (b->in_name_index) {
+        HASH_DELETE(hh_name, r->by_name, b);
+        b->in_name_index = false;
+    }
+    buf_maybe_free(r, b);
+    return 0;
+}
+
+void gpubuf_registry_wait(gpubuf_registry *r, gpubuf_waiter *w) {
+    gpubuf_holder *h = w->holder;
+    w->prev = NULL;
+    w->next = r->waiters;
+    if (r->waiters)
+        r->waiters->prev = w;
+    r->waiters = w;
+    w->hprev = NULL;
+    w->hnext = h->waiters;
+    if (h->waiters)
+        h->waiters->hprev = w;
+    h->waiters = w;
+    r->n_waiters++;
+}
+
+void gpubuf_registry_unwait(gpubuf_registry *r, gpubuf_waiter *w) {
+    waiter_unlink(r, w);
+}
+
+void gpubuf_registry_holder_drop(gpubuf_registry *r, gpubuf_holder *h) {
+    gpubuf_ref *ref, *rtmp;
+    while (h->waiters) {
+        gpubuf_waiter *w = h->waiters;
+        waiter_unlink(r, w);
+        w->cancel(w);
+    }
+    HASH_ITER(hh, h->refs, ref, rtmp) {
+        gpubuf_buf *b = gpubuf_registry_find_id(r, ref->buffer_id);
+        HASH_DEL(h->refs, ref);
+        if (b) {
+            b->refs -= ref->count;
+            /* Allocated by this client and never sealed: nobody else can
+             * ever reach it. */
+            if (b->state == GPUBUF_STATE_ALLOCATED && b->owner_holder == h->id) {
+                b->state = GPUBUF_STATE_DELETED;
+                if (b->in_name_index) {
+                    HASH_DELETE(hh_name, r->by_name, b);
+                    b->in_name_index = false;
+                }
+            }
+            buf_maybe_free(r, b);
+        }
+        free(ref);
+    }
+    HASH_DEL(r->holders, h);
+    free(h);
+}

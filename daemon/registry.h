@@ -1,0 +1,106 @@
+/* Registry room: buffers by id and by name, their states, the references each
+ * client holds, and the clients waiting for a name or id to be sealed.
+ * Knows pools, not sessions or sockets: a client is a gpubuf_holder. */
+#ifndef GPUBUFD_REGISTRY_H
+#define GPUBUFD_REGISTRY_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <uthash.h>
+
+#include "pool.h"
+
+typedef struct gpubuf_buf gpubuf_buf;
+typedef struct gpubuf_holder gpubuf_holder;
+typedef struct gpubuf_waiter gpubuf_waiter;
+
+struct gpubuf_buf {
+    uint64_t id;
+    char *name; /* NULL when anonymous */
+    gpubuf_pool *pool;
+    gpubuf_block blk;
+    uint64_t size; /* as requested */
+    gpubuf_state state;
+    uint32_t refs;
+    uint32_t owner_uid;
+    uint64_t owner_holder; /* holder id of the creator */
+    bool in_name_index;
+    UT_hash_handle hh_id;
+    UT_hash_handle hh_name;
+};
+
+/* One (holder, buffer) reference count. */
+typedef struct gpubuf_ref {
+    uint64_t buffer_id;
+    uint32_t count;
+    UT_hash_handle hh;
+} gpubuf_ref;
+
+struct gpubuf_holder {
+    uint64_t id;
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    gpubuf_ref *refs;     /* by buffer id */
+    uint32_t n_refs;      /* sum of counts */
+    gpubuf_waiter *waiters; /* this holder's pending waits */
+    UT_hash_handle hh;
+};
+
+/* A pending open(). The caller embeds it and fills target and callbacks.
+ * wake(): the buffer was sealed and a reference was taken for the holder.
+ * The registry unlinks a waiter before calling wake(); the waiter is not
+ * touched after either callback returns. */
+struct gpubuf_waiter {
+    gpubuf_holder *holder;
+    char *name;           /* target name, or NULL for by-id */
+    uint64_t buffer_id;
+    void (*wake)(gpubuf_waiter *w, gpubuf_buf *b);
+    void (*cancel)(gpubuf_waiter *w); /* holder dropped */
+    gpubuf_waiter *next, *prev;       /* registry list */
+    gpubuf_waiter *hnext, *hprev;     /* holder list */
+};
+
+typedef struct gpubuf_registry {
+    gpubuf_buf *by_id;
+    gpubuf_buf *by_name;
+    gpubuf_holder *holders;
+    gpubuf_waiter *waiters;
+    uint64_t next_buffer_id;
+    uint64_t next_holder_id;
+    uint32_t n_buffers;
+    uint32_t n_waiters;
+    uint64_t freed_buffers; /* counters for status/metrics */
+    char last_error[256];
+} gpubuf_registry;
+
+void gpubuf_registry_init(gpubuf_registry *r);
+/* Frees every buffer (returning blocks to pools) and holder. */
+void gpubuf_registry_destroy(gpubuf_registry *r);
+
+gpubuf_holder *gpubuf_registry_holder_new(gpubuf_registry *r, pid_t pid, uid_t uid, gid_t gid);
+/* The client went away: cancel its waits, drop all its references, delete
+ * buffers it allocated and never sealed. */
+void gpubuf_registry_holder_drop(gpubuf_registry *r, gpubuf_holder *h);
+
+gpubuf_buf *gpubuf_registry_find_id(gpubuf_registry *r, uint64_t id);
+gpubuf_buf *gpubuf_registry_find_name(gpubuf_registry *r, const char *name);
+uint32_t gpubuf_registry_holder_count(gpubuf_holder *h, uint64_t buffer_id);
+
+/* All return 0 or a negative code, with a sentence in r->last_error. */
+int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *pool, uint64_t size,
+                          uint64_t align, const char *name, gpubuf_buf **ret);
+int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpubuf_buf **ret);
+/* Take a reference to a sealed buffer. -ENOENT when the name/id is unknown
+ * or not sealed yet (the caller may then wait). */
+int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id,
+                         gpubuf_buf **ret);
+int gpubuf_registry_release(gpubuf_registry *r, gpubuf_holder *h, uint64_t id);
+int gpubuf_registry_delete(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id);
+
+void gpubuf_registry_wait(gpubuf_registry *r, gpubuf_waiter *w);
+/* Remove a waiter without calling back (timeout, reply already sent). */
+void gpubuf_registry_unwait(gpubuf_registry *r, gpubuf_waiter *w);
+
+#endif

@@ -1,0 +1,452 @@
+#include "server.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "util.h"
+#include "wire.h"
+
+#define READ_CHUNK (64u * 1024u)
+
+void gpubuf_limits_default(gpubuf_limits *l) {
+    l->max_request = GPUBUF_WIRE_MAX_REQUEST;
+    l->max_clients = 4096;
+    l->frames_per_wakeup = 32;
+    l->max_waiters_per_client = 64;
+}
+
+static void on_listen(uv_poll_t *h, int status, int events);
+static void on_session_io(uv_poll_t *h, int status, int events);
+static void on_reap(uv_check_t *h);
+static void on_kick(uv_idle_t *h);
+static int process_frames(gpubuf_session *s, uint32_t limit);
+
+void gpubuf_server_init(gpubuf_server *srv, uv_loop_t *loop) {
+    memset(srv, 0, sizeof(*srv));
+    srv->loop = loop;
+    srv->listen_fd = -1;
+    gpubuf_limits_default(&srv->limits);
+    gpubuf_registry_init(&srv->reg);
+    srv->started_ns = gpubuf_now_ns();
+    uv_check_init(loop, &srv->reaper);
+    srv->reaper.data = srv;
+    uv_idle_init(loop, &srv->kick);
+    srv->kick.data = srv;
+}
+
+int gpubuf_server_add_pool(gpubuf_server *srv, gpubuf_pool *pool) {
+    if (srv->n_pools >= GPUBUF_MAX_POOLS)
+        return -ENOSPC;
+    if (gpubuf_server_find_pool(srv, pool->name))
+        return -EEXIST;
+    pool->next_slab_id = &srv->slab_ids;
+    srv->pools[srv->n_pools++] = pool;
+    return 0;
+}
+
+gpubuf_pool *gpubuf_server_find_pool(gpubuf_server *srv, const char *name) {
+    for (int i = 0; i < srv->n_pools; i++)
+        if (strcmp(srv->pools[i]->name, name) == 0)
+            return srv->pools[i];
+    return NULL;
+}
+
+int gpubuf_server_listen_fd(gpubuf_server *srv, int fd) {
+    int r, fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+        return -errno;
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    srv->listen_fd = fd;
+    r = uv_poll_init(srv->loop, &srv->listen_poll, fd);
+    if (r < 0)
+        return r;
+    srv->listen_poll.data = srv;
+    return uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
+}
+
+int gpubuf_server_listen_path(gpubuf_server *srv, const char *path, mode_t mode) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd, r;
+    if (!path || !*path || strlen(path) >= sizeof(sa.sun_path))
+        return -ENAMETOOLONG;
+    strcpy(sa.sun_path, path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    /* A stale socket file of a dead daemon is replaced; a live one is not. */
+    if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+        close(fd);
+        return -EADDRINUSE;
+    }
+    close(fd);
+    unlink(path);
+    fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0)
+        return -errno;
+    mode_t old = umask(0177);
+    r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
+    umask(old);
+    if (r < 0 || chmod(path, mode) < 0 || listen(fd, 512) < 0) {
+        r = -errno;
+        close(fd);
+        return r;
+    }
+    srv->socket_path = strdup(path);
+    srv->listen_owned = true;
+    return gpubuf_server_listen_fd(srv, fd);
+}
+
+static void session_free_out(gpubuf_session *s) {
+    while (s->out_head) {
+        gpubuf_outbuf *o = s->out_head;
+        s->out_head = o->next;
+        if (o->fd >= 0)
+            close(o->fd);
+        free(o);
+    }
+    s->out_tail = NULL;
+}
+
+static void on_session_closed(uv_handle_t *h) {
+    gpubuf_session *s = h->data;
+    close(s->fd);
+    free(s->in);
+    free(s);
+}
+
+static void on_reap(uv_check_t *h) {
+    gpubuf_server *srv = h->data;
+    while (srv->reap) {
+        gpubuf_session *s = srv->reap;
+        srv->reap = s->reap_next;
+        if (s->pending) {
+            gpubuf_session **pp = &srv->pending;
+            while (*pp != s)
+                pp = &(*pp)->pending_next;
+            *pp = s->pending_next;
+            s->pending = false;
+        }
+        LOG_DEBUG("session %llu (pid %d) closed", (unsigned long long)s->holder->id, (int)s->pid);
+        gpubuf_registry_holder_drop(&srv->reg, s->holder);
+        s->holder = NULL;
+        session_free_out(s);
+        if (s->prev)
+            s->prev->next = s->next;
+        else
+            srv->sessions = s->next;
+        if (s->next)
+            s->next->prev = s->prev;
+        srv->n_sessions--;
+        uv_close((uv_handle_t *)&s->poll, on_session_closed);
+    }
+    uv_check_stop(&srv->reaper);
+    if (srv->stopping && !srv->sessions) {
+        uv_close((uv_handle_t *)&srv->reaper, NULL);
+        uv_close((uv_handle_t *)&srv->kick, NULL);
+    }
+}
+
+static bool has_complete_frame(const gpubuf_session *s) {
+    if (s->in_len < GPUBUF_WIRE_HEADER_SIZE)
+        return false;
+    uint32_t len = (uint32_t)s->in[8] | (uint32_t)s->in[9] << 8 | (uint32_t)s->in[10] << 16 |
+                   (uint32_t)s->in[11] << 24;
+    /* A bad header counts as complete: processing it disconnects. */
+    return len > s->srv->limits.max_request ||
+           s->in_len - GPUBUF_WIRE_HEADER_SIZE >= len;
+}
+
+/* After a capped wake-up, queue the session so the loop comes back to it
+ * without waiting for the socket to become readable again. */
+static void maybe_pend(gpubuf_session *s) {
+    if (s->closing || s->pending || !has_complete_frame(s))
+        return;
+    s->pending = true;
+    s->pending_next = s->srv->pending;
+    s->srv->pending = s;
+    uv_idle_start(&s->srv->kick, on_kick);
+}
+
+static void on_kick(uv_idle_t *h) {
+    gpubuf_server *srv = h->data;
+    gpubuf_session *list = srv->pending;
+    srv->pending = NULL;
+    while (list) {
+        gpubuf_session *s = list;
+        list = s->pending_next;
+        s->pending = false;
+        if (process_frames(s, srv->limits.frames_per_wakeup) >= 0)
+            maybe_pend(s);
+    }
+    if (!srv->pending)
+        uv_idle_stop(&srv->kick);
+}
+
+void gpubuf_session_kill(gpubuf_session *s) {
+    if (s->closing)
+        return;
+    s->closing = true;
+    uv_poll_stop(&s->poll);
+    s->reap_next = s->srv->reap;
+    s->srv->reap = s;
+    uv_check_start(&s->srv->reaper, on_reap);
+}
+
+static void on_listen(uv_poll_t *h, int status, int events) {
+    gpubuf_server *srv = h->data;
+    (void)events;
+    if (status < 0)
+        return;
+    for (int i = 0; i < 64; i++) {
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
+                LOG_WARN("accept: %s", strerror(errno));
+            return;
+        }
+        struct ucred cred;
+        socklen_t cl = sizeof(cred);
+        if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl) < 0) {
+            close(fd);
+            continue;
+        }
+        if (srv->n_sessions >= srv->limits.max_clients || srv->stopping) {
+            LOG_WARN("refusing pid %d: %u clients connected (limit %u)", (int)cred.pid,
+                     srv->n_sessions, srv->limits.max_clients);
+            close(fd);
+            continue;
+        }
+        gpubuf_session *s = calloc(1, sizeof(*s));
+        if (!s || !(s->holder = gpubuf_registry_holder_new(&srv->reg, cred.pid, cred.uid,
+                                                           cred.gid))) {
+            free(s);
+            close(fd);
+            continue;
+        }
+        s->fd = fd;
+        s->srv = srv;
+        s->pid = cred.pid;
+        s->uid = cred.uid;
+        s->gid = cred.gid;
+        uv_poll_init(srv->loop, &s->poll, fd);
+        s->poll.data = s;
+        uv_poll_start(&s->poll, UV_READABLE, on_session_io);
+        s->next = srv->sessions;
+        if (srv->sessions)
+            srv->sessions->prev = s;
+        srv->sessions = s;
+        srv->n_sessions++;
+        LOG_DEBUG("session %llu: pid %d uid %d", (unsigned long long)s->holder->id, (int)s->pid,
+                  (int)s->uid);
+    }
+}
+
+static void update_poll(gpubuf_session *s) {
+    if (s->closing)
+        return;
+    uv_poll_start(&s->poll, UV_READABLE | (s->out_head ? UV_WRITABLE : 0), on_session_io);
+}
+
+static int flush_out(gpubuf_session *s) {
+    while (s->out_head) {
+        gpubuf_outbuf *o = s->out_head;
+        ssize_t n = gpubuf_wire_send_some(s->fd, o->data + o->off, o->len - o->off,
+                                          o->off == 0 ? o->fd : -1);
+        if (n < 0)
+            return n == -EAGAIN ? 0 : (int)n;
+        if (o->fd >= 0) {
+            close(o->fd);
+            o->fd = -1;
+        }
+        o->off += (size_t)n;
+        if (o->off < o->len)
+            return 0;
+        s->out_head = o->next;
+        if (!s->out_head)
+            s->out_tail = NULL;
+        free(o);
+    }
+    return 0;
+}
+
+void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd) {
+    size_t plen = gpubuf__response__get_packed_size(resp);
+    gpubuf_outbuf *o;
+    bool was_empty = !s->out_head;
+    if (s->closing)
+        return;
+    if (plen > GPUBUF_WIRE_MAX_RESPONSE) {
+        LOG_ERR("reply of %zu bytes exceeds the frame limit", plen);
+        gpubuf_session_kill(s);
+        return;
+    }
+    o = malloc(sizeof(*o) + GPUBUF_WIRE_HEADER_SIZE + plen);
+    if (!o) {
+        gpubuf_session_kill(s);
+        return;
+    }
+    o->next = NULL;
+    o->off = 0;
+    o->len = GPUBUF_WIRE_HEADER_SIZE + plen;
+    o->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+    if (fd >= 0 && o->fd < 0) {
+        LOG_ERR("dup: %s", strerror(errno));
+        free(o);
+        gpubuf_session_kill(s);
+        return;
+    }
+    gpubuf_wire_header_encode(o->data, (uint32_t)plen);
+    gpubuf__response__pack(resp, o->data + GPUBUF_WIRE_HEADER_SIZE);
+    if (s->out_tail)
+        s->out_tail->next = o;
+    else
+        s->out_head = o;
+    s->out_tail = o;
+    if (was_empty) {
+        int r = flush_out(s);
+        if (r < 0) {
+            gpubuf_session_kill(s);
+            return;
+        }
+        if (s->out_head)
+            update_poll(s);
+    }
+}
+
+/* Parse and handle up to limit complete frames from s->in. Returns the number
+ * handled, or -1 when the session was killed. */
+static int process_frames(gpubuf_session *s, uint32_t limit) {
+    size_t pos = 0;
+    uint32_t done = 0;
+    while (done < limit && !s->closing) {
+        gpubuf_frame_header h;
+        if (s->in_len - pos < GPUBUF_WIRE_HEADER_SIZE)
+            break;
+        int r = gpubuf_wire_header_decode(s->in + pos, s->srv->limits.max_request, &h);
+        if (r < 0) {
+            LOG_WARN("pid %d: bad frame header (%s); disconnecting", (int)s->pid,
+                     gpubuf_strerror(r));
+            Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+            resp.status = r;
+            resp.message = (char *)(r == -EMSGSIZE ? "request frame too large"
+                                                   : "bad frame header (magic or version)");
+            gpubuf_session_send(s, &resp, -1);
+            gpubuf_session_kill(s);
+            return -1;
+        }
+        if (s->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
+            break;
+        gpubuf_session_handle(s, s->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length);
+        pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
+        done++;
+    }
+    if (pos) {
+        memmove(s->in, s->in + pos, s->in_len - pos);
+        s->in_len -= pos;
+    }
+    return s->closing ? -1 : (int)done;
+}
+
+static void on_session_io(uv_poll_t *h, int status, int events) {
+    gpubuf_session *s = h->data;
+    gpubuf_server *srv = s->srv;
+    if (s->closing)
+        return;
+    if (status < 0) {
+        gpubuf_session_kill(s);
+        return;
+    }
+    if (events & UV_WRITABLE) {
+        if (flush_out(s) < 0) {
+            gpubuf_session_kill(s);
+            return;
+        }
+        update_poll(s);
+    }
+    if (!(events & UV_READABLE))
+        return;
+    /* Frames left over from the previous wake-up go first. */
+    if (process_frames(s, srv->limits.frames_per_wakeup) < 0)
+        return;
+    size_t need = s->in_len + READ_CHUNK;
+    if (need > s->in_cap) {
+        size_t cap = s->in_cap ? s->in_cap : READ_CHUNK;
+        while (cap < need)
+            cap *= 2;
+        /* Never more than one maximal frame plus one chunk. */
+        if (cap > (size_t)srv->limits.max_request + GPUBUF_WIRE_HEADER_SIZE + READ_CHUNK)
+            cap = (size_t)srv->limits.max_request + GPUBUF_WIRE_HEADER_SIZE + READ_CHUNK;
+        if (cap > s->in_cap) {
+            uint8_t *p = realloc(s->in, cap);
+            if (!p) {
+                gpubuf_session_kill(s);
+                return;
+            }
+            s->in = p;
+            s->in_cap = cap;
+        }
+    }
+    if (s->in_cap == s->in_len) {
+        /* Buffer full of unprocessed frames: let the next wake-up drain it. */
+        return;
+    }
+    int fds[GPUBUF_WIRE_MAX_FDS];
+    int n_fds;
+    bool trunc;
+    ssize_t n = gpubuf_wire_recv(s->fd, s->in + s->in_len, s->in_cap - s->in_len, fds,
+                                 GPUBUF_WIRE_MAX_FDS, &n_fds, &trunc);
+    for (int i = 0; i < n_fds; i++)
+        close(fds[i]); /* clients never send fds: drop them */
+    if (n_fds || trunc)
+        LOG_WARN("pid %d sent file descriptors; closed them", (int)s->pid);
+    if (n == -EAGAIN)
+        return;
+    if (n <= 0) {
+        gpubuf_session_kill(s);
+        return;
+    }
+    s->in_len += (size_t)n;
+    if (process_frames(s, srv->limits.frames_per_wakeup) >= 0)
+        maybe_pend(s);
+}
+
+void gpubuf_server_stop(gpubuf_server *srv) {
+    if (srv->stopping)
+        return;
+    srv->stopping = true;
+    if (srv->listen_fd >= 0) {
+        uv_poll_stop(&srv->listen_poll);
+        uv_close((uv_handle_t *)&srv->listen_poll, NULL);
+        close(srv->listen_fd);
+        srv->listen_fd = -1;
+        if (srv->listen_owned && srv->socket_path)
+            unlink(srv->socket_path);
+    }
+    for (gpubuf_session *s = srv->sessions; s; s = s->next) {
+        Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+        resp.status = -ESHUTDOWN;
+        resp.message = (char *)"gpubufd is shutting down";
+        /* Best effort: a client blocked in a request reads this error. */
+        gpubuf_session_send(s, &resp, -1);
+        gpubuf_session_kill(s);
+    }
+    if (!srv->sessions) {
+        uv_close((uv_handle_t *)&srv->reaper, NULL);
+        uv_close((uv_handle_t *)&srv->kick, NULL);
+    }
+}
+
+void gpubuf_server_destroy(gpubuf_server *srv) {
+    gpubuf_registry_destroy(&srv->reg);
+    for (int i = 0; i < srv->n_pools; i++)
+        srv->pools[i] = gpubuf_pool_free(srv->pools[i]);
+    srv->n_pools = 0;
+    free(srv->socket_path);
+}

@@ -1,0 +1,412 @@
+/* Session room: decode one request, run it against the registry, reply. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "log.h"
+#include "server.h"
+#include "util.h"
+#include "wire.h"
+
+#define GPUBUF_SERVER_STRING "gpubufd " GPUBUF_VERSION_STRING
+
+typedef struct session_waiter {
+    gpubuf_waiter w;
+    uv_timer_t timer;
+    gpubuf_session *s;
+    uint64_t request_id;
+    bool has_timer;
+} session_waiter;
+
+static void reply_error(gpubuf_session *s, uint64_t id, int status, const char *msg) {
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    resp.id = id;
+    resp.status = status;
+    resp.message = (char *)(msg ? msg : gpubuf_strerror(status));
+    gpubuf_session_send(s, &resp, -1);
+}
+
+/* Storage for one Buffer message and its Slab. */
+typedef struct buffer_msg {
+    Gpubuf__Buffer buf;
+    Gpubuf__Slab slab;
+} buffer_msg;
+
+static void fill_buffer(buffer_msg *m, const gpubuf_buf *b) {
+    gpubuf_slab *sl = b->blk.slab;
+    gpubuf_backend *be = b->pool->be;
+    gpubuf__buffer__init(&m->buf);
+    gpubuf__slab__init(&m->slab);
+    m->buf.buffer_id = b->id;
+    m->buf.name = b->name ? b->name : (char *)"";
+    m->buf.pool = b->pool->name;
+    m->buf.size = b->size;
+    m->buf.offset = b->blk.offset;
+    m->buf.state = (Gpubuf__BufferState)b->state;
+    m->buf.refs = b->refs;
+    m->buf.owner_uid = b->owner_uid;
+    m->buf.slab = &m->slab;
+    m->slab.slab_id = sl->id;
+    m->slab.kind = (Gpubuf__PoolKind)be->kind;
+    m->slab.device = be->device;
+    m->slab.size = sl->size;
+    if (be->has_uuid) {
+        m->slab.device_uuid.data = be->uuid;
+        m->slab.device_uuid.len = 16;
+    }
+    if (sl->exp.has_ipc_handle) {
+        m->slab.ipc_handle.data = sl->exp.ipc_handle;
+        m->slab.ipc_handle.len = GPUBUF_IPC_HANDLE_SIZE;
+    }
+}
+
+/* Reply with a buffer; map_fd: attach the slab's fd (alloc and open). */
+static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bool map_fd) {
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    buffer_msg m;
+    fill_buffer(&m, b);
+    resp.id = id;
+    resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
+    resp.buffer = &m.buf;
+    gpubuf_session_send(s, &resp, map_fd ? b->blk.slab->exp.fd : -1);
+}
+
+static void waiter_closed(uv_handle_t *h) {
+    free(h->data);
+}
+
+static void waiter_dispose(session_waiter *sw) {
+    sw->s->n_waiters--;
+    if (sw->has_timer) {
+        uv_timer_stop(&sw->timer);
+        uv_close((uv_handle_t *)&sw->timer, waiter_closed);
+    } else {
+        free(sw);
+    }
+}
+
+static void waiter_wake(gpubuf_waiter *w, gpubuf_buf *b) {
+    session_waiter *sw = (session_waiter *)w;
+    reply_buffer(sw->s, sw->request_id, b, true);
+    free(w->name);
+    waiter_dispose(sw);
+}
+
+static void waiter_cancel(gpubuf_waiter *w) {
+    session_waiter *sw = (session_waiter *)w;
+    free(w->name);
+    waiter_dispose(sw);
+}
+
+static void waiter_timeout(uv_timer_t *t) {
+    session_waiter *sw = t->data;
+    char msg[GPUBUF_NAME_MAX + 64];
+    gpubuf_registry_unwait(&sw->s->srv->reg, &sw->w);
+    if (sw->w.name)
+        snprintf(msg, sizeof(msg), "timed out waiting for '%s' to be sealed", sw->w.name);
+    else
+        snprintf(msg, sizeof(msg), "timed out waiting for buffer %llu to be sealed",
+                 (unsigned long long)sw->w.buffer_id);
+    reply_error(sw->s, sw->request_id, -ETIMEDOUT, msg);
+    free(sw->w.name);
+    waiter_dispose(sw);
+}
+
+/* Validate a name from the wire; reply with an error and return false if bad. */
+static bool check_name(gpubuf_session *s, uint64_t id, const char *name) {
+    size_t len = strlen(name);
+    if (len > GPUBUF_NAME_MAX) {
+        reply_error(s, id, -ENAMETOOLONG, "name longer than 255 bytes");
+        return false;
+    }
+    if (!gpubuf_name_valid(name, len)) {
+        reply_error(s, id, -EINVAL, "invalid name (allowed: A-Z a-z 0-9 . _ : / @ + -)");
+        return false;
+    }
+    return true;
+}
+
+static void do_hello(gpubuf_session *s, uint64_t id, const Gpubuf__Hello *h) {
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    Gpubuf__HelloReply hr = GPUBUF__HELLO_REPLY__INIT;
+    if (s->hello_done) {
+        reply_error(s, id, GPUBUF_EPROTOCOL, "hello sent twice");
+        return;
+    }
+    if (h->min_version > GPUBUF_PROTOCOL_VERSION || h->max_version < GPUBUF_PROTOCOL_VERSION) {
+        char msg[128];
+        snprintf(msg, sizeof(msg), "client speaks versions %u..%u, daemon speaks %u",
+                 h->min_version, h->max_version, GPUBUF_PROTOCOL_VERSION);
+        reply_error(s, id, GPUBUF_EVERSION, msg);
+        gpubuf_session_kill(s);
+        return;
+    }
+    s->hello_done = true;
+    snprintf(s->name, sizeof(s->name), "%s", h->client_name ? h->client_name : "");
+    hr.version = GPUBUF_PROTOCOL_VERSION;
+    hr.server = (char *)GPUBUF_SERVER_STRING;
+    hr.session_id = s->holder->id;
+    hr.max_request = s->srv->limits.max_request;
+    hr.max_response = GPUBUF_WIRE_MAX_RESPONSE;
+    resp.id = id;
+    resp.body_case = GPUBUF__RESPONSE__BODY_HELLO;
+    resp.hello = &hr;
+    gpubuf_session_send(s, &resp, -1);
+}
+
+static void do_alloc(gpubuf_session *s, uint64_t id, const Gpubuf__AllocRequest *a) {
+    gpubuf_server *srv = s->srv;
+    gpubuf_pool *pool;
+    gpubuf_buf *b;
+    int r;
+    if (a->pool && *a->pool) {
+        pool = gpubuf_server_find_pool(srv, a->pool);
+        if (!pool) {
+            char msg[GPUBUF_NAME_MAX + 32];
+            snprintf(msg, sizeof(msg), "no pool named '%.255s'", a->pool);
+            reply_error(s, id, GPUBUF_ENOPOOL, msg);
+            return;
+        }
+    } else if (srv->n_pools > 0) {
+        pool = srv->pools[0];
+    } else {
+        reply_error(s, id, GPUBUF_ENOPOOL, "the daemon has no pools");
+        return;
+    }
+    if (a->name && *a->name && !check_name(s, id, a->name))
+        return;
+    r = gpubuf_registry_alloc(&srv->reg, s->holder, pool, a->size, a->alignment, a->name, &b);
+    if (r < 0) {
+        if (r != -EEXIST)
+            LOG_INFO("pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
+                     (unsigned long long)a->size, pool->name, srv->reg.last_error);
+        reply_error(s, id, r, srv->reg.last_error);
+        return;
+    }
+    reply_buffer(s, id, b, true);
+}
+
+static void do_seal(gpubuf_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
+    gpubuf_buf *b;
+    int r = gpubuf_registry_seal(&s->srv->reg, s->holder, q->buffer_id, &b);
+    if (r < 0) {
+        reply_error(s, id, r, s->srv->reg.last_error);
+        return;
+    }
+    /* Waiters woken by the seal may have been this very session; b is alive
+     * since the sealer holds a reference. */
+    reply_buffer(s, id, b, false);
+}
+
+static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
+    gpubuf_registry *reg = &s->srv->reg;
+    const char *name = NULL;
+    uint64_t bid = 0;
+    gpubuf_buf *b;
+    int r;
+    if (q->target_case == GPUBUF__OPEN_REQUEST__TARGET_NAME) {
+        name = q->name;
+        if (!check_name(s, id, name))
+            return;
+    } else if (q->target_case == GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID) {
+        bid = q->buffer_id;
+    } else {
+        reply_error(s, id, -EINVAL, "open needs a name or a buffer id");
+        return;
+    }
+    r = gpubuf_registry_open(reg, s->holder, name, bid, &b);
+    if (r == 0) {
+        reply_buffer(s, id, b, true);
+        return;
+    }
+    if (r != -ENOENT || q->timeout_ms == 0) {
+        reply_error(s, id, r, reg->last_error);
+        return;
+    }
+    /* Wait only for something that can still be sealed: any name, or an
+     * id that exists in state ALLOCATED. */
+    if (!name) {
+        gpubuf_buf *t = gpubuf_registry_find_id(reg, bid);
+        if (!t || t->state != GPUBUF_STATE_ALLOCATED) {
+            reply_error(s, id, r, reg->last_error);
+            return;
+        }
+    }
+    if (s->n_waiters >= s->srv->limits.max_waiters_per_client) {
+        reply_error(s, id, -EAGAIN, "too many pending opens on this connection");
+        return;
+    }
+    session_waiter *sw = calloc(1, sizeof(*sw));
+    if (!sw || (name && !(sw->w.name = strdup(name)))) {
+        free(sw);
+        reply_error(s, id, -ENOMEM, "out of memory");
+        return;
+    }
+    sw->s = s;
+    sw->request_id = id;
+    sw->w.holder = s->holder;
+    sw->w.buffer_id = bid;
+    sw->w.wake = waiter_wake;
+    sw->w.cancel = waiter_cancel;
+    if (q->timeout_ms > 0) {
+        uv_timer_init(s->srv->loop, &sw->timer);
+        sw->timer.data = sw;
+        sw->has_timer = true;
+        uv_timer_start(&sw->timer, waiter_timeout, (uint64_t)q->timeout_ms, 0);
+    }
+    s->n_waiters++;
+    gpubuf_registry_wait(reg, &sw->w);
+}
+
+static void do_release(gpubuf_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
+    int r = gpubuf_registry_release(&s->srv->reg, s->holder, q->buffer_id);
+    if (r < 0) {
+        reply_error(s, id, r, s->srv->reg.last_error);
+        return;
+    }
+    reply_error(s, id, 0, "");
+}
+
+static void do_delete(gpubuf_session *s, uint64_t id, const Gpubuf__DeleteRequest *q) {
+    const char *name = NULL;
+    int r;
+    if (q->target_case == GPUBUF__DELETE_REQUEST__TARGET_NAME) {
+        name = q->name;
+        if (!check_name(s, id, name))
+            return;
+    } else if (q->target_case != GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID) {
+        reply_error(s, id, -EINVAL, "delete needs a name or a buffer id");
+        return;
+    }
+    r = gpubuf_registry_delete(&s->srv->reg, s->holder, name, q->buffer_id);
+    if (r < 0) {
+        reply_error(s, id, r, s->srv->reg.last_error);
+        return;
+    }
+    reply_error(s, id, 0, "");
+}
+
+static void do_stat(gpubuf_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
+    gpubuf_buf *b = NULL;
+    if (q->target_case == GPUBUF__STAT_REQUEST__TARGET_NAME) {
+        if (!check_name(s, id, q->name))
+            return;
+        b = gpubuf_registry_find_name(&s->srv->reg, q->name);
+    } else if (q->target_case == GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID) {
+        b = gpubuf_registry_find_id(&s->srv->reg, q->buffer_id);
+    } else {
+        reply_error(s, id, -EINVAL, "stat needs a name or a buffer id");
+        return;
+    }
+    if (!b) {
+        reply_error(s, id, -ENOENT, "no such buffer");
+        return;
+    }
+    reply_buffer(s, id, b, false);
+}
+
+static void do_status(gpubuf_session *s, uint64_t id) {
+    gpubuf_server *srv = s->srv;
+    gpubuf_registry *reg = &srv->reg;
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    Gpubuf__StatusReply st = GPUBUF__STATUS_REPLY__INIT;
+    Gpubuf__PoolStatus *pools = calloc((size_t)srv->n_pools + 1, sizeof(*pools));
+    Gpubuf__PoolStatus **ppools = calloc((size_t)srv->n_pools + 1, sizeof(*ppools));
+    buffer_msg *bufs = calloc((size_t)reg->n_buffers + 1, sizeof(*bufs));
+    Gpubuf__Buffer **pbufs = calloc((size_t)reg->n_buffers + 1, sizeof(*pbufs));
+    Gpubuf__ClientStatus *cl = calloc((size_t)srv->n_sessions + 1, sizeof(*cl));
+    Gpubuf__ClientStatus **pcl = calloc((size_t)srv->n_sessions + 1, sizeof(*pcl));
+    size_t i = 0;
+    if (!pools || !ppools || !bufs || !pbufs || !cl || !pcl) {
+        reply_error(s, id, -ENOMEM, "out of memory");
+        goto out;
+    }
+    for (int p = 0; p < srv->n_pools; p++) {
+        gpubuf_pool *pool = srv->pools[p];
+        gpubuf__pool_status__init(&pools[p]);
+        pools[p].name = pool->name;
+        pools[p].kind = (Gpubuf__PoolKind)pool->be->kind;
+        pools[p].device = pool->be->device;
+        if (pool->be->has_uuid) {
+            pools[p].device_uuid.data = pool->be->uuid;
+            pools[p].device_uuid.len = 16;
+        }
+        pools[p].capacity = pool->capacity;
+        pools[p].used = pool->used;
+        pools[p].reserved = pool->reserved;
+        pools[p].slabs = pool->n_slabs;
+        pools[p].slab_size = pool->slab_size;
+        pools[p].buffers = pool->n_blocks;
+        ppools[p] = &pools[p];
+    }
+    st.n_pools = (size_t)srv->n_pools;
+    st.pools = ppools;
+    for (gpubuf_buf *b = reg->by_id; b && i < reg->n_buffers; b = b->hh_id.next, i++) {
+        fill_buffer(&bufs[i], b);
+        bufs[i].slab.ipc_handle.len = 0; /* status never hands out handles */
+        pbufs[i] = &bufs[i].buf;
+    }
+    st.n_buffers = i;
+    st.buffers = pbufs;
+    i = 0;
+    for (gpubuf_session *x = srv->sessions; x; x = x->next) {
+        if (x->closing || !x->holder)
+            continue;
+        gpubuf__client_status__init(&cl[i]);
+        cl[i].session_id = x->holder->id;
+        cl[i].pid = x->pid;
+        cl[i].uid = x->uid;
+        cl[i].gid = x->gid;
+        cl[i].references = x->holder->n_refs;
+        cl[i].buffers_held = HASH_CNT(hh, x->holder->refs);
+        cl[i].name = x->name;
+        pcl[i] = &cl[i];
+        i++;
+    }
+    st.n_clients = i;
+    st.clients = pcl;
+    st.uptime_ms = (gpubuf_now_ns() - srv->started_ns) / 1000000u;
+    st.version = (char *)GPUBUF_VERSION_STRING;
+    resp.id = id;
+    resp.body_case = GPUBUF__RESPONSE__BODY_STATUS_REPLY;
+    resp.status_reply = &st;
+    gpubuf_session_send(s, &resp, -1);
+out:
+    free(pools);
+    free(ppools);
+    free(bufs);
+    free(pbufs);
+    free(cl);
+    free(pcl);
+}
+
+void gpubuf_session_handle(gpubuf_session *s, const uint8_t *payload, size_t len) {
+    Gpubuf__Request *req = gpubuf__request__unpack(NULL, len, payload);
+    if (!req) {
+        LOG_WARN("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid, len);
+        reply_error(s, 0, GPUBUF_EPROTOCOL, "request does not decode as gpubuf.Request");
+        gpubuf_session_kill(s);
+        return;
+    }
+    if (!s->hello_done && req->body_case != GPUBUF__REQUEST__BODY_HELLO) {
+        reply_error(s, req->id, GPUBUF_EPROTOCOL, "the first request must be hello");
+        gpubuf_session_kill(s);
+        goto out;
+    }
+    switch (req->body_case) {
+    case GPUBUF__REQUEST__BODY_HELLO: do_hello(s, req->id, req->hello); break;
+    case GPUBUF__REQUEST__BODY_ALLOC: do_alloc(s, req->id, req->alloc); break;
+    case GPUBUF__REQUEST__BODY_SEAL: do_seal(s, req->id, req->seal); break;
+    case GPUBUF__REQUEST__BODY_OPEN: do_open(s, req->id, req->open); break;
+    case GPUBUF__REQUEST__BODY_RELEASE: do_release(s, req->id, req->release); break;
+    case GPUBUF__REQUEST__BODY_DELETE: do_delete(s, req->id, req->delete_); break;
+    case GPUBUF__REQUEST__BODY_STAT: do_stat(s, req->id, req->stat); break;
+    case GPUBUF__REQUEST__BODY_STATUS: do_status(s, req->id); break;
+    default:
+        reply_error(s, req->id, -ENOTSUP, "unknown request type");
+        break;
+    }
+out:
+    gpubuf__request__free_unpacked(req, NULL);
+}

@@ -1,0 +1,247 @@
+/*
+ * libgpubuf-client: share GPU (and host) memory between processes through gpubufd.
+ *
+ * Conventions (see docs/client-api.md):
+ *  - Every function that can fail returns 0 or a negative error code: -errno
+ *    (for example -ENOENT, -EEXIST, -ENOMEM, -ETIMEDOUT) or one of GPUBUF_E*.
+ *    gpubuf_strerror() turns any of them into a sentence.
+ *  - Out-parameters are named ret and come last; they are written only on success.
+ *  - Destructors accept NULL.
+ *  - Device addresses are uint64_t, never void *: they are not CPU pointers.
+ *  - A gpubuf_client is thread-safe: calls from several threads are serialised on
+ *    its connection. A gpubuf_buffer may be used from any thread; its reference
+ *    count is atomic.
+ */
+#ifndef GPUBUF_GPUBUF_H
+#define GPUBUF_GPUBUF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(GPUBUF_BUILDING_LIBRARY)
+#define GPUBUF_EXTERN __attribute__((visibility("default")))
+#else
+#define GPUBUF_EXTERN
+#endif
+
+/** Protocol version spoken by this library. */
+#define GPUBUF_PROTOCOL_VERSION 1
+
+/** Default socket path when neither an argument nor $GPUBUF_SOCKET names one. */
+#define GPUBUF_DEFAULT_SOCKET "/run/gpubuf/gpubufd.sock"
+
+/** Longest buffer or pool name, in bytes, without the terminating NUL. */
+#define GPUBUF_NAME_MAX 255
+
+/** gpubuf-specific error codes; all other errors are -errno. */
+enum gpubuf_error {
+    GPUBUF_EPROTOCOL = -1001,  /**< malformed or unexpected message */
+    GPUBUF_EVERSION = -1002,   /**< no common protocol version */
+    GPUBUF_ECUDA = -1003,      /**< a CUDA driver call failed */
+    GPUBUF_ENODRIVER = -1004,  /**< the CUDA driver (libcuda.so.1) could not be loaded */
+    GPUBUF_ENODEVICE = -1005,  /**< the buffer's GPU is not visible in this process */
+    GPUBUF_ESTATE = -1006,     /**< operation not allowed in the buffer's state */
+    GPUBUF_ENOPOOL = -1007,    /**< no pool of that name */
+    GPUBUF_EPOOLFULL = -1008,  /**< the pool reached its capacity */
+    GPUBUF_ENOTHELD = -1009,   /**< this client holds no reference to that buffer */
+    GPUBUF_EDISCONNECTED = -1010, /**< the daemon closed the connection */
+    GPUBUF_ERANGE = -1011,     /**< offset or length outside the buffer */
+};
+
+/** Kind of memory behind a pool. */
+typedef enum gpubuf_pool_kind {
+    GPUBUF_POOL_HOST = 1,      /**< memfd shared memory (no GPU) */
+    GPUBUF_POOL_CUDA_IPC = 2,  /**< CUDA device memory shared with cuIpcGetMemHandle */
+} gpubuf_pool_kind;
+
+/** Life-cycle state of a buffer in the daemon. */
+typedef enum gpubuf_state {
+    GPUBUF_STATE_ALLOCATED = 1, /**< writable by its creator, not yet visible */
+    GPUBUF_STATE_SEALED = 2,    /**< published: others may open it */
+    GPUBUF_STATE_DELETED = 3,   /**< unpublished; freed when the last reference goes */
+} gpubuf_state;
+
+/** A connection to gpubufd (opaque). */
+typedef struct gpubuf_client gpubuf_client;
+
+/** A local view of a buffer, or of a slice of one (opaque, reference counted). */
+typedef struct gpubuf_buffer gpubuf_buffer;
+
+/** What the daemon knows about one buffer (gpubuf_stat, gpubuf_status). */
+typedef struct gpubuf_buffer_info {
+    uint64_t id;
+    char name[GPUBUF_NAME_MAX + 1];
+    char pool[GPUBUF_NAME_MAX + 1];
+    uint64_t size;
+    gpubuf_state state;
+    uint32_t refs;        /**< references held by all clients */
+    uint32_t owner_uid;
+    uint64_t slab_id;
+    uint64_t offset;      /**< offset inside the slab */
+} gpubuf_buffer_info;
+
+/** One pool in a status snapshot. */
+typedef struct gpubuf_pool_info {
+    char name[GPUBUF_NAME_MAX + 1];
+    gpubuf_pool_kind kind;
+    int device;           /**< device ordinal in the daemon, -1 for host pools */
+    char device_uuid[41]; /**< "GPU-xxxxxxxx-..." or "" */
+    uint64_t capacity;
+    uint64_t used;        /**< bytes in live buffers */
+    uint64_t reserved;    /**< bytes held in slabs */
+    uint64_t slab_size;
+    uint32_t slabs;
+    uint32_t buffers;
+} gpubuf_pool_info;
+
+/** One connected client in a status snapshot. */
+typedef struct gpubuf_client_info {
+    uint64_t session_id;
+    int pid;
+    uint32_t uid;
+    uint32_t gid;
+    uint32_t references;   /**< references held, summed over buffers */
+    uint32_t buffers_held; /**< distinct buffers referenced */
+    char name[64];
+} gpubuf_client_info;
+
+/** A snapshot of the daemon (gpubuf_status). Free with gpubuf_status_free(). */
+typedef struct gpubuf_status {
+    size_t n_pools;
+    gpubuf_pool_info *pools;
+    size_t n_buffers;
+    gpubuf_buffer_info *buffers;
+    size_t n_clients;
+    gpubuf_client_info *clients;
+    uint64_t uptime_ms;
+    char version[32];
+} gpubuf_status;
+
+/** \return a static sentence describing err (0, -errno or GPUBUF_E*). */
+GPUBUF_EXTERN const char *gpubuf_strerror(int err);
+
+/** \return a short name for err ("ENOENT", "GPUBUF_ECUDA", ...). */
+GPUBUF_EXTERN const char *gpubuf_err_name(int err);
+
+/**
+ * Connect to gpubufd and perform the version handshake.
+ * \param socket_path  NULL: $GPUBUF_SOCKET if set, else GPUBUF_DEFAULT_SOCKET.
+ * \param ret          the new connection; free with gpubuf_disconnect().
+ * \retval 0 on success, -ECONNREFUSED / -ENOENT when no daemon listens,
+ *         GPUBUF_EVERSION when the daemon speaks no common version.
+ */
+GPUBUF_EXTERN int gpubuf_connect(const char *socket_path, gpubuf_client **ret);
+
+/**
+ * Close the connection. The daemon drops every reference this connection
+ * held; views still alive keep their local mappings valid for CUDA pools only
+ * until they are released, so release views first. Accepts NULL.
+ * \return NULL.
+ */
+GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c);
+
+/** \return the detail message of the last failed request on this thread, or "". */
+GPUBUF_EXTERN const char *gpubuf_last_error_message(void);
+
+/**
+ * Allocate size bytes from a pool. The caller holds one reference and may
+ * write the buffer; others can open it only after gpubuf_seal().
+ * \param pool  pool name, or NULL for the daemon's default pool.
+ * \param name  name to publish under when sealed, or NULL for an anonymous
+ *              buffer (opened by id; freed when its last reference goes).
+ * \retval -EEXIST the name is taken; GPUBUF_EPOOLFULL; GPUBUF_ENOPOOL; -EINVAL.
+ */
+GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size,
+                               const char *name, gpubuf_buffer **ret);
+
+/** Publish a buffer allocated by this client: it becomes read-only by
+ * convention and visible to gpubuf_open(). Wakes clients waiting for its name. */
+GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b);
+
+/**
+ * Open a sealed buffer by name and take one reference.
+ * \param timeout_ms  0: fail at once with -ENOENT if the name is not published;
+ *                    > 0: wait up to that long (-ETIMEDOUT); < 0: wait forever.
+ */
+GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms,
+                              gpubuf_buffer **ret);
+
+/** Open a sealed buffer by id (see gpubuf_open). */
+GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
+                                 gpubuf_buffer **ret);
+
+/**
+ * Drop this view. When the last view of an opened buffer goes (slices keep
+ * their parent alive), its local mapping is dropped and the daemon
+ * reference is released. Accepts NULL.
+ * \retval 0, or the error of the release request (the view is gone anyway).
+ */
+GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b);
+
+/** Take one more local reference to the same view. \return b. */
+GPUBUF_EXTERN gpubuf_buffer *gpubuf_buffer_ref(gpubuf_buffer *b);
+
+/** Unpublish a buffer by name. Its memory returns to the pool when the last
+ * reference goes. Only the owner or root may delete (-EPERM). */
+GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name);
+
+/** Unpublish a buffer by id (see gpubuf_delete). */
+GPUBUF_EXTERN int gpubuf_delete_id(gpubuf_client *c, uint64_t id);
+
+/** Describe a buffer by name without taking a reference. */
+GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret);
+
+/** Take a snapshot of pools, buffers and clients. */
+GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret);
+
+/** Free a snapshot. Accepts NULL. \return NULL. */
+GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s);
+
+/* ---- views ---------------------------------------------------------------- */
+
+/** \return the device address of the view's first byte (for host pools, the
+ * host address as an integer). */
+GPUBUF_EXTERN uint64_t gpubuf_buffer_device_ptr(const gpubuf_buffer *b);
+
+/** \return the host pointer of a host-pool view, NULL for device memory. */
+GPUBUF_EXTERN void *gpubuf_buffer_host_ptr(const gpubuf_buffer *b);
+
+/** \return the view's size in bytes. */
+GPUBUF_EXTERN uint64_t gpubuf_buffer_size(const gpubuf_buffer *b);
+
+/** \return the CUDA device ordinal of the memory in this process, -1 for host. */
+GPUBUF_EXTERN int gpubuf_buffer_device(const gpubuf_buffer *b);
+
+/** \return the kind of pool the buffer comes from. */
+GPUBUF_EXTERN gpubuf_pool_kind gpubuf_buffer_pool_kind(const gpubuf_buffer *b);
+
+/** \return the daemon's id of the buffer this view belongs to. */
+GPUBUF_EXTERN uint64_t gpubuf_buffer_id(const gpubuf_buffer *b);
+
+/** \return the buffer's name, "" for anonymous buffers. Valid while b lives. */
+GPUBUF_EXTERN const char *gpubuf_buffer_name(const gpubuf_buffer *b);
+
+/**
+ * Make a zero-copy view of length bytes starting at offset. The slice keeps
+ * its parent (and the daemon reference) alive until it is released.
+ * \retval GPUBUF_ERANGE when [offset, offset + length) leaves the view.
+ */
+GPUBUF_EXTERN int gpubuf_buffer_slice(gpubuf_buffer *b, uint64_t offset, uint64_t length,
+                                      gpubuf_buffer **ret);
+
+/** Copy length bytes at offset of the view into dst (synchronous). */
+GPUBUF_EXTERN int gpubuf_buffer_copy_to_host(const gpubuf_buffer *b, uint64_t offset,
+                                             void *dst, uint64_t length);
+
+/** Copy length bytes from src into the view at offset (synchronous). */
+GPUBUF_EXTERN int gpubuf_buffer_copy_from_host(gpubuf_buffer *b, uint64_t offset,
+                                               const void *src, uint64_t length);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,180 @@
+#include "wire.h"
+
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "gpubuf/gpubuf.h"
+
+static void put_le32(uint8_t *p, uint32_t v) {
+    p[0] = (uint8_t)v;
+    p[1] = (uint8_t)(v >> 8);
+    p[2] = (uint8_t)(v >> 16);
+    p[3] = (uint8_t)(v >> 24);
+}
+
+static uint32_t get_le32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+void gpubuf_wire_header_encode(uint8_t out[GPUBUF_WIRE_HEADER_SIZE], uint32_t length) {
+    put_le32(out, GPUBUF_WIRE_MAGIC);
+    out[4] = (uint8_t)GPUBUF_WIRE_VERSION;
+    out[5] = 0;
+    out[6] = 0;
+    out[7] = 0;
+    put_le32(out + 8, length);
+}
+
+int gpubuf_wire_header_decode(const uint8_t in[GPUBUF_WIRE_HEADER_SIZE], uint32_t max_length,
+                              gpubuf_frame_header *ret) {
+    gpubuf_frame_header h;
+    h.magic = get_le32(in);
+    h.version = (uint16_t)(in[4] | in[5] << 8);
+    h.flags = (uint16_t)(in[6] | in[7] << 8);
+    h.length = get_le32(in + 8);
+    if (h.magic != GPUBUF_WIRE_MAGIC)
+        return GPUBUF_EPROTOCOL;
+    if (h.version != GPUBUF_WIRE_VERSION)
+        return GPUBUF_EVERSION;
+    if (h.flags != 0)
+        return GPUBUF_EPROTOCOL;
+    if (h.length > max_length)
+        return -EMSGSIZE;
+    *ret = h;
+    return 0;
+}
+
+ssize_t gpubuf_wire_send_some(int sock, const void *buf, size_t len, int fd) {
+    struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (fd >= 0) {
+        memset(&u, 0, sizeof(u));
+        msg.msg_control = u.buf;
+        msg.msg_controllen = sizeof(u.buf);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int));
+        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    }
+    for (;;) {
+        ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+        if (n >= 0)
+            return n;
+        if (errno != EINTR)
+            return -errno;
+    }
+}
+
+int gpubuf_wire_send_all(int sock, const void *buf, size_t len, int fd) {
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t n = gpubuf_wire_send_some(sock, p, len, fd);
+        if (n < 0)
+            return (int)n;
+        fd = -1; /* the fd went with the first byte */
+        p += n;
+        len -= (size_t)n;
+    }
+    return 0;
+}
+
+ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int *fds, int max_fds, int *n_fds,
+                         bool *truncated) {
+    struct iovec iov = {.iov_base = buf, .iov_len = len};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * 8)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg = {.msg_iov = &iov,
+                         .msg_iovlen = 1,
+                         .msg_control = u.buf,
+                         .msg_controllen = sizeof(u.buf)};
+    ssize_t n;
+    *n_fds = 0;
+    *truncated = false;
+    do {
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    } while (n < 0 && errno == EINTR);
+    if (n < 0)
+        return -errno;
+    if (msg.msg_flags & MSG_CTRUNC)
+        *truncated = true;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < count; i++) {
+            int fd;
+            memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+            if (*n_fds < max_fds) {
+                fds[(*n_fds)++] = fd;
+            } else {
+                close(fd);
+                *truncated = true;
+            }
+        }
+    }
+    return n;
+}
+
+static int read_exact(int sock, uint8_t *buf, size_t len, int *fd) {
+    size_t got = 0;
+    while (got < len) {
+        int fds[GPUBUF_WIRE_MAX_FDS];
+        int n_fds;
+        bool trunc;
+        ssize_t n = gpubuf_wire_recv(sock, buf + got, len - got, fds, GPUBUF_WIRE_MAX_FDS, &n_fds,
+                                     &trunc);
+        for (int i = 0; i < n_fds; i++) {
+            if (*fd < 0)
+                *fd = fds[i];
+            else
+                close(fds[i]);
+        }
+        if (n < 0)
+            return (int)n;
+        if (n == 0)
+            return GPUBUF_EDISCONNECTED;
+        got += (size_t)n;
+    }
+    return 0;
+}
+
+ssize_t gpubuf_wire_read_frame(int sock, uint32_t max_length, uint8_t **payload, int *fd) {
+    uint8_t hdr[GPUBUF_WIRE_HEADER_SIZE];
+    gpubuf_frame_header h;
+    uint8_t *p = NULL;
+    int r;
+    *fd = -1;
+    r = read_exact(sock, hdr, sizeof(hdr), fd);
+    if (r < 0)
+        goto fail;
+    r = gpubuf_wire_header_decode(hdr, max_length, &h);
+    if (r < 0)
+        goto fail;
+    p = malloc(h.length ? h.length : 1);
+    if (!p) {
+        r = -ENOMEM;
+        goto fail;
+    }
+    r = read_exact(sock, p, h.length, fd);
+    if (r < 0)
+        goto fail;
+    *payload = p;
+    return (ssize_t)h.length;
+fail:
+    free(p);
+    if (*fd >= 0) {
+        close(*fd);
+        *fd = -1;
+    }
+    return r;
+}

@@ -1,0 +1,59 @@
+/* Frame layer shared by gpubufd and libgpubuf-client.
+ *
+ * A frame is a fixed 12-byte little-endian header followed by a packed
+ * protobuf message (gpubuf.proto). File descriptors ride on the frame that
+ * names them as SCM_RIGHTS ancillary data on the first byte of the header.
+ */
+#ifndef GPUBUF_WIRE_H
+#define GPUBUF_WIRE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define GPUBUF_WIRE_MAGIC 0x46425047u /* "GPBF" little-endian */
+#define GPUBUF_WIRE_HEADER_SIZE 12u
+#define GPUBUF_WIRE_VERSION 1u
+/* Default request limit; the daemon accepts a configured limit up to the hard one. */
+#define GPUBUF_WIRE_MAX_REQUEST (64u * 1024u)
+#define GPUBUF_WIRE_MAX_REQUEST_HARD (16u * 1024u * 1024u)
+#define GPUBUF_WIRE_MAX_RESPONSE (256u * 1024u * 1024u)
+/* Most fds accepted on one frame. */
+#define GPUBUF_WIRE_MAX_FDS 1
+
+typedef struct gpubuf_frame_header {
+    uint32_t magic;
+    uint16_t version;
+    uint16_t flags;
+    uint32_t length;
+} gpubuf_frame_header;
+
+void gpubuf_wire_header_encode(uint8_t out[GPUBUF_WIRE_HEADER_SIZE], uint32_t length);
+
+/* Decode and validate a header: magic, version and length <= max_length.
+ * Returns 0, or GPUBUF_EPROTOCOL (magic), GPUBUF_EVERSION (version) or
+ * -EMSGSIZE (length above max_length). */
+int gpubuf_wire_header_decode(const uint8_t in[GPUBUF_WIRE_HEADER_SIZE], uint32_t max_length,
+                              gpubuf_frame_header *ret);
+
+/* Send all of buf (header + payload) with fd (or -1) attached to the first
+ * byte. Blocking fd: loops until everything is sent. Returns 0 or -errno. */
+int gpubuf_wire_send_all(int sock, const void *buf, size_t len, int fd);
+
+/* One sendmsg() call on a non-blocking socket; fd (or -1) is attached.
+ * Returns bytes sent (>= 0) or -errno (-EAGAIN included). */
+ssize_t gpubuf_wire_send_some(int sock, const void *buf, size_t len, int fd);
+
+/* One recvmsg(). Received fds are stored in fds (up to max_fds) and counted in
+ * *n_fds; surplus fds are closed and *truncated set. Returns bytes read
+ * (0 at end of stream) or -errno. */
+ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int *fds, int max_fds, int *n_fds,
+                         bool *truncated);
+
+/* Blocking helper: read one whole frame. *payload is malloc'ed (free it).
+ * Collects at most one fd into *fd (-1 when none). Returns payload length
+ * or a negative error (GPUBUF_EDISCONNECTED at end of stream). */
+ssize_t gpubuf_wire_read_frame(int sock, uint32_t max_length, uint8_t **payload, int *fd);
+
+#endif
