@@ -1,0 +1,82 @@
+/* gpubuf-consumer: open a published buffer by name, check its contents where
+ * they live (on the GPU for CUDA pools), release it. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include "gpubuf/gpubuf.h"
+#include "pattern.h"
+#include "util.h"
+
+static int die(const char *what, int r) {
+    const char *m = gpubuf_last_error_message();
+    fprintf(stderr, "gpubuf-consumer: %s: %s%s%s\n", what, gpubuf_strerror(r), *m ? ": " : "", m);
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    static const struct option opts[] = {
+        {"socket", required_argument, NULL, 's'},  {"name", required_argument, NULL, 'n'},
+        {"timeout", required_argument, NULL, 't'}, {"seed", required_argument, NULL, 'e'},
+        {"hold", required_argument, NULL, 'H'},    {"delete", no_argument, NULL, 'd'},
+        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+    const char *sock = NULL, *name = "demo";
+    uint32_t seed = 42;
+    int timeout = 10000, hold = 0, del = 0, opt, r;
+    while ((opt = getopt_long(argc, argv, "s:n:t:e:H:dh", opts, NULL)) != -1) {
+        switch (opt) {
+        case 's': sock = optarg; break;
+        case 'n': name = optarg; break;
+        case 't': timeout = atoi(optarg); break;
+        case 'e': seed = (uint32_t)strtoul(optarg, NULL, 0); break;
+        case 'H': hold = atoi(optarg); break;
+        case 'd': del = 1; break;
+        default:
+            fprintf(stderr, "Usage: gpubuf-consumer [--socket P] [--name N] [--timeout MS] "
+                            "[--seed S] [--hold SECONDS] [--delete]\n");
+            return opt == 'h' ? 0 : 2;
+        }
+    }
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    uint64_t bad = 0, size;
+    char sz[32];
+    const char *where;
+    if ((r = gpubuf_connect(sock, &c)) < 0)
+        return die("connect", r);
+    if ((r = gpubuf_open(c, name, timeout, &b)) < 0)
+        return die("open", r);
+    size = gpubuf_buffer_size(b);
+    if (gpubuf_buffer_pool_kind(b) == GPUBUF_POOL_HOST) {
+        bad = gpubuf_pattern_mismatches(gpubuf_buffer_host_ptr(b), size, seed);
+        where = "host";
+    } else {
+        r = gpubuf_pattern_verify_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
+                                         size, seed, &bad);
+        if (r < 0)
+            return die("verify on the device", r);
+        where = "device";
+    }
+    /* Also read the first words back through the copy helper. */
+    uint32_t head[64];
+    uint64_t n = size < sizeof(head) ? size : sizeof(head);
+    if ((r = gpubuf_buffer_copy_to_host(b, 0, head, n)) < 0)
+        return die("copy_to_host", r);
+    bad += gpubuf_pattern_mismatches(head, n, seed);
+    printf("consumer pid %d: opened '%s' (id %llu, %s) at 0x%llx on device %d: "
+           "%llu mismatches (checked on the %s)\n",
+           (int)getpid(), name, (unsigned long long)gpubuf_buffer_id(b),
+           gpubuf_format_size(size, sz, sizeof(sz)),
+           (unsigned long long)gpubuf_buffer_device_ptr(b), gpubuf_buffer_device(b),
+           (unsigned long long)bad, where);
+    fflush(stdout);
+    if (hold > 0)
+        sleep((unsigned)hold);
+    if ((r = gpubuf_release(b)) < 0)
+        return die("release", r);
+    if (del && (r = gpubuf_delete(c, name)) < 0)
+        return die("delete", r);
+    gpubuf_disconnect(c);
+    return bad ? 1 : 0;
+}

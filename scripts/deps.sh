@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install the Debian packages gpubuf builds and tests with, if any is missing.
+# Set GPUBUF_NO_INSTALL=1 to only check.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config libuv1-dev libprotobuf-c-dev
+      protobuf-c-compiler check libinih-dev libjson-c-dev libsystemd-dev uthash-dev)
+have_all() {
+    command -v cmake >/dev/null && command -v ninja >/dev/null && command -v protoc-c >/dev/null &&
+        pkg-config --exists libuv libprotobuf-c check inih json-c || return 1
+    for d in /usr/include ${CMAKE_PREFIX_PATH:+${CMAKE_PREFIX_PATH//:/\/include }/include}; do
+        [ -e "$d/uthash.h" ] && return 0
+    done
+    return 1
+}
+if have_all; then
+    exit 0
+fi
+if [ "${GPUBUF_NO_INSTALL:-0}" = 1 ]; then
+    echo "deps.sh: missing build dependencies: ${pkgs[*]}" >&2
+    exit 1
+fi
+sudo=""
+[ "$(id -u)" = 0 ] || sudo=sudo
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null

@@ -1,0 +1,163 @@
+#include "harness.h"
+
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "pattern.h"
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+static bool can_connect(const char *path) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    bool ok;
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return false;
+    memcpy(sa.sun_path, path, strlen(path) + 1);
+    ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
+    close(fd);
+    return ok;
+}
+
+void td_start(test_daemon *d, const char *const *args) {
+    const char *argv[64];
+    int n = 0;
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/gpubuf-test-XXXXXX");
+    ck_assert_msg(mkdtemp(d->dir) != NULL, "mkdtemp: %s", strerror(errno));
+    snprintf(d->socket, sizeof(d->socket), "%s/gpubufd.sock", d->dir);
+    argv[n++] = GPUBUFD_PATH;
+    argv[n++] = "--socket";
+    argv[n++] = d->socket;
+    argv[n++] = "--log-level";
+    argv[n++] = getenv("GPUBUF_TEST_LOG") ? getenv("GPUBUF_TEST_LOG") : "warning";
+    for (int i = 0; args && args[i] && n < 62; i++)
+        argv[n++] = args[i];
+    argv[n] = NULL;
+    d->pid = fork();
+    ck_assert_int_ge(d->pid, 0);
+    if (d->pid == 0) {
+        execv(argv[0], (char *const *)argv);
+        fprintf(stderr, "exec %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    for (int i = 0; i < 500; i++) {
+        if (can_connect(d->socket))
+            return;
+        int st;
+        if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
+            d->pid = 0;
+            ck_abort_msg("gpubufd exited at start (status %d)", st);
+        }
+        sleep_ms(10);
+    }
+    ck_abort_msg("gpubufd did not start listening on %s", d->socket);
+}
+
+int td_stop(test_daemon *d) {
+    int st = -1;
+    if (d->pid > 0) {
+        kill(d->pid, SIGTERM);
+        for (int i = 0; i < 1000; i++) {
+            if (waitpid(d->pid, &st, WNOHANG) == d->pid)
+                break;
+            if (i == 999) {
+                kill(d->pid, SIGKILL);
+                waitpid(d->pid, &st, 0);
+                st = -1;
+            }
+            sleep_ms(10);
+        }
+        d->pid = 0;
+    }
+    unlink(d->socket);
+    rmdir(d->dir);
+    if (st >= 0 && WIFEXITED(st))
+        return WEXITSTATUS(st);
+    return -1;
+}
+
+gpubuf_client *td_connect(const test_daemon *d) {
+    gpubuf_client *c = NULL;
+    int r = gpubuf_connect(d->socket, &c);
+    ck_assert_msg(r == 0, "connect: %s (%s)", gpubuf_strerror(r), gpubuf_last_error_message());
+    return c;
+}
+
+gpubuf_status *td_status(const test_daemon *d) {
+    gpubuf_client *c = td_connect(d);
+    gpubuf_status *s = NULL;
+    int r = gpubuf_status_get(c, &s);
+    ck_assert_msg(r == 0, "status: %s", gpubuf_strerror(r));
+    gpubuf_disconnect(c);
+    return s;
+}
+
+const gpubuf_buffer_info *td_find_buffer(const gpubuf_status *s, const char *name) {
+    for (size_t i = 0; i < s->n_buffers; i++)
+        if (strcmp(s->buffers[i].name, name) == 0)
+            return &s->buffers[i];
+    return NULL;
+}
+
+const gpubuf_pool_info *td_find_pool(const gpubuf_status *s, const char *name) {
+    for (size_t i = 0; i < s->n_pools; i++)
+        if (strcmp(s->pools[i].name, name) == 0)
+            return &s->pools[i];
+    return NULL;
+}
+
+bool td_wait_clients(const test_daemon *d, size_t n, int timeout_ms) {
+    for (int waited = 0; waited <= timeout_ms; waited += 5) {
+        gpubuf_status *s = td_status(d);
+        /* The status connection itself is listed too. */
+        bool ok = s->n_clients == n + 1;
+        gpubuf_status_free(s);
+        if (ok)
+            return true;
+        sleep_ms(5);
+    }
+    return false;
+}
+
+pid_t td_spawn(int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg) {
+    fflush(NULL);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0)
+        _exit(fn(d, arg));
+    return pid;
+}
+
+int td_wait(pid_t pid) {
+    int st;
+    if (waitpid(pid, &st, 0) != pid)
+        return -1;
+    if (WIFEXITED(st))
+        return WEXITSTATUS(st);
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return -1;
+}
+
+void td_fill(void *p, uint64_t len, uint32_t seed) {
+    gpubuf_pattern_fill(p, len, seed);
+}
+
+uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed) {
+    return gpubuf_pattern_mismatches(p, len, seed);
+}

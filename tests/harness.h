@@ -1,0 +1,44 @@
+/* Test harness: run a real gpubufd on a temporary socket, and child processes
+ * that use the client library. */
+#ifndef GPUBUF_TEST_HARNESS_H
+#define GPUBUF_TEST_HARNESS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "gpubuf/gpubuf.h"
+
+typedef struct test_daemon {
+    pid_t pid;
+    char dir[64];
+    char socket[128];
+} test_daemon;
+
+/* Start gpubufd with the given extra arguments (NULL-terminated) on a fresh
+ * socket in a temporary directory; waits until it accepts connections.
+ * Aborts the test on failure. */
+void td_start(test_daemon *d, const char *const *args);
+/* SIGTERM, wait, and return the exit status (or -1). Removes the directory. */
+int td_stop(test_daemon *d);
+/* Connect to d, failing the test on error. */
+gpubuf_client *td_connect(const test_daemon *d);
+
+/* Status helpers (fresh connection each time). */
+gpubuf_status *td_status(const test_daemon *d);
+const gpubuf_buffer_info *td_find_buffer(const gpubuf_status *s, const char *name);
+const gpubuf_pool_info *td_find_pool(const gpubuf_status *s, const char *name);
+/* Wait until the daemon lists exactly n clients (other than the asker). */
+bool td_wait_clients(const test_daemon *d, size_t n, int timeout_ms);
+
+/* Run fn(arg) in a forked child; returns its pid. The child exits with fn's
+ * return value. */
+pid_t td_spawn(int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg);
+/* Wait for pid; returns its exit code, or 128 + signal. */
+int td_wait(pid_t pid);
+
+/* Fill/verify a deterministic pattern (see examples/pattern.h). */
+void td_fill(void *p, uint64_t len, uint32_t seed);
+uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed);
+
+#endif

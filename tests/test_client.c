@@ -1,0 +1,647 @@
+/* Integration tests on a host pool: a real gpubufd on a temporary socket and
+ * real client processes using libgpubuf-client. */
+#include <check.h>
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "internal.h"
+#include "pattern.h"
+
+#define MiB (1ull << 20)
+
+static test_daemon D;
+
+static void start_default(void) {
+    static const char *const args[] = {"--pool", "host=host,capacity=1G,slab=16M",
+                                       "--pool", "tiny=host,capacity=4M,slab=1M", NULL};
+    td_start(&D, args);
+}
+
+static void stop_clean(void) {
+    ck_assert_int_eq(td_stop(&D), 0);
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
+/* Poll status until buffer `name` has `refs` references. */
+static bool wait_refs(const char *name, uint32_t refs, int timeout_ms) {
+    for (int t = 0; t <= timeout_ms; t += 5) {
+        gpubuf_status *s = td_status(&D);
+        const gpubuf_buffer_info *b = td_find_buffer(s, name);
+        bool ok = b && b->refs == refs;
+        gpubuf_status_free(s);
+        if (ok)
+            return true;
+        sleep_ms(5);
+    }
+    return false;
+}
+
+/* ---- child process bodies ------------------------------------------------ */
+
+typedef struct job {
+    const char *name;
+    uint64_t size;
+    uint32_t seed;
+    int ready_fd; /* write one byte when the buffer is open, or -1 */
+    int go_fd;    /* wait for one byte before opening, or -1 */
+    int hold_fd;  /* wait for one byte (or EOF) before releasing, or -1 */
+    int timeout_ms;
+} job;
+
+static int produce(const test_daemon *d, void *arg) {
+    job *j = arg;
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    if (gpubuf_connect(d->socket, &c) < 0)
+        return 10;
+    if (gpubuf_alloc(c, "host", j->size, j->name, &b) < 0)
+        return 11;
+    gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), j->size, j->seed);
+    if (gpubuf_seal(b) < 0)
+        return 12;
+    /* Exit without releasing: the daemon drops the reference. */
+    return 0;
+}
+
+static int consume(const test_daemon *d, void *arg) {
+    job *j = arg;
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    char x;
+    if (j->go_fd >= 0 && read(j->go_fd, &x, 1) < 0)
+        return 9;
+    if (gpubuf_connect(d->socket, &c) < 0)
+        return 10;
+    if (gpubuf_open(c, j->name, j->timeout_ms, &b) < 0)
+        return 11;
+    if (gpubuf_buffer_size(b) != j->size)
+        return 12;
+    if (gpubuf_pattern_mismatches(gpubuf_buffer_host_ptr(b), j->size, j->seed) != 0)
+        return 13;
+    if (j->ready_fd >= 0 && write(j->ready_fd, "r", 1) != 1)
+        return 14;
+    if (j->hold_fd >= 0 && read(j->hold_fd, &x, 1) < 0)
+        return 15;
+    if (gpubuf_release(b) < 0)
+        return 16;
+    gpubuf_disconnect(c);
+    return 0;
+}
+
+/* ---- tests ----------------------------------------------------------------- */
+
+START_TEST(connect_and_handshake) {
+    gpubuf_client *c = td_connect(&D);
+    ck_assert_uint_gt(c->session_id, 0);
+    ck_assert_uint_eq(c->max_request, 64 * 1024);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(connect_no_daemon) {
+    gpubuf_client *c = NULL;
+    char path[160];
+    snprintf(path, sizeof(path), "%s/nothing.sock", D.dir);
+    ck_assert_int_eq(gpubuf_connect(path, &c), -ENOENT);
+    ck_assert_ptr_null(c);
+    ck_assert(strstr(gpubuf_last_error_message(), "nothing.sock") != NULL);
+}
+END_TEST
+
+START_TEST(connect_env_socket) {
+    gpubuf_client *c = NULL;
+    setenv("GPUBUF_SOCKET", D.socket, 1);
+    ck_assert_int_eq(gpubuf_connect(NULL, &c), 0);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(alloc_view_attributes) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 1000, "attrs", &b), 0);
+    ck_assert_uint_eq(gpubuf_buffer_size(b), 1000);
+    ck_assert_int_eq(gpubuf_buffer_pool_kind(b), GPUBUF_POOL_HOST);
+    ck_assert_int_eq(gpubuf_buffer_device(b), -1);
+    ck_assert_ptr_nonnull(gpubuf_buffer_host_ptr(b));
+    ck_assert_uint_eq(gpubuf_buffer_device_ptr(b), (uint64_t)(uintptr_t)gpubuf_buffer_host_ptr(b));
+    ck_assert_str_eq(gpubuf_buffer_name(b), "attrs");
+    ck_assert_uint_gt(gpubuf_buffer_id(b), 0);
+    ck_assert_int_eq(gpubuf_buffer_device_ptr(b) % 256, 0);
+    gpubuf_buffer_info info;
+    ck_assert_int_eq(gpubuf_stat(c, "attrs", &info), 0);
+    ck_assert_int_eq(info.state, GPUBUF_STATE_ALLOCATED);
+    ck_assert_uint_eq(info.refs, 1);
+    ck_assert_int_eq(gpubuf_seal(b), 0);
+    ck_assert_int_eq(gpubuf_stat(c, "attrs", &info), 0);
+    ck_assert_int_eq(info.state, GPUBUF_STATE_SEALED);
+    ck_assert_int_eq(gpubuf_seal(b), GPUBUF_ESTATE);
+    ck_assert_int_eq(gpubuf_release(b), 0);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(default_pool_is_first) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    gpubuf_buffer_info info;
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "dflt", &b), 0);
+    ck_assert_int_eq(gpubuf_stat(c, "dflt", &info), 0);
+    ck_assert_str_eq(info.pool, "host");
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(producer_exits_before_consumers) {
+    job j = {.name = "story", .size = 32 * MiB, .seed = 1234, .ready_fd = -1, .go_fd = -1,
+             .hold_fd = -1, .timeout_ms = 0};
+    ck_assert_int_eq(td_wait(td_spawn(produce, &D, &j)), 0);
+    /* Producer gone: the sealed buffer stays, with no references. */
+    ck_assert(wait_refs("story", 0, 2000));
+    pid_t p[3];
+    for (int i = 0; i < 3; i++)
+        p[i] = td_spawn(consume, &D, &j);
+    for (int i = 0; i < 3; i++)
+        ck_assert_int_eq(td_wait(p[i]), 0);
+    ck_assert(wait_refs("story", 0, 2000));
+    gpubuf_client *c = td_connect(&D);
+    ck_assert_int_eq(gpubuf_delete(c, "story"), 0);
+    gpubuf_disconnect(c);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_ptr_null(td_find_buffer(s, "story"));
+    ck_assert_uint_eq(td_find_pool(s, "host")->used, 0);
+    ck_assert_uint_eq(td_find_pool(s, "host")->buffers, 0);
+    gpubuf_status_free(s);
+}
+END_TEST
+
+START_TEST(sigkill_consumer_loses_references) {
+    job j = {.name = "victim", .size = MiB, .seed = 9, .go_fd = -1, .timeout_ms = 0};
+    int ready[2], hold[2];
+    ck_assert_int_eq(td_wait(td_spawn(produce, &D, &j)), 0);
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(hold), 0);
+    j.ready_fd = ready[1];
+    j.hold_fd = hold[0];
+    pid_t p = td_spawn(consume, &D, &j);
+    char x;
+    ck_assert_int_eq(read(ready[0], &x, 1), 1);
+    ck_assert(wait_refs("victim", 1, 1000));
+    kill(p, SIGKILL);
+    ck_assert_int_eq(td_wait(p), 128 + SIGKILL);
+    ck_assert(wait_refs("victim", 0, 2000));
+    ck_assert(td_wait_clients(&D, 0, 2000));
+    close(hold[1]);
+}
+END_TEST
+
+START_TEST(eight_processes_open_at_once) {
+    job j = {.name = "shared8", .size = 8 * MiB, .seed = 88, .timeout_ms = 5000};
+    int ready[2], hold[2], go[2];
+    pid_t p[8];
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(hold), 0);
+    ck_assert_int_eq(pipe(go), 0);
+    j.ready_fd = ready[1];
+    j.hold_fd = hold[0];
+    j.go_fd = go[0];
+    ck_assert_int_eq(td_wait(td_spawn(produce, &D, &j)), 0);
+    for (int i = 0; i < 8; i++)
+        p[i] = td_spawn(consume, &D, &j);
+    /* Release all eight at once. */
+    ck_assert_int_eq(write(go[1], "gggggggg", 8), 8);
+    for (int i = 0; i < 8; i++) {
+        char x;
+        ck_assert_int_eq(read(ready[0], &x, 1), 1);
+    }
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(td_find_buffer(s, "shared8")->refs, 8);
+    size_t with_refs = 0;
+    for (size_t i = 0; i < s->n_clients; i++)
+        if (s->clients[i].references == 1 && s->clients[i].buffers_held == 1)
+            with_refs++;
+    ck_assert_uint_eq(with_refs, 8);
+    gpubuf_status_free(s);
+    /* Children inherited the write end too: send one byte each, not EOF. */
+    ck_assert_int_eq(write(hold[1], "hhhhhhhh", 8), 8);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(td_wait(p[i]), 0);
+    ck_assert(wait_refs("shared8", 0, 2000));
+}
+END_TEST
+
+static int write_then_exit(const test_daemon *d, void *arg) {
+    uint64_t id = 0;
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    (void)arg;
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "host", 3 * MiB, NULL, &b) < 0)
+        return 1;
+    memset(gpubuf_buffer_host_ptr(b), 0x5a, 3 * MiB);
+    if (gpubuf_seal(b) < 0)
+        return 2;
+    id = gpubuf_buffer_id(b);
+    /* Hand the id to the parent and wait until it has opened the buffer. */
+    int *fds = arg;
+    if (write(fds[1], &id, sizeof(id)) != sizeof(id))
+        return 3;
+    char x;
+    if (read(fds[2], &x, 1) != 1)
+        return 4;
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+    return 0;
+}
+
+START_TEST(anonymous_buffer_by_id_across_processes) {
+    int idp[2], gop[2];
+    uint64_t id;
+    ck_assert_int_eq(pipe(idp), 0);
+    ck_assert_int_eq(pipe(gop), 0);
+    int fds[3] = {idp[0], idp[1], gop[0]};
+    pid_t p = td_spawn(write_then_exit, &D, fds);
+    ck_assert_int_eq(read(idp[0], &id, sizeof(id)), sizeof(id));
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_open_id(c, id, 0, &b), 0);
+    ck_assert_str_eq(gpubuf_buffer_name(b), "");
+    const uint8_t *h = gpubuf_buffer_host_ptr(b);
+    for (uint64_t i = 0; i < 3 * MiB; i += 4093)
+        ck_assert_int_eq(h[i], 0x5a);
+    ck_assert_int_eq(write(gop[1], "x", 1), 1);
+    ck_assert_int_eq(td_wait(p), 0);
+    /* The writer is gone; our reference keeps the anonymous buffer. */
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 1);
+    ck_assert_uint_eq(s->buffers[0].refs, 1);
+    gpubuf_status_free(s);
+    ck_assert_int_eq(gpubuf_release(b), 0);
+    s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(td_find_pool(s, "host")->used, 0);
+    gpubuf_status_free(s);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+static int seal_later(const test_daemon *d, void *arg) {
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    (void)arg;
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "host", 4096, "later", &b) < 0)
+        return 1;
+    gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), 4096, 5);
+    sleep_ms(200);
+    return gpubuf_seal(b) < 0 ? 2 : 0;
+}
+
+START_TEST(open_waits_for_seal) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    pid_t p = td_spawn(seal_later, &D, NULL);
+    ck_assert_int_eq(gpubuf_open(c, "later", 5000, &b), 0);
+    ck_assert_uint_eq(gpubuf_pattern_mismatches(gpubuf_buffer_host_ptr(b), 4096, 5), 0);
+    ck_assert_int_eq(td_wait(p), 0);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(open_wait_forever_then_seal) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    pid_t p = td_spawn(seal_later, &D, NULL);
+    ck_assert_int_eq(gpubuf_open(c, "later", -1, &b), 0);
+    ck_assert_int_eq(td_wait(p), 0);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(open_timeout_and_missing) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b = NULL;
+    struct timespec t0, t1;
+    ck_assert_int_eq(gpubuf_open(c, "never", 0, &b), -ENOENT);
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    ck_assert_int_eq(gpubuf_open(c, "never", 150, &b), -ETIMEDOUT);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    ck_assert(ms >= 140);
+    ck_assert(strstr(gpubuf_last_error_message(), "never") != NULL);
+    ck_assert_ptr_null(b);
+    ck_assert_int_eq(gpubuf_open_id(c, 999999, 100, &b), -ENOENT);
+    /* The connection still works. */
+    gpubuf_buffer *x;
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 10, NULL, &x), 0);
+    gpubuf_release(x);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(names_and_errors) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *a, *b = NULL;
+    char longname[300];
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 10, "dup", &a), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 10, "dup", &b), -EEXIST);
+    ck_assert_int_eq(gpubuf_alloc(c, "nope", 10, "x", &b), GPUBUF_ENOPOOL);
+    ck_assert(strstr(gpubuf_last_error_message(), "nope") != NULL);
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 10, "bad name", &b), -EINVAL);
+    memset(longname, 'n', sizeof(longname));
+    longname[299] = '\0';
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 10, longname, &b), -ENAMETOOLONG);
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 0, "zero", &b), -EINVAL);
+    ck_assert_int_eq(gpubuf_delete(c, "missing"), -ENOENT);
+    ck_assert_ptr_null(b);
+    gpubuf_release(a);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(pool_full_then_recovers) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b[4], *x = NULL;
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(gpubuf_alloc(c, "tiny", MiB, NULL, &b[i]), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, "tiny", MiB, NULL, &x), GPUBUF_EPOOLFULL);
+    ck_assert(strstr(gpubuf_last_error_message(), "tiny") != NULL);
+    ck_assert_int_eq(gpubuf_alloc(c, "tiny", 64 * MiB, NULL, &x), GPUBUF_EPOOLFULL);
+    gpubuf_release(b[2]);
+    ck_assert_int_eq(gpubuf_alloc(c, "tiny", MiB, NULL, &x), 0);
+    gpubuf_release(x);
+    for (int i = 0; i < 4; i++)
+        if (i != 2)
+            gpubuf_release(b[i]);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(td_find_pool(s, "tiny")->used, 0);
+    gpubuf_status_free(s);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(delete_while_referenced) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *a, *o, *n;
+    ck_assert_int_eq(gpubuf_alloc(c, "host", MiB, "reuse", &a), 0);
+    ck_assert_int_eq(gpubuf_seal(a), 0);
+    ck_assert_int_eq(gpubuf_open(c, "reuse", 0, &o), 0);
+    ck_assert_int_eq(gpubuf_delete(c, "reuse"), 0);
+    ck_assert_int_eq(gpubuf_open(c, "reuse", 0, &n), -ENOENT);
+    /* The deleted buffer still holds its memory while referenced. */
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 1);
+    ck_assert_int_eq(s->buffers[0].state, GPUBUF_STATE_DELETED);
+    ck_assert_uint_eq(s->buffers[0].refs, 2);
+    ck_assert_uint_ge(td_find_pool(s, "host")->used, MiB);
+    gpubuf_status_free(s);
+    /* The name is free again at once. */
+    ck_assert_int_eq(gpubuf_alloc(c, "host", MiB, "reuse", &n), 0);
+    ck_assert_uint_ne(gpubuf_buffer_id(n), gpubuf_buffer_id(a));
+    ck_assert_int_eq(gpubuf_release(a), 0);
+    ck_assert_int_eq(gpubuf_release(o), 0);
+    s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 1);
+    ck_assert_uint_eq(s->buffers[0].id, gpubuf_buffer_id(n));
+    gpubuf_status_free(s);
+    gpubuf_release(n);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(slices_keep_parent_alive) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b, *s1, *s2, *bad = NULL;
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 4096, "sliced", &b), 0);
+    gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), 4096, 3);
+    ck_assert_int_eq(gpubuf_seal(b), 0);
+    ck_assert_int_eq(gpubuf_buffer_slice(b, 1024, 2048, &s1), 0);
+    ck_assert_int_eq(gpubuf_buffer_slice(s1, 512, 512, &s2), 0);
+    ck_assert_uint_eq(gpubuf_buffer_device_ptr(s1), gpubuf_buffer_device_ptr(b) + 1024);
+    ck_assert_uint_eq(gpubuf_buffer_device_ptr(s2), gpubuf_buffer_device_ptr(b) + 1536);
+    ck_assert_uint_eq(gpubuf_buffer_size(s2), 512);
+    ck_assert_uint_eq(gpubuf_buffer_id(s2), gpubuf_buffer_id(b));
+    ck_assert_int_eq(gpubuf_buffer_slice(b, 4000, 97, &bad), GPUBUF_ERANGE);
+    ck_assert_int_eq(gpubuf_buffer_slice(b, 4097, 0, &bad), GPUBUF_ERANGE);
+    ck_assert_int_eq(gpubuf_buffer_slice(b, 1, UINT64_MAX, &bad), GPUBUF_ERANGE);
+    ck_assert_ptr_null(bad);
+    /* Drop the parent and the middle slice: s2 keeps everything alive. */
+    ck_assert_int_eq(gpubuf_release(b), 0);
+    ck_assert_int_eq(gpubuf_release(s1), 0);
+    ck_assert_uint_eq(c->n_maps, 1);
+    ck_assert(wait_refs("sliced", 1, 1000));
+    uint32_t w[128];
+    ck_assert_int_eq(gpubuf_buffer_copy_to_host(s2, 0, w, sizeof(w)), 0);
+    for (int i = 0; i < 128; i++)
+        ck_assert_uint_eq(w[i], gpubuf_pattern_word(384 + (uint64_t)i, 3));
+    ck_assert_int_eq(gpubuf_release(s2), 0);
+    ck_assert_uint_eq(c->n_maps, 0);
+    ck_assert(wait_refs("sliced", 0, 1000));
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(copy_helpers) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    uint8_t in[1000], out[1000];
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 1000, NULL, &b), 0);
+    for (int i = 0; i < 1000; i++)
+        in[i] = (uint8_t)(i * 7);
+    ck_assert_int_eq(gpubuf_buffer_copy_from_host(b, 0, in, 1000), 0);
+    memset(out, 0, sizeof(out));
+    ck_assert_int_eq(gpubuf_buffer_copy_to_host(b, 100, out, 900), 0);
+    ck_assert_mem_eq(out, in + 100, 900);
+    ck_assert_int_eq(gpubuf_buffer_copy_to_host(b, 900, out, 101), GPUBUF_ERANGE);
+    ck_assert_int_eq(gpubuf_buffer_copy_from_host(b, 1001, in, 0), GPUBUF_ERANGE);
+    ck_assert_int_eq(gpubuf_buffer_copy_from_host(b, 1000, in, 0), 0);
+    ck_assert_int_eq(gpubuf_buffer_copy_to_host(b, 0, NULL, 10), -EINVAL);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(mapping_cache_one_map_per_slab) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b[10];
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_eq(gpubuf_alloc(c, "host", 100 * 1024, NULL, &b[i]), 0);
+    /* Ten buffers carved from one 16 MiB slab: one mapping. */
+    ck_assert_uint_eq(c->n_maps, 1);
+    ck_assert_uint_eq(c->maps->views, 10);
+    gpubuf_status *s = td_status(&D);
+    for (int i = 1; i < 10; i++) {
+        ck_assert_uint_eq(s->buffers[0].slab_id, s->buffers[i].slab_id);
+    }
+    gpubuf_status_free(s);
+    /* Addresses are consistent with slab offsets. */
+    gpubuf_buffer_info i0, i1;
+    (void)i0, (void)i1;
+    for (int i = 0; i < 10; i++)
+        ck_assert_int_eq(gpubuf_release(b[i]), 0);
+    ck_assert_uint_eq(c->n_maps, 0);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(disconnect_with_live_views) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(c, "host", 4096, "orphan", &b), 0);
+    ck_assert_int_eq(gpubuf_seal(b), 0);
+    gpubuf_disconnect(c);
+    /* The daemon dropped our reference; the local mapping is still usable. */
+    ck_assert(wait_refs("orphan", 0, 2000));
+    memset(gpubuf_buffer_host_ptr(b), 1, 4096);
+    ck_assert_int_eq(gpubuf_release(b), 0);
+}
+END_TEST
+
+START_TEST(unsealed_buffer_of_dead_client_is_freed) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(c, "host", MiB, "draft", &b), 0);
+    gpubuf_disconnect(c);
+    gpubuf_release(b);
+    ck_assert(td_wait_clients(&D, 0, 2000));
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(td_find_pool(s, "host")->used, 0);
+    gpubuf_status_free(s);
+}
+END_TEST
+
+typedef struct thr {
+    gpubuf_client *c;
+    int idx;
+    int failures;
+} thr;
+
+static void *thread_body(void *arg) {
+    thr *t = arg;
+    char name[32];
+    for (int i = 0; i < 50; i++) {
+        gpubuf_buffer *b, *o;
+        snprintf(name, sizeof(name), "t%d-%d", t->idx, i);
+        if (gpubuf_alloc(t->c, "host", 4096, name, &b) < 0 || gpubuf_seal(b) < 0 ||
+            gpubuf_open(t->c, name, 0, &o) < 0) {
+            t->failures++;
+            continue;
+        }
+        if (gpubuf_buffer_device_ptr(o) != gpubuf_buffer_device_ptr(b))
+            t->failures++;
+        gpubuf_release(o);
+        gpubuf_release(b);
+        if (gpubuf_delete(t->c, name) < 0)
+            t->failures++;
+    }
+    return NULL;
+}
+
+START_TEST(threads_share_one_client) {
+    gpubuf_client *c = td_connect(&D);
+    pthread_t th[4];
+    thr t[4];
+    for (int i = 0; i < 4; i++) {
+        t[i] = (thr){c, i, 0};
+        pthread_create(&th[i], NULL, thread_body, &t[i]);
+    }
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        ck_assert_int_eq(t[i].failures, 0);
+    }
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(td_find_pool(s, "host")->used, 0);
+    gpubuf_status_free(s);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(status_counts) {
+    gpubuf_client *a = td_connect(&D), *b = td_connect(&D);
+    gpubuf_buffer *x, *y, *y2;
+    ck_assert_int_eq(gpubuf_alloc(a, "host", 3 * MiB, "sx", &x), 0);
+    ck_assert_int_eq(gpubuf_seal(x), 0);
+    ck_assert_int_eq(gpubuf_open(b, "sx", 0, &y), 0);
+    ck_assert_int_eq(gpubuf_open(b, "sx", 0, &y2), 0);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_clients, 3);
+    ck_assert_uint_eq(s->n_pools, 2);
+    const gpubuf_pool_info *p = td_find_pool(s, "host");
+    ck_assert_uint_eq(p->used, 3 * MiB);
+    ck_assert_uint_eq(p->buffers, 1);
+    ck_assert_uint_eq(p->slabs, 1);
+    ck_assert_uint_eq(p->capacity, 1ull << 30);
+    ck_assert_uint_eq(td_find_buffer(s, "sx")->refs, 3);
+    int seen_b = 0;
+    for (size_t i = 0; i < s->n_clients; i++)
+        if (s->clients[i].session_id == b->session_id) {
+            ck_assert_uint_eq(s->clients[i].references, 2);
+            ck_assert_uint_eq(s->clients[i].buffers_held, 1);
+            ck_assert_int_eq(s->clients[i].pid, getpid());
+            ck_assert_uint_eq(s->clients[i].uid, getuid());
+            seen_b = 1;
+        }
+    ck_assert(seen_b);
+    gpubuf_status_free(s);
+    gpubuf_release(y);
+    gpubuf_release(y2);
+    gpubuf_release(x);
+    ck_assert_int_eq(gpubuf_delete(a, "sx"), 0);
+    s = td_status(&D);
+    ck_assert_uint_eq(td_find_pool(s, "host")->used, 0);
+    ck_assert_uint_eq(td_find_pool(s, "host")->buffers, 0);
+    gpubuf_status_free(s);
+    gpubuf_disconnect(a);
+    gpubuf_disconnect(b);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("client");
+    TCase *t = tcase_create("host-pool");
+    tcase_add_checked_fixture(t, start_default, stop_clean);
+    tcase_set_timeout(t, 60);
+    tcase_add_test(t, connect_and_handshake);
+    tcase_add_test(t, connect_no_daemon);
+    tcase_add_test(t, connect_env_socket);
+    tcase_add_test(t, alloc_view_attributes);
+    tcase_add_test(t, default_pool_is_first);
+    tcase_add_test(t, producer_exits_before_consumers);
+    tcase_add_test(t, sigkill_consumer_loses_references);
+    tcase_add_test(t, eight_processes_open_at_once);
+    tcase_add_test(t, anonymous_buffer_by_id_across_processes);
+    tcase_add_test(t, open_waits_for_seal);
+    tcase_add_test(t, open_wait_forever_then_seal);
+    tcase_add_test(t, open_timeout_and_missing);
+    tcase_add_test(t, names_and_errors);
+    tcase_add_test(t, pool_full_then_recovers);
+    tcase_add_test(t, delete_while_referenced);
+    tcase_add_test(t, slices_keep_parent_alive);
+    tcase_add_test(t, copy_helpers);
+    tcase_add_test(t, mapping_cache_one_map_per_slab);
+    tcase_add_test(t, disconnect_with_live_views);
+    tcase_add_test(t, unsealed_buffer_of_dead_client_is_freed);
+    tcase_add_test(t, threads_share_one_client);
+    tcase_add_test(t, status_counts);
+    suite_add_tcase(s, t);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

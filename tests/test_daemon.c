@@ -1,0 +1,619 @@
+/* gpubufd as a server facing raw, broken and hostile protocol peers, its
+ * shutdown, its configuration, and gpubufctl's output. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <json-c/json.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "gpubuf.pb-c.h"
+#include "harness.h"
+#include "wire.h"
+
+static test_daemon D;
+
+static void start_default(void) {
+    static const char *const args[] = {"--pool", "host=host,capacity=256M,slab=4M", NULL};
+    td_start(&D, args);
+}
+
+static void stop_clean(void) {
+    ck_assert_int_eq(td_stop(&D), 0);
+}
+
+static int raw_connect(void) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct timeval tv = {5, 0};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    memcpy(sa.sun_path, D.socket, strlen(D.socket) + 1);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+static void raw_send(int fd, Gpubuf__Request *req) {
+    uint8_t buf[4096];
+    size_t n = gpubuf__request__pack(req, buf + GPUBUF_WIRE_HEADER_SIZE);
+    gpubuf_wire_header_encode(buf, (uint32_t)n);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, n + GPUBUF_WIRE_HEADER_SIZE, -1), 0);
+}
+
+/* Read one response; NULL at end of stream. *ret_fd gets an attached fd. */
+static Gpubuf__Response *raw_recv(int fd, int *ret_fd) {
+    uint8_t *p;
+    int afd;
+    ssize_t n = gpubuf_wire_read_frame(fd, GPUBUF_WIRE_MAX_RESPONSE, &p, &afd);
+    if (n < 0)
+        return NULL;
+    Gpubuf__Response *r = gpubuf__response__unpack(NULL, (size_t)n, p);
+    free(p);
+    if (ret_fd)
+        *ret_fd = afd;
+    else if (afd >= 0)
+        close(afd);
+    return r;
+}
+
+static void raw_hello(int fd) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+    h.min_version = 1;
+    h.max_version = 1;
+    req.id = 1;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    raw_send(fd, &req);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->body_case, GPUBUF__RESPONSE__BODY_HELLO);
+    ck_assert_uint_eq(r->hello->version, 1);
+    gpubuf__response__free_unpacked(r, NULL);
+}
+
+/* True when the daemon closed fd (read returns 0) within 5 s. */
+static bool closed_by_daemon(int fd) {
+    char b[256];
+    for (;;) {
+        ssize_t n = read(fd, b, sizeof(b));
+        if (n == 0)
+            return true;
+        if (n < 0)
+            return errno == ECONNRESET;
+    }
+}
+
+/* The daemon still serves a well-behaved client. */
+static void assert_serving(void) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, NULL, &b), 0);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+}
+
+static int count_fds(pid_t pid) {
+    char path[64];
+    int n = 0;
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(path);
+    if (!d)
+        return -1;
+    while (readdir(d))
+        n++;
+    closedir(d);
+    return n;
+}
+
+START_TEST(garbage_disconnects_only_that_client) {
+    gpubuf_client *good = td_connect(&D);
+    int fd = raw_connect();
+    uint8_t junk[512];
+    srand(11);
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)rand();
+    ck_assert_int_eq(write(fd, junk, sizeof(junk)), (ssize_t)sizeof(junk));
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(good, NULL, 100, "still", &b), 0);
+    gpubuf_release(b);
+    gpubuf_disconnect(good);
+}
+END_TEST
+
+START_TEST(bad_magic_gets_error_then_close) {
+    int fd = raw_connect();
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    gpubuf_wire_header_encode(h, 0);
+    h[3] = 'X';
+    ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, GPUBUF_EPROTOCOL);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+    assert_serving();
+}
+END_TEST
+
+START_TEST(bad_version_header) {
+    int fd = raw_connect();
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    gpubuf_wire_header_encode(h, 0);
+    h[4] = 9;
+    ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, GPUBUF_EVERSION);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+}
+END_TEST
+
+START_TEST(oversized_frame_rejected) {
+    int fd = raw_connect();
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    raw_hello(fd);
+    gpubuf_wire_header_encode(h, 1u << 30);
+    ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, -EMSGSIZE);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+    assert_serving();
+}
+END_TEST
+
+START_TEST(truncated_frame_then_hangup) {
+    for (int i = 0; i < 20; i++) {
+        int fd = raw_connect();
+        uint8_t h[GPUBUF_WIRE_HEADER_SIZE + 3];
+        gpubuf_wire_header_encode(h, 100);
+        ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
+        close(fd);
+    }
+    assert_serving();
+    ck_assert(td_wait_clients(&D, 0, 2000));
+}
+END_TEST
+
+START_TEST(undecodable_payload) {
+    int fd = raw_connect();
+    uint8_t f[GPUBUF_WIRE_HEADER_SIZE + 6] = {0};
+    gpubuf_wire_header_encode(f, 6);
+    memcpy(f + GPUBUF_WIRE_HEADER_SIZE, "\xff\xff\xff\xff\xff\xff", 6);
+    ck_assert_int_eq(write(fd, f, sizeof(f)), (ssize_t)sizeof(f));
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, GPUBUF_EPROTOCOL);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+    assert_serving();
+}
+END_TEST
+
+START_TEST(request_before_hello) {
+    int fd = raw_connect();
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
+    req.id = 5;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &st;
+    raw_send(fd, &req);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_uint_eq(r->id, 5);
+    ck_assert_int_eq(r->status, GPUBUF_EPROTOCOL);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+}
+END_TEST
+
+START_TEST(version_negotiation_fails) {
+    int fd = raw_connect();
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+    h.min_version = 2;
+    h.max_version = 7;
+    req.id = 1;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    raw_send(fd, &req);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, GPUBUF_EVERSION);
+    ck_assert(strstr(r->message, "2..7") != NULL);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+}
+END_TEST
+
+START_TEST(empty_request_and_double_hello) {
+    int fd = raw_connect();
+    raw_hello(fd);
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    req.id = 2;
+    raw_send(fd, &req);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, -ENOTSUP);
+    gpubuf__response__free_unpacked(r, NULL);
+    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+    h.min_version = h.max_version = 1;
+    req.id = 3;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    raw_send(fd, &req);
+    r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, GPUBUF_EPROTOCOL);
+    gpubuf__response__free_unpacked(r, NULL);
+    /* Still connected and served. */
+    Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
+    req.id = 4;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &st;
+    raw_send(fd, &req);
+    r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->id, 4);
+    gpubuf__response__free_unpacked(r, NULL);
+    close(fd);
+}
+END_TEST
+
+START_TEST(unsolicited_fds_are_closed) {
+    int before = count_fds(D.pid);
+    for (int i = 0; i < 50; i++) {
+        int fd = raw_connect();
+        int mfd = memfd_create("x", MFD_CLOEXEC);
+        uint8_t f[GPUBUF_WIRE_HEADER_SIZE + 64];
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+        h.min_version = h.max_version = 1;
+        req.id = 1;
+        req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+        req.hello = &h;
+        size_t n = gpubuf__request__pack(&req, f + GPUBUF_WIRE_HEADER_SIZE);
+        gpubuf_wire_header_encode(f, (uint32_t)n);
+        ck_assert_int_eq(gpubuf_wire_send_all(fd, f, n + GPUBUF_WIRE_HEADER_SIZE, mfd), 0);
+        close(mfd);
+        Gpubuf__Response *r = raw_recv(fd, NULL);
+        ck_assert_ptr_nonnull(r);
+        ck_assert_int_eq(r->status, 0);
+        gpubuf__response__free_unpacked(r, NULL);
+        close(fd);
+    }
+    ck_assert(td_wait_clients(&D, 0, 2000));
+    ck_assert_int_eq(count_fds(D.pid), before);
+}
+END_TEST
+
+START_TEST(release_not_held_and_double_release) {
+    int fd = raw_connect();
+    raw_hello(fd);
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
+    int mfd;
+    a.size = 1000;
+    req.id = 2;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    raw_send(fd, &req);
+    Gpubuf__Response *r = raw_recv(fd, &mfd);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_ge(mfd, 0); /* host slabs come with their memfd */
+    close(mfd);
+    uint64_t id = r->buffer->buffer_id;
+    gpubuf__response__free_unpacked(r, NULL);
+    rel.buffer_id = id + 1000;
+    req.id = 3;
+    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    req.release = &rel;
+    raw_send(fd, &req);
+    r = raw_recv(fd, NULL);
+    ck_assert_int_eq(r->status, GPUBUF_ENOTHELD);
+    gpubuf__response__free_unpacked(r, NULL);
+    rel.buffer_id = id;
+    for (int i = 0; i < 2; i++) {
+        req.id = 4 + (uint64_t)i;
+        raw_send(fd, &req);
+        r = raw_recv(fd, NULL);
+        ck_assert_int_eq(r->status, i == 0 ? 0 : GPUBUF_ENOTHELD);
+        gpubuf__response__free_unpacked(r, NULL);
+    }
+    close(fd);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(s->pools[0].used, 0);
+    gpubuf_status_free(s);
+}
+END_TEST
+
+START_TEST(pipelined_requests_answered_in_order) {
+    int fd = raw_connect();
+    raw_hello(fd);
+    /* 200 requests in one write: more than one wake-up's worth. */
+    size_t cap = 200 * 32, len = 0;
+    uint8_t *buf = malloc(cap);
+    for (int i = 0; i < 200; i++) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
+        st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
+        st.buffer_id = 77;
+        req.id = 100 + (uint64_t)i;
+        req.body_case = GPUBUF__REQUEST__BODY_STAT;
+        req.stat = &st;
+        size_t n = gpubuf__request__pack(&req, buf + len + GPUBUF_WIRE_HEADER_SIZE);
+        gpubuf_wire_header_encode(buf + len, (uint32_t)n);
+        len += GPUBUF_WIRE_HEADER_SIZE + n;
+    }
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    free(buf);
+    for (int i = 0; i < 200; i++) {
+        Gpubuf__Response *r = raw_recv(fd, NULL);
+        ck_assert_ptr_nonnull(r);
+        ck_assert_uint_eq(r->id, 100 + (uint64_t)i);
+        ck_assert_int_eq(r->status, -ENOENT);
+        gpubuf__response__free_unpacked(r, NULL);
+    }
+    close(fd);
+}
+END_TEST
+
+START_TEST(sigterm_with_live_clients) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "live", &b), 0);
+    /* A second client blocked in a waiting open. */
+    pid_t p = fork();
+    if (p == 0) {
+        gpubuf_client *w;
+        gpubuf_buffer *x;
+        if (gpubuf_connect(D.socket, &w) < 0)
+            _exit(1);
+        int r = gpubuf_open(w, "never-sealed", -1, &x);
+        _exit(r == -ESHUTDOWN || r == GPUBUF_EDISCONNECTED ? 0 : 2);
+    }
+    ck_assert(td_wait_clients(&D, 2, 2000));
+    ck_assert_int_eq(td_stop(&D), 0);
+    ck_assert_int_eq(td_wait(p), 0);
+    /* Our own next request fails cleanly. */
+    gpubuf_buffer *y = NULL;
+    int r = gpubuf_alloc(c, NULL, 4096, NULL, &y);
+    ck_assert(r == -ESHUTDOWN || r == GPUBUF_EDISCONNECTED || r == -ECONNRESET || r == -EPIPE);
+    ck_assert_ptr_null(y);
+    ck_assert_int_eq(access(D.socket, F_OK), -1);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+    /* Restart on the same socket: clients reconnect. */
+    start_default();
+    assert_serving();
+}
+END_TEST
+
+START_TEST(second_daemon_refuses_live_socket) {
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "%s --socket %s --pool h=host 2>/dev/null", GPUBUFD_PATH,
+             D.socket);
+    int st = system(cmd);
+    ck_assert(WIFEXITED(st));
+    ck_assert_int_eq(WEXITSTATUS(st), 1);
+    assert_serving();
+}
+END_TEST
+
+static char *run_capture(const char *cmd, int *ret_status) {
+    FILE *f = popen(cmd, "r");
+    size_t cap = 1 << 20, len = 0;
+    char *out = calloc(1, cap);
+    size_t n;
+    while ((n = fread(out + len, 1, cap - len - 1, f)) > 0)
+        len += n;
+    *ret_status = pclose(f);
+    return out;
+}
+
+START_TEST(gpubufctl_table_and_json) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b, *o;
+    char cmd[512];
+    int st;
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 3 << 20, "ctl-demo", &b), 0);
+    ck_assert_int_eq(gpubuf_seal(b), 0);
+    ck_assert_int_eq(gpubuf_open(c, "ctl-demo", 0, &o), 0);
+    snprintf(cmd, sizeof(cmd), "%s --socket %s status", GPUBUFCTL_PATH, D.socket);
+    char *out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    ck_assert(strstr(out, "ctl-demo") != NULL);
+    ck_assert(strstr(out, "sealed") != NULL);
+    ck_assert(strstr(out, "3.0 MiB") != NULL);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s --socket %s --json status", GPUBUFCTL_PATH, D.socket);
+    out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    json_object *j = json_tokener_parse(out);
+    ck_assert_ptr_nonnull(j);
+    json_object *pools, *bufs, *clients, *x;
+    ck_assert(json_object_object_get_ex(j, "pools", &pools));
+    ck_assert(json_object_object_get_ex(j, "buffers", &bufs));
+    ck_assert(json_object_object_get_ex(j, "clients", &clients));
+    ck_assert_int_eq(json_object_array_length(pools), 1);
+    ck_assert_int_eq(json_object_array_length(bufs), 1);
+    x = json_object_array_get_idx(bufs, 0);
+    ck_assert_str_eq(json_object_get_string(json_object_object_get(x, "name")), "ctl-demo");
+    ck_assert_int_eq(json_object_get_int(json_object_object_get(x, "refs")), 2);
+    ck_assert_str_eq(json_object_get_string(json_object_object_get(x, "state")), "sealed");
+    x = json_object_array_get_idx(pools, 0);
+    ck_assert_int_eq(json_object_get_int64(json_object_object_get(x, "used")), 3 << 20);
+    ck_assert_str_eq(json_object_get_string(json_object_object_get(x, "kind")), "host");
+    /* Our client (2 refs) and gpubufctl itself. */
+    ck_assert_int_eq(json_object_array_length(clients), 2);
+    json_object_put(j);
+    free(out);
+    gpubuf_release(o);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(gpubufctl_exit_codes) {
+    char cmd[512];
+    int st;
+    snprintf(cmd, sizeof(cmd), "%s --socket %s/none.sock status 2>/dev/null", GPUBUFCTL_PATH,
+             D.dir);
+    free(run_capture(cmd, &st));
+    ck_assert_int_eq(WEXITSTATUS(st), 3);
+    snprintf(cmd, sizeof(cmd), "%s --socket %s frobnicate 2>/dev/null", GPUBUFCTL_PATH,
+             D.socket);
+    free(run_capture(cmd, &st));
+    ck_assert_int_eq(WEXITSTATUS(st), 2);
+    snprintf(cmd, sizeof(cmd), "%s --socket %s --json pools", GPUBUFCTL_PATH, D.socket);
+    char *out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    ck_assert(strstr(out, "\"buffers\":[") == NULL);
+    ck_assert(strstr(out, "\"pools\"") != NULL);
+    free(out);
+}
+END_TEST
+
+static int write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fputs(text, f);
+    return fclose(f);
+}
+
+START_TEST(config_file_errors_name_file_and_line) {
+    char conf[160], cmd[512];
+    int st;
+    snprintf(conf, sizeof(conf), "%s/bad.conf", D.dir);
+    ck_assert_int_eq(write_file(conf, "[daemon]\nlog_level = info\n\n[pool:a]\nkind = floppy\n"),
+                     0);
+    snprintf(cmd, sizeof(cmd), "%s --config %s --check-config 2>&1", GPUBUFD_PATH, conf);
+    char *out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 2);
+    ck_assert_msg(strstr(out, "bad.conf:5") != NULL, "got: %s", out);
+    ck_assert(strstr(out, "floppy") != NULL);
+    free(out);
+    ck_assert_int_eq(write_file(conf, "[daemon]\nsocket_mode = 0600\n[pool:a]\nkind = host\n"
+                                      "capacity = 1G\nslab_size = 8M\n[pool:b]\nkind=host\n"),
+                     0);
+    out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    ck_assert(strstr(out, "2 pool(s)") != NULL);
+    free(out);
+    unlink(conf);
+}
+END_TEST
+
+START_TEST(config_file_pools_used) {
+    char conf[160];
+    test_daemon d2;
+    snprintf(conf, sizeof(conf), "/tmp/gpubuf-conf-%d.conf", (int)getpid());
+    ck_assert_int_eq(write_file(conf, "[daemon]\nsocket_mode = 0600\n\n[pool:alpha]\nkind = host\n"
+                                      "capacity = 32M\nslab_size = 2M\n"),
+                     0);
+    const char *args[] = {"--config", conf, NULL};
+    td_start(&d2, args);
+    struct stat sb;
+    ck_assert_int_eq(stat(d2.socket, &sb), 0);
+    ck_assert_int_eq(sb.st_mode & 0777, 0600);
+    gpubuf_status *s = td_status(&d2);
+    ck_assert_uint_eq(s->n_pools, 1);
+    ck_assert_str_eq(s->pools[0].name, "alpha");
+    ck_assert_uint_eq(s->pools[0].capacity, 32u << 20);
+    ck_assert_uint_eq(s->pools[0].slab_size, 2u << 20);
+    gpubuf_status_free(s);
+    ck_assert_int_eq(td_stop(&d2), 0);
+    unlink(conf);
+}
+END_TEST
+
+START_TEST(default_configuration_without_gpu) {
+    test_daemon d2;
+    /* No pools given: a host pool when no GPU is visible. */
+    setenv("CUDA_VISIBLE_DEVICES", "", 1);
+    td_start(&d2, NULL);
+    gpubuf_status *s = td_status(&d2);
+    ck_assert_uint_ge(s->n_pools, 1);
+    ck_assert_str_eq(s->pools[0].name, "host");
+    ck_assert_int_eq(s->pools[0].kind, GPUBUF_POOL_HOST);
+    ck_assert_uint_eq(s->pools[0].capacity, 4ull << 30);
+    gpubuf_status_free(s);
+    ck_assert_int_eq(td_stop(&d2), 0);
+}
+END_TEST
+
+START_TEST(bad_flags_exit_2) {
+    char cmd[512];
+    int st;
+    const char *bad[] = {"--pool nocomma", "--pool x=tape", "--pool x=host,capacity=lots",
+                         "--log-level loud", "extra-arg"};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        snprintf(cmd, sizeof(cmd), "%s --socket %s/x.sock %s 2>/dev/null", GPUBUFD_PATH, D.dir,
+                 bad[i]);
+        free(run_capture(cmd, &st));
+        ck_assert_msg(WEXITSTATUS(st) == 2, "%s exited %d", bad[i], WEXITSTATUS(st));
+    }
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("daemon");
+    TCase *t = tcase_create("protocol");
+    tcase_add_checked_fixture(t, start_default, stop_clean);
+    tcase_set_timeout(t, 60);
+    tcase_add_test(t, garbage_disconnects_only_that_client);
+    tcase_add_test(t, bad_magic_gets_error_then_close);
+    tcase_add_test(t, bad_version_header);
+    tcase_add_test(t, oversized_frame_rejected);
+    tcase_add_test(t, truncated_frame_then_hangup);
+    tcase_add_test(t, undecodable_payload);
+    tcase_add_test(t, request_before_hello);
+    tcase_add_test(t, version_negotiation_fails);
+    tcase_add_test(t, empty_request_and_double_hello);
+    tcase_add_test(t, unsolicited_fds_are_closed);
+    tcase_add_test(t, release_not_held_and_double_release);
+    tcase_add_test(t, pipelined_requests_answered_in_order);
+    tcase_add_test(t, sigterm_with_live_clients);
+    tcase_add_test(t, second_daemon_refuses_live_socket);
+    suite_add_tcase(s, t);
+    TCase *o = tcase_create("operations");
+    tcase_add_checked_fixture(o, start_default, stop_clean);
+    tcase_set_timeout(o, 60);
+    tcase_add_test(o, gpubufctl_table_and_json);
+    tcase_add_test(o, gpubufctl_exit_codes);
+    tcase_add_test(o, config_file_errors_name_file_and_line);
+    tcase_add_test(o, config_file_pools_used);
+    tcase_add_test(o, default_configuration_without_gpu);
+    tcase_add_test(o, bad_flags_exit_2);
+    suite_add_tcase(s, o);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}

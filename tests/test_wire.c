@@ -1,0 +1,303 @@
+/* Unit tests of the frame layer and shared helpers: header encoding and
+ * validation, truncated/oversized/garbage frames, fd passing, protobuf
+ * round trips, sizes, names and error strings. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "gpubuf.pb-c.h"
+#include "gpubuf/gpubuf.h"
+#include "util.h"
+#include "wire.h"
+
+static void pair(int sv[2]) {
+    ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+}
+
+START_TEST(header_roundtrip) {
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    gpubuf_frame_header fh;
+    gpubuf_wire_header_encode(h, 1234);
+    ck_assert_int_eq(h[0], 'G');
+    ck_assert_int_eq(h[1], 'P');
+    ck_assert_int_eq(h[2], 'B');
+    ck_assert_int_eq(h[3], 'F');
+    ck_assert_int_eq(gpubuf_wire_header_decode(h, 4096, &fh), 0);
+    ck_assert_uint_eq(fh.length, 1234);
+    ck_assert_uint_eq(fh.version, GPUBUF_WIRE_VERSION);
+    ck_assert_uint_eq(fh.magic, GPUBUF_WIRE_MAGIC);
+}
+END_TEST
+
+START_TEST(header_bad_magic) {
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    gpubuf_frame_header fh = {0};
+    gpubuf_wire_header_encode(h, 10);
+    h[0] = 'X';
+    ck_assert_int_eq(gpubuf_wire_header_decode(h, 4096, &fh), GPUBUF_EPROTOCOL);
+    ck_assert_uint_eq(fh.length, 0); /* not written on failure */
+}
+END_TEST
+
+START_TEST(header_bad_version_and_flags) {
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    gpubuf_frame_header fh;
+    gpubuf_wire_header_encode(h, 10);
+    h[4] = 2;
+    ck_assert_int_eq(gpubuf_wire_header_decode(h, 4096, &fh), GPUBUF_EVERSION);
+    gpubuf_wire_header_encode(h, 10);
+    h[6] = 1;
+    ck_assert_int_eq(gpubuf_wire_header_decode(h, 4096, &fh), GPUBUF_EPROTOCOL);
+}
+END_TEST
+
+START_TEST(header_oversized) {
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    gpubuf_frame_header fh;
+    gpubuf_wire_header_encode(h, 4097);
+    ck_assert_int_eq(gpubuf_wire_header_decode(h, 4096, &fh), -EMSGSIZE);
+    gpubuf_wire_header_encode(h, 4096);
+    ck_assert_int_eq(gpubuf_wire_header_decode(h, 4096, &fh), 0);
+    gpubuf_wire_header_encode(h, UINT32_MAX);
+    ck_assert_int_eq(gpubuf_wire_header_decode(h, GPUBUF_WIRE_MAX_RESPONSE, &fh), -EMSGSIZE);
+}
+END_TEST
+
+START_TEST(read_frame_whole) {
+    int sv[2], fd;
+    uint8_t buf[GPUBUF_WIRE_HEADER_SIZE + 5], *payload = NULL;
+    pair(sv);
+    gpubuf_wire_header_encode(buf, 5);
+    memcpy(buf + GPUBUF_WIRE_HEADER_SIZE, "hello", 5);
+    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], buf, sizeof(buf), -1), 0);
+    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), 5);
+    ck_assert_int_eq(fd, -1);
+    ck_assert_mem_eq(payload, "hello", 5);
+    free(payload);
+    close(sv[0]);
+    close(sv[1]);
+}
+END_TEST
+
+START_TEST(read_frame_truncated) {
+    int sv[2], fd;
+    uint8_t buf[GPUBUF_WIRE_HEADER_SIZE + 100], *payload = NULL;
+    pair(sv);
+    gpubuf_wire_header_encode(buf, 100);
+    /* Header and 10 of 100 payload bytes, then the peer goes away. */
+    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], buf, GPUBUF_WIRE_HEADER_SIZE + 10, -1), 0);
+    close(sv[0]);
+    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), GPUBUF_EDISCONNECTED);
+    ck_assert_ptr_null(payload);
+    close(sv[1]);
+}
+END_TEST
+
+START_TEST(read_frame_truncated_header) {
+    int sv[2], fd;
+    uint8_t *payload = NULL;
+    pair(sv);
+    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], "GPB", 3, -1), 0);
+    close(sv[0]);
+    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), GPUBUF_EDISCONNECTED);
+    close(sv[1]);
+}
+END_TEST
+
+START_TEST(read_frame_oversized_no_alloc) {
+    int sv[2], fd;
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE], *payload = NULL;
+    pair(sv);
+    gpubuf_wire_header_encode(h, 0x7fffffff);
+    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], h, sizeof(h), -1), 0);
+    /* Rejected from the header alone: no 2 GiB allocation, no read of it. */
+    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), -EMSGSIZE);
+    ck_assert_ptr_null(payload);
+    close(sv[0]);
+    close(sv[1]);
+}
+END_TEST
+
+START_TEST(read_frame_garbage) {
+    int sv[2], fd;
+    uint8_t junk[64], *payload = NULL;
+    pair(sv);
+    srand(7);
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)rand();
+    junk[0] = 0; /* never the magic */
+    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], junk, sizeof(junk), -1), 0);
+    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), GPUBUF_EPROTOCOL);
+    close(sv[0]);
+    close(sv[1]);
+}
+END_TEST
+
+START_TEST(fd_passing) {
+    int sv[2], fd, mfd = memfd_create("t", MFD_CLOEXEC);
+    uint8_t buf[GPUBUF_WIRE_HEADER_SIZE + 1] = {0}, *payload;
+    struct stat a, b;
+    ck_assert_int_ge(mfd, 0);
+    ck_assert_int_eq(ftruncate(mfd, 12345), 0);
+    pair(sv);
+    gpubuf_wire_header_encode(buf, 1);
+    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], buf, sizeof(buf), mfd), 0);
+    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), 1);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_ne(fd, mfd);
+    ck_assert_int_eq(fstat(mfd, &a), 0);
+    ck_assert_int_eq(fstat(fd, &b), 0);
+    ck_assert(a.st_ino == b.st_ino);
+    ck_assert_int_eq(b.st_size, 12345);
+    ck_assert_int_ne(fcntl(fd, F_GETFD) & FD_CLOEXEC, 0);
+    free(payload);
+    close(fd);
+    close(mfd);
+    close(sv[0]);
+    close(sv[1]);
+}
+END_TEST
+
+START_TEST(recv_surplus_fds_closed) {
+    int sv[2], fds[3];
+    pair(sv);
+    for (int i = 0; i < 3; i++)
+        fds[i] = memfd_create("t", MFD_CLOEXEC);
+    /* Three fds on one message: the receiver keeps one, closes two. */
+    char cbuf[CMSG_SPACE(sizeof(fds))];
+    char byte = 'x';
+    struct iovec iov = {&byte, 1};
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cbuf,
+                         .msg_controllen = sizeof(cbuf)};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(fds));
+    memcpy(CMSG_DATA(c), fds, sizeof(fds));
+    ck_assert_int_eq(sendmsg(sv[0], &msg, 0), 1);
+    int got[1], n = 0;
+    bool trunc = false;
+    char rb;
+    ck_assert_int_eq(gpubuf_wire_recv(sv[1], &rb, 1, got, 1, &n, &trunc), 1);
+    ck_assert_int_eq(n, 1);
+    ck_assert(trunc);
+    close(got[0]);
+    for (int i = 0; i < 3; i++)
+        close(fds[i]);
+    close(sv[0]);
+    close(sv[1]);
+}
+END_TEST
+
+START_TEST(protobuf_roundtrip) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT, *out;
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    uint8_t buf[256];
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = (char *)"tensor/a";
+    o.timeout_ms = -1;
+    req.id = 77;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &o;
+    size_t n = gpubuf__request__pack(&req, buf);
+    out = gpubuf__request__unpack(NULL, n, buf);
+    ck_assert_ptr_nonnull(out);
+    ck_assert_uint_eq(out->id, 77);
+    ck_assert_int_eq(out->body_case, GPUBUF__REQUEST__BODY_OPEN);
+    ck_assert_str_eq(out->open->name, "tensor/a");
+    ck_assert_int_eq(out->open->timeout_ms, -1);
+    gpubuf__request__free_unpacked(out, NULL);
+    /* Truncated protobuf fails to decode instead of crashing. */
+    ck_assert_ptr_null(gpubuf__request__unpack(NULL, n - 3, buf));
+}
+END_TEST
+
+START_TEST(parse_size) {
+    uint64_t v;
+    ck_assert_int_eq(gpubuf_parse_size("123", &v), 0);
+    ck_assert_uint_eq(v, 123);
+    ck_assert_int_eq(gpubuf_parse_size("64K", &v), 0);
+    ck_assert_uint_eq(v, 65536);
+    ck_assert_int_eq(gpubuf_parse_size("256MiB", &v), 0);
+    ck_assert_uint_eq(v, 256ull << 20);
+    ck_assert_int_eq(gpubuf_parse_size("8g", &v), 0);
+    ck_assert_uint_eq(v, 8ull << 30);
+    ck_assert_int_eq(gpubuf_parse_size("", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size("-1", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size("12X", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size("99999999999T", &v), -EINVAL);
+}
+END_TEST
+
+START_TEST(names) {
+    char longname[300];
+    ck_assert(gpubuf_name_valid("a", 1));
+    ck_assert(gpubuf_name_valid("job-7/tensor.weights:v2@gpu0+x_y", 32));
+    ck_assert(!gpubuf_name_valid("", 0));
+    ck_assert(!gpubuf_name_valid("/abs", 4));
+    ck_assert(!gpubuf_name_valid("sp ace", 6));
+    ck_assert(!gpubuf_name_valid("nul\0x", 5));
+    ck_assert(!gpubuf_name_valid("new\nline", 8));
+    memset(longname, 'a', sizeof(longname));
+    ck_assert(gpubuf_name_valid(longname, GPUBUF_NAME_MAX));
+    ck_assert(!gpubuf_name_valid(longname, GPUBUF_NAME_MAX + 1));
+}
+END_TEST
+
+START_TEST(error_strings) {
+    for (int e = GPUBUF_ERANGE; e <= GPUBUF_EPROTOCOL; e++) {
+        ck_assert_str_ne(gpubuf_strerror(e), "unknown error");
+        ck_assert_str_ne(gpubuf_err_name(e), "EUNKNOWN");
+    }
+    ck_assert_str_eq(gpubuf_err_name(-ENOENT), "ENOENT");
+    ck_assert_str_eq(gpubuf_strerror(-ENOENT), strerror(ENOENT));
+    ck_assert_str_eq(gpubuf_strerror(-99999), "unknown error");
+}
+END_TEST
+
+START_TEST(format_helpers) {
+    char b[32], u[41];
+    uint8_t id[16];
+    for (int i = 0; i < 16; i++)
+        id[i] = (uint8_t)(i * 17);
+    ck_assert_str_eq(gpubuf_format_size(256ull << 20, b, sizeof(b)), "256.0 MiB");
+    ck_assert_str_eq(gpubuf_format_size(10, b, sizeof(b)), "10 B");
+    gpubuf_format_uuid(id, u);
+    ck_assert_str_eq(u, "GPU-00112233-4455-6677-8899-aabbccddeeff");
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("wire");
+    TCase *t = tcase_create("frames");
+    tcase_add_test(t, header_roundtrip);
+    tcase_add_test(t, header_bad_magic);
+    tcase_add_test(t, header_bad_version_and_flags);
+    tcase_add_test(t, header_oversized);
+    tcase_add_test(t, read_frame_whole);
+    tcase_add_test(t, read_frame_truncated);
+    tcase_add_test(t, read_frame_truncated_header);
+    tcase_add_test(t, read_frame_oversized_no_alloc);
+    tcase_add_test(t, read_frame_garbage);
+    tcase_add_test(t, fd_passing);
+    tcase_add_test(t, recv_surplus_fds_closed);
+    tcase_add_test(t, protobuf_roundtrip);
+    suite_add_tcase(s, t);
+    TCase *u = tcase_create("helpers");
+    tcase_add_test(u, parse_size);
+    tcase_add_test(u, names);
+    tcase_add_test(u, error_strings);
+    tcase_add_test(u, format_helpers);
+    suite_add_tcase(s, u);
+    SRunner *sr = srunner_create(s);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed ? 1 : 0;
+}
