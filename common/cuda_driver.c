@@ -13,15 +13,21 @@ static int g_status = GPUBUF_ENODRIVER;
 static char g_error[256] = "CUDA driver not loaded";
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+/* Entry points are requested with the ABI of CUDA 12.0, whose signatures the
+ * function pointer types in cuda_driver.h spell out. Asking for the ABI of the
+ * cuda.h at hand instead would silently change some (CUDA 13's
+ * cuCtxSynchronize takes a context argument). */
+#define GPUBUF_CUDA_ABI 12000
+
 typedef CUresult (*get_proc_v2_fn)(const char *, void **, int, cuuint64_t,
                                    CUdriverProcAddressQueryResult *);
 
 static int resolve(get_proc_v2_fn gp, const char *sym, void **out) {
     CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;
-    CUresult r = gp(sym, out, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q);
+    CUresult r = gp(sym, out, GPUBUF_CUDA_ABI, CU_GET_PROC_ADDRESS_DEFAULT, &q);
     if (r != CUDA_SUCCESS || q != CU_GET_PROC_ADDRESS_SUCCESS || !*out) {
         snprintf(g_error, sizeof(g_error),
-                 "libcuda.so.1 has no %s for CUDA %d (driver too old?)", sym, CUDA_VERSION);
+                 "libcuda.so.1 has no %s for CUDA %d (driver too old?)", sym, GPUBUF_CUDA_ABI);
         return -1;
     }
     return 0;

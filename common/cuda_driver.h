@@ -2,7 +2,8 @@
  *
  * Neither gpubufd nor libgpubuf-client link against libcuda: they dlopen
  * "libcuda.so.1" on first use and resolve every entry point with
- * cuGetProcAddress, asking for the ABI of the cuda.h they were built with.
+ * cuGetProcAddress, asking for the CUDA 12.0 ABI of each entry point (the
+ * signatures below), so a newer cuda.h or driver cannot change them.
  * Binaries therefore start on machines without a driver and report
  * GPUBUF_ENODRIVER only when a CUDA pool or buffer is actually used.
  */
