@@ -25,16 +25,15 @@ GPUBUF_EXTERN const char *gpubuf_last_error_message(void) {
     return tl_error;
 }
 
-int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
-                       int *ret_fd) {
-    uint8_t stackbuf[512];
-    uint8_t *frame = stackbuf, *payload = NULL;
-    size_t plen;
-    ssize_t n;
-    int r, fd = -1;
-    Gpubuf__Response *resp;
+/* Most asynchronous requests in flight before the client waits for their
+ * replies: bounds what the daemon queues for a client that never reads. */
+#define GPUBUF_MAX_PENDING 64
 
-    *ret_fd = -1;
+static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
+    uint8_t stackbuf[512];
+    uint8_t *frame = stackbuf;
+    size_t plen;
+    int r;
     if (c->broken) {
         gpubuf__set_error("the connection to gpubufd is closed");
         return GPUBUF_EDISCONNECTED;
@@ -61,26 +60,106 @@ int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response 
         gpubuf__set_error("sending to gpubufd: %s", strerror(-r));
         return r == -EPIPE ? GPUBUF_EDISCONNECTED : r;
     }
-    n = gpubuf_wire_read_frame(c->fd, GPUBUF_WIRE_MAX_RESPONSE, &payload, &fd);
+    return 0;
+}
+
+/* Read one reply frame. */
+static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd) {
+    uint8_t *payload = NULL;
+    int fd = -1;
+    ssize_t n = gpubuf_wire_read_frame(c->fd, GPUBUF_WIRE_MAX_RESPONSE, &payload, &fd);
     if (n < 0) {
         c->broken = true;
         gpubuf__set_error("reading from gpubufd: %s", gpubuf_strerror((int)n));
         return (int)n == -ECONNRESET ? GPUBUF_EDISCONNECTED : (int)n;
     }
-    resp = gpubuf__response__unpack(NULL, (size_t)n, payload);
+    Gpubuf__Response *resp = gpubuf__response__unpack(NULL, (size_t)n, payload);
     free(payload);
-    if (!resp || (resp->id != req->id && resp->id != 0)) {
-        if (resp)
-            gpubuf__response__free_unpacked(resp, NULL);
+    if (!resp) {
         if (fd >= 0)
             close(fd);
         c->broken = true;
-        gpubuf__set_error("gpubufd sent an undecodable or unexpected reply");
+        gpubuf__set_error("gpubufd sent an undecodable reply");
+        return GPUBUF_EPROTOCOL;
+    }
+    *ret = resp;
+    *ret_fd = fd;
+    return 0;
+}
+
+/* Account for the reply of an asynchronous request. */
+static void settle_async(gpubuf_client *c, Gpubuf__Response *resp, int fd) {
+    if (fd >= 0)
+        close(fd);
+    if (resp->status < 0 && c->async_error == 0)
+        c->async_error = resp->status;
+    c->pending--;
+    gpubuf__response__free_unpacked(resp, NULL);
+}
+
+int gpubuf__drain_locked(gpubuf_client *c) {
+    while (c->pending > 0) {
+        Gpubuf__Response *resp;
+        int fd, r = read_reply(c, &resp, &fd);
+        if (r < 0) {
+            c->pending = 0;
+            return r;
+        }
+        if (resp->id == 0 && resp->status < 0) {
+            /* Connection-level error (shutdown, bad frame): the stream ends. */
+            c->broken = true;
+            c->pending = 0;
+            r = resp->status;
+            gpubuf__response__free_unpacked(resp, NULL);
+            if (fd >= 0)
+                close(fd);
+            return r;
+        }
+        settle_async(c, resp, fd);
+    }
+    return 0;
+}
+
+int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req) {
+    int r = send_request(c, req);
+    if (r < 0)
+        return r;
+    c->pending++;
+    if (c->pending >= GPUBUF_MAX_PENDING)
+        return gpubuf__drain_locked(c);
+    return 0;
+}
+
+int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                       int *ret_fd) {
+    Gpubuf__Response *resp;
+    int r, fd = -1;
+
+    *ret_fd = -1;
+    r = send_request(c, req);
+    if (r < 0)
+        return r;
+    /* Replies come in request order: first those of asynchronous requests. */
+    for (;;) {
+        r = read_reply(c, &resp, &fd);
+        if (r < 0)
+            return r;
+        if (resp->id == req->id || resp->id == 0 || c->pending == 0)
+            break;
+        settle_async(c, resp, fd);
+    }
+    if (resp->id != req->id && resp->id != 0) {
+        gpubuf__response__free_unpacked(resp, NULL);
+        if (fd >= 0)
+            close(fd);
+        c->broken = true;
+        gpubuf__set_error("gpubufd sent an unexpected reply");
         return GPUBUF_EPROTOCOL;
     }
     if (resp->id == 0 && resp->status < 0) {
         /* Connection-level error (shutdown, bad frame): the stream ends. */
         c->broken = true;
+        c->pending = 0;
     }
     if (resp->status < 0) {
         r = resp->status;
@@ -95,6 +174,22 @@ int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response 
     *ret = resp;
     *ret_fd = fd;
     return 0;
+}
+
+GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c) {
+    int r;
+    if (!c)
+        return -EINVAL;
+    pthread_mutex_lock(&c->lock);
+    r = gpubuf__drain_locked(c);
+    if (r == 0) {
+        r = c->async_error;
+        c->async_error = 0;
+        if (r < 0)
+            gpubuf__set_error("an earlier seal or release failed: %s", gpubuf_strerror(r));
+    }
+    pthread_mutex_unlock(&c->lock);
+    return r;
 }
 
 GPUBUF_EXTERN int gpubuf_connect(const char *path, gpubuf_client **ret) {
@@ -218,22 +313,16 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
     return 0;
 }
 
-/* Tell the daemon to drop one reference (lock held). */
+/* Tell the daemon to drop one reference (lock held). Asynchronous: the
+ * client tracks its references, so the daemon cannot refuse a release it
+ * sends; a later request on the connection (or gpubuf_flush) reads the reply. */
 static int send_release(gpubuf_client *c, uint64_t id) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
-    Gpubuf__Response *resp;
-    int fd, r;
     rel.buffer_id = id;
     req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
     req.release = &rel;
-    r = gpubuf__rpc_locked(c, &req, &resp, &fd);
-    if (r == 0) {
-        if (fd >= 0)
-            close(fd);
-        gpubuf__response__free_unpacked(resp, NULL);
-    }
-    return r;
+    return gpubuf__send_async_locked(c, &req);
 }
 
 static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret) {
@@ -280,7 +369,12 @@ GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size
     a.name = (char *)(name ? name : "");
     req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
     req.alloc = &a;
-    return buffer_request(c, &req, ret);
+    int r = buffer_request(c, &req, ret);
+    if (r == 0) {
+        (*ret)->allocated = true;
+        (*ret)->sealable = true;
+    }
+    return r;
 }
 
 GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms,
@@ -331,12 +425,36 @@ static int simple_request(gpubuf_client *c, Gpubuf__Request *req) {
 GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
+    gpubuf_client *c;
+    int r;
     if (!b)
         return -EINVAL;
+    while (b->parent) /* a slice seals the buffer it belongs to */
+        b = b->parent;
+    c = b->c;
     s.buffer_id = b->id;
     req.body_case = GPUBUF__REQUEST__BODY_SEAL;
     req.seal = &s;
-    return simple_request(b->c, &req);
+    pthread_mutex_lock(&c->lock);
+    /* Checked here, so the daemon has no reason to refuse and the request
+     * can go without waiting for its reply. */
+    if (!b->owns_ref || !b->sealable) {
+        r = b->owns_ref && b->allocated ? GPUBUF_ESTATE : -EPERM;
+        gpubuf__set_error("%s", r == GPUBUF_ESTATE
+                                    ? "the buffer is already sealed"
+                                    : "only the connection that allocated a buffer seals it");
+    } else {
+        r = gpubuf__send_async_locked(c, &req);
+        if (r == 0)
+            b->sealable = false;
+    }
+    pthread_mutex_unlock(&c->lock);
+    return r;
+}
+
+GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b) {
+    int r = gpubuf_seal(b);
+    return r < 0 ? r : gpubuf_flush(b->c);
 }
 
 GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {

@@ -35,6 +35,8 @@ struct gpubuf_client {
     uint64_t session_id;
     uint32_t max_request;
     bool broken;         /* the stream is out of sync or closed */
+    uint32_t pending;    /* asynchronous requests (seal, release) not yet answered */
+    int async_error;     /* first error an asynchronous request got, 0 if none */
     gpubuf_mapping *maps;
     uint32_t n_maps;
 };
@@ -48,6 +50,8 @@ struct gpubuf_buffer {
     uint64_t offset;       /* of the view's first byte inside the slab */
     uint64_t size;
     bool owns_ref;         /* root view: holds one daemon reference */
+    bool allocated;        /* root view returned by gpubuf_alloc */
+    bool sealable;         /* allocated by this connection and not sealed yet */
     char name[GPUBUF_NAME_MAX + 1];
 };
 
@@ -55,6 +59,13 @@ struct gpubuf_buffer {
  * *ret_fd receives an fd that came with the response, or -1. */
 int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                        int *ret_fd);
+
+/* Send req without waiting for its reply (lock held). Replies to such
+ * requests are read, in order, before the reply of the next synchronous
+ * request, or by gpubuf_flush(). */
+int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req);
+/* Read the replies of all asynchronous requests (lock held). */
+int gpubuf__drain_locked(gpubuf_client *c);
 
 /* Map (or find) the slab described by msg; takes one view count. Consumes fd. */
 int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,

@@ -20,6 +20,7 @@ void gpubuf_limits_default(gpubuf_limits *l) {
     l->max_clients = 4096;
     l->frames_per_wakeup = 32;
     l->max_waiters_per_client = 64;
+    l->max_queued_replies = 4096;
 }
 
 static void on_listen(uv_poll_t *h, int status, int events);
@@ -271,6 +272,7 @@ static int flush_out(gpubuf_session *s) {
         s->out_head = o->next;
         if (!s->out_head)
             s->out_tail = NULL;
+        s->out_frames--;
         free(o);
     }
     return 0;
@@ -282,6 +284,12 @@ void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd
     bool was_empty = !s->out_head;
     if (s->closing)
         return;
+    if (s->out_frames >= s->srv->limits.max_queued_replies) {
+        LOG_WARN("pid %d reads none of its %u queued replies; disconnecting", (int)s->pid,
+                 s->out_frames);
+        gpubuf_session_kill(s);
+        return;
+    }
     if (plen > GPUBUF_WIRE_MAX_RESPONSE) {
         LOG_ERR("reply of %zu bytes exceeds the frame limit", plen);
         gpubuf_session_kill(s);
@@ -309,6 +317,7 @@ void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd
     else
         s->out_head = o;
     s->out_tail = o;
+    s->out_frames++;
     if (was_empty) {
         int r = flush_out(s);
         if (r < 0) {

@@ -22,6 +22,7 @@ typedef struct gpubuf_limits {
     uint32_t max_clients;      /* connections at once */
     uint32_t frames_per_wakeup; /* requests handled per readable event */
     uint32_t max_waiters_per_client;
+    uint32_t max_queued_replies; /* a client that reads none of them is dropped */
 } gpubuf_limits;
 
 typedef struct gpubuf_outbuf {
@@ -48,6 +49,7 @@ typedef struct gpubuf_session {
     uint8_t *in;
     size_t in_len, in_cap;
     gpubuf_outbuf *out_head, *out_tail;
+    uint32_t out_frames; /* replies queued because the client is not reading */
     struct gpubuf_session *next, *prev; /* server list */
     struct gpubuf_session *reap_next;
     struct gpubuf_session *pending_next; /* frames left after the per-wake-up cap */

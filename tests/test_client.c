@@ -289,6 +289,7 @@ START_TEST(anonymous_buffer_by_id_across_processes) {
     ck_assert_uint_eq(s->buffers[0].refs, 1);
     gpubuf_status_free(s);
     ck_assert_int_eq(gpubuf_release(b), 0);
+    ck_assert_int_eq(gpubuf_flush(c), 0);
     s = td_status(&D);
     ck_assert_uint_eq(s->n_buffers, 0);
     ck_assert_uint_eq(td_find_pool(s, "host")->used, 0);
@@ -386,6 +387,7 @@ START_TEST(pool_full_then_recovers) {
     for (int i = 0; i < 4; i++)
         if (i != 2)
             gpubuf_release(b[i]);
+    ck_assert_int_eq(gpubuf_flush(c), 0);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(td_find_pool(s, "tiny")->used, 0);
     gpubuf_status_free(s);
@@ -413,6 +415,7 @@ START_TEST(delete_while_referenced) {
     ck_assert_uint_ne(gpubuf_buffer_id(n), gpubuf_buffer_id(a));
     ck_assert_int_eq(gpubuf_release(a), 0);
     ck_assert_int_eq(gpubuf_release(o), 0);
+    ck_assert_int_eq(gpubuf_flush(c), 0);
     s = td_status(&D);
     ck_assert_uint_eq(s->n_buffers, 1);
     ck_assert_uint_eq(s->buffers[0].id, gpubuf_buffer_id(n));
@@ -571,6 +574,42 @@ START_TEST(threads_share_one_client) {
 }
 END_TEST
 
+START_TEST(async_seal_and_release_semantics) {
+    gpubuf_client *a = td_connect(&D), *b = td_connect(&D);
+    gpubuf_buffer *x, *o, *sl;
+    ck_assert_int_eq(gpubuf_alloc(a, "host", 4096, "async", &x), 0);
+    ck_assert_int_eq(gpubuf_buffer_slice(x, 0, 16, &sl), 0);
+    /* Sealing through a slice seals its buffer, once. */
+    ck_assert_int_eq(gpubuf_seal_sync(sl), 0);
+    ck_assert_int_eq(gpubuf_seal(x), GPUBUF_ESTATE);
+    /* After seal_sync another connection opens it at once, without waiting. */
+    ck_assert_int_eq(gpubuf_open(b, "async", 0, &o), 0);
+    /* Only the allocating connection seals. */
+    ck_assert_int_eq(gpubuf_seal(o), -EPERM);
+    /* Many releases without a reply in between: bounded, all applied. */
+    for (int i = 0; i < 300; i++) {
+        gpubuf_buffer *v;
+        ck_assert_int_eq(gpubuf_open(b, "async", 0, &v), 0);
+        ck_assert_int_eq(gpubuf_release(v), 0);
+    }
+    gpubuf_buffer *many[200];
+    for (int i = 0; i < 200; i++)
+        ck_assert_int_eq(gpubuf_open(b, "async", 0, &many[i]), 0);
+    for (int i = 0; i < 200; i++)
+        ck_assert_int_eq(gpubuf_release(many[i]), 0);
+    ck_assert_int_eq(gpubuf_flush(b), 0);
+    ck_assert(wait_refs("async", 2, 10));
+    gpubuf_release(o);
+    gpubuf_release(sl);
+    gpubuf_release(x);
+    ck_assert_int_eq(gpubuf_flush(a), 0);
+    ck_assert_int_eq(gpubuf_flush(b), 0);
+    ck_assert(wait_refs("async", 0, 10));
+    gpubuf_disconnect(a);
+    gpubuf_disconnect(b);
+}
+END_TEST
+
 START_TEST(status_counts) {
     gpubuf_client *a = td_connect(&D), *b = td_connect(&D);
     gpubuf_buffer *x, *y, *y2;
@@ -601,6 +640,9 @@ START_TEST(status_counts) {
     gpubuf_release(y);
     gpubuf_release(y2);
     gpubuf_release(x);
+    /* Releases are asynchronous: b's must have reached the daemon before
+     * another connection looks. */
+    ck_assert_int_eq(gpubuf_flush(b), 0);
     ck_assert_int_eq(gpubuf_delete(a, "sx"), 0);
     s = td_status(&D);
     ck_assert_uint_eq(td_find_pool(s, "host")->used, 0);
@@ -638,6 +680,7 @@ int main(void) {
     tcase_add_test(t, unsealed_buffer_of_dead_client_is_freed);
     tcase_add_test(t, threads_share_one_client);
     tcase_add_test(t, status_counts);
+    tcase_add_test(t, async_seal_and_release_semantics);
     suite_add_tcase(s, t);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -158,9 +158,27 @@ GPUBUF_EXTERN const char *gpubuf_last_error_message(void);
 GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size,
                                const char *name, gpubuf_buffer **ret);
 
-/** Publish a buffer allocated by this client: it becomes read-only by
- * convention and visible to gpubuf_open(). Wakes clients waiting for its name. */
+/**
+ * Publish a buffer allocated by this connection: it becomes read-only by
+ * convention and visible to gpubuf_open(); clients waiting for its name wake.
+ * Asynchronous: returns once the request is on its way. The daemon applies it
+ * before any later request of this connection; another process sees it as
+ * soon as the daemon has read it (a waiting open always does). Use
+ * gpubuf_seal_sync() when another process must be able to open it the moment
+ * this call returns.
+ * \retval GPUBUF_ESTATE already sealed; -EPERM not allocated by this connection.
+ */
 GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b);
+
+/** gpubuf_seal() and wait for the daemon to have applied it. */
+GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b);
+
+/**
+ * Wait until the daemon has answered every asynchronous request (seal,
+ * release) of this connection.
+ * \retval 0, or the first error one of them got since the last flush.
+ */
+GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c);
 
 /**
  * Open a sealed buffer by name and take one reference.
@@ -177,8 +195,10 @@ GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
 /**
  * Drop this view. When the last view of an opened buffer goes (slices keep
  * their parent alive), its local mapping is dropped and the daemon
- * reference is released. Accepts NULL.
- * \retval 0, or the error of the release request (the view is gone anyway).
+ * reference is released. The release request is asynchronous like
+ * gpubuf_seal(): the daemon applies it before any later request of this
+ * connection; gpubuf_flush() waits for it. Accepts NULL.
+ * \retval 0, or an error sending the release (the view is gone anyway).
  */
 GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b);
 

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Turn the raw "name value" lines of one bench/run.sh run into the table of
+docs/performance.md: every figure next to the anchor measured in the same run,
+as a ratio, and its goal."""
+import re
+import sys
+
+
+def parse(path):
+    vals = {}
+    for line in open(path):
+        parts = line.split()
+        if len(parts) < 2:
+            continue
+        # "key value [key2 value2 ...]" and "prefix key value key value" forms
+        if parts[0].startswith("echo_floor_"):
+            prefix = parts[0]
+            rest = parts[1:]
+            for i in range(0, len(rest) - 1, 2):
+                try:
+                    vals[f"{prefix}_{rest[i]}"] = float(rest[i + 1])
+                except ValueError:
+                    pass
+            continue
+        try:
+            vals[parts[0]] = float(parts[1])
+        except ValueError:
+            vals[parts[0]] = parts[1]
+        for i in range(2, len(parts) - 1, 2):
+            try:
+                vals[f"{parts[0]}_{parts[i]}"] = float(parts[i + 1])
+            except ValueError:
+                pass
+    return vals
+
+
+machine = open(sys.argv[1]).read()
+a = parse(sys.argv[2])
+g = parse(sys.argv[3])
+gpu = "mode gpu" in machine
+
+# The socket round trip anchor: ipc_bench's 64 B ping-pong on the GPU machine,
+# echo_floor's single client otherwise.
+rtt = a.get("unix_socket_roundtrip_64B_median_us") or a.get("echo_floor_1_client_median_us")
+rows = []
+
+
+def row(figure, value, unit, ratio_text, goal, ok):
+    mark = "" if ok is None else ("met" if ok else "MISSED")
+    rows.append((figure, value, unit, ratio_text, goal, mark))
+
+
+def f(v, d=1):
+    return "n/a" if v is None else f"{v:.{d}f}"
+
+
+warm = g.get("gpubuf_open_warm_median_us")
+if warm and rtt:
+    row("warm open (name -> device address, slab mapped)", warm, "µs",
+        f"{warm / rtt:.2f} × round trip ({rtt:.1f} µs)", "≤ 1.5 ×", warm / rtt <= 1.5)
+torch = a.get("torch_mp_share_1MiB_fresh_tensor_each_median_us")
+if warm and torch:
+    row("warm open vs torch.mp 1 MiB hand-over", warm, "µs",
+        f"torch {torch:.0f} µs = {torch / warm:.1f} × gpubuf", "≥ 20 × faster", torch / warm >= 20)
+cold = g.get("gpubuf_open_cold_2MiB_slab_median_us")
+ipc_open = a.get("cuIpcOpenMemHandle_first_median_us")
+if cold and rtt:
+    base = rtt + (ipc_open or 0)
+    what = f"round trip + cuIpcOpenMemHandle ({ipc_open:.1f} µs)" if ipc_open else "round trip (host pool: no IPC open)"
+    row("cold open (first buffer of a new slab)", cold, "µs",
+        f"{cold / base:.2f} × {what}", "≤ 1.2 ×", cold / base <= 1.2)
+alloc = g.get("gpubuf_alloc_seal_1MiB_median_us")
+if alloc and rtt:
+    extra = ""
+    cma = a.get("cuMemAlloc_1MiB_median_us")
+    if cma:
+        extra = f"; local cuMemAlloc 1 MiB {cma:.1f} µs"
+    row("alloc + seal, 1 MiB, pool with free space", alloc, "µs",
+        f"{alloc / rtt:.2f} × round trip{extra}", "≤ 1.5 ×", alloc / rtt <= 1.5 and (not cma or alloc < cma))
+rel = g.get("gpubuf_release_median_us")
+if rel and rtt:
+    row("release (asynchronous, see docs/client-api.md)", rel, "µs",
+        f"{rel / rtt:.2f} × round trip", "≤ 1.2 ×", rel / rtt <= 1.2)
+thr = next((v for k, v in g.items() if k.startswith("gpubuf_mixed_ops_per_s")), None)
+floor16 = a.get("echo_floor_16_aggregate_roundtrips_per_s")
+if thr:
+    row("throughput, 16 processes, mixed alloc/seal/open/release/delete", thr, "ops/s",
+        f"echo floor, 16 clients: {f(floor16, 0)} round trips/s", "≥ 250k ops/s", thr >= 250000)
+bv, bl = g.get("dtod_GBps_gpubuf_view_median"), g.get("dtod_GBps_local_median")
+if bv and bl:
+    row("device-to-device copy 1 GiB, gpubuf view vs local", bv, "GB/s",
+        f"{bv / bl:.3f} × local ({bl:.0f} GB/s)", "≥ 0.98", bv / bl >= 0.98)
+s10, s100k = g.get("scale_op_at_10_buffers_median_us"), g.get("scale_op_at_100k_buffers_median_us")
+if s10 and s100k:
+    row("op latency at 100k live buffers, 1,000 clients", s100k, "µs",
+        f"{s100k / s10:.2f} × latency at 10 buffers ({s10:.1f} µs)", "≤ 1.2 ×", s100k / s10 <= 1.2)
+st = g.get("scale_status_json_ms_median")
+if st is not None:
+    row("gpubufctl status --json at 100k buffers", st, "ms", "wall time incl. exec", "≤ 100 ms", st <= 100)
+rss = g.get("scale_daemon_rss_per_live_buffer_bytes")
+if rss is not None:
+    row("daemon RSS per live buffer", rss, "B", "RSS growth over 100k buffers / 100k", "≤ 1 KiB", rss <= 1024)
+cr = g.get("crash_cleanup_after_close_median_us")
+if cr is not None:
+    row("crash cleanup: SIGKILL -> references released", cr / 1000, "ms",
+        "from socket closed to status showing it", "≤ 5 ms", cr / 1000 <= 5)
+
+print("```")
+print(machine.strip())
+print("```")
+print()
+print("| figure | gpubuf | against the anchor (same run) | goal | |")
+print("|---|---|---|---|---|")
+for fig, v, unit, ratio, goal, mark in rows:
+    print(f"| {fig} | {v:.1f} {unit} | {ratio} | {goal} | {mark} |")
+print()
+print("Anchors measured in this run:")
+for k in ("unix_socket_roundtrip_64B_median_us", "cuIpcOpenMemHandle_first_median_us",
+          "cuMemAlloc_1MiB_median_us", "torch_mp_share_1MiB_fresh_tensor_each_median_us",
+          "torch_mp_share_1MiB_same_tensor_again_median_us", "dtod_copy_GBps_ipc_src_median",
+          "echo_floor_1_client_median_us", "echo_floor_16_aggregate_roundtrips_per_s"):
+    if k in a:
+        print(f"- {k}: {a[k]:g}")
+print()
+print("gpubuf p99s:", ", ".join(f"{k} {v:g}" for k, v in g.items() if k.endswith("p99_us")))
