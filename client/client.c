@@ -268,10 +268,11 @@ void gpubuf__client_unref(gpubuf_client *c) {
 GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
     if (!c)
         return NULL;
-    pthread_mutex_lock(&c->lock);
-    /* Closing the socket drops every daemon reference of this connection;
-     * views still alive keep only their local mapping. */
+    /* Shut the socket down first: a thread blocked in a waiting open on
+     * this connection then returns GPUBUF_EDISCONNECTED and frees the lock.
+     * The daemon drops every reference of this connection. */
     shutdown(c->fd, SHUT_RDWR);
+    pthread_mutex_lock(&c->lock);
     c->broken = true;
     pthread_mutex_unlock(&c->lock);
     gpubuf__client_unref(c);
@@ -503,6 +504,8 @@ GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_
     int fd, r;
     if (!c || !name || !ret)
         return -EINVAL;
+    if (!name_ok(name))
+        return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
     s.target_case = GPUBUF__STAT_REQUEST__TARGET_NAME;
     s.name = (char *)name;
     req.body_case = GPUBUF__REQUEST__BODY_STAT;

@@ -20,6 +20,9 @@ static int map_cuda(gpubuf_mapping *m, const Gpubuf__Slab *msg) {
     int r, ordinal = -1;
     if ((r = gpubuf_cuda_load(&cu)) < 0) {
         gpubuf__set_error("%s", gpubuf_cuda_load_error());
+        /* cuInit fails with CUDA_ERROR_NO_DEVICE when none is visible. */
+        if (r == GPUBUF_ECUDA && strstr(gpubuf_cuda_load_error(), "NO_DEVICE"))
+            return GPUBUF_ENODEVICE;
         return r;
     }
     if (msg->ipc_handle.len != sizeof(h.reserved) || msg->device_uuid.len != 16) {

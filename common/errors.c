@@ -52,6 +52,10 @@ GPUBUF_EXPORT const char *gpubuf_err_name(int err) {
     case -ECONNREFUSED: return "ECONNREFUSED";
     case -EBUSY: return "EBUSY";
     case -ENOTSUP: return "ENOTSUP";
+    case -EAGAIN: return "EAGAIN";
+    case -ESHUTDOWN: return "ESHUTDOWN";
+    case -ENOSPC: return "ENOSPC";
+    case -EADDRINUSE: return "EADDRINUSE";
     default: return "EUNKNOWN";
     }
 }

@@ -89,7 +89,7 @@ static pool_spec *spec_new(config *c, const char *name, char *err, size_t errlen
     pool_spec *p = &c->pools[c->n_pools++];
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "%s", name);
-    p->kind = GPUBUF_POOL_HOST;
+    p->kind = 0; /* must be given */
     return p;
 }
 
@@ -137,7 +137,10 @@ static int conf_handler(void *user, const char *section, const char *key, const 
         snprintf(err, sizeof(err), "unknown section [%s]", section);
     }
     if (err[0]) {
-        snprintf(ini_err, sizeof(ini_err), "%s", err);
+        /* inih goes on parsing and reports the first failing line: keep
+         * the message of that line. */
+        if (!ini_err[0])
+            snprintf(ini_err, sizeof(ini_err), "%s", err);
         return 0;
     }
     return 1;
@@ -145,6 +148,7 @@ static int conf_handler(void *user, const char *section, const char *key, const 
 
 static int load_config_file(config *c, const char *path) {
     ini_err[0] = '\0';
+    int before = c->n_pools;
     int r = ini_parse(path, conf_handler, c);
     if (r < 0) {
         fprintf(stderr, "gpubufd: %s: cannot open: %s\n", path, strerror(errno));
@@ -154,6 +158,12 @@ static int load_config_file(config *c, const char *path) {
         fprintf(stderr, "gpubufd: %s:%d: %s\n", path, r, ini_err[0] ? ini_err : "syntax error");
         return -1;
     }
+    for (int i = before; i < c->n_pools; i++)
+        if (c->pools[i].kind == 0) {
+            fprintf(stderr, "gpubufd: %s: [pool:%s] has no kind (host or cuda-ipc)\n", path,
+                    c->pools[i].name);
+            return -1;
+        }
     return 0;
 }
 
@@ -171,6 +181,8 @@ static int parse_pool_flag(config *c, const char *arg) {
     pool_spec *p = spec_new(c, buf, err, sizeof(err));
     if (!p)
         goto bad;
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "%.255s", buf);
     tok = strtok_r(eq + 1, ",", &save);
     if (!tok || spec_set(p, "kind", tok, err, sizeof(err)) < 0)
         goto bad;
@@ -228,6 +240,9 @@ static int create_pools(gpubuf_server *srv, config *c) {
         uint64_t cap = ps->capacity;
         if (!cap)
             cap = be->device_total ? be->device_total / 10 * 9 : DEFAULT_HOST_CAPACITY;
+        if (ps->slab_size > cap)
+            LOG_WARN("pool '%s': slab size above the capacity; slabs of the capacity instead",
+                     ps->name);
         r = gpubuf_pool_new(ps->name, be, cap, ps->slab_size ? ps->slab_size : DEFAULT_SLAB,
                             &srv->slab_ids, &pool);
         if (r < 0) {
@@ -306,6 +321,8 @@ int main(int argc, char **argv) {
         {"check-config", no_argument, NULL, 'C'},   {"version", no_argument, NULL, 'V'},
         {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
     const char *socket_flag = NULL, *config_file = NULL;
+    const char *pool_flags[GPUBUF_MAX_POOLS];
+    int n_pool_flags = 0;
     bool check_only = false;
     int opt, rc = 1, log_flag = -1;
     uv_loop_t *loop = uv_default_loop();
@@ -320,8 +337,11 @@ int main(int argc, char **argv) {
         case 's': socket_flag = optarg; break;
         case 'c': config_file = optarg; break;
         case 'p':
-            if (parse_pool_flag(&cfg, optarg) < 0)
+            if (n_pool_flags >= GPUBUF_MAX_POOLS) {
+                fprintf(stderr, "gpubufd: more than %d --pool flags\n", GPUBUF_MAX_POOLS);
                 return 2;
+            }
+            pool_flags[n_pool_flags++] = optarg;
             break;
         case 'l':
             if ((log_flag = gpubuf_log_parse_level(optarg)) < 0) {
@@ -343,6 +363,11 @@ int main(int argc, char **argv) {
     }
     if (config_file && load_config_file(&cfg, config_file) < 0)
         return 2;
+    /* Flags win over the file: a --pool of a name the file defines
+     * replaces the file's settings for it. */
+    for (int i = 0; i < n_pool_flags; i++)
+        if (parse_pool_flag(&cfg, pool_flags[i]) < 0)
+            return 2;
     if (check_only) {
         printf("configuration OK: %d pool(s) defined\n", cfg.n_pools);
         return 0;
@@ -386,7 +411,9 @@ int main(int argc, char **argv) {
     }
     if (r < 0) {
         LOG_ERR("cannot listen on %s: %s", cfg.socket_path,
-                r == -EADDRINUSE ? "another gpubufd is running there" : strerror(-r));
+                r == -EADDRINUSE ? "another gpubufd is running there"
+                : r == -EEXIST   ? "a file that is not a socket is in the way"
+                                 : strerror(-r));
         goto out;
     }
     static const int signums[3] = {SIGTERM, SIGINT, SIGHUP};

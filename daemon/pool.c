@@ -21,6 +21,10 @@ int gpubuf_pool_new(const char *name, gpubuf_backend *be, uint64_t capacity, uin
         return -ENOMEM;
     }
     p->be = be;
+    /* A slab never exceeds the capacity: a pool smaller than one slab is
+     * one slab of its capacity. */
+    if (slab_size > capacity)
+        slab_size = capacity;
     p->slab_size = gpubuf_align_up(slab_size, be->granularity);
     p->capacity = capacity;
     p->next_slab_id = slab_id_counter;
@@ -67,9 +71,25 @@ static int extents_reserve(gpubuf_slab *s, uint32_t n) {
     return 0;
 }
 
+static bool has_other_spare(const gpubuf_pool *p, const gpubuf_slab *self);
+
+/* Give back an empty regular slab (the spare), if any. */
+static bool drop_spare(gpubuf_pool *p) {
+    for (gpubuf_slab *s = p->slabs; s; s = s->next)
+        if (!s->dedicated && s->blocks == 0) {
+            slab_destroy(p, s);
+            return true;
+        }
+    return false;
+}
+
 static int slab_create(gpubuf_pool *p, uint64_t size, bool dedicated, gpubuf_slab **ret) {
     gpubuf_slab *s;
     int r;
+    /* The spare slab counts against the capacity: give it back when a slab
+     * of another size needs the room. */
+    if (size <= p->capacity && p->reserved > p->capacity - size)
+        drop_spare(p);
     if (size > p->capacity || p->reserved > p->capacity - size) {
         snprintf(p->last_error, sizeof(p->last_error),
                  "pool '%s' is full: %llu of %llu bytes in slabs, %llu more needed", p->name,
@@ -191,8 +211,11 @@ int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_bloc
             best_i = 0;
         }
     }
-    if (extents_reserve(best, best->n_free + 1) < 0)
+    if (extents_reserve(best, best->n_free + 1) < 0) {
+        if (best->blocks == 0 && (best->dedicated || has_other_spare(p, best)))
+            slab_destroy(p, best);
         return -ENOMEM;
+    }
     take(best, best_i, size, align, ret);
     p->used += size;
     p->n_blocks++;

@@ -20,7 +20,26 @@ void gpubuf_registry_init(gpubuf_registry *r) {
     memset(r, 0, sizeof(*r));
 }
 
+static void waiter_unlink(gpubuf_registry *r, gpubuf_waiter *w);
+
+/* Answer the waiters for buffer id with err: it can never be sealed now. */
+static void fail_id_waiters(gpubuf_registry *r, uint64_t id, int err) {
+    gpubuf_waiter *w = r->waiters, *next;
+    for (; w; w = next) {
+        next = w->next;
+        if (w->name || w->buffer_id != id)
+            continue;
+        waiter_unlink(r, w);
+        if (w->fail)
+            w->fail(w, err);
+        else
+            w->cancel(w);
+    }
+}
+
 static void buf_free(gpubuf_registry *r, gpubuf_buf *b) {
+    if (b->state != GPUBUF_STATE_SEALED)
+        fail_id_waiters(r, b->id, -ENOENT);
     HASH_DELETE(hh_id, r->by_id, b);
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
@@ -265,6 +284,8 @@ int gpubuf_registry_delete(gpubuf_registry *r, gpubuf_holder *h, const char *nam
     if (h->uid != 0 && h->uid != b->owner_uid)
         return fail(r, -EPERM, "buffer %llu belongs to uid %u", (unsigned long long)b->id,
                     b->owner_uid);
+    if (b->state == GPUBUF_STATE_ALLOCATED)
+        fail_id_waiters(r, b->id, -ENOENT);
     b->state = GPUBUF_STATE_DELETED;
     if (b->in_name_index) {
         HASH_DELETE(hh_name, r->by_name, b);

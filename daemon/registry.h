@@ -58,6 +58,8 @@ struct gpubuf_waiter {
     uint64_t buffer_id;
     void (*wake)(gpubuf_waiter *w, gpubuf_buf *b);
     void (*cancel)(gpubuf_waiter *w); /* holder dropped */
+    /* The awaited buffer (by id) went away before it was sealed. */
+    void (*fail)(gpubuf_waiter *w, int err);
     gpubuf_waiter *next, *prev;       /* registry list */
     gpubuf_waiter *hnext, *hprev;     /* holder list */
 };

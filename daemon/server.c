@@ -87,7 +87,12 @@ int gpubuf_server_listen_path(gpubuf_server *srv, const char *path, mode_t mode)
         return -EADDRINUSE;
     }
     close(fd);
-    unlink(path);
+    struct stat st;
+    if (lstat(path, &st) == 0) {
+        if (!S_ISSOCK(st.st_mode))
+            return -EEXIST; /* never remove anything but a stale socket */
+        unlink(path);
+    }
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
@@ -345,7 +350,7 @@ static int process_frames(gpubuf_session *s, uint32_t limit) {
             Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
             resp.status = r;
             resp.message = (char *)(r == -EMSGSIZE ? "request frame too large"
-                                                   : "bad frame header (magic or version)");
+                                                   : "bad frame header (magic, version or flags)");
             gpubuf_session_send(s, &resp, -1);
             gpubuf_session_kill(s);
             return -1;

@@ -99,6 +99,16 @@ static void waiter_cancel(gpubuf_waiter *w) {
     waiter_dispose(sw);
 }
 
+static void waiter_fail(gpubuf_waiter *w, int err) {
+    session_waiter *sw = (session_waiter *)w;
+    char msg[96];
+    snprintf(msg, sizeof(msg), "buffer %llu was deleted before it was sealed",
+             (unsigned long long)w->buffer_id);
+    reply_error(sw->s, sw->request_id, err, msg);
+    free(w->name);
+    waiter_dispose(sw);
+}
+
 static void waiter_timeout(uv_timer_t *t) {
     session_waiter *sw = t->data;
     char msg[GPUBUF_NAME_MAX + 64];
@@ -249,6 +259,7 @@ static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q
     sw->w.buffer_id = bid;
     sw->w.wake = waiter_wake;
     sw->w.cancel = waiter_cancel;
+    sw->w.fail = waiter_fail;
     if (q->timeout_ms > 0) {
         uv_timer_init(s->srv->loop, &sw->timer);
         sw->timer.data = sw;
@@ -303,7 +314,16 @@ static void do_stat(gpubuf_session *s, uint64_t id, const Gpubuf__StatRequest *q
         reply_error(s, id, -ENOENT, "no such buffer");
         return;
     }
-    reply_buffer(s, id, b, false);
+    /* Like status, stat takes no reference and so hands out no handle. */
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    buffer_msg m;
+    fill_buffer(&m, b);
+    m.slab.ipc_handle.len = 0;
+    m.slab.ipc_handle.data = NULL;
+    resp.id = id;
+    resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
+    resp.buffer = &m.buf;
+    gpubuf_session_send(s, &resp, -1);
 }
 
 static void do_status(gpubuf_session *s, uint64_t id) {

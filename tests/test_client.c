@@ -527,6 +527,27 @@ START_TEST(unsealed_buffer_of_dead_client_is_freed) {
 }
 END_TEST
 
+static void *blocked_open(void *arg) {
+    gpubuf_client *c = arg;
+    gpubuf_buffer *b;
+    return (void *)(intptr_t)gpubuf_open(c, "never", -1, &b);
+}
+
+START_TEST(disconnect_wakes_a_blocked_open) {
+    gpubuf_client *c = td_connect(&D);
+    pthread_t th;
+    void *ret;
+    pthread_create(&th, NULL, blocked_open, c);
+    sleep_ms(100);
+    /* Keep one reference on the client so the other thread's c stays valid. */
+    atomic_fetch_add(&c->refs, 1);
+    gpubuf_disconnect(c);
+    pthread_join(th, &ret);
+    ck_assert_int_eq((int)(intptr_t)ret, GPUBUF_EDISCONNECTED);
+    gpubuf__client_unref(c);
+}
+END_TEST
+
 typedef struct thr {
     gpubuf_client *c;
     int idx;
@@ -681,6 +702,7 @@ int main(void) {
     tcase_add_test(t, threads_share_one_client);
     tcase_add_test(t, status_counts);
     tcase_add_test(t, async_seal_and_release_semantics);
+    tcase_add_test(t, disconnect_wakes_a_blocked_open);
     suite_add_tcase(s, t);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

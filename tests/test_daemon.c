@@ -581,6 +581,103 @@ START_TEST(bad_flags_exit_2) {
 }
 END_TEST
 
+START_TEST(reader_that_never_reads_is_dropped) {
+    int fd = raw_connect();
+    raw_hello(fd);
+    /* Requests without ever reading a reply: the daemon queues at most
+     * 4096 replies for it, then drops the connection. */
+    uint8_t frame[64];
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
+    st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
+    st.buffer_id = 1;
+    req.id = 9;
+    req.body_case = GPUBUF__REQUEST__BODY_STAT;
+    req.stat = &st;
+    size_t n = gpubuf__request__pack(&req, frame + GPUBUF_WIRE_HEADER_SIZE);
+    gpubuf_wire_header_encode(frame, (uint32_t)n);
+    struct timeval tv = {5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    int sent = 0;
+    for (; sent < 200000; sent++)
+        if (gpubuf_wire_send_all(fd, frame, n + GPUBUF_WIRE_HEADER_SIZE, -1) < 0)
+            break;
+    ck_assert_int_lt(sent, 200000); /* the daemon hung up on us */
+    close(fd);
+    assert_serving();
+    ck_assert(td_wait_clients(&D, 0, 2000));
+}
+END_TEST
+
+START_TEST(waiting_open_fails_when_buffer_goes) {
+    gpubuf_client *a = td_connect(&D);
+    gpubuf_buffer *x;
+    ck_assert_int_eq(gpubuf_alloc(a, NULL, 4096, "pending", &x), 0);
+    uint64_t id = gpubuf_buffer_id(x);
+    pid_t p = fork();
+    if (p == 0) {
+        gpubuf_client *b;
+        gpubuf_buffer *y;
+        if (gpubuf_connect(D.socket, &b) < 0)
+            _exit(1);
+        int r = gpubuf_open_id(b, id, -1, &y);
+        _exit(r == -ENOENT ? 0 : 2);
+    }
+    ck_assert(td_wait_clients(&D, 2, 2000));
+    ck_assert_int_eq(gpubuf_delete(a, "pending"), 0);
+    ck_assert_int_eq(td_wait(p), 0);
+    gpubuf_release(x);
+    gpubuf_disconnect(a);
+}
+END_TEST
+
+START_TEST(refuses_to_replace_a_regular_file) {
+    char path[160], cmd[512];
+    int st;
+    snprintf(path, sizeof(path), "%s/precious", D.dir);
+    ck_assert_int_eq(write_file(path, "data\n"), 0);
+    snprintf(cmd, sizeof(cmd), "%s --socket %s --pool h=host 2>&1", GPUBUFD_PATH, path);
+    char *out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 1);
+    ck_assert(strstr(out, "not a socket") != NULL);
+    free(out);
+    struct stat sb;
+    ck_assert_int_eq(stat(path, &sb), 0);
+    ck_assert(S_ISREG(sb.st_mode));
+    unlink(path);
+}
+END_TEST
+
+START_TEST(pool_flags_override_config) {
+    char conf[160], cmd[600];
+    int st;
+    snprintf(conf, sizeof(conf), "%s/p.conf", D.dir);
+    ck_assert_int_eq(write_file(conf, "[pool:a]\nkind = host\ncapacity = 2G\n"), 0);
+    test_daemon d2;
+    const char *args[] = {"--config", conf, "--pool", "a=host,capacity=1G", NULL};
+    td_start(&d2, args);
+    gpubuf_status *s = td_status(&d2);
+    ck_assert_uint_eq(s->n_pools, 1);
+    ck_assert_uint_eq(s->pools[0].capacity, 1ull << 30);
+    gpubuf_status_free(s);
+    ck_assert_int_eq(td_stop(&d2), 0);
+    /* A pool section without a kind is an error, not a host pool. */
+    ck_assert_int_eq(write_file(conf, "[pool:gpu0]\ndevice = 0\n"), 0);
+    snprintf(cmd, sizeof(cmd), "%s --config %s --check-config 2>&1", GPUBUFD_PATH, conf);
+    char *out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 2);
+    ck_assert(strstr(out, "no kind") != NULL);
+    free(out);
+    /* The first bad line is the one reported, with its own message. */
+    ck_assert_int_eq(write_file(conf, "[pool:a]\nkind = host\nbogus = 1\ncapacity = zz\n"), 0);
+    out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 2);
+    ck_assert_msg(strstr(out, "p.conf:3: unknown pool key 'bogus'") != NULL, "got %s", out);
+    free(out);
+    unlink(conf);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("daemon");
     TCase *t = tcase_create("protocol");
@@ -600,6 +697,8 @@ int main(void) {
     tcase_add_test(t, pipelined_requests_answered_in_order);
     tcase_add_test(t, sigterm_with_live_clients);
     tcase_add_test(t, second_daemon_refuses_live_socket);
+    tcase_add_test(t, reader_that_never_reads_is_dropped);
+    tcase_add_test(t, waiting_open_fails_when_buffer_goes);
     suite_add_tcase(s, t);
     TCase *o = tcase_create("operations");
     tcase_add_checked_fixture(o, start_default, stop_clean);
@@ -610,6 +709,8 @@ int main(void) {
     tcase_add_test(o, config_file_pools_used);
     tcase_add_test(o, default_configuration_without_gpu);
     tcase_add_test(o, bad_flags_exit_2);
+    tcase_add_test(o, refuses_to_replace_a_regular_file);
+    tcase_add_test(o, pool_flags_override_config);
     suite_add_tcase(s, o);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -138,8 +138,10 @@ GPUBUF_EXTERN int gpubuf_connect(const char *socket_path, gpubuf_client **ret);
 
 /**
  * Close the connection. The daemon drops every reference this connection
- * held; views still alive keep their local mappings valid for CUDA pools only
- * until they are released, so release views first. Accepts NULL.
+ * held, so its buffers may be freed and their memory reused at once. Views
+ * still alive keep their local mapping (no crash on access) but their
+ * contents are no longer guaranteed: release views first. Accepts NULL.
+ * A thread blocked in a waiting open on c returns GPUBUF_EDISCONNECTED.
  * \return NULL.
  */
 GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c);
@@ -194,8 +196,8 @@ GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
 
 /**
  * Drop this view. When the last view of an opened buffer goes (slices keep
- * their parent alive), its local mapping is dropped and the daemon
- * reference is released. The release request is asynchronous like
+ * their parent alive), the daemon reference is released, and the slab is
+ * unmapped if no other view of this connection uses it. The release request is asynchronous like
  * gpubuf_seal(): the daemon applies it before any later request of this
  * connection; gpubuf_flush() waits for it. Accepts NULL.
  * \retval 0, or an error sending the release (the view is gone anyway).
