@@ -25,6 +25,8 @@ if [ $mode = gpu ] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/de
     mode=host
 fi
 mkdir -p "$out"
+start=$(date +%s)
+phase() { echo "bench/run.sh: $* ($(($(date +%s) - start)) s)" >&2; }
 build=$out/build
 jobs=$(nproc)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUBUF_BUILD_TESTS=OFF \
@@ -39,6 +41,7 @@ cmake --build "$build" -j"$jobs" >"$out/build.log"
     [ $mode = gpu ] && echo "gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 } >"$out/machine.txt"
 
+phase "built"
 # Anchors, measured in this run.
 cc -O2 -o "$out/echo_floor" bench/anchors/echo_floor.c
 : >"$out/anchors.txt"
@@ -48,9 +51,11 @@ done
 if [ $mode = gpu ]; then
     nvcc -O2 -o "$out/ipc_bench" bench/anchors/ipc_bench.c -lcuda
     "$out/ipc_bench" >>"$out/anchors.txt"
+    phase "ipc_bench done"
     if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
-        PYTHONUNBUFFERED=1 timeout 300 python3 bench/anchors/torch_share_bench.py >>"$out/anchors.txt" ||
+        PYTHONUNBUFFERED=1 timeout 180 python3 bench/anchors/torch_share_bench.py >>"$out/anchors.txt" ||
             echo "torch anchor failed" >&2
+        phase "torch anchor done"
     fi
     kind=cuda-ipc
 else
@@ -69,6 +74,7 @@ only=latency,cold,throughput,crash,scale
 [ $mode = gpu ] && only=$only,bandwidth
 "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
     --only $only | tee "$out/gpubuf.txt"
+phase "gpubuf benchmarks done"
 kill $daemon
 wait $daemon || true
 trap - EXIT

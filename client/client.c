@@ -530,6 +530,8 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
         free(s->pools);
         free(s->buffers);
         free(s->clients);
+        if (s->reserved_)
+            gpubuf__response__free_unpacked(s->reserved_, NULL);
         free(s);
     }
     return NULL;
@@ -564,7 +566,7 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
         s->clients = calloc(st->n_clients + 1, sizeof(*s->clients));
     }
     if (!s || !s->pools || !s->buffers || !s->clients) {
-        gpubuf_status_free(s);
+        gpubuf_status_free(s); /* resp is not attached yet */
         gpubuf__response__free_unpacked(resp, NULL);
         return -ENOMEM;
     }
@@ -584,8 +586,20 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
         o->buffers = p->buffers;
     }
     s->n_pools = st->n_pools;
-    for (size_t i = 0; i < st->n_buffers; i++)
-        copy_info(&s->buffers[i], st->buffers[i]);
+    /* Buffer strings point into the reply, which the snapshot keeps. */
+    for (size_t i = 0; i < st->n_buffers; i++) {
+        const Gpubuf__Buffer *m = st->buffers[i];
+        gpubuf_status_buffer *o = &s->buffers[i];
+        o->id = m->buffer_id;
+        o->name = m->name ? m->name : "";
+        o->pool = m->pool ? m->pool : "";
+        o->size = m->size;
+        o->state = (gpubuf_state)m->state;
+        o->refs = m->refs;
+        o->owner_uid = m->owner_uid;
+        o->offset = m->offset;
+        o->slab_id = m->slab ? m->slab->slab_id : 0;
+    }
     s->n_buffers = st->n_buffers;
     for (size_t i = 0; i < st->n_clients; i++) {
         const Gpubuf__ClientStatus *x = st->clients[i];
@@ -601,7 +615,7 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
     s->n_clients = st->n_clients;
     s->uptime_ms = st->uptime_ms;
     snprintf(s->version, sizeof(s->version), "%s", st->version ? st->version : "");
-    gpubuf__response__free_unpacked(resp, NULL);
+    s->reserved_ = resp;
     *ret = s;
     return 0;
 }

@@ -24,10 +24,8 @@ static const char *kind_name(gpubuf_pool_kind k) {
     return k == GPUBUF_POOL_HOST ? "host" : k == GPUBUF_POOL_CUDA_IPC ? "cuda-ipc" : "unknown";
 }
 
-static json_object *pools_json(const gpubuf_status *s) {
-    json_object *a = json_object_new_array();
-    for (size_t i = 0; i < s->n_pools; i++) {
-        const gpubuf_pool_info *p = &s->pools[i];
+static json_object *pool_json(const gpubuf_pool_info *p) {
+    {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "name", json_object_new_string(p->name));
         json_object_object_add(o, "kind", json_object_new_string(kind_name(p->kind)));
@@ -40,15 +38,12 @@ static json_object *pools_json(const gpubuf_status *s) {
         json_object_object_add(o, "slabs", json_object_new_int64(p->slabs));
         json_object_object_add(o, "slab_size", json_object_new_uint64(p->slab_size));
         json_object_object_add(o, "buffers", json_object_new_int64(p->buffers));
-        json_object_array_add(a, o);
+        return o;
     }
-    return a;
 }
 
-static json_object *buffers_json(const gpubuf_status *s) {
-    json_object *a = json_object_new_array();
-    for (size_t i = 0; i < s->n_buffers; i++) {
-        const gpubuf_buffer_info *b = &s->buffers[i];
+static json_object *buffer_json(const gpubuf_status_buffer *b) {
+    {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "id", json_object_new_uint64(b->id));
         json_object_object_add(o, "name", json_object_new_string(b->name));
@@ -59,15 +54,12 @@ static json_object *buffers_json(const gpubuf_status *s) {
         json_object_object_add(o, "owner_uid", json_object_new_int64(b->owner_uid));
         json_object_object_add(o, "slab", json_object_new_uint64(b->slab_id));
         json_object_object_add(o, "offset", json_object_new_uint64(b->offset));
-        json_object_array_add(a, o);
+        return o;
     }
-    return a;
 }
 
-static json_object *clients_json(const gpubuf_status *s) {
-    json_object *a = json_object_new_array();
-    for (size_t i = 0; i < s->n_clients; i++) {
-        const gpubuf_client_info *c = &s->clients[i];
+static json_object *client_json(const gpubuf_client_info *c) {
+    {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "session", json_object_new_uint64(c->session_id));
         json_object_object_add(o, "pid", json_object_new_int(c->pid));
@@ -76,9 +68,47 @@ static json_object *clients_json(const gpubuf_status *s) {
         json_object_object_add(o, "name", json_object_new_string(c->name));
         json_object_object_add(o, "references", json_object_new_int64(c->references));
         json_object_object_add(o, "buffers_held", json_object_new_int64(c->buffers_held));
-        json_object_array_add(a, o);
+        return o;
     }
-    return a;
+}
+
+/* JSON goes out one element at a time, each serialised by json-c: a
+ * snapshot of 100k buffers never becomes one tree in memory. */
+static void emit(json_object *o, int flags) {
+    fputs(json_object_to_json_string_ext(o, flags), stdout);
+    json_object_put(o);
+}
+
+#define EMIT_ARRAY(key, n, make)                                                               \
+    do {                                                                                       \
+        printf("%s\"" key "\":[", first ? "" : ",");                                          \
+        first = false;                                                                         \
+        for (size_t i_ = 0; i_ < (n); i_++) {                                                  \
+            if (i_)                                                                            \
+                putchar(',');                                                                  \
+            emit(make, flags);                                                                 \
+        }                                                                                      \
+        putchar(']');                                                                          \
+    } while (0)
+
+static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
+    int flags = JSON_C_TO_STRING_NOSLASHESCAPE |
+                (pretty ? JSON_C_TO_STRING_PRETTY : JSON_C_TO_STRING_PLAIN);
+    bool all = strcmp(cmd, "status") == 0, first = true;
+    putchar('{');
+    if (all) {
+        printf("\"version\":");
+        emit(json_object_new_string(s->version), flags);
+        printf(",\"uptime_ms\":%llu", (unsigned long long)s->uptime_ms);
+        first = false;
+    }
+    if (all || !strcmp(cmd, "pools"))
+        EMIT_ARRAY("pools", s->n_pools, pool_json(&s->pools[i_]));
+    if (all || !strcmp(cmd, "buffers"))
+        EMIT_ARRAY("buffers", s->n_buffers, buffer_json(&s->buffers[i_]));
+    if (all || !strcmp(cmd, "clients"))
+        EMIT_ARRAY("clients", s->n_clients, client_json(&s->clients[i_]));
+    puts("}");
 }
 
 static void print_pools(const gpubuf_status *s) {
@@ -106,7 +136,7 @@ static void print_buffers(const gpubuf_status *s) {
     printf("%-8s %-24s %-10s %11s %-10s %5s %6s\n", "ID", "NAME", "POOL", "SIZE", "STATE", "REFS",
            "SLAB");
     for (size_t i = 0; i < s->n_buffers; i++) {
-        const gpubuf_buffer_info *b = &s->buffers[i];
+        const gpubuf_status_buffer *b = &s->buffers[i];
         printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu\n", (unsigned long long)b->id,
                b->name[0] ? b->name : "(anonymous)", b->pool,
                gpubuf_format_size(b->size, a, sizeof(a)), state_name(b->state), b->refs,
@@ -125,22 +155,24 @@ static void print_clients(const gpubuf_status *s) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "Usage: gpubufctl [--socket PATH] [--json] COMMAND\n\n"
+    fprintf(f, "Usage: gpubufctl [--socket PATH] [--json | --pretty] COMMAND\n\n"
                "Commands:\n"
                "  status    pools, buffers and clients\n"
                "  pools     pools only\n"
                "  buffers   buffers only\n"
                "  clients   connected clients only\n\n"
+               "--json writes one line of JSON; --pretty indents it.\n"
                "Exit status: 0 ok, 2 usage, 3 daemon unreachable, 4 request failed.\n");
 }
 
 int main(int argc, char **argv) {
     static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
                                          {"json", no_argument, NULL, 'j'},
+                                         {"pretty", no_argument, NULL, 'P'},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
     const char *sock = NULL, *cmd = "status";
-    bool json = false;
+    bool json = false, pretty = false;
     int opt, r;
     gpubuf_client *c;
     gpubuf_status *s;
@@ -148,6 +180,7 @@ int main(int argc, char **argv) {
         switch (opt) {
         case 's': sock = optarg; break;
         case 'j': json = true; break;
+        case 'P': json = pretty = true; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return EXIT_USAGE;
         }
@@ -173,20 +206,7 @@ int main(int argc, char **argv) {
     }
     bool all = strcmp(cmd, "status") == 0;
     if (json) {
-        json_object *o = json_object_new_object();
-        if (all) {
-            json_object_object_add(o, "version", json_object_new_string(s->version));
-            json_object_object_add(o, "uptime_ms", json_object_new_uint64(s->uptime_ms));
-        }
-        if (all || !strcmp(cmd, "pools"))
-            json_object_object_add(o, "pools", pools_json(s));
-        if (all || !strcmp(cmd, "buffers"))
-            json_object_object_add(o, "buffers", buffers_json(s));
-        if (all || !strcmp(cmd, "clients"))
-            json_object_object_add(o, "clients", clients_json(s));
-        puts(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PRETTY |
-                                                   JSON_C_TO_STRING_NOSLASHESCAPE));
-        json_object_put(o);
+        print_json(s, cmd, pretty);
     } else {
         if (all)
             printf("gpubufd %s, up %llu s\n\n", s->version,

@@ -107,7 +107,7 @@ gpubuf_status *td_status(const test_daemon *d) {
     return s;
 }
 
-const gpubuf_buffer_info *td_find_buffer(const gpubuf_status *s, const char *name) {
+const gpubuf_status_buffer *td_find_buffer(const gpubuf_status *s, const char *name) {
     for (size_t i = 0; i < s->n_buffers; i++)
         if (strcmp(s->buffers[i].name, name) == 0)
             return &s->buffers[i];

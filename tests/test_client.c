@@ -38,7 +38,7 @@ static void sleep_ms(int ms) {
 static bool wait_refs(const char *name, uint32_t refs, int timeout_ms) {
     for (int t = 0; t <= timeout_ms; t += 5) {
         gpubuf_status *s = td_status(&D);
-        const gpubuf_buffer_info *b = td_find_buffer(s, name);
+        const gpubuf_status_buffer *b = td_find_buffer(s, name);
         bool ok = b && b->refs == refs;
         gpubuf_status_free(s);
         if (ok)

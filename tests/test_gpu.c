@@ -39,7 +39,7 @@ static void sleep_ms(int ms) {
 static bool wait_refs(const char *name, uint32_t refs, int timeout_ms) {
     for (int t = 0; t <= timeout_ms; t += 5) {
         gpubuf_status *s = td_status(&D);
-        const gpubuf_buffer_info *b = td_find_buffer(s, name);
+        const gpubuf_status_buffer *b = td_find_buffer(s, name);
         bool ok = b && b->refs == refs;
         gpubuf_status_free(s);
         if (ok)
@@ -79,7 +79,7 @@ START_TEST(user_story_256mib) {
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(td_wait(p[i]), 0);
     gpubuf_status *s = td_status(&D);
-    const gpubuf_buffer_info *b = td_find_buffer(s, "story");
+    const gpubuf_status_buffer *b = td_find_buffer(s, "story");
     ck_assert_ptr_nonnull(b);
     ck_assert_uint_eq(b->refs, 0);
     ck_assert_uint_eq(b->size, 256 * MiB);

@@ -84,6 +84,19 @@ typedef struct gpubuf_buffer_info {
     uint64_t offset;      /**< offset inside the slab */
 } gpubuf_buffer_info;
 
+/** One buffer in a status snapshot. Strings live as long as the snapshot. */
+typedef struct gpubuf_status_buffer {
+    uint64_t id;
+    const char *name;     /**< "" for anonymous buffers */
+    const char *pool;
+    uint64_t size;
+    gpubuf_state state;
+    uint32_t refs;
+    uint32_t owner_uid;
+    uint64_t slab_id;
+    uint64_t offset;
+} gpubuf_status_buffer;
+
 /** One pool in a status snapshot. */
 typedef struct gpubuf_pool_info {
     char name[GPUBUF_NAME_MAX + 1];
@@ -114,11 +127,12 @@ typedef struct gpubuf_status {
     size_t n_pools;
     gpubuf_pool_info *pools;
     size_t n_buffers;
-    gpubuf_buffer_info *buffers;
+    gpubuf_status_buffer *buffers;
     size_t n_clients;
     gpubuf_client_info *clients;
     uint64_t uptime_ms;
     char version[32];
+    void *reserved_; /**< the decoded reply the strings point into */
 } gpubuf_status;
 
 /** \return a static sentence describing err (0, -errno or GPUBUF_E*). */
