@@ -12,6 +12,8 @@
 #include "gpubuf.pb-c.h"
 #include "gpubuf/gpubuf.h"
 
+#define GPUBUF_MAX_DEVICES 64
+
 /* One slab mapped into this process, shared by all views in it. */
 typedef struct gpubuf_mapping {
     uint64_t slab_id;
@@ -39,6 +41,12 @@ struct gpubuf_client {
     int async_error;     /* first error an asynchronous request got, 0 if none */
     gpubuf_mapping *maps;
     uint32_t n_maps;
+#ifdef GPUBUF_HAVE_CUDA
+    /* Primary contexts retained by this connection, by local ordinal: held
+     * until the connection goes, so that unmapping the last slab of a
+     * device does not destroy its context (creating one costs ~100 ms). */
+    CUcontext ctx[GPUBUF_MAX_DEVICES];
+#endif
 };
 
 struct gpubuf_buffer {
@@ -72,7 +80,7 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
                         gpubuf_mapping **ret);
 /* Drop one view count; unmaps when it reaches zero (lock held). */
 void gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m);
-/* Unmap everything (disconnect). */
+/* Unmap everything and release retained contexts (last reference gone). */
 void gpubuf__mapping_clear(gpubuf_client *c);
 
 void gpubuf__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

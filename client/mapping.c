@@ -9,10 +9,30 @@
 #include "internal.h"
 
 #ifdef GPUBUF_HAVE_CUDA
-static int map_cuda(gpubuf_mapping *m, const Gpubuf__Slab *msg) {
+/* The primary context of local device `ordinal`, retained once per
+ * connection. */
+static int client_ctx(gpubuf_client *c, const gpubuf_cuda *cu, int ordinal, CUcontext *ret) {
+    CUdevice dev;
+    CUresult cr;
+    char why[256];
+    if (ordinal < 0 || ordinal >= GPUBUF_MAX_DEVICES)
+        return GPUBUF_ENODEVICE;
+    if (!c->ctx[ordinal]) {
+        if ((cr = cu->DeviceGet(&dev, ordinal)) != CUDA_SUCCESS ||
+            (cr = cu->DevicePrimaryCtxRetain(&c->ctx[ordinal], dev)) != CUDA_SUCCESS) {
+            c->ctx[ordinal] = NULL;
+            gpubuf__set_error("%s",
+                              gpubuf_cuda_describe(cr, "primary context", why, sizeof(why)));
+            return GPUBUF_ECUDA;
+        }
+    }
+    *ret = c->ctx[ordinal];
+    return 0;
+}
+
+static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg) {
     const gpubuf_cuda *cu;
     CUipcMemHandle h;
-    CUdevice dev;
     CUdeviceptr ptr;
     CUcontext ignored;
     CUresult cr;
@@ -36,18 +56,14 @@ static int map_cuda(gpubuf_mapping *m, const Gpubuf__Slab *msg) {
                           msg->device);
         return GPUBUF_ENODEVICE;
     }
-    if ((cr = cu->DeviceGet(&dev, ordinal)) != CUDA_SUCCESS ||
-        (cr = cu->DevicePrimaryCtxRetain(&m->ctx, dev)) != CUDA_SUCCESS) {
-        gpubuf__set_error("%s", gpubuf_cuda_describe(cr, "primary context", why, sizeof(why)));
-        return GPUBUF_ECUDA;
-    }
+    if ((r = client_ctx(c, cu, ordinal, &m->ctx)) < 0)
+        return r;
     memcpy(h.reserved, msg->ipc_handle.data, sizeof(h.reserved));
     cu->CtxPushCurrent(m->ctx);
     cr = cu->IpcOpenMemHandle(&ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
     cu->CtxPopCurrent(&ignored);
     if (cr != CUDA_SUCCESS) {
         gpubuf__set_error("%s", gpubuf_cuda_describe(cr, "cuIpcOpenMemHandle", why, sizeof(why)));
-        cu->DevicePrimaryCtxRelease(dev);
         return GPUBUF_ECUDA;
     }
     m->base = (uint64_t)ptr;
@@ -58,14 +74,11 @@ static int map_cuda(gpubuf_mapping *m, const Gpubuf__Slab *msg) {
 static void unmap_cuda(gpubuf_mapping *m) {
     const gpubuf_cuda *cu;
     CUcontext ignored;
-    CUdevice dev;
     if (gpubuf_cuda_load(&cu) < 0)
         return;
     cu->CtxPushCurrent(m->ctx);
     cu->IpcCloseMemHandle((CUdeviceptr)m->base);
     cu->CtxPopCurrent(&ignored);
-    if (cu->DeviceGet(&dev, m->device) == CUDA_SUCCESS)
-        cu->DevicePrimaryCtxRelease(dev);
 }
 #endif
 
@@ -112,7 +125,7 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
         break;
     case GPUBUF_POOL_CUDA_IPC:
 #ifdef GPUBUF_HAVE_CUDA
-        r = map_cuda(m, msg);
+        r = map_cuda(c, m, msg);
 #else
         gpubuf__set_error("libgpubuf-client was built without CUDA support");
         r = GPUBUF_ENODRIVER;
@@ -162,6 +175,15 @@ void gpubuf__mapping_clear(gpubuf_client *c) {
         free(m);
     }
     c->n_maps = 0;
+#ifdef GPUBUF_HAVE_CUDA
+    const gpubuf_cuda *cu;
+    for (int i = 0; i < GPUBUF_MAX_DEVICES; i++) {
+        CUdevice dev;
+        if (c->ctx[i] && gpubuf_cuda_load(&cu) == 0 && cu->DeviceGet(&dev, i) == CUDA_SUCCESS)
+            cu->DevicePrimaryCtxRelease(dev);
+        c->ctx[i] = NULL;
+    }
+#endif
 }
 
 static int check_range(const gpubuf_buffer *b, uint64_t offset, uint64_t length) {
