@@ -282,6 +282,8 @@ START_TEST(empty_request_and_double_hello) {
 END_TEST
 
 START_TEST(unsolicited_fds_are_closed) {
+    ck_assert(td_wait_clients(&D, 0, 2000));
+    usleep(50000); /* let the probe connections' fds close */
     int before = count_fds(D.pid);
     for (int i = 0; i < 50; i++) {
         int fd = raw_connect();
@@ -307,9 +309,9 @@ START_TEST(unsolicited_fds_are_closed) {
     /* A connection's fd is closed one loop turn after it leaves the
      * client list: allow for that. */
     int now = -1;
-    for (int i = 0; i < 200 && (now = count_fds(D.pid)) != before; i++)
+    for (int i = 0; i < 200 && (now = count_fds(D.pid)) > before; i++)
         usleep(5000);
-    ck_assert_int_eq(now, before);
+    ck_assert_int_le(now, before);
 }
 END_TEST
 
