@@ -394,16 +394,22 @@ START_TEST(sigterm_with_live_clients) {
     gpubuf_buffer *b;
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "live", &b), 0);
     /* A second client blocked in a waiting open. */
+    int sync[2];
+    ck_assert_int_eq(pipe(sync), 0);
     pid_t p = fork();
     if (p == 0) {
         gpubuf_client *w;
         gpubuf_buffer *x;
         if (gpubuf_connect(D.socket, &w) < 0)
             _exit(1);
+        if (write(sync[1], "c", 1) != 1)
+            _exit(3);
         int r = gpubuf_open(w, "never-sealed", -1, &x);
         _exit(r == -ESHUTDOWN || r == GPUBUF_EDISCONNECTED ? 0 : 2);
     }
-    ck_assert(td_wait_clients(&D, 2, 2000));
+    char ch;
+    ck_assert_int_eq(read(sync[0], &ch, 1), 1);
+    usleep(100000); /* the open reaches the daemon and waits */
     ck_assert_int_eq(td_stop(&D), 0);
     ck_assert_int_eq(td_wait(p), 0);
     /* Our own next request fails cleanly. */
