@@ -63,28 +63,85 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
     return 0;
 }
 
-/* Read one reply frame. */
-static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd) {
-    uint8_t *payload = NULL;
-    int fd = -1;
-    ssize_t n = gpubuf_wire_read_frame(c->fd, GPUBUF_WIRE_MAX_RESPONSE, &payload, &fd);
-    if (n < 0) {
-        c->broken = true;
-        gpubuf__set_error("reading from gpubufd: %s", gpubuf_strerror((int)n));
-        return (int)n == -ECONNRESET ? GPUBUF_EDISCONNECTED : (int)n;
+/* Read more reply bytes (and fds) into the read-ahead buffer. */
+static int fill_rbuf(gpubuf_client *c, size_t need) {
+    if (c->rpos > 0 && c->rpos == c->rlen)
+        c->rpos = c->rlen = 0;
+    if (c->rlen + need > c->rcap) {
+        /* Compact first, then grow. */
+        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+        c->rlen -= c->rpos;
+        c->rpos = 0;
+        if (c->rlen + need > c->rcap) {
+            size_t cap = c->rcap ? c->rcap : 64 * 1024;
+            while (cap < c->rlen + need)
+                cap *= 2;
+            uint8_t *p = realloc(c->rbuf, cap);
+            if (!p)
+                return -ENOMEM;
+            c->rbuf = p;
+            c->rcap = cap;
+        }
     }
-    Gpubuf__Response *resp = gpubuf__response__unpack(NULL, (size_t)n, payload);
-    free(payload);
+    int fds[GPUBUF_WIRE_MAX_FDS];
+    int n_fds;
+    bool trunc;
+    ssize_t n = gpubuf_wire_recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, fds,
+                                 GPUBUF_WIRE_MAX_FDS, &n_fds, &trunc);
+    for (int i = 0; i < n_fds; i++) {
+        if (c->n_rfds < (int)(sizeof(c->rfds) / sizeof(c->rfds[0])))
+            c->rfds[c->n_rfds++] = fds[i];
+        else
+            close(fds[i]);
+    }
+    if (n < 0)
+        return (int)n == -ECONNRESET ? GPUBUF_EDISCONNECTED : (int)n;
+    if (n == 0)
+        return GPUBUF_EDISCONNECTED;
+    c->rlen += (size_t)n;
+    return 0;
+}
+
+/* Read one reply frame. Frames are cut from the read-ahead buffer; an fd is
+ * claimed by the frame that says it carries one (fds arrive in order). */
+static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd) {
+    gpubuf_frame_header h;
+    int r;
+    while (c->rlen - c->rpos < GPUBUF_WIRE_HEADER_SIZE)
+        if ((r = fill_rbuf(c, GPUBUF_WIRE_HEADER_SIZE)) < 0)
+            goto broken;
+    r = gpubuf_wire_header_decode(c->rbuf + c->rpos, GPUBUF_WIRE_MAX_RESPONSE, &h);
+    if (r < 0)
+        goto broken;
+    while (c->rlen - c->rpos - GPUBUF_WIRE_HEADER_SIZE < h.length)
+        if ((r = fill_rbuf(c, GPUBUF_WIRE_HEADER_SIZE + h.length)) < 0)
+            goto broken;
+    Gpubuf__Response *resp =
+        gpubuf__response__unpack(NULL, h.length, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE);
+    c->rpos += GPUBUF_WIRE_HEADER_SIZE + h.length;
     if (!resp) {
-        if (fd >= 0)
-            close(fd);
-        c->broken = true;
-        gpubuf__set_error("gpubufd sent an undecodable reply");
-        return GPUBUF_EPROTOCOL;
+        r = GPUBUF_EPROTOCOL;
+        goto broken;
+    }
+    *ret_fd = -1;
+    if (resp->fds > 0) {
+        /* The fd travels on this frame's first byte: it has been received
+         * by the time the frame is complete. */
+        if (resp->fds != 1 || c->n_rfds == 0) {
+            gpubuf__response__free_unpacked(resp, NULL);
+            r = GPUBUF_EPROTOCOL;
+            goto broken;
+        }
+        *ret_fd = c->rfds[0];
+        memmove(c->rfds, c->rfds + 1, (size_t)(c->n_rfds - 1) * sizeof(int));
+        c->n_rfds--;
     }
     *ret = resp;
-    *ret_fd = fd;
     return 0;
+broken:
+    c->broken = true;
+    gpubuf__set_error("reading from gpubufd: %s", gpubuf_strerror(r));
+    return r;
 }
 
 /* Account for the reply of an asynchronous request. */
@@ -259,6 +316,9 @@ void gpubuf__client_unref(gpubuf_client *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1)
         return;
     gpubuf__mapping_clear(c);
+    for (int i = 0; i < c->n_rfds; i++)
+        close(c->rfds[i]);
+    free(c->rbuf);
     if (c->fd >= 0)
         close(c->fd);
     pthread_mutex_destroy(&c->lock);

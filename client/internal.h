@@ -38,6 +38,12 @@ struct gpubuf_client {
     uint32_t max_request;
     bool broken;         /* the stream is out of sync or closed */
     uint32_t pending;    /* asynchronous requests (seal, release) not yet answered */
+    /* Reply bytes read ahead: one recvmsg often brings several replies. */
+    uint8_t *rbuf;
+    size_t rpos, rlen, rcap;
+    /* fds received but not yet claimed by their frame, in stream order. */
+    int rfds[8];
+    int n_rfds;
     int async_error;     /* first error an asynchronous request got, 0 if none */
     gpubuf_mapping *maps;
     uint32_t n_maps;

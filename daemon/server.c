@@ -260,25 +260,42 @@ static void update_poll(gpubuf_session *s) {
     uv_poll_start(&s->poll, UV_READABLE | (s->out_head ? UV_WRITABLE : 0), on_session_io);
 }
 
+/* Write queued replies: up to 64 frames per sendmsg. A frame that carries
+ * an fd starts its own sendmsg, so the fd rides on the frame's first byte. */
 static int flush_out(gpubuf_session *s) {
     while (s->out_head) {
-        gpubuf_outbuf *o = s->out_head;
-        ssize_t n = gpubuf_wire_send_some(s->fd, o->data + o->off, o->len - o->off,
-                                          o->off == 0 ? o->fd : -1);
+        struct iovec iov[64];
+        int n_iov = 0, fd = -1;
+        for (gpubuf_outbuf *o = s->out_head; o && n_iov < 64; o = o->next) {
+            if (o != s->out_head && o->fd >= 0)
+                break;
+            if (o == s->out_head && o->off == 0)
+                fd = o->fd;
+            iov[n_iov].iov_base = o->data + o->off;
+            iov[n_iov].iov_len = o->len - o->off;
+            n_iov++;
+        }
+        ssize_t n = gpubuf_wire_sendv(s->fd, iov, n_iov, fd);
         if (n < 0)
             return n == -EAGAIN ? 0 : (int)n;
-        if (o->fd >= 0) {
-            close(o->fd);
-            o->fd = -1;
+        while (n > 0) {
+            gpubuf_outbuf *o = s->out_head;
+            if (o->fd >= 0) {
+                close(o->fd);
+                o->fd = -1;
+            }
+            size_t left = o->len - o->off;
+            if ((size_t)n < left) {
+                o->off += (size_t)n;
+                return 0; /* the socket is full */
+            }
+            n -= (ssize_t)left;
+            s->out_head = o->next;
+            if (!s->out_head)
+                s->out_tail = NULL;
+            s->out_frames--;
+            free(o);
         }
-        o->off += (size_t)n;
-        if (o->off < o->len)
-            return 0;
-        s->out_head = o->next;
-        if (!s->out_head)
-            s->out_tail = NULL;
-        s->out_frames--;
-        free(o);
     }
     return 0;
 }
@@ -323,7 +340,7 @@ void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd
         s->out_head = o;
     s->out_tail = o;
     s->out_frames++;
-    if (was_empty) {
+    if (was_empty && !s->corked) {
         int r = flush_out(s);
         if (r < 0) {
             gpubuf_session_kill(s);
@@ -334,9 +351,27 @@ void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd
     }
 }
 
-/* Parse and handle up to limit complete frames from s->in. Returns the number
- * handled, or -1 when the session was killed. */
+static int process_frames_corked(gpubuf_session *s, uint32_t limit);
+
+/* Handle up to limit complete frames from s->in; their replies leave in as
+ * few writes as possible. Returns the number handled, or -1 when the
+ * session was killed. */
 static int process_frames(gpubuf_session *s, uint32_t limit) {
+    s->corked = true;
+    int r = process_frames_corked(s, limit);
+    s->corked = false;
+    /* Flush even when the batch ended in a disconnection: the last reply
+     * says why. */
+    if (s->out_head) {
+        if (flush_out(s) < 0)
+            gpubuf_session_kill(s);
+        else
+            update_poll(s);
+    }
+    return s->closing ? -1 : r;
+}
+
+static int process_frames_corked(gpubuf_session *s, uint32_t limit) {
     size_t pos = 0;
     uint32_t done = 0;
     while (done < limit && !s->closing) {

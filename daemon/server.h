@@ -45,6 +45,7 @@ typedef struct gpubuf_session {
     char name[64];
     bool hello_done;
     bool closing;
+    bool corked; /* replies wait for the end of the current batch of requests */
     uint32_t n_waiters;
     uint8_t *in;
     size_t in_len, in_cap;

@@ -66,10 +66,12 @@ static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bo
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
     fill_buffer(&m, b);
+    int fd = map_fd ? b->blk.slab->exp.fd : -1;
     resp.id = id;
+    resp.fds = fd >= 0 ? 1 : 0;
     resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
     resp.buffer = &m.buf;
-    gpubuf_session_send(s, &resp, map_fd ? b->blk.slab->exp.fd : -1);
+    gpubuf_session_send(s, &resp, fd);
 }
 
 static void waiter_closed(uv_handle_t *h) {

@@ -49,11 +49,15 @@ int gpubuf_wire_header_decode(const uint8_t in[GPUBUF_WIRE_HEADER_SIZE], uint32_
 
 ssize_t gpubuf_wire_send_some(int sock, const void *buf, size_t len, int fd) {
     struct iovec iov = {.iov_base = (void *)buf, .iov_len = len};
+    return gpubuf_wire_sendv(sock, &iov, 1, fd);
+}
+
+ssize_t gpubuf_wire_sendv(int sock, const struct iovec *iov, int n_iov, int fd) {
     union {
         char buf[CMSG_SPACE(sizeof(int))];
         struct cmsghdr align;
     } u;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    struct msghdr msg = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n_iov};
     if (fd >= 0) {
         memset(&u, 0, sizeof(u));
         msg.msg_control = u.buf;

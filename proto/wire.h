@@ -45,6 +45,11 @@ int gpubuf_wire_send_all(int sock, const void *buf, size_t len, int fd);
  * Returns bytes sent (>= 0) or -errno (-EAGAIN included). */
 ssize_t gpubuf_wire_send_some(int sock, const void *buf, size_t len, int fd);
 
+/* One sendmsg() of several buffers; fd (or -1) rides on the first byte.
+ * Returns bytes sent or -errno. */
+struct iovec;
+ssize_t gpubuf_wire_sendv(int sock, const struct iovec *iov, int n_iov, int fd);
+
 /* One recvmsg(). Received fds are stored in fds (up to max_fds) and counted in
  * *n_fds; surplus fds are closed and *truncated set. Returns bytes read
  * (0 at end of stream) or -errno. */
