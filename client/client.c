@@ -69,9 +69,11 @@ static int fill_rbuf(gpubuf_client *c, size_t need) {
         c->rpos = c->rlen = 0;
     if (c->rlen + need > c->rcap) {
         /* Compact first, then grow. */
-        memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
-        c->rlen -= c->rpos;
-        c->rpos = 0;
+        if (c->rpos > 0) {
+            memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+            c->rlen -= c->rpos;
+            c->rpos = 0;
+        }
         if (c->rlen + need > c->rcap) {
             size_t cap = c->rcap ? c->rcap : 64 * 1024;
             while (cap < c->rlen + need)

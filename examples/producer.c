@@ -56,7 +56,8 @@ int main(int argc, char **argv) {
     else if ((r = gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
                                              size, seed)) < 0)
         return die("fill on the device", r);
-    if ((r = gpubuf_seal(b)) < 0)
+    /* Wait for the daemon: once this says "sealed", anyone can open it. */
+    if ((r = gpubuf_seal_sync(b)) < 0)
         return die("seal", r);
     printf("producer pid %d: sealed '%s' (id %llu, %s, %s pool, device %d, address 0x%llx)\n",
            (int)getpid(), name, (unsigned long long)gpubuf_buffer_id(b),

@@ -69,7 +69,7 @@ static int produce(const test_daemon *d, void *arg) {
     if (gpubuf_alloc(c, "host", j->size, j->name, &b) < 0)
         return 11;
     gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), j->size, j->seed);
-    if (gpubuf_seal(b) < 0)
+    if (gpubuf_seal_sync(b) < 0)
         return 12;
     /* Exit without releasing: the daemon drops the reference. */
     return 0;
@@ -251,7 +251,7 @@ static int write_then_exit(const test_daemon *d, void *arg) {
     if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "host", 3 * MiB, NULL, &b) < 0)
         return 1;
     memset(gpubuf_buffer_host_ptr(b), 0x5a, 3 * MiB);
-    if (gpubuf_seal(b) < 0)
+    if (gpubuf_seal_sync(b) < 0)
         return 2;
     id = gpubuf_buffer_id(b);
     /* Hand the id to the parent and wait until it has opened the buffer. */
@@ -635,7 +635,8 @@ START_TEST(status_counts) {
     gpubuf_client *a = td_connect(&D), *b = td_connect(&D);
     gpubuf_buffer *x, *y, *y2;
     ck_assert_int_eq(gpubuf_alloc(a, "host", 3 * MiB, "sx", &x), 0);
-    ck_assert_int_eq(gpubuf_seal(x), 0);
+    /* b opens without waiting: the seal must have been applied. */
+    ck_assert_int_eq(gpubuf_seal_sync(x), 0);
     ck_assert_int_eq(gpubuf_open(b, "sx", 0, &y), 0);
     ck_assert_int_eq(gpubuf_open(b, "sx", 0, &y2), 0);
     gpubuf_status *s = td_status(&D);

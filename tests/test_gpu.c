@@ -170,7 +170,7 @@ static int gpu_produce(const test_daemon *d, void *arg) {
     if (gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), j->size,
                                    7) < 0)
         return 2;
-    return gpubuf_seal(b) < 0 ? 3 : 0;
+    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
 }
 
 static int gpu_consume(const test_daemon *d, void *arg) {
