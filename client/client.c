@@ -556,7 +556,7 @@ static void copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
     o->refs = m->refs;
     o->owner_uid = m->owner_uid;
     o->offset = m->offset;
-    o->slab_id = m->slab ? m->slab->slab_id : 0;
+    o->slab_id = m->slab_id;
 }
 
 GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret) {
@@ -660,7 +660,7 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
         o->refs = m->refs;
         o->owner_uid = m->owner_uid;
         o->offset = m->offset;
-        o->slab_id = m->slab ? m->slab->slab_id : 0;
+        o->slab_id = m->slab_id;
     }
     s->n_buffers = st->n_buffers;
     for (size_t i = 0; i < st->n_clients; i++) {

@@ -42,20 +42,40 @@ static json_object *pool_json(const gpubuf_pool_info *p) {
     }
 }
 
+/* A JSON string, escaped by json-c. */
+static void put_json_string(const char *str) {
+    json_object *o = json_object_new_string(str);
+    fputs(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE),
+          stdout);
+    json_object_put(o);
+}
+
+/* Buffers can number 100k: their numbers are printed directly and only the
+ * two strings go through json-c (for escaping), one small object each
+ * instead of an object with ten members. */
+static void put_buffer_json(const gpubuf_status_buffer *b) {
+    printf("{\"id\":%llu,\"name\":", (unsigned long long)b->id);
+    put_json_string(b->name);
+    printf(",\"pool\":");
+    put_json_string(b->pool);
+    printf(",\"size\":%llu,\"state\":\"%s\",\"refs\":%u,\"owner_uid\":%u,\"slab\":%llu,"
+           "\"offset\":%llu}",
+           (unsigned long long)b->size, state_name(b->state), b->refs, b->owner_uid,
+           (unsigned long long)b->slab_id, (unsigned long long)b->offset);
+}
+
 static json_object *buffer_json(const gpubuf_status_buffer *b) {
-    {
-        json_object *o = json_object_new_object();
-        json_object_object_add(o, "id", json_object_new_uint64(b->id));
-        json_object_object_add(o, "name", json_object_new_string(b->name));
-        json_object_object_add(o, "pool", json_object_new_string(b->pool));
-        json_object_object_add(o, "size", json_object_new_uint64(b->size));
-        json_object_object_add(o, "state", json_object_new_string(state_name(b->state)));
-        json_object_object_add(o, "refs", json_object_new_int64(b->refs));
-        json_object_object_add(o, "owner_uid", json_object_new_int64(b->owner_uid));
-        json_object_object_add(o, "slab", json_object_new_uint64(b->slab_id));
-        json_object_object_add(o, "offset", json_object_new_uint64(b->offset));
-        return o;
-    }
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "id", json_object_new_uint64(b->id));
+    json_object_object_add(o, "name", json_object_new_string(b->name));
+    json_object_object_add(o, "pool", json_object_new_string(b->pool));
+    json_object_object_add(o, "size", json_object_new_uint64(b->size));
+    json_object_object_add(o, "state", json_object_new_string(state_name(b->state)));
+    json_object_object_add(o, "refs", json_object_new_int64(b->refs));
+    json_object_object_add(o, "owner_uid", json_object_new_int64(b->owner_uid));
+    json_object_object_add(o, "slab", json_object_new_uint64(b->slab_id));
+    json_object_object_add(o, "offset", json_object_new_uint64(b->offset));
+    return o;
 }
 
 static json_object *client_json(const gpubuf_client_info *c) {
@@ -104,8 +124,20 @@ static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
     }
     if (all || !strcmp(cmd, "pools"))
         EMIT_ARRAY("pools", s->n_pools, pool_json(&s->pools[i_]));
-    if (all || !strcmp(cmd, "buffers"))
-        EMIT_ARRAY("buffers", s->n_buffers, buffer_json(&s->buffers[i_]));
+    if (all || !strcmp(cmd, "buffers")) {
+        if (pretty) {
+            EMIT_ARRAY("buffers", s->n_buffers, buffer_json(&s->buffers[i_]));
+        } else {
+            printf("%s\"buffers\":[", first ? "" : ",");
+            first = false;
+            for (size_t i = 0; i < s->n_buffers; i++) {
+                if (i)
+                    putchar(',');
+                put_buffer_json(&s->buffers[i]);
+            }
+            putchar(']');
+        }
+    }
     if (all || !strcmp(cmd, "clients"))
         EMIT_ARRAY("clients", s->n_clients, client_json(&s->clients[i_]));
     puts("}");
