@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "gpubuf/gpubuf.h"
 #include "util.h"
@@ -186,58 +187,141 @@ static void print_clients(const gpubuf_status *s) {
     }
 }
 
-static void usage(FILE *f) {
-    fprintf(f, "Usage: gpubufctl [--socket PATH] [--json | --pretty] COMMAND\n\n"
-               "Commands:\n"
-               "  status    pools, buffers and clients\n"
-               "  pools     pools only\n"
-               "  buffers   buffers only\n"
-               "  clients   connected clients only\n\n"
-               "--json writes one line of JSON; --pretty indents it.\n"
-               "Exit status: 0 ok, 2 usage, 3 daemon unreachable, 4 request failed.\n");
+/* Prometheus text format: one family per figure, HELP and TYPE first;
+ * label values escaped as the format asks (backslash, quote, newline). */
+static void put_label(const char *key, const char *val, bool first) {
+    printf("%s%s=\"", first ? "" : ",", key);
+    for (const char *p = val; *p; p++) {
+        if (*p == '\\' || *p == '"')
+            printf("\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", stdout);
+        else
+            putchar(*p);
+    }
+    putchar('"');
 }
 
-int main(int argc, char **argv) {
-    static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
-                                         {"json", no_argument, NULL, 'j'},
-                                         {"pretty", no_argument, NULL, 'P'},
-                                         {"help", no_argument, NULL, 'h'},
-                                         {NULL, 0, NULL, 0}};
-    const char *sock = NULL, *cmd = "status";
-    bool json = false, pretty = false;
-    int opt, r;
-    gpubuf_client *c;
-    gpubuf_status *s;
-    while ((opt = getopt_long(argc, argv, "s:jh", opts, NULL)) != -1) {
-        switch (opt) {
-        case 's': sock = optarg; break;
-        case 'j': json = true; break;
-        case 'P': json = pretty = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return EXIT_USAGE;
+static void family(const char *name, const char *type, const char *help) {
+    printf("# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+typedef uint64_t (*pool_field)(const gpubuf_pool_info *p);
+static uint64_t f_capacity(const gpubuf_pool_info *p) { return p->capacity; }
+static uint64_t f_used(const gpubuf_pool_info *p) { return p->used; }
+static uint64_t f_reserved(const gpubuf_pool_info *p) { return p->reserved; }
+static uint64_t f_slabs(const gpubuf_pool_info *p) { return p->slabs; }
+static uint64_t f_buffers(const gpubuf_pool_info *p) { return p->buffers; }
+
+static void print_metrics(const gpubuf_status *s) {
+    static const struct {
+        const char *name, *help;
+        pool_field get;
+    } pf[] = {
+        {"gpubuf_pool_capacity_bytes", "Most bytes the pool may hold in slabs.", f_capacity},
+        {"gpubuf_pool_used_bytes", "Bytes in live buffers.", f_used},
+        {"gpubuf_pool_reserved_bytes", "Bytes held in slabs.", f_reserved},
+        {"gpubuf_pool_slabs", "Slabs allocated from the backend.", f_slabs},
+        {"gpubuf_pool_buffers", "Live buffers in the pool.", f_buffers},
+    };
+    for (size_t k = 0; k < sizeof(pf) / sizeof(pf[0]); k++) {
+        family(pf[k].name, "gauge", pf[k].help);
+        for (size_t i = 0; i < s->n_pools; i++) {
+            const gpubuf_pool_info *p = &s->pools[i];
+            char dev[16];
+            snprintf(dev, sizeof(dev), "%d", p->device);
+            printf("%s{", pf[k].name);
+            put_label("pool", p->name, true);
+            put_label("kind", kind_name(p->kind), false);
+            put_label("device", dev, false);
+            put_label("uuid", p->device_uuid, false);
+            printf("} %llu\n", (unsigned long long)pf[k].get(p));
         }
     }
-    if (optind < argc)
-        cmd = argv[optind++];
-    if (optind < argc || (strcmp(cmd, "status") && strcmp(cmd, "pools") &&
-                          strcmp(cmd, "buffers") && strcmp(cmd, "clients"))) {
-        usage(stderr);
-        return EXIT_USAGE;
+    uint64_t by_state[4] = {0}, refs = 0;
+    for (size_t i = 0; i < s->n_buffers; i++) {
+        if (s->buffers[i].state >= 1 && s->buffers[i].state <= 3)
+            by_state[s->buffers[i].state]++;
+        refs += s->buffers[i].refs;
     }
-    if ((r = gpubuf_connect(sock, &c)) < 0) {
-        fprintf(stderr, "gpubufctl: %s\n", gpubuf_last_error_message()[0]
-                                               ? gpubuf_last_error_message()
-                                               : gpubuf_strerror(r));
-        return EXIT_NO_DAEMON;
+    family("gpubuf_buffers", "gauge", "Buffers by state.");
+    for (int st = 1; st <= 3; st++)
+        printf("gpubuf_buffers{state=\"%s\"} %llu\n", state_name((gpubuf_state)st),
+               (unsigned long long)by_state[st]);
+    family("gpubuf_references", "gauge", "References held by all clients.");
+    printf("gpubuf_references %llu\n", (unsigned long long)refs);
+    family("gpubuf_clients", "gauge", "Connected clients (this query included).");
+    printf("gpubuf_clients %zu\n", s->n_clients);
+    family("gpubuf_uptime_seconds", "gauge", "Seconds since gpubufd started.");
+    printf("gpubuf_uptime_seconds %.3f\n", (double)s->uptime_ms / 1000.0);
+}
+
+typedef struct filters {
+    const char *pool, *name_prefix, *state;
+    long pid, uid;
+} filters;
+
+/* Keep the entries that match, in place. */
+static void apply_filters(gpubuf_status *s, const filters *f) {
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_pools; i++)
+        if (!f->pool || !strcmp(s->pools[i].name, f->pool))
+            s->pools[n++] = s->pools[i];
+    s->n_pools = n;
+    n = 0;
+    for (size_t i = 0; i < s->n_buffers; i++) {
+        const gpubuf_status_buffer *b = &s->buffers[i];
+        if ((f->pool && strcmp(b->pool, f->pool)) ||
+            (f->name_prefix && strncmp(b->name, f->name_prefix, strlen(f->name_prefix))) ||
+            (f->state && strcmp(state_name(b->state), f->state)))
+            continue;
+        s->buffers[n++] = *b;
     }
-    r = gpubuf_status_get(c, &s);
-    gpubuf_disconnect(c);
+    s->n_buffers = n;
+    n = 0;
+    for (size_t i = 0; i < s->n_clients; i++) {
+        const gpubuf_client_info *c = &s->clients[i];
+        if ((f->pid >= 0 && c->pid != f->pid) || (f->uid >= 0 && (long)c->uid != f->uid))
+            continue;
+        s->clients[n++] = *c;
+    }
+    s->n_clients = n;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "Usage: gpubufctl [OPTIONS] [COMMAND]\n\n"
+               "Commands:\n"
+               "  status    pools, buffers and clients (the default)\n"
+               "  pools     pools only\n"
+               "  buffers   buffers only\n"
+               "  clients   connected clients only\n"
+               "  metrics   Prometheus text format (for node-exporter's textfile collector)\n\n"
+               "Options:\n"
+               "  -s, --socket PATH   daemon socket (default $GPUBUF_SOCKET or %s)\n"
+               "  -j, --json          one line of JSON\n"
+               "      --pretty        indented JSON\n"
+               "  -w, --watch[=SEC]   refresh every SEC seconds (default 2) until interrupted\n"
+               "      --pool NAME     only this pool and its buffers\n"
+               "      --name PREFIX   only buffers whose name starts with PREFIX\n"
+               "      --state STATE   only buffers in STATE (allocated, sealed, deleted)\n"
+               "      --pid PID       only this client process\n"
+               "      --uid UID       only clients of this user\n\n"
+               "Exit status: 0 ok, 2 usage, 3 daemon unreachable, 4 request failed.\n",
+            GPUBUF_DEFAULT_SOCKET);
+}
+
+static int show(gpubuf_client *c, const char *cmd, const filters *f, bool json, bool pretty) {
+    gpubuf_status *s;
+    int r = gpubuf_status_get(c, &s);
     if (r < 0) {
         fprintf(stderr, "gpubufctl: status: %s\n", gpubuf_strerror(r));
         return EXIT_REQUEST;
     }
+    apply_filters(s, f);
     bool all = strcmp(cmd, "status") == 0;
-    if (json) {
+    if (!strcmp(cmd, "metrics")) {
+        print_metrics(s);
+    } else if (json) {
         print_json(s, cmd, pretty);
     } else {
         if (all)
@@ -254,6 +338,93 @@ int main(int argc, char **argv) {
         if (all || !strcmp(cmd, "clients"))
             print_clients(s);
     }
+    fflush(stdout);
     gpubuf_status_free(s);
     return 0;
+}
+
+static long parse_long(const char *s, const char *what) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end || v < 0) {
+        fprintf(stderr, "gpubufctl: bad %s '%s'\n", what, s);
+        exit(EXIT_USAGE);
+    }
+    return v;
+}
+
+int main(int argc, char **argv) {
+    enum { OPT_PRETTY = 256, OPT_POOL, OPT_NAME, OPT_STATE, OPT_PID, OPT_UID };
+    static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
+                                         {"json", no_argument, NULL, 'j'},
+                                         {"pretty", no_argument, NULL, OPT_PRETTY},
+                                         {"watch", optional_argument, NULL, 'w'},
+                                         {"pool", required_argument, NULL, OPT_POOL},
+                                         {"name", required_argument, NULL, OPT_NAME},
+                                         {"state", required_argument, NULL, OPT_STATE},
+                                         {"pid", required_argument, NULL, OPT_PID},
+                                         {"uid", required_argument, NULL, OPT_UID},
+                                         {"help", no_argument, NULL, 'h'},
+                                         {NULL, 0, NULL, 0}};
+    const char *sock = NULL, *cmd = "status";
+    bool json = false, pretty = false;
+    double watch = 0;
+    filters f = {NULL, NULL, NULL, -1, -1};
+    int opt, r;
+    gpubuf_client *c;
+    while ((opt = getopt_long(argc, argv, "s:jw::h", opts, NULL)) != -1) {
+        switch (opt) {
+        case 's': sock = optarg; break;
+        case 'j': json = true; break;
+        case OPT_PRETTY: json = pretty = true; break;
+        case 'w':
+            watch = optarg ? strtod(optarg, NULL) : 2.0;
+            if (watch <= 0) {
+                fprintf(stderr, "gpubufctl: bad --watch interval\n");
+                return EXIT_USAGE;
+            }
+            break;
+        case OPT_POOL: f.pool = optarg; break;
+        case OPT_NAME: f.name_prefix = optarg; break;
+        case OPT_STATE:
+            if (strcmp(optarg, "allocated") && strcmp(optarg, "sealed") &&
+                strcmp(optarg, "deleted")) {
+                fprintf(stderr, "gpubufctl: bad state '%s'\n", optarg);
+                return EXIT_USAGE;
+            }
+            f.state = optarg;
+            break;
+        case OPT_PID: f.pid = parse_long(optarg, "pid"); break;
+        case OPT_UID: f.uid = parse_long(optarg, "uid"); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return EXIT_USAGE;
+        }
+    }
+    if (optind < argc)
+        cmd = argv[optind++];
+    if (optind < argc || (strcmp(cmd, "status") && strcmp(cmd, "pools") &&
+                          strcmp(cmd, "buffers") && strcmp(cmd, "clients") &&
+                          strcmp(cmd, "metrics"))) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if ((r = gpubuf_connect(sock, &c)) < 0) {
+        fprintf(stderr, "gpubufctl: %s\n", gpubuf_last_error_message()[0]
+                                               ? gpubuf_last_error_message()
+                                               : gpubuf_strerror(r));
+        return EXIT_NO_DAEMON;
+    }
+    for (;;) {
+        /* A table refreshes in place; JSON and metrics append one snapshot
+         * after the other. */
+        if (watch > 0 && !json && strcmp(cmd, "metrics"))
+            fputs("\033[H\033[2J", stdout);
+        r = show(c, cmd, &f, json, pretty);
+        if (r != 0 || watch <= 0)
+            break;
+        struct timespec ts = {(time_t)watch, (long)((watch - (double)(time_t)watch) * 1e9)};
+        nanosleep(&ts, NULL);
+    }
+    gpubuf_disconnect(c);
+    return r;
 }

@@ -268,10 +268,54 @@ static int create_pools(gpubuf_server *srv, config *c) {
 
 static gpubuf_server g_srv;
 static uv_signal_t g_sig[3];
+static const char *g_config_file;
+static int g_log_flag = -1;
+#ifdef GPUBUF_HAVE_SYSTEMD
+static uv_timer_t g_watchdog;
+static bool g_watchdog_on;
+
+static void on_watchdog(uv_timer_t *t) {
+    (void)t;
+    sd_notify(0, "WATCHDOG=1");
+}
+#endif
+
+/* SIGHUP: read the configuration file again and apply what can change
+ * without disturbing clients: the log level and the limits. Pools and the
+ * socket stay as they are (a restart changes them). */
+static void reload(void) {
+    static config fresh;
+    memset(&fresh, 0, sizeof(fresh));
+    fresh.socket_mode = 0660;
+    fresh.log_level = -1;
+    gpubuf_limits_default(&fresh.limits);
+    if (!g_config_file) {
+        LOG_NOTICE("SIGHUP: no configuration file to reload");
+        return;
+    }
+#ifdef GPUBUF_HAVE_SYSTEMD
+    sd_notify(0, "RELOADING=1");
+#endif
+    if (load_config_file(&fresh, g_config_file) < 0) {
+        LOG_ERR("SIGHUP: %s has errors; keeping the running configuration", g_config_file);
+    } else {
+        if (g_log_flag < 0)
+            gpubuf_log_level = fresh.log_level >= 0 ? fresh.log_level : GPUBUF_LOG_INFO;
+        g_srv.limits = fresh.limits;
+        bool pools_differ = fresh.n_pools != g_srv.n_pools;
+        for (int i = 0; !pools_differ && i < fresh.n_pools; i++)
+            pools_differ = !gpubuf_server_find_pool(&g_srv, fresh.pools[i].name);
+        LOG_NOTICE("SIGHUP: reloaded %s (log level, limits)%s", g_config_file,
+                   pools_differ ? "; pool changes take effect at the next start" : "");
+    }
+#ifdef GPUBUF_HAVE_SYSTEMD
+    sd_notifyf(0, "READY=1\nSTATUS=serving %d pool(s)", g_srv.n_pools);
+#endif
+}
 
 static void on_signal(uv_signal_t *h, int signum) {
     if (signum == SIGHUP) {
-        LOG_NOTICE("SIGHUP: nothing to reload in this version");
+        reload();
         return;
     }
     LOG_NOTICE("signal %d: shutting down (%u clients connected)", signum, g_srv.n_sessions);
@@ -279,6 +323,10 @@ static void on_signal(uv_signal_t *h, int signum) {
     sd_notify(0, "STOPPING=1");
 #endif
     gpubuf_server_stop(&g_srv);
+#ifdef GPUBUF_HAVE_SYSTEMD
+    if (g_watchdog_on)
+        uv_close((uv_handle_t *)&g_watchdog, NULL);
+#endif
     (void)h;
     for (int i = 0; i < 3; i++)
         if (!uv_is_closing((uv_handle_t *)&g_sig[i]))
@@ -335,7 +383,7 @@ int main(int argc, char **argv) {
     while ((opt = getopt_long(argc, argv, "s:c:p:l:Vh", opts, NULL)) != -1) {
         switch (opt) {
         case 's': socket_flag = optarg; break;
-        case 'c': config_file = optarg; break;
+        case 'c': config_file = g_config_file = optarg; break;
         case 'p':
             if (n_pool_flags >= GPUBUF_MAX_POOLS) {
                 fprintf(stderr, "gpubufd: more than %d --pool flags\n", GPUBUF_MAX_POOLS);
@@ -344,7 +392,7 @@ int main(int argc, char **argv) {
             pool_flags[n_pool_flags++] = optarg;
             break;
         case 'l':
-            if ((log_flag = gpubuf_log_parse_level(optarg)) < 0) {
+            if ((log_flag = g_log_flag = gpubuf_log_parse_level(optarg)) < 0) {
                 fprintf(stderr, "gpubufd: bad log level '%s'\n", optarg);
                 return 2;
             }
@@ -422,6 +470,14 @@ int main(int argc, char **argv) {
         uv_signal_start(&g_sig[i], on_signal, signums[i]);
     }
 #ifdef GPUBUF_HAVE_SYSTEMD
+    uint64_t wd_usec = 0;
+    if (sd_watchdog_enabled(0, &wd_usec) > 0 && wd_usec > 0) {
+        /* Ping at half the interval systemd expects. */
+        uv_timer_init(loop, &g_watchdog);
+        uv_timer_start(&g_watchdog, on_watchdog, 0, wd_usec / 2000 ? wd_usec / 2000 : 1);
+        g_watchdog_on = true;
+        LOG_INFO("watchdog: pinging every %llu ms", (unsigned long long)(wd_usec / 2000));
+    }
     sd_notifyf(0, "READY=1\nSTATUS=serving %d pool(s)", g_srv.n_pools);
 #endif
     /* Runs until SIGTERM/SIGINT closed every handle. */
