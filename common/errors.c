@@ -56,6 +56,8 @@ GPUBUF_EXPORT const char *gpubuf_err_name(int err) {
     case -ESHUTDOWN: return "ESHUTDOWN";
     case -ENOSPC: return "ENOSPC";
     case -EADDRINUSE: return "EADDRINUSE";
+    case -EDQUOT: return "EDQUOT";
+    case -EOVERFLOW: return "EOVERFLOW";
     default: return "EUNKNOWN";
     }
 }

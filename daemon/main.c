@@ -1,6 +1,8 @@
 /* gpubufd: the daemon's entry point: options, configuration, pools, signals. */
 #include <errno.h>
 #include <getopt.h>
+#include <grp.h>
+#include <pwd.h>
 #include <ini.h>
 #include <limits.h>
 #include <signal.h>
@@ -31,10 +33,13 @@ typedef struct pool_spec {
     int device;
     uint64_t capacity; /* 0: default */
     uint64_t slab_size;
+    uint32_t allow_uids[32], allow_gids[32];
+    int n_allow_uids, n_allow_gids;
 } pool_spec;
 
 typedef struct config {
     char socket_path[PATH_MAX];
+    char socket_group[64];
     mode_t socket_mode;
     gpubuf_limits limits;
     pool_spec pools[GPUBUF_MAX_POOLS];
@@ -43,7 +48,46 @@ typedef struct config {
     const char *file; /* for error messages */
 } config;
 
+/* "1000, alice" -> ids; names through getpwnam/getgrnam. */
+static int parse_ids(const char *val, bool groups, uint32_t *out, int *n, char *err,
+                     size_t errlen) {
+    char buf[1024], *save = NULL;
+    snprintf(buf, sizeof(buf), "%s", val);
+    *n = 0;
+    for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+        char *end;
+        unsigned long v = strtoul(tok, &end, 10);
+        if (*end) {
+            if (groups) {
+                struct group *g = getgrnam(tok);
+                if (!g)
+                    goto bad;
+                v = g->gr_gid;
+            } else {
+                struct passwd *pw = getpwnam(tok);
+                if (!pw)
+                    goto bad;
+                v = pw->pw_uid;
+            }
+        }
+        if (*n >= 32) {
+            snprintf(err, errlen, "more than 32 entries in an allow list");
+            return -EINVAL;
+        }
+        out[(*n)++] = (uint32_t)v;
+        continue;
+    bad:
+        snprintf(err, errlen, "unknown %s '%s'", groups ? "group" : "user", tok);
+        return -EINVAL;
+    }
+    return 0;
+}
+
 static int spec_set(pool_spec *p, const char *key, const char *val, char *err, size_t errlen) {
+    if (strcmp(key, "allow_uids") == 0 || strcmp(key, "allow_users") == 0)
+        return parse_ids(val, false, p->allow_uids, &p->n_allow_uids, err, errlen);
+    if (strcmp(key, "allow_gids") == 0 || strcmp(key, "allow_groups") == 0)
+        return parse_ids(val, true, p->allow_gids, &p->n_allow_gids, err, errlen);
     if (strcmp(key, "kind") == 0) {
         if (gpubuf_pool_kind_parse(val, &p->kind) < 0) {
             snprintf(err, errlen, "unknown pool kind '%s' (host, cuda-ipc)", val);
@@ -93,6 +137,10 @@ static pool_spec *spec_new(config *c, const char *name, char *err, size_t errlen
     return p;
 }
 
+static int parse_u64(const char *val, uint64_t *ret) {
+    return gpubuf_parse_size(val, ret);
+}
+
 static int parse_u32(const char *val, uint32_t min, uint32_t max, uint32_t *ret) {
     uint64_t v;
     if (gpubuf_parse_size(val, &v) < 0 || v < min || v > max)
@@ -122,6 +170,35 @@ static int conf_handler(void *user, const char *section, const char *key, const 
         } else if (strcmp(key, "max_clients") == 0) {
             if (parse_u32(val, 1, 1u << 20, &c->limits.max_clients) < 0)
                 snprintf(err, sizeof(err), "bad max_clients '%s'", val);
+        } else if (strcmp(key, "socket_group") == 0) {
+            if (!getgrnam(val))
+                snprintf(err, sizeof(err), "unknown group '%s'", val);
+            else
+                snprintf(c->socket_group, sizeof(c->socket_group), "%s", val);
+        } else if (strcmp(key, "max_clients_per_uid") == 0) {
+            if (parse_u32(val, 0, 1u << 20, &c->limits.max_clients_per_uid) < 0)
+                snprintf(err, sizeof(err), "bad max_clients_per_uid '%s'", val);
+        } else if (strcmp(key, "handshake_timeout_ms") == 0) {
+            if (parse_u32(val, 0, 3600000, &c->limits.handshake_timeout_ms) < 0)
+                snprintf(err, sizeof(err), "bad handshake_timeout_ms '%s'", val);
+        } else if (strcmp(key, "frame_timeout_ms") == 0) {
+            if (parse_u32(val, 0, 3600000, &c->limits.frame_timeout_ms) < 0)
+                snprintf(err, sizeof(err), "bad frame_timeout_ms '%s'", val);
+        } else if (strcmp(key, "max_buffers_per_client") == 0) {
+            if (parse_u32(val, 0, UINT32_MAX, &c->limits.quota.buffers_per_client) < 0)
+                snprintf(err, sizeof(err), "bad max_buffers_per_client '%s'", val);
+        } else if (strcmp(key, "max_buffers_per_uid") == 0) {
+            if (parse_u32(val, 0, UINT32_MAX, &c->limits.quota.buffers_per_uid) < 0)
+                snprintf(err, sizeof(err), "bad max_buffers_per_uid '%s'", val);
+        } else if (strcmp(key, "max_refs_per_client") == 0) {
+            if (parse_u32(val, 0, UINT32_MAX, &c->limits.quota.refs_per_client) < 0)
+                snprintf(err, sizeof(err), "bad max_refs_per_client '%s'", val);
+        } else if (strcmp(key, "max_bytes_per_client") == 0) {
+            if (parse_u64(val, &c->limits.quota.bytes_per_client) < 0)
+                snprintf(err, sizeof(err), "bad max_bytes_per_client '%s'", val);
+        } else if (strcmp(key, "max_bytes_per_uid") == 0) {
+            if (parse_u64(val, &c->limits.quota.bytes_per_uid) < 0)
+                snprintf(err, sizeof(err), "bad max_bytes_per_uid '%s'", val);
         } else if (strcmp(key, "max_request") == 0) {
             if (parse_u32(val, 256, GPUBUF_WIRE_MAX_REQUEST_HARD, &c->limits.max_request) < 0)
                 snprintf(err, sizeof(err), "bad max_request '%s' (256..%u)", val,
@@ -250,6 +327,10 @@ static int create_pools(gpubuf_server *srv, config *c) {
             LOG_ERR("pool '%s': %s", ps->name, gpubuf_strerror(r));
             return -1;
         }
+        memcpy(pool->allow_uids, ps->allow_uids, sizeof(pool->allow_uids));
+        memcpy(pool->allow_gids, ps->allow_gids, sizeof(pool->allow_gids));
+        pool->n_allow_uids = ps->n_allow_uids;
+        pool->n_allow_gids = ps->n_allow_gids;
         if (gpubuf_server_add_pool(srv, pool) < 0) {
             gpubuf_pool_free(pool);
             LOG_ERR("pool '%s' defined twice", ps->name);
@@ -302,6 +383,7 @@ static void reload(void) {
         if (g_log_flag < 0)
             gpubuf_log_level = fresh.log_level >= 0 ? fresh.log_level : GPUBUF_LOG_INFO;
         g_srv.limits = fresh.limits;
+        g_srv.reg.quota = fresh.limits.quota;
         bool pools_differ = fresh.n_pools != g_srv.n_pools;
         for (int i = 0; !pools_differ && i < fresh.n_pools; i++)
             pools_differ = !gpubuf_server_find_pool(&g_srv, fresh.pools[i].name);
@@ -433,6 +515,7 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     gpubuf_server_init(&g_srv, loop);
     g_srv.limits = cfg.limits;
+    g_srv.reg.quota = cfg.limits.quota;
     if (create_pools(&g_srv, &cfg) < 0)
         goto out;
 
@@ -454,6 +537,14 @@ int main(int argc, char **argv) {
         if ((r = ensure_dir_of(cfg.socket_path)) < 0)
             LOG_WARN("cannot create the directory of %s: %s", cfg.socket_path, strerror(-r));
         r = gpubuf_server_listen_path(&g_srv, cfg.socket_path, cfg.socket_mode);
+        if (r == 0 && cfg.socket_group[0]) {
+            struct group *g = getgrnam(cfg.socket_group);
+            if (!g || chown(cfg.socket_path, (uid_t)-1, g->gr_gid) < 0) {
+                LOG_ERR("cannot give %s to group %s: %s", cfg.socket_path, cfg.socket_group,
+                        g ? strerror(errno) : "no such group");
+                goto out;
+            }
+        }
         if (r == 0)
             LOG_INFO("listening on %s", cfg.socket_path);
     }

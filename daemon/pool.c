@@ -277,3 +277,15 @@ uint64_t gpubuf_pool_largest_free(const gpubuf_pool *p) {
                 m = s->free[i].len;
     return m;
 }
+
+bool gpubuf_pool_allows(const gpubuf_pool *p, uint32_t uid, uint32_t gid) {
+    if (uid == 0 || (p->n_allow_uids == 0 && p->n_allow_gids == 0))
+        return true;
+    for (int i = 0; i < p->n_allow_uids; i++)
+        if (p->allow_uids[i] == uid)
+            return true;
+    for (int i = 0; i < p->n_allow_gids; i++)
+        if (p->allow_gids[i] == gid)
+            return true;
+    return false;
+}

@@ -50,6 +50,10 @@ typedef struct gpubuf_pool {
     uint32_t n_blocks;
     gpubuf_slab *slabs;
     uint64_t *next_slab_id; /* shared counter: slab ids are unique per daemon */
+    /* Who may allocate from and open buffers of this pool: uid 0, and when
+     * both lists are empty, everyone who can connect. */
+    uint32_t allow_uids[32], allow_gids[32];
+    int n_allow_uids, n_allow_gids;
     char last_error[256];
 } gpubuf_pool;
 
@@ -66,6 +70,9 @@ int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_bloc
 
 /* Give a block back; may destroy its slab. */
 void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b);
+
+/* May a client with these credentials use pool p? */
+bool gpubuf_pool_allows(const gpubuf_pool *p, uint32_t uid, uint32_t gid);
 
 /* Largest free extent of the pool's existing slabs (for tests and status). */
 uint64_t gpubuf_pool_largest_free(const gpubuf_pool *p);

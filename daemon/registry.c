@@ -37,7 +37,38 @@ static void fail_id_waiters(gpubuf_registry *r, uint64_t id, int err) {
     }
 }
 
+static gpubuf_uid_usage *uid_usage(gpubuf_registry *r, uid_t uid, bool create) {
+    gpubuf_uid_usage *u;
+    HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
+    if (!u && create && (u = calloc(1, sizeof(*u)))) {
+        u->uid = uid;
+        HASH_ADD(hh, r->uids, uid, sizeof(u->uid), u);
+    }
+    return u;
+}
+
+/* Give back what b counted against its creator and its owner's uid. */
+static void uncharge(gpubuf_registry *r, gpubuf_buf *b) {
+    gpubuf_holder *h;
+    uid_t uid = (uid_t)b->owner_uid;
+    gpubuf_uid_usage *u = uid_usage(r, uid, false);
+    HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
+    if (h) {
+        h->n_owned--;
+        h->owned_bytes -= b->charged;
+    }
+    if (u) {
+        u->buffers--;
+        u->bytes -= b->charged;
+        if (u->buffers == 0) {
+            HASH_DEL(r->uids, u);
+            free(u);
+        }
+    }
+}
+
 static void buf_free(gpubuf_registry *r, gpubuf_buf *b) {
+    uncharge(r, b);
     if (b->state != GPUBUF_STATE_SEALED)
         fail_id_waiters(r, b->id, -ENOENT);
     HASH_DELETE(hh_id, r->by_id, b);
@@ -96,6 +127,11 @@ void gpubuf_registry_destroy(gpubuf_registry *r) {
         buf_free(r, b);
     }
     HASH_CLEAR(hh_name, r->by_name);
+    gpubuf_uid_usage *u, *utmp;
+    HASH_ITER(hh, r->uids, u, utmp) {
+        HASH_DEL(r->uids, u);
+        free(u);
+    }
 }
 
 gpubuf_holder *gpubuf_registry_holder_new(gpubuf_registry *r, pid_t pid, uid_t uid, gid_t gid) {
@@ -135,6 +171,8 @@ uint32_t gpubuf_registry_holder_count(gpubuf_holder *h, uint64_t buffer_id) {
 
 static int ref_add(gpubuf_holder *h, gpubuf_buf *b) {
     gpubuf_ref *ref = ref_find(h, b->id);
+    if (h->n_refs == UINT32_MAX || b->refs == UINT32_MAX)
+        return -EOVERFLOW;
     if (!ref) {
         ref = calloc(1, sizeof(*ref));
         if (!ref)
@@ -166,6 +204,28 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
     }
     if (size == 0)
         return fail(r, -EINVAL, "size must be at least 1 byte");
+    const gpubuf_quota *q = &r->quota;
+    gpubuf_uid_usage *u = uid_usage(r, h->uid, false);
+    if (q->buffers_per_client && h->n_owned >= q->buffers_per_client)
+        return fail(r, -EDQUOT, "quota: this client owns %u buffers (limit %u)", h->n_owned,
+                    q->buffers_per_client);
+    if (q->bytes_per_client && (size > q->bytes_per_client ||
+                                h->owned_bytes > q->bytes_per_client - size))
+        return fail(r, -EDQUOT, "quota: %llu more bytes exceed this client's limit of %llu",
+                    (unsigned long long)size, (unsigned long long)q->bytes_per_client);
+    if (u && q->buffers_per_uid && u->buffers >= q->buffers_per_uid)
+        return fail(r, -EDQUOT, "quota: uid %u owns %u buffers (limit %u)", (unsigned)h->uid,
+                    u->buffers, q->buffers_per_uid);
+    if (q->bytes_per_uid &&
+        (size > q->bytes_per_uid || (u && u->bytes > q->bytes_per_uid - size)))
+        return fail(r, -EDQUOT, "quota: %llu more bytes exceed uid %u's limit of %llu",
+                    (unsigned long long)size, (unsigned)h->uid,
+                    (unsigned long long)q->bytes_per_uid);
+    if (q->refs_per_client && h->n_refs >= q->refs_per_client)
+        return fail(r, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
+                    q->refs_per_client);
+    if (!(u = uid_usage(r, h->uid, true)))
+        return fail(r, -ENOMEM, "out of memory");
     b = calloc(1, sizeof(*b));
     if (!b)
         return fail(r, -ENOMEM, "out of memory");
@@ -178,6 +238,10 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
         fail(r, rc, "%s", pool->last_error[0] ? pool->last_error : "allocation failed");
         free(b->name);
         free(b);
+        if (u->buffers == 0) {
+            HASH_DEL(r->uids, u);
+            free(u);
+        }
         return rc;
     }
     b->id = ++r->next_buffer_id;
@@ -192,6 +256,11 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
         b->in_name_index = true;
     }
     r->n_buffers++;
+    b->charged = size;
+    h->n_owned++;
+    h->owned_bytes += size;
+    u->buffers++;
+    u->bytes += size;
     if (ref_add(h, b) < 0) {
         buf_free(r, b);
         return fail(r, -ENOMEM, "out of memory");
@@ -249,8 +318,12 @@ int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name,
         return fail(r, -ENOENT, "buffer %llu was deleted", (unsigned long long)b->id);
     if (b->state != GPUBUF_STATE_SEALED)
         return fail(r, -ENOENT, "buffer %llu is not sealed yet", (unsigned long long)b->id);
-    if (ref_add(h, b) < 0)
-        return fail(r, -ENOMEM, "out of memory");
+    if (r->quota.refs_per_client && h->n_refs >= r->quota.refs_per_client)
+        return fail(r, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
+                    r->quota.refs_per_client);
+    int rc = ref_add(h, b);
+    if (rc < 0)
+        return fail(r, rc, rc == -EOVERFLOW ? "reference count limit" : "out of memory");
     *ret = b;
     return 0;
 }

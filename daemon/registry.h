@@ -25,6 +25,7 @@ struct gpubuf_buf {
     uint32_t refs;
     uint32_t owner_uid;
     uint64_t owner_holder; /* holder id of the creator */
+    uint64_t charged;      /* bytes charged to the owner's quotas */
     bool in_name_index;
     UT_hash_handle hh_id;
     UT_hash_handle hh_name;
@@ -44,6 +45,8 @@ struct gpubuf_holder {
     gid_t gid;
     gpubuf_ref *refs;     /* by buffer id */
     uint32_t n_refs;      /* sum of counts */
+    uint32_t n_owned;     /* live buffers this client allocated */
+    uint64_t owned_bytes;
     gpubuf_waiter *waiters; /* this holder's pending waits */
     UT_hash_handle hh;
 };
@@ -64,7 +67,26 @@ struct gpubuf_waiter {
     gpubuf_waiter *hnext, *hprev;     /* holder list */
 };
 
+/* What one uid owns (buffers outlive the client that made them). */
+typedef struct gpubuf_uid_usage {
+    uid_t uid;
+    uint32_t buffers;
+    uint64_t bytes;
+    UT_hash_handle hh;
+} gpubuf_uid_usage;
+
+/* Quotas; 0 means no limit. */
+typedef struct gpubuf_quota {
+    uint32_t buffers_per_client;
+    uint64_t bytes_per_client;
+    uint32_t buffers_per_uid;
+    uint64_t bytes_per_uid;
+    uint32_t refs_per_client;
+} gpubuf_quota;
+
 typedef struct gpubuf_registry {
+    gpubuf_quota quota;
+    gpubuf_uid_usage *uids;
     gpubuf_buf *by_id;
     gpubuf_buf *by_name;
     gpubuf_holder *holders;

@@ -21,6 +21,42 @@ void gpubuf_limits_default(gpubuf_limits *l) {
     l->frames_per_wakeup = 32;
     l->max_waiters_per_client = 64;
     l->max_queued_replies = 4096;
+    l->max_clients_per_uid = 1024;
+    l->handshake_timeout_ms = 10000;
+    l->frame_timeout_ms = 10000;
+    l->quota.buffers_per_client = 1u << 20;
+    l->quota.bytes_per_client = 0;
+    l->quota.buffers_per_uid = 1u << 20;
+    l->quota.bytes_per_uid = 0;
+    l->quota.refs_per_client = 1u << 20;
+}
+
+/* Deadline for a session that has not said hello, or sits on half a frame. */
+static void on_session_timer(uv_timer_t *t) {
+    gpubuf_session *s = t->data;
+    LOG_WARN("pid %d: %s for %u ms; disconnecting", (int)s->pid,
+             s->hello_done ? "incomplete frame" : "no handshake",
+             s->hello_done ? s->srv->limits.frame_timeout_ms
+                           : s->srv->limits.handshake_timeout_ms);
+    gpubuf_session_kill(s);
+}
+
+static void arm_timer(gpubuf_session *s) {
+    uint32_t ms = 0;
+    if (s->closing)
+        return;
+    if (!s->hello_done)
+        ms = s->srv->limits.handshake_timeout_ms;
+    else if (s->in_len > 0)
+        ms = s->srv->limits.frame_timeout_ms;
+    if (ms == 0) {
+        uv_timer_stop(&s->timer);
+        return;
+    }
+    /* Restart only when no deadline runs yet: trickling bytes do not
+     * extend it. */
+    if (!uv_is_active((uv_handle_t *)&s->timer))
+        uv_timer_start(&s->timer, on_session_timer, ms, 0);
 }
 
 static void on_listen(uv_poll_t *h, int status, int events);
@@ -120,11 +156,16 @@ static void session_free_out(gpubuf_session *s) {
     s->out_tail = NULL;
 }
 
-static void on_session_closed(uv_handle_t *h) {
+static void on_timer_closed(uv_handle_t *h) {
     gpubuf_session *s = h->data;
     close(s->fd);
     free(s->in);
     free(s);
+}
+
+static void on_session_closed(uv_handle_t *h) {
+    gpubuf_session *s = h->data;
+    uv_close((uv_handle_t *)&s->timer, on_timer_closed);
 }
 
 static void on_reap(uv_check_t *h) {
@@ -188,10 +229,14 @@ static void on_kick(uv_idle_t *h) {
         gpubuf_session *s = list;
         list = s->pending_next;
         s->pending = false;
-        if (process_frames(s, srv->limits.frames_per_wakeup) >= 0)
+        if (process_frames(s, srv->limits.frames_per_wakeup) >= 0) {
             maybe_pend(s);
+            arm_timer(s);
+        }
     }
-    if (!srv->pending)
+    /* Stay active while sessions wait to be reaped: the check handle that
+     * reaps them runs only if the poll does not block. */
+    if (!srv->pending && !srv->reap)
         uv_idle_stop(&srv->kick);
 }
 
@@ -200,9 +245,13 @@ void gpubuf_session_kill(gpubuf_session *s) {
         return;
     s->closing = true;
     uv_poll_stop(&s->poll);
+    uv_timer_stop(&s->timer);
     s->reap_next = s->srv->reap;
     s->srv->reap = s;
     uv_check_start(&s->srv->reaper, on_reap);
+    /* An active idle handle keeps the next poll from blocking, so the
+     * reaper runs soon also when the kill came from a timer. */
+    uv_idle_start(&s->srv->kick, on_kick);
 }
 
 static void on_listen(uv_poll_t *h, int status, int events) {
@@ -229,6 +278,15 @@ static void on_listen(uv_poll_t *h, int status, int events) {
             close(fd);
             continue;
         }
+        uint32_t same_uid = 0;
+        for (gpubuf_session *x = srv->sessions; x; x = x->next)
+            same_uid += !x->closing && x->uid == cred.uid;
+        if (srv->limits.max_clients_per_uid && same_uid >= srv->limits.max_clients_per_uid) {
+            LOG_WARN("refusing pid %d: uid %u has %u connections (limit %u)", (int)cred.pid,
+                     (unsigned)cred.uid, same_uid, srv->limits.max_clients_per_uid);
+            close(fd);
+            continue;
+        }
         gpubuf_session *s = calloc(1, sizeof(*s));
         if (!s || !(s->holder = gpubuf_registry_holder_new(&srv->reg, cred.pid, cred.uid,
                                                            cred.gid))) {
@@ -244,6 +302,9 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         uv_poll_init(srv->loop, &s->poll, fd);
         s->poll.data = s;
         uv_poll_start(&s->poll, UV_READABLE, on_session_io);
+        uv_timer_init(srv->loop, &s->timer);
+        s->timer.data = s;
+        arm_timer(s);
         s->next = srv->sessions;
         if (srv->sessions)
             srv->sessions->prev = s;
@@ -462,8 +523,10 @@ static void on_session_io(uv_poll_t *h, int status, int events) {
         return;
     }
     s->in_len += (size_t)n;
-    if (process_frames(s, srv->limits.frames_per_wakeup) >= 0)
+    if (process_frames(s, srv->limits.frames_per_wakeup) >= 0) {
         maybe_pend(s);
+        arm_timer(s);
+    }
 }
 
 void gpubuf_server_stop(gpubuf_server *srv) {

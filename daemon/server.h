@@ -23,6 +23,10 @@ typedef struct gpubuf_limits {
     uint32_t frames_per_wakeup; /* requests handled per readable event */
     uint32_t max_waiters_per_client;
     uint32_t max_queued_replies; /* a client that reads none of them is dropped */
+    uint32_t max_clients_per_uid;
+    uint32_t handshake_timeout_ms; /* connected but no hello yet */
+    uint32_t frame_timeout_ms;     /* half a frame received, the rest missing */
+    gpubuf_quota quota;
 } gpubuf_limits;
 
 typedef struct gpubuf_outbuf {
@@ -36,6 +40,7 @@ typedef struct gpubuf_server gpubuf_server;
 
 typedef struct gpubuf_session {
     uv_poll_t poll;
+    uv_timer_t timer; /* handshake and partial-frame deadlines */
     int fd;
     gpubuf_server *srv;
     gpubuf_holder *holder;

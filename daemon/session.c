@@ -91,7 +91,13 @@ static void waiter_dispose(session_waiter *sw) {
 
 static void waiter_wake(gpubuf_waiter *w, gpubuf_buf *b) {
     session_waiter *sw = (session_waiter *)w;
-    reply_buffer(sw->s, sw->request_id, b, true);
+    if (!gpubuf_pool_allows(b->pool, sw->s->uid, sw->s->gid)) {
+        /* The registry took a reference for us: give it back. */
+        gpubuf_registry_release(&sw->s->srv->reg, sw->s->holder, b->id);
+        reply_error(sw->s, sw->request_id, -EACCES, "this client may not use the buffer's pool");
+    } else {
+        reply_buffer(sw->s, sw->request_id, b, true);
+    }
     free(w->name);
     waiter_dispose(sw);
 }
@@ -189,6 +195,13 @@ static void do_alloc(gpubuf_session *s, uint64_t id, const Gpubuf__AllocRequest 
     }
     if (a->name && *a->name && !check_name(s, id, a->name))
         return;
+    if (!gpubuf_pool_allows(pool, s->uid, s->gid)) {
+        char msg[GPUBUF_NAME_MAX + 64];
+        snprintf(msg, sizeof(msg), "uid %u may not use pool '%.255s'", (unsigned)s->uid,
+                 pool->name);
+        reply_error(s, id, -EACCES, msg);
+        return;
+    }
     r = gpubuf_registry_alloc(&srv->reg, s->holder, pool, a->size, a->alignment, a->name, &b);
     if (r < 0) {
         if (r != -EEXIST)
@@ -226,6 +239,14 @@ static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q
         bid = q->buffer_id;
     } else {
         reply_error(s, id, -EINVAL, "open needs a name or a buffer id");
+        return;
+    }
+    /* Refuse before taking a reference: a buffer of a pool this client may
+     * not use is not opened, whatever its state. */
+    gpubuf_buf *target = name ? gpubuf_registry_find_name(reg, name)
+                              : gpubuf_registry_find_id(reg, bid);
+    if (target && !gpubuf_pool_allows(target->pool, s->uid, s->gid)) {
+        reply_error(s, id, -EACCES, "this client may not use the buffer's pool");
         return;
     }
     r = gpubuf_registry_open(reg, s->holder, name, bid, &b);
