@@ -8,7 +8,8 @@
 
 #include "util.h"
 
-static int fail(gpubuf_registry *r, int code, const char *fmt, ...) {
+__attribute__((format(printf, 3, 4))) static int fail(gpubuf_registry *r, int code,
+                                                  const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(r->last_error, sizeof(r->last_error), fmt, ap);

@@ -1,0 +1,120 @@
+/* Writes the seed corpus: valid conversations (hello, then every request
+ * type) for the fuzzer to mutate. Usage: make_seeds DIR */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpubuf.pb-c.h"
+#include "wire.h"
+
+static size_t put(uint8_t *out, Gpubuf__Request *req) {
+    size_t n = gpubuf__request__pack(req, out + GPUBUF_WIRE_HEADER_SIZE);
+    gpubuf_wire_header_encode(out, (uint32_t)n);
+    return n + GPUBUF_WIRE_HEADER_SIZE;
+}
+
+static size_t hello(uint8_t *out) {
+    Gpubuf__Request r = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+    h.min_version = h.max_version = 1;
+    h.client_name = (char *)"seed";
+    r.id = 1;
+    r.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    r.hello = &h;
+    return put(out, &r);
+}
+
+static void save(const char *dir, const char *name, const uint8_t *b, size_t n) {
+    char path[1024];
+    snprintf(path, sizeof(path), "%s/%s", dir, name);
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(b, 1, n, f) != n) {
+        perror(path);
+        exit(1);
+    }
+    fclose(f);
+}
+
+int main(int argc, char **argv) {
+    uint8_t b[4096];
+    size_t n;
+    if (argc != 2)
+        return 2;
+    const char *dir = argv[1];
+    n = hello(b);
+    save(dir, "hello", b, n);
+
+    /* hello, alloc named, seal 1, open by name, stat, release, delete, status */
+    Gpubuf__Request r = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = 4096;
+    a.name = (char *)"seed/a";
+    r.id = 2;
+    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    r.alloc = &a;
+    n += put(b + n, &r);
+    Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
+    s.buffer_id = 1;
+    r.id = 3;
+    r.body_case = GPUBUF__REQUEST__BODY_SEAL;
+    r.seal = &s;
+    n += put(b + n, &r);
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = (char *)"seed/a";
+    o.timeout_ms = 0;
+    r.id = 4;
+    r.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    r.open = &o;
+    n += put(b + n, &r);
+    Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
+    st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
+    st.buffer_id = 1;
+    r.id = 5;
+    r.body_case = GPUBUF__REQUEST__BODY_STAT;
+    r.stat = &st;
+    n += put(b + n, &r);
+    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
+    rel.buffer_id = 1;
+    r.id = 6;
+    r.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    r.release = &rel;
+    n += put(b + n, &r);
+    n += put(b + n, &r); /* double release */
+    Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
+    d.target_case = GPUBUF__DELETE_REQUEST__TARGET_NAME;
+    d.name = (char *)"seed/a";
+    r.id = 7;
+    r.body_case = GPUBUF__REQUEST__BODY_DELETE;
+    r.delete_ = &d;
+    n += put(b + n, &r);
+    Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
+    r.id = 8;
+    r.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    r.status = &sr;
+    n += put(b + n, &r);
+    save(dir, "lifecycle", b, n);
+
+    /* hello, anonymous alloc, waiting opens by id and by name */
+    n = hello(b);
+    a.name = (char *)"";
+    a.alignment = 4096;
+    r.id = 2;
+    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    r.alloc = &a;
+    n += put(b + n, &r);
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
+    o.buffer_id = 2;
+    o.timeout_ms = 50;
+    r.id = 3;
+    r.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    r.open = &o;
+    n += put(b + n, &r);
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = (char *)"later";
+    o.timeout_ms = -1;
+    r.id = 4;
+    n += put(b + n, &r);
+    save(dir, "waits", b, n);
+    return 0;
+}
