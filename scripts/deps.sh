@@ -3,9 +3,12 @@
 # Set GPUBUF_NO_INSTALL=1 to only check.
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libuv1-dev libprotobuf-c-dev
-      protobuf-c-compiler check libinih-dev libjson-c-dev libsystemd-dev uthash-dev)
+      protobuf-c-compiler check libinih-dev libjson-c-dev libsystemd-dev uthash-dev scdoc
+      man-db clang libclang-rt-dev)
 have_all() {
     command -v cmake >/dev/null && command -v ninja >/dev/null && command -v protoc-c >/dev/null &&
+        command -v scdoc >/dev/null &&
+        { [ "${GPUBUF_NO_FUZZ:-0}" = 1 ] || command -v clang >/dev/null; } &&
         pkg-config --exists libuv libprotobuf-c check inih json-c || return 1
     for d in /usr/include ${CMAKE_PREFIX_PATH:+${CMAKE_PREFIX_PATH//:/\/include }/include}; do
         [ -e "$d/uthash.h" ] && return 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Build gpubuf with warnings as errors and run the whole test suite, then the
-# same suite built with AddressSanitizer and UndefinedBehaviorSanitizer.
+# Build gpubuf with warnings as errors and run the whole test suite, check
+# the installed tree, run the same suite built with AddressSanitizer and
+# UndefinedBehaviorSanitizer, and fuzz the daemon core for a minute.
 # Tests labelled "gpu" skip (exit 77) on machines without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +17,26 @@ run_suite() {
 }
 echo "== build and test (RelWithDebInfo, -Werror)"
 run_suite build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo
+./scripts/check-install.sh  # install into a staging prefix, build examples/out-of-tree against it
 if [ "${GPUBUF_SKIP_SANITIZERS:-0}" != 1 ]; then
     echo "== build and test with address,undefined sanitizers"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
         run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DGPUBUF_SANITIZER=address,undefined
+fi
+if [ "${GPUBUF_NO_FUZZ:-0}" != 1 ]; then
+    echo "== fuzz the daemon core (libFuzzer, address+undefined), ${GPUBUF_FUZZ_SECONDS:-60} s"
+    CC=clang cmake -S . -B build-fuzz -G Ninja -DGPUBUF_WERROR=ON -DGPUBUF_FUZZ=ON \
+        -DGPUBUF_SANITIZER=address,undefined -DCMAKE_BUILD_TYPE=Debug -DGPUBUF_BUILD_BENCH=OFF \
+        -DGPUBUF_BUILD_MAN=OFF "${cuda_opt[@]}" ${GPUBUF_CMAKE_ARGS:-} >/dev/null
+    cmake --build build-fuzz -j"$jobs" --target fuzz_daemon
+    corpus=$(mktemp -d /tmp/gpubuf-fuzz-XXXXXX)
+    cp tests/fuzz/corpus/* "$corpus"/
+    # A crash leaves crash-* in tests/fuzz/regressions (to be committed) and fails the run.
+    rc=0
+    build-fuzz/tests/fuzz/fuzz_daemon -max_total_time="${GPUBUF_FUZZ_SECONDS:-60}" -max_len=4096 \
+        -timeout=10 -print_final_stats=1 -artifact_prefix=tests/fuzz/regressions/ "$corpus" \
+        >"$corpus.log" 2>&1 || rc=$?
+    grep -E "DONE|number_of_executed_units|ERROR|SUMMARY" "$corpus.log" || true
+    rm -rf "$corpus" "$corpus.log"
+    [ "$rc" = 0 ] || { echo "fuzzing found a crash: see tests/fuzz/regressions/"; exit 1; }
 fi

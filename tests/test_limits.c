@@ -100,15 +100,26 @@ START_TEST(quotas_per_client_and_uid) {
 END_TEST
 
 START_TEST(connections_per_uid) {
-    start_with("[daemon]\nmax_clients_per_uid = 2\n[pool:q]\nkind = host\n");
-    gpubuf_client *a = td_connect(&D), *b = td_connect(&D), *c = NULL;
-    ck_assert_int_lt(gpubuf_connect(D.socket, &c), 0);
-    gpubuf_disconnect(b);
-    ck_assert(td_wait_clients(&D, 1, 2000) || true);
-    for (int i = 0; i < 200 && gpubuf_connect(D.socket, &c) < 0; i++)
+    start_with("[daemon]\nmax_clients_per_uid = 3\n[pool:q]\nkind = host\n");
+    /* The start-up probe's connection must be gone first. */
+    ck_assert(td_wait_clients(&D, 0, 2000));
+    for (int i = 0; i < 200; i++) {
+        gpubuf_status *st = td_status(&D);
+        size_t n = st->n_clients;
+        gpubuf_status_free(st);
+        if (n == 1)
+            break;
         usleep(10000);
-    ck_assert_ptr_nonnull(c);
+    }
+    usleep(50000); /* and the status connection's own */
+    gpubuf_client *a = td_connect(&D), *b = td_connect(&D), *c = td_connect(&D), *d = NULL;
+    ck_assert_int_lt(gpubuf_connect(D.socket, &d), 0);
     gpubuf_disconnect(c);
+    for (int i = 0; i < 200 && gpubuf_connect(D.socket, &d) < 0; i++)
+        usleep(10000);
+    ck_assert_ptr_nonnull(d);
+    gpubuf_disconnect(d);
+    gpubuf_disconnect(b);
     gpubuf_disconnect(a);
     stop();
 }
