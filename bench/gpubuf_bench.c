@@ -1,7 +1,9 @@
 /* gpubuf benchmarks. Talks to a running gpubufd (started by bench/run.sh)
  * and prints one "name value" line per figure, for bench/report.py.
  *
- *   gpubuf_bench --socket PATH --pool NAME [--scale] [--quick]
+ *   gpubuf_bench --socket PATH [--pool NAME] [--cold-pool NAME] [--procs N]
+ *                [--only latency,cold,throughput,bandwidth,crash,scale] [--quick]
+ *                [--daemon-pid PID] [--ctl PATH-TO-GPUBUFCTL]
  *
  * The parent process never initialises CUDA: every measurement runs in a
  * forked child, since a CUDA context does not survive fork(). */
@@ -212,10 +214,14 @@ static void throughput(void) {
             _exit(0);
         }
     }
+    /* Without our copy of the write end, a read sees EOF if workers die. */
+    close(ready[1]);
     for (int i = 0; i < g_procs; i++) {
         char ch;
-        if (read(ready[0], &ch, 1) != 1)
+        if (read(ready[0], &ch, 1) != 1) {
+            fprintf(stderr, "throughput: a worker died before starting\n");
             _exit(1);
+        }
     }
     for (int i = 0; i < g_procs; i++)
         if (write(go[1], "g", 1) != 1)

@@ -485,29 +485,51 @@ static int simple_request(gpubuf_client *c, Gpubuf__Request *req) {
     return r;
 }
 
-GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
+/* What the daemon could refuse, checked here. Returns the root view. */
+static int seal_check(gpubuf_buffer **pb) {
+    gpubuf_buffer *b = *pb;
+    while (b->parent) /* a slice seals the buffer it belongs to */
+        b = b->parent;
+    *pb = b;
+    if (b->sealable)
+        return 0;
+    if (b->allocated) {
+        gpubuf__set_error("the buffer is already sealed");
+        return GPUBUF_ESTATE;
+    }
+    gpubuf__set_error("this view comes from gpubuf_open: the buffer is sealed already, and only "
+                      "the connection that allocated a buffer seals it");
+    return -EPERM;
+}
+
+static int seal(gpubuf_buffer *b, bool wait) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
     gpubuf_client *c;
     int r;
     if (!b)
         return -EINVAL;
-    while (b->parent) /* a slice seals the buffer it belongs to */
-        b = b->parent;
     c = b->c;
-    s.buffer_id = b->id;
-    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
-    req.seal = &s;
     pthread_mutex_lock(&c->lock);
-    /* Checked here, so the daemon has no reason to refuse and the request
-     * can go without waiting for its reply. */
-    if (!b->owns_ref || !b->sealable) {
-        r = b->owns_ref && b->allocated ? GPUBUF_ESTATE : -EPERM;
-        gpubuf__set_error("%s", r == GPUBUF_ESTATE
-                                    ? "the buffer is already sealed"
-                                    : "only the connection that allocated a buffer seals it");
-    } else {
-        r = gpubuf__send_async_locked(c, &req);
+    r = seal_check(&b);
+    if (r == 0) {
+        s.buffer_id = b->id;
+        req.body_case = GPUBUF__REQUEST__BODY_SEAL;
+        req.seal = &s;
+        if (wait) {
+            /* Its own reply, not an earlier asynchronous request's error. */
+            Gpubuf__Response *resp;
+            int fd;
+            r = gpubuf__rpc_locked(c, &req, &resp, &fd);
+            if (r == 0) {
+                if (fd >= 0)
+                    close(fd);
+                gpubuf__response__free_unpacked(resp, NULL);
+            }
+        } else {
+            /* Nothing left for the daemon to refuse: send without waiting. */
+            r = gpubuf__send_async_locked(c, &req);
+        }
         if (r == 0)
             b->sealable = false;
     }
@@ -515,9 +537,12 @@ GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
     return r;
 }
 
+GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
+    return seal(b, false);
+}
+
 GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b) {
-    int r = gpubuf_seal(b);
-    return r < 0 ? r : gpubuf_flush(b->c);
+    return seal(b, true);
 }
 
 GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {

@@ -323,8 +323,11 @@ static int create_pools(gpubuf_server *srv, config *c) {
         r = gpubuf_pool_new(ps->name, be, cap, ps->slab_size ? ps->slab_size : DEFAULT_SLAB,
                             &srv->slab_ids, &pool);
         if (r < 0) {
+            LOG_ERR("pool '%s': %s", ps->name,
+                    r == -EINVAL && cap < be->granularity
+                        ? "capacity below the backend's allocation granularity"
+                        : gpubuf_strerror(r));
             gpubuf_backend_free(be);
-            LOG_ERR("pool '%s': %s", ps->name, gpubuf_strerror(r));
             return -1;
         }
         memcpy(pool->allow_uids, ps->allow_uids, sizeof(pool->allow_uids));
@@ -510,7 +513,8 @@ int main(int argc, char **argv) {
         snprintf(cfg.socket_path, sizeof(cfg.socket_path), "%s", socket_flag);
     else if (!cfg.socket_path[0])
         snprintf(cfg.socket_path, sizeof(cfg.socket_path), "%s",
-                 getenv("GPUBUF_SOCKET") ? getenv("GPUBUF_SOCKET") : GPUBUF_DEFAULT_SOCKET);
+                 getenv("GPUBUF_SOCKET") && *getenv("GPUBUF_SOCKET") ? getenv("GPUBUF_SOCKET")
+                                                                    : GPUBUF_DEFAULT_SOCKET);
 
     signal(SIGPIPE, SIG_IGN);
     gpubuf_server_init(&g_srv, loop);

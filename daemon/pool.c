@@ -10,8 +10,8 @@
 int gpubuf_pool_new(const char *name, gpubuf_backend *be, uint64_t capacity, uint64_t slab_size,
                     uint64_t *slab_id_counter, gpubuf_pool **ret) {
     gpubuf_pool *p;
-    if (!be || slab_size == 0 || capacity == 0)
-        return -EINVAL;
+    if (!be || slab_size == 0 || capacity < be->granularity)
+        return -EINVAL; /* not even one slab of the smallest size fits */
     p = calloc(1, sizeof(*p));
     if (!p)
         return -ENOMEM;
@@ -24,7 +24,7 @@ int gpubuf_pool_new(const char *name, gpubuf_backend *be, uint64_t capacity, uin
     /* A slab never exceeds the capacity: a pool smaller than one slab is
      * one slab of its capacity. */
     if (slab_size > capacity)
-        slab_size = capacity;
+        slab_size = capacity / be->granularity * be->granularity;
     p->slab_size = gpubuf_align_up(slab_size, be->granularity);
     p->capacity = capacity;
     p->next_slab_id = slab_id_counter;

@@ -518,13 +518,22 @@ static void on_session_io(uv_poll_t *h, int status, int events) {
         LOG_WARN("pid %d sent file descriptors; closed them", (int)s->pid);
     if (n == -EAGAIN)
         return;
-    if (n <= 0) {
+    if (n == 0) {
+        /* The peer is done sending: answer what it sent before going. */
+        process_frames(s, UINT32_MAX);
+        gpubuf_session_kill(s);
+        return;
+    }
+    if (n < 0) {
         gpubuf_session_kill(s);
         return;
     }
     s->in_len += (size_t)n;
-    if (process_frames(s, srv->limits.frames_per_wakeup) >= 0) {
+    int done = process_frames(s, srv->limits.frames_per_wakeup);
+    if (done >= 0) {
         maybe_pend(s);
+        if (done > 0) /* whole frames arrived: a new deadline for the next one */
+            uv_timer_stop(&s->timer);
         arm_timer(s);
     }
 }

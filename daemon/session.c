@@ -221,8 +221,17 @@ static void do_seal(gpubuf_session *s, uint64_t id, const Gpubuf__SealRequest *q
         return;
     }
     /* Waiters woken by the seal may have been this very session; b is alive
-     * since the sealer holds a reference. */
-    reply_buffer(s, id, b, false);
+     * since the sealer holds a reference. The sealer mapped the buffer when
+     * it allocated it: the reply carries no handle. */
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    buffer_msg m;
+    fill_buffer(&m, b);
+    m.slab.ipc_handle.len = 0;
+    m.slab.ipc_handle.data = NULL;
+    resp.id = id;
+    resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
+    resp.buffer = &m.buf;
+    gpubuf_session_send(s, &resp, -1);
 }
 
 static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {

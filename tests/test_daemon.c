@@ -389,6 +389,38 @@ START_TEST(pipelined_requests_answered_in_order) {
 }
 END_TEST
 
+START_TEST(requests_before_hangup_are_answered) {
+    int fd = raw_connect();
+    raw_hello(fd);
+    /* 300 requests, then the write side closes: all are answered anyway,
+     * beyond the per-wake-up cap. */
+    uint8_t *buf = malloc(300 * 32);
+    size_t len = 0;
+    for (int i = 0; i < 300; i++) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
+        st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
+        st.buffer_id = 5;
+        req.id = 1000 + (uint64_t)i;
+        req.body_case = GPUBUF__REQUEST__BODY_STAT;
+        req.stat = &st;
+        size_t n = gpubuf__request__pack(&req, buf + len + GPUBUF_WIRE_HEADER_SIZE);
+        gpubuf_wire_header_encode(buf + len, (uint32_t)n);
+        len += GPUBUF_WIRE_HEADER_SIZE + n;
+    }
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    free(buf);
+    shutdown(fd, SHUT_WR);
+    for (int i = 0; i < 300; i++) {
+        Gpubuf__Response *r = raw_recv(fd, NULL);
+        ck_assert_msg(r != NULL, "reply %d missing", i);
+        ck_assert_uint_eq(r->id, 1000 + (uint64_t)i);
+        gpubuf__response__free_unpacked(r, NULL);
+    }
+    close(fd);
+}
+END_TEST
+
 START_TEST(sigterm_with_live_clients) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *b;
@@ -709,6 +741,7 @@ int main(void) {
     tcase_add_test(t, release_not_held_and_double_release);
     tcase_add_test(t, pipelined_requests_answered_in_order);
     tcase_add_test(t, sigterm_with_live_clients);
+    tcase_add_test(t, requests_before_hangup_are_answered);
     tcase_add_test(t, second_daemon_refuses_live_socket);
     tcase_add_test(t, reader_that_never_reads_is_dropped);
     tcase_add_test(t, waiting_open_fails_when_buffer_goes);
