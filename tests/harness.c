@@ -1,6 +1,7 @@
 #include "harness.h"
 
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -16,10 +17,12 @@
 
 #include "pattern.h"
 
-static void sleep_ms(int ms) {
+void td_sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
     nanosleep(&ts, NULL);
 }
+
+#define sleep_ms td_sleep_ms
 
 static bool can_connect(const char *path) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
@@ -160,4 +163,30 @@ void td_fill(void *p, uint64_t len, uint32_t seed) {
 
 uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed) {
     return gpubuf_pattern_mismatches(p, len, seed);
+}
+
+bool td_wait_refs(const test_daemon *d, const char *name, uint32_t refs, int timeout_ms) {
+    for (int t = 0; t <= timeout_ms; t += 5) {
+        gpubuf_status *s = td_status(d);
+        const gpubuf_status_buffer *b = td_find_buffer(s, name);
+        bool ok = b && b->refs == refs;
+        gpubuf_status_free(s);
+        if (ok)
+            return true;
+        td_sleep_ms(5);
+    }
+    return false;
+}
+
+int td_count_fds(pid_t pid) {
+    char path[64];
+    int n = 0;
+    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
+    DIR *dir = opendir(path);
+    if (!dir)
+        return -1;
+    while (readdir(dir))
+        n++;
+    closedir(dir);
+    return n;
 }

@@ -37,6 +37,13 @@ pid_t td_spawn(int (*fn)(const test_daemon *d, void *arg), const test_daemon *d,
 /* Wait for pid; returns its exit code, or 128 + signal. */
 int td_wait(pid_t pid);
 
+/* Sleep for ms milliseconds. */
+void td_sleep_ms(int ms);
+/* Poll status until buffer `name` has `refs` references. */
+bool td_wait_refs(const test_daemon *d, const char *name, uint32_t refs, int timeout_ms);
+/* Open file descriptors of a process, from /proc (-1 if unreadable). */
+int td_count_fds(pid_t pid);
+
 /* Fill/verify a deterministic pattern (see examples/pattern.h). */
 void td_fill(void *p, uint64_t len, uint32_t seed);
 uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed);

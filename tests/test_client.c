@@ -29,25 +29,7 @@ static void stop_clean(void) {
     ck_assert_int_eq(td_stop(&D), 0);
 }
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
 /* Poll status until buffer `name` has `refs` references. */
-static bool wait_refs(const char *name, uint32_t refs, int timeout_ms) {
-    for (int t = 0; t <= timeout_ms; t += 5) {
-        gpubuf_status *s = td_status(&D);
-        const gpubuf_status_buffer *b = td_find_buffer(s, name);
-        bool ok = b && b->refs == refs;
-        gpubuf_status_free(s);
-        if (ok)
-            return true;
-        sleep_ms(5);
-    }
-    return false;
-}
-
 /* ---- child process bodies ------------------------------------------------ */
 
 typedef struct job {
@@ -170,13 +152,13 @@ START_TEST(producer_exits_before_consumers) {
              .hold_fd = -1, .timeout_ms = 0};
     ck_assert_int_eq(td_wait(td_spawn(produce, &D, &j)), 0);
     /* Producer gone: the sealed buffer stays, with no references. */
-    ck_assert(wait_refs("story", 0, 2000));
+    ck_assert(td_wait_refs(&D, "story", 0, 2000));
     pid_t p[3];
     for (int i = 0; i < 3; i++)
         p[i] = td_spawn(consume, &D, &j);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(td_wait(p[i]), 0);
-    ck_assert(wait_refs("story", 0, 2000));
+    ck_assert(td_wait_refs(&D, "story", 0, 2000));
     gpubuf_client *c = td_connect(&D);
     ck_assert_int_eq(gpubuf_delete(c, "story"), 0);
     gpubuf_disconnect(c);
@@ -199,10 +181,10 @@ START_TEST(sigkill_consumer_loses_references) {
     pid_t p = td_spawn(consume, &D, &j);
     char x;
     ck_assert_int_eq(read(ready[0], &x, 1), 1);
-    ck_assert(wait_refs("victim", 1, 1000));
+    ck_assert(td_wait_refs(&D, "victim", 1, 1000));
     kill(p, SIGKILL);
     ck_assert_int_eq(td_wait(p), 128 + SIGKILL);
-    ck_assert(wait_refs("victim", 0, 2000));
+    ck_assert(td_wait_refs(&D, "victim", 0, 2000));
     ck_assert(td_wait_clients(&D, 0, 2000));
     close(hold[1]);
 }
@@ -239,7 +221,7 @@ START_TEST(eight_processes_open_at_once) {
     ck_assert_int_eq(write(hold[1], "hhhhhhhh", 8), 8);
     for (int i = 0; i < 8; i++)
         ck_assert_int_eq(td_wait(p[i]), 0);
-    ck_assert(wait_refs("shared8", 0, 2000));
+    ck_assert(td_wait_refs(&D, "shared8", 0, 2000));
 }
 END_TEST
 
@@ -305,7 +287,7 @@ static int seal_later(const test_daemon *d, void *arg) {
     if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "host", 4096, "later", &b) < 0)
         return 1;
     gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), 4096, 5);
-    sleep_ms(200);
+    td_sleep_ms(200);
     return gpubuf_seal(b) < 0 ? 2 : 0;
 }
 
@@ -445,14 +427,14 @@ START_TEST(slices_keep_parent_alive) {
     ck_assert_int_eq(gpubuf_release(b), 0);
     ck_assert_int_eq(gpubuf_release(s1), 0);
     ck_assert_uint_eq(c->n_maps, 1);
-    ck_assert(wait_refs("sliced", 1, 1000));
+    ck_assert(td_wait_refs(&D, "sliced", 1, 1000));
     uint32_t w[128];
     ck_assert_int_eq(gpubuf_buffer_copy_to_host(s2, 0, w, sizeof(w)), 0);
     for (int i = 0; i < 128; i++)
         ck_assert_uint_eq(w[i], gpubuf_pattern_word(384 + (uint64_t)i, 3));
     ck_assert_int_eq(gpubuf_release(s2), 0);
     ck_assert_uint_eq(c->n_maps, 0);
-    ck_assert(wait_refs("sliced", 0, 1000));
+    ck_assert(td_wait_refs(&D, "sliced", 0, 1000));
     gpubuf_disconnect(c);
 }
 END_TEST
@@ -507,7 +489,7 @@ START_TEST(disconnect_with_live_views) {
     ck_assert_int_eq(gpubuf_seal(b), 0);
     gpubuf_disconnect(c);
     /* The daemon dropped our reference; the local mapping is still usable. */
-    ck_assert(wait_refs("orphan", 0, 2000));
+    ck_assert(td_wait_refs(&D, "orphan", 0, 2000));
     memset(gpubuf_buffer_host_ptr(b), 1, 4096);
     ck_assert_int_eq(gpubuf_release(b), 0);
 }
@@ -538,7 +520,7 @@ START_TEST(disconnect_wakes_a_blocked_open) {
     pthread_t th;
     void *ret;
     pthread_create(&th, NULL, blocked_open, c);
-    sleep_ms(100);
+    td_sleep_ms(100);
     /* Keep one reference on the client so the other thread's c stays valid. */
     atomic_fetch_add(&c->refs, 1);
     gpubuf_disconnect(c);
@@ -619,13 +601,13 @@ START_TEST(async_seal_and_release_semantics) {
     for (int i = 0; i < 200; i++)
         ck_assert_int_eq(gpubuf_release(many[i]), 0);
     ck_assert_int_eq(gpubuf_flush(b), 0);
-    ck_assert(wait_refs("async", 2, 10));
+    ck_assert(td_wait_refs(&D, "async", 2, 10));
     gpubuf_release(o);
     gpubuf_release(sl);
     gpubuf_release(x);
     ck_assert_int_eq(gpubuf_flush(a), 0);
     ck_assert_int_eq(gpubuf_flush(b), 0);
-    ck_assert(wait_refs("async", 0, 10));
+    ck_assert(td_wait_refs(&D, "async", 0, 10));
     gpubuf_disconnect(a);
     gpubuf_disconnect(b);
 }

@@ -102,19 +102,6 @@ static void assert_serving(void) {
     gpubuf_disconnect(c);
 }
 
-static int count_fds(pid_t pid) {
-    char path[64];
-    int n = 0;
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
-}
-
 START_TEST(garbage_disconnects_only_that_client) {
     gpubuf_client *good = td_connect(&D);
     int fd = raw_connect();
@@ -284,7 +271,7 @@ END_TEST
 START_TEST(unsolicited_fds_are_closed) {
     ck_assert(td_wait_clients(&D, 0, 2000));
     usleep(50000); /* let the probe connections' fds close */
-    int before = count_fds(D.pid);
+    int before = td_count_fds(D.pid);
     for (int i = 0; i < 50; i++) {
         int fd = raw_connect();
         int mfd = memfd_create("x", MFD_CLOEXEC);
@@ -309,7 +296,7 @@ START_TEST(unsolicited_fds_are_closed) {
     /* A connection's fd is closed one loop turn after it leaves the
      * client list: allow for that. */
     int now = -1;
-    for (int i = 0; i < 200 && (now = count_fds(D.pid)) > before; i++)
+    for (int i = 0; i < 200 && (now = td_count_fds(D.pid)) > before; i++)
         usleep(5000);
     ck_assert_int_le(now, before);
 }

@@ -31,24 +31,6 @@ static void stop_clean(void) {
     ck_assert_int_eq(td_stop(&D), 0);
 }
 
-static void sleep_ms(int ms) {
-    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
-    nanosleep(&ts, NULL);
-}
-
-static bool wait_refs(const char *name, uint32_t refs, int timeout_ms) {
-    for (int t = 0; t <= timeout_ms; t += 5) {
-        gpubuf_status *s = td_status(&D);
-        const gpubuf_status_buffer *b = td_find_buffer(s, name);
-        bool ok = b && b->refs == refs;
-        gpubuf_status_free(s);
-        if (ok)
-            return true;
-        sleep_ms(5);
-    }
-    return false;
-}
-
 /* Run an example program; returns its exit code. */
 static int run_example(const char *const *argv) {
     fflush(NULL);
@@ -66,7 +48,7 @@ START_TEST(user_story_256mib) {
     const char *cons[] = {EXAMPLES_DIR "/gpubuf-consumer", "--socket", D.socket, "--name",
                           "story", "--seed", "77", NULL};
     ck_assert_int_eq(run_example(prod), 0);
-    ck_assert(wait_refs("story", 0, 2000));
+    ck_assert(td_wait_refs(&D, "story", 0, 2000));
     pid_t p[3];
     for (int i = 0; i < 3; i++) {
         fflush(NULL);
@@ -212,11 +194,11 @@ START_TEST(eight_gpu_consumers_at_once) {
         char x;
         ck_assert_int_eq(read(ready[0], &x, 1), 1);
     }
-    ck_assert(wait_refs("g", 8, 1000));
+    ck_assert(td_wait_refs(&D, "g", 8, 1000));
     ck_assert_int_eq(write(hold[1], "hhhhhhhh", 8), 8);
     for (int i = 0; i < 8; i++)
         ck_assert_int_eq(td_wait(p[i]), 0);
-    ck_assert(wait_refs("g", 0, 2000));
+    ck_assert(td_wait_refs(&D, "g", 0, 2000));
 }
 END_TEST
 
@@ -231,10 +213,10 @@ START_TEST(sigkill_gpu_consumer) {
     pid_t p = td_spawn(gpu_consume, &D, &j);
     char x;
     ck_assert_int_eq(read(ready[0], &x, 1), 1);
-    ck_assert(wait_refs("g", 1, 1000));
+    ck_assert(td_wait_refs(&D, "g", 1, 1000));
     kill(p, SIGKILL);
     ck_assert_int_eq(td_wait(p), 128 + SIGKILL);
-    ck_assert(wait_refs("g", 0, 2000));
+    ck_assert(td_wait_refs(&D, "g", 0, 2000));
     gpubuf_client *c = td_connect(&D);
     ck_assert_int_eq(gpubuf_delete(c, "g"), 0);
     gpubuf_disconnect(c);

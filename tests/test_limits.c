@@ -262,25 +262,12 @@ static long daemon_rss_kib(pid_t pid) {
     return kib;
 }
 
-static int count_fds(pid_t pid) {
-    char path[64];
-    int n = 0;
-    snprintf(path, sizeof(path), "/proc/%d/fd", (int)pid);
-    DIR *d = opendir(path);
-    if (!d)
-        return -1;
-    while (readdir(d))
-        n++;
-    closedir(d);
-    return n;
-}
-
 START_TEST(chaos_kill_random_clients) {
     int secs = getenv("GPUBUF_CHAOS_SECONDS") ? atoi(getenv("GPUBUF_CHAOS_SECONDS")) : 30;
     start_with("[pool:c]\nkind = host\ncapacity = 512M\nslab_size = 4M\n");
     ck_assert(td_wait_clients(&D, 0, 2000));
     usleep(50000);
-    int fds0 = count_fds(D.pid);
+    int fds0 = td_count_fds(D.pid);
     long rss0 = daemon_rss_kib(D.pid);
     enum { N = 32 };
     pid_t w[N];
@@ -324,7 +311,7 @@ START_TEST(chaos_kill_random_clients) {
     gpubuf_status_free(s);
     ck_assert(td_wait_clients(&D, 0, 2000));
     int fds1 = -1;
-    for (int i = 0; i < 200 && (fds1 = count_fds(D.pid)) > fds0 + 1; i++)
+    for (int i = 0; i < 200 && (fds1 = td_count_fds(D.pid)) > fds0 + 1; i++)
         usleep(10000);
     /* The spare slab keeps one memfd open. */
     ck_assert_msg(fds1 <= fds0 + 1, "fds %d -> %d", fds0, fds1);
