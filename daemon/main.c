@@ -318,7 +318,8 @@ static int create_pools(gpubuf_server *srv, config *c) {
         if (!cap)
             cap = be->device_total ? be->device_total / 10 * 9 : DEFAULT_HOST_CAPACITY;
         if (ps->slab_size > cap)
-            LOG_WARN("pool '%s': slab size above the capacity; slabs of the capacity instead",
+            LOG_WARN("pool '%s': slab size above the capacity; slabs of the capacity (rounded "
+                     "down to the allocation granularity) instead",
                      ps->name);
         r = gpubuf_pool_new(ps->name, be, cap, ps->slab_size ? ps->slab_size : DEFAULT_SLAB,
                             &srv->slab_ids, &pool);

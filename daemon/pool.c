@@ -23,9 +23,10 @@ int gpubuf_pool_new(const char *name, gpubuf_backend *be, uint64_t capacity, uin
     p->be = be;
     /* A slab never exceeds the capacity: a pool smaller than one slab is
      * one slab of its capacity. */
+    slab_size = gpubuf_align_up(slab_size, be->granularity);
     if (slab_size > capacity)
         slab_size = capacity / be->granularity * be->granularity;
-    p->slab_size = gpubuf_align_up(slab_size, be->granularity);
+    p->slab_size = slab_size;
     p->capacity = capacity;
     p->next_slab_id = slab_id_counter;
     *ret = p;

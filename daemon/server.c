@@ -64,6 +64,27 @@ static void on_session_io(uv_poll_t *h, int status, int events);
 static void on_reap(uv_check_t *h);
 static void on_kick(uv_idle_t *h);
 static int process_frames(gpubuf_session *s, uint32_t limit);
+static int process_frames_corked(gpubuf_session *s, uint32_t limit);
+static bool grow_in(gpubuf_session *s);
+static ssize_t read_in(gpubuf_session *s);
+static void peer_left(gpubuf_session *s);
+
+/* Everything a client sent before it went away is applied: a seal or a
+ * release written just before exit() must not be lost. Its replies go
+ * nowhere. Runs at reaping time, for sessions whose peer left. */
+static void final_drain(gpubuf_session *s) {
+    s->reaping = true;
+    s->closing = false;
+    for (int round = 0; round < 4096 && !s->closing; round++) {
+        process_frames_corked(s, UINT32_MAX);
+        if (s->closing || !grow_in(s) || s->in_cap == s->in_len)
+            break;
+        if (read_in(s) <= 0)
+            break;
+    }
+    s->closing = true;
+    s->reaping = false;
+}
 
 void gpubuf_server_init(gpubuf_server *srv, uv_loop_t *loop) {
     memset(srv, 0, sizeof(*srv));
@@ -181,6 +202,8 @@ static void on_reap(uv_check_t *h) {
             s->pending = false;
         }
         LOG_DEBUG("session %llu (pid %d) closed", (unsigned long long)s->holder->id, (int)s->pid);
+        if (s->peer_gone)
+            final_drain(s);
         gpubuf_registry_holder_drop(&srv->reg, s->holder);
         s->holder = NULL;
         session_free_out(s);
@@ -241,6 +264,10 @@ static void on_kick(uv_idle_t *h) {
 }
 
 void gpubuf_session_kill(gpubuf_session *s) {
+    if (s->reaping) {
+        s->closing = true; /* stops the final drain */
+        return;
+    }
     if (s->closing)
         return;
     s->closing = true;
@@ -365,7 +392,7 @@ void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd
     size_t plen = gpubuf__response__get_packed_size(resp);
     gpubuf_outbuf *o;
     bool was_empty = !s->out_head;
-    if (s->closing)
+    if (s->closing || s->peer_gone)
         return;
     if (s->out_frames >= s->srv->limits.max_queued_replies) {
         LOG_WARN("pid %d reads none of its %u queued replies; disconnecting", (int)s->pid,
@@ -404,7 +431,7 @@ void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd
     if (was_empty && !s->corked) {
         int r = flush_out(s);
         if (r < 0) {
-            gpubuf_session_kill(s);
+            peer_left(s);
             return;
         }
         if (s->out_head)
@@ -425,7 +452,7 @@ static int process_frames(gpubuf_session *s, uint32_t limit) {
      * says why. */
     if (s->out_head) {
         if (flush_out(s) < 0)
-            gpubuf_session_kill(s);
+            peer_left(s);
         else
             update_poll(s);
     }
@@ -464,27 +491,16 @@ static int process_frames_corked(gpubuf_session *s, uint32_t limit) {
     return s->closing ? -1 : (int)done;
 }
 
-static void on_session_io(uv_poll_t *h, int status, int events) {
-    gpubuf_session *s = h->data;
+/* The client closed or broke the connection. */
+static void peer_left(gpubuf_session *s) {
+    s->peer_gone = true;
+    gpubuf_session_kill(s);
+}
+
+/* Make room to read: the input buffer grows to one maximal frame plus one
+ * chunk, never more. False when out of memory (the session is killed). */
+static bool grow_in(gpubuf_session *s) {
     gpubuf_server *srv = s->srv;
-    if (s->closing)
-        return;
-    if (status < 0) {
-        gpubuf_session_kill(s);
-        return;
-    }
-    if (events & UV_WRITABLE) {
-        if (flush_out(s) < 0) {
-            gpubuf_session_kill(s);
-            return;
-        }
-        update_poll(s);
-    }
-    if (!(events & UV_READABLE))
-        return;
-    /* Frames left over from the previous wake-up go first. */
-    if (process_frames(s, srv->limits.frames_per_wakeup) < 0)
-        return;
     size_t need = s->in_len + READ_CHUNK;
     if (need > s->in_cap) {
         size_t cap = s->in_cap ? s->in_cap : READ_CHUNK;
@@ -497,16 +513,17 @@ static void on_session_io(uv_poll_t *h, int status, int events) {
             uint8_t *p = realloc(s->in, cap);
             if (!p) {
                 gpubuf_session_kill(s);
-                return;
+                return false;
             }
             s->in = p;
             s->in_cap = cap;
         }
     }
-    if (s->in_cap == s->in_len) {
-        /* Buffer full of unprocessed frames: let the next wake-up drain it. */
-        return;
-    }
+    return true;
+}
+
+/* One recvmsg into the input buffer; fds a client sends are closed. */
+static ssize_t read_in(gpubuf_session *s) {
     int fds[GPUBUF_WIRE_MAX_FDS];
     int n_fds;
     bool trunc;
@@ -516,19 +533,51 @@ static void on_session_io(uv_poll_t *h, int status, int events) {
         close(fds[i]); /* clients never send fds: drop them */
     if (n_fds || trunc)
         LOG_WARN("pid %d sent file descriptors; closed them", (int)s->pid);
+    if (n > 0)
+        s->in_len += (size_t)n;
+    return n;
+}
+
+static void on_session_io(uv_poll_t *h, int status, int events) {
+    gpubuf_session *s = h->data;
+    gpubuf_server *srv = s->srv;
+    if (s->closing)
+        return;
+    if (status < 0) {
+        peer_left(s);
+        return;
+    }
+    if (events & UV_WRITABLE) {
+        if (flush_out(s) < 0) {
+            peer_left(s);
+            return;
+        }
+        update_poll(s);
+    }
+    if (!(events & UV_READABLE))
+        return;
+    /* Frames left over from the previous wake-up go first. */
+    if (process_frames(s, srv->limits.frames_per_wakeup) < 0)
+        return;
+    if (!grow_in(s))
+        return;
+    if (s->in_cap == s->in_len) {
+        /* Buffer full of unprocessed frames: let the next wake-up drain it. */
+        return;
+    }
+    ssize_t n = read_in(s);
     if (n == -EAGAIN)
         return;
     if (n == 0) {
         /* The peer is done sending: answer what it sent before going. */
         process_frames(s, UINT32_MAX);
-        gpubuf_session_kill(s);
+        peer_left(s);
         return;
     }
     if (n < 0) {
-        gpubuf_session_kill(s);
+        peer_left(s);
         return;
     }
-    s->in_len += (size_t)n;
     int done = process_frames(s, srv->limits.frames_per_wakeup);
     if (done >= 0) {
         maybe_pend(s);

@@ -51,6 +51,8 @@ typedef struct gpubuf_session {
     bool hello_done;
     bool closing;
     bool corked; /* replies wait for the end of the current batch of requests */
+    bool peer_gone; /* the client closed or broke the connection: no more replies */
+    bool reaping;   /* the final drain of what it sent before going is running */
     uint32_t n_waiters;
     uint8_t *in;
     size_t in_len, in_cap;

@@ -613,6 +613,50 @@ START_TEST(async_seal_and_release_semantics) {
 }
 END_TEST
 
+static int seal_many_then_go(const test_daemon *d, void *arg) {
+    int how = (int)(intptr_t)arg, n = 63;
+    gpubuf_client *c;
+    gpubuf_buffer *b[63];
+    char name[32];
+    if (gpubuf_connect(d->socket, &c) < 0)
+        return 1;
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof(name), "late/%d", i);
+        if (gpubuf_alloc(c, "host", 4096, name, &b[i]) < 0)
+            return 2;
+    }
+    /* 63 seals in flight, none answered yet, then away. */
+    for (int i = 0; i < n; i++)
+        if (gpubuf_seal(b[i]) < 0)
+            return 3;
+    if (how == 0)
+        gpubuf_disconnect(c);
+    _exit(0); /* or simply exit with the connection open */
+}
+
+START_TEST(requests_in_flight_at_exit_are_applied) {
+    for (int round = 0; round < 20; round++) {
+        ck_assert_int_eq(td_wait(td_spawn(seal_many_then_go, &D, (void *)(intptr_t)(round % 2))),
+                         0);
+        ck_assert(td_wait_clients(&D, 0, 2000));
+        gpubuf_status *s = td_status(&D);
+        size_t sealed = 0;
+        for (size_t i = 0; i < s->n_buffers; i++)
+            sealed += s->buffers[i].state == GPUBUF_STATE_SEALED && s->buffers[i].refs == 0;
+        ck_assert_msg(sealed == 63 && s->n_buffers == 63, "round %d: %zu of %zu sealed", round,
+                      sealed, s->n_buffers);
+        gpubuf_status_free(s);
+        gpubuf_client *c = td_connect(&D);
+        for (int i = 0; i < 63; i++) {
+            char name[32];
+            snprintf(name, sizeof(name), "late/%d", i);
+            ck_assert_int_eq(gpubuf_delete(c, name), 0);
+        }
+        gpubuf_disconnect(c);
+    }
+}
+END_TEST
+
 START_TEST(status_counts) {
     gpubuf_client *a = td_connect(&D), *b = td_connect(&D);
     gpubuf_buffer *x, *y, *y2;
@@ -686,6 +730,7 @@ int main(void) {
     tcase_add_test(t, status_counts);
     tcase_add_test(t, async_seal_and_release_semantics);
     tcase_add_test(t, disconnect_wakes_a_blocked_open);
+    tcase_add_test(t, requests_in_flight_at_exit_are_applied);
     suite_add_tcase(s, t);
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);

@@ -1132,6 +1132,29 @@ END_TEST
 
 /* ---- main -------------------------------------------------------------- */
 
+/* A slab size just below the capacity that rounds up past it used to make
+ * the pool unusable (every allocation GPUBUF_EPOOLFULL). */
+START_TEST(test_slab_rounding_stays_within_capacity) {
+    uint64_t counter = 0;
+    gpubuf_backend *be;
+    gpubuf_pool *p;
+    gpubuf_block b;
+    char err[128];
+    ck_assert_int_eq(gpubuf_backend_host_new(&be, err, sizeof(err)), 0);
+    uint64_t g = be->granularity;
+    ck_assert_int_eq(gpubuf_pool_new("round", be, 2 * g + g / 2, 2 * g + g / 4, &counter, &p), 0);
+    ck_assert_uint_le(p->slab_size, p->capacity);
+    ck_assert_uint_eq(p->slab_size % g, 0);
+    ck_assert_int_eq(gpubuf_pool_alloc(p, 100, 0, &b), 0);
+    gpubuf_pool_release(p, &b);
+    gpubuf_pool_free(p);
+    /* Below one granule there is no pool at all. */
+    ck_assert_int_eq(gpubuf_backend_host_new(&be, err, sizeof(err)), 0);
+    ck_assert_int_eq(gpubuf_pool_new("tiny", be, g - 1, g, &counter, &p), -EINVAL);
+    gpubuf_backend_free(be);
+}
+END_TEST
+
 static Suite *pool_suite(void) {
     Suite *s = suite_create("pool");
     TCase *tc = tcase_create("basic");
@@ -1164,6 +1187,7 @@ static Suite *pool_suite(void) {
 
     /* Reproductions of bugs in daemon/pool.c: these fail until it is fixed. */
     tc = tcase_create("regressions");
+    tcase_add_test(tc, test_slab_rounding_stays_within_capacity);
     tcase_add_test(tc, test_spare_slab_given_back_for_dedicated);
     suite_add_tcase(s, tc);
     return s;

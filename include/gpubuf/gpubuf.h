@@ -186,7 +186,9 @@ GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size
  */
 GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b);
 
-/** gpubuf_seal() and wait for the daemon to have applied it. */
+/** Like gpubuf_seal(), as one synchronous request: returns once the daemon
+ * has applied the seal, with its own result (errors of earlier asynchronous
+ * requests are left for gpubuf_flush()). */
 GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b);
 
 /**
