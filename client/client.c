@@ -121,6 +121,12 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd) {
     Gpubuf__Response *resp =
         gpubuf__response__unpack(NULL, h.length, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE);
     c->rpos += GPUBUF_WIRE_HEADER_SIZE + h.length;
+    if (c->rpos == c->rlen && c->rcap > (1u << 20)) {
+        /* A large reply (a status) is done: give its room back. */
+        free(c->rbuf);
+        c->rbuf = NULL;
+        c->rpos = c->rlen = c->rcap = 0;
+    }
     if (!resp) {
         r = GPUBUF_EPROTOCOL;
         goto broken;

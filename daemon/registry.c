@@ -207,20 +207,22 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
         return fail(r, -EINVAL, "size must be at least 1 byte");
     const gpubuf_quota *q = &r->quota;
     gpubuf_uid_usage *u = uid_usage(r, h->uid, false);
+    /* What the pool will take: the size rounded to the pool's alignment. */
+    uint64_t charge = size > UINT64_MAX / 2 ? size : gpubuf_align_up(size, pool->be->alignment);
     if (q->buffers_per_client && h->n_owned >= q->buffers_per_client)
         return fail(r, -EDQUOT, "quota: this client owns %u buffers (limit %u)", h->n_owned,
                     q->buffers_per_client);
-    if (q->bytes_per_client && (size > q->bytes_per_client ||
-                                h->owned_bytes > q->bytes_per_client - size))
+    if (q->bytes_per_client && (charge > q->bytes_per_client ||
+                                h->owned_bytes > q->bytes_per_client - charge))
         return fail(r, -EDQUOT, "quota: %llu more bytes exceed this client's limit of %llu",
-                    (unsigned long long)size, (unsigned long long)q->bytes_per_client);
+                    (unsigned long long)charge, (unsigned long long)q->bytes_per_client);
     if (u && q->buffers_per_uid && u->buffers >= q->buffers_per_uid)
         return fail(r, -EDQUOT, "quota: uid %u owns %u buffers (limit %u)", (unsigned)h->uid,
                     u->buffers, q->buffers_per_uid);
     if (q->bytes_per_uid &&
-        (size > q->bytes_per_uid || (u && u->bytes > q->bytes_per_uid - size)))
+        (charge > q->bytes_per_uid || (u && u->bytes > q->bytes_per_uid - charge)))
         return fail(r, -EDQUOT, "quota: %llu more bytes exceed uid %u's limit of %llu",
-                    (unsigned long long)size, (unsigned)h->uid,
+                    (unsigned long long)charge, (unsigned)h->uid,
                     (unsigned long long)q->bytes_per_uid);
     if (q->refs_per_client && h->n_refs >= q->refs_per_client)
         return fail(r, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
@@ -257,11 +259,12 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
         b->in_name_index = true;
     }
     r->n_buffers++;
-    b->charged = size;
+    /* Charge what the pool took (alignment included), not what was asked. */
+    b->charged = b->blk.size;
     h->n_owned++;
-    h->owned_bytes += size;
+    h->owned_bytes += b->charged;
     u->buffers++;
-    u->bytes += size;
+    u->bytes += b->charged;
     if (ref_add(h, b) < 0) {
         buf_free(r, b);
         return fail(r, -ENOMEM, "out of memory");
@@ -293,6 +296,14 @@ int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpub
         next = w->next;
         if (!waiter_matches(w, b))
             continue;
+        if (r->quota.refs_per_client && w->holder->n_refs >= r->quota.refs_per_client) {
+            waiter_unlink(r, w);
+            if (w->fail)
+                w->fail(w, -EDQUOT);
+            else
+                w->cancel(w);
+            continue;
+        }
         if (ref_add(w->holder, b) < 0)
             continue; /* out of memory: the waiter times out */
         waiter_unlink(r, w);

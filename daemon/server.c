@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -14,6 +15,13 @@
 #include "wire.h"
 
 #define READ_CHUNK (64u * 1024u)
+/* Backpressure: while this much of a client's replies waits to be written,
+ * the daemon reads and handles no more of its requests. One reply may pass
+ * the mark (a status of a large registry), so a client holds at most this
+ * plus one reply in the daemon's memory. */
+#define OUT_HIGH_WATER (1u << 20)
+/* What the final drain of a departed client reads at most. */
+#define DRAIN_MAX (4u << 20)
 
 void gpubuf_limits_default(gpubuf_limits *l) {
     l->max_request = GPUBUF_WIRE_MAX_REQUEST;
@@ -66,21 +74,30 @@ static void on_kick(uv_idle_t *h);
 static int process_frames(gpubuf_session *s, uint32_t limit);
 static int process_frames_corked(gpubuf_session *s, uint32_t limit);
 static bool grow_in(gpubuf_session *s);
-static ssize_t read_in(gpubuf_session *s);
+static ssize_t read_in(gpubuf_session *s, size_t max);
 static void peer_left(gpubuf_session *s);
+static bool backlogged(const gpubuf_session *s);
 
 /* Everything a client sent before it went away is applied: a seal or a
  * release written just before exit() must not be lost. Its replies go
  * nowhere. Runs at reaping time, for sessions whose peer left. */
 static void final_drain(gpubuf_session *s) {
+    /* Only what the socket held when the drain starts, at most DRAIN_MAX: a
+     * peer that keeps writing cannot hold the loop here. */
+    int queued = 0;
+    if (ioctl(s->fd, FIONREAD, &queued) < 0 || queued < 0)
+        queued = 0;
+    size_t budget = (size_t)queued < DRAIN_MAX ? (size_t)queued : DRAIN_MAX;
     s->reaping = true;
     s->closing = false;
-    for (int round = 0; round < 4096 && !s->closing; round++) {
+    for (;;) {
         process_frames_corked(s, UINT32_MAX);
-        if (s->closing || !grow_in(s) || s->in_cap == s->in_len)
+        if (s->closing || budget == 0 || !grow_in(s) || s->in_cap == s->in_len)
             break;
-        if (read_in(s) <= 0)
+        ssize_t n = read_in(s, budget);
+        if (n <= 0)
             break;
+        budget -= (size_t)n;
     }
     s->closing = true;
     s->reaping = false;
@@ -236,7 +253,7 @@ static bool has_complete_frame(const gpubuf_session *s) {
 /* After a capped wake-up, queue the session so the loop comes back to it
  * without waiting for the socket to become readable again. */
 static void maybe_pend(gpubuf_session *s) {
-    if (s->closing || s->pending || !has_complete_frame(s))
+    if (s->closing || s->pending || backlogged(s) || !has_complete_frame(s))
         return;
     s->pending = true;
     s->pending_next = s->srv->pending;
@@ -342,10 +359,15 @@ static void on_listen(uv_poll_t *h, int status, int events) {
     }
 }
 
+static bool backlogged(const gpubuf_session *s) {
+    return s->out_bytes >= OUT_HIGH_WATER;
+}
+
 static void update_poll(gpubuf_session *s) {
     if (s->closing)
         return;
-    uv_poll_start(&s->poll, UV_READABLE | (s->out_head ? UV_WRITABLE : 0), on_session_io);
+    uv_poll_start(&s->poll, (backlogged(s) ? 0 : UV_READABLE) | (s->out_head ? UV_WRITABLE : 0),
+                  on_session_io);
 }
 
 /* Write queued replies: up to 64 frames per sendmsg. A frame that carries
@@ -382,6 +404,7 @@ static int flush_out(gpubuf_session *s) {
             if (!s->out_head)
                 s->out_tail = NULL;
             s->out_frames--;
+            s->out_bytes -= o->len;
             free(o);
         }
     }
@@ -428,6 +451,7 @@ void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd
         s->out_head = o;
     s->out_tail = o;
     s->out_frames++;
+    s->out_bytes += o->len;
     if (was_empty && !s->corked) {
         int r = flush_out(s);
         if (r < 0) {
@@ -462,7 +486,7 @@ static int process_frames(gpubuf_session *s, uint32_t limit) {
 static int process_frames_corked(gpubuf_session *s, uint32_t limit) {
     size_t pos = 0;
     uint32_t done = 0;
-    while (done < limit && !s->closing) {
+    while (done < limit && !s->closing && !backlogged(s)) {
         gpubuf_frame_header h;
         if (s->in_len - pos < GPUBUF_WIRE_HEADER_SIZE)
             break;
@@ -522,12 +546,14 @@ static bool grow_in(gpubuf_session *s) {
     return true;
 }
 
-/* One recvmsg into the input buffer; fds a client sends are closed. */
-static ssize_t read_in(gpubuf_session *s) {
+/* One recvmsg of at most max bytes into the input buffer; fds a client sends
+ * are closed. */
+static ssize_t read_in(gpubuf_session *s, size_t max) {
     int fds[GPUBUF_WIRE_MAX_FDS];
     int n_fds;
     bool trunc;
-    ssize_t n = gpubuf_wire_recv(s->fd, s->in + s->in_len, s->in_cap - s->in_len, fds,
+    size_t room = s->in_cap - s->in_len;
+    ssize_t n = gpubuf_wire_recv(s->fd, s->in + s->in_len, room < max ? room : max, fds,
                                  GPUBUF_WIRE_MAX_FDS, &n_fds, &trunc);
     for (int i = 0; i < n_fds; i++)
         close(fds[i]); /* clients never send fds: drop them */
@@ -553,8 +579,9 @@ static void on_session_io(uv_poll_t *h, int status, int events) {
             return;
         }
         update_poll(s);
+        maybe_pend(s); /* frames held back while replies were backlogged */
     }
-    if (!(events & UV_READABLE))
+    if (!(events & UV_READABLE) || backlogged(s))
         return;
     /* Frames left over from the previous wake-up go first. */
     if (process_frames(s, srv->limits.frames_per_wakeup) < 0)
@@ -565,7 +592,7 @@ static void on_session_io(uv_poll_t *h, int status, int events) {
         /* Buffer full of unprocessed frames: let the next wake-up drain it. */
         return;
     }
-    ssize_t n = read_in(s);
+    ssize_t n = read_in(s, SIZE_MAX);
     if (n == -EAGAIN)
         return;
     if (n == 0) {

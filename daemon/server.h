@@ -58,6 +58,7 @@ typedef struct gpubuf_session {
     size_t in_len, in_cap;
     gpubuf_outbuf *out_head, *out_tail;
     uint32_t out_frames; /* replies queued because the client is not reading */
+    size_t out_bytes;
     struct gpubuf_session *next, *prev; /* server list */
     struct gpubuf_session *reap_next;
     struct gpubuf_session *pending_next; /* frames left after the per-wake-up cap */

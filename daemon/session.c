@@ -111,8 +111,11 @@ static void waiter_cancel(gpubuf_waiter *w) {
 static void waiter_fail(gpubuf_waiter *w, int err) {
     session_waiter *sw = (session_waiter *)w;
     char msg[96];
-    snprintf(msg, sizeof(msg), "buffer %llu was deleted before it was sealed",
-             (unsigned long long)w->buffer_id);
+    if (err == -EDQUOT)
+        snprintf(msg, sizeof(msg), "quota: this client holds too many references");
+    else
+        snprintf(msg, sizeof(msg), "buffer %llu was deleted before it was sealed",
+                 (unsigned long long)w->buffer_id);
     reply_error(sw->s, sw->request_id, err, msg);
     free(w->name);
     waiter_dispose(sw);

@@ -3,6 +3,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <json-c/json.h>
 #include <signal.h>
 #include <stdio.h>
@@ -376,6 +377,115 @@ START_TEST(pipelined_requests_answered_in_order) {
 }
 END_TEST
 
+static long rss_kib(pid_t pid) {
+    char path[64], line[256];
+    long kib = -1;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}
+
+static double stat_ms(void) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer_info info;
+    struct timespec a, b;
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    gpubuf_stat(c, "nothing", &info);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    gpubuf_disconnect(c);
+    return (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
+}
+
+START_TEST(big_replies_unread_stay_bounded) {
+    /* 2000 buffers with long names make each status reply ~0.6 MB. */
+    gpubuf_client *c = td_connect(&D);
+    char name[300];
+    for (int i = 0; i < 2000; i++) {
+        gpubuf_buffer *b;
+        snprintf(name, sizeof(name), "%0240d", i);
+        ck_assert_int_eq(gpubuf_alloc(c, NULL, 1, name, &b), 0);
+        ck_assert_int_eq(gpubuf_seal(b), 0);
+    }
+    ck_assert_int_eq(gpubuf_flush(c), 0);
+    long before = rss_kib(D.pid);
+    int fd = raw_connect();
+    raw_hello(fd);
+    uint8_t frame[64];
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
+    req.id = 9;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &st;
+    size_t n = gpubuf__request__pack(&req, frame + GPUBUF_WIRE_HEADER_SIZE);
+    gpubuf_wire_header_encode(frame, (uint32_t)n);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    /* 400 status requests, never a read: the daemon stops taking them once
+     * about a megabyte of replies waits, instead of building them all. */
+    for (int i = 0; i < 400; i++)
+        if (send(fd, frame, n + GPUBUF_WIRE_HEADER_SIZE, MSG_NOSIGNAL) < 0)
+            break;
+    usleep(300000);
+    long after = rss_kib(D.pid);
+    ck_assert_msg(after - before < 64 * 1024, "daemon RSS %ld -> %ld KiB", before, after);
+    ck_assert_msg(stat_ms() < 1000, "others are not served");
+    close(fd);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(departed_writer_cannot_hold_the_loop) {
+    pid_t p = fork();
+    if (p == 0) {
+        /* Refuses to read, so the daemon's first reply fails, then writes
+         * requests for 3 s. */
+        int fd = raw_connect();
+        shutdown(fd, SHUT_RD);
+        uint8_t f[64];
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+        h.min_version = h.max_version = 1;
+        req.id = 1;
+        req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+        req.hello = &h;
+        size_t n = gpubuf__request__pack(&req, f + GPUBUF_WIRE_HEADER_SIZE);
+        gpubuf_wire_header_encode(f, (uint32_t)n);
+        if (gpubuf_wire_send_all(fd, f, n + GPUBUF_WIRE_HEADER_SIZE, -1) < 0)
+            _exit(0);
+        Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
+        st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
+        st.buffer_id = 1;
+        req.body_case = GPUBUF__REQUEST__BODY_STAT;
+        req.stat = &st;
+        n = gpubuf__request__pack(&req, f + GPUBUF_WIRE_HEADER_SIZE);
+        gpubuf_wire_header_encode(f, (uint32_t)n);
+        struct timespec t0, now;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        do {
+            if (gpubuf_wire_send_all(fd, f, n + GPUBUF_WIRE_HEADER_SIZE, -1) < 0)
+                break;
+            clock_gettime(CLOCK_MONOTONIC, &now);
+        } while (now.tv_sec - t0.tv_sec < 3);
+        _exit(0);
+    }
+    usleep(300000);
+    double worst = 0;
+    for (int i = 0; i < 10; i++) {
+        double ms = stat_ms();
+        worst = ms > worst ? ms : worst;
+        usleep(100000);
+    }
+    ck_assert_msg(worst < 1000, "another client waited %.0f ms", worst);
+    kill(p, SIGKILL);
+    td_wait(p);
+}
+END_TEST
+
 START_TEST(requests_before_hangup_are_answered) {
     int fd = raw_connect();
     raw_hello(fd);
@@ -729,6 +839,8 @@ int main(void) {
     tcase_add_test(t, pipelined_requests_answered_in_order);
     tcase_add_test(t, sigterm_with_live_clients);
     tcase_add_test(t, requests_before_hangup_are_answered);
+    tcase_add_test(t, big_replies_unread_stay_bounded);
+    tcase_add_test(t, departed_writer_cannot_hold_the_loop);
     tcase_add_test(t, second_daemon_refuses_live_socket);
     tcase_add_test(t, reader_that_never_reads_is_dropped);
     tcase_add_test(t, waiting_open_fails_when_buffer_goes);

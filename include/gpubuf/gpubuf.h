@@ -202,6 +202,9 @@ GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c);
  * Open a sealed buffer by name and take one reference.
  * \param timeout_ms  0: fail at once with -ENOENT if the name is not published;
  *                    > 0: wait up to that long (-ETIMEDOUT); < 0: wait forever.
+ * A waiting open occupies its connection until it returns: other threads'
+ * calls on the same gpubuf_client wait behind it. Wait on a connection of
+ * its own when the same process also seals.
  */
 GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms,
                               gpubuf_buffer **ret);
