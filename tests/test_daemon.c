@@ -411,6 +411,7 @@ START_TEST(big_replies_unread_stay_bounded) {
         snprintf(name, sizeof(name), "%0240d", i);
         ck_assert_int_eq(gpubuf_alloc(c, NULL, 1, name, &b), 0);
         ck_assert_int_eq(gpubuf_seal(b), 0);
+        ck_assert_int_eq(gpubuf_release(b), 0); /* sealed and named: it stays */
     }
     ck_assert_int_eq(gpubuf_flush(c), 0);
     long before = rss_kib(D.pid);
