@@ -190,3 +190,17 @@ int td_count_fds(pid_t pid) {
     closedir(dir);
     return n;
 }
+
+long td_rss_kib(pid_t pid) {
+    char path[64], line[256];
+    long kib = -1;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
+            break;
+    fclose(f);
+    return kib;
+}

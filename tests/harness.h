@@ -43,6 +43,8 @@ void td_sleep_ms(int ms);
 bool td_wait_refs(const test_daemon *d, const char *name, uint32_t refs, int timeout_ms);
 /* Open file descriptors of a process, from /proc (-1 if unreadable). */
 int td_count_fds(pid_t pid);
+/* Resident set size of a process in KiB, from /proc (-1 if unreadable). */
+long td_rss_kib(pid_t pid);
 
 /* Fill/verify a deterministic pattern (see examples/pattern.h). */
 void td_fill(void *p, uint64_t len, uint32_t seed);

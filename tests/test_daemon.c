@@ -377,20 +377,6 @@ START_TEST(pipelined_requests_answered_in_order) {
 }
 END_TEST
 
-static long rss_kib(pid_t pid) {
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
-}
-
 static double stat_ms(void) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer_info info;
@@ -414,7 +400,7 @@ START_TEST(big_replies_unread_stay_bounded) {
         ck_assert_int_eq(gpubuf_release(b), 0); /* sealed and named: it stays */
     }
     ck_assert_int_eq(gpubuf_flush(c), 0);
-    long before = rss_kib(D.pid);
+    long before = td_rss_kib(D.pid);
     int fd = raw_connect();
     raw_hello(fd);
     uint8_t frame[64];
@@ -432,7 +418,7 @@ START_TEST(big_replies_unread_stay_bounded) {
         if (send(fd, frame, n + GPUBUF_WIRE_HEADER_SIZE, MSG_NOSIGNAL) < 0)
             break;
     usleep(300000);
-    long after = rss_kib(D.pid);
+    long after = td_rss_kib(D.pid);
     ck_assert_msg(after - before < 64 * 1024, "daemon RSS %ld -> %ld KiB", before, after);
     ck_assert_msg(stat_ms() < 1000, "others are not served");
     close(fd);

@@ -249,27 +249,13 @@ static int chaos_worker(const test_daemon *d, void *arg) {
     return 0;
 }
 
-static long daemon_rss_kib(pid_t pid) {
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
-}
-
 START_TEST(chaos_kill_random_clients) {
     int secs = getenv("GPUBUF_CHAOS_SECONDS") ? atoi(getenv("GPUBUF_CHAOS_SECONDS")) : 30;
     start_with("[pool:c]\nkind = host\ncapacity = 512M\nslab_size = 4M\n");
     ck_assert(td_wait_clients(&D, 0, 2000));
     usleep(50000);
     int fds0 = td_count_fds(D.pid);
-    long rss0 = daemon_rss_kib(D.pid);
+    long rss0 = td_rss_kib(D.pid);
     enum { N = 32 };
     pid_t w[N];
     unsigned seed = 12345;
@@ -316,7 +302,7 @@ START_TEST(chaos_kill_random_clients) {
         usleep(10000);
     /* The spare slab keeps one memfd open. */
     ck_assert_msg(fds1 <= fds0 + 1, "fds %d -> %d", fds0, fds1);
-    long rss1 = daemon_rss_kib(D.pid);
+    long rss1 = td_rss_kib(D.pid);
     printf("chaos: %ld kills in %d s; fds %d -> %d; RSS %ld -> %ld KiB\n", kills, secs, fds0,
            fds1, rss0, rss1);
 #ifndef __SANITIZE_ADDRESS__
