@@ -82,6 +82,20 @@ static void raw_hello(int fd) {
     gpubuf__response__free_unpacked(r, NULL);
 }
 
+/* Write one framed stat-by-id request at out; returns its length. */
+static size_t pack_stat(uint8_t *out, uint64_t request_id, uint64_t buffer_id) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
+    st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
+    st.buffer_id = buffer_id;
+    req.id = request_id;
+    req.body_case = GPUBUF__REQUEST__BODY_STAT;
+    req.stat = &st;
+    size_t n = gpubuf__request__pack(&req, out + GPUBUF_WIRE_HEADER_SIZE);
+    gpubuf_wire_header_encode(out, (uint32_t)n);
+    return GPUBUF_WIRE_HEADER_SIZE + n;
+}
+
 /* True when the daemon closed fd (read returns 0) within 5 s. */
 static bool closed_by_daemon(int fd) {
     char b[256];
@@ -352,18 +366,8 @@ START_TEST(pipelined_requests_answered_in_order) {
     /* 200 requests in one write: more than one wake-up's worth. */
     size_t cap = 200 * 32, len = 0;
     uint8_t *buf = malloc(cap);
-    for (int i = 0; i < 200; i++) {
-        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-        Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
-        st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
-        st.buffer_id = 77;
-        req.id = 100 + (uint64_t)i;
-        req.body_case = GPUBUF__REQUEST__BODY_STAT;
-        req.stat = &st;
-        size_t n = gpubuf__request__pack(&req, buf + len + GPUBUF_WIRE_HEADER_SIZE);
-        gpubuf_wire_header_encode(buf + len, (uint32_t)n);
-        len += GPUBUF_WIRE_HEADER_SIZE + n;
-    }
+    for (int i = 0; i < 200; i++)
+        len += pack_stat(buf + len, 100 + (uint64_t)i, 77);
     ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
     free(buf);
     for (int i = 0; i < 200; i++) {
@@ -444,13 +448,7 @@ START_TEST(departed_writer_cannot_hold_the_loop) {
         gpubuf_wire_header_encode(f, (uint32_t)n);
         if (gpubuf_wire_send_all(fd, f, n + GPUBUF_WIRE_HEADER_SIZE, -1) < 0)
             _exit(0);
-        Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
-        st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
-        st.buffer_id = 1;
-        req.body_case = GPUBUF__REQUEST__BODY_STAT;
-        req.stat = &st;
-        n = gpubuf__request__pack(&req, f + GPUBUF_WIRE_HEADER_SIZE);
-        gpubuf_wire_header_encode(f, (uint32_t)n);
+        n = pack_stat(f, 2, 1) - GPUBUF_WIRE_HEADER_SIZE;
         struct timespec t0, now;
         clock_gettime(CLOCK_MONOTONIC, &t0);
         do {
@@ -480,18 +478,8 @@ START_TEST(requests_before_hangup_are_answered) {
      * beyond the per-wake-up cap. */
     uint8_t *buf = malloc(300 * 32);
     size_t len = 0;
-    for (int i = 0; i < 300; i++) {
-        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-        Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
-        st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
-        st.buffer_id = 5;
-        req.id = 1000 + (uint64_t)i;
-        req.body_case = GPUBUF__REQUEST__BODY_STAT;
-        req.stat = &st;
-        size_t n = gpubuf__request__pack(&req, buf + len + GPUBUF_WIRE_HEADER_SIZE);
-        gpubuf_wire_header_encode(buf + len, (uint32_t)n);
-        len += GPUBUF_WIRE_HEADER_SIZE + n;
-    }
+    for (int i = 0; i < 300; i++)
+        len += pack_stat(buf + len, 1000 + (uint64_t)i, 5);
     ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
     free(buf);
     shutdown(fd, SHUT_WR);
@@ -716,15 +704,7 @@ START_TEST(reader_that_never_reads_is_dropped) {
     /* Requests without ever reading a reply: the daemon queues at most
      * 4096 replies for it, then drops the connection. */
     uint8_t frame[64];
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
-    st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
-    st.buffer_id = 1;
-    req.id = 9;
-    req.body_case = GPUBUF__REQUEST__BODY_STAT;
-    req.stat = &st;
-    size_t n = gpubuf__request__pack(&req, frame + GPUBUF_WIRE_HEADER_SIZE);
-    gpubuf_wire_header_encode(frame, (uint32_t)n);
+    size_t n = pack_stat(frame, 9, 1) - GPUBUF_WIRE_HEADER_SIZE;
     struct timeval tv = {5, 0};
     setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     int sent = 0;
