@@ -2,7 +2,7 @@
  * and prints one "name value" line per figure, for bench/report.py.
  *
  *   gpubuf_bench --socket PATH [--pool NAME] [--cold-pool NAME] [--procs N]
- *                [--only latency,cold,throughput,bandwidth,crash,scale] [--quick]
+ *                [--only latency,cold,throughput,bandwidth,peer,crash,scale] [--quick]
  *                [--daemon-pid PID] [--ctl PATH-TO-GPUBUFCTL]
  *
  * The parent process never initialises CUDA: every measurement runs in a
@@ -237,52 +237,106 @@ static void throughput(void) {
 }
 
 #ifdef GPUBUF_HAVE_CUDA
-/* Device-to-device copy bandwidth: source a gpubuf view vs a local cuMemAlloc. */
+/* Median rate of 10 timed 1-copy runs (after 2 warm-ups) of n bytes from src
+ * to dst in the current context, in GB/s of n * factor bytes. */
+static double copy_gbps(const gpubuf_cuda *cu, CUdeviceptr dst, CUdeviceptr src, uint64_t n,
+                        double factor) {
+    CUevent e0, e1;
+    double bw[10];
+    if (cu->EventCreate(&e0, 0) || cu->EventCreate(&e1, 0))
+        _exit(3);
+    for (int rep = 0; rep < 12; rep++) {
+        float ms;
+        cu->EventRecord(e0, NULL);
+        cu->MemcpyDtoDAsync(dst, src, n, NULL);
+        cu->EventRecord(e1, NULL);
+        if (cu->EventSynchronize(e1) != CUDA_SUCCESS)
+            _exit(4);
+        cu->EventElapsedTime(&ms, e0, e1);
+        if (rep >= 2)
+            bw[rep - 2] = factor * (double)n / (ms / 1e3) / 1e9;
+    }
+    cu->EventDestroy(e0);
+    cu->EventDestroy(e1);
+    qsort(bw, 10, sizeof(double), cmpd);
+    return bw[5];
+}
+
+static CUcontext use_device(const gpubuf_cuda *cu, int ordinal) {
+    CUdevice dev;
+    CUcontext ctx;
+    if (cu->DeviceGet(&dev, ordinal) || cu->DevicePrimaryCtxRetain(&ctx, dev) ||
+        cu->CtxSetCurrent(ctx))
+        _exit(3);
+    return ctx;
+}
+
+/* Device-to-device copy bandwidth: source a gpubuf view vs a local cuMemAlloc
+ * (bytes read + written per second, like the anchor). */
 static void bandwidth(void) {
     const uint64_t big = 1ull << 30;
     gpubuf_client *c = conn();
     gpubuf_buffer *b;
     const gpubuf_cuda *cu;
     CUdeviceptr dst, src_local;
-    CUevent e0, e1;
-    double bw_view[10], bw_local[10];
     CHECK(gpubuf_alloc(c, g_pool, big, "bench/bw", &b));
     CHECK(gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), big, 1));
     CHECK(gpubuf_cuda_load(&cu));
-    CUdevice dev;
-    CUcontext ctx;
-    cu->DeviceGet(&dev, gpubuf_buffer_device(b));
-    cu->DevicePrimaryCtxRetain(&ctx, dev);
-    cu->CtxSetCurrent(ctx);
-    if (cu->MemAlloc(&dst, big) || cu->MemAlloc(&src_local, big) || cu->EventCreate(&e0, 0) ||
-        cu->EventCreate(&e1, 0))
+    use_device(cu, gpubuf_buffer_device(b));
+    if (cu->MemAlloc(&dst, big) || cu->MemAlloc(&src_local, big))
         _exit(3);
     cu->MemsetD32(src_local, 7, big / 4);
-    for (int rep = 0; rep < 12; rep++) {
-        float ms;
-        cu->EventRecord(e0, NULL);
-        cu->MemcpyDtoDAsync(dst, (CUdeviceptr)gpubuf_buffer_device_ptr(b), big, NULL);
-        cu->EventRecord(e1, NULL);
-        cu->EventSynchronize(e1);
-        cu->EventElapsedTime(&ms, e0, e1);
-        if (rep >= 2)
-            bw_view[rep - 2] = 2.0 * (double)big / (ms / 1e3) / 1e9;
-        cu->EventRecord(e0, NULL);
-        cu->MemcpyDtoDAsync(dst, src_local, big, NULL);
-        cu->EventRecord(e1, NULL);
-        cu->EventSynchronize(e1);
-        cu->EventElapsedTime(&ms, e0, e1);
-        if (rep >= 2)
-            bw_local[rep - 2] = 2.0 * (double)big / (ms / 1e3) / 1e9;
-    }
-    qsort(bw_view, 10, sizeof(double), cmpd);
-    qsort(bw_local, 10, sizeof(double), cmpd);
-    printf("dtod_GBps_gpubuf_view_median %.1f\n", bw_view[5]);
-    printf("dtod_GBps_local_median %.1f\n", bw_local[5]);
+    printf("dtod_GBps_gpubuf_view_median %.1f\n",
+           copy_gbps(cu, dst, (CUdeviceptr)gpubuf_buffer_device_ptr(b), big, 2.0));
+    printf("dtod_GBps_local_median %.1f\n", copy_gbps(cu, dst, src_local, big, 2.0));
     cu->MemFree(dst);
     cu->MemFree(src_local);
     gpubuf_release(b);
     gpubuf_delete(c, "bench/bw");
+    gpubuf_disconnect(c);
+}
+
+/* Peer access: a 1 GiB buffer written on GPU 0 (in a process of its own),
+ * read by GPU 1 through a view mapped there with gpubuf_set_device(1), next
+ * to a copy local to GPU 1. Rates are bytes copied per second. */
+static void peer_setup(void) {
+    const uint64_t big = 1ull << 30;
+    gpubuf_client *c = conn();
+    gpubuf_buffer *b;
+    CHECK(gpubuf_alloc(c, g_pool, big, "bench/peer", &b));
+    CHECK(gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), big, 3));
+    CHECK(gpubuf_seal_sync(b));
+    printf("peer_buffer_device %d\n", gpubuf_buffer_device(b));
+    gpubuf_disconnect(c);
+}
+
+static void peer_copy(void) {
+    const uint64_t big = 1ull << 30;
+    gpubuf_client *c = conn();
+    gpubuf_buffer *b;
+    const gpubuf_cuda *cu;
+    CUdeviceptr dst, src_local;
+    uint64_t bad = 1;
+    CHECK(gpubuf_set_device(c, 1));
+    double t0 = now_us();
+    CHECK(gpubuf_open(c, "bench/peer", 0, &b));
+    printf("peer_open_first_us %.1f\n", now_us() - t0);
+    printf("peer_view_device %d\npeer_view_memory_device %d\n", gpubuf_buffer_device(b),
+           gpubuf_buffer_memory_device(b));
+    CHECK(gpubuf_pattern_verify_device(1, gpubuf_buffer_device_ptr(b), big, 3, &bad));
+    printf("peer_verify_mismatches %llu\n", (unsigned long long)bad);
+    CHECK(gpubuf_cuda_load(&cu));
+    use_device(cu, 1);
+    if (cu->MemAlloc(&dst, big) || cu->MemAlloc(&src_local, big))
+        _exit(3);
+    cu->MemsetD32(src_local, 7, big / 4);
+    printf("peer_copy_GBps_gpu1_reads_gpubuf_view_on_gpu0_median %.1f\n",
+           copy_gbps(cu, dst, (CUdeviceptr)gpubuf_buffer_device_ptr(b), big, 1.0));
+    printf("peer_copy_GBps_gpu1_local_median %.1f\n", copy_gbps(cu, dst, src_local, big, 1.0));
+    cu->MemFree(dst);
+    cu->MemFree(src_local);
+    gpubuf_release(b);
+    CHECK(gpubuf_delete(c, "bench/peer"));
     gpubuf_disconnect(c);
 }
 #endif
@@ -517,6 +571,8 @@ int main(int argc, char **argv) {
         throughput();
 #ifdef GPUBUF_HAVE_CUDA
     if (strstr(only, "bandwidth") && run_child(bandwidth))
+        return 1;
+    if (strstr(only, "peer") && (run_child(peer_setup) || run_child(peer_copy)))
         return 1;
 #endif
     if (strstr(only, "crash") && (run_child(crash_setup) || run_child(crash_cleanup)))

@@ -90,6 +90,12 @@ bv, bl = g.get("dtod_GBps_gpubuf_view_median"), g.get("dtod_GBps_local_median")
 if bv and bl:
     row("device-to-device copy 1 GiB, gpubuf view vs local", bv, "GB/s",
         f"{bv / bl:.3f} × local ({bl:.0f} GB/s)", "≥ 0.98", bv / bl >= 0.98)
+pv, pl = (g.get("peer_copy_GBps_gpu1_reads_gpubuf_view_on_gpu0_median"),
+          g.get("peer_copy_GBps_gpu1_local_median"))
+if pv and pl:
+    row("GPU 1 copies 1 GiB out of a gpubuf buffer on GPU 0 (peer view)", pv, "GB/s",
+        f"{pv / pl:.3f} × a copy local to GPU 1 ({pl:.0f} GB/s, bytes copied per s)",
+        "reported", None)
 s10, s100k = g.get("scale_op_at_10_buffers_median_us"), g.get("scale_op_at_100k_buffers_median_us")
 if s10 and s100k:
     row("op latency at 100k live buffers, 1,000 clients", s100k, "µs",

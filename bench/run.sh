@@ -72,6 +72,8 @@ trap 'kill $daemon 2>/dev/null || true' EXIT
 for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
 only=latency,cold,throughput,crash,scale
 [ $mode = gpu ] && only=$only,bandwidth
+# Peer access needs a second GPU: a buffer of gpu0 read on GPU 1.
+[ $mode = gpu ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && only=$only,peer
 "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
     --only $only | tee "$out/gpubuf.txt"
 phase "gpubuf benchmarks done"

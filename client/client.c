@@ -287,6 +287,7 @@ GPUBUF_EXTERN int gpubuf_connect(const char *path, gpubuf_client **ret) {
         return -ENOMEM;
     }
     c->fd = fd;
+    c->device = -1;
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->lock, NULL);
     c->max_request = GPUBUF_WIRE_MAX_REQUEST;
@@ -759,6 +760,10 @@ GPUBUF_EXTERN uint64_t gpubuf_buffer_size(const gpubuf_buffer *b) {
 
 GPUBUF_EXTERN int gpubuf_buffer_device(const gpubuf_buffer *b) {
     return b ? b->map->device : -1;
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_memory_device(const gpubuf_buffer *b) {
+    return b ? b->map->home : -1;
 }
 
 GPUBUF_EXTERN gpubuf_pool_kind gpubuf_buffer_pool_kind(const gpubuf_buffer *b) {

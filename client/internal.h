@@ -21,7 +21,8 @@ typedef struct gpubuf_mapping {
     uint64_t size;
     uint64_t base;      /* device address (cuda) or host address (host) */
     void *host;         /* host pools: the mmap'ed slab */
-    int device;         /* local CUDA ordinal, -1 for host */
+    int device;         /* local ordinal of the context it is mapped in, -1 for host */
+    int home;           /* local ordinal of the GPU holding the memory, -1 for host */
     uint32_t views;     /* root views using it (under the client's lock) */
 #ifdef GPUBUF_HAVE_CUDA
     CUcontext ctx;
@@ -47,6 +48,7 @@ struct gpubuf_client {
     int async_error;     /* first error an asynchronous request got, 0 if none */
     gpubuf_mapping *maps;
     uint32_t n_maps;
+    int device;          /* gpubuf_set_device(): context to map into, -1: the memory's GPU */
 #ifdef GPUBUF_HAVE_CUDA
     /* Primary contexts retained by this connection, by local ordinal: held
      * until the connection goes, so that unmapping the last slab of a

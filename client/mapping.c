@@ -56,7 +56,19 @@ static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg
                           msg->device);
         return GPUBUF_ENODEVICE;
     }
-    if ((r = client_ctx(c, cu, ordinal, &m->ctx)) < 0)
+    int target = c->device >= 0 ? c->device : ordinal;
+    if (target != ordinal) {
+        CUdevice dt, dh;
+        int can = 0;
+        if (cu->DeviceGet(&dt, target) != CUDA_SUCCESS ||
+            cu->DeviceGet(&dh, ordinal) != CUDA_SUCCESS ||
+            cu->DeviceCanAccessPeer(&can, dt, dh) != CUDA_SUCCESS || !can) {
+            gpubuf__set_error("GPU %d cannot access the memory of GPU %d (no peer access "
+                              "between them)", target, ordinal);
+            return GPUBUF_ENOPEER;
+        }
+    }
+    if ((r = client_ctx(c, cu, target, &m->ctx)) < 0)
         return r;
     memcpy(h.reserved, msg->ipc_handle.data, sizeof(h.reserved));
     cu->CtxPushCurrent(m->ctx);
@@ -67,7 +79,8 @@ static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg
         return GPUBUF_ECUDA;
     }
     m->base = (uint64_t)ptr;
-    m->device = ordinal;
+    m->device = target;
+    m->home = ordinal;
     return 0;
 }
 
@@ -105,6 +118,7 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
     m->kind = (gpubuf_pool_kind)msg->kind;
     m->size = msg->size;
     m->device = -1;
+    m->home = -1;
     switch (m->kind) {
     case GPUBUF_POOL_HOST:
         if (fd < 0) {
@@ -184,6 +198,45 @@ void gpubuf__mapping_clear(gpubuf_client *c) {
         c->ctx[i] = NULL;
     }
 #endif
+}
+
+GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device) {
+    gpubuf_mapping *m, *tmp;
+    uint32_t busy = 0;
+    int r = 0;
+    if (!c || device < -1 || device >= GPUBUF_MAX_DEVICES) {
+        gpubuf__set_error("device must be -1 or a CUDA ordinal below %d", GPUBUF_MAX_DEVICES);
+        return -EINVAL;
+    }
+    pthread_mutex_lock(&c->lock);
+    HASH_ITER(hh, c->maps, m, tmp) {
+        if (m->kind == GPUBUF_POOL_CUDA_IPC)
+            busy++;
+    }
+    if (busy) {
+        gpubuf__set_error("%u CUDA slab(s) are mapped on this connection: choose the device "
+                          "before opening, or use another connection", busy);
+        r = -EBUSY;
+    } else if (device >= 0) {
+#ifdef GPUBUF_HAVE_CUDA
+        const gpubuf_cuda *cu;
+        int n = 0;
+        if ((r = gpubuf_cuda_load(&cu)) < 0)
+            gpubuf__set_error("%s", gpubuf_cuda_load_error());
+        else if (cu->DeviceGetCount(&n) != CUDA_SUCCESS || device >= n) {
+            gpubuf__set_error("CUDA device %d does not exist in this process (%d visible)",
+                              device, n);
+            r = GPUBUF_ENODEVICE;
+        }
+#else
+        gpubuf__set_error("libgpubuf-client was built without CUDA support");
+        r = GPUBUF_ENODRIVER;
+#endif
+    }
+    if (r == 0)
+        c->device = device;
+    pthread_mutex_unlock(&c->lock);
+    return r;
 }
 
 static int check_range(const gpubuf_buffer *b, uint64_t offset, uint64_t length) {

@@ -19,6 +19,7 @@ GPUBUF_EXPORT const char *gpubuf_strerror(int err) {
     case GPUBUF_ENOTHELD: return "this client holds no reference to that buffer";
     case GPUBUF_EDISCONNECTED: return "the daemon closed the connection";
     case GPUBUF_ERANGE: return "offset or length outside the buffer";
+    case GPUBUF_ENOPEER: return "the chosen GPU cannot access the buffer's GPU (no peer access)";
     default: break;
     }
     if (err < 0 && err > -4096)
@@ -40,6 +41,7 @@ GPUBUF_EXPORT const char *gpubuf_err_name(int err) {
     case GPUBUF_ENOTHELD: return "GPUBUF_ENOTHELD";
     case GPUBUF_EDISCONNECTED: return "GPUBUF_EDISCONNECTED";
     case GPUBUF_ERANGE: return "GPUBUF_ERANGE";
+    case GPUBUF_ENOPEER: return "GPUBUF_ENOPEER";
     case -ENOENT: return "ENOENT";
     case -EEXIST: return "EEXIST";
     case -EINVAL: return "EINVAL";

@@ -20,11 +20,12 @@ int main(int argc, char **argv) {
         {"socket", required_argument, NULL, 's'},  {"name", required_argument, NULL, 'n'},
         {"timeout", required_argument, NULL, 't'}, {"seed", required_argument, NULL, 'e'},
         {"hold", required_argument, NULL, 'H'},    {"delete", no_argument, NULL, 'd'},
-        {"help", no_argument, NULL, 'h'},          {NULL, 0, NULL, 0}};
+        {"device", required_argument, NULL, 'D'},  {"help", no_argument, NULL, 'h'},
+        {NULL, 0, NULL, 0}};
     const char *sock = NULL, *name = "demo";
     uint32_t seed = 42;
-    int timeout = 10000, hold = 0, del = 0, opt, r;
-    while ((opt = getopt_long(argc, argv, "s:n:t:e:H:dh", opts, NULL)) != -1) {
+    int timeout = 10000, hold = 0, del = 0, device = -1, opt, r;
+    while ((opt = getopt_long(argc, argv, "s:n:t:e:H:dD:h", opts, NULL)) != -1) {
         switch (opt) {
         case 's': sock = optarg; break;
         case 'n': name = optarg; break;
@@ -32,9 +33,10 @@ int main(int argc, char **argv) {
         case 'e': seed = (uint32_t)strtoul(optarg, NULL, 0); break;
         case 'H': hold = atoi(optarg); break;
         case 'd': del = 1; break;
+        case 'D': device = atoi(optarg); break;
         default:
             fprintf(stderr, "Usage: gpubuf-consumer [--socket P] [--name N] [--timeout MS] "
-                            "[--seed S] [--hold SECONDS] [--delete]\n");
+                            "[--seed S] [--hold SECONDS] [--delete] [--device GPU]\n");
             return opt == 'h' ? 0 : 2;
         }
     }
@@ -45,6 +47,10 @@ int main(int argc, char **argv) {
     const char *where;
     if ((r = gpubuf_connect(sock, &c)) < 0)
         return die("connect", r);
+    /* --device: map the buffer into that GPU's context, wherever it lives
+     * (peer access), and check it with a kernel running there. */
+    if (device >= 0 && (r = gpubuf_set_device(c, device)) < 0)
+        return die("set_device", r);
     if ((r = gpubuf_open(c, name, timeout, &b)) < 0)
         return die("open", r);
     size = gpubuf_buffer_size(b);
@@ -64,11 +70,14 @@ int main(int argc, char **argv) {
     if ((r = gpubuf_buffer_copy_to_host(b, 0, head, n)) < 0)
         return die("copy_to_host", r);
     bad += gpubuf_pattern_mismatches(head, n, seed);
-    printf("consumer pid %d: opened '%s' (id %llu, %s) at 0x%llx on device %d: "
+    char peer[64] = "";
+    if (gpubuf_buffer_memory_device(b) != gpubuf_buffer_device(b))
+        snprintf(peer, sizeof(peer), " (memory on device %d)", gpubuf_buffer_memory_device(b));
+    printf("consumer pid %d: opened '%s' (id %llu, %s) at 0x%llx on device %d%s: "
            "%llu mismatches (checked on the %s)\n",
            (int)getpid(), name, (unsigned long long)gpubuf_buffer_id(b),
            gpubuf_format_size(size, sz, sizeof(sz)),
-           (unsigned long long)gpubuf_buffer_device_ptr(b), gpubuf_buffer_device(b),
+           (unsigned long long)gpubuf_buffer_device_ptr(b), gpubuf_buffer_device(b), peer,
            (unsigned long long)bad, where);
     fflush(stdout);
     if (hold > 0)

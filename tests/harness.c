@@ -36,13 +36,10 @@ static bool can_connect(const char *path) {
     return ok;
 }
 
-void td_start(test_daemon *d, const char *const *args) {
+/* Start gpubufd on d->socket and wait until it accepts connections. */
+static void spawn_daemon(test_daemon *d, const char *const *args) {
     const char *argv[64];
     int n = 0;
-    memset(d, 0, sizeof(*d));
-    snprintf(d->dir, sizeof(d->dir), "/tmp/gpubuf-test-XXXXXX");
-    ck_assert_msg(mkdtemp(d->dir) != NULL, "mkdtemp: %s", strerror(errno));
-    snprintf(d->socket, sizeof(d->socket), "%s/gpubufd.sock", d->dir);
     argv[n++] = GPUBUFD_PATH;
     argv[n++] = "--socket";
     argv[n++] = d->socket;
@@ -71,7 +68,16 @@ void td_start(test_daemon *d, const char *const *args) {
     ck_abort_msg("gpubufd did not start listening on %s", d->socket);
 }
 
-int td_stop(test_daemon *d) {
+void td_start(test_daemon *d, const char *const *args) {
+    memset(d, 0, sizeof(*d));
+    snprintf(d->dir, sizeof(d->dir), "/tmp/gpubuf-test-XXXXXX");
+    ck_assert_msg(mkdtemp(d->dir) != NULL, "mkdtemp: %s", strerror(errno));
+    snprintf(d->socket, sizeof(d->socket), "%s/gpubufd.sock", d->dir);
+    spawn_daemon(d, args);
+}
+
+/* SIGTERM (SIGKILL after 10 s), wait; the exit status or -1. */
+static int terminate(test_daemon *d) {
     int st = -1;
     if (d->pid > 0) {
         kill(d->pid, SIGTERM);
@@ -87,11 +93,22 @@ int td_stop(test_daemon *d) {
         }
         d->pid = 0;
     }
-    unlink(d->socket);
-    rmdir(d->dir);
     if (st >= 0 && WIFEXITED(st))
         return WEXITSTATUS(st);
     return -1;
+}
+
+int td_stop(test_daemon *d) {
+    int r = terminate(d);
+    unlink(d->socket);
+    rmdir(d->dir);
+    return r;
+}
+
+int td_restart(test_daemon *d, const char *const *args) {
+    int r = terminate(d);
+    spawn_daemon(d, args);
+    return r;
 }
 
 gpubuf_client *td_connect(const test_daemon *d) {

@@ -21,6 +21,9 @@ typedef struct test_daemon {
 void td_start(test_daemon *d, const char *const *args);
 /* SIGTERM, wait, and return the exit status (or -1). Removes the directory. */
 int td_stop(test_daemon *d);
+/* SIGTERM the daemon, wait for it, and start it again with args on the same
+ * socket; returns the old daemon's exit status (or -1). */
+int td_restart(test_daemon *d, const char *const *args);
 /* Connect to d, failing the test on error. */
 gpubuf_client *td_connect(const test_daemon *d);
 

@@ -135,6 +135,36 @@ START_TEST(alloc_view_attributes) {
 }
 END_TEST
 
+/* In a child: the CUDA driver may be loaded there, never in the test process. */
+static int set_device_body(const test_daemon *d, void *arg) {
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    (void)arg;
+    if (gpubuf_connect(d->socket, &c) < 0)
+        return 1;
+    if (gpubuf_set_device(c, -2) != -EINVAL || gpubuf_set_device(c, 64) != -EINVAL ||
+        gpubuf_set_device(NULL, 0) != -EINVAL)
+        return 2;
+    /* Host views do not pin the choice. */
+    if (gpubuf_alloc(c, "host", 4096, NULL, &b) < 0 || gpubuf_set_device(c, -1) != 0 ||
+        gpubuf_buffer_memory_device(b) != -1 || gpubuf_buffer_device(b) != -1)
+        return 3;
+    /* Device 63 exists nowhere this runs; without a driver: ENODRIVER. */
+    int r = gpubuf_set_device(c, 63);
+    if (r != GPUBUF_ENODEVICE && r != GPUBUF_ENODRIVER && r != GPUBUF_ECUDA)
+        return 4;
+    if (!*gpubuf_last_error_message())
+        return 5;
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+    return 0;
+}
+
+START_TEST(set_device_checks) {
+    ck_assert_int_eq(td_wait(td_spawn(set_device_body, &D, NULL)), 0);
+}
+END_TEST
+
 START_TEST(default_pool_is_first) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *b;
@@ -711,6 +741,7 @@ int main(void) {
     tcase_add_test(t, connect_env_socket);
     tcase_add_test(t, alloc_view_attributes);
     tcase_add_test(t, default_pool_is_first);
+    tcase_add_test(t, set_device_checks);
     tcase_add_test(t, producer_exits_before_consumers);
     tcase_add_test(t, sigkill_consumer_loses_references);
     tcase_add_test(t, eight_processes_open_at_once);

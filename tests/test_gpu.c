@@ -16,10 +16,14 @@
 #include "harness.h"
 #include "internal.h"
 #include "pattern.h"
+#include "util.h"
 
 #define MiB (1ull << 20)
+#define GiB (1ull << 30)
 
 static test_daemon D;
+static int g_ngpus;        /* GPUs visible here (probe_gpus) */
+static char g_uuid[8][41]; /* their UUIDs, "GPU-..." */
 
 static void start_gpu(void) {
     static const char *const args[] = {"--pool", "gpu0=cuda-ipc,device=0,capacity=16G,slab=64M",
@@ -243,26 +247,348 @@ START_TEST(dedicated_slab_1gib) {
 }
 END_TEST
 
-/* Is there a CUDA driver and a device? Asked in a child, so that this
- * process never initialises CUDA. */
-static bool have_gpu(void) {
+/* ---- faults on a cuda-ipc pool ---------------------------------------- */
+
+/* A process that takes all but j->size bytes of device 0's free memory and
+ * holds them until told to go. */
+static int hog_body(const test_daemon *d, void *arg) {
+    job *j = arg;
+    const gpubuf_cuda *cu;
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr p;
+    size_t free_b = 0, total = 0, chunk = 4 * GiB;
+    char x;
+    (void)d;
+    if (gpubuf_cuda_load(&cu) < 0 || cu->DeviceGet(&dev, 0) != CUDA_SUCCESS ||
+        cu->DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
+        cu->CtxSetCurrent(ctx) != CUDA_SUCCESS)
+        return 1;
+    for (int i = 0; i < 4096 && chunk >= 2 * MiB; i++) {
+        if (cu->MemGetInfo(&free_b, &total) != CUDA_SUCCESS)
+            return 2;
+        if (free_b <= j->size + 2 * MiB)
+            break;
+        size_t want = free_b - j->size < chunk ? (free_b - j->size) & ~(2 * MiB - 1) : chunk;
+        if (want < 2 * MiB || cu->MemAlloc(&p, want) != CUDA_SUCCESS)
+            chunk /= 2;
+    }
+    cu->MemGetInfo(&free_b, &total);
+    printf("hog: %.1f GiB of %.1f GiB taken, %.2f GiB free\n",
+           (double)(total - free_b) / (double)GiB, (double)total / (double)GiB,
+           (double)free_b / (double)GiB);
+    fflush(stdout);
+    if (write(j->ready_fd, "r", 1) != 1 || read(j->hold_fd, &x, 1) != 1)
+        return 3;
+    return 0; /* exiting frees everything */
+}
+
+/* With the device nearly full: a 4 GiB buffer (a dedicated slab) fails with
+ * ENOMEM and the driver's words; a small one still works. */
+static int oom_client(const test_daemon *d, void *arg) {
+    gpubuf_client *c;
+    gpubuf_buffer *b = NULL, *small;
+    uint64_t bad = 1;
+    (void)arg;
+    if (gpubuf_connect(d->socket, &c) < 0)
+        return 1;
+    int r = gpubuf_alloc(c, "gpu0", 4 * GiB, "oom-big", &b);
+    printf("oom: alloc 4 GiB: %s: %s\n", gpubuf_err_name(r), gpubuf_last_error_message());
+    fflush(stdout);
+    if (r != -ENOMEM || b || !strstr(gpubuf_last_error_message(), "CUDA_ERROR_OUT_OF_MEMORY") ||
+        !strstr(gpubuf_last_error_message(), "cuMemAlloc"))
+        return 2;
+    if (gpubuf_alloc(c, "gpu0", 8 * MiB, "oom-small", &small) < 0)
+        return 3;
+    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(small), gpubuf_buffer_device_ptr(small),
+                                   8 * MiB, 5) < 0 ||
+        gpubuf_pattern_verify_device(gpubuf_buffer_device(small),
+                                     gpubuf_buffer_device_ptr(small), 8 * MiB, 5, &bad) < 0 ||
+        bad)
+        return 4;
+    gpubuf_release(small);
+    gpubuf_disconnect(c);
+    return 0;
+}
+
+/* Once memory is back: the same 4 GiB request works and holds the data. */
+static int big_client(const test_daemon *d, void *arg) {
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    uint64_t bad = 1;
+    (void)arg;
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", 4 * GiB, "oom-big", &b) < 0)
+        return 1;
+    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), 4 * GiB,
+                                   6) < 0 ||
+        gpubuf_pattern_verify_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
+                                     4 * GiB, 6, &bad) < 0 ||
+        bad)
+        return 2;
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+    return 0;
+}
+
+START_TEST(cuda_out_of_memory) {
+    int ready[2], hold[2];
+    job j = {.size = 2 * GiB, .go_fd = -1};
+    char x;
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(hold), 0);
+    j.ready_fd = ready[1];
+    j.hold_fd = hold[0];
+    pid_t hog = td_spawn(hog_body, &D, &j);
+    ck_assert_int_eq(read(ready[0], &x, 1), 1);
+    ck_assert_int_eq(td_wait(td_spawn(oom_client, &D, NULL)), 0);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0); /* the failed alloc left nothing behind */
+    ck_assert_uint_eq(s->pools[0].used, 0);
+    ck_assert_uint_le(s->pools[0].reserved, 64 * MiB); /* at most the small one's slab */
+    gpubuf_status_free(s);
+    ck_assert_int_eq(write(hold[1], "h", 1), 1);
+    ck_assert_int_eq(td_wait(hog), 0);
+    ck_assert_int_eq(td_wait(td_spawn(big_client, &D, NULL)), 0);
+    s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(s->pools[0].used, 0);
+    ck_assert_uint_le(s->pools[0].reserved, 64 * MiB);
+    ck_assert_uint_eq(s->n_clients, 1); /* the asker */
+    gpubuf_status_free(s);
+}
+END_TEST
+
+typedef struct term_job {
+    int ready_fd, go_fd;
+    const char *socket;
+} term_job;
+
+/* Holds a verified view while the daemon is stopped; then sees a clean error,
+ * reconnects to the restarted daemon and works on. */
+static int term_consumer(const test_daemon *d, void *arg) {
+    term_job *j = arg;
+    gpubuf_client *c;
+    gpubuf_buffer *b, *n;
+    gpubuf_buffer_info info;
+    uint64_t bad = 1;
+    char x;
+    (void)d;
+    if (gpubuf_connect(j->socket, &c) < 0 || gpubuf_open(c, "g", 5000, &b) < 0)
+        return 1;
+    if (gpubuf_pattern_verify_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
+                                     gpubuf_buffer_size(b), 7, &bad) < 0 ||
+        bad)
+        return 2;
+    if (write(j->ready_fd, "r", 1) != 1 || read(j->go_fd, &x, 1) != 1)
+        return 3;
+    int r = gpubuf_stat(c, "g", &info);
+    printf("sigterm: request after the daemon stopped: %s: %s\n", gpubuf_err_name(r),
+           gpubuf_last_error_message());
+    fflush(stdout);
+    if (r != -ESHUTDOWN && r != GPUBUF_EDISCONNECTED && r != -ECONNRESET && r != -EPIPE)
+        return 4;
+    gpubuf_release(b); /* unmaps locally */
+    gpubuf_disconnect(c);
+    if (gpubuf_connect(j->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", 16 * MiB, "after", &n) < 0)
+        return 5;
+    bad = 1;
+    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(n), gpubuf_buffer_device_ptr(n), 16 * MiB,
+                                   8) < 0 ||
+        gpubuf_pattern_verify_device(gpubuf_buffer_device(n), gpubuf_buffer_device_ptr(n),
+                                     16 * MiB, 8, &bad) < 0 ||
+        bad)
+        return 6;
+    gpubuf_release(n);
+    gpubuf_disconnect(c);
+    return 0;
+}
+
+START_TEST(sigterm_with_gpu_clients) {
+    static const char *const args[] = {"--pool", "gpu0=cuda-ipc,device=0,capacity=16G,slab=64M",
+                                       NULL};
+    int ready[2], go[2];
+    job pj = {.size = 64 * MiB, .go_fd = -1, .ready_fd = -1, .hold_fd = -1};
+    term_job tj = {.socket = D.socket};
+    char x;
+    ck_assert_int_eq(pipe(ready), 0);
+    ck_assert_int_eq(pipe(go), 0);
+    tj.ready_fd = ready[1];
+    tj.go_fd = go[0];
+    ck_assert_int_eq(td_wait(td_spawn(gpu_produce, &D, &pj)), 0);
+    pid_t p = td_spawn(term_consumer, &D, &tj);
+    ck_assert_int_eq(read(ready[0], &x, 1), 1);
+    ck_assert(td_wait_refs(&D, "g", 1, 1000));
+    /* SIGTERM with a GPU view mapped in a live client: the daemon exits 0. */
+    ck_assert_int_eq(td_restart(&D, args), 0);
+    ck_assert_int_eq(write(go[1], "g", 1), 1);
+    ck_assert_int_eq(td_wait(p), 0);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(s->pools[0].used, 0);
+    gpubuf_status_free(s);
+}
+END_TEST
+
+/* ---- the device a client maps into ------------------------------------ */
+
+typedef struct peer_job {
+    int device;        /* gpubuf_set_device() argument */
+    int memory_device; /* expected gpubuf_buffer_memory_device() */
+    uint64_t size;
+    uint32_t seed;
+    const char *name;
+} peer_job;
+
+static int produce_on(const test_daemon *d, void *arg) {
+    peer_job *j = arg;
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    char pool[16];
+    snprintf(pool, sizeof(pool), "gpu%d", j->memory_device);
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, pool, j->size, j->name, &b) < 0)
+        return 1;
+    if (gpubuf_buffer_device(b) != j->memory_device ||
+        gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), j->size,
+                                   j->seed) < 0)
+        return 2;
+    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
+}
+
+/* Open j->name mapped on j->device and check every word with a kernel there. */
+static int consume_on(const test_daemon *d, void *arg) {
+    peer_job *j = arg;
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    uint64_t bad = 1;
+    uint32_t head[256];
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_set_device(c, j->device) < 0 ||
+        gpubuf_open(c, j->name, 5000, &b) < 0)
+        return 1;
+    if (gpubuf_buffer_device(b) != j->device || gpubuf_buffer_memory_device(b) != j->memory_device)
+        return 2;
+    if (gpubuf_pattern_verify_device(j->device, gpubuf_buffer_device_ptr(b), gpubuf_buffer_size(b),
+                                     j->seed, &bad) < 0 ||
+        bad)
+        return 3;
+    if (gpubuf_buffer_copy_to_host(b, 0, head, sizeof(head)) < 0 ||
+        td_mismatches(head, sizeof(head), j->seed))
+        return 4;
+    /* The choice is pinned while a CUDA view lives. */
+    if (gpubuf_set_device(c, -1) != -EBUSY)
+        return 5;
+    gpubuf_release(b);
+    if (gpubuf_set_device(c, -1) != 0)
+        return 6;
+    int r = gpubuf_set_device(c, g_ngpus); /* one past the last GPU */
+    if (r != GPUBUF_ENODEVICE)
+        return 7;
+    printf("set_device(%d): %s: %s\n", g_ngpus, gpubuf_err_name(r), gpubuf_last_error_message());
+    gpubuf_disconnect(c);
+    return 0;
+}
+
+START_TEST(set_device_same_gpu) {
+    peer_job j = {.device = 0, .memory_device = 0, .size = 32 * MiB, .seed = 11, .name = "p"};
+    ck_assert_int_eq(td_wait(td_spawn(produce_on, &D, &j)), 0);
+    ck_assert_int_eq(td_wait(td_spawn(consume_on, &D, &j)), 0);
+    ck_assert(td_wait_refs(&D, "p", 0, 2000));
+}
+END_TEST
+
+/* ---- two or more GPUs ------------------------------------------------- */
+
+static void start_default_config(void) {
+    td_start(&D, NULL); /* no pools configured: one cuda-ipc pool per GPU */
+}
+
+START_TEST(default_config_pool_per_gpu) {
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_pools, (size_t)g_ngpus);
+    for (int i = 0; i < g_ngpus; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "gpu%d", i);
+        const gpubuf_pool_info *p = td_find_pool(s, name);
+        ck_assert_ptr_nonnull(p);
+        ck_assert_int_eq(p->kind, GPUBUF_POOL_CUDA_IPC);
+        ck_assert_int_eq(p->device, i);
+        ck_assert_str_eq(p->device_uuid, g_uuid[i]);
+    }
+    gpubuf_status_free(s);
+}
+END_TEST
+
+/* A producer writes 1 GiB on GPU 0; a consumer whose context is on GPU 1
+ * maps it there (peer access) and checks every word with a kernel on GPU 1;
+ * and the other way round. */
+START_TEST(cross_device_1gib) {
+    peer_job a = {.device = 1, .memory_device = 0, .size = 1 * GiB, .seed = 21, .name = "x01"};
+    peer_job b = {.device = 0, .memory_device = 1, .size = 256 * MiB, .seed = 22, .name = "x10"};
+    ck_assert_int_eq(td_wait(td_spawn(produce_on, &D, &a)), 0);
+    ck_assert_int_eq(td_wait(td_spawn(consume_on, &D, &a)), 0);
+    ck_assert_int_eq(td_wait(td_spawn(produce_on, &D, &b)), 0);
+    ck_assert_int_eq(td_wait(td_spawn(consume_on, &D, &b)), 0);
+    gpubuf_client *c = td_connect(&D);
+    ck_assert_int_eq(gpubuf_delete(c, "x01"), 0);
+    ck_assert_int_eq(gpubuf_delete(c, "x10"), 0);
+    gpubuf_disconnect(c);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    for (size_t i = 0; i < s->n_pools; i++)
+        ck_assert_uint_eq(s->pools[i].used, 0);
+    gpubuf_status_free(s);
+}
+END_TEST
+
+/* The GPUs this process would see, asked in a child so that this process
+ * never initialises CUDA: their number and UUIDs. */
+static int probe_gpus(void) {
 #ifdef GPUBUF_HAVE_CUDA
-    pid_t p = fork();
-    if (p == 0) {
+    int p[2];
+    if (pipe(p) < 0)
+        return 0;
+    fflush(NULL);
+    pid_t k = fork();
+    if (k == 0) {
         const gpubuf_cuda *cu;
         int n = 0;
-        if (gpubuf_cuda_load(&cu) < 0 || cu->DeviceGetCount(&n) != CUDA_SUCCESS || n < 1)
+        close(p[0]);
+        if (gpubuf_cuda_load(&cu) < 0 || cu->DeviceGetCount(&n) != CUDA_SUCCESS)
+            n = 0;
+        if (n > 8)
+            n = 8;
+        if (write(p[1], &n, sizeof(n)) != sizeof(n))
             _exit(1);
+        for (int i = 0; i < n; i++) {
+            CUdevice d;
+            CUuuid u;
+            char out[41];
+            if (cu->DeviceGet(&d, i) != CUDA_SUCCESS || cu->DeviceGetUuid(&u, d) != CUDA_SUCCESS)
+                _exit(1);
+            gpubuf_format_uuid((const uint8_t *)u.bytes, out);
+            if (write(p[1], out, sizeof(out)) != sizeof(out))
+                _exit(1);
+        }
         _exit(0);
     }
-    return td_wait(p) == 0;
+    close(p[1]);
+    int n = 0;
+    if (read(p[0], &n, sizeof(n)) != sizeof(n))
+        n = 0;
+    for (int i = 0; i < n; i++)
+        if (read(p[0], g_uuid[i], sizeof(g_uuid[i])) != sizeof(g_uuid[i]))
+            n = 0;
+    close(p[0]);
+    if (td_wait(k) != 0)
+        n = 0;
+    return n;
 #else
-    return false;
+    return 0;
 #endif
 }
 
 int main(void) {
-    if (!have_gpu()) {
+    g_ngpus = probe_gpus();
+    if (g_ngpus < 1) {
         printf("test_gpu: no CUDA driver or device: skipped\n");
         return 77;
     }
@@ -275,7 +601,20 @@ int main(void) {
     tcase_add_test(t, eight_gpu_consumers_at_once);
     tcase_add_test(t, sigkill_gpu_consumer);
     tcase_add_test(t, dedicated_slab_1gib);
+    tcase_add_test(t, cuda_out_of_memory);
+    tcase_add_test(t, sigterm_with_gpu_clients);
+    tcase_add_test(t, set_device_same_gpu);
     suite_add_tcase(s, t);
+    if (g_ngpus >= 2) {
+        TCase *m = tcase_create("multi-gpu");
+        tcase_add_checked_fixture(m, start_default_config, stop_clean);
+        tcase_set_timeout(m, 120);
+        tcase_add_test(m, default_config_pool_per_gpu);
+        tcase_add_test(m, cross_device_1gib);
+        suite_add_tcase(s, m);
+    } else {
+        printf("test_gpu: %d GPU: the multi-gpu cases need two\n", g_ngpus);
+    }
     SRunner *sr = srunner_create(s);
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);

@@ -50,6 +50,7 @@ enum gpubuf_error {
     GPUBUF_ENOTHELD = -1009,   /**< this client holds no reference to that buffer */
     GPUBUF_EDISCONNECTED = -1010, /**< the daemon closed the connection */
     GPUBUF_ERANGE = -1011,     /**< offset or length outside the buffer */
+    GPUBUF_ENOPEER = -1012,    /**< the chosen GPU cannot access the buffer's GPU */
 };
 
 /** Kind of memory behind a pool. */
@@ -209,6 +210,20 @@ GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c);
 GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms,
                               gpubuf_buffer **ret);
 
+/**
+ * Choose the GPU whose context CUDA buffers opened or allocated from now on
+ * are mapped into. By default (-1) each buffer is mapped on the GPU that holds
+ * it. With device d, a buffer living on another GPU is mapped into d's primary
+ * context with peer access (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS): kernels on d
+ * read and write it over NVLink or PCIe. Host pools are not affected.
+ * \param device  a CUDA ordinal in this process, or -1.
+ * \retval -EBUSY views of CUDA buffers are alive on this connection (a slab is
+ *         mapped once per connection: use another connection);
+ *         GPUBUF_ENODEVICE no such device; GPUBUF_ENODRIVER no CUDA driver.
+ * A later open of a buffer that device cannot reach fails with GPUBUF_ENOPEER.
+ */
+GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device);
+
 /** Open a sealed buffer by id (see gpubuf_open). */
 GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
                                  gpubuf_buffer **ret);
@@ -254,8 +269,14 @@ GPUBUF_EXTERN void *gpubuf_buffer_host_ptr(const gpubuf_buffer *b);
 /** \return the view's size in bytes. */
 GPUBUF_EXTERN uint64_t gpubuf_buffer_size(const gpubuf_buffer *b);
 
-/** \return the CUDA device ordinal of the memory in this process, -1 for host. */
+/** \return the CUDA device ordinal (in this process) whose context the view's
+ * address belongs to: launch kernels that use it there. -1 for host pools. */
 GPUBUF_EXTERN int gpubuf_buffer_device(const gpubuf_buffer *b);
+
+/** \return the CUDA device ordinal (in this process) of the GPU that holds the
+ * memory; differs from gpubuf_buffer_device() after gpubuf_set_device().
+ * -1 for host pools. */
+GPUBUF_EXTERN int gpubuf_buffer_memory_device(const gpubuf_buffer *b);
 
 /** \return the kind of pool the buffer comes from. */
 GPUBUF_EXTERN gpubuf_pool_kind gpubuf_buffer_pool_kind(const gpubuf_buffer *b);
