@@ -338,6 +338,8 @@ START_TEST(cuda_out_of_memory) {
     ck_assert_int_eq(pipe(hold), 0);
     j.ready_fd = ready[1];
     j.hold_fd = hold[0];
+    int fds0 = td_count_fds(D.pid);
+    ck_assert_int_gt(fds0, 0);
     pid_t hog = td_spawn(hog_body, &D, &j);
     ck_assert_int_eq(read(ready[0], &x, 1), 1);
     ck_assert_int_eq(td_wait(td_spawn(oom_client, &D, NULL)), 0);
@@ -355,6 +357,7 @@ START_TEST(cuda_out_of_memory) {
     ck_assert_uint_le(s->pools[0].reserved, 64 * MiB);
     ck_assert_uint_eq(s->n_clients, 1); /* the asker */
     gpubuf_status_free(s);
+    ck_assert_int_eq(td_count_fds(D.pid), fds0);
 }
 END_TEST
 
@@ -483,6 +486,7 @@ static int consume_on(const test_daemon *d, void *arg) {
     if (r != GPUBUF_ENODEVICE)
         return 7;
     printf("set_device(%d): %s: %s\n", g_ngpus, gpubuf_err_name(r), gpubuf_last_error_message());
+    fflush(stdout);
     gpubuf_disconnect(c);
     return 0;
 }
