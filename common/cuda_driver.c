@@ -12,6 +12,12 @@ static gpubuf_cuda g_cu;
 static int g_status = GPUBUF_ENODRIVER;
 static char g_error[256] = "CUDA driver not loaded";
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+/* The UUIDs of the devices this process sees, read once after cuInit: the set
+ * cannot change for the life of a process, and asking the driver for them on
+ * every slab import cost more than the rest of the client's cold path. */
+#define MAX_DEVICES 64
+static int g_ndev;
+static uint8_t g_uuid[MAX_DEVICES][16];
 
 /* Entry points are requested with the ABI of CUDA 12.0, whose signatures the
  * function pointer types in cuda_driver.h spell out. Asking for the ABI of the
@@ -97,6 +103,17 @@ static void load_once(void) {
         return;
     }
     g_cu.DriverGetVersion(&g_cu.version);
+    int n = 0;
+    if (g_cu.DeviceGetCount(&n) != CUDA_SUCCESS)
+        n = 0;
+    for (int i = 0; i < n && i < MAX_DEVICES; i++) {
+        CUdevice d;
+        CUuuid u;
+        memset(g_uuid[i], 0, 16);
+        if (g_cu.DeviceGet(&d, i) == CUDA_SUCCESS && g_cu.DeviceGetUuid(&u, d) == CUDA_SUCCESS)
+            memcpy(g_uuid[i], u.bytes, 16);
+        g_ndev = i + 1;
+    }
     g_status = 0;
     g_error[0] = '\0';
 }
@@ -124,15 +141,12 @@ char *gpubuf_cuda_describe(CUresult r, const char *what, char *buf, size_t len) 
 }
 
 int gpubuf_cuda_device_by_uuid(const gpubuf_cuda *cu, const uint8_t uuid[16], int *ret_ordinal) {
-    int n = 0;
-    if (cu->DeviceGetCount(&n) != CUDA_SUCCESS)
-        return GPUBUF_ECUDA;
-    for (int i = 0; i < n; i++) {
-        CUdevice d;
-        CUuuid u;
-        if (cu->DeviceGet(&d, i) != CUDA_SUCCESS || cu->DeviceGetUuid(&u, d) != CUDA_SUCCESS)
-            continue;
-        if (memcmp(u.bytes, uuid, 16) == 0) {
+    static const uint8_t zero[16];
+    (void)cu;
+    if (memcmp(uuid, zero, 16) == 0)
+        return GPUBUF_ENODEVICE;
+    for (int i = 0; i < g_ndev; i++) {
+        if (memcmp(g_uuid[i], uuid, 16) == 0) {
             *ret_ordinal = i;
             return 0;
         }

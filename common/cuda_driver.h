@@ -70,7 +70,8 @@ const char *gpubuf_cuda_load_error(void);
 /* Write "what: CUDA_ERROR_X (text)" into buf. Returns buf. */
 char *gpubuf_cuda_describe(CUresult r, const char *what, char *buf, size_t len);
 
-/* Find the device whose UUID is uuid; returns 0 and its ordinal, or
+/* Find the device whose UUID is uuid (in a table read once after cuInit);
+ * returns 0 and its ordinal, or
  * GPUBUF_ENODEVICE. */
 int gpubuf_cuda_device_by_uuid(const gpubuf_cuda *cu, const uint8_t uuid[16], int *ret_ordinal);
 #endif
