@@ -162,7 +162,29 @@ static void take(gpubuf_slab *s, uint32_t i, uint64_t size, uint64_t align, gpub
     ret->size = size;
 }
 
+/* Best fit of (size, align) in slab s, improving on *best_waste; true on an
+ * exact fit. */
+static bool fit_in(gpubuf_slab *s, uint64_t size, uint64_t align, gpubuf_slab **best,
+                   uint32_t *best_i, uint64_t *best_waste) {
+    for (uint32_t i = 0; i < s->n_free; i++) {
+        uint64_t w = fit_waste(&s->free[i], size, align);
+        if (w < *best_waste) {
+            *best_waste = w;
+            *best = s;
+            *best_i = i;
+            if (w == 0)
+                return true;
+        }
+    }
+    return false;
+}
+
 int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_block *ret) {
+    return gpubuf_pool_alloc_prefer(p, size, align, NULL, 0, ret);
+}
+
+int gpubuf_pool_alloc_prefer(gpubuf_pool *p, uint64_t size, uint64_t align,
+                             gpubuf_slab *const *prefer, uint32_t n_prefer, gpubuf_block *ret) {
     gpubuf_slab *best = NULL, *s;
     uint32_t best_i = 0;
     uint64_t best_waste = UINT64_MAX;
@@ -189,21 +211,16 @@ int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_bloc
         best = s;
         best_i = 0;
     } else {
-        for (s = p->slabs; s; s = s->next) {
-            if (s->dedicated)
-                continue;
-            for (uint32_t i = 0; i < s->n_free; i++) {
-                uint64_t w = fit_waste(&s->free[i], size, align);
-                if (w < best_waste) {
-                    best_waste = w;
-                    best = s;
-                    best_i = i;
-                    if (w == 0)
-                        goto found;
-                }
-            }
+        /* The caller's slabs first: best fit among them, if any has room. */
+        for (uint32_t k = 0; k < n_prefer; k++) {
+            if (prefer[k]->pool == p && !prefer[k]->dedicated &&
+                fit_in(prefer[k], size, align, &best, &best_i, &best_waste))
+                break;
         }
-    found:
+        for (s = best ? NULL : p->slabs; s; s = s->next) {
+            if (!s->dedicated && fit_in(s, size, align, &best, &best_i, &best_waste))
+                break;
+        }
         if (!best) {
             r = slab_create(p, p->slab_size, false, &s);
             if (r < 0)

@@ -3,7 +3,8 @@
  * Regular slabs have the pool's slab size; a request larger than that gets a
  * dedicated slab of its own (rounded to the backend's granularity). Inside a
  * slab, free space is a sorted array of extents: allocation is best fit over
- * all slabs, free coalesces with both neighbours. The pool grows slab by slab
+ * all slabs (or first over the slabs a client already maps, see
+ * gpubuf_pool_alloc_prefer), free coalesces with both neighbours. The pool grows slab by slab
  * until its capacity; an empty regular slab is kept as a spare only if no
  * other spare exists, so bytes go back to the backend. Pure bookkeeping apart
  * from the backend calls: unit-tested on the host backend. */
@@ -67,6 +68,11 @@ gpubuf_pool *gpubuf_pool_free(gpubuf_pool *p);
  * Returns 0, -EINVAL, GPUBUF_EPOOLFULL, or a backend error (message in
  * p->last_error). */
 int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_block *ret);
+/* The same, placing the block in one of the n_prefer regular slabs of p in
+ * prefer (best fit among them) when one has room, before looking at the
+ * others: a client's new buffers go to slabs its process has mapped. */
+int gpubuf_pool_alloc_prefer(gpubuf_pool *p, uint64_t size, uint64_t align,
+                             gpubuf_slab *const *prefer, uint32_t n_prefer, gpubuf_block *ret);
 
 /* Give a block back; may destroy its slab. */
 void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b);

@@ -106,6 +106,37 @@ static void waiter_unlink(gpubuf_registry *r, gpubuf_waiter *w) {
     r->n_waiters--;
 }
 
+static int holder_slab_get(gpubuf_holder *h, gpubuf_slab *slab) {
+    gpubuf_holder_slab *hs;
+    HASH_FIND(hh, h->slabs, &slab->id, sizeof(slab->id), hs);
+    if (!hs) {
+        if (!(hs = calloc(1, sizeof(*hs))))
+            return -ENOMEM;
+        hs->slab_id = slab->id;
+        hs->slab = slab;
+        HASH_ADD(hh, h->slabs, slab_id, sizeof(hs->slab_id), hs);
+    }
+    hs->buffers++;
+    return 0;
+}
+
+static void holder_slab_put(gpubuf_holder *h, uint64_t slab_id) {
+    gpubuf_holder_slab *hs;
+    HASH_FIND(hh, h->slabs, &slab_id, sizeof(slab_id), hs);
+    if (hs && --hs->buffers == 0) {
+        HASH_DEL(h->slabs, hs);
+        free(hs);
+    }
+}
+
+static void holder_slabs_clear(gpubuf_holder *h) {
+    gpubuf_holder_slab *hs, *tmp;
+    HASH_ITER(hh, h->slabs, hs, tmp) {
+        HASH_DEL(h->slabs, hs);
+        free(hs);
+    }
+}
+
 void gpubuf_registry_destroy(gpubuf_registry *r) {
     gpubuf_holder *h, *htmp;
     gpubuf_buf *b, *btmp;
@@ -120,6 +151,7 @@ void gpubuf_registry_destroy(gpubuf_registry *r) {
             HASH_DEL(h->refs, ref);
             free(ref);
         }
+        holder_slabs_clear(h);
         HASH_DEL(r->holders, h);
         free(h);
     }
@@ -175,9 +207,13 @@ static int ref_add(gpubuf_holder *h, gpubuf_buf *b) {
     if (h->n_refs == UINT32_MAX || b->refs == UINT32_MAX)
         return -EOVERFLOW;
     if (!ref) {
-        ref = calloc(1, sizeof(*ref));
-        if (!ref)
+        if (holder_slab_get(h, b->blk.slab) < 0)
             return -ENOMEM;
+        ref = calloc(1, sizeof(*ref));
+        if (!ref) {
+            holder_slab_put(h, b->blk.slab->id);
+            return -ENOMEM;
+        }
         ref->buffer_id = b->id;
         HASH_ADD(hh, h->refs, buffer_id, sizeof(ref->buffer_id), ref);
     }
@@ -236,7 +272,16 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
         free(b);
         return fail(r, -ENOMEM, "out of memory");
     }
-    rc = gpubuf_pool_alloc(pool, size, align, &b->blk);
+    gpubuf_slab *prefer[GPUBUF_PREFER_SLABS];
+    uint32_t n_prefer = 0;
+    gpubuf_holder_slab *hs, *hstmp;
+    HASH_ITER(hh, h->slabs, hs, hstmp) {
+        if (n_prefer == GPUBUF_PREFER_SLABS)
+            break;
+        if (hs->slab->pool == pool && !hs->slab->dedicated)
+            prefer[n_prefer++] = hs->slab;
+    }
+    rc = gpubuf_pool_alloc_prefer(pool, size, align, prefer, n_prefer, &b->blk);
     if (rc < 0) {
         fail(r, rc, "%s", pool->last_error[0] ? pool->last_error : "allocation failed");
         free(b->name);
@@ -350,6 +395,8 @@ int gpubuf_registry_release(gpubuf_registry *r, gpubuf_holder *h, uint64_t id) {
     if (--ref->count == 0) {
         HASH_DEL(h->refs, ref);
         free(ref);
+        if (b)
+            holder_slab_put(h, b->blk.slab->id);
     }
     h->n_refs--;
     if (b) {
@@ -424,6 +471,7 @@ void gpubuf_registry_holder_drop(gpubuf_registry *r, gpubuf_holder *h) {
         }
         free(ref);
     }
+    holder_slabs_clear(h);
     HASH_DEL(r->holders, h);
     free(h);
 }

@@ -38,12 +38,25 @@ typedef struct gpubuf_ref {
     UT_hash_handle hh;
 } gpubuf_ref;
 
+/* A slab in which a holder references buffers: its process has the slab
+ * mapped, so the holder's next allocations are placed there first. */
+typedef struct gpubuf_holder_slab {
+    uint64_t slab_id;
+    gpubuf_slab *slab;
+    uint32_t buffers; /* distinct buffers referenced in it */
+    UT_hash_handle hh;
+} gpubuf_holder_slab;
+
+/* Slabs offered to the pool per allocation, at most. */
+#define GPUBUF_PREFER_SLABS 16
+
 struct gpubuf_holder {
     uint64_t id;
     pid_t pid;
     uid_t uid;
     gid_t gid;
     gpubuf_ref *refs;     /* by buffer id */
+    gpubuf_holder_slab *slabs; /* by slab id: slabs of the buffers in refs */
     uint32_t n_refs;      /* sum of counts */
     uint32_t n_owned;     /* live buffers this client allocated */
     uint64_t owned_bytes;

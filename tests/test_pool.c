@@ -1100,6 +1100,49 @@ END_TEST
  * 3 MiB pool is in use, the spare holds 1 MiB, and a 2 MiB request fails.
  * The spare is only a cache; slab_create() should destroy it (when it is not
  * the slab about to be used) before refusing for lack of capacity. */
+/* gpubuf_pool_alloc_prefer: best fit among the preferred slabs that have
+ * room; slabs of other pools, dedicated slabs and full slabs are passed over. */
+START_TEST(test_alloc_prefer) {
+    uint64_t counter = 0;
+    gpubuf_pool *p = pool_make(8 * SLAB, SLAB, &counter);
+    gpubuf_pool *other = pool_make(2 * SLAB, SLAB, &counter);
+    gpubuf_block a = alloc_ok(p, SLAB / 2, 0);
+    gpubuf_block big = alloc_ok(p, SLAB - 64 * KIB, 0); /* second slab, 64 KiB left */
+    ck_assert_ptr_ne(a.slab, big.slab);
+    gpubuf_block ded = alloc_ok(p, 2 * SLAB, 0);
+    ck_assert(ded.slab->dedicated);
+    gpubuf_block o = alloc_ok(other, 4 * KIB, 0);
+    gpubuf_block b;
+    /* Without preference: best fit, the 64 KiB hole. */
+    b = alloc_ok(p, 32 * KIB, 0);
+    ck_assert_ptr_eq(b.slab, big.slab);
+    gpubuf_pool_release(p, &b);
+    /* Preferring a's slab: there, though it fits worse. */
+    gpubuf_slab *prefer[] = {o.slab, ded.slab, a.slab};
+    ck_assert_int_eq(gpubuf_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 3, &b), 0);
+    ck_assert_ptr_eq(b.slab, a.slab);
+    gpubuf_pool_release(p, &b);
+    /* A request that fits in no preferred slab: best fit over all. */
+    gpubuf_block fill = alloc_ok(p, SLAB / 2, 0); /* fills a's slab, the best fit */
+    ck_assert_ptr_eq(fill.slab, a.slab);
+    ck_assert_int_eq(gpubuf_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 3, &b), 0);
+    ck_assert_ptr_eq(b.slab, big.slab);
+    /* Only other pools' and dedicated slabs preferred: as without. */
+    gpubuf_pool_release(p, &b);
+    ck_assert_int_eq(gpubuf_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 2, &b), 0);
+    ck_assert_ptr_eq(b.slab, big.slab);
+    gpubuf_pool_release(p, &b);
+    gpubuf_pool_release(p, &fill);
+    gpubuf_pool_release(p, &a);
+    gpubuf_pool_release(p, &big);
+    gpubuf_pool_release(p, &ded);
+    gpubuf_pool_release(other, &o);
+    ck_assert_uint_eq(p->used, 0);
+    gpubuf_pool_free(p);
+    gpubuf_pool_free(other);
+}
+END_TEST
+
 START_TEST(test_spare_slab_given_back_for_dedicated) {
     uint64_t counter = 0;
     gpubuf_pool *p = pool_make(3 * MIB, SLAB, &counter);
@@ -1189,6 +1232,7 @@ static Suite *pool_suite(void) {
     tc = tcase_create("regressions");
     tcase_add_test(tc, test_slab_rounding_stays_within_capacity);
     tcase_add_test(tc, test_spare_slab_given_back_for_dedicated);
+    tcase_add_test(tc, test_alloc_prefer);
     suite_add_tcase(s, tc);
     return s;
 }

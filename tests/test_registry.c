@@ -131,6 +131,47 @@ static void tw_wait(env *e, test_waiter *t, gpubuf_holder *h, const char *name, 
 
 /* ---- alloc ------------------------------------------------------------- */
 
+/* A holder's allocations go first to the slabs of the buffers it references
+ * (its process has them mapped), even when another slab fits better; once
+ * it references nothing there, plain best fit again. */
+START_TEST(test_placement_prefers_held_slabs) {
+    env e;
+    env_init(&e);
+    gpubuf_holder *a = holder(&e, UID_A), *b = holder(&e, UID_B);
+    gpubuf_buf *a1 = alloc_ok(&e, a, 768 * 1024, "a1");
+    gpubuf_buf *b1 = alloc_ok(&e, b, 900 * 1024, "b1");
+    ck_assert_ptr_ne(a1->blk.slab, b1->blk.slab); /* no room for b1 next to a1 */
+    ck_assert_uint_eq(HASH_COUNT(a->slabs), 1);
+    /* 64 KiB fits best in b1's slab (124 KiB free) but goes next to a1. */
+    gpubuf_buf *a2 = alloc_ok(&e, a, 64 * 1024, "a2");
+    ck_assert_ptr_eq(a2->blk.slab, a1->blk.slab);
+    ck_assert_uint_eq(HASH_COUNT(a->slabs), 1);
+    ck_assert_uint_eq(a->slabs->buffers, 2);
+    gpubuf_buf *b2 = alloc_ok(&e, b, 64 * 1024, "b2");
+    ck_assert_ptr_eq(b2->blk.slab, b1->blk.slab);
+    /* a's slab is full for this size: the pool's best fit elsewhere. */
+    gpubuf_buf *a3 = alloc_ok(&e, a, 200 * 1024, "a3");
+    ck_assert_ptr_ne(a3->blk.slab, a1->blk.slab);
+    ck_assert_uint_eq(HASH_COUNT(a->slabs), 2);
+    ck_assert_int_eq(gpubuf_registry_release(&e.reg, a, a1->id), 0);
+    ck_assert_int_eq(gpubuf_registry_release(&e.reg, a, a2->id), 0);
+    ck_assert_int_eq(gpubuf_registry_release(&e.reg, a, a3->id), 0);
+    ck_assert_ptr_null(a->slabs);
+    /* Nothing held: best fit, which is b1's slab (60 KiB free after b2). */
+    gpubuf_buf *a4 = alloc_ok(&e, a, 32 * 1024, "a4");
+    ck_assert_ptr_eq(a4->blk.slab, b1->blk.slab);
+    /* Opening counts too: a opens b1 and its buffers follow b's slab. */
+    seal_ok(&e, b, b1);
+    gpubuf_buf *o = NULL;
+    ck_assert_int_eq(gpubuf_registry_open(&e.reg, a, "b1", 0, &o), 0);
+    ck_assert_uint_eq(HASH_COUNT(a->slabs), 1);
+    ck_assert_uint_eq(a->slabs->buffers, 2);
+    gpubuf_registry_holder_drop(&e.reg, a);
+    gpubuf_registry_holder_drop(&e.reg, b);
+    env_fini(&e);
+}
+END_TEST
+
 START_TEST(test_alloc_reference) {
     env e;
     env_init(&e);
@@ -1115,6 +1156,7 @@ static Suite *registry_suite(void) {
     tcase_add_test(tc, test_wait_reused_name);
     tcase_add_test(tc, test_unwait);
     tcase_add_test(tc, test_wake_frees_waiter);
+    tcase_add_test(tc, test_placement_prefers_held_slabs);
     suite_add_tcase(s, tc);
     return s;
 }
