@@ -301,6 +301,7 @@ GPUBUF_EXTERN int gpubuf_connect(const char *path, gpubuf_client **ret) {
     hello.min_version = GPUBUF_PROTOCOL_VERSION;
     hello.max_version = GPUBUF_PROTOCOL_VERSION;
     hello.client_name = name;
+    hello.capabilities = GPUBUF_CAP_KEEP_MAPPED;
     req.body_case = GPUBUF__REQUEST__BODY_HELLO;
     req.hello = &hello;
     r = gpubuf__rpc_locked(c, &req, &resp, &rfd);
@@ -316,6 +317,10 @@ GPUBUF_EXTERN int gpubuf_connect(const char *path, gpubuf_client **ret) {
     c->session_id = resp->hello->session_id;
     if (resp->hello->max_request >= 256)
         c->max_request = resp->hello->max_request;
+    if (resp->hello->capabilities & GPUBUF_CAP_KEEP_MAPPED)
+        c->keep_cap = resp->hello->max_kept_slabs < GPUBUF_KEEP_SLABS
+                          ? resp->hello->max_kept_slabs
+                          : GPUBUF_KEEP_SLABS;
     gpubuf__response__free_unpacked(resp, NULL);
     *ret = c;
     return 0;
@@ -340,6 +345,14 @@ GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
     /* Shut the socket down first: a thread blocked in a waiting open on
      * this connection then returns GPUBUF_EDISCONNECTED and frees the lock.
      * The daemon drops every reference of this connection. */
+    /* Idle slabs are unmapped first: the daemon frees what nobody
+     * references once the connection is gone. (Not possible while another
+     * thread waits in an open on this connection and holds the lock: those
+     * stay mapped until the connection's last reference goes.) */
+    if (pthread_mutex_trylock(&c->lock) == 0) {
+        gpubuf__mapping_drop_idle(c, false, false);
+        pthread_mutex_unlock(&c->lock);
+    }
     shutdown(c->fd, SHUT_RDWR);
     pthread_mutex_lock(&c->lock);
     c->broken = true;
@@ -386,10 +399,11 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
 /* Tell the daemon to drop one reference (lock held). Asynchronous: the
  * client tracks its references, so the daemon cannot refuse a release it
  * sends; a later request on the connection (or gpubuf_flush) reads the reply. */
-static int send_release(gpubuf_client *c, uint64_t id) {
+static int send_release(gpubuf_client *c, uint64_t id, bool keep_mapped) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
     rel.buffer_id = id;
+    rel.keep_mapped = keep_mapped;
     req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
     req.release = &rel;
     return gpubuf__send_async_locked(c, &req);
@@ -408,7 +422,7 @@ static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer 
         } else {
             r = make_view(c, resp->buffer, fd, ret);
             if (r < 0) /* mapping failed: give the reference back */
-                send_release(c, resp->buffer->buffer_id);
+                send_release(c, resp->buffer->buffer_id, false);
         }
         gpubuf__response__free_unpacked(resp, NULL);
     }
@@ -704,6 +718,7 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
         o->gid = x->gid;
         o->references = x->references;
         o->buffers_held = x->buffers_held;
+        o->kept_slabs = x->kept_slabs;
         snprintf(o->name, sizeof(o->name), "%s", x->name ? x->name : "");
     }
     s->n_clients = st->n_clients;
@@ -731,10 +746,11 @@ GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b) {
         if (b->owns_ref) {
             gpubuf_client *c = b->c;
             pthread_mutex_lock(&c->lock);
-            /* Unmap before the daemon may recycle the memory. */
-            gpubuf__mapping_put(c, b->map);
+            /* Unmap (or keep the slab, pinned by this very release) before
+             * the daemon may recycle the memory. */
+            bool keep = gpubuf__mapping_put(c, b->map);
             if (!c->broken)
-                r = send_release(c, b->id);
+                r = send_release(c, b->id, keep);
             pthread_mutex_unlock(&c->lock);
             gpubuf__client_unref(c);
         }

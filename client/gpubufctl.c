@@ -89,6 +89,7 @@ static json_object *client_json(const gpubuf_client_info *c) {
         json_object_object_add(o, "name", json_object_new_string(c->name));
         json_object_object_add(o, "references", json_object_new_int64(c->references));
         json_object_object_add(o, "buffers_held", json_object_new_int64(c->buffers_held));
+        json_object_object_add(o, "kept_slabs", json_object_new_int64(c->kept_slabs));
         return o;
     }
 }

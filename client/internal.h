@@ -13,6 +13,10 @@
 #include "gpubuf/gpubuf.h"
 
 #define GPUBUF_MAX_DEVICES 64
+/* Slabs a connection keeps mapped after their last view goes (fewer if the
+ * daemon allows fewer): reusing one costs no import (cuIpcOpenMemHandle or
+ * mmap) and no unmap. */
+#define GPUBUF_KEEP_SLABS 4
 
 /* One slab mapped into this process, shared by all views in it. */
 typedef struct gpubuf_mapping {
@@ -24,6 +28,9 @@ typedef struct gpubuf_mapping {
     int device;         /* local ordinal of the context it is mapped in, -1 for host */
     int home;           /* local ordinal of the GPU holding the memory, -1 for host */
     uint32_t views;     /* root views using it (under the client's lock) */
+    bool keepable;      /* the daemon lets this connection keep it mapped */
+    bool kept;          /* the daemon pinned it for us: Unmap when we unmap it */
+    struct gpubuf_mapping *idle_prev, *idle_next; /* views == 0 and kept: LRU list */
 #ifdef GPUBUF_HAVE_CUDA
     CUcontext ctx;
 #endif
@@ -49,6 +56,10 @@ struct gpubuf_client {
     gpubuf_mapping *maps;
     uint32_t n_maps;
     int device;          /* gpubuf_set_device(): context to map into, -1: the memory's GPU */
+    uint32_t keep_cap;   /* slabs it may keep mapped (0: not granted by the daemon) */
+    uint32_t n_kept;     /* mappings with kept set */
+    uint32_t n_idle;     /* kept mappings without views, on the idle list */
+    gpubuf_mapping *idle_head, *idle_tail; /* most recently idle first */
 #ifdef GPUBUF_HAVE_CUDA
     /* Primary contexts retained by this connection, by local ordinal: held
      * until the connection goes, so that unmapping the last slab of a
@@ -86,8 +97,13 @@ int gpubuf__drain_locked(gpubuf_client *c);
 /* Map (or find) the slab described by msg; takes one view count. Consumes fd. */
 int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
                         gpubuf_mapping **ret);
-/* Drop one view count; unmaps when it reaches zero (lock held). */
-void gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m);
+/* Drop one view count (lock held). At zero the slab is kept mapped (idle)
+ * when the daemon allows it, else unmapped. Returns true when the release
+ * that follows must ask the daemon to keep the slab (first keep). */
+bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m);
+/* Unmap the idle slabs (of CUDA pools only, if cuda_only), telling the daemon
+ * when tell is set (lock held). */
+void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell);
 /* Unmap everything and release retained contexts (last reference gone). */
 void gpubuf__mapping_clear(gpubuf_client *c);
 

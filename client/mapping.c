@@ -95,6 +95,68 @@ static void unmap_cuda(gpubuf_mapping *m) {
 }
 #endif
 
+static void idle_unlink(gpubuf_client *c, gpubuf_mapping *m) {
+    if (m->idle_prev)
+        m->idle_prev->idle_next = m->idle_next;
+    else
+        c->idle_head = m->idle_next;
+    if (m->idle_next)
+        m->idle_next->idle_prev = m->idle_prev;
+    else
+        c->idle_tail = m->idle_prev;
+    m->idle_prev = m->idle_next = NULL;
+    c->n_idle--;
+}
+
+static void idle_push(gpubuf_client *c, gpubuf_mapping *m) {
+    m->idle_prev = NULL;
+    m->idle_next = c->idle_head;
+    if (c->idle_head)
+        c->idle_head->idle_prev = m;
+    else
+        c->idle_tail = m;
+    c->idle_head = m;
+    c->n_idle++;
+}
+
+/* Tell the daemon a kept slab is unmapped (lock held, asynchronous). */
+static void send_unmap(gpubuf_client *c, uint64_t slab_id) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__UnmapRequest u = GPUBUF__UNMAP_REQUEST__INIT;
+    if (c->broken)
+        return;
+    u.slab_id = slab_id;
+    req.body_case = GPUBUF__REQUEST__BODY_UNMAP;
+    req.unmap = &u;
+    gpubuf__send_async_locked(c, &req);
+}
+
+static void unmap(gpubuf_mapping *m);
+
+/* Unmap m for good, then let the daemon free the slab. */
+static void drop(gpubuf_client *c, gpubuf_mapping *m, bool tell) {
+    HASH_DEL(c->maps, m);
+    c->n_maps--;
+    unmap(m);
+    if (m->kept) {
+        c->n_kept--;
+        if (tell)
+            send_unmap(c, m->slab_id);
+    }
+    free(m);
+}
+
+void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell) {
+    gpubuf_mapping *m = c->idle_head, *next;
+    for (; m; m = next) {
+        next = m->idle_next;
+        if (cuda_only && m->kind != GPUBUF_POOL_CUDA_IPC)
+            continue;
+        idle_unlink(c, m);
+        drop(c, m, tell);
+    }
+}
+
 int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
                         gpubuf_mapping **ret) {
     gpubuf_mapping *m;
@@ -104,7 +166,8 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
     if (m) {
         if (fd >= 0)
             close(fd); /* already mapped: the fresh fd is not needed */
-        m->views++;
+        if (m->views++ == 0)
+            idle_unlink(c, m);
         *ret = m;
         return 0;
     }
@@ -115,6 +178,7 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
         return -ENOMEM;
     }
     m->slab_id = id;
+    m->keepable = msg->keepable;
     m->kind = (gpubuf_pool_kind)msg->kind;
     m->size = msg->size;
     m->device = -1;
@@ -172,13 +236,28 @@ static void unmap(gpubuf_mapping *m) {
 #endif
 }
 
-void gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m) {
+bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m) {
     if (--m->views > 0)
-        return;
-    HASH_DEL(c->maps, m);
-    c->n_maps--;
-    unmap(m);
-    free(m);
+        return false;
+    if (m->keepable && !c->broken && (m->kept || c->keep_cap > 0)) {
+        bool first = !m->kept;
+        /* Room for one more kept slab: forget the least recently used. */
+        if (first && c->n_kept >= c->keep_cap && c->idle_tail) {
+            gpubuf_mapping *old = c->idle_tail;
+            idle_unlink(c, old);
+            drop(c, old, true);
+        }
+        if (!first || c->n_kept < c->keep_cap) {
+            if (first) {
+                m->kept = true;
+                c->n_kept++;
+            }
+            idle_push(c, m);
+            return first;
+        }
+    }
+    drop(c, m, true);
+    return false;
 }
 
 void gpubuf__mapping_clear(gpubuf_client *c) {
@@ -189,6 +268,8 @@ void gpubuf__mapping_clear(gpubuf_client *c) {
         free(m);
     }
     c->n_maps = 0;
+    c->n_kept = c->n_idle = 0;
+    c->idle_head = c->idle_tail = NULL;
 #ifdef GPUBUF_HAVE_CUDA
     const gpubuf_cuda *cu;
     for (int i = 0; i < GPUBUF_MAX_DEVICES; i++) {
@@ -209,6 +290,8 @@ GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device) {
         return -EINVAL;
     }
     pthread_mutex_lock(&c->lock);
+    /* Idle slabs were mapped for the old choice: let them go. */
+    gpubuf__mapping_drop_idle(c, true, true);
     HASH_ITER(hh, c->maps, m, tmp) {
         if (m->kind == GPUBUF_POOL_CUDA_IPC)
             busy++;

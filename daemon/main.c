@@ -193,6 +193,9 @@ static int conf_handler(void *user, const char *section, const char *key, const 
         } else if (strcmp(key, "max_refs_per_client") == 0) {
             if (parse_u32(val, 0, UINT32_MAX, &c->limits.quota.refs_per_client) < 0)
                 snprintf(err, sizeof(err), "bad max_refs_per_client '%s'", val);
+        } else if (strcmp(key, "max_kept_slabs_per_client") == 0) {
+            if (parse_u32(val, 0, 4096, &c->limits.quota.kept_slabs_per_client) < 0)
+                snprintf(err, sizeof(err), "bad max_kept_slabs_per_client '%s'", val);
         } else if (strcmp(key, "max_bytes_per_client") == 0) {
             if (parse_u64(val, &c->limits.quota.bytes_per_client) < 0)
                 snprintf(err, sizeof(err), "bad max_bytes_per_client '%s'", val);

@@ -77,7 +77,7 @@ static bool has_other_spare(const gpubuf_pool *p, const gpubuf_slab *self);
 /* Give back an empty regular slab (the spare), if any. */
 static bool drop_spare(gpubuf_pool *p) {
     for (gpubuf_slab *s = p->slabs; s; s = s->next)
-        if (!s->dedicated && s->blocks == 0) {
+        if (!s->dedicated && s->blocks == 0 && s->pins == 0) {
             slab_destroy(p, s);
             return true;
         }
@@ -230,7 +230,8 @@ int gpubuf_pool_alloc_prefer(gpubuf_pool *p, uint64_t size, uint64_t align,
         }
     }
     if (extents_reserve(best, best->n_free + 1) < 0) {
-        if (best->blocks == 0 && (best->dedicated || has_other_spare(p, best)))
+        if (best->blocks == 0 && best->pins == 0 &&
+            (best->dedicated || has_other_spare(p, best)))
             slab_destroy(p, best);
         return -ENOMEM;
     }
@@ -283,7 +284,16 @@ void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b) {
     s->blocks--;
     p->used -= len;
     p->n_blocks--;
-    if (s->blocks == 0 && (s->dedicated || has_other_spare(p, s)))
+    if (s->blocks == 0 && s->pins == 0 && (s->dedicated || has_other_spare(p, s)))
+        slab_destroy(p, s);
+}
+
+void gpubuf_pool_pin(gpubuf_slab *s) {
+    s->pins++;
+}
+
+void gpubuf_pool_unpin(gpubuf_pool *p, gpubuf_slab *s) {
+    if (--s->pins == 0 && s->blocks == 0 && (s->dedicated || has_other_spare(p, s)))
         slab_destroy(p, s);
 }
 

@@ -25,6 +25,7 @@ typedef struct gpubuf_slab {
     uint64_t size;
     uint64_t used;    /* bytes in live blocks */
     uint32_t blocks;  /* live blocks */
+    uint32_t pins;    /* clients keeping it mapped without a block in it */
     bool dedicated;
     void *priv;
     gpubuf_slab_export exp;
@@ -74,8 +75,15 @@ int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_bloc
 int gpubuf_pool_alloc_prefer(gpubuf_pool *p, uint64_t size, uint64_t align,
                              gpubuf_slab *const *prefer, uint32_t n_prefer, gpubuf_block *ret);
 
-/* Give a block back; may destroy its slab. */
+/* Give a block back; may destroy its slab (not while it is pinned). */
 void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b);
+
+/* A client keeps regular slab s mapped: it outlives its last block until
+ * unpinned, as the exporter must not free memory another process maps. */
+void gpubuf_pool_pin(gpubuf_slab *s);
+/* Drop one pin; an empty, unpinned slab then goes like an empty one in
+ * gpubuf_pool_release. */
+void gpubuf_pool_unpin(gpubuf_pool *p, gpubuf_slab *s);
 
 /* May a client with these credentials use pool p? */
 bool gpubuf_pool_allows(const gpubuf_pool *p, uint32_t uid, uint32_t gid);

@@ -123,18 +123,23 @@ static int holder_slab_get(gpubuf_holder *h, gpubuf_slab *slab) {
 static void holder_slab_put(gpubuf_holder *h, uint64_t slab_id) {
     gpubuf_holder_slab *hs;
     HASH_FIND(hh, h->slabs, &slab_id, sizeof(slab_id), hs);
-    if (hs && --hs->buffers == 0) {
+    if (hs && --hs->buffers == 0 && !hs->kept) {
         HASH_DEL(h->slabs, hs);
         free(hs);
     }
 }
 
+/* The holder goes: unpin what it kept (after its references are dropped,
+ * so that an emptied slab can go). */
 static void holder_slabs_clear(gpubuf_holder *h) {
     gpubuf_holder_slab *hs, *tmp;
     HASH_ITER(hh, h->slabs, hs, tmp) {
         HASH_DEL(h->slabs, hs);
+        if (hs->kept)
+            gpubuf_pool_unpin(hs->slab->pool, hs->slab);
         free(hs);
     }
+    h->n_kept = 0;
 }
 
 void gpubuf_registry_destroy(gpubuf_registry *r) {
@@ -386,12 +391,34 @@ int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name,
 }
 
 int gpubuf_registry_release(gpubuf_registry *r, gpubuf_holder *h, uint64_t id) {
+    return gpubuf_registry_release_keep(r, h, id, false);
+}
+
+int gpubuf_registry_release_keep(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, bool keep) {
     gpubuf_ref *ref = ref_find(h, id);
     gpubuf_buf *b;
+    int rc = 0;
     if (!ref)
         return fail(r, GPUBUF_ENOTHELD, "this client holds no reference to buffer %llu",
                     (unsigned long long)id);
     b = gpubuf_registry_find_id(r, id);
+    if (keep && b) {
+        /* Pin before the block may go: the slab must outlive it. */
+        gpubuf_holder_slab *hs;
+        gpubuf_slab *sl = b->blk.slab;
+        HASH_FIND(hh, h->slabs, &sl->id, sizeof(sl->id), hs);
+        if (sl->dedicated)
+            rc = fail(r, -EINVAL, "slab %llu is dedicated to one buffer: it cannot be kept",
+                      (unsigned long long)sl->id);
+        else if (hs && !hs->kept && h->n_kept >= h->kept_cap)
+            rc = fail(r, -EDQUOT, "quota: this client keeps %u slabs mapped (limit %u)",
+                      h->n_kept, h->kept_cap);
+        else if (hs && !hs->kept) {
+            hs->kept = true;
+            h->n_kept++;
+            gpubuf_pool_pin(sl);
+        }
+    }
     if (--ref->count == 0) {
         HASH_DEL(h->refs, ref);
         free(ref);
@@ -403,6 +430,23 @@ int gpubuf_registry_release(gpubuf_registry *r, gpubuf_holder *h, uint64_t id) {
         b->refs--;
         buf_maybe_free(r, b);
     }
+    return rc;
+}
+
+int gpubuf_registry_unmap(gpubuf_registry *r, gpubuf_holder *h, uint64_t slab_id) {
+    gpubuf_holder_slab *hs;
+    HASH_FIND(hh, h->slabs, &slab_id, sizeof(slab_id), hs);
+    if (!hs || !hs->kept)
+        return fail(r, GPUBUF_ENOTHELD, "this client keeps no slab %llu mapped",
+                    (unsigned long long)slab_id);
+    gpubuf_slab *sl = hs->slab;
+    hs->kept = false;
+    h->n_kept--;
+    if (hs->buffers == 0) {
+        HASH_DEL(h->slabs, hs);
+        free(hs);
+    }
+    gpubuf_pool_unpin(sl->pool, sl);
     return 0;
 }
 

@@ -38,12 +38,14 @@ typedef struct gpubuf_ref {
     UT_hash_handle hh;
 } gpubuf_ref;
 
-/* A slab in which a holder references buffers: its process has the slab
- * mapped, so the holder's next allocations are placed there first. */
+/* A slab in which a holder references buffers, or which it keeps mapped:
+ * its process has the slab mapped, so the holder's next allocations are
+ * placed there first. */
 typedef struct gpubuf_holder_slab {
     uint64_t slab_id;
     gpubuf_slab *slab;
     uint32_t buffers; /* distinct buffers referenced in it */
+    bool kept;        /* pinned: the client keeps it mapped (KEEP_MAPPED) */
     UT_hash_handle hh;
 } gpubuf_holder_slab;
 
@@ -57,6 +59,8 @@ struct gpubuf_holder {
     gid_t gid;
     gpubuf_ref *refs;     /* by buffer id */
     gpubuf_holder_slab *slabs; /* by slab id: slabs of the buffers in refs */
+    uint32_t n_kept;      /* entries of slabs with kept set */
+    uint32_t kept_cap;    /* slabs it may keep: quota.kept_slabs_per_client at hello */
     uint32_t n_refs;      /* sum of counts */
     uint32_t n_owned;     /* live buffers this client allocated */
     uint64_t owned_bytes;
@@ -95,6 +99,9 @@ typedef struct gpubuf_quota {
     uint32_t buffers_per_uid;
     uint64_t bytes_per_uid;
     uint32_t refs_per_client;
+    /* Slabs a client may keep mapped, fixed for a session at its hello (a
+     * reload must not strand slabs a client already maps); 0: none. */
+    uint32_t kept_slabs_per_client;
 } gpubuf_quota;
 
 typedef struct gpubuf_registry {
@@ -134,6 +141,14 @@ int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpub
 int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id,
                          gpubuf_buf **ret);
 int gpubuf_registry_release(gpubuf_registry *r, gpubuf_holder *h, uint64_t id);
+/* Release; with keep, the holder also keeps the buffer's slab mapped: the
+ * slab stays (pinned) until gpubuf_registry_unmap() or the holder goes.
+ * -EINVAL for a dedicated slab, -EDQUOT beyond kept_slabs_per_client (the
+ * reference is released either way). */
+int gpubuf_registry_release_keep(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, bool keep);
+/* The holder no longer maps slab_id. GPUBUF_ENOTHELD when it kept no such
+ * slab. */
+int gpubuf_registry_unmap(gpubuf_registry *r, gpubuf_holder *h, uint64_t slab_id);
 int gpubuf_registry_delete(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id);
 
 void gpubuf_registry_wait(gpubuf_registry *r, gpubuf_waiter *w);

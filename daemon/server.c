@@ -37,6 +37,7 @@ void gpubuf_limits_default(gpubuf_limits *l) {
     l->quota.buffers_per_uid = 1u << 20;
     l->quota.bytes_per_uid = 0;
     l->quota.refs_per_client = 1u << 20;
+    l->quota.kept_slabs_per_client = 8;
 }
 
 /* Deadline for a session that has not said hello, or sits on half a frame. */

@@ -49,6 +49,7 @@ typedef struct gpubuf_session {
     gid_t gid;
     char name[64];
     bool hello_done;
+    uint64_t caps;       /* capability bits granted at hello (GPUBUF_CAP_*) */
     bool closing;
     bool corked; /* replies wait for the end of the current batch of requests */
     bool peer_gone; /* the client closed or broke the connection: no more replies */

@@ -67,6 +67,7 @@ static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bo
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
     fill_buffer(&m, b);
+    m.slab.keepable = map_fd && (s->caps & GPUBUF_CAP_KEEP_MAPPED) && !b->blk.slab->dedicated;
     int fd = map_fd ? b->blk.slab->exp.fd : -1;
     resp.id = id;
     resp.fds = fd >= 0 ? 1 : 0;
@@ -171,6 +172,12 @@ static void do_hello(gpubuf_session *s, uint64_t id, const Gpubuf__Hello *h) {
     hr.session_id = s->holder->id;
     hr.max_request = s->srv->limits.max_request;
     hr.max_response = GPUBUF_WIRE_MAX_RESPONSE;
+    if ((h->capabilities & GPUBUF_CAP_KEEP_MAPPED) && s->srv->reg.quota.kept_slabs_per_client) {
+        s->caps |= GPUBUF_CAP_KEEP_MAPPED;
+        s->holder->kept_cap = s->srv->reg.quota.kept_slabs_per_client;
+        hr.max_kept_slabs = s->holder->kept_cap;
+    }
+    hr.capabilities = s->caps;
     resp.id = id;
     resp.body_case = GPUBUF__RESPONSE__BODY_HELLO;
     resp.hello = &hr;
@@ -307,12 +314,24 @@ static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q
 }
 
 static void do_release(gpubuf_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
-    int r = gpubuf_registry_release(&s->srv->reg, s->holder, q->buffer_id);
+    bool keep = q->keep_mapped;
+    if (keep && !(s->caps & GPUBUF_CAP_KEEP_MAPPED)) {
+        /* Still release: the reference is not the client's to keep. */
+        gpubuf_registry_release(&s->srv->reg, s->holder, q->buffer_id);
+        reply_error(s, id, GPUBUF_EPROTOCOL, "keep_mapped without the KEEP_MAPPED capability");
+        return;
+    }
+    int r = gpubuf_registry_release_keep(&s->srv->reg, s->holder, q->buffer_id, keep);
     if (r < 0) {
         reply_error(s, id, r, s->srv->reg.last_error);
         return;
     }
     reply_error(s, id, 0, "");
+}
+
+static void do_unmap(gpubuf_session *s, uint64_t id, const Gpubuf__UnmapRequest *q) {
+    int r = gpubuf_registry_unmap(&s->srv->reg, s->holder, q->slab_id);
+    reply_error(s, id, r, r < 0 ? s->srv->reg.last_error : "");
 }
 
 static void do_delete(gpubuf_session *s, uint64_t id, const Gpubuf__DeleteRequest *q) {
@@ -418,6 +437,7 @@ static void do_status(gpubuf_session *s, uint64_t id) {
         cl[i].gid = x->gid;
         cl[i].references = x->holder->n_refs;
         cl[i].buffers_held = HASH_CNT(hh, x->holder->refs);
+        cl[i].kept_slabs = x->holder->n_kept;
         cl[i].name = x->name;
         pcl[i] = &cl[i];
         i++;
@@ -458,6 +478,7 @@ void gpubuf_session_handle(gpubuf_session *s, const uint8_t *payload, size_t len
     case GPUBUF__REQUEST__BODY_SEAL: do_seal(s, req->id, req->seal); break;
     case GPUBUF__REQUEST__BODY_OPEN: do_open(s, req->id, req->open); break;
     case GPUBUF__REQUEST__BODY_RELEASE: do_release(s, req->id, req->release); break;
+    case GPUBUF__REQUEST__BODY_UNMAP: do_unmap(s, req->id, req->unmap); break;
     case GPUBUF__REQUEST__BODY_DELETE: do_delete(s, req->id, req->delete_); break;
     case GPUBUF__REQUEST__BODY_STAT: do_stat(s, req->id, req->stat); break;
     case GPUBUF__REQUEST__BODY_STATUS: do_status(s, req->id); break;

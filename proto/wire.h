@@ -22,6 +22,11 @@
 /* Most fds accepted on one frame. */
 #define GPUBUF_WIRE_MAX_FDS 1
 
+/* Hello.capabilities bits. KEEP_MAPPED: the client may keep a slab mapped
+ * after its last view goes (ReleaseRequest.keep_mapped) and says when it
+ * unmaps it (UnmapRequest); the daemon does not free such a slab meanwhile. */
+#define GPUBUF_CAP_KEEP_MAPPED 1u
+
 typedef struct gpubuf_frame_header {
     uint32_t magic;
     uint16_t version;

@@ -463,7 +463,8 @@ START_TEST(slices_keep_parent_alive) {
     for (int i = 0; i < 128; i++)
         ck_assert_uint_eq(w[i], gpubuf_pattern_word(384 + (uint64_t)i, 3));
     ck_assert_int_eq(gpubuf_release(s2), 0);
-    ck_assert_uint_eq(c->n_maps, 0);
+    ck_assert_uint_eq(c->n_maps, 1); /* no view left: kept mapped, idle */
+    ck_assert_uint_eq(c->n_idle, 1);
     ck_assert(td_wait_refs(&D, "sliced", 0, 1000));
     gpubuf_disconnect(c);
 }
@@ -507,8 +508,94 @@ START_TEST(mapping_cache_one_map_per_slab) {
     (void)i0, (void)i1;
     for (int i = 0; i < 10; i++)
         ck_assert_int_eq(gpubuf_release(b[i]), 0);
-    ck_assert_uint_eq(c->n_maps, 0);
+    ck_assert_uint_eq(c->n_maps, 1);
+    ck_assert_uint_eq(c->n_idle, 1);
+    ck_assert_uint_eq(c->maps->views, 0);
     gpubuf_disconnect(c);
+}
+END_TEST
+
+static const gpubuf_client_info *find_client(const gpubuf_status *s, uint64_t session) {
+    for (size_t i = 0; i < s->n_clients; i++)
+        if (s->clients[i].session_id == session)
+            return &s->clients[i];
+    return NULL;
+}
+
+/* KEEP_MAPPED: a slab stays mapped after its last view and the daemon keeps
+ * it (pinned) until the client unmaps it or goes; later buffers of the
+ * client land in it without a new mapping; at most GPUBUF_KEEP_SLABS. */
+START_TEST(kept_slabs_pinned_reused_evicted) {
+    gpubuf_client *a = td_connect(&D), *b = td_connect(&D), *x;
+    gpubuf_buffer *ba, *bb, *v[6];
+    gpubuf_buffer_info ia, ib;
+    ck_assert_uint_eq(a->keep_cap, GPUBUF_KEEP_SLABS);
+    /* 768 KiB each in the 1 MiB slabs of "tiny": two slabs. */
+    ck_assert_int_eq(gpubuf_alloc(a, "tiny", 768 << 10, "ka", &ba), 0);
+    ck_assert_int_eq(gpubuf_alloc(b, "tiny", 768 << 10, "kb", &bb), 0);
+    ck_assert_int_eq(gpubuf_seal(ba), 0);
+    ck_assert_int_eq(gpubuf_seal(bb), 0);
+    ck_assert_int_eq(gpubuf_stat(a, "ka", &ia), 0);
+    ck_assert_int_eq(gpubuf_stat(a, "kb", &ib), 0);
+    ck_assert_uint_ne(ia.slab_id, ib.slab_id);
+    ck_assert_int_eq(gpubuf_release(ba), 0);
+    ck_assert_int_eq(gpubuf_release(bb), 0);
+    ck_assert_int_eq(gpubuf_delete(a, "ka"), 0);
+    ck_assert_int_eq(gpubuf_delete(b, "kb"), 0);
+    ck_assert_int_eq(gpubuf_flush(a), 0);
+    ck_assert_int_eq(gpubuf_flush(b), 0);
+    /* Both slabs are empty; an empty slab beyond the spare would go, but
+     * each is kept by a client. */
+    gpubuf_status *s = td_status(&D);
+    const gpubuf_pool_info *tiny = td_find_pool(s, "tiny");
+    ck_assert_uint_eq(tiny->used, 0);
+    ck_assert_uint_eq(tiny->slabs, 2);
+    ck_assert_uint_eq(find_client(s, a->session_id)->kept_slabs, 1);
+    ck_assert_uint_eq(find_client(s, b->session_id)->kept_slabs, 1);
+    gpubuf_status_free(s);
+    ck_assert_uint_eq(a->n_maps, 1);
+    ck_assert_uint_eq(a->n_idle, 1);
+    /* a's next buffer goes to the slab it keeps: no new mapping. */
+    void *old_base = (void *)(uintptr_t)a->idle_head->base;
+    ck_assert_int_eq(gpubuf_alloc(a, "tiny", 4096, "ka2", &ba), 0);
+    ck_assert_int_eq(gpubuf_stat(a, "ka2", &ia), 0);
+    ck_assert_uint_eq(ia.slab_id, a->maps->slab_id);
+    ck_assert_ptr_eq((void *)(uintptr_t)ba->map->base, old_base);
+    ck_assert_uint_eq(a->n_idle, 0);
+    ck_assert_uint_eq(a->n_maps, 1);
+    ck_assert_int_eq(gpubuf_release(ba), 0);
+    /* b goes: its slab is unpinned and, empty beyond the spare, freed. */
+    gpubuf_disconnect(b);
+    ck_assert(td_wait_clients(&D, 1, 2000));
+    s = td_status(&D);
+    ck_assert_uint_eq(td_find_pool(s, "tiny")->slabs, 1);
+    gpubuf_status_free(s);
+    /* Eviction: buffers in six slabs of "host" (16 MiB slabs, 12 MiB each). */
+    x = td_connect(&D);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(gpubuf_alloc(x, "host", 12 * MiB, NULL, &v[i]), 0);
+    ck_assert_uint_eq(x->n_maps, 6);
+    for (int i = 0; i < 6; i++)
+        ck_assert_int_eq(gpubuf_release(v[i]), 0);
+    ck_assert_uint_eq(x->n_maps, GPUBUF_KEEP_SLABS);
+    ck_assert_uint_eq(x->n_idle, GPUBUF_KEEP_SLABS);
+    ck_assert_int_eq(gpubuf_flush(x), 0);
+    s = td_status(&D);
+    ck_assert_uint_eq(find_client(s, x->session_id)->kept_slabs, GPUBUF_KEEP_SLABS);
+    /* The anonymous buffers are gone; only the kept slabs (and a spare) stay. */
+    ck_assert_uint_eq(td_find_pool(s, "host")->used, 0);
+    ck_assert_uint_le(td_find_pool(s, "host")->slabs, GPUBUF_KEEP_SLABS + 1);
+    gpubuf_status_free(s);
+    gpubuf_disconnect(x);
+    gpubuf_delete(a, "ka2");
+    gpubuf_disconnect(a);
+    ck_assert(td_wait_clients(&D, 0, 2000));
+    s = td_status(&D);
+    for (size_t i = 0; i < s->n_pools; i++) {
+        ck_assert_uint_eq(s->pools[i].used, 0);
+        ck_assert_uint_le(s->pools[i].slabs, 1); /* at most the spare */
+    }
+    gpubuf_status_free(s);
 }
 END_TEST
 
@@ -742,6 +829,7 @@ int main(void) {
     tcase_add_test(t, alloc_view_attributes);
     tcase_add_test(t, default_pool_is_first);
     tcase_add_test(t, set_device_checks);
+    tcase_add_test(t, kept_slabs_pinned_reused_evicted);
     tcase_add_test(t, producer_exits_before_consumers);
     tcase_add_test(t, sigkill_consumer_loses_references);
     tcase_add_test(t, eight_processes_open_at_once);

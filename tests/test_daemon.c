@@ -317,6 +317,113 @@ START_TEST(unsolicited_fds_are_closed) {
 }
 END_TEST
 
+/* One raw request/response; the response's status. *ret_buf/ret_slab get a
+ * buffer reply's ids (attached fds are closed). */
+static int raw_call(int fd, Gpubuf__Request *req, uint64_t *ret_buf, uint64_t *ret_slab,
+                    bool *ret_keepable) {
+    raw_send(fd, req);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    int st = r->status;
+    if (r->body_case == GPUBUF__RESPONSE__BODY_BUFFER) {
+        if (ret_buf)
+            *ret_buf = r->buffer->buffer_id;
+        if (ret_slab)
+            *ret_slab = r->buffer->slab_id;
+        if (ret_keepable)
+            *ret_keepable = r->buffer->slab && r->buffer->slab->keepable;
+    }
+    gpubuf__response__free_unpacked(r, NULL);
+    return st;
+}
+
+static int raw_alloc(int fd, uint64_t size, uint64_t *ret_buf, uint64_t *ret_slab,
+                     bool *ret_keepable) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = size;
+    req.id = 10;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    return raw_call(fd, &req, ret_buf, ret_slab, ret_keepable);
+}
+
+static int raw_release(int fd, uint64_t buffer_id, bool keep) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
+    rel.buffer_id = buffer_id;
+    rel.keep_mapped = keep;
+    req.id = 11;
+    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    req.release = &rel;
+    return raw_call(fd, &req, NULL, NULL, NULL);
+}
+
+static int raw_unmap(int fd, uint64_t slab_id) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__UnmapRequest u = GPUBUF__UNMAP_REQUEST__INIT;
+    u.slab_id = slab_id;
+    req.id = 12;
+    req.body_case = GPUBUF__REQUEST__BODY_UNMAP;
+    req.unmap = &u;
+    return raw_call(fd, &req, NULL, NULL, NULL);
+}
+
+/* The KEEP_MAPPED requests: refused without the capability, checked with. */
+START_TEST(keep_mapped_protocol) {
+    uint64_t buf, slab;
+    bool keepable = true;
+    int fd = raw_connect();
+    raw_hello(fd); /* no capabilities */
+    ck_assert_int_eq(raw_alloc(fd, 1000, &buf, &slab, &keepable), 0);
+    ck_assert(!keepable);
+    ck_assert_int_eq(raw_release(fd, buf, true), GPUBUF_EPROTOCOL);
+    ck_assert_int_eq(raw_release(fd, buf, false), GPUBUF_ENOTHELD); /* it was released */
+    ck_assert_int_eq(raw_unmap(fd, slab), GPUBUF_ENOTHELD);
+    close(fd);
+
+    fd = raw_connect();
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+    h.min_version = h.max_version = 1;
+    h.capabilities = GPUBUF_CAP_KEEP_MAPPED | (1ull << 40); /* unknown bits are ignored */
+    req.id = 1;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    raw_send(fd, &req);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->hello->capabilities, GPUBUF_CAP_KEEP_MAPPED);
+    ck_assert_uint_eq(r->hello->max_kept_slabs, 8);
+    uint64_t session = r->hello->session_id;
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert_int_eq(raw_alloc(fd, 1000, &buf, &slab, &keepable), 0);
+    ck_assert(keepable);
+    ck_assert_int_eq(raw_release(fd, buf, true), 0);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->pools[0].used, 0);
+    ck_assert_uint_eq(s->pools[0].slabs, 1);
+    for (size_t i = 0; i < s->n_clients; i++)
+        if (s->clients[i].session_id == session)
+            ck_assert_uint_eq(s->clients[i].kept_slabs, 1);
+    gpubuf_status_free(s);
+    ck_assert_int_eq(raw_unmap(fd, slab), 0);
+    ck_assert_int_eq(raw_unmap(fd, slab), GPUBUF_ENOTHELD);
+    /* A dedicated slab (above the 4 MiB slab size) cannot be kept. */
+    ck_assert_int_eq(raw_alloc(fd, 5 << 20, &buf, &slab, &keepable), 0);
+    ck_assert(!keepable);
+    ck_assert_int_eq(raw_release(fd, buf, true), -EINVAL);
+    ck_assert_int_eq(raw_unmap(fd, slab), GPUBUF_ENOTHELD);
+    close(fd);
+    ck_assert(td_wait_clients(&D, 0, 2000));
+    s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(s->pools[0].used, 0);
+    ck_assert_uint_le(s->pools[0].slabs, 1);
+    gpubuf_status_free(s);
+}
+END_TEST
+
 START_TEST(release_not_held_and_double_release) {
     int fd = raw_connect();
     raw_hello(fd);
@@ -803,6 +910,7 @@ int main(void) {
     tcase_add_test(t, empty_request_and_double_hello);
     tcase_add_test(t, unsolicited_fds_are_closed);
     tcase_add_test(t, release_not_held_and_double_release);
+    tcase_add_test(t, keep_mapped_protocol);
     tcase_add_test(t, pipelined_requests_answered_in_order);
     tcase_add_test(t, sigterm_with_live_clients);
     tcase_add_test(t, requests_before_hangup_are_answered);

@@ -127,7 +127,7 @@ static int views_body(const test_daemon *d, void *arg) {
     if (c->n_maps != 1) /* the slice keeps the slab mapped */
         return 11;
     gpubuf_release(sl);
-    if (c->n_maps != 0)
+    if (c->n_maps != 1 || c->n_idle != 1) /* kept mapped, idle */
         return 12;
     gpubuf_disconnect(c);
     return 0;

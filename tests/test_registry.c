@@ -172,6 +172,57 @@ START_TEST(test_placement_prefers_held_slabs) {
 }
 END_TEST
 
+/* Kept slabs: pinned past their last block, up to the holder's cap, until
+ * unmapped or the holder goes. */
+START_TEST(test_kept_slabs) {
+    env e;
+    env_init(&e);
+    gpubuf_holder *a = holder(&e, UID_A), *b = holder(&e, UID_B);
+    a->kept_cap = 1; /* b keeps the default of 0: no slab */
+    gpubuf_buf *a1 = alloc_ok(&e, a, 768 * 1024, "a1");
+    gpubuf_slab *s1 = a1->blk.slab;
+    gpubuf_buf *b1 = alloc_ok(&e, b, 768 * 1024, "b1");
+    gpubuf_slab *s2 = b1->blk.slab;
+    ck_assert_ptr_ne(s1, s2);
+    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, a, a1->id, true), 0);
+    ck_assert_uint_eq(s1->pins, 1);
+    ck_assert_uint_eq(s1->blocks, 0); /* a1 (never sealed) is gone, the slab stays */
+    ck_assert_uint_eq(a->n_kept, 1);
+    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, b, b1->id, true), -EDQUOT);
+    ck_assert_uint_eq(b->n_refs, 0); /* released all the same */
+    /* s2 went (empty, and s1 is another empty slab); s1 stayed, pinned. */
+    ck_assert_uint_eq(e.pool->n_slabs, 1);
+    /* a's next buffer lands in its kept slab; keeping it again is a no-op,
+     * and a second slab is over a's cap. */
+    gpubuf_buf *a2 = alloc_ok(&e, a, 200 * 1024, "a2");
+    ck_assert_ptr_eq(a2->blk.slab, s1);
+    gpubuf_buf *a3 = alloc_ok(&e, a, 900 * 1024, "a3");
+    ck_assert_ptr_ne(a3->blk.slab, s1);
+    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, a, a2->id, true), 0);
+    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, a, a3->id, true), -EDQUOT);
+    ck_assert_uint_eq(s1->pins, 1);
+    ck_assert_uint_eq(a->n_kept, 1);
+    ck_assert_int_eq(gpubuf_registry_unmap(&e.reg, a, s1->id + 1000), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gpubuf_registry_unmap(&e.reg, a, s1->id), 0);
+    ck_assert_uint_eq(a->n_kept, 0);
+    ck_assert_ptr_null(a->slabs);
+    ck_assert_int_eq(gpubuf_registry_unmap(&e.reg, a, s1->id), GPUBUF_ENOTHELD);
+    ck_assert_uint_le(e.pool->n_slabs, 1); /* the spare at most */
+    /* A holder that goes unpins what it kept. */
+    gpubuf_buf *a4 = alloc_ok(&e, a, 768 * 1024, "a4");
+    gpubuf_slab *s4 = a4->blk.slab;
+    gpubuf_buf *a5 = alloc_ok(&e, a, 768 * 1024, "a5"); /* another slab: s4 cannot be the spare */
+    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, a, a4->id, true), 0);
+    ck_assert_uint_eq(s4->pins, 1);
+    gpubuf_registry_holder_drop(&e.reg, a);
+    (void)a5;
+    ck_assert_uint_eq(e.pool->used, 0);
+    ck_assert_uint_eq(e.pool->n_slabs, 1); /* one spare; the unpinned s4 or the other */
+    gpubuf_registry_holder_drop(&e.reg, b);
+    env_fini(&e);
+}
+END_TEST
+
 START_TEST(test_alloc_reference) {
     env e;
     env_init(&e);
@@ -1157,6 +1208,7 @@ static Suite *registry_suite(void) {
     tcase_add_test(tc, test_unwait);
     tcase_add_test(tc, test_wake_frees_waiter);
     tcase_add_test(tc, test_placement_prefers_held_slabs);
+    tcase_add_test(tc, test_kept_slabs);
     suite_add_tcase(s, tc);
     return s;
 }

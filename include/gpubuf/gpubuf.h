@@ -121,6 +121,7 @@ typedef struct gpubuf_client_info {
     uint32_t references;   /**< references held, summed over buffers */
     uint32_t buffers_held; /**< distinct buffers referenced */
     char name[64];
+    uint32_t kept_slabs;   /**< slabs it keeps mapped after their last view went */
 } gpubuf_client_info;
 
 /** A snapshot of the daemon (gpubuf_status). Free with gpubuf_status_free(). */
