@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "internal.h"
 #include "wire.h"
 
 static test_daemon D;
@@ -58,6 +59,39 @@ static double ms_until_closed(int fd) {
     clock_gettime(CLOCK_MONOTONIC, &b);
     return (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
 }
+
+/* max_kept_slabs_per_client: 0 turns kept slabs off, n bounds them (the
+ * library keeps min(n, GPUBUF_KEEP_SLABS)). */
+START_TEST(kept_slabs_limit) {
+    gpubuf_buffer *b[3];
+    for (int round = 0; round < 2; round++) {
+        start_with(round == 0 ? "[daemon]\nmax_kept_slabs_per_client = 0\n[pool:k]\nkind = host\n"
+                                "capacity = 64M\nslab_size = 1M\n"
+                              : "[daemon]\nmax_kept_slabs_per_client = 2\n[pool:k]\nkind = host\n"
+                                "capacity = 64M\nslab_size = 1M\n");
+        gpubuf_client *c = td_connect(&D);
+        ck_assert_uint_eq(c->keep_cap, round == 0 ? 0 : 2);
+        for (int i = 0; i < 3; i++) /* three slabs */
+            ck_assert_int_eq(gpubuf_alloc(c, "k", 768 << 10, NULL, &b[i]), 0);
+        for (int i = 0; i < 3; i++)
+            ck_assert_int_eq(gpubuf_release(b[i]), 0);
+        ck_assert_int_eq(gpubuf_flush(c), 0);
+        ck_assert_uint_eq(c->n_maps, round == 0 ? 0 : 2);
+        gpubuf_status *s = td_status(&D);
+        ck_assert_uint_eq(s->pools[0].used, 0);
+        /* Kept slabs stay; besides them at most the spare. */
+        ck_assert_uint_le(s->pools[0].slabs, round == 0 ? 1 : 3);
+        ck_assert_uint_ge(s->pools[0].slabs, round == 0 ? 1 : 2);
+        gpubuf_status_free(s);
+        gpubuf_disconnect(c);
+        ck_assert(td_wait_clients(&D, 0, 2000));
+        s = td_status(&D);
+        ck_assert_uint_le(s->pools[0].slabs, 1);
+        gpubuf_status_free(s);
+        stop();
+    }
+}
+END_TEST
 
 START_TEST(quotas_per_client_and_uid) {
     start_with("[daemon]\nmax_buffers_per_client = 3\nmax_bytes_per_uid = 1M\n"
@@ -320,6 +354,7 @@ int main(void) {
     TCase *t = tcase_create("limits");
     tcase_set_timeout(t, 60);
     tcase_add_test(t, quotas_per_client_and_uid);
+    tcase_add_test(t, kept_slabs_limit);
     tcase_add_test(t, connections_per_uid);
     tcase_add_test(t, silent_and_half_frame_peers_are_dropped);
     tcase_add_test(t, pool_access_and_ownership);
