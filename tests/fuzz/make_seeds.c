@@ -116,5 +116,49 @@ int main(int argc, char **argv) {
     r.id = 4;
     n += put(b + n, &r);
     save(dir, "waits", b, n);
+
+    /* KEEP_MAPPED: hello with the capability, alloc, release keeping the
+     * slab, unmap (twice), a dedicated slab released with keep_mapped */
+    n = 0;
+    {
+        Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+        h.min_version = h.max_version = 1;
+        h.capabilities = GPUBUF_CAP_KEEP_MAPPED;
+        r.id = 1;
+        r.body_case = GPUBUF__REQUEST__BODY_HELLO;
+        r.hello = &h;
+        n += put(b + n, &r);
+    }
+    a.name = (char *)"";
+    a.alignment = 0;
+    a.size = 4096;
+    r.id = 2;
+    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    r.alloc = &a;
+    n += put(b + n, &r);
+    rel.buffer_id = 1;
+    rel.keep_mapped = 1;
+    r.id = 3;
+    r.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    r.release = &rel;
+    n += put(b + n, &r);
+    Gpubuf__UnmapRequest u = GPUBUF__UNMAP_REQUEST__INIT;
+    u.slab_id = 1;
+    r.id = 4;
+    r.body_case = GPUBUF__REQUEST__BODY_UNMAP;
+    r.unmap = &u;
+    n += put(b + n, &r);
+    n += put(b + n, &r);
+    a.size = 64u << 20;
+    r.id = 5;
+    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    r.alloc = &a;
+    n += put(b + n, &r);
+    rel.buffer_id = 2;
+    r.id = 6;
+    r.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    r.release = &rel;
+    n += put(b + n, &r);
+    save(dir, "kept", b, n);
     return 0;
 }
