@@ -347,6 +347,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         uv_poll_init(srv->loop, &s->poll, fd);
         s->poll.data = s;
         uv_poll_start(&s->poll, UV_READABLE, on_session_io);
+        s->poll_events = UV_READABLE;
         uv_timer_init(srv->loop, &s->timer);
         s->timer.data = s;
         arm_timer(s);
@@ -364,11 +365,17 @@ static bool backlogged(const gpubuf_session *s) {
     return s->out_bytes >= OUT_HIGH_WATER;
 }
 
+/* Watch what the session needs now. Only a change reaches libuv: restarting
+ * a poll handle with the same events still costs epoll_ctl calls (two per
+ * request, before this check). */
 static void update_poll(gpubuf_session *s) {
     if (s->closing)
         return;
-    uv_poll_start(&s->poll, (backlogged(s) ? 0 : UV_READABLE) | (s->out_head ? UV_WRITABLE : 0),
-                  on_session_io);
+    int want = (backlogged(s) ? 0 : UV_READABLE) | (s->out_head ? UV_WRITABLE : 0);
+    if (want == s->poll_events)
+        return;
+    s->poll_events = want;
+    uv_poll_start(&s->poll, want, on_session_io);
 }
 
 /* Write queued replies: up to 64 frames per sendmsg. A frame that carries

@@ -58,6 +58,7 @@ typedef struct gpubuf_session {
     uint8_t *in;
     size_t in_len, in_cap;
     gpubuf_outbuf *out_head, *out_tail;
+    int poll_events;     /* events the poll handle watches now (UV_READABLE...) */
     uint32_t out_frames; /* replies queued because the client is not reading */
     size_t out_bytes;
     struct gpubuf_session *next, *prev; /* server list */
