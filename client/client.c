@@ -645,6 +645,21 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
     return NULL;
 }
 
+/* Every column has one entry per buffer, pool indexes are in range, and the
+ * names blob holds exactly one NUL-terminated name per buffer. */
+static bool columns_ok(const Gpubuf__BufferColumns *c, size_t n_pools) {
+    size_t n = c->n_id, nuls = 0;
+    if (c->n_size != n || c->n_offset != n || c->n_slab_id != n || c->n_pool != n ||
+        c->n_state != n || c->n_refs != n || c->n_owner_uid != n)
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (c->pool[i] >= n_pools)
+            return false;
+    for (size_t i = 0; i < c->names.len; i++)
+        nuls += c->names.data[i] == 0;
+    return nuls == n && (n == 0 || c->names.data[c->names.len - 1] == 0);
+}
+
 GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
@@ -653,6 +668,7 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
     int fd, r;
     if (!c || !ret)
         return -EINVAL;
+    sr.columnar = true; /* a daemon without columns answers with buffers */
     req.body_case = GPUBUF__REQUEST__BODY_STATUS;
     req.status = &sr;
     pthread_mutex_lock(&c->lock);
@@ -667,10 +683,17 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
         return GPUBUF_EPROTOCOL;
     }
     Gpubuf__StatusReply *st = resp->status_reply;
+    const Gpubuf__BufferColumns *col = st->buffer_columns;
+    size_t n_buffers = col ? col->n_id : st->n_buffers;
+    if (col && !columns_ok(col, st->n_pools)) {
+        gpubuf__set_error("gpubufd sent inconsistent status columns");
+        gpubuf__response__free_unpacked(resp, NULL);
+        return GPUBUF_EPROTOCOL;
+    }
     s = calloc(1, sizeof(*s));
     if (s) {
         s->pools = calloc(st->n_pools + 1, sizeof(*s->pools));
-        s->buffers = calloc(st->n_buffers + 1, sizeof(*s->buffers));
+        s->buffers = calloc(n_buffers + 1, sizeof(*s->buffers));
         s->clients = calloc(st->n_clients + 1, sizeof(*s->clients));
     }
     if (!s || !s->pools || !s->buffers || !s->clients) {
@@ -695,7 +718,21 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
     }
     s->n_pools = st->n_pools;
     /* Buffer strings point into the reply, which the snapshot keeps. */
-    for (size_t i = 0; i < st->n_buffers; i++) {
+    const char *name = col ? (const char *)col->names.data : NULL;
+    for (size_t i = 0; col && i < n_buffers; i++) {
+        gpubuf_status_buffer *o = &s->buffers[i];
+        o->id = col->id[i];
+        o->name = name;
+        name += strlen(name) + 1;
+        o->pool = st->pools[col->pool[i]]->name; /* in the reply, like the name */
+        o->size = col->size[i];
+        o->state = (gpubuf_state)col->state[i];
+        o->refs = col->refs[i];
+        o->owner_uid = col->owner_uid[i];
+        o->offset = col->offset[i];
+        o->slab_id = col->slab_id[i];
+    }
+    for (size_t i = 0; !col && i < st->n_buffers; i++) {
         const Gpubuf__Buffer *m = st->buffers[i];
         gpubuf_status_buffer *o = &s->buffers[i];
         o->id = m->buffer_id;
@@ -708,7 +745,7 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
         o->offset = m->offset;
         o->slab_id = m->slab_id;
     }
-    s->n_buffers = st->n_buffers;
+    s->n_buffers = n_buffers;
     for (size_t i = 0; i < st->n_clients; i++) {
         const Gpubuf__ClientStatus *x = st->clients[i];
         gpubuf_client_info *o = &s->clients[i];

@@ -43,26 +43,63 @@ static json_object *pool_json(const gpubuf_pool_info *p) {
     }
 }
 
-/* A JSON string, escaped by json-c. */
-static void put_json_string(const char *str) {
-    json_object *o = json_object_new_string(str);
-    fputs(json_object_to_json_string_ext(o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE),
-          stdout);
-    json_object_put(o);
+/* A JSON string. Buffer and pool names are printable ASCII without quotes
+ * or backslashes (the daemon allows A-Z a-z 0-9 . _ : / @ + -), which need no
+ * escaping; anything else is escaped by json-c. */
+static char *put_json_string(char *out, const char *str) {
+    const char *p = str;
+    while (*p && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20 && (unsigned char)*p < 0x7f)
+        p++;
+    if (*p) {
+        json_object *o = json_object_new_string(str);
+        const char *e = json_object_to_json_string_ext(
+            o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
+        size_t n = strlen(e);
+        memcpy(out, e, n);
+        json_object_put(o);
+        return out + n;
+    }
+    *out++ = '"';
+    memcpy(out, str, (size_t)(p - str));
+    out += p - str;
+    *out++ = '"';
+    return out;
 }
 
-/* Buffers can number 100k: their numbers are printed directly and only the
- * two strings go through json-c (for escaping), one small object each
- * instead of an object with ten members. */
+static char *put_text(char *out, const char *s) {
+    size_t n = strlen(s);
+    memcpy(out, s, n);
+    return out + n;
+}
+
+static char *put_u64(char *out, uint64_t v) {
+    char tmp[20];
+    int n = 0;
+    do {
+        tmp[n++] = (char)('0' + v % 10);
+        v /= 10;
+    } while (v);
+    while (n)
+        *out++ = tmp[--n];
+    return out;
+}
+
+/* Buffers can number 100k: each is formatted by hand into one line buffer
+ * (printf took a third of gpubufctl's time at 100k buffers). Names are at
+ * most 255 bytes and escaping at most sextuples them. */
 static void put_buffer_json(const gpubuf_status_buffer *b) {
-    printf("{\"id\":%llu,\"name\":", (unsigned long long)b->id);
-    put_json_string(b->name);
-    printf(",\"pool\":");
-    put_json_string(b->pool);
-    printf(",\"size\":%llu,\"state\":\"%s\",\"refs\":%u,\"owner_uid\":%u,\"slab\":%llu,"
-           "\"offset\":%llu}",
-           (unsigned long long)b->size, state_name(b->state), b->refs, b->owner_uid,
-           (unsigned long long)b->slab_id, (unsigned long long)b->offset);
+    char line[4096], *o = line;
+    o = put_u64(put_text(o, "{\"id\":"), b->id);
+    o = put_json_string(put_text(o, ",\"name\":"), b->name);
+    o = put_json_string(put_text(o, ",\"pool\":"), b->pool);
+    o = put_u64(put_text(o, ",\"size\":"), b->size);
+    o = put_text(put_text(put_text(o, ",\"state\":\""), state_name(b->state)), "\"");
+    o = put_u64(put_text(o, ",\"refs\":"), b->refs);
+    o = put_u64(put_text(o, ",\"owner_uid\":"), b->owner_uid);
+    o = put_u64(put_text(o, ",\"slab\":"), b->slab_id);
+    o = put_u64(put_text(o, ",\"offset\":"), b->offset);
+    *o++ = '}';
+    fwrite(line, 1, (size_t)(o - line), stdout);
 }
 
 static json_object *buffer_json(const gpubuf_status_buffer *b) {

@@ -381,19 +381,80 @@ static void do_stat(gpubuf_session *s, uint64_t id, const Gpubuf__StatRequest *q
     gpubuf_session_send(s, &resp, -1);
 }
 
-static void do_status(gpubuf_session *s, uint64_t id) {
+/* The buffers as columns: n entries in each array, names NUL-separated.
+ * Returns false when out of memory. The arrays are freed by columns_free. */
+static bool fill_columns(gpubuf_server *srv, Gpubuf__BufferColumns *c) {
+    gpubuf_registry *reg = &srv->reg;
+    size_t n = reg->n_buffers, names = 0, i = 0;
+    for (gpubuf_buf *b = reg->by_id; b; b = b->hh_id.next)
+        names += (b->name ? strlen(b->name) : 0) + 1;
+    gpubuf__buffer_columns__init(c);
+    c->id = malloc((n + 1) * sizeof(*c->id));
+    c->size = malloc((n + 1) * sizeof(*c->size));
+    c->offset = malloc((n + 1) * sizeof(*c->offset));
+    c->slab_id = malloc((n + 1) * sizeof(*c->slab_id));
+    c->pool = malloc((n + 1) * sizeof(*c->pool));
+    c->state = malloc((n + 1) * sizeof(*c->state));
+    c->refs = malloc((n + 1) * sizeof(*c->refs));
+    c->owner_uid = malloc((n + 1) * sizeof(*c->owner_uid));
+    c->names.data = malloc(names + 1);
+    if (!c->id || !c->size || !c->offset || !c->slab_id || !c->pool || !c->state || !c->refs ||
+        !c->owner_uid || !c->names.data)
+        return false;
+    uint8_t *np = c->names.data;
+    for (gpubuf_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
+        size_t len = b->name ? strlen(b->name) : 0;
+        memcpy(np, b->name ? b->name : "", len + 1);
+        np += len + 1;
+        c->id[i] = b->id;
+        c->size[i] = b->size;
+        c->offset[i] = b->blk.offset;
+        c->slab_id[i] = b->blk.slab->id;
+        c->state[i] = (uint32_t)b->state;
+        c->refs[i] = b->refs;
+        c->owner_uid[i] = b->owner_uid;
+        c->pool[i] = 0;
+        for (int p = 0; p < srv->n_pools; p++)
+            if (srv->pools[p] == b->pool) {
+                c->pool[i] = (uint32_t)p;
+                break;
+            }
+    }
+    c->names.len = (size_t)(np - c->names.data);
+    c->n_id = c->n_size = c->n_offset = c->n_slab_id = c->n_pool = c->n_state = c->n_refs =
+        c->n_owner_uid = i;
+    return true;
+}
+
+static void columns_free(Gpubuf__BufferColumns *c) {
+    free(c->id);
+    free(c->size);
+    free(c->offset);
+    free(c->slab_id);
+    free(c->pool);
+    free(c->state);
+    free(c->refs);
+    free(c->owner_uid);
+    free(c->names.data);
+}
+
+static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusRequest *q) {
     gpubuf_server *srv = s->srv;
     gpubuf_registry *reg = &srv->reg;
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     Gpubuf__StatusReply st = GPUBUF__STATUS_REPLY__INIT;
     Gpubuf__PoolStatus *pools = calloc((size_t)srv->n_pools + 1, sizeof(*pools));
     Gpubuf__PoolStatus **ppools = calloc((size_t)srv->n_pools + 1, sizeof(*ppools));
-    buffer_msg *bufs = calloc((size_t)reg->n_buffers + 1, sizeof(*bufs));
-    Gpubuf__Buffer **pbufs = calloc((size_t)reg->n_buffers + 1, sizeof(*pbufs));
+    bool columnar = q && q->columnar;
+    Gpubuf__BufferColumns cols = GPUBUF__BUFFER_COLUMNS__INIT;
+    size_t nrows = columnar ? 0 : (size_t)reg->n_buffers;
+    buffer_msg *bufs = calloc(nrows + 1, sizeof(*bufs));
+    Gpubuf__Buffer **pbufs = calloc(nrows + 1, sizeof(*pbufs));
     Gpubuf__ClientStatus *cl = calloc((size_t)srv->n_sessions + 1, sizeof(*cl));
     Gpubuf__ClientStatus **pcl = calloc((size_t)srv->n_sessions + 1, sizeof(*pcl));
     size_t i = 0;
-    if (!pools || !ppools || !bufs || !pbufs || !cl || !pcl) {
+    if (!pools || !ppools || !bufs || !pbufs || !cl || !pcl ||
+        (columnar && !fill_columns(srv, &cols))) {
         reply_error(s, id, -ENOMEM, "out of memory");
         goto out;
     }
@@ -417,7 +478,9 @@ static void do_status(gpubuf_session *s, uint64_t id) {
     }
     st.n_pools = (size_t)srv->n_pools;
     st.pools = ppools;
-    for (gpubuf_buf *b = reg->by_id; b && i < reg->n_buffers; b = b->hh_id.next, i++) {
+    if (columnar)
+        st.buffer_columns = &cols;
+    for (gpubuf_buf *b = reg->by_id; b && i < nrows; b = b->hh_id.next, i++) {
         fill_buffer(&bufs[i], b);
         /* No slab message: status hands out no handles, and 100k nested
          * messages would double the cost of packing and unpacking. */
@@ -451,6 +514,7 @@ static void do_status(gpubuf_session *s, uint64_t id) {
     resp.status_reply = &st;
     gpubuf_session_send(s, &resp, -1);
 out:
+    columns_free(&cols);
     free(pools);
     free(ppools);
     free(bufs);
@@ -481,7 +545,7 @@ void gpubuf_session_handle(gpubuf_session *s, const uint8_t *payload, size_t len
     case GPUBUF__REQUEST__BODY_UNMAP: do_unmap(s, req->id, req->unmap); break;
     case GPUBUF__REQUEST__BODY_DELETE: do_delete(s, req->id, req->delete_); break;
     case GPUBUF__REQUEST__BODY_STAT: do_stat(s, req->id, req->stat); break;
-    case GPUBUF__REQUEST__BODY_STATUS: do_status(s, req->id); break;
+    case GPUBUF__REQUEST__BODY_STATUS: do_status(s, req->id, req->status); break;
     default:
         reply_error(s, req->id, -ENOTSUP, "unknown request type");
         break;

@@ -424,6 +424,64 @@ START_TEST(keep_mapped_protocol) {
 }
 END_TEST
 
+static Gpubuf__Response *raw_status(int fd, bool columnar) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
+    sr.columnar = columnar;
+    req.id = 20;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &sr;
+    raw_send(fd, &req);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->body_case, GPUBUF__RESPONSE__BODY_STATUS_REPLY);
+    return r;
+}
+
+/* A status request without columnar gets a Buffer message per buffer, with
+ * it the same facts as columns. */
+START_TEST(status_rows_and_columns_agree) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b[3];
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 1000, "rows/a", &b[0]), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 5000, NULL, &b[1]), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 300, "rows/c", &b[2]), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(b[2]), 0);
+    int fd = raw_connect();
+    raw_hello(fd);
+    Gpubuf__Response *rows = raw_status(fd, false), *cols = raw_status(fd, true);
+    const Gpubuf__StatusReply *R = rows->status_reply, *C = cols->status_reply;
+    ck_assert_ptr_null(R->buffer_columns);
+    ck_assert_uint_eq(C->n_buffers, 0);
+    ck_assert_ptr_nonnull(C->buffer_columns);
+    const Gpubuf__BufferColumns *k = C->buffer_columns;
+    ck_assert_uint_eq(R->n_buffers, 3);
+    ck_assert_uint_eq(k->n_id, 3);
+    const char *name = (const char *)k->names.data;
+    for (size_t i = 0; i < 3; i++) {
+        const Gpubuf__Buffer *x = R->buffers[i];
+        ck_assert_uint_eq(k->id[i], x->buffer_id);
+        ck_assert_str_eq(name, x->name);
+        name += strlen(name) + 1;
+        ck_assert_str_eq(C->pools[k->pool[i]]->name, x->pool);
+        ck_assert_uint_eq(k->size[i], x->size);
+        ck_assert_uint_eq(k->offset[i], x->offset);
+        ck_assert_uint_eq(k->state[i], (uint32_t)x->state);
+        ck_assert_uint_eq(k->refs[i], x->refs);
+        ck_assert_uint_eq(k->owner_uid[i], x->owner_uid);
+        ck_assert_uint_eq(k->slab_id[i], x->slab_id);
+    }
+    ck_assert_ptr_eq(name, (const char *)k->names.data + k->names.len);
+    gpubuf__response__free_unpacked(rows, NULL);
+    gpubuf__response__free_unpacked(cols, NULL);
+    close(fd);
+    for (int i = 0; i < 3; i++)
+        gpubuf_release(b[i]);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
 START_TEST(release_not_held_and_double_release) {
     int fd = raw_connect();
     raw_hello(fd);
@@ -911,6 +969,7 @@ int main(void) {
     tcase_add_test(t, unsolicited_fds_are_closed);
     tcase_add_test(t, release_not_held_and_double_release);
     tcase_add_test(t, keep_mapped_protocol);
+    tcase_add_test(t, status_rows_and_columns_agree);
     tcase_add_test(t, pipelined_requests_answered_in_order);
     tcase_add_test(t, sigterm_with_live_clients);
     tcase_add_test(t, requests_before_hangup_are_answered);
