@@ -159,6 +159,11 @@ int main(int argc, char **argv) {
     r.body_case = GPUBUF__REQUEST__BODY_RELEASE;
     r.release = &rel;
     n += put(b + n, &r);
+    sr.columnar = 1;
+    r.id = 7;
+    r.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    r.status = &sr;
+    n += put(b + n, &r);
     save(dir, "kept", b, n);
     return 0;
 }
