@@ -296,26 +296,35 @@ static CUcontext use_device(const gpubuf_cuda *cu, int ordinal) {
     return ctx;
 }
 
+/* On `device`: copy b's n bytes into a local buffer, then a local source of
+ * the same size, and print both median rates (n * factor bytes per second)
+ * as view_key and local_key. */
+static void view_vs_local(const gpubuf_buffer *b, int device, uint64_t n, double factor,
+                          const char *view_key, const char *local_key) {
+    const gpubuf_cuda *cu;
+    CUdeviceptr dst, src_local;
+    CHECK(gpubuf_cuda_load(&cu));
+    use_device(cu, device);
+    if (cu->MemAlloc(&dst, n) || cu->MemAlloc(&src_local, n))
+        _exit(3);
+    cu->MemsetD32(src_local, 7, n / 4);
+    printf("%s %.1f\n", view_key,
+           copy_gbps(cu, dst, (CUdeviceptr)gpubuf_buffer_device_ptr(b), n, factor));
+    printf("%s %.1f\n", local_key, copy_gbps(cu, dst, src_local, n, factor));
+    cu->MemFree(dst);
+    cu->MemFree(src_local);
+}
+
 /* Device-to-device copy bandwidth: source a gpubuf view vs a local cuMemAlloc
  * (bytes read + written per second, like the anchor). */
 static void bandwidth(void) {
     const uint64_t big = 1ull << 30;
     gpubuf_client *c = conn();
     gpubuf_buffer *b;
-    const gpubuf_cuda *cu;
-    CUdeviceptr dst, src_local;
     CHECK(gpubuf_alloc(c, g_pool, big, "bench/bw", &b));
     CHECK(gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), big, 1));
-    CHECK(gpubuf_cuda_load(&cu));
-    use_device(cu, gpubuf_buffer_device(b));
-    if (cu->MemAlloc(&dst, big) || cu->MemAlloc(&src_local, big))
-        _exit(3);
-    cu->MemsetD32(src_local, 7, big / 4);
-    printf("dtod_GBps_gpubuf_view_median %.1f\n",
-           copy_gbps(cu, dst, (CUdeviceptr)gpubuf_buffer_device_ptr(b), big, 2.0));
-    printf("dtod_GBps_local_median %.1f\n", copy_gbps(cu, dst, src_local, big, 2.0));
-    cu->MemFree(dst);
-    cu->MemFree(src_local);
+    view_vs_local(b, gpubuf_buffer_device(b), big, 2.0, "dtod_GBps_gpubuf_view_median",
+                  "dtod_GBps_local_median");
     gpubuf_release(b);
     gpubuf_delete(c, "bench/bw");
     gpubuf_disconnect(c);
@@ -339,8 +348,6 @@ static void peer_copy(void) {
     const uint64_t big = 1ull << 30;
     gpubuf_client *c = conn();
     gpubuf_buffer *b;
-    const gpubuf_cuda *cu;
-    CUdeviceptr dst, src_local;
     uint64_t bad = 1;
     CHECK(gpubuf_set_device(c, 1));
     double t0 = now_us();
@@ -350,16 +357,8 @@ static void peer_copy(void) {
            gpubuf_buffer_memory_device(b));
     CHECK(gpubuf_pattern_verify_device(1, gpubuf_buffer_device_ptr(b), big, 3, &bad));
     printf("peer_verify_mismatches %llu\n", (unsigned long long)bad);
-    CHECK(gpubuf_cuda_load(&cu));
-    use_device(cu, 1);
-    if (cu->MemAlloc(&dst, big) || cu->MemAlloc(&src_local, big))
-        _exit(3);
-    cu->MemsetD32(src_local, 7, big / 4);
-    printf("peer_copy_GBps_gpu1_reads_gpubuf_view_on_gpu0_median %.1f\n",
-           copy_gbps(cu, dst, (CUdeviceptr)gpubuf_buffer_device_ptr(b), big, 1.0));
-    printf("peer_copy_GBps_gpu1_local_median %.1f\n", copy_gbps(cu, dst, src_local, big, 1.0));
-    cu->MemFree(dst);
-    cu->MemFree(src_local);
+    view_vs_local(b, 1, big, 1.0, "peer_copy_GBps_gpu1_reads_gpubuf_view_on_gpu0_median",
+                  "peer_copy_GBps_gpu1_local_median");
     gpubuf_release(b);
     CHECK(gpubuf_delete(c, "bench/peer"));
     gpubuf_disconnect(c);

@@ -65,21 +65,33 @@ static Gpubuf__Response *raw_recv(int fd, int *ret_fd) {
     return r;
 }
 
-static void raw_hello(int fd) {
+/* Send req; its response must succeed with the given body. */
+static Gpubuf__Response *raw_expect(int fd, Gpubuf__Request *req, int body_case) {
+    raw_send(fd, req);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->body_case, body_case);
+    return r;
+}
+
+/* Hello with capability bits; the reply. */
+static Gpubuf__Response *raw_hello_caps(int fd, uint64_t caps) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__Hello h = GPUBUF__HELLO__INIT;
     h.min_version = 1;
     h.max_version = 1;
+    h.capabilities = caps;
     req.id = 1;
     req.body_case = GPUBUF__REQUEST__BODY_HELLO;
     req.hello = &h;
-    raw_send(fd, &req);
-    Gpubuf__Response *r = raw_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_int_eq(r->status, 0);
-    ck_assert_int_eq(r->body_case, GPUBUF__RESPONSE__BODY_HELLO);
+    Gpubuf__Response *r = raw_expect(fd, &req, GPUBUF__RESPONSE__BODY_HELLO);
     ck_assert_uint_eq(r->hello->version, 1);
-    gpubuf__response__free_unpacked(r, NULL);
+    return r;
+}
+
+static void raw_hello(int fd) {
+    gpubuf__response__free_unpacked(raw_hello_caps(fd, 0), NULL);
 }
 
 /* Write one framed stat-by-id request at out; returns its length. */
@@ -383,16 +395,8 @@ START_TEST(keep_mapped_protocol) {
     close(fd);
 
     fd = raw_connect();
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
-    h.min_version = h.max_version = 1;
-    h.capabilities = GPUBUF_CAP_KEEP_MAPPED | (1ull << 40); /* unknown bits are ignored */
-    req.id = 1;
-    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
-    req.hello = &h;
-    raw_send(fd, &req);
-    Gpubuf__Response *r = raw_recv(fd, NULL);
-    ck_assert_int_eq(r->status, 0);
+    /* Unknown capability bits are ignored. */
+    Gpubuf__Response *r = raw_hello_caps(fd, GPUBUF_CAP_KEEP_MAPPED | (1ull << 40));
     ck_assert_uint_eq(r->hello->capabilities, GPUBUF_CAP_KEEP_MAPPED);
     ck_assert_uint_eq(r->hello->max_kept_slabs, 8);
     uint64_t session = r->hello->session_id;
@@ -431,12 +435,7 @@ static Gpubuf__Response *raw_status(int fd, bool columnar) {
     req.id = 20;
     req.body_case = GPUBUF__REQUEST__BODY_STATUS;
     req.status = &sr;
-    raw_send(fd, &req);
-    Gpubuf__Response *r = raw_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_int_eq(r->status, 0);
-    ck_assert_int_eq(r->body_case, GPUBUF__RESPONSE__BODY_STATUS_REPLY);
-    return r;
+    return raw_expect(fd, &req, GPUBUF__RESPONSE__BODY_STATUS_REPLY);
 }
 
 /* A status request without columnar gets a Buffer message per buffer, with
