@@ -342,21 +342,19 @@ void gpubuf__client_unref(gpubuf_client *c) {
 GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
     if (!c)
         return NULL;
-    /* Shut the socket down first: a thread blocked in a waiting open on
-     * this connection then returns GPUBUF_EDISCONNECTED and frees the lock.
-     * The daemon drops every reference of this connection. */
-    /* Idle slabs are unmapped first: the daemon frees what nobody
-     * references once the connection is gone. (Not possible while another
-     * thread waits in an open on this connection and holds the lock: those
-     * stay mapped until the connection's last reference goes.) */
-    if (pthread_mutex_trylock(&c->lock) == 0) {
-        gpubuf__mapping_drop_idle(c, false, false);
-        pthread_mutex_unlock(&c->lock);
-    }
-    shutdown(c->fd, SHUT_RDWR);
+    /* Shut the reading side down first: a thread blocked in a waiting open
+     * on this connection then reads end of stream, returns
+     * GPUBUF_EDISCONNECTED and frees the lock. The daemon sees nothing yet. */
+    shutdown(c->fd, SHUT_RD);
     pthread_mutex_lock(&c->lock);
     c->broken = true;
+    /* Idle slabs are unmapped before the daemon learns that the connection
+     * is gone and frees what nobody references (an exporter must not free
+     * memory another process maps). */
+    gpubuf__mapping_drop_idle(c, false, false);
     pthread_mutex_unlock(&c->lock);
+    /* Now the daemon drops every reference and pin of this connection. */
+    shutdown(c->fd, SHUT_RDWR);
     gpubuf__client_unref(c);
     return NULL;
 }
@@ -648,16 +646,38 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
 /* Every column has one entry per buffer, pool indexes are in range, and the
  * names blob holds exactly one NUL-terminated name per buffer. */
 static bool columns_ok(const Gpubuf__BufferColumns *c, size_t n_pools) {
-    size_t n = c->n_id, nuls = 0;
+    size_t n = c->n_id, nuls = 0, run = 0;
     if (c->n_size != n || c->n_offset != n || c->n_slab_id != n || c->n_pool != n ||
         c->n_state != n || c->n_refs != n || c->n_owner_uid != n)
         return false;
     for (size_t i = 0; i < n; i++)
         if (c->pool[i] >= n_pools)
             return false;
-    for (size_t i = 0; i < c->names.len; i++)
-        nuls += c->names.data[i] == 0;
+    for (size_t i = 0; i < c->names.len; i++) {
+        if (c->names.data[i] == 0) {
+            nuls++;
+            run = 0;
+        } else if (++run > GPUBUF_NAME_MAX) {
+            return false;
+        }
+    }
     return nuls == n && (n == 0 || c->names.data[c->names.len - 1] == 0);
+}
+
+static bool short_name(const char *s) {
+    return !s || strnlen(s, GPUBUF_NAME_MAX + 1) <= GPUBUF_NAME_MAX;
+}
+
+/* Names no longer than the daemon ever makes them: the snapshot hands them
+ * out, and callers (gpubufctl) size buffers by GPUBUF_NAME_MAX. */
+static bool names_ok(const Gpubuf__StatusReply *st) {
+    for (size_t i = 0; i < st->n_pools; i++)
+        if (!short_name(st->pools[i]->name))
+            return false;
+    for (size_t i = 0; i < st->n_buffers; i++)
+        if (!short_name(st->buffers[i]->name) || !short_name(st->buffers[i]->pool))
+            return false;
+    return true;
 }
 
 GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
@@ -685,8 +705,8 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
     Gpubuf__StatusReply *st = resp->status_reply;
     const Gpubuf__BufferColumns *col = st->buffer_columns;
     size_t n_buffers = col ? col->n_id : st->n_buffers;
-    if (col && !columns_ok(col, st->n_pools)) {
-        gpubuf__set_error("gpubufd sent inconsistent status columns");
+    if ((col && !columns_ok(col, st->n_pools)) || !names_ok(st)) {
+        gpubuf__set_error("gpubufd sent inconsistent status columns or overlong names");
         gpubuf__response__free_unpacked(resp, NULL);
         return GPUBUF_EPROTOCOL;
     }

@@ -247,7 +247,9 @@ bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m) {
             idle_unlink(c, old);
             drop(c, old, true);
         }
-        if (!first || c->n_kept < c->keep_cap) {
+        /* Sending the unmap may have read the daemon's goodbye: then the
+         * release that would pin this slab is never sent. */
+        if (!c->broken && (!first || c->n_kept < c->keep_cap)) {
             if (first) {
                 m->kept = true;
                 c->n_kept++;
