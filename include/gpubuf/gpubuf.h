@@ -218,10 +218,13 @@ GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms
  * context with peer access (CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS): kernels on d
  * read and write it over NVLink or PCIe. Host pools are not affected.
  * \param device  a CUDA ordinal in this process, or -1.
- * \retval -EBUSY views of CUDA buffers are alive on this connection (a slab is
+ * \retval -EINVAL c is NULL or device is below -1 or not below 64;
+ *         -EBUSY views of CUDA buffers are alive on this connection (a slab is
  *         mapped once per connection: use another connection);
- *         GPUBUF_ENODEVICE no such device; GPUBUF_ENODRIVER no CUDA driver.
- * A later open of a buffer that device cannot reach fails with GPUBUF_ENOPEER.
+ *         GPUBUF_ENODEVICE no such device; GPUBUF_ENODRIVER / GPUBUF_ECUDA the
+ *         driver could not be loaded or initialised.
+ * A later open or alloc of a buffer that device cannot reach fails with
+ * GPUBUF_ENOPEER.
  */
 GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device);
 
@@ -231,8 +234,9 @@ GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
 
 /**
  * Drop this view. When the last view of an opened buffer goes (slices keep
- * their parent alive), the daemon reference is released, and the slab is
- * unmapped if no other view of this connection uses it. The release request is asynchronous like
+ * their parent alive), the daemon reference is released; if no other view of
+ * this connection uses the slab, it stays mapped as one of a few kept slabs
+ * (see docs/client-api.md) or is unmapped. The release request is asynchronous like
  * gpubuf_seal(): the daemon applies it before any later request of this
  * connection; gpubuf_flush() waits for it. Accepts NULL.
  * \retval 0, or an error sending the release (the view is gone anyway).
