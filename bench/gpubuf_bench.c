@@ -23,6 +23,7 @@
 #include "cuda_driver.h"
 #include "gpubuf/gpubuf.h"
 #include "pattern.h"
+#include "util.h"
 
 static const char *g_sock;
 static const char *g_pool = "gpu0";
@@ -456,36 +457,30 @@ static void op_latency_100k(void) {
     op_latency("at_100k_buffers");
 }
 
-static void fill_100k(void) {
+/* n named 4 KiB buffers, prefix/0 ... prefix/(n-1), sealed and released.
+ * Views are kept until the end so that each slab is imported once. */
+static void fill(int n, const char *prefix) {
     gpubuf_client *c = conn();
-    gpubuf_buffer **b = calloc(100000, sizeof(*b));
+    gpubuf_buffer **b = calloc((size_t)n, sizeof(*b));
     char name[64];
-    /* Views are kept until the end so that each slab is imported once. */
-    for (int i = 0; i < 100000; i++) {
-        snprintf(name, sizeof(name), "scale/%d", i);
+    for (int i = 0; i < n; i++) {
+        snprintf(name, sizeof(name), "%s/%d", prefix, i);
         CHECK(gpubuf_alloc(c, g_pool, 4096, name, &b[i]));
         CHECK(gpubuf_seal(b[i]));
     }
-    for (int i = 0; i < 100000; i++)
+    for (int i = 0; i < n; i++)
         CHECK(gpubuf_release(b[i]));
     CHECK(gpubuf_flush(c));
     gpubuf_disconnect(c);
     free(b);
 }
 
+static void fill_100k(void) {
+    fill(100000, "scale");
+}
+
 static void fill_10(void) {
-    gpubuf_client *c = conn();
-    gpubuf_buffer *b[10];
-    char name[64];
-    for (int i = 0; i < 10; i++) {
-        snprintf(name, sizeof(name), "small/%d", i);
-        CHECK(gpubuf_alloc(c, g_pool, 4096, name, &b[i]));
-        CHECK(gpubuf_seal(b[i]));
-    }
-    for (int i = 0; i < 10; i++)
-        CHECK(gpubuf_release(b[i]));
-    CHECK(gpubuf_flush(c));
-    gpubuf_disconnect(c);
+    fill(10, "small");
 }
 
 /* Hold `n` raw idle connections (with handshake) in one process. */
@@ -520,17 +515,7 @@ static int g_daemon_pid;
 static const char *g_ctl;
 
 static long daemon_rss_kib(void) {
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", g_daemon_pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
+    return gpubuf_rss_kib(g_daemon_pid);
 }
 
 /* Wall time of `gpubufctl --json status` (fork, exec, connect, status,

@@ -62,11 +62,17 @@ static void fill_buffer(buffer_msg *m, const gpubuf_buf *b) {
     }
 }
 
-/* Reply with a buffer; map_fd: attach the slab's fd (alloc and open). */
+/* Reply with a buffer. map_fd (alloc and open, which take a reference): how
+ * to map it, the slab's fd or IPC handle. Otherwise (seal, stat) no handle:
+ * nothing is handed out without a reference. */
 static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bool map_fd) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
     fill_buffer(&m, b);
+    if (!map_fd) {
+        m.slab.ipc_handle.len = 0;
+        m.slab.ipc_handle.data = NULL;
+    }
     m.slab.keepable = map_fd && (s->caps & GPUBUF_CAP_KEEP_MAPPED) && !b->blk.slab->dedicated;
     int fd = map_fd ? b->blk.slab->exp.fd : -1;
     resp.id = id;
@@ -233,15 +239,7 @@ static void do_seal(gpubuf_session *s, uint64_t id, const Gpubuf__SealRequest *q
     /* Waiters woken by the seal may have been this very session; b is alive
      * since the sealer holds a reference. The sealer mapped the buffer when
      * it allocated it: the reply carries no handle. */
-    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
-    buffer_msg m;
-    fill_buffer(&m, b);
-    m.slab.ipc_handle.len = 0;
-    m.slab.ipc_handle.data = NULL;
-    resp.id = id;
-    resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
-    resp.buffer = &m.buf;
-    gpubuf_session_send(s, &resp, -1);
+    reply_buffer(s, id, b, false);
 }
 
 static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
@@ -370,15 +368,7 @@ static void do_stat(gpubuf_session *s, uint64_t id, const Gpubuf__StatRequest *q
         return;
     }
     /* Like status, stat takes no reference and so hands out no handle. */
-    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
-    buffer_msg m;
-    fill_buffer(&m, b);
-    m.slab.ipc_handle.len = 0;
-    m.slab.ipc_handle.data = NULL;
-    resp.id = id;
-    resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
-    resp.buffer = &m.buf;
-    gpubuf_session_send(s, &resp, -1);
+    reply_buffer(s, id, b, false);
 }
 
 /* The buffers as columns: n entries in each array, names NUL-separated.

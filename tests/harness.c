@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "pattern.h"
+#include "util.h"
 
 void td_sleep_ms(int ms) {
     struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
@@ -209,15 +210,5 @@ int td_count_fds(pid_t pid) {
 }
 
 long td_rss_kib(pid_t pid) {
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
+    return gpubuf_rss_kib((int)pid);
 }

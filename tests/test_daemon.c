@@ -120,6 +120,21 @@ static bool closed_by_daemon(int fd) {
     }
 }
 
+/* The daemon answers fd with `status` (and, when given, request id `id` and
+ * a message containing `words`), then closes the connection. Closes fd. */
+static void expect_refusal(int fd, int status, uint64_t id, const char *words) {
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, status);
+    if (id)
+        ck_assert_uint_eq(r->id, id);
+    if (words)
+        ck_assert(strstr(r->message, words) != NULL);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+}
+
 /* The daemon still serves a well-behaved client. */
 static void assert_serving(void) {
     gpubuf_client *c = td_connect(&D);
@@ -152,12 +167,7 @@ START_TEST(bad_magic_gets_error_then_close) {
     gpubuf_wire_header_encode(h, 0);
     h[3] = 'X';
     ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
-    Gpubuf__Response *r = raw_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_int_eq(r->status, GPUBUF_EPROTOCOL);
-    gpubuf__response__free_unpacked(r, NULL);
-    ck_assert(closed_by_daemon(fd));
-    close(fd);
+    expect_refusal(fd, GPUBUF_EPROTOCOL, 0, NULL);
     assert_serving();
 }
 END_TEST
@@ -168,12 +178,7 @@ START_TEST(bad_version_header) {
     gpubuf_wire_header_encode(h, 0);
     h[4] = 9;
     ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
-    Gpubuf__Response *r = raw_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_int_eq(r->status, GPUBUF_EVERSION);
-    gpubuf__response__free_unpacked(r, NULL);
-    ck_assert(closed_by_daemon(fd));
-    close(fd);
+    expect_refusal(fd, GPUBUF_EVERSION, 0, NULL);
 }
 END_TEST
 
@@ -183,12 +188,7 @@ START_TEST(oversized_frame_rejected) {
     raw_hello(fd);
     gpubuf_wire_header_encode(h, 1u << 30);
     ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
-    Gpubuf__Response *r = raw_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_int_eq(r->status, -EMSGSIZE);
-    gpubuf__response__free_unpacked(r, NULL);
-    ck_assert(closed_by_daemon(fd));
-    close(fd);
+    expect_refusal(fd, -EMSGSIZE, 0, NULL);
     assert_serving();
 }
 END_TEST
@@ -212,12 +212,7 @@ START_TEST(undecodable_payload) {
     gpubuf_wire_header_encode(f, 6);
     memcpy(f + GPUBUF_WIRE_HEADER_SIZE, "\xff\xff\xff\xff\xff\xff", 6);
     ck_assert_int_eq(write(fd, f, sizeof(f)), (ssize_t)sizeof(f));
-    Gpubuf__Response *r = raw_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_int_eq(r->status, GPUBUF_EPROTOCOL);
-    gpubuf__response__free_unpacked(r, NULL);
-    ck_assert(closed_by_daemon(fd));
-    close(fd);
+    expect_refusal(fd, GPUBUF_EPROTOCOL, 0, NULL);
     assert_serving();
 }
 END_TEST
@@ -230,13 +225,7 @@ START_TEST(request_before_hello) {
     req.body_case = GPUBUF__REQUEST__BODY_STATUS;
     req.status = &st;
     raw_send(fd, &req);
-    Gpubuf__Response *r = raw_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_uint_eq(r->id, 5);
-    ck_assert_int_eq(r->status, GPUBUF_EPROTOCOL);
-    gpubuf__response__free_unpacked(r, NULL);
-    ck_assert(closed_by_daemon(fd));
-    close(fd);
+    expect_refusal(fd, GPUBUF_EPROTOCOL, 5, NULL);
 }
 END_TEST
 
@@ -250,13 +239,7 @@ START_TEST(version_negotiation_fails) {
     req.body_case = GPUBUF__REQUEST__BODY_HELLO;
     req.hello = &h;
     raw_send(fd, &req);
-    Gpubuf__Response *r = raw_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_int_eq(r->status, GPUBUF_EVERSION);
-    ck_assert(strstr(r->message, "2..7") != NULL);
-    gpubuf__response__free_unpacked(r, NULL);
-    ck_assert(closed_by_daemon(fd));
-    close(fd);
+    expect_refusal(fd, GPUBUF_EVERSION, 0, "2..7");
 }
 END_TEST
 
