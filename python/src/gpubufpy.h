@@ -1,0 +1,77 @@
+/* The gpubuf Python extension (_gpubuf): declarations shared by its files.
+ *
+ * module.c  the module, its exceptions and the Client type
+ * buffer.c  the Buffer and ArrayView types and their exports
+ *           (__cuda_array_interface__, DLPack, the buffer protocol)
+ *
+ * Lifetimes rest on libgpubuf-client's own reference counts: every export
+ * (a DLPack capsule, a memoryview, an ArrayView) holds one gpubuf_buffer_ref()
+ * of the view and a strong reference to the Client object, so the daemon
+ * reference and the connection live while any export does, whatever happens
+ * to the Buffer object. */
+#ifndef GPUBUF_PY_H
+#define GPUBUF_PY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdbool.h>
+#include <sys/types.h>
+
+#include "gpubuf/gpubuf.h"
+
+/* A connection. `active` counts calls of any thread that run without the GIL
+ * on it; close() while some run only marks it `closing` and the last of them
+ * disconnects, so the connection is never freed under a running call. */
+typedef struct {
+    PyObject_HEAD
+    gpubuf_client *c;
+    pid_t pid;     /* the process that connected: a forked child may not use it */
+    int active;
+    bool closing;
+    PyObject *socket; /* the path given, or None */
+} GpubufClient;
+
+/* A view of a buffer (gpubuf_buffer). `b` is NULL once released. A view whose
+ * __cuda_array_interface__ was read keeps its reference in `deferred` after
+ * release(): consumers of that interface hold the Buffer object, not a
+ * reference of their own, so it goes only when the object does. */
+typedef struct {
+    PyObject_HEAD
+    gpubuf_buffer *b;
+    gpubuf_buffer *deferred;
+    GpubufClient *client;
+    pid_t pid;
+    bool cai_exported;
+} GpubufBuffer;
+
+extern PyTypeObject GpubufClient_Type;
+extern PyTypeObject GpubufBuffer_Type;
+extern PyTypeObject GpubufArrayView_Type;
+
+/* Raise the exception for a libgpubuf-client error code. `before` is the
+ * thread's gpubuf_last_error_message() copied before the call (or NULL): a
+ * message still equal to it was not written by this call. Returns NULL. */
+PyObject *gpubufpy_raise(int err, const char *before);
+
+/* Raise the exception for err with this message. Returns NULL. */
+PyObject *gpubufpy_raise_msg(int err, const char *detail);
+
+/* DisconnectedError: an object of process `owner` used in a forked child. */
+PyObject *gpubufpy_raise_fork(pid_t owner);
+
+/* Copy gpubuf_last_error_message() into out (a char[512]) before a call. */
+void gpubufpy_error_snapshot(char *out);
+
+/* Drop one reference of a view (NULL accepted), without the GIL when the
+ * caller holds it: the last reference of a root view takes the connection's
+ * lock, which a waiting open of another thread may hold. In a forked child
+ * the reference is left alone: the connection belongs to the parent. */
+void gpubufpy_view_drop(gpubuf_buffer *b, pid_t pid);
+
+/* "host", "cuda-ipc" */
+const char *gpubufpy_pool_kind_name(gpubuf_pool_kind k);
+
+/* A new Buffer object owning view b (consumes the reference). */
+PyObject *gpubufpy_buffer_new(GpubufClient *client, gpubuf_buffer *b);
+
+#endif

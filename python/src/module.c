@@ -1,0 +1,706 @@
+/* The _gpubuf module: exceptions, error translation and the Client type. */
+#include "gpubufpy.h" /* Python.h comes before the system headers */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+#include <unistd.h>
+
+
+/* ---- exceptions -------------------------------------------------------------- */
+
+/* One exception class per error the library returns; those with a fitting
+ * built-in exception derive from it too (FileNotFoundError, ...). */
+static const struct err_class {
+    const char *name; /* attribute of the module */
+    int code;         /* 0: the base class */
+    PyObject **builtin; /* a built-in exception it also derives from, or NULL */
+    const char *doc;
+} err_classes[] = {
+    {"NotFoundError", -ENOENT, &PyExc_FileNotFoundError, "No buffer (or socket) of that name."},
+    {"PermissionDeniedError", -EPERM, &PyExc_PermissionError,
+     "Not allowed: another owner's buffer, a pool's access list, or a view that cannot seal."},
+    {"WaitTimeoutError", -ETIMEDOUT, &PyExc_TimeoutError, "A waiting open ran out of time."},
+    {"ExistsError", -EEXIST, &PyExc_FileExistsError, "The name is published already."},
+    {"OutOfMemoryError", -ENOMEM, &PyExc_MemoryError, "Out of memory."},
+    {"PoolFullError", GPUBUF_EPOOLFULL, &PyExc_MemoryError, "The pool reached its capacity."},
+    {"NoDaemonError", -ECONNREFUSED, &PyExc_ConnectionRefusedError, "No gpubufd listens."},
+    {"DisconnectedError", GPUBUF_EDISCONNECTED, &PyExc_ConnectionError,
+     "The connection to gpubufd is closed."},
+    {"InvalidArgumentError", -EINVAL, &PyExc_ValueError, "An argument the library refused."},
+    {"RangeError", GPUBUF_ERANGE, &PyExc_IndexError, "Offset or length outside the buffer."},
+    {"BusyError", -EBUSY, NULL, "Views are alive that the call would invalidate."},
+    {"ProtocolError", GPUBUF_EPROTOCOL, NULL, "Malformed or unexpected message."},
+    {"VersionError", GPUBUF_EVERSION, NULL, "No common protocol version."},
+    {"CudaError", GPUBUF_ECUDA, NULL, "A CUDA driver call failed."},
+    {"NoDriverError", GPUBUF_ENODRIVER, NULL, "The CUDA driver could not be loaded."},
+    {"NoDeviceError", GPUBUF_ENODEVICE, NULL, "The buffer's GPU is not visible here."},
+    {"StateError", GPUBUF_ESTATE, NULL, "Not allowed in the buffer's state (sealed already)."},
+    {"NoPoolError", GPUBUF_ENOPOOL, NULL, "No pool of that name."},
+    {"NotHeldError", GPUBUF_ENOTHELD, NULL, "This connection holds no reference to it."},
+    {"NoPeerError", GPUBUF_ENOPEER, NULL, "The chosen GPU cannot access the buffer's GPU."},
+};
+#define N_ERR_CLASSES (sizeof(err_classes) / sizeof(err_classes[0]))
+
+static PyObject *error_base;
+static PyObject *error_types[N_ERR_CLASSES];
+
+static PyObject *error_class(int err) {
+    if (err == -EACCES)
+        err = -EPERM;
+    if (err == -ENAMETOOLONG || err == -EMSGSIZE)
+        err = -EINVAL;
+    if (err == -ECONNRESET || err == -EPIPE)
+        err = GPUBUF_EDISCONNECTED;
+    for (size_t i = 0; i < N_ERR_CLASSES; i++)
+        if (err_classes[i].code == err)
+            return error_types[i];
+    return error_base;
+}
+
+void gpubufpy_error_snapshot(char *out) {
+    const char *m = gpubuf_last_error_message();
+    if (*m)
+        snprintf(out, 512, "%s", m);
+    else
+        out[0] = '\0';
+}
+
+PyObject *gpubufpy_raise_msg(int err, const char *detail) {
+    PyObject *cls = error_class(err), *exc, *args, *msg;
+    msg = PyUnicode_DecodeUTF8(detail, (Py_ssize_t)strlen(detail), "replace");
+    if (!msg)
+        return NULL;
+    if (PyObject_IsSubclass(cls, PyExc_OSError) == 1 && err > -1000)
+        args = Py_BuildValue("(iO)", -err, msg); /* .errno and .strerror */
+    else
+        args = PyTuple_Pack(1, msg);
+    exc = args ? PyObject_Call(cls, args, NULL) : NULL;
+    Py_XDECREF(args);
+    if (exc) {
+        PyObject *code = PyLong_FromLong(err);
+        PyObject *name = PyUnicode_FromString(gpubuf_err_name(err));
+        if (!code || !name || PyObject_SetAttrString(exc, "code", code) < 0 ||
+            PyObject_SetAttrString(exc, "errname", name) < 0 ||
+            PyObject_SetAttrString(exc, "message", msg) < 0)
+            Py_CLEAR(exc);
+        Py_XDECREF(code);
+        Py_XDECREF(name);
+    }
+    Py_DECREF(msg);
+    if (exc) {
+        PyErr_SetObject(cls, exc);
+        Py_DECREF(exc);
+    }
+    return NULL;
+}
+
+PyObject *gpubufpy_raise(int err, const char *before) {
+    const char *detail = gpubuf_last_error_message();
+    if (!*detail || (before && strcmp(detail, before) == 0))
+        detail = gpubuf_strerror(err);
+    return gpubufpy_raise_msg(err, detail);
+}
+
+static int add_exceptions(PyObject *m) {
+    error_base = PyErr_NewExceptionWithDoc(
+        "gpubuf.Error",
+        "Base of every error from gpubuf. Attributes: code (the library's negative code: "
+        "-errno or GPUBUF_E*), errname ('ENOENT', 'GPUBUF_EPOOLFULL', ...) and message (the "
+        "daemon's or the library's sentence).",
+        NULL, NULL);
+    if (!error_base || PyModule_AddObjectRef(m, "Error", error_base) < 0)
+        return -1;
+    for (size_t i = 0; i < N_ERR_CLASSES; i++) {
+        const struct err_class *e = &err_classes[i];
+        char qual[64];
+        PyObject *bases;
+        snprintf(qual, sizeof(qual), "gpubuf.%s", e->name);
+        if (e->builtin) {
+            bases = PyTuple_Pack(2, error_base, *e->builtin);
+        } else {
+            bases = PyTuple_Pack(1, error_base);
+        }
+        if (!bases)
+            return -1;
+        error_types[i] = PyErr_NewExceptionWithDoc(qual, e->doc, bases, NULL);
+        Py_DECREF(bases);
+        if (!error_types[i] || PyModule_AddObjectRef(m, e->name, error_types[i]) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* ---- helpers -------------------------------------------------------------------- */
+
+PyObject *gpubufpy_raise_fork(pid_t owner) {
+    char msg[200];
+    snprintf(msg, sizeof(msg),
+             "this gpubuf connection belongs to process %ld (inherited through fork): connect "
+             "again in this process",
+             (long)owner);
+    return gpubufpy_raise_msg(GPUBUF_EDISCONNECTED, msg);
+}
+
+void gpubufpy_view_drop(gpubuf_buffer *b, pid_t pid) {
+    if (!b || pid != getpid())
+        return;
+    if (PyGILState_Check()) {
+        Py_BEGIN_ALLOW_THREADS
+        gpubuf_release(b);
+        Py_END_ALLOW_THREADS
+    } else {
+        gpubuf_release(b);
+    }
+}
+
+const char *gpubufpy_pool_kind_name(gpubuf_pool_kind k) {
+    return k == GPUBUF_POOL_HOST ? "host" : k == GPUBUF_POOL_CUDA_IPC ? "cuda-ipc" : "unknown";
+}
+
+static const char *state_name(gpubuf_state s) {
+    switch (s) {
+    case GPUBUF_STATE_ALLOCATED:
+        return "allocated";
+    case GPUBUF_STATE_SEALED:
+        return "sealed";
+    case GPUBUF_STATE_DELETED:
+        return "deleted";
+    }
+    return "unknown";
+}
+
+/* ---- Client ----------------------------------------------------------------------- */
+
+/* Start a call that will run without the GIL; NULL with an exception set when
+ * the client is closed or belongs to another process. */
+static gpubuf_client *client_enter(GpubufClient *self) {
+    if (!self->c || self->closing) {
+        PyErr_SetString(PyExc_ValueError, "the gpubuf client is closed");
+        return NULL;
+    }
+    if (self->pid != getpid()) {
+        gpubufpy_raise_fork(self->pid);
+        return NULL;
+    }
+    self->active++;
+    return self->c;
+}
+
+static void client_disconnect(GpubufClient *self) {
+    gpubuf_client *c = self->c;
+    self->c = NULL;
+    if (!c)
+        return;
+    if (self->pid != getpid())
+        return; /* the parent's socket: leave it alone */
+    Py_BEGIN_ALLOW_THREADS
+    gpubuf_disconnect(c);
+    Py_END_ALLOW_THREADS
+}
+
+static void client_leave(GpubufClient *self) {
+    if (--self->active == 0 && self->closing)
+        client_disconnect(self);
+}
+
+static int client_init(GpubufClient *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"socket", NULL};
+    PyObject *sock = Py_None, *bytes = NULL;
+    const char *path = NULL;
+    gpubuf_client *c;
+    char before[512];
+    int r;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:Client", kwlist, &sock))
+        return -1;
+    if (self->c) {
+        PyErr_SetString(PyExc_RuntimeError, "Client.__init__ called twice");
+        return -1;
+    }
+    if (sock != Py_None) {
+        if (!PyUnicode_FSConverter(sock, &bytes))
+            return -1;
+        path = PyBytes_AS_STRING(bytes);
+    }
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS
+    r = gpubuf_connect(path, &c);
+    Py_END_ALLOW_THREADS
+    Py_XDECREF(bytes);
+    if (r < 0) {
+        gpubufpy_raise(r, before);
+        return -1;
+    }
+    self->c = c;
+    self->pid = getpid();
+    Py_INCREF(sock);
+    Py_XSETREF(self->socket, sock);
+    return 0;
+}
+
+static void client_dealloc(GpubufClient *self) {
+    /* No call runs: each holds a reference to self. */
+    client_disconnect(self);
+    Py_XDECREF(self->socket);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *client_close(GpubufClient *self, PyObject *unused) {
+    if (self->active > 0)
+        self->closing = true; /* the last running call disconnects */
+    else
+        client_disconnect(self);
+    Py_RETURN_NONE;
+}
+
+static PyObject *client_enter_ctx(GpubufClient *self, PyObject *unused) {
+    if (!self->c || self->closing) {
+        PyErr_SetString(PyExc_ValueError, "the gpubuf client is closed");
+        return NULL;
+    }
+    Py_INCREF(self);
+    return (PyObject *)self;
+}
+
+static PyObject *client_exit_ctx(GpubufClient *self, PyObject *args) {
+    return client_close(self, NULL);
+}
+
+/* A name argument: str, 1..GPUBUF_NAME_MAX bytes of UTF-8 (the library
+ * checks the characters). */
+static const char *name_arg(PyObject *o, const char *what) {
+    Py_ssize_t n;
+    const char *s;
+    if (!PyUnicode_Check(o)) {
+        PyErr_Format(PyExc_TypeError, "%s must be str, not %.100s", what, Py_TYPE(o)->tp_name);
+        return NULL;
+    }
+    s = PyUnicode_AsUTF8AndSize(o, &n);
+    if (s && (size_t)n != strlen(s)) {
+        PyErr_Format(PyExc_ValueError, "%s contains a NUL character", what);
+        return NULL;
+    }
+    return s;
+}
+
+/* timeout in seconds (None: do not wait; math.inf: wait forever) to the
+ * library's milliseconds; -2 with an exception set on error. */
+static int timeout_ms_arg(PyObject *o) {
+    double t;
+    if (o == Py_None)
+        return 0;
+    t = PyFloat_AsDouble(o);
+    if (t == -1.0 && PyErr_Occurred())
+        return -2;
+    if (isnan(t) || t < 0) {
+        PyErr_SetString(PyExc_ValueError, "timeout must be None, a number of seconds >= 0, or "
+                                          "math.inf to wait forever");
+        return -2;
+    }
+    if (t * 1000.0 >= (double)INT_MAX)
+        return -1;
+    return (int)ceil(t * 1000.0);
+}
+
+/* Waits are cut into slices this long: between them the thread takes the GIL
+ * back to notice signals (KeyboardInterrupt) and close() from another thread. */
+#define WAIT_SLICE_MS 100
+
+typedef int (*open_fn)(gpubuf_client *c, const void *key, int timeout_ms, gpubuf_buffer **ret);
+
+static int open_by_name(gpubuf_client *c, const void *key, int t, gpubuf_buffer **ret) {
+    return gpubuf_open(c, (const char *)key, t, ret);
+}
+
+static int open_by_id(gpubuf_client *c, const void *key, int t, gpubuf_buffer **ret) {
+    return gpubuf_open_id(c, *(const uint64_t *)key, t, ret);
+}
+
+static PyObject *client_open_common(GpubufClient *self, open_fn fn, const void *key,
+                                    int timeout_ms) {
+    gpubuf_client *c = client_enter(self);
+    gpubuf_buffer *b = NULL;
+    char before[512];
+    int r;
+    if (!c)
+        return NULL;
+    gpubufpy_error_snapshot(before);
+    for (;;) {
+        int slice = timeout_ms;
+        if (timeout_ms < 0 || timeout_ms > WAIT_SLICE_MS)
+            slice = WAIT_SLICE_MS;
+        Py_BEGIN_ALLOW_THREADS
+        r = fn(c, key, slice, &b);
+        Py_END_ALLOW_THREADS
+        if (r != -ETIMEDOUT || slice == timeout_ms)
+            break;
+        if (timeout_ms > 0)
+            timeout_ms -= slice;
+        if (PyErr_CheckSignals() < 0) {
+            client_leave(self);
+            return NULL;
+        }
+        if (self->closing) {
+            client_leave(self);
+            gpubufpy_raise_msg(GPUBUF_EDISCONNECTED, "the gpubuf client was closed during the wait");
+            return NULL;
+        }
+    }
+    if (r < 0) {
+        gpubufpy_raise(r, before);
+        client_leave(self);
+        return NULL;
+    }
+    client_leave(self);
+    return gpubufpy_buffer_new(self, b);
+}
+
+static PyObject *client_open(GpubufClient *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"name", "timeout", NULL};
+    PyObject *name, *timeout = Py_None;
+    const char *s;
+    int t;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:open", kwlist, &name, &timeout))
+        return NULL;
+    if (!(s = name_arg(name, "name")) || (t = timeout_ms_arg(timeout)) == -2)
+        return NULL;
+    return client_open_common(self, open_by_name, s, t);
+}
+
+static PyObject *client_open_id(GpubufClient *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"id", "timeout", NULL};
+    unsigned long long id;
+    PyObject *timeout = Py_None;
+    int t;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|O:open_id", kwlist, &id, &timeout))
+        return NULL;
+    if ((t = timeout_ms_arg(timeout)) == -2)
+        return NULL;
+    uint64_t key = id;
+    return client_open_common(self, open_by_id, &key, t);
+}
+
+static PyObject *client_alloc(GpubufClient *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"size", "name", "pool", NULL};
+    PyObject *size_o, *name = Py_None, *pool = Py_None;
+    const char *sname = NULL, *spool = NULL;
+    long long size;
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    char before[512];
+    int r;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:alloc", kwlist, &size_o, &name, &pool))
+        return NULL;
+    if (!PyLong_Check(size_o)) {
+        PyErr_Format(PyExc_TypeError, "size must be int, not %.100s", Py_TYPE(size_o)->tp_name);
+        return NULL;
+    }
+    size = PyLong_AsLongLong(size_o);
+    if (size == -1 && PyErr_Occurred())
+        return NULL;
+    if (size <= 0) {
+        PyErr_SetString(PyExc_ValueError, "size must be at least 1 byte");
+        return NULL;
+    }
+    if (name != Py_None && !(sname = name_arg(name, "name")))
+        return NULL;
+    if (pool != Py_None && !(spool = name_arg(pool, "pool")))
+        return NULL;
+    if (!(c = client_enter(self)))
+        return NULL;
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS
+    r = gpubuf_alloc(c, spool, (uint64_t)size, sname, &b);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        gpubufpy_raise(r, before);
+    client_leave(self);
+    return r < 0 ? NULL : gpubufpy_buffer_new(self, b);
+}
+
+static PyObject *client_delete(GpubufClient *self, PyObject *target) {
+    gpubuf_client *c;
+    const char *name = NULL;
+    unsigned long long id = 0;
+    char before[512];
+    int r;
+    if (PyLong_Check(target)) {
+        id = PyLong_AsUnsignedLongLong(target);
+        if (PyErr_Occurred())
+            return NULL;
+    } else if (!(name = name_arg(target, "name"))) {
+        return NULL;
+    }
+    if (!(c = client_enter(self)))
+        return NULL;
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS
+    r = name ? gpubuf_delete(c, name) : gpubuf_delete_id(c, id);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        gpubufpy_raise(r, before);
+    client_leave(self);
+    if (r < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *client_stat(GpubufClient *self, PyObject *name) {
+    gpubuf_client *c;
+    gpubuf_buffer_info info;
+    const char *s;
+    char before[512];
+    int r;
+    if (!(s = name_arg(name, "name")) || !(c = client_enter(self)))
+        return NULL;
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS
+    r = gpubuf_stat(c, s, &info);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        gpubufpy_raise(r, before);
+    client_leave(self);
+    if (r < 0)
+        return NULL;
+    return Py_BuildValue("{sKsssssKsssIsIsKsK}", "id", (unsigned long long)info.id, "name",
+                         info.name, "pool", info.pool, "size", (unsigned long long)info.size,
+                         "state", state_name(info.state), "refs", info.refs, "owner_uid",
+                         info.owner_uid, "slab_id", (unsigned long long)info.slab_id, "offset",
+                         (unsigned long long)info.offset);
+}
+
+static PyObject *status_to_dict(const gpubuf_status *s) {
+    PyObject *pools = PyList_New(0), *bufs = PyList_New(0), *clients = PyList_New(0), *d = NULL;
+    if (!pools || !bufs || !clients)
+        goto out;
+    for (size_t i = 0; i < s->n_pools; i++) {
+        const gpubuf_pool_info *p = &s->pools[i];
+        const char *kind = gpubufpy_pool_kind_name(p->kind);
+        PyObject *o = Py_BuildValue(
+            "{sssssisssKsKsKsKsIsI}", "name", p->name, "kind", kind, "device", p->device,
+            "device_uuid", p->device_uuid, "capacity", (unsigned long long)p->capacity, "used",
+            (unsigned long long)p->used, "reserved", (unsigned long long)p->reserved,
+            "slab_size", (unsigned long long)p->slab_size, "slabs", p->slabs, "buffers",
+            p->buffers);
+        if (!o || PyList_Append(pools, o) < 0) {
+            Py_XDECREF(o);
+            goto out;
+        }
+        Py_DECREF(o);
+    }
+    for (size_t i = 0; i < s->n_buffers; i++) {
+        const gpubuf_status_buffer *b = &s->buffers[i];
+        PyObject *o = Py_BuildValue(
+            "{sKsssssKsssIsIsKsK}", "id", (unsigned long long)b->id, "name", b->name, "pool",
+            b->pool, "size", (unsigned long long)b->size, "state", state_name(b->state), "refs",
+            b->refs, "owner_uid", b->owner_uid, "slab_id", (unsigned long long)b->slab_id,
+            "offset", (unsigned long long)b->offset);
+        if (!o || PyList_Append(bufs, o) < 0) {
+            Py_XDECREF(o);
+            goto out;
+        }
+        Py_DECREF(o);
+    }
+    for (size_t i = 0; i < s->n_clients; i++) {
+        const gpubuf_client_info *ci = &s->clients[i];
+        PyObject *o = Py_BuildValue("{sKsisIsIsIsIsssI}", "session_id",
+                                    (unsigned long long)ci->session_id, "pid", ci->pid, "uid",
+                                    ci->uid, "gid", ci->gid, "references", ci->references,
+                                    "buffers_held", ci->buffers_held, "name", ci->name,
+                                    "kept_slabs", ci->kept_slabs);
+        if (!o || PyList_Append(clients, o) < 0) {
+            Py_XDECREF(o);
+            goto out;
+        }
+        Py_DECREF(o);
+    }
+    d = Py_BuildValue("{sOsOsOsKss}", "pools", pools, "buffers", bufs, "clients", clients,
+                      "uptime_ms", (unsigned long long)s->uptime_ms, "version", s->version);
+out:
+    Py_XDECREF(pools);
+    Py_XDECREF(bufs);
+    Py_XDECREF(clients);
+    return d;
+}
+
+static PyObject *client_status(GpubufClient *self, PyObject *unused) {
+    gpubuf_client *c = client_enter(self);
+    gpubuf_status *s;
+    PyObject *d;
+    char before[512];
+    int r;
+    if (!c)
+        return NULL;
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS
+    r = gpubuf_status_get(c, &s);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        gpubufpy_raise(r, before);
+        client_leave(self);
+        return NULL;
+    }
+    client_leave(self);
+    d = status_to_dict(s);
+    gpubuf_status_free(s);
+    return d;
+}
+
+static PyObject *client_flush(GpubufClient *self, PyObject *unused) {
+    gpubuf_client *c = client_enter(self);
+    char before[512];
+    int r;
+    if (!c)
+        return NULL;
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS
+    r = gpubuf_flush(c);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        gpubufpy_raise(r, before);
+    client_leave(self);
+    if (r < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *client_set_device(GpubufClient *self, PyObject *arg) {
+    gpubuf_client *c;
+    long d = PyLong_AsLong(arg);
+    char before[512];
+    int r;
+    if (d == -1 && PyErr_Occurred())
+        return NULL;
+    if (d < -1 || d >= 64) {
+        PyErr_SetString(PyExc_ValueError, "device must be -1 or a CUDA ordinal below 64");
+        return NULL;
+    }
+    if (!(c = client_enter(self)))
+        return NULL;
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS
+    r = gpubuf_set_device(c, (int)d);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        gpubufpy_raise(r, before);
+    client_leave(self);
+    if (r < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *client_get_closed(GpubufClient *self, void *unused) {
+    return PyBool_FromLong(!self->c || self->closing);
+}
+
+static PyObject *client_get_socket(GpubufClient *self, void *unused) {
+    PyObject *s = self->socket ? self->socket : Py_None;
+    Py_INCREF(s);
+    return s;
+}
+
+static PyObject *client_repr(GpubufClient *self) {
+    const char *state = !self->c || self->closing ? "closed" : "open";
+    if (self->socket && self->socket != Py_None)
+        return PyUnicode_FromFormat("<gpubuf.Client %R %s>", self->socket, state);
+    return PyUnicode_FromFormat("<gpubuf.Client (default socket) %s>", state);
+}
+
+static PyMethodDef client_methods[] = {
+    {"alloc", (PyCFunction)(void (*)(void))client_alloc, METH_VARARGS | METH_KEYWORDS,
+     "alloc(size, name=None, pool=None) -> Buffer\n\nAllocate size bytes (the daemon's default "
+     "pool unless pool names one). The new buffer is writable; seal() publishes it under "
+     "name. name=None makes an anonymous buffer, opened by id."},
+    {"open", (PyCFunction)(void (*)(void))client_open, METH_VARARGS | METH_KEYWORDS,
+     "open(name, timeout=None) -> Buffer\n\nOpen a sealed buffer by name and take one "
+     "reference. timeout: None or 0 fails at once (NotFoundError) when the name is not "
+     "published; seconds to wait for it (WaitTimeoutError); math.inf waits forever."},
+    {"open_id", (PyCFunction)(void (*)(void))client_open_id, METH_VARARGS | METH_KEYWORDS,
+     "open_id(id, timeout=None) -> Buffer\n\nOpen a sealed buffer by its id (see open)."},
+    {"delete", (PyCFunction)client_delete, METH_O,
+     "delete(name_or_id)\n\nUnpublish a buffer; its memory returns to the pool when the last "
+     "reference goes."},
+    {"stat", (PyCFunction)client_stat, METH_O,
+     "stat(name) -> dict\n\nDescribe a buffer without taking a reference."},
+    {"status", (PyCFunction)client_status, METH_NOARGS,
+     "status() -> dict\n\nA snapshot of the daemon: {'pools': [...], 'buffers': [...], "
+     "'clients': [...], 'uptime_ms': int, 'version': str}."},
+    {"flush", (PyCFunction)client_flush, METH_NOARGS,
+     "flush()\n\nWait until the daemon has answered every asynchronous request (seal, release) "
+     "of this connection; raises the first error one of them got."},
+    {"set_device", (PyCFunction)client_set_device, METH_O,
+     "set_device(device)\n\nMap CUDA buffers opened from now on into this GPU's context "
+     "(-1: the GPU holding each buffer)."},
+    {"close", (PyCFunction)client_close, METH_NOARGS,
+     "close()\n\nDisconnect. The daemon drops every reference of this connection: release "
+     "views (and their exports) first."},
+    {"__enter__", (PyCFunction)client_enter_ctx, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)client_exit_ctx, METH_VARARGS, NULL},
+    {NULL},
+};
+
+static PyGetSetDef client_getset[] = {
+    {"closed", (getter)client_get_closed, NULL, "True once close() was called.", NULL},
+    {"socket", (getter)client_get_socket, NULL, "The socket path given, or None.", NULL},
+    {NULL},
+};
+
+PyTypeObject GpubufClient_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpubuf.Client",
+    .tp_basicsize = sizeof(GpubufClient),
+    .tp_dealloc = (destructor)client_dealloc,
+    .tp_repr = (reprfunc)client_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Client(socket=None)\n\nA connection to gpubufd. socket: the daemon's socket "
+              "path; None: $GPUBUF_SOCKET, else /run/gpubuf/gpubufd.sock. Safe to share "
+              "between threads; a context manager that closes it.",
+    .tp_methods = client_methods,
+    .tp_getset = client_getset,
+    .tp_init = (initproc)client_init,
+    .tp_new = PyType_GenericNew,
+};
+
+/* ---- module ------------------------------------------------------------------------ */
+
+static PyObject *mod_strerror(PyObject *m, PyObject *arg) {
+    long e = PyLong_AsLong(arg);
+    if (e == -1 && PyErr_Occurred())
+        return NULL;
+    return PyUnicode_FromString(gpubuf_strerror((int)e));
+}
+
+static PyMethodDef module_methods[] = {
+    {"strerror", mod_strerror, METH_O, "strerror(code) -> str: the library's sentence for code."},
+    {NULL},
+};
+
+static struct PyModuleDef module_def = {
+    PyModuleDef_HEAD_INIT,
+    .m_name = "_gpubuf",
+    .m_doc = "gpubuf: share GPU (and host) memory between processes through gpubufd.",
+    .m_size = -1,
+    .m_methods = module_methods,
+};
+
+PyMODINIT_FUNC PyInit__gpubuf(void);
+
+PyMODINIT_FUNC PyInit__gpubuf(void) {
+    PyObject *m;
+    if (PyType_Ready(&GpubufClient_Type) < 0 || PyType_Ready(&GpubufBuffer_Type) < 0 ||
+        PyType_Ready(&GpubufArrayView_Type) < 0)
+        return NULL;
+    m = PyModule_Create(&module_def);
+    if (!m)
+        return NULL;
+    if (add_exceptions(m) < 0 ||
+        PyModule_AddObjectRef(m, "Client", (PyObject *)&GpubufClient_Type) < 0 ||
+        PyModule_AddObjectRef(m, "Buffer", (PyObject *)&GpubufBuffer_Type) < 0 ||
+        PyModule_AddObjectRef(m, "ArrayView", (PyObject *)&GpubufArrayView_Type) < 0 ||
+        PyModule_AddIntConstant(m, "PROTOCOL_VERSION", GPUBUF_PROTOCOL_VERSION) < 0 ||
+        PyModule_AddStringConstant(m, "DEFAULT_SOCKET", GPUBUF_DEFAULT_SOCKET) < 0 ||
+        PyModule_AddStringConstant(m, "__version__", GPUBUF_VERSION_STRING) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
