@@ -669,8 +669,20 @@ static PyObject *mod_strerror(PyObject *m, PyObject *arg) {
     return PyUnicode_FromString(gpubuf_strerror((int)e));
 }
 
+/* The exception a code turns into, for tests of the error classes that no
+ * daemon running in CI can be made to return (GPUBUF_ECUDA, ...). */
+static PyObject *mod_raise_for_code(PyObject *m, PyObject *args) {
+    int code;
+    const char *msg;
+    if (!PyArg_ParseTuple(args, "is:_raise_for_code", &code, &msg))
+        return NULL;
+    return gpubufpy_raise_msg(code, msg);
+}
+
 static PyMethodDef module_methods[] = {
     {"strerror", mod_strerror, METH_O, "strerror(code) -> str: the library's sentence for code."},
+    {"_raise_for_code", mod_raise_for_code, METH_VARARGS,
+     "_raise_for_code(code, message): raise the exception of a library error code."},
     {NULL},
 };
 

@@ -1,0 +1,301 @@
+"""The gpubuf package on host pools: API, zero-copy exports, lifetimes."""
+import gc
+
+import numpy as np
+import pytest
+
+import gpubuf
+from conftest import buffer_refs
+
+
+def test_alloc_seal_open_stat_delete(client, daemon):
+    b = client.alloc(4096, name="t/a")
+    assert (b.size, b.name, b.pool_kind, b.device, b.memory_device) == (4096, "t/a", "host", -1, -1)
+    assert not b.is_cuda and not b.released and b.client is client
+    assert isinstance(b.address, int) and b.address != 0
+    assert client.stat("t/a")["state"] == "allocated"
+    b.copy_from_host(b"hello")
+    b.seal(sync=True)
+    st = client.stat("t/a")
+    assert (st["state"], st["size"], st["pool"], st["refs"], st["id"]) == ("sealed", 4096, "host", 1, b.id)
+    with gpubuf.Client(daemon.socket) as other:
+        o = other.open("t/a")
+        assert o.id == b.id and o.to_pybytes()[:5] == b"hello"
+        assert buffer_refs(client, "t/a") == 2
+        p = other.open_id(b.id)
+        assert p.name == "t/a"
+        o.release()
+        p.release()
+        other.flush()
+    b.release()
+    assert b.released
+    client.delete("t/a")
+    with pytest.raises(FileNotFoundError):
+        client.stat("t/a")
+
+
+def test_delete_by_id_and_anonymous_buffers(client):
+    b = client.alloc(100)
+    assert b.name == ""
+    b.seal(sync=True)
+    with client.open_id(b.id) as o:
+        assert o.size == 100
+    named = client.alloc(10, "t/byid")
+    named.seal(sync=True)
+    client.delete(named.id)
+    with pytest.raises(FileNotFoundError):
+        client.open("t/byid")
+    named.release()
+    b.release()
+
+
+def test_status_is_plain_data(client, daemon):
+    b = client.alloc(1 << 20, "t/status")
+    st = client.status()
+    assert set(st) == {"pools", "buffers", "clients", "uptime_ms", "version"}
+    pools = {p["name"]: p for p in st["pools"]}
+    assert pools["host"]["kind"] == "host" and pools["host"]["device"] == -1
+    assert pools["host"]["used"] >= 1 << 20
+    (mine,) = [x for x in st["buffers"] if x["name"] == "t/status"]
+    assert mine["state"] == "allocated" and mine["refs"] == 1 and mine["size"] == 1 << 20
+    import os
+    assert any(c["pid"] == os.getpid() and c["references"] == 1 for c in st["clients"])
+    b.release()
+
+
+def test_buffer_protocol_is_zero_copy(client, daemon):
+    b = client.alloc(1024, "t/bp")
+    a = np.frombuffer(b, dtype=np.uint32)
+    assert a.ctypes.data == b.address and a.size == 256
+    a[:] = np.arange(256, dtype=np.uint32)
+    m = memoryview(b)
+    assert m.nbytes == 1024 and not m.readonly and m.format == "B"
+    m[0] = 0xFF
+    b.seal()
+    with gpubuf.Client(daemon.socket) as other, other.open("t/bp", timeout=5) as o:
+        seen = np.frombuffer(o, dtype=np.uint32)
+        assert seen[0] == 0xFF and (seen[1:] == np.arange(1, 256)).all()
+        seen[5] = 12345  # the same memory: the producer sees it
+        assert a[5] == 12345
+        del seen
+    del m, a
+    b.release()
+
+
+def test_dlpack_numpy_is_zero_copy(client):
+    b = client.alloc(64, "t/dl")
+    assert b.__dlpack_device__() == (1, 0)
+    x = np.from_dlpack(b)
+    assert x.dtype == np.uint8 and x.shape == (64,) and x.ctypes.data == b.address
+    # NumPy marks a DLPack import read-only; write through the buffer protocol
+    np.frombuffer(b, dtype=np.uint8)[:] = 3
+    assert (x == 3).all()
+    with pytest.raises(BufferError):
+        b.__dlpack__(copy=True)
+    with pytest.raises(BufferError):
+        b.__dlpack__(dl_device=(2, 0))
+    with pytest.raises(BufferError):
+        b.__dlpack__(stream=1)
+    cap = b.__dlpack__(max_version=(1, 0), dl_device=(1, 0), copy=False)
+    assert "dltensor" in repr(cap)
+    assert not hasattr(b, "__cuda_array_interface__")  # host memory
+    del x, cap
+    b.release()
+
+
+def test_as_array_typed_views(client):
+    b = client.alloc(16 * 16 * 4, "t/typed")
+    b.copy_from_host(np.arange(256, dtype=np.float32))
+    v = b.as_array("float32", (16, 16))
+    assert (v.dtype, v.shape, v.strides, v.nbytes, v.itemsize) == ("<f4", (16, 16), (64, 4), 1024, 4)
+    a = np.asarray(v)
+    assert a.dtype == np.float32 and a.shape == (16, 16) and a[3, 2] == 50.0
+    assert a.ctypes.data == b.address
+    d = np.from_dlpack(b.as_array(np.dtype("int32")))
+    assert d.shape == (256,) and d.dtype == np.int32
+    for dt, np_dt in (("<i8", np.int64), ("u2", np.uint16), (np.float64, np.float64),
+                      ("complex64", np.complex64), ("bool", np.bool_), ("float16", np.float16)):
+        assert np.asarray(b.as_array(dt)).dtype == np_dt
+    assert np.asarray(b.as_array("f4", 3)).shape == (3,)
+    assert np.asarray(b.as_array("u1", ())).shape == ()
+    with pytest.raises(ValueError):
+        b.as_array(">f4")  # big-endian
+    with pytest.raises(ValueError):
+        b.as_array("f3")
+    with pytest.raises(IndexError):  # gpubuf.RangeError: more bytes than the view
+        b.as_array("f8", (16, 16))
+    with pytest.raises(ValueError):
+        b.slice(0, 6).as_array("f4")  # not a whole number of items
+    with pytest.raises(ValueError):
+        b.as_array("f4", (-1,))
+    with pytest.raises(ValueError):
+        b.as_array("u1", (1,) * 33)
+    del a, d, v
+    b.release()
+
+
+def test_slice_keeps_parent_alive(client, daemon):
+    b = client.alloc(1000, "t/slice")
+    b.copy_from_host(bytes(range(200)) * 5)
+    b.seal()  # a sealed buffer stays listed when its references go
+    s = b.slice(100, 50)
+    assert (s.size, s.id, s.name) == (50, b.id, "t/slice")
+    assert s.address == b.address + 100
+    assert s.to_pybytes() == bytes(range(100, 150))
+    ss = s.slice(10)
+    assert ss.size == 40 and ss.to_pybytes() == bytes(range(110, 150))
+    assert b.slice(1000).size == 0
+    b.release()  # the slices keep the view and the daemon reference
+    assert buffer_refs(client, "t/slice") == 1
+    assert s.to_pybytes() == bytes(range(100, 150))
+    s.release()
+    assert buffer_refs(client, "t/slice") == 1
+    ss.release()
+    client.flush()
+    assert buffer_refs(client, "t/slice") == 0
+
+
+def test_copies(client):
+    b = client.alloc(100, "t/copy")
+    assert b.copy_from_host(b"abcdef") == 6
+    assert b.copy_from_host(bytearray(b"XY"), position=98) == 2
+    assert b.copy_from_host(np.array([1, 2], dtype=np.uint8), position=10) == 2
+    assert b.copy_to_host(0, 6) == bytearray(b"abcdef")
+    assert bytes(b.copy_to_host(position=98)) == b"XY"
+    assert len(b.copy_to_host()) == 100
+    out = bytearray(4)
+    assert b.copy_to_host(buf=out) is out and out == b"abcd"  # until buf is full
+    arr = np.zeros(2, dtype=np.uint8)
+    b.copy_to_host(10, 2, arr)
+    assert list(arr) == [1, 2]
+    assert b.to_pybytes()[98:] == b"XY"
+    with pytest.raises(gpubuf.RangeError):
+        b.copy_from_host(b"123", position=98)
+    with pytest.raises(gpubuf.RangeError):
+        b.copy_to_host(101)
+    with pytest.raises(gpubuf.RangeError):
+        b.copy_to_host(-1)
+    with pytest.raises(ValueError):
+        b.copy_to_host(0, 10, bytearray(5))
+    with pytest.raises(BufferError):
+        b.copy_to_host(buf=b"immutable")
+    with pytest.raises((BufferError, ValueError)):
+        b.copy_from_host(np.zeros((4, 4), dtype=np.uint8)[:, 1])  # not contiguous
+    b.release()
+
+
+def test_exports_outlive_the_buffer_object(client):
+    b = client.alloc(4096, "t/life")
+    b.copy_from_host(b"\x07" * 4096)
+    b.seal(sync=True)
+    arr = np.from_dlpack(b)
+    mv = memoryview(b)
+    av = b.as_array("u4")
+    b.release()  # safe: each export holds its own reference
+    del b
+    gc.collect()
+    assert buffer_refs(client, "t/life") == 1
+    assert arr[100] == 7 and mv[5] == 7 and np.asarray(av)[0] == 0x07070707
+    del arr
+    gc.collect()
+    assert buffer_refs(client, "t/life") == 1
+    mv.release()
+    del mv
+    client.flush()
+    assert buffer_refs(client, "t/life") == 1
+    del av
+    client.flush()
+    assert buffer_refs(client, "t/life") == 0
+
+
+def test_exports_keep_the_connection(daemon):
+    c = gpubuf.Client(daemon.socket)
+    b = c.alloc(64, "t/conn")
+    arr = np.from_dlpack(b)
+    del b, c  # the Client object goes too: the export keeps the connection
+    gc.collect()
+    with gpubuf.Client(daemon.socket) as watcher:
+        assert buffer_refs(watcher, "t/conn") == 1
+        assert arr[0] == 0
+        del arr
+        gc.collect()
+        # the last export closed the connection: the daemon dropped the buffer
+        for _ in range(200):
+            if not any(x["name"] == "t/conn" for x in watcher.status()["buffers"]):
+                break
+        else:
+            pytest.fail("the anonymous-by-now buffer was not freed")
+
+
+def test_unconsumed_capsule_releases(client):
+    b = client.alloc(64, "t/cap")
+    b.seal()
+    caps = [b.__dlpack__() for _ in range(3)]
+    b.release()
+    assert buffer_refs(client, "t/cap") == 1
+    del caps
+    client.flush()
+    assert buffer_refs(client, "t/cap") == 0
+
+
+def test_references_back_to_zero(client, daemon):
+    import os
+    src = client.alloc(1 << 16, "t/zero")
+    src.seal(sync=True)
+    src.release()
+    with gpubuf.Client(daemon.socket) as other:
+        keep = []
+        for i in range(20):
+            o = other.open("t/zero")
+            keep += [o, o.slice(i, 10), np.from_dlpack(o), memoryview(o), o.as_array("u2")]
+            if i % 2:
+                o.release()
+        assert buffer_refs(client, "t/zero") == 20
+        del keep, o
+        gc.collect()
+        other.flush()
+        assert buffer_refs(client, "t/zero") == 0
+        mine = [c for c in client.status()["clients"] if c["pid"] == os.getpid()]
+        assert all(c["references"] == 0 for c in mine)
+
+
+def test_released_buffer_and_closed_client(daemon):
+    c = gpubuf.Client(daemon.socket)
+    assert not c.closed and c.socket == daemon.socket
+    with c.alloc(8) as b:
+        assert repr(b).startswith("<gpubuf.Buffer id=")
+    assert b.released and repr(b) == "<gpubuf.Buffer released>"
+    b.release()  # idempotent
+    for call in (lambda: b.size, lambda: b.to_pybytes(), lambda: b.slice(0), lambda: b.seal(),
+                 lambda: b.__dlpack__(), lambda: b.as_array()):
+        with pytest.raises(ValueError):
+            call()
+    with pytest.raises(BufferError):
+        memoryview(b)
+    c.close()
+    c.close()
+    assert c.closed
+    with pytest.raises(ValueError):
+        c.status()
+    with pytest.raises(ValueError):
+        c.alloc(8)
+    with gpubuf.Client(daemon.socket) as d:
+        pass
+    assert d.closed
+
+
+def test_default_socket_from_environment(daemon, monkeypatch):
+    monkeypatch.setenv("GPUBUF_SOCKET", daemon.socket)
+    with gpubuf.Client() as c:
+        assert c.socket is None and c.status()["pools"]
+
+
+def test_views_survive_client_close(daemon):
+    c = gpubuf.Client(daemon.socket)
+    b = c.alloc(16, "t/after-close")
+    b.copy_from_host(b"x" * 16)
+    c.close()  # the daemon drops the reference; the local mapping stays valid
+    assert b.to_pybytes() == b"x" * 16
+    with pytest.raises(gpubuf.DisconnectedError):
+        b.seal(sync=True)
+    b.release()
