@@ -370,11 +370,13 @@ static PyObject *client_open(GpubufClient *self, PyObject *args, PyObject *kw) {
 static PyObject *client_open_id(GpubufClient *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"id", "timeout", NULL};
     unsigned long long id;
-    PyObject *timeout = Py_None;
+    PyObject *id_o, *timeout = Py_None;
     int t;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "K|O:open_id", kwlist, &id, &timeout))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O:open_id", kwlist, &PyLong_Type, &id_o,
+                                     &timeout))
         return NULL;
-    if ((t = timeout_ms_arg(timeout)) == -2)
+    id = PyLong_AsUnsignedLongLong(id_o); /* OverflowError when negative */
+    if (PyErr_Occurred() || (t = timeout_ms_arg(timeout)) == -2)
         return NULL;
     uint64_t key = id;
     return client_open_common(self, open_by_id, &key, t);
@@ -404,6 +406,9 @@ static PyObject *client_alloc(GpubufClient *self, PyObject *args, PyObject *kw) 
     }
     if (name != Py_None && !(sname = name_arg(name, "name")))
         return NULL;
+    if (sname && !*sname)
+        return gpubufpy_raise_msg(-EINVAL, "name must not be empty (None makes an anonymous "
+                                           "buffer)");
     if (pool != Py_None && !(spool = name_arg(pool, "pool")))
         return NULL;
     if (!(c = client_enter(self)))

@@ -1,0 +1,181 @@
+"""Every error of the library as a Python exception, with its code and message."""
+import errno
+import socket
+
+import pytest
+
+import gpubuf
+from conftest import Daemon, HOST_POOLS
+
+# class, built-in base it must also be, library code, errname
+TABLE = [
+    (gpubuf.NotFoundError, FileNotFoundError, -errno.ENOENT, "ENOENT"),
+    (gpubuf.PermissionDeniedError, PermissionError, -errno.EPERM, "EPERM"),
+    (gpubuf.WaitTimeoutError, TimeoutError, -errno.ETIMEDOUT, "ETIMEDOUT"),
+    (gpubuf.ExistsError, FileExistsError, -errno.EEXIST, "EEXIST"),
+    (gpubuf.OutOfMemoryError, MemoryError, -errno.ENOMEM, "ENOMEM"),
+    (gpubuf.PoolFullError, MemoryError, -1008, "GPUBUF_EPOOLFULL"),
+    (gpubuf.NoDaemonError, ConnectionRefusedError, -errno.ECONNREFUSED, "ECONNREFUSED"),
+    (gpubuf.DisconnectedError, ConnectionError, -1010, "GPUBUF_EDISCONNECTED"),
+    (gpubuf.InvalidArgumentError, ValueError, -errno.EINVAL, "EINVAL"),
+    (gpubuf.RangeError, IndexError, -1011, "GPUBUF_ERANGE"),
+    (gpubuf.BusyError, None, -errno.EBUSY, "EBUSY"),
+    (gpubuf.ProtocolError, None, -1001, "GPUBUF_EPROTOCOL"),
+    (gpubuf.VersionError, None, -1002, "GPUBUF_EVERSION"),
+    (gpubuf.CudaError, None, -1003, "GPUBUF_ECUDA"),
+    (gpubuf.NoDriverError, None, -1004, "GPUBUF_ENODRIVER"),
+    (gpubuf.NoDeviceError, None, -1005, "GPUBUF_ENODEVICE"),
+    (gpubuf.StateError, None, -1006, "GPUBUF_ESTATE"),
+    (gpubuf.NoPoolError, None, -1007, "GPUBUF_ENOPOOL"),
+    (gpubuf.NotHeldError, None, -1009, "GPUBUF_ENOTHELD"),
+    (gpubuf.NoPeerError, None, -1012, "GPUBUF_ENOPEER"),
+]
+
+
+@pytest.mark.parametrize("cls,builtin,code,name", TABLE, ids=[t[0].__name__ for t in TABLE])
+def test_every_code_has_its_class(cls, builtin, code, name):
+    with pytest.raises(cls) as ei:
+        gpubuf._gpubuf._raise_for_code(code, "what happened")
+    e = ei.value
+    assert type(e) is cls and isinstance(e, gpubuf.Error)
+    if builtin:
+        assert isinstance(e, builtin)
+    assert (e.code, e.errname, e.message) == (code, name, "what happened")
+    assert "what happened" in str(e)
+    if isinstance(e, OSError) and code > -1000:
+        assert e.errno == -code
+
+
+def test_other_codes_are_plain_errors():
+    with pytest.raises(gpubuf.Error) as ei:
+        gpubuf._gpubuf._raise_for_code(-errno.EIO, "disk")
+    assert type(ei.value) is gpubuf.Error and ei.value.code == -errno.EIO
+    assert gpubuf.strerror(-errno.ENOENT)
+
+
+def check(e, cls, code, text=None):
+    assert type(e) is cls, type(e)
+    assert e.code == code and e.errname and e.message
+    if text:
+        assert text in e.message, e.message
+
+
+def test_not_found(client):
+    with pytest.raises(FileNotFoundError) as ei:
+        client.open("t/none")
+    check(ei.value, gpubuf.NotFoundError, -errno.ENOENT, "t/none")
+    with pytest.raises(FileNotFoundError):
+        client.stat("t/none")
+    with pytest.raises(FileNotFoundError):
+        client.delete("t/none")
+    with pytest.raises(FileNotFoundError):
+        client.open_id(123456)
+
+
+def test_no_daemon(tmp_path):
+    with pytest.raises(FileNotFoundError) as ei:
+        gpubuf.Client(str(tmp_path / "missing.sock"))
+    check(ei.value, gpubuf.NotFoundError, -errno.ENOENT, "missing.sock")
+    path = str(tmp_path / "deaf.sock")
+    s = socket.socket(socket.AF_UNIX)
+    s.bind(path)  # bound, never listening
+    with pytest.raises(ConnectionRefusedError) as ei:
+        gpubuf.Client(path)
+    check(ei.value, gpubuf.NoDaemonError, -errno.ECONNREFUSED)
+    s.close()
+
+
+def test_timeout(client):
+    with pytest.raises(TimeoutError) as ei:
+        client.open("t/late", timeout=0.05)
+    check(ei.value, gpubuf.WaitTimeoutError, -errno.ETIMEDOUT, "t/late")
+    with pytest.raises(TimeoutError):
+        client.open("t/late", timeout=0.25)  # more than one wait slice
+    for bad in (-1, float("nan")):
+        with pytest.raises(ValueError):
+            client.open("t/late", timeout=bad)
+
+
+def test_exists(client):
+    b = client.alloc(8, "t/dup")
+    with pytest.raises(FileExistsError) as ei:
+        client.alloc(8, "t/dup")
+    check(ei.value, gpubuf.ExistsError, -errno.EEXIST, "t/dup")
+    b.release()
+
+
+def test_pool_full_and_no_pool(client):
+    with pytest.raises(MemoryError) as ei:
+        client.alloc(2 << 20, pool="tiny")
+    check(ei.value, gpubuf.PoolFullError, -1008)
+    with pytest.raises(gpubuf.NoPoolError) as ei:
+        client.alloc(8, pool="nosuch")
+    check(ei.value, gpubuf.NoPoolError, -1007, "nosuch")
+
+
+def test_permission_and_state(client, daemon):
+    b = client.alloc(8, "t/seal")
+    b.seal(sync=True)
+    with pytest.raises(gpubuf.StateError) as ei:
+        b.seal()
+    check(ei.value, gpubuf.StateError, -1006)
+    with gpubuf.Client(daemon.socket) as other:
+        o = other.open("t/seal")
+        with pytest.raises(PermissionError) as ei:
+            o.seal()  # only the allocating connection seals
+        check(ei.value, gpubuf.PermissionDeniedError, -errno.EPERM)
+        o.release()
+    b.release()
+
+
+def test_invalid_arguments(client):
+    for bad in ("bad name!", "", "x" * 256):
+        with pytest.raises(ValueError) as ei:
+            client.alloc(8, bad)
+        assert isinstance(ei.value, gpubuf.InvalidArgumentError)
+        assert ei.value.code in (-errno.EINVAL, -errno.ENAMETOOLONG)
+    with pytest.raises(ValueError):
+        client.open("a\0b")
+    with pytest.raises(ValueError):
+        client.alloc(0)
+    with pytest.raises(ValueError):
+        client.alloc(-5)
+    with pytest.raises(TypeError):
+        client.alloc("8")
+    with pytest.raises(TypeError):
+        client.open(b"bytes")
+    with pytest.raises(ValueError):
+        client.set_device(-2)
+    with pytest.raises(OverflowError):
+        client.open_id(-1)
+
+
+def test_range(client):
+    b = client.alloc(8)
+    with pytest.raises(IndexError) as ei:
+        b.slice(4, 5)
+    check(ei.value, gpubuf.RangeError, -1011)
+    b.release()
+
+
+def test_disconnected(tmp_path):
+    d = Daemon(tmp_path, HOST_POOLS)
+    c = gpubuf.Client(d.socket)
+    b = c.alloc(8, "t/gone")
+    d.stop()
+    with pytest.raises(ConnectionError) as ei:
+        c.status()
+    check(ei.value, gpubuf.DisconnectedError, -1010)
+    with pytest.raises(gpubuf.DisconnectedError):
+        c.alloc(8)
+    b.release()  # the view goes quietly
+    c.close()
+
+
+def test_set_device_without_gpu(client):
+    try:
+        client.set_device(0)
+    except (gpubuf.NoDriverError, gpubuf.NoDeviceError) as e:
+        assert e.message
+    else:
+        pytest.skip("this machine has a GPU 0")
