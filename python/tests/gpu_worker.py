@@ -1,0 +1,128 @@
+"""One process of the GPU tests (test_gpu.py): a producer that writes with
+CuPy, or a consumer that opens the buffer zero-copy in one framework.
+
+    gpu_worker.py produce NAME N
+    gpu_worker.py consume NAME MODE N
+
+Exit 0 when the check passed, 3 (with a SKIP line) when the framework cannot
+be imported, anything else on failure. The socket comes from $GPUBUF_SOCKET."""
+import gc
+import sys
+
+import numpy as np
+
+import gpubuf
+
+
+def expected(n):
+    return np.arange(n, dtype=np.float32) * 2 + 1
+
+
+def skip(what, e):
+    print(f"SKIP {what}: {type(e).__name__}: {e}")
+    sys.exit(3)
+
+
+def produce(c, name, n):
+    import cupy
+
+    buf = c.alloc(4 * n, name=name)
+    assert buf.is_cuda and buf.pool_kind == "cuda-ipc", buf
+    with cupy.cuda.Device(buf.device):
+        a = cupy.from_dlpack(buf.as_array("float32"))
+        assert a.data.ptr == buf.address  # zero-copy
+        a[:] = cupy.arange(n, dtype=cupy.float32) * 2 + 1
+        cupy.cuda.runtime.deviceSynchronize()
+    del a
+    buf.seal(sync=True)
+    buf.release()
+    print("produced", name)
+
+
+def consume(c, name, mode, n):
+    buf = c.open(name, timeout=30)
+    want = expected(n)
+    if mode.startswith("cupy"):
+        try:
+            import cupy
+        except ImportError as e:
+            skip("cupy", e)
+        with cupy.cuda.Device(buf.device):
+            if mode == "cupy_dlpack":
+                a = cupy.from_dlpack(buf.as_array("float32"))
+            elif mode == "cupy_cai":
+                a = cupy.asarray(buf.as_array("float32"))
+            elif mode == "cupy_bytes":  # untyped: uint8 through DLPack, then a view
+                a = cupy.from_dlpack(buf).view(cupy.float32)
+            elif mode == "cupy_buffer_cai":  # the Buffer's own interface, then release
+                a = cupy.asarray(buf).view(cupy.float32)
+                buf.release()  # deferred: cupy holds the Buffer object
+                assert c.stat(name)["refs"] >= 1
+            assert a.data.ptr == buf.address or mode == "cupy_buffer_cai"
+            assert (a.get() == want).all()
+    elif mode.startswith("torch"):
+        try:
+            import torch
+        except ImportError as e:
+            skip("torch", e)
+        if mode == "torch_dlpack":
+            t = torch.from_dlpack(buf.as_array("float32"))
+        elif mode == "torch_as_tensor":
+            t = torch.as_tensor(buf.as_array("float32"), device=f"cuda:{buf.device}")
+        elif mode == "torch_outlives":  # a tensor outliving the Buffer object
+            t = torch.from_dlpack(buf).view(torch.float32)
+            address = buf.address
+            buf.release()
+            del buf
+            gc.collect()
+            assert c.stat(name)["refs"] >= 1
+            assert t.data_ptr() == address
+            assert (t.cpu().numpy() == want).all()
+            del t
+            gc.collect()
+            c.flush()
+            print("ok", mode)
+            return
+        assert t.is_cuda and t.device.index == buf.device
+        assert t.data_ptr() == buf.address  # zero-copy
+        assert (t.cpu().numpy() == want).all()
+    elif mode == "numba":
+        try:
+            from numba import cuda
+        except Exception as e:  # noqa: BLE001 - e.g. Numba built against another NumPy
+            skip("numba", e)
+        d = cuda.as_cuda_array(buf.as_array("float32"))
+        assert d.__cuda_array_interface__["data"][0] == buf.address
+        assert (d.copy_to_host() == want).all()
+    elif mode == "copies":  # copy_to_host / copy_from_host on device memory
+        assert np.frombuffer(buf.to_pybytes(), dtype=np.float32).tolist() == want.tolist()
+        out = np.zeros(4, dtype=np.float32)
+        buf.copy_to_host(position=8, buf=out)
+        assert out.tolist() == want[2:6].tolist()
+        s = buf.slice(4 * (n - 2))
+        assert np.frombuffer(s.to_pybytes(), dtype=np.float32).tolist() == want[-2:].tolist()
+        try:
+            memoryview(buf)
+            raise AssertionError("a CUDA buffer exported host memory")
+        except BufferError:
+            pass
+        assert buf.__dlpack_device__() == (2, buf.device)
+        s.release()
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    if not buf.released:
+        buf.release()
+    print("ok", mode)
+
+
+def main():
+    with gpubuf.Client() as c:
+        if sys.argv[1] == "produce":
+            produce(c, sys.argv[2], int(sys.argv[3]))
+        else:
+            consume(c, sys.argv[2], sys.argv[3], int(sys.argv[4]))
+        c.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""On a GPU (label gpu; skipped without one): a producer process writes with
+CuPy and seals; consumer processes get the buffer zero-copy in CuPy (DLPack and
+CUDA Array Interface), PyTorch (from_dlpack, as_tensor) and Numba; Arrow's
+increment_by_one example runs on a buffer opened from another process. This
+process never initialises CUDA: every GPU step runs in a process of its own."""
+import subprocess
+import sys
+
+import pytest
+
+import gpubuf
+from conftest import SRC, Daemon, env_for
+
+pytestmark = pytest.mark.gpu
+HERE = SRC / "python" / "tests"
+N = 1 << 18  # float32 elements: 1 MiB
+
+
+def _gpu_count():
+    r = subprocess.run([sys.executable, "-c",
+                        "import cupy; print(cupy.cuda.runtime.getDeviceCount())"],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    if r.returncode != 0:
+        return 0, r.stderr.strip().splitlines()[-1:] or ["cupy failed"]
+    return int(r.stdout), None
+
+
+@pytest.fixture(scope="module")
+def gpu_daemon(tmp_path_factory):
+    n, why = _gpu_count()
+    if not n:
+        pytest.skip(f"no GPU usable through CuPy ({why})")
+    d = Daemon(tmp_path_factory.mktemp("gpu"), ["gpu0=cuda-ipc,device=0,capacity=4G,slab=64M"])
+    yield d
+    d.stop()
+
+
+def run(daemon, *args, timeout=180):
+    r = subprocess.run([sys.executable, *map(str, args)], env=env_for(daemon),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout)
+    print(r.stdout)
+    return r
+
+
+@pytest.fixture(scope="module")
+def produced(gpu_daemon):
+    r = run(gpu_daemon, HERE / "gpu_worker.py", "produce", "gpu/frame", N)
+    assert r.returncode == 0, r.stdout
+    return "gpu/frame"
+
+
+MODES = ["cupy_dlpack", "cupy_cai", "cupy_bytes", "cupy_buffer_cai", "torch_dlpack",
+         "torch_as_tensor", "torch_outlives", "numba", "copies"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_consumer_in_another_process(gpu_daemon, produced, mode):
+    r = run(gpu_daemon, HERE / "gpu_worker.py", "consume", produced, mode, N)
+    if r.returncode == 3:
+        pytest.skip(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and f"ok {mode}" in r.stdout, r.stdout
+    with gpubuf.Client(gpu_daemon.socket) as c:  # the consumer's references went
+        assert c.stat(produced)["refs"] == 0
+
+
+def test_increment_by_one_across_processes(gpu_daemon):
+    r = run(gpu_daemon, SRC / "examples" / "python" / "increment_by_one.py")
+    assert r.returncode == 0 and "[1 2 3 4]" in r.stdout, r.stdout
+    if "Numba unavailable" in r.stdout:
+        print("NOTE: Numba could not be imported; the kernel ran through CuPy")
+
+
+def test_increment_by_one_through_cupy(gpu_daemon):
+    r = run(gpu_daemon, SRC / "examples" / "python" / "increment_by_one.py", "--engine", "cupy",
+            "--name", "arrow/inc-cupy")
+    assert r.returncode == 0 and "(cupy)" in r.stdout and "[1 2 3 4]" in r.stdout, r.stdout
+
+
+def test_examples_on_the_gpu(gpu_daemon):
+    ex = SRC / "examples" / "python"
+    r = run(gpu_daemon, ex / "producer.py", "--name", "gpu/example", "--size", "64M")
+    assert r.returncode == 0 and "GPU 0" in r.stdout, r.stdout
+    r = run(gpu_daemon, ex / "consumer.py", "--name", "gpu/example", "--delete")
+    assert r.returncode == 0 and "0 mismatches (checked on GPU 0)" in r.stdout, r.stdout

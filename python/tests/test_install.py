@@ -1,0 +1,55 @@
+"""pip install ./python into a fresh virtual environment, with no package index:
+the in-tree build backend needs nothing from one."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import SRC
+
+pytestmark = pytest.mark.install
+
+SCRIPT = r"""
+import sys, numpy as np, gpubuf
+assert gpubuf.__file__.startswith(sys.prefix), gpubuf.__file__
+with gpubuf.Client(sys.argv[1]) as c:
+    b = c.alloc(1024, "venv/check")
+    np.frombuffer(b, dtype=np.uint8)[:] = 9
+    b.seal(sync=True)
+    with c.open("venv/check") as o:
+        assert (np.from_dlpack(o) == 9).all()
+    b.release()
+    print("venv ok", gpubuf.__version__, c.stat("venv/check")["state"])
+"""
+
+
+def test_pip_install_into_a_venv(tmp_path, daemon):
+    if subprocess.run([sys.executable, "-c", "import ensurepip"]).returncode != 0:
+        pytest.fail(f"{sys.executable} has no ensurepip (Debian: python3-venv)")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1", GPUBUF_JOBS="2")
+    # pip copies nothing: it builds from the source tree; work on a copy so the
+    # tree stays untouched whatever pip leaves behind.
+    src = tmp_path / "src"
+    def skip(folder, names):  # build trees and caches of the checkout
+        top = os.path.samefile(folder, SRC)
+        return [n for n in names if n in (".git", "__pycache__", ".gpudeps", ".whl")
+                or (top and n.startswith("build"))]
+
+    shutil.copytree(SRC, src, ignore=skip)
+    r = subprocess.run([str(py), "-m", "pip", "install", "--no-index", str(src / "python")],
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 0, r.stdout[-4000:]
+    out = subprocess.run([str(py), "-c", SCRIPT, daemon.socket], env=env, check=True,
+                         stdout=subprocess.PIPE, text=True, cwd=tmp_path).stdout
+    assert out.startswith("venv ok") and out.strip().endswith("sealed")
+    # Uninstalls cleanly too.
+    subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "gpubuf"], env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+    assert subprocess.run([str(py), "-c", "import gpubuf"], env=env, cwd=tmp_path,
+                          stderr=subprocess.DEVNULL).returncode != 0
