@@ -6,6 +6,8 @@
 # and static, and run every program once: without a daemon (the example exits
 # 0 on -ENOENT) and against the installed gpubufd. Last, systemd-analyze
 # verify on the installed units when systemd-analyze exists.
+# With GPUBUF_PYTHON (an interpreter), the Python package is built for it and
+# its installed copy imported and run against the installed daemon.
 #
 # GPUBUF_JOBS: parallel jobs (default: nproc). GPUBUF_CMAKE_ARGS: more
 # arguments for the gpubuf configure step. GPUBUF_KEEP=1 keeps the temporary
@@ -34,8 +36,10 @@ step() { echo "-- $*"; }
 
 echo "== install into a staging prefix and build examples/out-of-tree against it"
 step "configure, build and install into $prefix"
+py_opt=()
+[ -n "${GPUBUF_PYTHON:-}" ] && py_opt=(-DGPUBUF_WITH_PYTHON=ON -DPython3_EXECUTABLE="$GPUBUF_PYTHON")
 cmake -S . -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUBUF_WERROR=ON \
-    -DGPUBUF_BUILD_TESTS=OFF -DGPUBUF_BUILD_BENCH=OFF -DCMAKE_INSTALL_PREFIX="$prefix" \
+    -DGPUBUF_BUILD_TESTS=OFF -DGPUBUF_BUILD_BENCH=OFF -DCMAKE_INSTALL_PREFIX="$prefix" "${py_opt[@]}" \
     ${GPUBUF_CMAKE_ARGS:-} >"$work/configure.log" || { cat "$work/configure.log"; fail configure; }
 cmake --build "$work/build" -j"$jobs" >"$work/build.log" || { cat "$work/build.log"; fail build; }
 cmake --install "$work/build" >"$work/install.log" || { cat "$work/install.log"; fail install; }
@@ -62,6 +66,11 @@ if [ -f "$work/build/man/gpubufd.8" ]; then
              "$mandir/man3/libgpubuf-client.3")
 else
     echo "   (manual pages not built: scdoc not found)"
+fi
+pydir=$(cache GPUBUF_PYTHON_INSTALL_DIR)
+if [ -n "${GPUBUF_PYTHON:-}" ]; then
+    [ -n "$pydir" ] || fail "GPUBUF_PYTHON_INSTALL_DIR not set: the Python package was not configured"
+    expect+=("$pydir/gpubuf/__init__.py")
 fi
 for f in "${expect[@]}"; do
     [ -e "$prefix/$f" ] || fail "not installed: $f"
@@ -127,6 +136,20 @@ for p in "${programs[@]}"; do
     case $out in *"connected to gpubufd"*) ;; *) fail "$p printed: $out" ;; esac
 done
 echo "   gpubufctl, gpubuf-producer, gpubuf-consumer and ${#programs[@]} examples ran"
+if [ -n "${GPUBUF_PYTHON:-}" ]; then
+    ls "$prefix/$pydir"/gpubuf/_gpubuf*.so >/dev/null || fail "the Python extension was not installed"
+    out=$(cd "$work" && PYTHONPATH=$prefix/$pydir "$GPUBUF_PYTHON" -c '
+import sys, gpubuf
+assert gpubuf.__file__.startswith(sys.argv[2]), gpubuf.__file__
+with gpubuf.Client(sys.argv[1]) as c, c.alloc(4096, "check/py") as b:
+    b.copy_from_host(b"python")
+    b.seal(sync=True)
+    with c.open("check/py") as o:
+        print("python", gpubuf.__version__, bytes(memoryview(o)[:6]).decode())
+' "$sock" "$prefix") || fail "the installed Python package did not run"
+    [ "$out" = "python $(cache CMAKE_PROJECT_VERSION) python" ] || fail "python printed: $out"
+    echo "   Python package in $pydir: imported and ran against the installed daemon"
+fi
 kill -TERM "$daemon"
 rc=0
 wait "$daemon" || rc=$?

@@ -9,6 +9,8 @@ cd "$(dirname "$0")/.."
 jobs=${GPUBUF_JOBS:-$(nproc)}
 cuda_opt=()
 [ "${GPUBUF_REQUIRE_CUDA:-OFF}" = ON ] && cuda_opt=(-DGPUBUF_REQUIRE_CUDA=ON)
+# The Python package with Debian's interpreter (python3 on PATH may be another).
+py_opt=(-DGPUBUF_WITH_PYTHON=ON -DPython3_EXECUTABLE="${GPUBUF_PYTHON:-/usr/bin/python3}")
 run_suite() {
     local dir=$1; shift
     cmake -S . -B "$dir" -G Ninja -DGPUBUF_WERROR=ON "${cuda_opt[@]}" "$@" ${GPUBUF_CMAKE_ARGS:-} >/dev/null
@@ -16,8 +18,9 @@ run_suite() {
     ctest --test-dir "$dir" --output-on-failure -j"$jobs"
 }
 echo "== build and test (RelWithDebInfo, -Werror)"
-run_suite build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo
-./scripts/check-install.sh  # install into a staging prefix, build examples/out-of-tree against it
+run_suite build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo "${py_opt[@]}"
+GPUBUF_PYTHON=${GPUBUF_PYTHON:-/usr/bin/python3} \
+    ./scripts/check-install.sh  # install into a staging prefix, build examples/out-of-tree against it
 if [ "${GPUBUF_SKIP_SANITIZERS:-0}" != 1 ]; then
     echo "== build and test with address,undefined sanitizers"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
