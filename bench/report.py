@@ -37,6 +37,7 @@ def parse(path):
 machine = open(sys.argv[1]).read()
 a = parse(sys.argv[2])
 g = parse(sys.argv[3])
+py = parse(sys.argv[4]) if len(sys.argv) > 4 else {}
 gpu = "mode gpu" in machine
 
 # The socket round trip anchor: ipc_bench's 64 B ping-pong on the GPU machine,
@@ -110,6 +111,26 @@ cr = g.get("crash_cleanup_after_close_median_us")
 if cr is not None:
     row("crash cleanup: SIGKILL -> references released", cr / 1000, "ms",
         "from socket closed to status showing it", "≤ 5 ms", cr / 1000 <= 5)
+# Python package: open + from_dlpack against the C warm open, and a
+# Python-to-Python hand-over against torch.multiprocessing.
+pw = py.get("py_open_warm_median_us")
+if pw and warm:
+    row("Python open (name -> Buffer.address), warm", pw, "µs",
+        f"C warm open {warm:.1f} µs + {pw - warm:.1f} µs", "reported", None)
+for fw in ("torch", "cupy", "numpy"):
+    v = py.get(f"py_open_from_dlpack_{fw}_median_us")
+    if v and warm:
+        row(f"Python open + {fw}.from_dlpack, warm", v, "µs",
+            f"C warm open {warm:.1f} µs + {v - warm:.1f} µs", "≤ C + 3 µs", v - warm <= 3)
+ho = py.get("py_handover_1MiB_fresh_tensor_median_us")
+if ho:
+    ratio = f"torch.mp {torch:.0f} µs = {torch / ho:.1f} × gpubuf" if torch else "no torch anchor"
+    row("Python-to-Python hand-over, fresh 1 MiB CUDA tensor (seal -> consumer read t[0] -> ack)",
+        ho, "µs", ratio, "≥ 10 × faster", torch / ho >= 10 if torch else None)
+hi = py.get("py_handover_1MiB_incl_alloc_median_us")
+if hi:
+    ratio = f"torch.mp {torch:.0f} µs = {torch / hi:.1f} × gpubuf" if torch else "no torch anchor"
+    row("the same hand-over including alloc + fill + synchronize", hi, "µs", ratio, "reported", None)
 
 print("```")
 print(machine.strip())
@@ -129,3 +150,6 @@ for k in ("unix_socket_roundtrip_64B_median_us", "cuIpcOpenMemHandle_first_media
         print(f"- {k}: {a[k]:g}")
 print()
 print("gpubuf p99s:", ", ".join(f"{k} {v:g}" for k, v in g.items() if k.endswith("p99_us")))
+if py:
+    print()
+    print("Python p99s:", ", ".join(f"{k} {v:g}" for k, v in py.items() if k.endswith("p99_us")))

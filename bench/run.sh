@@ -29,8 +29,9 @@ start=$(date +%s)
 phase() { echo "bench/run.sh: $* ($(($(date +%s) - start)) s)" >&2; }
 build=$out/build
 jobs=$(nproc)
+py=$(command -v python3 || true)
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUBUF_BUILD_TESTS=OFF \
-    ${GPUBUF_CMAKE_ARGS:-} >"$out/cmake.log"
+    ${py:+-DPython3_EXECUTABLE=$py} ${GPUBUF_CMAKE_ARGS:-} >"$out/cmake.log"
 cmake --build "$build" -j"$jobs" >"$out/build.log"
 
 {
@@ -77,7 +78,19 @@ only=latency,cold,throughput,crash,scale
 "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
     --only $only | tee "$out/gpubuf.txt"
 phase "gpubuf benchmarks done"
+: >"$out/python.txt"
+if ls "$build"/python/gpubuf/_gpubuf*.so >/dev/null 2>&1; then
+    host_flag=()
+    [ $mode = host ] && host_flag=(--host)
+    PYTHONPATH=$build/python PYTHONUNBUFFERED=1 timeout 300 python3 bench/python_bench.py \
+        --socket "$sock" --pool gpu0 "${host_flag[@]}" | tee "$out/python.txt" ||
+        echo "python benchmark failed" >&2
+    phase "python benchmarks done"
+else
+    echo "bench/run.sh: the Python package was not built (see $out/cmake.log)" >&2
+fi
 kill $daemon
 wait $daemon || true
 trap - EXIT
-python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" | tee "$out/report.md"
+python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" "$out/python.txt" |
+    tee "$out/report.md"

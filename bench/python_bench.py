@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""gpubuf's Python package against its anchors (bench/run.sh runs it in the same
+run as the C benchmarks and the torch.multiprocessing anchor). Prints one
+"name value" line per figure, for bench/report.py.
+
+    python3 bench/python_bench.py --socket PATH [--pool gpu0] [--host] [--n 2000]
+
+- py_open_warm: Client.open(name) and .address, slab mapped: the C benchmark's
+  gpubuf_open_warm, through the extension.
+- py_open_from_dlpack_<fw>: open + <fw>.from_dlpack(buffer), for torch and cupy
+  (CUDA pools) or numpy (host pools): the figure whose goal is the C warm open
+  + 3 µs.
+- py_handover_1MiB_fresh_tensor: a producer process allocates a 1 MiB gpubuf
+  buffer, fills it as a fresh torch tensor and seals it; a consumer process,
+  waiting in open(), takes it with torch.from_dlpack, reads t[0] and acks
+  through a pipe. Timed from seal to ack, the same span as the
+  torch.multiprocessing anchor's put -> get + touch -> ack (whose fresh tensor
+  is made before its timer too). py_handover_1MiB_incl_alloc also times
+  alloc + fill.
+"""
+import argparse
+import math
+import multiprocessing as mp
+import statistics
+import sys
+import time
+
+import gpubuf
+
+WARM = 200
+
+
+def report(name, times):
+    times = sorted(times)
+    print(f"{name}_median_us {statistics.median(times):.2f}")
+    print(f"{name}_p99_us {times[int(0.99 * (len(times) - 1))]:.2f}")
+    sys.stdout.flush()
+
+
+def frameworks(host):
+    fws = []
+    if host:
+        import numpy
+        fws.append(("numpy", numpy.from_dlpack))
+        return fws
+    try:
+        import torch
+        if torch.cuda.is_available():
+            fws.append(("torch", torch.from_dlpack))
+    except ImportError:
+        pass
+    try:
+        import cupy
+        fws.append(("cupy", cupy.from_dlpack))
+    except ImportError:
+        pass
+    return fws
+
+
+def bench_open(sock, pool, n, host):
+    now = time.perf_counter_ns
+    with gpubuf.Client(sock) as c:
+        keep = c.alloc(1 << 20, "pybench/keep", pool=pool)  # keeps the slab mapped
+        keep.seal()
+        live = 64
+        names = [f"pybench/{i}" for i in range(live)]
+        for name in names:
+            b = c.alloc(1 << 20, name, pool=pool)
+            b.seal()
+            b.release()
+        c.flush()
+        t = []
+        for i in range(n + WARM):
+            a = now()
+            b = c.open(names[i % live])
+            b.address
+            t.append((now() - a) / 1e3)
+            b.release()
+        report("py_open_warm", t[WARM:])
+        for fw, from_dlpack in frameworks(host):
+            t = []
+            for i in range(n + WARM):
+                a = now()
+                b = c.open(names[i % live])
+                x = from_dlpack(b)
+                t.append((now() - a) / 1e3)
+                del x
+                b.release()
+            report(f"py_open_from_dlpack_{fw}", t[WARM:])
+        for name in names:
+            c.delete(name)
+        keep.release()
+        c.delete("pybench/keep")
+        c.flush()
+
+
+def consumer(sock, n, conn):
+    import torch
+    with gpubuf.Client(sock) as c:
+        conn.send_bytes(b"ready")
+        for i in range(n):
+            b = c.open(f"pyhand/{i}", timeout=math.inf)
+            t = torch.from_dlpack(b).view(torch.float32)
+            s = float(t[0].item())  # touch the data, as the anchor does
+            del t
+            b.release()
+            conn.send_bytes(b"%d" % int(s))
+
+
+def bench_handover(sock, pool, n):
+    import torch
+    now = time.perf_counter_ns
+    ctx = mp.get_context("spawn")  # CUDA does not survive fork
+    here, there = ctx.Pipe()
+    p = ctx.Process(target=consumer, args=(sock, n + 20, there))
+    p.start()
+    assert here.recv_bytes() == b"ready"
+    seal_to_ack, incl_alloc = [], []
+    with gpubuf.Client(sock) as c:
+        for i in range(n + 20):
+            name = f"pyhand/{i}"
+            a0 = now()
+            b = c.alloc(1 << 20, name, pool=pool)
+            t = torch.from_dlpack(b).view(torch.float32)  # a fresh tensor, in gpubuf memory
+            t.fill_(float(i))
+            torch.cuda.synchronize()
+            a = now()
+            b.seal()
+            got = here.recv_bytes()
+            end = now()
+            assert got == b"%d" % i, (got, i)
+            seal_to_ack.append((end - a) / 1e3)
+            incl_alloc.append((end - a0) / 1e3)
+            del t
+            b.release()
+            c.delete(name)
+        c.flush()
+    p.join(30)
+    report("py_handover_1MiB_fresh_tensor", seal_to_ack[20:])
+    report("py_handover_1MiB_incl_alloc", incl_alloc[20:])
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--socket", required=True)
+    ap.add_argument("--pool", default=None)
+    ap.add_argument("--host", action="store_true", help="host pools: no CUDA frameworks")
+    ap.add_argument("--n", type=int, default=2000)
+    args = ap.parse_args()
+    bench_open(args.socket, args.pool, args.n, args.host)
+    if not args.host:
+        try:
+            import torch
+            ok = torch.cuda.is_available()
+        except ImportError:
+            ok = False
+        if ok:
+            bench_handover(args.socket, args.pool, 200)
+        else:
+            print("python_bench: no torch with CUDA: hand-over not measured", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
