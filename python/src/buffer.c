@@ -21,24 +21,20 @@ static const struct {
     const char *name;
     dtype_t dt;
 } dtype_names[] = {
-    {"bool", {'b', 1}},     {"int8", {'i', 1}},     {"int16", {'i', 2}},
-    {"int32", {'i', 4}},    {"int64", {'i', 8}},    {"uint8", {'u', 1}},
-    {"uint16", {'u', 2}},   {"uint32", {'u', 4}},   {"uint64", {'u', 8}},
-    {"float16", {'f', 2}},  {"float32", {'f', 4}},  {"float64", {'f', 8}},
+    {"bool", {'b', 1}},      {"int8", {'i', 1}},        {"int16", {'i', 2}},
+    {"int32", {'i', 4}},     {"int64", {'i', 8}},       {"uint8", {'u', 1}},
+    {"uint16", {'u', 2}},    {"uint32", {'u', 4}},      {"uint64", {'u', 8}},
+    {"float16", {'f', 2}},   {"float32", {'f', 4}},     {"float64", {'f', 8}},
     {"complex64", {'c', 8}}, {"complex128", {'c', 16}},
 };
 
 static bool dtype_valid(dtype_t d) {
     switch (d.kind) {
-    case 'b':
-        return d.itemsize == 1;
+    case 'b': return d.itemsize == 1;
     case 'i':
-    case 'u':
-        return d.itemsize == 1 || d.itemsize == 2 || d.itemsize == 4 || d.itemsize == 8;
-    case 'f':
-        return d.itemsize == 2 || d.itemsize == 4 || d.itemsize == 8;
-    case 'c':
-        return d.itemsize == 8 || d.itemsize == 16;
+    case 'u': return d.itemsize == 1 || d.itemsize == 2 || d.itemsize == 4 || d.itemsize == 8;
+    case 'f': return d.itemsize == 2 || d.itemsize == 4 || d.itemsize == 8;
+    case 'c': return d.itemsize == 8 || d.itemsize == 16;
     }
     return false;
 }
@@ -80,8 +76,10 @@ static int dtype_arg(PyObject *o, dtype_t *ret) {
         PyObject *np = PyImport_ImportModule("numpy");
         if (!np) {
             PyErr_Clear();
-            PyErr_Format(PyExc_TypeError, "dtype must be a string like 'float32' or '<f4' "
-                                          "(NumPy is not installed to convert %R)", o);
+            PyErr_Format(PyExc_TypeError,
+                         "dtype must be a string like 'float32' or '<f4' "
+                         "(NumPy is not installed to convert %R)",
+                         o);
             return -1;
         }
         PyObject *dt = PyObject_CallMethod(np, "dtype", "O", o);
@@ -112,16 +110,11 @@ static void dtype_typestr(dtype_t d, char out[8]) {
 /* The struct module's format for the buffer protocol. */
 static const char *dtype_format(dtype_t d) {
     switch (d.kind) {
-    case 'b':
-        return "?";
-    case 'i':
-        return d.itemsize == 1 ? "b" : d.itemsize == 2 ? "h" : d.itemsize == 4 ? "i" : "q";
-    case 'u':
-        return d.itemsize == 1 ? "B" : d.itemsize == 2 ? "H" : d.itemsize == 4 ? "I" : "Q";
-    case 'f':
-        return d.itemsize == 2 ? "e" : d.itemsize == 4 ? "f" : "d";
-    case 'c':
-        return d.itemsize == 8 ? "Zf" : "Zd";
+    case 'b': return "?";
+    case 'i': return d.itemsize == 1 ? "b" : d.itemsize == 2 ? "h" : d.itemsize == 4 ? "i" : "q";
+    case 'u': return d.itemsize == 1 ? "B" : d.itemsize == 2 ? "H" : d.itemsize == 4 ? "I" : "Q";
+    case 'f': return d.itemsize == 2 ? "e" : d.itemsize == 4 ? "f" : "d";
+    case 'c': return d.itemsize == 8 ? "Zf" : "Zd";
     }
     return "B";
 }
@@ -130,18 +123,10 @@ static int dtype_dlpack(dtype_t d, DLDataType *ret) {
     ret->bits = (uint8_t)(8 * d.itemsize);
     ret->lanes = 1;
     switch (d.kind) {
-    case 'i':
-        ret->code = kDLInt;
-        return 0;
-    case 'u':
-        ret->code = kDLUInt;
-        return 0;
-    case 'f':
-        ret->code = kDLFloat;
-        return 0;
-    case 'c':
-        ret->code = kDLComplex;
-        return 0;
+    case 'i': ret->code = kDLInt; return 0;
+    case 'u': ret->code = kDLUInt; return 0;
+    case 'f': ret->code = kDLFloat; return 0;
+    case 'c': ret->code = kDLComplex; return 0;
     }
 #if DLPACK_VERSION >= 80
     ret->code = kDLBool;
@@ -196,8 +181,8 @@ static PyObject *export_cai(const export_t *e) {
     dtype_typestr(e->dt, typestr);
     /* stream None: nothing to wait for, a producer seals after its work is done. */
     d = Py_BuildValue("{sOsss(KO)sisOsO}", "shape", shape, "typestr", typestr, "data",
-                      (unsigned long long)gpubuf_buffer_device_ptr(e->b), Py_False, "version",
-                      3, "strides", Py_None, "stream", Py_None);
+                      (unsigned long long)gpubuf_buffer_device_ptr(e->b), Py_False, "version", 3,
+                      "strides", Py_None, "stream", Py_None);
     Py_DECREF(shape);
     return d;
 }
@@ -248,8 +233,8 @@ static PyObject *export_dlpack(const export_t *e, PyObject *args, PyObject *kw) 
     DLDataType dtype;
     dl_ctx *ctx;
     PyObject *cap;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO:__dlpack__", kwlist, &stream,
-                                     &max_version, &dl_device, &copy))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO:__dlpack__", kwlist, &stream, &max_version,
+                                     &dl_device, &copy))
         return NULL;
     if (copy != Py_None && PyObject_IsTrue(copy) == 1) {
         PyErr_SetString(PyExc_BufferError,
@@ -407,24 +392,52 @@ static PyObject *buf_exit(GpubufBuffer *self, PyObject *args) {
     return buf_release(self, NULL);
 }
 
+/* Run op(b, arg) without the GIL and raise its error; b holds one more
+ * reference for the call, since another thread may release the Buffer
+ * meanwhile. Returns 0, or -1 with an exception set. */
+typedef int (*view_op)(gpubuf_buffer *b, void *arg);
+
+static int view_run(GpubufBuffer *self, gpubuf_buffer *b, view_op op, void *arg) {
+    char before[512];
+    int r;
+    gpubuf_buffer_ref(b);
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS r = op(b, arg);
+    Py_END_ALLOW_THREADS if (r < 0)
+        gpubufpy_raise(r, before); /* before the drop, which may send a request */
+    gpubufpy_view_drop(b, self->pid);
+    return r < 0 ? -1 : 0;
+}
+
+static int op_seal(gpubuf_buffer *b, void *arg) {
+    return *(int *)arg ? gpubuf_seal_sync(b) : gpubuf_seal(b);
+}
+
+/* A host copy: to_host or from it. */
+struct copy_args {
+    uint64_t position, len;
+    void *host;
+};
+
+static int op_copy_to_host(gpubuf_buffer *b, void *arg) {
+    struct copy_args *a = arg;
+    return gpubuf_buffer_copy_to_host(b, a->position, a->host, a->len);
+}
+
+static int op_copy_from_host(gpubuf_buffer *b, void *arg) {
+    struct copy_args *a = arg;
+    return gpubuf_buffer_copy_from_host(b, a->position, a->host, a->len);
+}
+
 static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"sync", NULL};
-    int sync = 0, r;
+    int sync = 0;
     gpubuf_buffer *b;
-    char before[512];
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|p:seal", kwlist, &sync) || !(b = buf_view(self)))
         return NULL;
     if (self->pid != getpid())
         return gpubufpy_raise_fork(self->pid);
-    gpubuf_buffer_ref(b); /* another thread may release self meanwhile */
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = sync ? gpubuf_seal_sync(b) : gpubuf_seal(b);
-    Py_END_ALLOW_THREADS
-    if (r < 0)
-        gpubufpy_raise(r, before);
-    gpubufpy_view_drop(b, self->pid);
-    if (r < 0)
+    if (view_run(self, b, op_seal, &sync) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -476,8 +489,6 @@ static PyObject *buf_copy_to_host(GpubufBuffer *self, PyObject *args, PyObject *
     Py_buffer out;
     gpubuf_buffer *b;
     uint64_t len;
-    char before[512];
-    int r;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|LLO:copy_to_host", kwlist, &position, &nbytes,
                                      &dst) ||
         !(b = buf_view(self)))
@@ -502,24 +513,17 @@ static PyObject *buf_copy_to_host(GpubufBuffer *self, PyObject *args, PyObject *
         if (nbytes < 0 && len > (uint64_t)out.len)
             len = (uint64_t)out.len; /* until the host buffer is full */
         if (len > (uint64_t)out.len) {
-            PyErr_Format(PyExc_ValueError, "buf holds %zd bytes, %lld asked for", out.len,
-                         nbytes);
+            PyErr_Format(PyExc_ValueError, "buf holds %zd bytes, %lld asked for", out.len, nbytes);
             PyBuffer_Release(&out);
             return NULL;
         }
         result = Py_NewRef(dst);
     }
-    gpubuf_buffer_ref(b);
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = gpubuf_buffer_copy_to_host(b, (uint64_t)position, out.buf, len);
-    Py_END_ALLOW_THREADS
-    gpubufpy_view_drop(b, self->pid);
+    struct copy_args a = {(uint64_t)position, len, out.buf};
+    int r = view_run(self, b, op_copy_to_host, &a);
     PyBuffer_Release(&out);
-    if (r < 0) {
-        Py_DECREF(result);
-        return gpubufpy_raise(r, before);
-    }
+    if (r < 0)
+        Py_CLEAR(result);
     return result;
 }
 
@@ -530,8 +534,6 @@ static PyObject *buf_copy_from_host(GpubufBuffer *self, PyObject *args, PyObject
     Py_buffer in;
     gpubuf_buffer *b;
     uint64_t len;
-    char before[512];
-    int r;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|L:copy_from_host", kwlist, &data, &position) ||
         !(b = buf_view(self)))
         return NULL;
@@ -541,24 +543,16 @@ static PyObject *buf_copy_from_host(GpubufBuffer *self, PyObject *args, PyObject
         PyBuffer_Release(&in);
         return NULL;
     }
-    gpubuf_buffer_ref(b);
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = gpubuf_buffer_copy_from_host(b, (uint64_t)position, in.buf, len);
-    Py_END_ALLOW_THREADS
-    gpubufpy_view_drop(b, self->pid);
+    struct copy_args a = {(uint64_t)position, len, in.buf};
+    int r = view_run(self, b, op_copy_from_host, &a);
     PyBuffer_Release(&in);
-    if (r < 0)
-        return gpubufpy_raise(r, before);
-    return PyLong_FromUnsignedLongLong(len);
+    return r < 0 ? NULL : PyLong_FromUnsignedLongLong(len);
 }
 
 static PyObject *buf_to_pybytes(GpubufBuffer *self, PyObject *unused) {
     gpubuf_buffer *b = buf_view(self);
     PyObject *bytes;
     uint64_t len;
-    char before[512];
-    int r;
     if (!b)
         return NULL;
     len = gpubuf_buffer_size(b);
@@ -567,25 +561,16 @@ static PyObject *buf_to_pybytes(GpubufBuffer *self, PyObject *unused) {
     /* Filled before anyone sees it. */
     if (!(bytes = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len)))
         return NULL;
-    char *dst = PyBytes_AS_STRING(bytes);
-    gpubuf_buffer_ref(b);
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = gpubuf_buffer_copy_to_host(b, 0, dst, len);
-    Py_END_ALLOW_THREADS
-    gpubufpy_view_drop(b, self->pid);
-    if (r < 0) {
-        Py_DECREF(bytes);
-        return gpubufpy_raise(r, before);
-    }
+    struct copy_args a = {0, len, PyBytes_AS_STRING(bytes)};
+    if (view_run(self, b, op_copy_to_host, &a) < 0)
+        Py_CLEAR(bytes);
     return bytes;
 }
 
 static PyObject *arrayview_new(GpubufBuffer *self, dtype_t dt, int ndim, const Py_ssize_t *shape);
 
 /* shape: None (the whole view, 1-D), an int, or a sequence of ints. */
-static int shape_arg(PyObject *o, uint64_t nbytes, dtype_t dt, int *ret_ndim,
-                     Py_ssize_t *shape) {
+static int shape_arg(PyObject *o, uint64_t nbytes, dtype_t dt, int *ret_ndim, Py_ssize_t *shape) {
     uint64_t total = (uint64_t)dt.itemsize;
     int ndim;
     if (o == Py_None) {
@@ -715,12 +700,12 @@ static PyBufferProcs buf_as_buffer = {
     .bf_releasebuffer = (releasebufferproc)buf_releasebuffer,
 };
 
-#define BUF_GETTER(fn, expr)                                                                   \
-    static PyObject *fn(GpubufBuffer *self, void *unused) {                                    \
-        gpubuf_buffer *b = buf_view(self);                                                     \
-        if (!b)                                                                                \
-            return NULL;                                                                       \
-        return expr;                                                                           \
+#define BUF_GETTER(fn, expr)                                                                       \
+    static PyObject *fn(GpubufBuffer *self, void *unused) {                                        \
+        gpubuf_buffer *b = buf_view(self);                                                         \
+        if (!b)                                                                                    \
+            return NULL;                                                                           \
+        return expr;                                                                               \
     }
 BUF_GETTER(buf_get_size, PyLong_FromUnsignedLongLong(gpubuf_buffer_size(b)))
 BUF_GETTER(buf_get_address, PyLong_FromUnsignedLongLong(gpubuf_buffer_device_ptr(b)))
@@ -728,7 +713,8 @@ BUF_GETTER(buf_get_device, PyLong_FromLong(gpubuf_buffer_device(b)))
 BUF_GETTER(buf_get_memory_device, PyLong_FromLong(gpubuf_buffer_memory_device(b)))
 BUF_GETTER(buf_get_name, PyUnicode_FromString(gpubuf_buffer_name(b)))
 BUF_GETTER(buf_get_id, PyLong_FromUnsignedLongLong(gpubuf_buffer_id(b)))
-BUF_GETTER(buf_get_pool_kind, PyUnicode_FromString(gpubufpy_pool_kind_name(gpubuf_buffer_pool_kind(b))))
+BUF_GETTER(buf_get_pool_kind,
+           PyUnicode_FromString(gpubufpy_pool_kind_name(gpubuf_buffer_pool_kind(b))))
 BUF_GETTER(buf_get_is_cuda, PyBool_FromLong(!is_host(b)))
 
 static PyObject *buf_get_released(GpubufBuffer *self, void *unused) {
@@ -825,8 +811,7 @@ PyTypeObject GpubufBuffer_Type = {
 /* ---- ArrayView ---------------------------------------------------------------------- */
 
 typedef struct {
-    PyObject_HEAD
-    gpubuf_buffer *b; /* one reference, for the object's whole life */
+    PyObject_HEAD gpubuf_buffer *b; /* one reference, for the object's whole life */
     GpubufClient *client;
     pid_t pid;
     dtype_t dt;
@@ -945,8 +930,8 @@ static PyObject *av_repr(GpubufArrayView *v) {
     if (!shape)
         return NULL;
     dtype_typestr(v->dt, typestr);
-    r = PyUnicode_FromFormat("<gpubuf.ArrayView dtype='%s' shape=%R %s device=%d>", typestr,
-                             shape, gpubufpy_pool_kind_name(gpubuf_buffer_pool_kind(v->b)),
+    r = PyUnicode_FromFormat("<gpubuf.ArrayView dtype='%s' shape=%R %s device=%d>", typestr, shape,
+                             gpubufpy_pool_kind_name(gpubuf_buffer_pool_kind(v->b)),
                              gpubuf_buffer_device(v->b));
     Py_DECREF(shape);
     return r;

@@ -23,9 +23,8 @@
  * on it; close() while some run only marks it `closing` and the last of them
  * disconnects, so the connection is never freed under a running call. */
 typedef struct {
-    PyObject_HEAD
-    gpubuf_client *c;
-    pid_t pid;     /* the process that connected: a forked child may not use it */
+    PyObject_HEAD gpubuf_client *c;
+    pid_t pid; /* the process that connected: a forked child may not use it */
     int active;
     bool closing;
     PyObject *socket; /* the path given, or None */
@@ -36,8 +35,7 @@ typedef struct {
  * release(): consumers of that interface hold the Buffer object, not a
  * reference of their own, so it goes only when the object does. */
 typedef struct {
-    PyObject_HEAD
-    gpubuf_buffer *b;
+    PyObject_HEAD gpubuf_buffer *b;
     gpubuf_buffer *deferred;
     GpubufClient *client;
     pid_t pid;

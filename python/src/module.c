@@ -6,14 +6,13 @@
 #include <string.h>
 #include <unistd.h>
 
-
 /* ---- exceptions -------------------------------------------------------------- */
 
 /* One exception class per error the library returns; those with a fitting
  * built-in exception derive from it too (FileNotFoundError, ...). */
 static const struct err_class {
-    const char *name; /* attribute of the module */
-    int code;         /* 0: the base class */
+    const char *name;   /* attribute of the module */
+    int code;           /* 0: the base class */
     PyObject **builtin; /* a built-in exception it also derives from, or NULL */
     const char *doc;
 } err_classes[] = {
@@ -146,8 +145,7 @@ void gpubufpy_view_drop(gpubuf_buffer *b, pid_t pid) {
     if (!b || pid != getpid())
         return;
     if (PyGILState_Check()) {
-        Py_BEGIN_ALLOW_THREADS
-        gpubuf_release(b);
+        Py_BEGIN_ALLOW_THREADS gpubuf_release(b);
         Py_END_ALLOW_THREADS
     } else {
         gpubuf_release(b);
@@ -160,12 +158,9 @@ const char *gpubufpy_pool_kind_name(gpubuf_pool_kind k) {
 
 static const char *state_name(gpubuf_state s) {
     switch (s) {
-    case GPUBUF_STATE_ALLOCATED:
-        return "allocated";
-    case GPUBUF_STATE_SEALED:
-        return "sealed";
-    case GPUBUF_STATE_DELETED:
-        return "deleted";
+    case GPUBUF_STATE_ALLOCATED: return "allocated";
+    case GPUBUF_STATE_SEALED: return "sealed";
+    case GPUBUF_STATE_DELETED: return "deleted";
     }
     return "unknown";
 }
@@ -194,14 +189,30 @@ static void client_disconnect(GpubufClient *self) {
         return;
     if (self->pid != getpid())
         return; /* the parent's socket: leave it alone */
-    Py_BEGIN_ALLOW_THREADS
-    gpubuf_disconnect(c);
+    Py_BEGIN_ALLOW_THREADS gpubuf_disconnect(c);
     Py_END_ALLOW_THREADS
 }
 
 static void client_leave(GpubufClient *self) {
     if (--self->active == 0 && self->closing)
         client_disconnect(self);
+}
+
+/* Run op(c, arg) on the connection without the GIL and raise its error.
+ * Returns 0, or -1 with an exception set. */
+typedef int (*client_op)(gpubuf_client *c, void *arg);
+
+static int client_run(GpubufClient *self, client_op op, void *arg) {
+    gpubuf_client *c = client_enter(self);
+    char before[512];
+    int r;
+    if (!c)
+        return -1;
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS r = op(c, arg);
+    Py_END_ALLOW_THREADS if (r < 0) gpubufpy_raise(r, before);
+    client_leave(self);
+    return r < 0 ? -1 : 0;
 }
 
 static int client_init(GpubufClient *self, PyObject *args, PyObject *kw) {
@@ -223,10 +234,8 @@ static int client_init(GpubufClient *self, PyObject *args, PyObject *kw) {
         path = PyBytes_AS_STRING(bytes);
     }
     gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = gpubuf_connect(path, &c);
-    Py_END_ALLOW_THREADS
-    Py_XDECREF(bytes);
+    Py_BEGIN_ALLOW_THREADS r = gpubuf_connect(path, &c);
+    Py_END_ALLOW_THREADS Py_XDECREF(bytes);
     if (r < 0) {
         gpubufpy_raise(r, before);
         return -1;
@@ -329,11 +338,8 @@ static PyObject *client_open_common(GpubufClient *self, open_fn fn, const void *
         int slice = timeout_ms;
         if (timeout_ms < 0 || timeout_ms > WAIT_SLICE_MS)
             slice = WAIT_SLICE_MS;
-        Py_BEGIN_ALLOW_THREADS
-        r = fn(c, key, slice, &b);
-        Py_END_ALLOW_THREADS
-        if (r != -ETIMEDOUT || slice == timeout_ms)
-            break;
+        Py_BEGIN_ALLOW_THREADS r = fn(c, key, slice, &b);
+        Py_END_ALLOW_THREADS if (r != -ETIMEDOUT || slice == timeout_ms) break;
         if (timeout_ms > 0)
             timeout_ms -= slice;
         if (PyErr_CheckSignals() < 0) {
@@ -342,7 +348,8 @@ static PyObject *client_open_common(GpubufClient *self, open_fn fn, const void *
         }
         if (self->closing) {
             client_leave(self);
-            gpubufpy_raise_msg(GPUBUF_EDISCONNECTED, "the gpubuf client was closed during the wait");
+            gpubufpy_raise_msg(GPUBUF_EDISCONNECTED,
+                               "the gpubuf client was closed during the wait");
             return NULL;
         }
     }
@@ -382,15 +389,23 @@ static PyObject *client_open_id(GpubufClient *self, PyObject *args, PyObject *kw
     return client_open_common(self, open_by_id, &key, t);
 }
 
+struct alloc_args {
+    const char *pool, *name;
+    uint64_t size;
+    gpubuf_buffer *ret;
+};
+
+static int op_alloc(gpubuf_client *c, void *arg) {
+    struct alloc_args *a = arg;
+    return gpubuf_alloc(c, a->pool, a->size, a->name, &a->ret);
+}
+
 static PyObject *client_alloc(GpubufClient *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"size", "name", "pool", NULL};
     PyObject *size_o, *name = Py_None, *pool = Py_None;
     const char *sname = NULL, *spool = NULL;
+    struct alloc_args a = {0};
     long long size;
-    gpubuf_client *c;
-    gpubuf_buffer *b;
-    char before[512];
-    int r;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:alloc", kwlist, &size_o, &name, &pool))
         return NULL;
     if (!PyLong_Check(size_o)) {
@@ -411,67 +426,66 @@ static PyObject *client_alloc(GpubufClient *self, PyObject *args, PyObject *kw) 
                                            "buffer)");
     if (pool != Py_None && !(spool = name_arg(pool, "pool")))
         return NULL;
-    if (!(c = client_enter(self)))
+    a = (struct alloc_args){spool, sname, (uint64_t)size, NULL};
+    if (client_run(self, op_alloc, &a) < 0)
         return NULL;
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = gpubuf_alloc(c, spool, (uint64_t)size, sname, &b);
-    Py_END_ALLOW_THREADS
-    if (r < 0)
-        gpubufpy_raise(r, before);
-    client_leave(self);
-    return r < 0 ? NULL : gpubufpy_buffer_new(self, b);
+    return gpubufpy_buffer_new(self, a.ret);
+}
+
+struct target_args {
+    const char *name; /* NULL: by id */
+    uint64_t id;
+    gpubuf_buffer_info info;
+};
+
+static int op_delete(gpubuf_client *c, void *arg) {
+    struct target_args *t = arg;
+    return t->name ? gpubuf_delete(c, t->name) : gpubuf_delete_id(c, t->id);
 }
 
 static PyObject *client_delete(GpubufClient *self, PyObject *target) {
-    gpubuf_client *c;
-    const char *name = NULL;
-    unsigned long long id = 0;
-    char before[512];
-    int r;
+    struct target_args t = {0};
     if (PyLong_Check(target)) {
-        id = PyLong_AsUnsignedLongLong(target);
+        t.id = PyLong_AsUnsignedLongLong(target);
         if (PyErr_Occurred())
             return NULL;
-    } else if (!(name = name_arg(target, "name"))) {
+    } else if (!(t.name = name_arg(target, "name"))) {
         return NULL;
     }
-    if (!(c = client_enter(self)))
-        return NULL;
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = name ? gpubuf_delete(c, name) : gpubuf_delete_id(c, id);
-    Py_END_ALLOW_THREADS
-    if (r < 0)
-        gpubufpy_raise(r, before);
-    client_leave(self);
-    if (r < 0)
+    if (client_run(self, op_delete, &t) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
+/* A buffer as stat() and status() describe it. */
+static PyObject *buffer_dict(uint64_t id, const char *name, const char *pool, uint64_t size,
+                             gpubuf_state state, uint32_t refs, uint32_t owner_uid,
+                             uint64_t slab_id, uint64_t offset) {
+    return Py_BuildValue("{sKsssssKsssIsIsKsK}", "id", (unsigned long long)id, "name", name, "pool",
+                         pool, "size", (unsigned long long)size, "state", state_name(state), "refs",
+                         refs, "owner_uid", owner_uid, "slab_id", (unsigned long long)slab_id,
+                         "offset", (unsigned long long)offset);
+}
+
+/* Append o to list and drop the caller's reference; -1 (o dropped) on error. */
+static int append_new(PyObject *list, PyObject *o) {
+    int r = o ? PyList_Append(list, o) : -1;
+    Py_XDECREF(o);
+    return r;
+}
+
+static int op_stat(gpubuf_client *c, void *arg) {
+    struct target_args *t = arg;
+    return gpubuf_stat(c, t->name, &t->info);
+}
+
 static PyObject *client_stat(GpubufClient *self, PyObject *name) {
-    gpubuf_client *c;
-    gpubuf_buffer_info info;
-    const char *s;
-    char before[512];
-    int r;
-    if (!(s = name_arg(name, "name")) || !(c = client_enter(self)))
+    struct target_args t = {0};
+    const gpubuf_buffer_info *i = &t.info;
+    if (!(t.name = name_arg(name, "name")) || client_run(self, op_stat, &t) < 0)
         return NULL;
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = gpubuf_stat(c, s, &info);
-    Py_END_ALLOW_THREADS
-    if (r < 0)
-        gpubufpy_raise(r, before);
-    client_leave(self);
-    if (r < 0)
-        return NULL;
-    return Py_BuildValue("{sKsssssKsssIsIsKsK}", "id", (unsigned long long)info.id, "name",
-                         info.name, "pool", info.pool, "size", (unsigned long long)info.size,
-                         "state", state_name(info.state), "refs", info.refs, "owner_uid",
-                         info.owner_uid, "slab_id", (unsigned long long)info.slab_id, "offset",
-                         (unsigned long long)info.offset);
+    return buffer_dict(i->id, i->name, i->pool, i->size, i->state, i->refs, i->owner_uid,
+                       i->slab_id, i->offset);
 }
 
 static PyObject *status_to_dict(const gpubuf_status *s) {
@@ -481,43 +495,29 @@ static PyObject *status_to_dict(const gpubuf_status *s) {
     for (size_t i = 0; i < s->n_pools; i++) {
         const gpubuf_pool_info *p = &s->pools[i];
         const char *kind = gpubufpy_pool_kind_name(p->kind);
-        PyObject *o = Py_BuildValue(
-            "{sssssisssKsKsKsKsIsI}", "name", p->name, "kind", kind, "device", p->device,
-            "device_uuid", p->device_uuid, "capacity", (unsigned long long)p->capacity, "used",
-            (unsigned long long)p->used, "reserved", (unsigned long long)p->reserved,
-            "slab_size", (unsigned long long)p->slab_size, "slabs", p->slabs, "buffers",
-            p->buffers);
-        if (!o || PyList_Append(pools, o) < 0) {
-            Py_XDECREF(o);
+        if (append_new(pools, Py_BuildValue("{sssssisssKsKsKsKsIsI}", "name", p->name, "kind", kind,
+                                            "device", p->device, "device_uuid", p->device_uuid,
+                                            "capacity", (unsigned long long)p->capacity, "used",
+                                            (unsigned long long)p->used, "reserved",
+                                            (unsigned long long)p->reserved, "slab_size",
+                                            (unsigned long long)p->slab_size, "slabs", p->slabs,
+                                            "buffers", p->buffers)) < 0)
             goto out;
-        }
-        Py_DECREF(o);
     }
     for (size_t i = 0; i < s->n_buffers; i++) {
         const gpubuf_status_buffer *b = &s->buffers[i];
-        PyObject *o = Py_BuildValue(
-            "{sKsssssKsssIsIsKsK}", "id", (unsigned long long)b->id, "name", b->name, "pool",
-            b->pool, "size", (unsigned long long)b->size, "state", state_name(b->state), "refs",
-            b->refs, "owner_uid", b->owner_uid, "slab_id", (unsigned long long)b->slab_id,
-            "offset", (unsigned long long)b->offset);
-        if (!o || PyList_Append(bufs, o) < 0) {
-            Py_XDECREF(o);
+        if (append_new(bufs, buffer_dict(b->id, b->name, b->pool, b->size, b->state, b->refs,
+                                         b->owner_uid, b->slab_id, b->offset)) < 0)
             goto out;
-        }
-        Py_DECREF(o);
     }
     for (size_t i = 0; i < s->n_clients; i++) {
         const gpubuf_client_info *ci = &s->clients[i];
-        PyObject *o = Py_BuildValue("{sKsisIsIsIsIsssI}", "session_id",
-                                    (unsigned long long)ci->session_id, "pid", ci->pid, "uid",
-                                    ci->uid, "gid", ci->gid, "references", ci->references,
-                                    "buffers_held", ci->buffers_held, "name", ci->name,
-                                    "kept_slabs", ci->kept_slabs);
-        if (!o || PyList_Append(clients, o) < 0) {
-            Py_XDECREF(o);
+        if (append_new(clients, Py_BuildValue("{sKsisIsIsIsIsssI}", "session_id",
+                                              (unsigned long long)ci->session_id, "pid", ci->pid,
+                                              "uid", ci->uid, "gid", ci->gid, "references",
+                                              ci->references, "buffers_held", ci->buffers_held,
+                                              "name", ci->name, "kept_slabs", ci->kept_slabs)) < 0)
             goto out;
-        }
-        Py_DECREF(o);
     }
     d = Py_BuildValue("{sOsOsOsKss}", "pools", pools, "buffers", bufs, "clients", clients,
                       "uptime_ms", (unsigned long long)s->uptime_ms, "version", s->version);
@@ -528,68 +528,44 @@ out:
     return d;
 }
 
+static int op_status(gpubuf_client *c, void *arg) {
+    return gpubuf_status_get(c, (gpubuf_status **)arg);
+}
+
 static PyObject *client_status(GpubufClient *self, PyObject *unused) {
-    gpubuf_client *c = client_enter(self);
     gpubuf_status *s;
     PyObject *d;
-    char before[512];
-    int r;
-    if (!c)
+    if (client_run(self, op_status, &s) < 0)
         return NULL;
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = gpubuf_status_get(c, &s);
-    Py_END_ALLOW_THREADS
-    if (r < 0) {
-        gpubufpy_raise(r, before);
-        client_leave(self);
-        return NULL;
-    }
-    client_leave(self);
     d = status_to_dict(s);
     gpubuf_status_free(s);
     return d;
 }
 
+static int op_flush(gpubuf_client *c, void *arg) {
+    return gpubuf_flush(c);
+}
+
 static PyObject *client_flush(GpubufClient *self, PyObject *unused) {
-    gpubuf_client *c = client_enter(self);
-    char before[512];
-    int r;
-    if (!c)
-        return NULL;
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = gpubuf_flush(c);
-    Py_END_ALLOW_THREADS
-    if (r < 0)
-        gpubufpy_raise(r, before);
-    client_leave(self);
-    if (r < 0)
+    if (client_run(self, op_flush, NULL) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
 
+static int op_set_device(gpubuf_client *c, void *arg) {
+    return gpubuf_set_device(c, *(int *)arg);
+}
+
 static PyObject *client_set_device(GpubufClient *self, PyObject *arg) {
-    gpubuf_client *c;
     long d = PyLong_AsLong(arg);
-    char before[512];
-    int r;
+    int device = (int)d;
     if (d == -1 && PyErr_Occurred())
         return NULL;
     if (d < -1 || d >= 64) {
         PyErr_SetString(PyExc_ValueError, "device must be -1 or a CUDA ordinal below 64");
         return NULL;
     }
-    if (!(c = client_enter(self)))
-        return NULL;
-    gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-    r = gpubuf_set_device(c, (int)d);
-    Py_END_ALLOW_THREADS
-    if (r < 0)
-        gpubufpy_raise(r, before);
-    client_leave(self);
-    if (r < 0)
+    if (client_run(self, op_set_device, &device) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
