@@ -402,8 +402,10 @@ static int view_run(GpubufBuffer *self, gpubuf_buffer *b, view_op op, void *arg)
     int r;
     gpubuf_buffer_ref(b);
     gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS r = op(b, arg);
-    Py_END_ALLOW_THREADS if (r < 0)
+    Py_BEGIN_ALLOW_THREADS
+        r = op(b, arg);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
         gpubufpy_raise(r, before); /* before the drop, which may send a request */
     gpubufpy_view_drop(b, self->pid);
     return r < 0 ? -1 : 0;

@@ -145,7 +145,8 @@ void gpubufpy_view_drop(gpubuf_buffer *b, pid_t pid) {
     if (!b || pid != getpid())
         return;
     if (PyGILState_Check()) {
-        Py_BEGIN_ALLOW_THREADS gpubuf_release(b);
+        Py_BEGIN_ALLOW_THREADS
+            gpubuf_release(b);
         Py_END_ALLOW_THREADS
     } else {
         gpubuf_release(b);
@@ -189,7 +190,8 @@ static void client_disconnect(GpubufClient *self) {
         return;
     if (self->pid != getpid())
         return; /* the parent's socket: leave it alone */
-    Py_BEGIN_ALLOW_THREADS gpubuf_disconnect(c);
+    Py_BEGIN_ALLOW_THREADS
+        gpubuf_disconnect(c);
     Py_END_ALLOW_THREADS
 }
 
@@ -209,8 +211,11 @@ static int client_run(GpubufClient *self, client_op op, void *arg) {
     if (!c)
         return -1;
     gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS r = op(c, arg);
-    Py_END_ALLOW_THREADS if (r < 0) gpubufpy_raise(r, before);
+    Py_BEGIN_ALLOW_THREADS
+        r = op(c, arg);
+    Py_END_ALLOW_THREADS
+    if (r < 0)
+        gpubufpy_raise(r, before);
     client_leave(self);
     return r < 0 ? -1 : 0;
 }
@@ -234,8 +239,10 @@ static int client_init(GpubufClient *self, PyObject *args, PyObject *kw) {
         path = PyBytes_AS_STRING(bytes);
     }
     gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS r = gpubuf_connect(path, &c);
-    Py_END_ALLOW_THREADS Py_XDECREF(bytes);
+    Py_BEGIN_ALLOW_THREADS
+        r = gpubuf_connect(path, &c);
+    Py_END_ALLOW_THREADS
+    Py_XDECREF(bytes);
     if (r < 0) {
         gpubufpy_raise(r, before);
         return -1;
@@ -338,8 +345,11 @@ static PyObject *client_open_common(GpubufClient *self, open_fn fn, const void *
         int slice = timeout_ms;
         if (timeout_ms < 0 || timeout_ms > WAIT_SLICE_MS)
             slice = WAIT_SLICE_MS;
-        Py_BEGIN_ALLOW_THREADS r = fn(c, key, slice, &b);
-        Py_END_ALLOW_THREADS if (r != -ETIMEDOUT || slice == timeout_ms) break;
+        Py_BEGIN_ALLOW_THREADS
+            r = fn(c, key, slice, &b);
+        Py_END_ALLOW_THREADS
+        if (r != -ETIMEDOUT || slice == timeout_ms)
+            break;
         if (timeout_ms > 0)
             timeout_ms -= slice;
         if (PyErr_CheckSignals() < 0) {
