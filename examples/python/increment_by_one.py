@@ -81,7 +81,8 @@ def main():
     cmd = [sys.executable, __file__, "--produce", "--name", args.name]
     cmd += ["--socket", args.socket] if args.socket else []
     cmd += ["--pool", args.pool] if args.pool else []
-    subprocess.run(cmd, check=True)  # the producer has exited when this returns
+    if subprocess.run(cmd).returncode != 0:  # the producer has exited when this returns
+        raise SystemExit("increment_by_one: the producer failed")
 
     with gpubuf.Client(args.socket) as client:
         with client.open(args.name, timeout=10) as buf:
