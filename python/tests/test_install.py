@@ -28,7 +28,9 @@ with gpubuf.Client(sys.argv[1]) as c:
 
 def test_pip_install_into_a_venv(tmp_path, daemon):
     if subprocess.run([sys.executable, "-c", "import ensurepip"]).returncode != 0:
-        pytest.fail(f"{sys.executable} has no ensurepip (Debian: python3-venv)")
+        if sys.executable.startswith("/usr/bin/"):  # Debian's: scripts/deps.sh installs it
+            pytest.fail(f"{sys.executable} has no ensurepip (Debian: python3-venv)")
+        pytest.skip(f"{sys.executable} has no ensurepip: cannot make a virtual environment")
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", str(venv)], check=True)
     py = venv / "bin" / "python"
