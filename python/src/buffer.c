@@ -333,6 +333,27 @@ static int export_getbuffer(const export_t *e, PyObject *exporter, Py_buffer *vi
     return 0;
 }
 
+/* __array__: reached only when the buffer protocol failed (NumPy tries it
+ * first), that is for device memory: say so instead of letting NumPy wrap the
+ * object in an object array. */
+static PyObject *export_array(const export_t *e, PyObject *exporter) {
+    PyObject *np, *mv, *r;
+    if (!is_host(e->b)) {
+        PyErr_SetString(PyExc_TypeError,
+                        "a CUDA buffer cannot become a NumPy array without a copy: use "
+                        "copy_to_host() or to_pybytes(), or a GPU array library "
+                        "(cupy.from_dlpack, torch.from_dlpack)");
+        return NULL;
+    }
+    if (!(np = PyImport_ImportModule("numpy")))
+        return NULL;
+    mv = PyMemoryView_FromObject(exporter);
+    r = mv ? PyObject_CallMethod(np, "asarray", "O", mv) : NULL;
+    Py_XDECREF(mv);
+    Py_DECREF(np);
+    return r;
+}
+
 /* ---- Buffer ----------------------------------------------------------------------- */
 
 PyObject *gpubufpy_buffer_new(GpubufClient *client, gpubuf_buffer *b) {
@@ -667,6 +688,15 @@ static PyObject *buf_dlpack_device(GpubufBuffer *self, PyObject *unused) {
     return export_dlpack_device(&e);
 }
 
+static PyObject *buf_array(GpubufBuffer *self, PyObject *args, PyObject *kw) {
+    export_t e;
+    Py_ssize_t size;
+    if (!buf_view(self))
+        return NULL;
+    buf_export(self, &e, &size);
+    return export_array(&e, (PyObject *)self);
+}
+
 static PyObject *buf_get_cai(GpubufBuffer *self, void *unused) {
     export_t e;
     Py_ssize_t size;
@@ -769,6 +799,8 @@ static PyMethodDef buf_methods[] = {
      "capsule of the bytes (uint8, 1-D); kDLCUDA for CUDA pools, kDLCPU for host pools."},
     {"__dlpack_device__", (PyCFunction)buf_dlpack_device, METH_NOARGS,
      "__dlpack_device__() -> (device_type, device_id)"},
+    {"__array__", (PyCFunction)(void (*)(void))buf_array, METH_VARARGS | METH_KEYWORDS,
+     "__array__(dtype=None, copy=None): NumPy's fallback; TypeError for CUDA buffers."},
     {"__enter__", (PyCFunction)buf_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)buf_exit, METH_VARARGS, NULL},
     {NULL},
@@ -867,6 +899,12 @@ static PyObject *av_dlpack_device(GpubufArrayView *v, PyObject *unused) {
     return export_dlpack_device(&e);
 }
 
+static PyObject *av_array(GpubufArrayView *v, PyObject *args, PyObject *kw) {
+    export_t e;
+    av_export(v, &e);
+    return export_array(&e, (PyObject *)v);
+}
+
 static PyObject *av_get_cai(GpubufArrayView *v, void *unused) {
     export_t e;
     av_export(v, &e);
@@ -943,6 +981,8 @@ static PyMethodDef av_methods[] = {
     {"__dlpack__", (PyCFunction)(void (*)(void))av_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)"},
     {"__dlpack_device__", (PyCFunction)av_dlpack_device, METH_NOARGS, NULL},
+    {"__array__", (PyCFunction)(void (*)(void))av_array, METH_VARARGS | METH_KEYWORDS,
+     "__array__(dtype=None, copy=None): NumPy's fallback; TypeError for CUDA buffers."},
     {NULL},
 };
 

@@ -144,7 +144,7 @@ PyObject *gpubufpy_raise_fork(pid_t owner) {
 void gpubufpy_view_drop(gpubuf_buffer *b, pid_t pid) {
     if (!b || pid != getpid())
         return;
-    if (PyGILState_Check()) {
+    if (Py_IsInitialized() && PyGILState_Check()) {
         Py_BEGIN_ALLOW_THREADS
             gpubuf_release(b);
         Py_END_ALLOW_THREADS

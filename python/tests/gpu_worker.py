@@ -107,6 +107,12 @@ def consume(c, name, mode, n):
         except BufferError:
             pass
         assert buf.__dlpack_device__() == (2, buf.device)
+        for obj in (buf, buf.as_array("float32")):
+            try:
+                np.asarray(obj)
+                raise AssertionError("NumPy wrapped device memory")
+            except TypeError as e:
+                assert "copy_to_host" in str(e)
         s.release()
     else:
         raise SystemExit(f"unknown mode {mode}")

@@ -118,6 +118,8 @@ def test_as_array_typed_views(client):
                       ("complex64", np.complex64), ("bool", np.bool_), ("float16", np.float16)):
         assert np.asarray(b.as_array(dt)).dtype == np_dt
     assert np.asarray(b.as_array("f4", 3)).shape == (3,)
+    direct = b.as_array("f4", (4, 64)).__array__()  # NumPy's fallback, zero-copy too
+    assert direct.shape == (4, 64) and direct.ctypes.data == b.address
     assert np.asarray(b.as_array("u1", ())).shape == ()
     with pytest.raises(ValueError):
         b.as_array(">f4")  # big-endian
