@@ -76,7 +76,7 @@ def build_wheel(wheel_directory, config_settings=None, metadata_directory=None):
         pkg = _build_extension(Path(tmp) / "build")
         files = {}
         for f in sorted(pkg.iterdir()):
-            if f.suffix in (".py", ".so"):
+            if f.suffix in (".py", ".pyi", ".so") or f.name == "py.typed":
                 files[f"gpubuf/{f.name}"] = f.read_bytes()
         if not any(n.endswith(".so") for n in files):
             raise RuntimeError(f"the build left no extension in {pkg}")

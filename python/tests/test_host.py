@@ -304,3 +304,29 @@ def test_views_survive_client_close(daemon):
     with pytest.raises(gpubuf.DisconnectedError):
         b.seal(sync=True)
     b.release()
+
+
+def test_type_stubs_match_the_module():
+    import ast
+    from conftest import SRC
+
+    tree = ast.parse((SRC / "python" / "gpubuf" / "__init__.pyi").read_text())
+    stubbed = {}
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            stubbed[node.name] = {n.name for n in node.body if isinstance(n, ast.FunctionDef)}
+        elif isinstance(node, ast.FunctionDef):
+            stubbed[node.name] = set()
+        elif isinstance(node, ast.AnnAssign):
+            stubbed[node.target.id] = set()
+    public = {n for n in gpubuf.__all__}
+    assert set(stubbed) == public
+    for name, members in stubbed.items():
+        obj = getattr(gpubuf, name)
+        for m in members - {"__init__", "__buffer__"}:
+            assert hasattr(obj, m), f"{name}.{m}"
+        if isinstance(obj, type) and not issubclass(obj, BaseException):
+            real = {m for m in vars(obj) if not m.startswith("_") or m.startswith("__") and m in (
+                "__dlpack__", "__dlpack_device__", "__array__", "__cuda_array_interface__",
+                "__enter__", "__exit__")}
+            assert real <= members, f"{name}: {real - members} not in the stubs"
