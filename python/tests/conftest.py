@@ -3,6 +3,7 @@ temporary socket. GPUBUFD (set by CTest) names the daemon binary."""
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -34,11 +35,21 @@ class Daemon:
         for p in pools:
             args += ["--pool", p]
         self.proc = subprocess.Popen(args)
+        # Ready when a connection is accepted: the socket file appears at
+        # bind(), a moment before listen().
         deadline = time.monotonic() + 10
-        while not os.path.exists(self.socket):
+        while not self._accepts():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gpubufd did not start: {args}")
             time.sleep(0.02)
+
+    def _accepts(self):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            try:
+                s.connect(self.socket)
+                return True
+            except OSError:
+                return False
 
     def stop(self):
         if self.proc.poll() is None:
