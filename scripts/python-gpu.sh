@@ -39,7 +39,7 @@ sock=$out/gpubufd.sock
 rm -f "$sock"
 "$build/daemon/gpubufd" --socket "$sock" --log-level warning &
 daemon=$!
-for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+for _ in $(seq 600); do "$build/client/gpubufctl" --socket "$sock" pools >/dev/null 2>&1 && break; sleep 0.05; done
 for engine in auto cupy; do
     GPUBUF_SOCKET=$sock PYTHONPATH=$build/python "$py" examples/python/increment_by_one.py \
         --engine $engine || rc=1

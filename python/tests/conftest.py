@@ -37,7 +37,7 @@ class Daemon:
         self.proc = subprocess.Popen(args)
         # Ready when a connection is accepted: the socket file appears at
         # bind(), a moment before listen().
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a CUDA pool initialises the driver first
         while not self._accepts():
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gpubufd did not start: {args}")
