@@ -19,8 +19,8 @@ typedef struct cuda_slab {
     CUdeviceptr ptr;
 } cuda_slab;
 
-static int cuda_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
-                            gpubuf_slab_export *ret_export, char *err, size_t errlen) {
+static int cuda_slab_create(gd_backend *be, uint64_t size, void **ret_priv,
+                            gd_slab_export *ret_export, char *err, size_t errlen) {
     cuda_impl *im = be->impl;
     const gpubuf_cuda *cu = im->cu;
     cuda_slab *s = calloc(1, sizeof(*s));
@@ -50,7 +50,7 @@ static int cuda_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
     return 0;
 }
 
-static void cuda_slab_destroy(gpubuf_backend *be, void *priv, gpubuf_slab_export *exp) {
+static void cuda_slab_destroy(gd_backend *be, void *priv, gd_slab_export *exp) {
     cuda_impl *im = be->impl;
     cuda_slab *s = priv;
     (void)exp;
@@ -59,7 +59,7 @@ static void cuda_slab_destroy(gpubuf_backend *be, void *priv, gpubuf_slab_export
     free(s);
 }
 
-static void cuda_destroy(gpubuf_backend *be) {
+static void cuda_destroy(gd_backend *be) {
     cuda_impl *im = be->impl;
     if (im) {
         im->cu->DevicePrimaryCtxRelease(im->dev);
@@ -67,13 +67,13 @@ static void cuda_destroy(gpubuf_backend *be) {
     }
 }
 
-static const gpubuf_backend_ops cuda_ops = {
+static const gd_backend_ops cuda_ops = {
     .slab_create = cuda_slab_create,
     .slab_destroy = cuda_slab_destroy,
     .destroy = cuda_destroy,
 };
 
-int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
+int gd_backend_cuda_device_count(char *err, size_t errlen) {
     const gpubuf_cuda *cu;
     int n = 0;
     if (gpubuf_cuda_load(&cu) < 0) {
@@ -85,9 +85,9 @@ int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
     return n;
 }
 
-int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+int gd_backend_cuda_ipc_new(int device, gd_backend **ret, char *err, size_t errlen) {
     const gpubuf_cuda *cu;
-    gpubuf_backend *be = NULL;
+    gd_backend *be = NULL;
     cuda_impl *im = NULL;
     CUuuid uuid;
     CUresult r;
@@ -135,12 +135,12 @@ fail:
     return rc;
 }
 #else
-int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
+int gd_backend_cuda_device_count(char *err, size_t errlen) {
     snprintf(err, errlen, "gpubufd was built without CUDA support");
     return 0;
 }
 
-int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+int gd_backend_cuda_ipc_new(int device, gd_backend **ret, char *err, size_t errlen) {
     (void)device;
     (void)ret;
     snprintf(err, errlen, "gpubufd was built without CUDA support (GPUBUF_WITH_CUDA=OFF)");

@@ -11,8 +11,8 @@
 
 #include "backend.h"
 
-static int host_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
-                            gpubuf_slab_export *ret_export, char *err, size_t errlen) {
+static int host_slab_create(gd_backend *be, uint64_t size, void **ret_priv,
+                            gd_slab_export *ret_export, char *err, size_t errlen) {
     (void)be;
     int fd = memfd_create("gpubuf-slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
@@ -38,7 +38,7 @@ static int host_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
     return 0;
 }
 
-static void host_slab_destroy(gpubuf_backend *be, void *priv, gpubuf_slab_export *exp) {
+static void host_slab_destroy(gd_backend *be, void *priv, gd_slab_export *exp) {
     (void)be;
     (void)priv;
     if (exp->fd >= 0)
@@ -46,18 +46,18 @@ static void host_slab_destroy(gpubuf_backend *be, void *priv, gpubuf_slab_export
     exp->fd = -1;
 }
 
-static void host_destroy(gpubuf_backend *be) {
+static void host_destroy(gd_backend *be) {
     (void)be;
 }
 
-static const gpubuf_backend_ops host_ops = {
+static const gd_backend_ops host_ops = {
     .slab_create = host_slab_create,
     .slab_destroy = host_slab_destroy,
     .destroy = host_destroy,
 };
 
-int gpubuf_backend_host_new(gpubuf_backend **ret, char *err, size_t errlen) {
-    gpubuf_backend *be = calloc(1, sizeof(*be));
+int gd_backend_host_new(gd_backend **ret, char *err, size_t errlen) {
+    gd_backend *be = calloc(1, sizeof(*be));
     (void)err;
     (void)errlen;
     if (!be)
@@ -72,7 +72,7 @@ int gpubuf_backend_host_new(gpubuf_backend **ret, char *err, size_t errlen) {
     return 0;
 }
 
-gpubuf_backend *gpubuf_backend_free(gpubuf_backend *be) {
+gd_backend *gd_backend_free(gd_backend *be) {
     if (be) {
         be->ops->destroy(be);
         free(be);
@@ -80,7 +80,7 @@ gpubuf_backend *gpubuf_backend_free(gpubuf_backend *be) {
     return NULL;
 }
 
-const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind) {
+const char *gd_pool_kind_name(gpubuf_pool_kind kind) {
     switch (kind) {
     case GPUBUF_POOL_HOST: return "host";
     case GPUBUF_POOL_CUDA_IPC: return "cuda-ipc";
@@ -88,7 +88,7 @@ const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind) {
     return "unknown";
 }
 
-int gpubuf_pool_kind_parse(const char *s, gpubuf_pool_kind *ret) {
+int gd_pool_kind_parse(const char *s, gpubuf_pool_kind *ret) {
     if (strcmp(s, "host") == 0)
         *ret = GPUBUF_POOL_HOST;
     else if (strcmp(s, "cuda-ipc") == 0 || strcmp(s, "cuda") == 0)

@@ -41,7 +41,7 @@ typedef struct config {
     char socket_path[PATH_MAX];
     char socket_group[64];
     mode_t socket_mode;
-    gpubuf_limits limits;
+    gd_limits limits;
     pool_spec pools[GPUBUF_MAX_POOLS];
     int n_pools;
     int log_level;
@@ -89,7 +89,7 @@ static int spec_set(pool_spec *p, const char *key, const char *val, char *err, s
     if (strcmp(key, "allow_gids") == 0 || strcmp(key, "allow_groups") == 0)
         return parse_ids(val, true, p->allow_gids, &p->n_allow_gids, err, errlen);
     if (strcmp(key, "kind") == 0) {
-        if (gpubuf_pool_kind_parse(val, &p->kind) < 0) {
+        if (gd_pool_kind_parse(val, &p->kind) < 0) {
             snprintf(err, errlen, "unknown pool kind '%s' (host, cuda-ipc)", val);
             return -EINVAL;
         }
@@ -165,7 +165,7 @@ static int conf_handler(void *user, const char *section, const char *key, const 
             else
                 c->socket_mode = (mode_t)m;
         } else if (strcmp(key, "log_level") == 0) {
-            if ((c->log_level = gpubuf_log_parse_level(val)) < 0)
+            if ((c->log_level = gd_log_parse_level(val)) < 0)
                 snprintf(err, sizeof(err), "bad log_level '%s'", val);
         } else if (strcmp(key, "max_clients") == 0) {
             if (parse_u32(val, 1, 1u << 20, &c->limits.max_clients) < 0)
@@ -282,10 +282,10 @@ bad:
     return -1;
 }
 
-static int create_pools(gpubuf_server *srv, config *c) {
+static int create_pools(gd_server *srv, config *c) {
     char err[256] = "";
     if (c->n_pools == 0) {
-        int n = gpubuf_backend_cuda_device_count(err, sizeof(err));
+        int n = gd_backend_cuda_device_count(err, sizeof(err));
         if (n > 0) {
             for (int d = 0; d < n && c->n_pools < GPUBUF_MAX_POOLS; d++) {
                 pool_spec *p = &c->pools[c->n_pools++];
@@ -304,16 +304,16 @@ static int create_pools(gpubuf_server *srv, config *c) {
     }
     for (int i = 0; i < c->n_pools; i++) {
         pool_spec *ps = &c->pools[i];
-        gpubuf_backend *be = NULL;
-        gpubuf_pool *pool = NULL;
+        gd_backend *be = NULL;
+        gd_pool *pool = NULL;
         int r;
         err[0] = '\0';
         if (ps->kind == GPUBUF_POOL_HOST)
-            r = gpubuf_backend_host_new(&be, err, sizeof(err));
+            r = gd_backend_host_new(&be, err, sizeof(err));
         else
-            r = gpubuf_backend_cuda_ipc_new(ps->device, &be, err, sizeof(err));
+            r = gd_backend_cuda_ipc_new(ps->device, &be, err, sizeof(err));
         if (r < 0) {
-            LOG_ERR("pool '%s' (%s): %s", ps->name, gpubuf_pool_kind_name(ps->kind),
+            LOG_ERR("pool '%s' (%s): %s", ps->name, gd_pool_kind_name(ps->kind),
                     err[0] ? err : gpubuf_strerror(r));
             return -1;
         }
@@ -324,22 +324,22 @@ static int create_pools(gpubuf_server *srv, config *c) {
             LOG_WARN("pool '%s': slab size above the capacity; slabs of the capacity (rounded "
                      "down to the allocation granularity) instead",
                      ps->name);
-        r = gpubuf_pool_new(ps->name, be, cap, ps->slab_size ? ps->slab_size : DEFAULT_SLAB,
+        r = gd_pool_new(ps->name, be, cap, ps->slab_size ? ps->slab_size : DEFAULT_SLAB,
                             &srv->slab_ids, &pool);
         if (r < 0) {
             LOG_ERR("pool '%s': %s", ps->name,
                     r == -EINVAL && cap < be->granularity
                         ? "capacity below the backend's allocation granularity"
                         : gpubuf_strerror(r));
-            gpubuf_backend_free(be);
+            gd_backend_free(be);
             return -1;
         }
         memcpy(pool->allow_uids, ps->allow_uids, sizeof(pool->allow_uids));
         memcpy(pool->allow_gids, ps->allow_gids, sizeof(pool->allow_gids));
         pool->n_allow_uids = ps->n_allow_uids;
         pool->n_allow_gids = ps->n_allow_gids;
-        if (gpubuf_server_add_pool(srv, pool) < 0) {
-            gpubuf_pool_free(pool);
+        if (gd_server_add_pool(srv, pool) < 0) {
+            gd_pool_free(pool);
             LOG_ERR("pool '%s' defined twice", ps->name);
             return -1;
         }
@@ -347,14 +347,14 @@ static int create_pools(gpubuf_server *srv, config *c) {
         if (be->has_uuid)
             gpubuf_format_uuid(be->uuid, uu);
         LOG_INFO("pool '%s': %s on %s%s%s, capacity %s, slabs of %s", pool->name,
-                 gpubuf_pool_kind_name(be->kind), be->device_name, uu[0] ? " " : "", uu,
+                 gd_pool_kind_name(be->kind), be->device_name, uu[0] ? " " : "", uu,
                  gpubuf_format_size(pool->capacity, cs, sizeof(cs)),
                  gpubuf_format_size(pool->slab_size, ss, sizeof(ss)));
     }
     return 0;
 }
 
-static gpubuf_server g_srv;
+static gd_server g_srv;
 static uv_signal_t g_sig[3];
 static const char *g_config_file;
 static int g_log_flag = -1;
@@ -376,7 +376,7 @@ static void reload(void) {
     memset(&fresh, 0, sizeof(fresh));
     fresh.socket_mode = 0660;
     fresh.log_level = -1;
-    gpubuf_limits_default(&fresh.limits);
+    gd_limits_default(&fresh.limits);
     if (!g_config_file) {
         LOG_NOTICE("SIGHUP: no configuration file to reload");
         return;
@@ -388,12 +388,12 @@ static void reload(void) {
         LOG_ERR("SIGHUP: %s has errors; keeping the running configuration", g_config_file);
     } else {
         if (g_log_flag < 0)
-            gpubuf_log_level = fresh.log_level >= 0 ? fresh.log_level : GPUBUF_LOG_INFO;
+            gd_log_level = fresh.log_level >= 0 ? fresh.log_level : GPUBUF_LOG_INFO;
         g_srv.limits = fresh.limits;
         g_srv.reg.quota = fresh.limits.quota;
         bool pools_differ = fresh.n_pools != g_srv.n_pools;
         for (int i = 0; !pools_differ && i < fresh.n_pools; i++)
-            pools_differ = !gpubuf_server_find_pool(&g_srv, fresh.pools[i].name);
+            pools_differ = !gd_server_find_pool(&g_srv, fresh.pools[i].name);
         LOG_NOTICE("SIGHUP: reloaded %s (log level, limits)%s", g_config_file,
                    pools_differ ? "; pool changes take effect at the next start" : "");
     }
@@ -411,7 +411,7 @@ static void on_signal(uv_signal_t *h, int signum) {
 #ifdef GPUBUF_HAVE_SYSTEMD
     sd_notify(0, "STOPPING=1");
 #endif
-    gpubuf_server_stop(&g_srv);
+    gd_server_stop(&g_srv);
 #ifdef GPUBUF_HAVE_SYSTEMD
     if (g_watchdog_on)
         uv_close((uv_handle_t *)&g_watchdog, NULL);
@@ -464,11 +464,11 @@ int main(int argc, char **argv) {
     int opt, rc = 1, log_flag = -1;
     uv_loop_t *loop = uv_default_loop();
 
-    gpubuf_log_init();
+    gd_log_init();
     memset(&cfg, 0, sizeof(cfg));
     cfg.socket_mode = 0660;
     cfg.log_level = -1;
-    gpubuf_limits_default(&cfg.limits);
+    gd_limits_default(&cfg.limits);
     while ((opt = getopt_long(argc, argv, "s:c:p:l:Vh", opts, NULL)) != -1) {
         switch (opt) {
         case 's': socket_flag = optarg; break;
@@ -481,7 +481,7 @@ int main(int argc, char **argv) {
             pool_flags[n_pool_flags++] = optarg;
             break;
         case 'l':
-            if ((log_flag = g_log_flag = gpubuf_log_parse_level(optarg)) < 0) {
+            if ((log_flag = g_log_flag = gd_log_parse_level(optarg)) < 0) {
                 fprintf(stderr, "gpubufd: bad log level '%s'\n", optarg);
                 return 2;
             }
@@ -510,9 +510,9 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (log_flag >= 0)
-        gpubuf_log_level = log_flag;
+        gd_log_level = log_flag;
     else if (cfg.log_level >= 0)
-        gpubuf_log_level = cfg.log_level;
+        gd_log_level = cfg.log_level;
     if (socket_flag)
         snprintf(cfg.socket_path, sizeof(cfg.socket_path), "%s", socket_flag);
     else if (!cfg.socket_path[0])
@@ -521,7 +521,7 @@ int main(int argc, char **argv) {
                                                                     : GPUBUF_DEFAULT_SOCKET);
 
     signal(SIGPIPE, SIG_IGN);
-    gpubuf_server_init(&g_srv, loop);
+    gd_server_init(&g_srv, loop);
     g_srv.limits = cfg.limits;
     g_srv.reg.quota = cfg.limits.quota;
     if (create_pools(&g_srv, &cfg) < 0)
@@ -539,12 +539,12 @@ int main(int argc, char **argv) {
 #endif
     int r;
     if (listen_fd >= 0) {
-        r = gpubuf_server_listen_fd(&g_srv, listen_fd);
+        r = gd_server_listen_fd(&g_srv, listen_fd);
         LOG_INFO("listening on the socket passed by systemd");
     } else {
         if ((r = ensure_dir_of(cfg.socket_path)) < 0)
             LOG_WARN("cannot create the directory of %s: %s", cfg.socket_path, strerror(-r));
-        r = gpubuf_server_listen_path(&g_srv, cfg.socket_path, cfg.socket_mode);
+        r = gd_server_listen_path(&g_srv, cfg.socket_path, cfg.socket_mode);
         if (r == 0 && cfg.socket_group[0]) {
             struct group *g = getgrnam(cfg.socket_group);
             if (!g || chown(cfg.socket_path, (uid_t)-1, g->gr_gid) < 0) {
@@ -584,7 +584,7 @@ int main(int argc, char **argv) {
     LOG_INFO("stopped");
     rc = 0;
 out:
-    gpubuf_server_destroy(&g_srv);
+    gd_server_destroy(&g_srv);
     if (rc != 0) {
         if (!uv_is_closing((uv_handle_t *)&g_srv.reaper))
             uv_close((uv_handle_t *)&g_srv.reaper, NULL);

@@ -8,7 +8,7 @@
 
 #include "util.h"
 
-__attribute__((format(printf, 3, 4))) static int fail(gpubuf_registry *r, int code,
+__attribute__((format(printf, 3, 4))) static int fail(gd_registry *r, int code,
                                                   const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -17,15 +17,15 @@ __attribute__((format(printf, 3, 4))) static int fail(gpubuf_registry *r, int co
     return code;
 }
 
-void gpubuf_registry_init(gpubuf_registry *r) {
+void gd_registry_init(gd_registry *r) {
     memset(r, 0, sizeof(*r));
 }
 
-static void waiter_unlink(gpubuf_registry *r, gpubuf_waiter *w);
+static void waiter_unlink(gd_registry *r, gd_waiter *w);
 
 /* Answer the waiters for buffer id with err: it can never be sealed now. */
-static void fail_id_waiters(gpubuf_registry *r, uint64_t id, int err) {
-    gpubuf_waiter *w = r->waiters, *next;
+static void fail_id_waiters(gd_registry *r, uint64_t id, int err) {
+    gd_waiter *w = r->waiters, *next;
     for (; w; w = next) {
         next = w->next;
         if (w->name || w->buffer_id != id)
@@ -38,8 +38,8 @@ static void fail_id_waiters(gpubuf_registry *r, uint64_t id, int err) {
     }
 }
 
-static gpubuf_uid_usage *uid_usage(gpubuf_registry *r, uid_t uid, bool create) {
-    gpubuf_uid_usage *u;
+static gd_uid_usage *uid_usage(gd_registry *r, uid_t uid, bool create) {
+    gd_uid_usage *u;
     HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
     if (!u && create && (u = calloc(1, sizeof(*u)))) {
         u->uid = uid;
@@ -49,10 +49,10 @@ static gpubuf_uid_usage *uid_usage(gpubuf_registry *r, uid_t uid, bool create) {
 }
 
 /* Give back what b counted against its creator and its owner's uid. */
-static void uncharge(gpubuf_registry *r, gpubuf_buf *b) {
-    gpubuf_holder *h;
+static void uncharge(gd_registry *r, gd_buf *b) {
+    gd_holder *h;
     uid_t uid = (uid_t)b->owner_uid;
-    gpubuf_uid_usage *u = uid_usage(r, uid, false);
+    gd_uid_usage *u = uid_usage(r, uid, false);
     HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
     if (h) {
         h->n_owned--;
@@ -68,14 +68,14 @@ static void uncharge(gpubuf_registry *r, gpubuf_buf *b) {
     }
 }
 
-static void buf_free(gpubuf_registry *r, gpubuf_buf *b) {
+static void buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
     if (b->state != GPUBUF_STATE_SEALED)
         fail_id_waiters(r, b->id, -ENOENT);
     HASH_DELETE(hh_id, r->by_id, b);
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
-    gpubuf_pool_release(b->pool, &b->blk);
+    gd_pool_release(b->pool, &b->blk);
     r->n_buffers--;
     r->freed_buffers++;
     free(b->name);
@@ -84,12 +84,12 @@ static void buf_free(gpubuf_registry *r, gpubuf_buf *b) {
 
 /* Free b when nothing can reach it any more. Named sealed buffers persist
  * without references until deleted; everything else goes with its last one. */
-static void buf_maybe_free(gpubuf_registry *r, gpubuf_buf *b) {
+static void buf_maybe_free(gd_registry *r, gd_buf *b) {
     if (b->refs == 0 && (b->state != GPUBUF_STATE_SEALED || !b->name))
         buf_free(r, b);
 }
 
-static void waiter_unlink(gpubuf_registry *r, gpubuf_waiter *w) {
+static void waiter_unlink(gd_registry *r, gd_waiter *w) {
     if (w->prev)
         w->prev->next = w->next;
     else
@@ -106,8 +106,8 @@ static void waiter_unlink(gpubuf_registry *r, gpubuf_waiter *w) {
     r->n_waiters--;
 }
 
-static int holder_slab_get(gpubuf_holder *h, gpubuf_slab *slab) {
-    gpubuf_holder_slab *hs;
+static int holder_slab_get(gd_holder *h, gd_slab *slab) {
+    gd_holder_slab *hs;
     HASH_FIND(hh, h->slabs, &slab->id, sizeof(slab->id), hs);
     if (!hs) {
         if (!(hs = calloc(1, sizeof(*hs))))
@@ -120,8 +120,8 @@ static int holder_slab_get(gpubuf_holder *h, gpubuf_slab *slab) {
     return 0;
 }
 
-static void holder_slab_put(gpubuf_holder *h, uint64_t slab_id) {
-    gpubuf_holder_slab *hs;
+static void holder_slab_put(gd_holder *h, uint64_t slab_id) {
+    gd_holder_slab *hs;
     HASH_FIND(hh, h->slabs, &slab_id, sizeof(slab_id), hs);
     if (hs && --hs->buffers == 0 && !hs->kept) {
         HASH_DEL(h->slabs, hs);
@@ -131,27 +131,27 @@ static void holder_slab_put(gpubuf_holder *h, uint64_t slab_id) {
 
 /* The holder goes: unpin what it kept (after its references are dropped,
  * so that an emptied slab can go). */
-static void holder_slabs_clear(gpubuf_holder *h) {
-    gpubuf_holder_slab *hs, *tmp;
+static void holder_slabs_clear(gd_holder *h) {
+    gd_holder_slab *hs, *tmp;
     HASH_ITER(hh, h->slabs, hs, tmp) {
         HASH_DEL(h->slabs, hs);
         if (hs->kept)
-            gpubuf_pool_unpin(hs->slab->pool, hs->slab);
+            gd_pool_unpin(hs->slab->pool, hs->slab);
         free(hs);
     }
     h->n_kept = 0;
 }
 
-void gpubuf_registry_destroy(gpubuf_registry *r) {
-    gpubuf_holder *h, *htmp;
-    gpubuf_buf *b, *btmp;
+void gd_registry_destroy(gd_registry *r) {
+    gd_holder *h, *htmp;
+    gd_buf *b, *btmp;
     HASH_ITER(hh, r->holders, h, htmp) {
         while (h->waiters) {
-            gpubuf_waiter *w = h->waiters;
+            gd_waiter *w = h->waiters;
             waiter_unlink(r, w);
             w->cancel(w);
         }
-        gpubuf_ref *ref, *rtmp;
+        gd_ref *ref, *rtmp;
         HASH_ITER(hh, h->refs, ref, rtmp) {
             HASH_DEL(h->refs, ref);
             free(ref);
@@ -165,15 +165,15 @@ void gpubuf_registry_destroy(gpubuf_registry *r) {
         buf_free(r, b);
     }
     HASH_CLEAR(hh_name, r->by_name);
-    gpubuf_uid_usage *u, *utmp;
+    gd_uid_usage *u, *utmp;
     HASH_ITER(hh, r->uids, u, utmp) {
         HASH_DEL(r->uids, u);
         free(u);
     }
 }
 
-gpubuf_holder *gpubuf_registry_holder_new(gpubuf_registry *r, pid_t pid, uid_t uid, gid_t gid) {
-    gpubuf_holder *h = calloc(1, sizeof(*h));
+gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gid) {
+    gd_holder *h = calloc(1, sizeof(*h));
     if (!h)
         return NULL;
     h->id = ++r->next_holder_id;
@@ -184,31 +184,31 @@ gpubuf_holder *gpubuf_registry_holder_new(gpubuf_registry *r, pid_t pid, uid_t u
     return h;
 }
 
-gpubuf_buf *gpubuf_registry_find_id(gpubuf_registry *r, uint64_t id) {
-    gpubuf_buf *b;
+gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id) {
+    gd_buf *b;
     HASH_FIND(hh_id, r->by_id, &id, sizeof(id), b);
     return b;
 }
 
-gpubuf_buf *gpubuf_registry_find_name(gpubuf_registry *r, const char *name) {
-    gpubuf_buf *b;
+gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
+    gd_buf *b;
     HASH_FIND(hh_name, r->by_name, name, strlen(name), b);
     return b;
 }
 
-static gpubuf_ref *ref_find(gpubuf_holder *h, uint64_t id) {
-    gpubuf_ref *ref;
+static gd_ref *ref_find(gd_holder *h, uint64_t id) {
+    gd_ref *ref;
     HASH_FIND(hh, h->refs, &id, sizeof(id), ref);
     return ref;
 }
 
-uint32_t gpubuf_registry_holder_count(gpubuf_holder *h, uint64_t buffer_id) {
-    gpubuf_ref *ref = ref_find(h, buffer_id);
+uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id) {
+    gd_ref *ref = ref_find(h, buffer_id);
     return ref ? ref->count : 0;
 }
 
-static int ref_add(gpubuf_holder *h, gpubuf_buf *b) {
-    gpubuf_ref *ref = ref_find(h, b->id);
+static int ref_add(gd_holder *h, gd_buf *b) {
+    gd_ref *ref = ref_find(h, b->id);
     if (h->n_refs == UINT32_MAX || b->refs == UINT32_MAX)
         return -EOVERFLOW;
     if (!ref) {
@@ -228,9 +228,9 @@ static int ref_add(gpubuf_holder *h, gpubuf_buf *b) {
     return 0;
 }
 
-int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *pool, uint64_t size,
-                          uint64_t align, const char *name, gpubuf_buf **ret) {
-    gpubuf_buf *b;
+int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
+                          uint64_t align, const char *name, gd_buf **ret) {
+    gd_buf *b;
     int rc;
     if (name && *name) {
         size_t len = strlen(name);
@@ -239,15 +239,15 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
         if (!gpubuf_name_valid(name, len))
             return fail(r, -EINVAL, "invalid name '%s' (allowed: A-Z a-z 0-9 . _ : / @ + -)",
                         name);
-        if (gpubuf_registry_find_name(r, name))
+        if (gd_registry_find_name(r, name))
             return fail(r, -EEXIST, "a buffer named '%s' exists", name);
     } else {
         name = NULL;
     }
     if (size == 0)
         return fail(r, -EINVAL, "size must be at least 1 byte");
-    const gpubuf_quota *q = &r->quota;
-    gpubuf_uid_usage *u = uid_usage(r, h->uid, false);
+    const gd_quota *q = &r->quota;
+    gd_uid_usage *u = uid_usage(r, h->uid, false);
     /* What the pool will take: the size rounded to the pool's alignment. */
     uint64_t charge = size > UINT64_MAX / 2 ? size : gpubuf_align_up(size, pool->be->alignment);
     if (q->buffers_per_client && h->n_owned >= q->buffers_per_client)
@@ -277,16 +277,16 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
         free(b);
         return fail(r, -ENOMEM, "out of memory");
     }
-    gpubuf_slab *prefer[GPUBUF_PREFER_SLABS];
+    gd_slab *prefer[GPUBUF_PREFER_SLABS];
     uint32_t n_prefer = 0;
-    gpubuf_holder_slab *hs, *hstmp;
+    gd_holder_slab *hs, *hstmp;
     HASH_ITER(hh, h->slabs, hs, hstmp) {
         if (n_prefer == GPUBUF_PREFER_SLABS)
             break;
         if (hs->slab->pool == pool && !hs->slab->dedicated)
             prefer[n_prefer++] = hs->slab;
     }
-    rc = gpubuf_pool_alloc_prefer(pool, size, align, prefer, n_prefer, &b->blk);
+    rc = gd_pool_alloc_prefer(pool, size, align, prefer, n_prefer, &b->blk);
     if (rc < 0) {
         fail(r, rc, "%s", pool->last_error[0] ? pool->last_error : "allocation failed");
         free(b->name);
@@ -323,14 +323,14 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
     return 0;
 }
 
-static bool waiter_matches(const gpubuf_waiter *w, const gpubuf_buf *b) {
+static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
     if (w->name)
         return b->name && strcmp(w->name, b->name) == 0;
     return w->buffer_id == b->id;
 }
 
-int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpubuf_buf **ret) {
-    gpubuf_buf *b = gpubuf_registry_find_id(r, id);
+int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret) {
+    gd_buf *b = gd_registry_find_id(r, id);
     if (!b)
         return fail(r, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
     if (b->owner_holder != h->id)
@@ -341,7 +341,7 @@ int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpub
                     b->state == GPUBUF_STATE_SEALED ? "sealed" : "deleted");
     b->state = GPUBUF_STATE_SEALED;
     /* Wake waiters for this name or id. Each gets its own reference. */
-    gpubuf_waiter *w = r->waiters, *next;
+    gd_waiter *w = r->waiters, *next;
     for (; w; w = next) {
         next = w->next;
         if (!waiter_matches(w, b))
@@ -364,15 +364,15 @@ int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpub
     return 0;
 }
 
-int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id,
-                         gpubuf_buf **ret) {
-    gpubuf_buf *b;
+int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
+                         gd_buf **ret) {
+    gd_buf *b;
     if (name) {
-        b = gpubuf_registry_find_name(r, name);
+        b = gd_registry_find_name(r, name);
         if (!b)
             return fail(r, -ENOENT, "no buffer named '%s'", name);
     } else {
-        b = gpubuf_registry_find_id(r, id);
+        b = gd_registry_find_id(r, id);
         if (!b)
             return fail(r, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
     }
@@ -390,22 +390,22 @@ int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name,
     return 0;
 }
 
-int gpubuf_registry_release(gpubuf_registry *r, gpubuf_holder *h, uint64_t id) {
-    return gpubuf_registry_release_keep(r, h, id, false);
+int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id) {
+    return gd_registry_release_keep(r, h, id, false);
 }
 
-int gpubuf_registry_release_keep(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, bool keep) {
-    gpubuf_ref *ref = ref_find(h, id);
-    gpubuf_buf *b;
+int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool keep) {
+    gd_ref *ref = ref_find(h, id);
+    gd_buf *b;
     int rc = 0;
     if (!ref)
         return fail(r, GPUBUF_ENOTHELD, "this client holds no reference to buffer %llu",
                     (unsigned long long)id);
-    b = gpubuf_registry_find_id(r, id);
+    b = gd_registry_find_id(r, id);
     if (keep && b) {
         /* Pin before the block may go: the slab must outlive it. */
-        gpubuf_holder_slab *hs;
-        gpubuf_slab *sl = b->blk.slab;
+        gd_holder_slab *hs;
+        gd_slab *sl = b->blk.slab;
         HASH_FIND(hh, h->slabs, &sl->id, sizeof(sl->id), hs);
         if (sl->dedicated)
             rc = fail(r, -EINVAL, "slab %llu is dedicated to one buffer: it cannot be kept",
@@ -416,7 +416,7 @@ int gpubuf_registry_release_keep(gpubuf_registry *r, gpubuf_holder *h, uint64_t 
         else if (hs && !hs->kept) {
             hs->kept = true;
             h->n_kept++;
-            gpubuf_pool_pin(sl);
+            gd_pool_pin(sl);
         }
     }
     if (--ref->count == 0) {
@@ -433,25 +433,25 @@ int gpubuf_registry_release_keep(gpubuf_registry *r, gpubuf_holder *h, uint64_t 
     return rc;
 }
 
-int gpubuf_registry_unmap(gpubuf_registry *r, gpubuf_holder *h, uint64_t slab_id) {
-    gpubuf_holder_slab *hs;
+int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id) {
+    gd_holder_slab *hs;
     HASH_FIND(hh, h->slabs, &slab_id, sizeof(slab_id), hs);
     if (!hs || !hs->kept)
         return fail(r, GPUBUF_ENOTHELD, "this client keeps no slab %llu mapped",
                     (unsigned long long)slab_id);
-    gpubuf_slab *sl = hs->slab;
+    gd_slab *sl = hs->slab;
     hs->kept = false;
     h->n_kept--;
     if (hs->buffers == 0) {
         HASH_DEL(h->slabs, hs);
         free(hs);
     }
-    gpubuf_pool_unpin(sl->pool, sl);
+    gd_pool_unpin(sl->pool, sl);
     return 0;
 }
 
-int gpubuf_registry_delete(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id) {
-    gpubuf_buf *b = name ? gpubuf_registry_find_name(r, name) : gpubuf_registry_find_id(r, id);
+int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id) {
+    gd_buf *b = name ? gd_registry_find_name(r, name) : gd_registry_find_id(r, id);
     if (!b || b->state == GPUBUF_STATE_DELETED) {
         if (name)
             return fail(r, -ENOENT, "no buffer named '%s'", name);
@@ -471,8 +471,8 @@ int gpubuf_registry_delete(gpubuf_registry *r, gpubuf_holder *h, const char *nam
     return 0;
 }
 
-void gpubuf_registry_wait(gpubuf_registry *r, gpubuf_waiter *w) {
-    gpubuf_holder *h = w->holder;
+void gd_registry_wait(gd_registry *r, gd_waiter *w) {
+    gd_holder *h = w->holder;
     w->prev = NULL;
     w->next = r->waiters;
     if (r->waiters)
@@ -486,19 +486,19 @@ void gpubuf_registry_wait(gpubuf_registry *r, gpubuf_waiter *w) {
     r->n_waiters++;
 }
 
-void gpubuf_registry_unwait(gpubuf_registry *r, gpubuf_waiter *w) {
+void gd_registry_unwait(gd_registry *r, gd_waiter *w) {
     waiter_unlink(r, w);
 }
 
-void gpubuf_registry_holder_drop(gpubuf_registry *r, gpubuf_holder *h) {
-    gpubuf_ref *ref, *rtmp;
+void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
+    gd_ref *ref, *rtmp;
     while (h->waiters) {
-        gpubuf_waiter *w = h->waiters;
+        gd_waiter *w = h->waiters;
         waiter_unlink(r, w);
         w->cancel(w);
     }
     HASH_ITER(hh, h->refs, ref, rtmp) {
-        gpubuf_buf *b = gpubuf_registry_find_id(r, ref->buffer_id);
+        gd_buf *b = gd_registry_find_id(r, ref->buffer_id);
         HASH_DEL(h->refs, ref);
         if (b) {
             b->refs -= ref->count;

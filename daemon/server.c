@@ -23,7 +23,7 @@
 /* What the final drain of a departed client reads at most. */
 #define DRAIN_MAX (4u << 20)
 
-void gpubuf_limits_default(gpubuf_limits *l) {
+void gd_limits_default(gd_limits *l) {
     l->max_request = GPUBUF_WIRE_MAX_REQUEST;
     l->max_clients = 4096;
     l->frames_per_wakeup = 32;
@@ -42,15 +42,15 @@ void gpubuf_limits_default(gpubuf_limits *l) {
 
 /* Deadline for a session that has not said hello, or sits on half a frame. */
 static void on_session_timer(uv_timer_t *t) {
-    gpubuf_session *s = t->data;
+    gd_session *s = t->data;
     LOG_WARN("pid %d: %s for %u ms; disconnecting", (int)s->pid,
              s->hello_done ? "incomplete frame" : "no handshake",
              s->hello_done ? s->srv->limits.frame_timeout_ms
                            : s->srv->limits.handshake_timeout_ms);
-    gpubuf_session_kill(s);
+    gd_session_kill(s);
 }
 
-static void arm_timer(gpubuf_session *s) {
+static void arm_timer(gd_session *s) {
     uint32_t ms = 0;
     if (s->closing)
         return;
@@ -72,17 +72,17 @@ static void on_listen(uv_poll_t *h, int status, int events);
 static void on_session_io(uv_poll_t *h, int status, int events);
 static void on_reap(uv_check_t *h);
 static void on_kick(uv_idle_t *h);
-static int process_frames(gpubuf_session *s, uint32_t limit);
-static int process_frames_corked(gpubuf_session *s, uint32_t limit);
-static bool grow_in(gpubuf_session *s);
-static ssize_t read_in(gpubuf_session *s, size_t max);
-static void peer_left(gpubuf_session *s);
-static bool backlogged(const gpubuf_session *s);
+static int process_frames(gd_session *s, uint32_t limit);
+static int process_frames_corked(gd_session *s, uint32_t limit);
+static bool grow_in(gd_session *s);
+static ssize_t read_in(gd_session *s, size_t max);
+static void peer_left(gd_session *s);
+static bool backlogged(const gd_session *s);
 
 /* Everything a client sent before it went away is applied: a seal or a
  * release written just before exit() must not be lost. Its replies go
  * nowhere. Runs at reaping time, for sessions whose peer left. */
-static void final_drain(gpubuf_session *s) {
+static void final_drain(gd_session *s) {
     /* Only what the socket held when the drain starts, at most DRAIN_MAX: a
      * peer that keeps writing cannot hold the loop here. */
     int queued = 0;
@@ -104,12 +104,12 @@ static void final_drain(gpubuf_session *s) {
     s->reaping = false;
 }
 
-void gpubuf_server_init(gpubuf_server *srv, uv_loop_t *loop) {
+void gd_server_init(gd_server *srv, uv_loop_t *loop) {
     memset(srv, 0, sizeof(*srv));
     srv->loop = loop;
     srv->listen_fd = -1;
-    gpubuf_limits_default(&srv->limits);
-    gpubuf_registry_init(&srv->reg);
+    gd_limits_default(&srv->limits);
+    gd_registry_init(&srv->reg);
     srv->started_ns = gpubuf_now_ns();
     uv_check_init(loop, &srv->reaper);
     srv->reaper.data = srv;
@@ -117,24 +117,24 @@ void gpubuf_server_init(gpubuf_server *srv, uv_loop_t *loop) {
     srv->kick.data = srv;
 }
 
-int gpubuf_server_add_pool(gpubuf_server *srv, gpubuf_pool *pool) {
+int gd_server_add_pool(gd_server *srv, gd_pool *pool) {
     if (srv->n_pools >= GPUBUF_MAX_POOLS)
         return -ENOSPC;
-    if (gpubuf_server_find_pool(srv, pool->name))
+    if (gd_server_find_pool(srv, pool->name))
         return -EEXIST;
     pool->next_slab_id = &srv->slab_ids;
     srv->pools[srv->n_pools++] = pool;
     return 0;
 }
 
-gpubuf_pool *gpubuf_server_find_pool(gpubuf_server *srv, const char *name) {
+gd_pool *gd_server_find_pool(gd_server *srv, const char *name) {
     for (int i = 0; i < srv->n_pools; i++)
         if (strcmp(srv->pools[i]->name, name) == 0)
             return srv->pools[i];
     return NULL;
 }
 
-int gpubuf_server_listen_fd(gpubuf_server *srv, int fd) {
+int gd_server_listen_fd(gd_server *srv, int fd) {
     int r, fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
         return -errno;
@@ -147,7 +147,7 @@ int gpubuf_server_listen_fd(gpubuf_server *srv, int fd) {
     return uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
 }
 
-int gpubuf_server_listen_path(gpubuf_server *srv, const char *path, mode_t mode) {
+int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     int fd, r;
     if (!path || !*path || strlen(path) >= sizeof(sa.sun_path))
@@ -181,12 +181,12 @@ int gpubuf_server_listen_path(gpubuf_server *srv, const char *path, mode_t mode)
     }
     srv->socket_path = strdup(path);
     srv->listen_owned = true;
-    return gpubuf_server_listen_fd(srv, fd);
+    return gd_server_listen_fd(srv, fd);
 }
 
-static void session_free_out(gpubuf_session *s) {
+static void session_free_out(gd_session *s) {
     while (s->out_head) {
-        gpubuf_outbuf *o = s->out_head;
+        gd_outbuf *o = s->out_head;
         s->out_head = o->next;
         if (o->fd >= 0)
             close(o->fd);
@@ -196,24 +196,24 @@ static void session_free_out(gpubuf_session *s) {
 }
 
 static void on_timer_closed(uv_handle_t *h) {
-    gpubuf_session *s = h->data;
+    gd_session *s = h->data;
     close(s->fd);
     free(s->in);
     free(s);
 }
 
 static void on_session_closed(uv_handle_t *h) {
-    gpubuf_session *s = h->data;
+    gd_session *s = h->data;
     uv_close((uv_handle_t *)&s->timer, on_timer_closed);
 }
 
 static void on_reap(uv_check_t *h) {
-    gpubuf_server *srv = h->data;
+    gd_server *srv = h->data;
     while (srv->reap) {
-        gpubuf_session *s = srv->reap;
+        gd_session *s = srv->reap;
         srv->reap = s->reap_next;
         if (s->pending) {
-            gpubuf_session **pp = &srv->pending;
+            gd_session **pp = &srv->pending;
             while (*pp != s)
                 pp = &(*pp)->pending_next;
             *pp = s->pending_next;
@@ -222,7 +222,7 @@ static void on_reap(uv_check_t *h) {
         LOG_DEBUG("session %llu (pid %d) closed", (unsigned long long)s->holder->id, (int)s->pid);
         if (s->peer_gone)
             final_drain(s);
-        gpubuf_registry_holder_drop(&srv->reg, s->holder);
+        gd_registry_holder_drop(&srv->reg, s->holder);
         s->holder = NULL;
         session_free_out(s);
         if (s->prev)
@@ -241,7 +241,7 @@ static void on_reap(uv_check_t *h) {
     }
 }
 
-static bool has_complete_frame(const gpubuf_session *s) {
+static bool has_complete_frame(const gd_session *s) {
     if (s->in_len < GPUBUF_WIRE_HEADER_SIZE)
         return false;
     uint32_t len = (uint32_t)s->in[8] | (uint32_t)s->in[9] << 8 | (uint32_t)s->in[10] << 16 |
@@ -253,7 +253,7 @@ static bool has_complete_frame(const gpubuf_session *s) {
 
 /* After a capped wake-up, queue the session so the loop comes back to it
  * without waiting for the socket to become readable again. */
-static void maybe_pend(gpubuf_session *s) {
+static void maybe_pend(gd_session *s) {
     if (s->closing || s->pending || backlogged(s) || !has_complete_frame(s))
         return;
     s->pending = true;
@@ -263,11 +263,11 @@ static void maybe_pend(gpubuf_session *s) {
 }
 
 static void on_kick(uv_idle_t *h) {
-    gpubuf_server *srv = h->data;
-    gpubuf_session *list = srv->pending;
+    gd_server *srv = h->data;
+    gd_session *list = srv->pending;
     srv->pending = NULL;
     while (list) {
-        gpubuf_session *s = list;
+        gd_session *s = list;
         list = s->pending_next;
         s->pending = false;
         if (process_frames(s, srv->limits.frames_per_wakeup) >= 0) {
@@ -281,7 +281,7 @@ static void on_kick(uv_idle_t *h) {
         uv_idle_stop(&srv->kick);
 }
 
-void gpubuf_session_kill(gpubuf_session *s) {
+void gd_session_kill(gd_session *s) {
     if (s->reaping) {
         s->closing = true; /* stops the final drain */
         return;
@@ -300,7 +300,7 @@ void gpubuf_session_kill(gpubuf_session *s) {
 }
 
 static void on_listen(uv_poll_t *h, int status, int events) {
-    gpubuf_server *srv = h->data;
+    gd_server *srv = h->data;
     (void)events;
     if (status < 0)
         return;
@@ -324,7 +324,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
             continue;
         }
         uint32_t same_uid = 0;
-        for (gpubuf_session *x = srv->sessions; x; x = x->next)
+        for (gd_session *x = srv->sessions; x; x = x->next)
             same_uid += !x->closing && x->uid == cred.uid;
         if (srv->limits.max_clients_per_uid && same_uid >= srv->limits.max_clients_per_uid) {
             LOG_WARN("refusing pid %d: uid %u has %u connections (limit %u)", (int)cred.pid,
@@ -332,8 +332,8 @@ static void on_listen(uv_poll_t *h, int status, int events) {
             close(fd);
             continue;
         }
-        gpubuf_session *s = calloc(1, sizeof(*s));
-        if (!s || !(s->holder = gpubuf_registry_holder_new(&srv->reg, cred.pid, cred.uid,
+        gd_session *s = calloc(1, sizeof(*s));
+        if (!s || !(s->holder = gd_registry_holder_new(&srv->reg, cred.pid, cred.uid,
                                                            cred.gid))) {
             free(s);
             close(fd);
@@ -361,14 +361,14 @@ static void on_listen(uv_poll_t *h, int status, int events) {
     }
 }
 
-static bool backlogged(const gpubuf_session *s) {
+static bool backlogged(const gd_session *s) {
     return s->out_bytes >= OUT_HIGH_WATER;
 }
 
 /* Watch what the session needs now. Only a change reaches libuv: restarting
  * a poll handle with the same events still costs epoll_ctl calls (two per
  * request, before this check). */
-static void update_poll(gpubuf_session *s) {
+static void update_poll(gd_session *s) {
     if (s->closing)
         return;
     int want = (backlogged(s) ? 0 : UV_READABLE) | (s->out_head ? UV_WRITABLE : 0);
@@ -380,11 +380,11 @@ static void update_poll(gpubuf_session *s) {
 
 /* Write queued replies: up to 64 frames per sendmsg. A frame that carries
  * an fd starts its own sendmsg, so the fd rides on the frame's first byte. */
-static int flush_out(gpubuf_session *s) {
+static int flush_out(gd_session *s) {
     while (s->out_head) {
         struct iovec iov[64];
         int n_iov = 0, fd = -1;
-        for (gpubuf_outbuf *o = s->out_head; o && n_iov < 64; o = o->next) {
+        for (gd_outbuf *o = s->out_head; o && n_iov < 64; o = o->next) {
             if (o != s->out_head && o->fd >= 0)
                 break;
             if (o == s->out_head && o->off == 0)
@@ -397,7 +397,7 @@ static int flush_out(gpubuf_session *s) {
         if (n < 0)
             return n == -EAGAIN ? 0 : (int)n;
         while (n > 0) {
-            gpubuf_outbuf *o = s->out_head;
+            gd_outbuf *o = s->out_head;
             if (o->fd >= 0) {
                 close(o->fd);
                 o->fd = -1;
@@ -419,26 +419,26 @@ static int flush_out(gpubuf_session *s) {
     return 0;
 }
 
-void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd) {
+void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd) {
     size_t plen = gpubuf__response__get_packed_size(resp);
-    gpubuf_outbuf *o;
+    gd_outbuf *o;
     bool was_empty = !s->out_head;
     if (s->closing || s->peer_gone)
         return;
     if (s->out_frames >= s->srv->limits.max_queued_replies) {
         LOG_WARN("pid %d reads none of its %u queued replies; disconnecting", (int)s->pid,
                  s->out_frames);
-        gpubuf_session_kill(s);
+        gd_session_kill(s);
         return;
     }
     if (plen > GPUBUF_WIRE_MAX_RESPONSE) {
         LOG_ERR("reply of %zu bytes exceeds the frame limit", plen);
-        gpubuf_session_kill(s);
+        gd_session_kill(s);
         return;
     }
     o = malloc(sizeof(*o) + GPUBUF_WIRE_HEADER_SIZE + plen);
     if (!o) {
-        gpubuf_session_kill(s);
+        gd_session_kill(s);
         return;
     }
     o->next = NULL;
@@ -448,7 +448,7 @@ void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd
     if (fd >= 0 && o->fd < 0) {
         LOG_ERR("dup: %s", strerror(errno));
         free(o);
-        gpubuf_session_kill(s);
+        gd_session_kill(s);
         return;
     }
     gpubuf_wire_header_encode(o->data, (uint32_t)plen);
@@ -471,12 +471,12 @@ void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd
     }
 }
 
-static int process_frames_corked(gpubuf_session *s, uint32_t limit);
+static int process_frames_corked(gd_session *s, uint32_t limit);
 
 /* Handle up to limit complete frames from s->in; their replies leave in as
  * few writes as possible. Returns the number handled, or -1 when the
  * session was killed. */
-static int process_frames(gpubuf_session *s, uint32_t limit) {
+static int process_frames(gd_session *s, uint32_t limit) {
     s->corked = true;
     int r = process_frames_corked(s, limit);
     s->corked = false;
@@ -491,7 +491,7 @@ static int process_frames(gpubuf_session *s, uint32_t limit) {
     return s->closing ? -1 : r;
 }
 
-static int process_frames_corked(gpubuf_session *s, uint32_t limit) {
+static int process_frames_corked(gd_session *s, uint32_t limit) {
     size_t pos = 0;
     uint32_t done = 0;
     while (done < limit && !s->closing && !backlogged(s)) {
@@ -506,13 +506,13 @@ static int process_frames_corked(gpubuf_session *s, uint32_t limit) {
             resp.status = r;
             resp.message = (char *)(r == -EMSGSIZE ? "request frame too large"
                                                    : "bad frame header (magic, version or flags)");
-            gpubuf_session_send(s, &resp, -1);
-            gpubuf_session_kill(s);
+            gd_session_send(s, &resp, -1);
+            gd_session_kill(s);
             return -1;
         }
         if (s->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
             break;
-        gpubuf_session_handle(s, s->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length);
+        gd_session_handle(s, s->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length);
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;
     }
@@ -524,15 +524,15 @@ static int process_frames_corked(gpubuf_session *s, uint32_t limit) {
 }
 
 /* The client closed or broke the connection. */
-static void peer_left(gpubuf_session *s) {
+static void peer_left(gd_session *s) {
     s->peer_gone = true;
-    gpubuf_session_kill(s);
+    gd_session_kill(s);
 }
 
 /* Make room to read: the input buffer grows to one maximal frame plus one
  * chunk, never more. False when out of memory (the session is killed). */
-static bool grow_in(gpubuf_session *s) {
-    gpubuf_server *srv = s->srv;
+static bool grow_in(gd_session *s) {
+    gd_server *srv = s->srv;
     size_t need = s->in_len + READ_CHUNK;
     if (need > s->in_cap) {
         size_t cap = s->in_cap ? s->in_cap : READ_CHUNK;
@@ -544,7 +544,7 @@ static bool grow_in(gpubuf_session *s) {
         if (cap > s->in_cap) {
             uint8_t *p = realloc(s->in, cap);
             if (!p) {
-                gpubuf_session_kill(s);
+                gd_session_kill(s);
                 return false;
             }
             s->in = p;
@@ -556,7 +556,7 @@ static bool grow_in(gpubuf_session *s) {
 
 /* One recvmsg of at most max bytes into the input buffer; fds a client sends
  * are closed. */
-static ssize_t read_in(gpubuf_session *s, size_t max) {
+static ssize_t read_in(gd_session *s, size_t max) {
     int fds[GPUBUF_WIRE_MAX_FDS];
     int n_fds;
     bool trunc;
@@ -573,8 +573,8 @@ static ssize_t read_in(gpubuf_session *s, size_t max) {
 }
 
 static void on_session_io(uv_poll_t *h, int status, int events) {
-    gpubuf_session *s = h->data;
-    gpubuf_server *srv = s->srv;
+    gd_session *s = h->data;
+    gd_server *srv = s->srv;
     if (s->closing)
         return;
     if (status < 0) {
@@ -622,7 +622,7 @@ static void on_session_io(uv_poll_t *h, int status, int events) {
     }
 }
 
-void gpubuf_server_stop(gpubuf_server *srv) {
+void gd_server_stop(gd_server *srv) {
     if (srv->stopping)
         return;
     srv->stopping = true;
@@ -634,13 +634,13 @@ void gpubuf_server_stop(gpubuf_server *srv) {
         if (srv->listen_owned && srv->socket_path)
             unlink(srv->socket_path);
     }
-    for (gpubuf_session *s = srv->sessions; s; s = s->next) {
+    for (gd_session *s = srv->sessions; s; s = s->next) {
         Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
         resp.status = -ESHUTDOWN;
         resp.message = (char *)"gpubufd is shutting down";
         /* Best effort: a client blocked in a request reads this error. */
-        gpubuf_session_send(s, &resp, -1);
-        gpubuf_session_kill(s);
+        gd_session_send(s, &resp, -1);
+        gd_session_kill(s);
     }
     if (!srv->sessions) {
         uv_close((uv_handle_t *)&srv->reaper, NULL);
@@ -648,10 +648,10 @@ void gpubuf_server_stop(gpubuf_server *srv) {
     }
 }
 
-void gpubuf_server_destroy(gpubuf_server *srv) {
-    gpubuf_registry_destroy(&srv->reg);
+void gd_server_destroy(gd_server *srv) {
+    gd_registry_destroy(&srv->reg);
     for (int i = 0; i < srv->n_pools; i++)
-        srv->pools[i] = gpubuf_pool_free(srv->pools[i]);
+        srv->pools[i] = gd_pool_free(srv->pools[i]);
     srv->n_pools = 0;
     free(srv->socket_path);
 }

@@ -12,19 +12,19 @@
 #define GPUBUF_SERVER_STRING "gpubufd " GPUBUF_VERSION_STRING
 
 typedef struct session_waiter {
-    gpubuf_waiter w;
+    gd_waiter w;
     uv_timer_t timer;
-    gpubuf_session *s;
+    gd_session *s;
     uint64_t request_id;
     bool has_timer;
 } session_waiter;
 
-static void reply_error(gpubuf_session *s, uint64_t id, int status, const char *msg) {
+static void reply_error(gd_session *s, uint64_t id, int status, const char *msg) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     resp.id = id;
     resp.status = status;
     resp.message = (char *)(msg ? msg : gpubuf_strerror(status));
-    gpubuf_session_send(s, &resp, -1);
+    gd_session_send(s, &resp, -1);
 }
 
 /* Storage for one Buffer message and its Slab. */
@@ -33,9 +33,9 @@ typedef struct buffer_msg {
     Gpubuf__Slab slab;
 } buffer_msg;
 
-static void fill_buffer(buffer_msg *m, const gpubuf_buf *b) {
-    gpubuf_slab *sl = b->blk.slab;
-    gpubuf_backend *be = b->pool->be;
+static void fill_buffer(buffer_msg *m, const gd_buf *b) {
+    gd_slab *sl = b->blk.slab;
+    gd_backend *be = b->pool->be;
     gpubuf__buffer__init(&m->buf);
     gpubuf__slab__init(&m->slab);
     m->buf.buffer_id = b->id;
@@ -65,7 +65,7 @@ static void fill_buffer(buffer_msg *m, const gpubuf_buf *b) {
 /* Reply with a buffer. map_fd (alloc and open, which take a reference): how
  * to map it, the slab's fd or IPC handle. Otherwise (seal, stat) no handle:
  * nothing is handed out without a reference. */
-static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bool map_fd) {
+static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
     fill_buffer(&m, b);
@@ -79,7 +79,7 @@ static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bo
     resp.fds = fd >= 0 ? 1 : 0;
     resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
     resp.buffer = &m.buf;
-    gpubuf_session_send(s, &resp, fd);
+    gd_session_send(s, &resp, fd);
 }
 
 static void waiter_closed(uv_handle_t *h) {
@@ -96,11 +96,11 @@ static void waiter_dispose(session_waiter *sw) {
     }
 }
 
-static void waiter_wake(gpubuf_waiter *w, gpubuf_buf *b) {
+static void waiter_wake(gd_waiter *w, gd_buf *b) {
     session_waiter *sw = (session_waiter *)w;
-    if (!gpubuf_pool_allows(b->pool, sw->s->uid, sw->s->gid)) {
+    if (!gd_pool_allows(b->pool, sw->s->uid, sw->s->gid)) {
         /* The registry took a reference for us: give it back. */
-        gpubuf_registry_release(&sw->s->srv->reg, sw->s->holder, b->id);
+        gd_registry_release(&sw->s->srv->reg, sw->s->holder, b->id);
         reply_error(sw->s, sw->request_id, -EACCES, "this client may not use the buffer's pool");
     } else {
         reply_buffer(sw->s, sw->request_id, b, true);
@@ -109,13 +109,13 @@ static void waiter_wake(gpubuf_waiter *w, gpubuf_buf *b) {
     waiter_dispose(sw);
 }
 
-static void waiter_cancel(gpubuf_waiter *w) {
+static void waiter_cancel(gd_waiter *w) {
     session_waiter *sw = (session_waiter *)w;
     free(w->name);
     waiter_dispose(sw);
 }
 
-static void waiter_fail(gpubuf_waiter *w, int err) {
+static void waiter_fail(gd_waiter *w, int err) {
     session_waiter *sw = (session_waiter *)w;
     char msg[96];
     if (err == -EDQUOT)
@@ -131,7 +131,7 @@ static void waiter_fail(gpubuf_waiter *w, int err) {
 static void waiter_timeout(uv_timer_t *t) {
     session_waiter *sw = t->data;
     char msg[GPUBUF_NAME_MAX + 64];
-    gpubuf_registry_unwait(&sw->s->srv->reg, &sw->w);
+    gd_registry_unwait(&sw->s->srv->reg, &sw->w);
     if (sw->w.name)
         snprintf(msg, sizeof(msg), "timed out waiting for '%s' to be sealed", sw->w.name);
     else
@@ -143,7 +143,7 @@ static void waiter_timeout(uv_timer_t *t) {
 }
 
 /* Validate a name from the wire; reply with an error and return false if bad. */
-static bool check_name(gpubuf_session *s, uint64_t id, const char *name) {
+static bool check_name(gd_session *s, uint64_t id, const char *name) {
     size_t len = strlen(name);
     if (len > GPUBUF_NAME_MAX) {
         reply_error(s, id, -ENAMETOOLONG, "name longer than 255 bytes");
@@ -156,7 +156,7 @@ static bool check_name(gpubuf_session *s, uint64_t id, const char *name) {
     return true;
 }
 
-static void do_hello(gpubuf_session *s, uint64_t id, const Gpubuf__Hello *h) {
+static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     Gpubuf__HelloReply hr = GPUBUF__HELLO_REPLY__INIT;
     if (s->hello_done) {
@@ -168,7 +168,7 @@ static void do_hello(gpubuf_session *s, uint64_t id, const Gpubuf__Hello *h) {
         snprintf(msg, sizeof(msg), "client speaks versions %u..%u, daemon speaks %u",
                  h->min_version, h->max_version, GPUBUF_PROTOCOL_VERSION);
         reply_error(s, id, GPUBUF_EVERSION, msg);
-        gpubuf_session_kill(s);
+        gd_session_kill(s);
         return;
     }
     s->hello_done = true;
@@ -187,16 +187,16 @@ static void do_hello(gpubuf_session *s, uint64_t id, const Gpubuf__Hello *h) {
     resp.id = id;
     resp.body_case = GPUBUF__RESPONSE__BODY_HELLO;
     resp.hello = &hr;
-    gpubuf_session_send(s, &resp, -1);
+    gd_session_send(s, &resp, -1);
 }
 
-static void do_alloc(gpubuf_session *s, uint64_t id, const Gpubuf__AllocRequest *a) {
-    gpubuf_server *srv = s->srv;
-    gpubuf_pool *pool;
-    gpubuf_buf *b;
+static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) {
+    gd_server *srv = s->srv;
+    gd_pool *pool;
+    gd_buf *b;
     int r;
     if (a->pool && *a->pool) {
-        pool = gpubuf_server_find_pool(srv, a->pool);
+        pool = gd_server_find_pool(srv, a->pool);
         if (!pool) {
             char msg[GPUBUF_NAME_MAX + 32];
             snprintf(msg, sizeof(msg), "no pool named '%.255s'", a->pool);
@@ -211,14 +211,14 @@ static void do_alloc(gpubuf_session *s, uint64_t id, const Gpubuf__AllocRequest 
     }
     if (a->name && *a->name && !check_name(s, id, a->name))
         return;
-    if (!gpubuf_pool_allows(pool, s->uid, s->gid)) {
+    if (!gd_pool_allows(pool, s->uid, s->gid)) {
         char msg[GPUBUF_NAME_MAX + 64];
         snprintf(msg, sizeof(msg), "uid %u may not use pool '%.255s'", (unsigned)s->uid,
                  pool->name);
         reply_error(s, id, -EACCES, msg);
         return;
     }
-    r = gpubuf_registry_alloc(&srv->reg, s->holder, pool, a->size, a->alignment, a->name, &b);
+    r = gd_registry_alloc(&srv->reg, s->holder, pool, a->size, a->alignment, a->name, &b);
     if (r < 0) {
         if (r != -EEXIST)
             LOG_INFO("pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
@@ -229,9 +229,9 @@ static void do_alloc(gpubuf_session *s, uint64_t id, const Gpubuf__AllocRequest 
     reply_buffer(s, id, b, true);
 }
 
-static void do_seal(gpubuf_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
-    gpubuf_buf *b;
-    int r = gpubuf_registry_seal(&s->srv->reg, s->holder, q->buffer_id, &b);
+static void do_seal(gd_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
+    gd_buf *b;
+    int r = gd_registry_seal(&s->srv->reg, s->holder, q->buffer_id, &b);
     if (r < 0) {
         reply_error(s, id, r, s->srv->reg.last_error);
         return;
@@ -242,11 +242,11 @@ static void do_seal(gpubuf_session *s, uint64_t id, const Gpubuf__SealRequest *q
     reply_buffer(s, id, b, false);
 }
 
-static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
-    gpubuf_registry *reg = &s->srv->reg;
+static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
+    gd_registry *reg = &s->srv->reg;
     const char *name = NULL;
     uint64_t bid = 0;
-    gpubuf_buf *b;
+    gd_buf *b;
     int r;
     if (q->target_case == GPUBUF__OPEN_REQUEST__TARGET_NAME) {
         name = q->name;
@@ -260,13 +260,13 @@ static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q
     }
     /* Refuse before taking a reference: a buffer of a pool this client may
      * not use is not opened, whatever its state. */
-    gpubuf_buf *target = name ? gpubuf_registry_find_name(reg, name)
-                              : gpubuf_registry_find_id(reg, bid);
-    if (target && !gpubuf_pool_allows(target->pool, s->uid, s->gid)) {
+    gd_buf *target = name ? gd_registry_find_name(reg, name)
+                              : gd_registry_find_id(reg, bid);
+    if (target && !gd_pool_allows(target->pool, s->uid, s->gid)) {
         reply_error(s, id, -EACCES, "this client may not use the buffer's pool");
         return;
     }
-    r = gpubuf_registry_open(reg, s->holder, name, bid, &b);
+    r = gd_registry_open(reg, s->holder, name, bid, &b);
     if (r == 0) {
         reply_buffer(s, id, b, true);
         return;
@@ -278,7 +278,7 @@ static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q
     /* Wait only for something that can still be sealed: any name, or an
      * id that exists in state ALLOCATED. */
     if (!name) {
-        gpubuf_buf *t = gpubuf_registry_find_id(reg, bid);
+        gd_buf *t = gd_registry_find_id(reg, bid);
         if (!t || t->state != GPUBUF_STATE_ALLOCATED) {
             reply_error(s, id, r, reg->last_error);
             return;
@@ -308,18 +308,18 @@ static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q
         uv_timer_start(&sw->timer, waiter_timeout, (uint64_t)q->timeout_ms, 0);
     }
     s->n_waiters++;
-    gpubuf_registry_wait(reg, &sw->w);
+    gd_registry_wait(reg, &sw->w);
 }
 
-static void do_release(gpubuf_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
+static void do_release(gd_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
     bool keep = q->keep_mapped;
     if (keep && !(s->caps & GPUBUF_CAP_KEEP_MAPPED)) {
         /* Still release: the reference is not the client's to keep. */
-        gpubuf_registry_release(&s->srv->reg, s->holder, q->buffer_id);
+        gd_registry_release(&s->srv->reg, s->holder, q->buffer_id);
         reply_error(s, id, GPUBUF_EPROTOCOL, "keep_mapped without the KEEP_MAPPED capability");
         return;
     }
-    int r = gpubuf_registry_release_keep(&s->srv->reg, s->holder, q->buffer_id, keep);
+    int r = gd_registry_release_keep(&s->srv->reg, s->holder, q->buffer_id, keep);
     if (r < 0) {
         reply_error(s, id, r, s->srv->reg.last_error);
         return;
@@ -327,12 +327,12 @@ static void do_release(gpubuf_session *s, uint64_t id, const Gpubuf__ReleaseRequ
     reply_error(s, id, 0, "");
 }
 
-static void do_unmap(gpubuf_session *s, uint64_t id, const Gpubuf__UnmapRequest *q) {
-    int r = gpubuf_registry_unmap(&s->srv->reg, s->holder, q->slab_id);
+static void do_unmap(gd_session *s, uint64_t id, const Gpubuf__UnmapRequest *q) {
+    int r = gd_registry_unmap(&s->srv->reg, s->holder, q->slab_id);
     reply_error(s, id, r, r < 0 ? s->srv->reg.last_error : "");
 }
 
-static void do_delete(gpubuf_session *s, uint64_t id, const Gpubuf__DeleteRequest *q) {
+static void do_delete(gd_session *s, uint64_t id, const Gpubuf__DeleteRequest *q) {
     const char *name = NULL;
     int r;
     if (q->target_case == GPUBUF__DELETE_REQUEST__TARGET_NAME) {
@@ -343,7 +343,7 @@ static void do_delete(gpubuf_session *s, uint64_t id, const Gpubuf__DeleteReques
         reply_error(s, id, -EINVAL, "delete needs a name or a buffer id");
         return;
     }
-    r = gpubuf_registry_delete(&s->srv->reg, s->holder, name, q->buffer_id);
+    r = gd_registry_delete(&s->srv->reg, s->holder, name, q->buffer_id);
     if (r < 0) {
         reply_error(s, id, r, s->srv->reg.last_error);
         return;
@@ -351,14 +351,14 @@ static void do_delete(gpubuf_session *s, uint64_t id, const Gpubuf__DeleteReques
     reply_error(s, id, 0, "");
 }
 
-static void do_stat(gpubuf_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
-    gpubuf_buf *b = NULL;
+static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
+    gd_buf *b = NULL;
     if (q->target_case == GPUBUF__STAT_REQUEST__TARGET_NAME) {
         if (!check_name(s, id, q->name))
             return;
-        b = gpubuf_registry_find_name(&s->srv->reg, q->name);
+        b = gd_registry_find_name(&s->srv->reg, q->name);
     } else if (q->target_case == GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID) {
-        b = gpubuf_registry_find_id(&s->srv->reg, q->buffer_id);
+        b = gd_registry_find_id(&s->srv->reg, q->buffer_id);
     } else {
         reply_error(s, id, -EINVAL, "stat needs a name or a buffer id");
         return;
@@ -373,10 +373,10 @@ static void do_stat(gpubuf_session *s, uint64_t id, const Gpubuf__StatRequest *q
 
 /* The buffers as columns: n entries in each array, names NUL-separated.
  * Returns false when out of memory. The arrays are freed by columns_free. */
-static bool fill_columns(gpubuf_server *srv, Gpubuf__BufferColumns *c) {
-    gpubuf_registry *reg = &srv->reg;
+static bool fill_columns(gd_server *srv, Gpubuf__BufferColumns *c) {
+    gd_registry *reg = &srv->reg;
     size_t n = reg->n_buffers, names = 0, i = 0;
-    for (gpubuf_buf *b = reg->by_id; b; b = b->hh_id.next)
+    for (gd_buf *b = reg->by_id; b; b = b->hh_id.next)
         names += (b->name ? strlen(b->name) : 0) + 1;
     gpubuf__buffer_columns__init(c);
     c->id = malloc((n + 1) * sizeof(*c->id));
@@ -392,7 +392,7 @@ static bool fill_columns(gpubuf_server *srv, Gpubuf__BufferColumns *c) {
         !c->owner_uid || !c->names.data)
         return false;
     uint8_t *np = c->names.data;
-    for (gpubuf_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
+    for (gd_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
         size_t len = b->name ? strlen(b->name) : 0;
         memcpy(np, b->name ? b->name : "", len + 1);
         np += len + 1;
@@ -428,9 +428,9 @@ static void columns_free(Gpubuf__BufferColumns *c) {
     free(c->names.data);
 }
 
-static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusRequest *q) {
-    gpubuf_server *srv = s->srv;
-    gpubuf_registry *reg = &srv->reg;
+static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q) {
+    gd_server *srv = s->srv;
+    gd_registry *reg = &srv->reg;
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     Gpubuf__StatusReply st = GPUBUF__STATUS_REPLY__INIT;
     Gpubuf__PoolStatus *pools = calloc((size_t)srv->n_pools + 1, sizeof(*pools));
@@ -449,7 +449,7 @@ static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusReques
         goto out;
     }
     for (int p = 0; p < srv->n_pools; p++) {
-        gpubuf_pool *pool = srv->pools[p];
+        gd_pool *pool = srv->pools[p];
         gpubuf__pool_status__init(&pools[p]);
         pools[p].name = pool->name;
         pools[p].kind = (Gpubuf__PoolKind)pool->be->kind;
@@ -470,7 +470,7 @@ static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusReques
     st.pools = ppools;
     if (columnar)
         st.buffer_columns = &cols;
-    for (gpubuf_buf *b = reg->by_id; b && i < nrows; b = b->hh_id.next, i++) {
+    for (gd_buf *b = reg->by_id; b && i < nrows; b = b->hh_id.next, i++) {
         fill_buffer(&bufs[i], b);
         /* No slab message: status hands out no handles, and 100k nested
          * messages would double the cost of packing and unpacking. */
@@ -480,7 +480,7 @@ static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusReques
     st.n_buffers = i;
     st.buffers = pbufs;
     i = 0;
-    for (gpubuf_session *x = srv->sessions; x; x = x->next) {
+    for (gd_session *x = srv->sessions; x; x = x->next) {
         if (x->closing || !x->holder)
             continue;
         gpubuf__client_status__init(&cl[i]);
@@ -502,7 +502,7 @@ static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusReques
     resp.id = id;
     resp.body_case = GPUBUF__RESPONSE__BODY_STATUS_REPLY;
     resp.status_reply = &st;
-    gpubuf_session_send(s, &resp, -1);
+    gd_session_send(s, &resp, -1);
 out:
     columns_free(&cols);
     free(pools);
@@ -513,17 +513,17 @@ out:
     free(pcl);
 }
 
-void gpubuf_session_handle(gpubuf_session *s, const uint8_t *payload, size_t len) {
+void gd_session_handle(gd_session *s, const uint8_t *payload, size_t len) {
     Gpubuf__Request *req = gpubuf__request__unpack(NULL, len, payload);
     if (!req) {
         LOG_WARN("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid, len);
         reply_error(s, 0, GPUBUF_EPROTOCOL, "request does not decode as gpubuf.Request");
-        gpubuf_session_kill(s);
+        gd_session_kill(s);
         return;
     }
     if (!s->hello_done && req->body_case != GPUBUF__REQUEST__BODY_HELLO) {
         reply_error(s, req->id, GPUBUF_EPROTOCOL, "the first request must be hello");
-        gpubuf_session_kill(s);
+        gd_session_kill(s);
         goto out;
     }
     switch (req->body_case) {

@@ -19,28 +19,28 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static uv_loop_t loop;
-static gpubuf_server srv;
+static gd_server srv;
 static char sock_path[108];
 
 static void setup(void) {
     static int done;
-    gpubuf_backend *be;
-    gpubuf_pool *pool;
+    gd_backend *be;
+    gd_pool *pool;
     char err[256];
     if (done)
         return;
     done = 1;
-    gpubuf_log_level = -1; /* quiet */
+    gd_log_level = -1; /* quiet */
     uv_loop_init(&loop);
-    gpubuf_server_init(&srv, &loop);
+    gd_server_init(&srv, &loop);
     srv.limits.max_waiters_per_client = 8;
     /* Deadlines do not fire inside one input's short run. */
-    if (gpubuf_backend_host_new(&be, err, sizeof(err)) < 0 ||
-        gpubuf_pool_new("host", be, 64u << 20, 1u << 20, &srv.slab_ids, &pool) < 0 ||
-        gpubuf_server_add_pool(&srv, pool) < 0)
+    if (gd_backend_host_new(&be, err, sizeof(err)) < 0 ||
+        gd_pool_new("host", be, 64u << 20, 1u << 20, &srv.slab_ids, &pool) < 0 ||
+        gd_server_add_pool(&srv, pool) < 0)
         abort();
     snprintf(sock_path, sizeof(sock_path), "/tmp/gpubuf-fuzz-%d.sock", (int)getpid());
-    if (gpubuf_server_listen_path(&srv, sock_path, 0600) < 0)
+    if (gd_server_listen_path(&srv, sock_path, 0600) < 0)
         abort();
 }
 
