@@ -41,7 +41,7 @@ static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg
     if ((r = gpubuf_cuda_load(&cu)) < 0) {
         gpubuf__set_error("%s", gpubuf_cuda_load_error());
         /* cuInit fails with CUDA_ERROR_NO_DEVICE when none is visible. */
-        if (r == GPUBUF_ECUDA && strstr(gpubuf_cuda_load_error(), "NO_DEVICE"))
+        if (r == GPUBUF_ECUDA && gpubuf_cuda_init_result() == CUDA_ERROR_NO_DEVICE)
             return GPUBUF_ENODEVICE;
         return r;
     }

@@ -7,6 +7,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
 #include "gpubuf/gpubuf.h"
 
 #define GPUBUF_IPC_HANDLE_SIZE 64
@@ -24,7 +25,7 @@ typedef struct gd_backend_ops {
     /* Create a slab of size bytes. On failure return a negative code and
      * write a sentence into err. */
     int (*slab_create)(gd_backend *be, uint64_t size, void **ret_priv,
-                       gd_slab_export *ret_export, char *err, size_t errlen);
+                       gd_slab_export *ret_export, gd_err *err);
     void (*slab_destroy)(gd_backend *be, void *priv, gd_slab_export *exp);
     void (*destroy)(gd_backend *be);
 } gd_backend_ops;
@@ -42,11 +43,17 @@ struct gd_backend {
     void *impl;
 };
 
-int gd_backend_host_new(gd_backend **ret, char *err, size_t errlen);
-int gd_backend_cuda_ipc_new(int device, gd_backend **ret, char *err, size_t errlen);
+int gd_backend_host_new(gd_backend **ret, gd_err *err);
+int gd_backend_cuda_ipc_new(int device, gd_backend **ret, gd_err *err);
 /* Number of CUDA devices visible to the daemon; 0 (and a message) when no driver. */
-int gd_backend_cuda_device_count(char *err, size_t errlen);
+int gd_backend_cuda_device_count(gd_err *err);
 gd_backend *gd_backend_free(gd_backend *be);
+
+/* cuda-ipc slabs are multiples of this (cuMemAlloc's large-page size). */
+#define GD_CUDA_GRANULARITY (2ull << 20)
+/* The granularity of a backend of this kind: slab sizes and capacities are
+ * multiples of it (host: the page size). */
+uint64_t gd_backend_granularity(gpubuf_pool_kind kind);
 
 const char *gd_pool_kind_name(gpubuf_pool_kind kind);
 int gd_pool_kind_parse(const char *s, gpubuf_pool_kind *ret);

@@ -12,23 +12,23 @@
 #include "backend.h"
 
 static int host_slab_create(gd_backend *be, uint64_t size, void **ret_priv,
-                            gd_slab_export *ret_export, char *err, size_t errlen) {
+                            gd_slab_export *ret_export, gd_err *err) {
     (void)be;
     int fd = memfd_create("gpubuf-slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) {
         int e = errno;
-        snprintf(err, errlen, "memfd_create: %s", strerror(e));
+        gd_err_set(err, -e, "memfd_create: %s", strerror(e));
         return -e;
     }
     if (ftruncate(fd, (off_t)size) < 0) {
         int e = errno;
-        snprintf(err, errlen, "ftruncate(%llu): %s", (unsigned long long)size, strerror(e));
+        gd_err_set(err, -e, "ftruncate(%llu): %s", (unsigned long long)size, strerror(e));
         close(fd);
         return -e;
     }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
         int e = errno;
-        snprintf(err, errlen, "F_ADD_SEALS: %s", strerror(e));
+        gd_err_set(err, -e, "F_ADD_SEALS: %s", strerror(e));
         close(fd);
         return -e;
     }
@@ -56,17 +56,15 @@ static const gd_backend_ops host_ops = {
     .destroy = host_destroy,
 };
 
-int gd_backend_host_new(gd_backend **ret, char *err, size_t errlen) {
+int gd_backend_host_new(gd_backend **ret, gd_err *err) {
     gd_backend *be = calloc(1, sizeof(*be));
-    (void)err;
-    (void)errlen;
     if (!be)
-        return -ENOMEM;
+        return gd_err_set(err, -ENOMEM, "out of memory");
     be->ops = &host_ops;
     be->kind = GPUBUF_POOL_HOST;
     be->device = -1;
     be->alignment = 256;
-    be->granularity = (uint64_t)sysconf(_SC_PAGESIZE);
+    be->granularity = gd_backend_granularity(GPUBUF_POOL_HOST);
     snprintf(be->device_name, sizeof(be->device_name), "host");
     *ret = be;
     return 0;
@@ -78,6 +76,10 @@ gd_backend *gd_backend_free(gd_backend *be) {
         free(be);
     }
     return NULL;
+}
+
+uint64_t gd_backend_granularity(gpubuf_pool_kind kind) {
+    return kind == GPUBUF_POOL_CUDA_IPC ? GD_CUDA_GRANULARITY : (uint64_t)sysconf(_SC_PAGESIZE);
 }
 
 const char *gd_pool_kind_name(gpubuf_pool_kind kind) {

@@ -8,17 +8,16 @@
 #include "util.h"
 
 int gd_pool_new(const char *name, gd_backend *be, uint64_t capacity, uint64_t slab_size,
-                    uint64_t *slab_id_counter, gd_pool **ret) {
+                uint64_t *slab_id_counter, gd_pool **ret, gd_err *err) {
     gd_pool *p;
-    if (!be || slab_size == 0 || capacity < be->granularity)
-        return -EINVAL; /* not even one slab of the smallest size fits */
+    if (!be || slab_size == 0)
+        return gd_err_set(err, -EINVAL, "no backend or a slab size of 0");
+    if (capacity < be->granularity) /* not even one slab of the smallest size fits */
+        return gd_err_set(err, -EINVAL, "capacity below the backend's allocation granularity");
     p = calloc(1, sizeof(*p));
-    if (!p)
-        return -ENOMEM;
-    p->name = strdup(name);
-    if (!p->name) {
+    if (!p || !(p->name = strdup(name))) {
         free(p);
-        return -ENOMEM;
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
     p->be = be;
     /* A slab never exceeds the capacity: a pool smaller than one slab is
@@ -84,7 +83,7 @@ static bool drop_spare(gd_pool *p) {
     return false;
 }
 
-static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret) {
+static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret, gd_err *err) {
     gd_slab *s;
     int r;
     /* The spare slab counts against the capacity: give it back when a slab
@@ -92,19 +91,17 @@ static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret)
     if (size <= p->capacity && p->reserved > p->capacity - size)
         drop_spare(p);
     if (size > p->capacity || p->reserved > p->capacity - size) {
-        snprintf(p->last_error, sizeof(p->last_error),
+        return gd_err_set(err, GPUBUF_EPOOLFULL,
                  "pool '%s' is full: %llu of %llu bytes in slabs, %llu more needed", p->name,
                  (unsigned long long)p->reserved, (unsigned long long)p->capacity,
                  (unsigned long long)size);
-        return GPUBUF_EPOOLFULL;
     }
     s = calloc(1, sizeof(*s));
     if (!s || extents_reserve(s, 8) < 0) {
         free(s);
-        return -ENOMEM;
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
-    r = p->be->ops->slab_create(p->be, size, &s->priv, &s->exp, p->last_error,
-                                sizeof(p->last_error));
+    r = p->be->ops->slab_create(p->be, size, &s->priv, &s->exp, err);
     if (r < 0) {
         free(s->free);
         free(s);
@@ -179,33 +176,31 @@ static bool fit_in(gd_slab *s, uint64_t size, uint64_t align, gd_slab **best,
     return false;
 }
 
-int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret) {
-    return gd_pool_alloc_prefer(p, size, align, NULL, 0, ret);
+int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret, gd_err *err) {
+    return gd_pool_alloc_prefer(p, size, align, NULL, 0, ret, err);
 }
 
 int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align,
-                             gd_slab *const *prefer, uint32_t n_prefer, gd_block *ret) {
+                             gd_slab *const *prefer, uint32_t n_prefer, gd_block *ret,
+                         gd_err *err) {
     gd_slab *best = NULL, *s;
     uint32_t best_i = 0;
     uint64_t best_waste = UINT64_MAX;
     int r;
-    p->last_error[0] = '\0';
     if (align == 0)
         align = p->be->alignment;
     if (size == 0 || (align & (align - 1)) || align > p->be->granularity ||
         size > UINT64_MAX / 2) {
-        snprintf(p->last_error, sizeof(p->last_error),
-                 "invalid size %llu or alignment %llu (power of two <= %llu)",
-                 (unsigned long long)size, (unsigned long long)align,
-                 (unsigned long long)p->be->granularity);
-        return -EINVAL;
+        return gd_err_set(err, -EINVAL, "invalid size %llu or alignment %llu (power of two <= %llu)",
+                          (unsigned long long)size, (unsigned long long)align,
+                          (unsigned long long)p->be->granularity);
     }
     if (align < p->be->alignment)
         align = p->be->alignment;
     size = gpubuf_align_up(size, p->be->alignment);
 
     if (size > p->slab_size) {
-        r = slab_create(p, gpubuf_align_up(size, p->be->granularity), true, &s);
+        r = slab_create(p, gpubuf_align_up(size, p->be->granularity), true, &s, err);
         if (r < 0)
             return r;
         best = s;
@@ -222,7 +217,7 @@ int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align,
                 break;
         }
         if (!best) {
-            r = slab_create(p, p->slab_size, false, &s);
+            r = slab_create(p, p->slab_size, false, &s, err);
             if (r < 0)
                 return r;
             best = s;
@@ -233,7 +228,7 @@ int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align,
         if (best->blocks == 0 && best->pins == 0 &&
             (best->dedicated || has_other_spare(p, best)))
             slab_destroy(p, best);
-        return -ENOMEM;
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
     take(best, best_i, size, align, ret);
     p->used += size;

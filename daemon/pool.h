@@ -56,24 +56,23 @@ typedef struct gd_pool {
      * both lists are empty, everyone who can connect. */
     uint32_t allow_uids[32], allow_gids[32];
     int n_allow_uids, n_allow_gids;
-    char last_error[256];
 } gd_pool;
 
 /* Create a pool over backend be (the pool takes ownership of be). */
 int gd_pool_new(const char *name, gd_backend *be, uint64_t capacity, uint64_t slab_size,
-                    uint64_t *slab_id_counter, gd_pool **ret);
+                uint64_t *slab_id_counter, gd_pool **ret, gd_err *err);
 gd_pool *gd_pool_free(gd_pool *p);
 
 /* Allocate size bytes aligned to align (0: the backend's alignment; must be a
  * power of two no larger than the slab granularity).
- * Returns 0, -EINVAL, GPUBUF_EPOOLFULL, or a backend error (message in
- * p->last_error). */
-int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret);
+ * Returns 0, -EINVAL, GPUBUF_EPOOLFULL, or a backend error (code and sentence
+ * in err). */
+int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret, gd_err *err);
 /* The same, placing the block in one of the n_prefer regular slabs of p in
  * prefer (best fit among them) when one has room, before looking at the
  * others: a client's new buffers go to slabs its process has mapped. */
 int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align,
-                             gd_slab *const *prefer, uint32_t n_prefer, gd_block *ret);
+                             gd_slab *const *prefer, uint32_t n_prefer, gd_block *ret, gd_err *err);
 
 /* Give a block back; may destroy its slab (not while it is pinned). */
 void gd_pool_release(gd_pool *p, const gd_block *b);

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 #include <uthash.h>
 
+#include "error.h"
 #include "pool.h"
 
 typedef struct gd_buf gd_buf;
@@ -70,18 +71,19 @@ struct gd_holder {
 
 /* A pending open(). The caller embeds it and fills target and callbacks.
  * wake(): the buffer was sealed and a reference was taken for the holder.
- * The registry unlinks a waiter before calling wake(); the waiter is not
- * touched after either callback returns. */
+ * fail(): it never will be (deleted, or refused with -EACCES or -EDQUOT),
+ * with the reason in err; without fail, cancel() is called instead.
+ * The registry unlinks a waiter before calling back; the waiter is not
+ * touched after a callback returns. */
 struct gd_waiter {
     gd_holder *holder;
     char *name;           /* target name, or NULL for by-id */
     uint64_t buffer_id;
     void (*wake)(gd_waiter *w, gd_buf *b);
     void (*cancel)(gd_waiter *w); /* holder dropped */
-    /* The awaited buffer (by id) went away before it was sealed. */
-    void (*fail)(gd_waiter *w, int err);
-    gd_waiter *next, *prev;       /* registry list */
-    gd_waiter *hnext, *hprev;     /* holder list */
+    void (*fail)(gd_waiter *w, const gd_err *err);
+    gd_waiter *next, *prev;       /* registry list (utlist DL) */
+    gd_waiter *hnext, *hprev;     /* holder list (utlist DL) */
 };
 
 /* What one uid owns (buffers outlive the client that made them). */
@@ -116,7 +118,6 @@ typedef struct gd_registry {
     uint32_t n_buffers;
     uint32_t n_waiters;
     uint64_t freed_buffers; /* counters for status/metrics */
-    char last_error[256];
 } gd_registry;
 
 void gd_registry_init(gd_registry *r);
@@ -132,24 +133,41 @@ gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id);
 gd_buf *gd_registry_find_name(gd_registry *r, const char *name);
 uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id);
 
-/* All return 0 or a negative code, with a sentence in r->last_error. */
+/* The registry is the one place that decides names and access. Every call
+ * below returns 0 or a negative code and then fills err (which may be NULL)
+ * with the code and a sentence for the client. */
+
+/* Name rules: -ENAMETOOLONG, or -EINVAL for a character outside
+ * A-Z a-z 0-9 . _ : / @ + - (or a leading '/'). */
+int gd_registry_check_name(const char *name, gd_err *err);
+/* May holder h allocate from and open buffers of pool? -EACCES if not. */
+int gd_registry_check_pool(const gd_holder *h, const gd_pool *pool, gd_err *err);
+
+/* name NULL or "" for an anonymous buffer. Checks the name, the pool's
+ * access list and the quotas. */
 int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
-                          uint64_t align, const char *name, gd_buf **ret);
-int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret);
-/* Take a reference to a sealed buffer. -ENOENT when the name/id is unknown
- * or not sealed yet (the caller may then wait). */
-int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
-                         gd_buf **ret);
-int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id);
+                      uint64_t align, const char *name, gd_buf **ret, gd_err *err);
+int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd_err *err);
+/* Take a reference to a sealed buffer, by name (when name is not NULL) or
+ * id, in one lookup. -EACCES for a buffer of a pool h may not use, whatever
+ * its state. -ENOENT when the name/id is unknown or not sealed yet; then
+ * *ret_waitable (if given) says whether it may still be sealed: any name, or
+ * an id in state ALLOCATED. */
+int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id, gd_buf **ret,
+                     bool *ret_waitable, gd_err *err);
+int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err);
 /* Release; with keep, the holder also keeps the buffer's slab mapped: the
  * slab stays (pinned) until gd_registry_unmap() or the holder goes.
  * -EINVAL for a dedicated slab, -EDQUOT beyond kept_slabs_per_client (the
  * reference is released either way). */
-int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool keep);
+int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool keep,
+                             gd_err *err);
 /* The holder no longer maps slab_id. GPUBUF_ENOTHELD when it kept no such
  * slab. */
-int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id);
-int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id);
+int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *err);
+/* Unpublish by name or id: the owner's uid or root only (-EPERM). */
+int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
+                       gd_err *err);
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w);
 /* Remove a waiter without calling back (timeout, reply already sent). */

@@ -15,6 +15,9 @@
 #include "pool.h"
 #include "registry.h"
 
+/* Where the calls under test write their error (one per test process). */
+static gd_err tr_err;
+
 #define MIB (1024ull * 1024ull)
 
 #define UID_A 1000
@@ -31,10 +34,9 @@ typedef struct env {
 
 static void env_init_cap(env *e, uint64_t capacity) {
     gd_backend *be = NULL;
-    char err[256] = "";
     memset(e, 0, sizeof(*e));
-    ck_assert_int_eq(gd_backend_host_new(&be, err, sizeof(err)), 0);
-    ck_assert_int_eq(gd_pool_new("host", be, capacity, MIB, &e->slab_ids, &e->pool), 0);
+    ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
+    ck_assert_int_eq(gd_pool_new("host", be, capacity, MIB, &e->slab_ids, &e->pool, &tr_err), 0);
     gd_registry_init(&e->reg);
 }
 
@@ -60,17 +62,17 @@ static gd_holder *holder(env *e, uid_t uid) {
 
 static gd_buf *alloc_ok(env *e, gd_holder *h, uint64_t size, const char *name) {
     gd_buf *b = NULL;
-    int r = gd_registry_alloc(&e->reg, h, e->pool, size, 0, name, &b);
+    int r = gd_registry_alloc(&e->reg, h, e->pool, size, 0, name, &b, &tr_err);
     ck_assert_msg(r == 0, "alloc(%llu, %s) = %d: %s", (unsigned long long)size,
-                  name ? name : "(anonymous)", r, e->reg.last_error);
+                  name ? name : "(anonymous)", r, tr_err.msg);
     ck_assert_ptr_nonnull(b);
     return b;
 }
 
 static void seal_ok(env *e, gd_holder *h, gd_buf *b) {
     gd_buf *ret = NULL;
-    int r = gd_registry_seal(&e->reg, h, b->id, &ret);
-    ck_assert_msg(r == 0, "seal(%llu) = %d: %s", (unsigned long long)b->id, r, e->reg.last_error);
+    int r = gd_registry_seal(&e->reg, h, b->id, &ret, &tr_err);
+    ck_assert_msg(r == 0, "seal(%llu) = %d: %s", (unsigned long long)b->id, r, tr_err.msg);
     ck_assert_ptr_eq(ret, b);
     ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
 }
@@ -153,9 +155,9 @@ START_TEST(test_placement_prefers_held_slabs) {
     gd_buf *a3 = alloc_ok(&e, a, 200 * 1024, "a3");
     ck_assert_ptr_ne(a3->blk.slab, a1->blk.slab);
     ck_assert_uint_eq(HASH_COUNT(a->slabs), 2);
-    ck_assert_int_eq(gd_registry_release(&e.reg, a, a1->id), 0);
-    ck_assert_int_eq(gd_registry_release(&e.reg, a, a2->id), 0);
-    ck_assert_int_eq(gd_registry_release(&e.reg, a, a3->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, a1->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, a2->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, a3->id, &tr_err), 0);
     ck_assert_ptr_null(a->slabs);
     /* Nothing held: best fit, which is b1's slab (60 KiB free after b2). */
     gd_buf *a4 = alloc_ok(&e, a, 32 * 1024, "a4");
@@ -163,7 +165,7 @@ START_TEST(test_placement_prefers_held_slabs) {
     /* Opening counts too: a opens b1 and its buffers follow b's slab. */
     seal_ok(&e, b, b1);
     gd_buf *o = NULL;
-    ck_assert_int_eq(gd_registry_open(&e.reg, a, "b1", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, a, "b1", 0, &o, NULL, &tr_err), 0);
     ck_assert_uint_eq(HASH_COUNT(a->slabs), 1);
     ck_assert_uint_eq(a->slabs->buffers, 2);
     gd_registry_holder_drop(&e.reg, a);
@@ -184,11 +186,11 @@ START_TEST(test_kept_slabs) {
     gd_buf *b1 = alloc_ok(&e, b, 768 * 1024, "b1");
     gd_slab *s2 = b1->blk.slab;
     ck_assert_ptr_ne(s1, s2);
-    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a1->id, true), 0);
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a1->id, true, &tr_err), 0);
     ck_assert_uint_eq(s1->pins, 1);
     ck_assert_uint_eq(s1->blocks, 0); /* a1 (never sealed) is gone, the slab stays */
     ck_assert_uint_eq(a->n_kept, 1);
-    ck_assert_int_eq(gd_registry_release_keep(&e.reg, b, b1->id, true), -EDQUOT);
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, b, b1->id, true, &tr_err), -EDQUOT);
     ck_assert_uint_eq(b->n_refs, 0); /* released all the same */
     /* s2 went (empty, and s1 is another empty slab); s1 stayed, pinned. */
     ck_assert_uint_eq(e.pool->n_slabs, 1);
@@ -198,21 +200,21 @@ START_TEST(test_kept_slabs) {
     ck_assert_ptr_eq(a2->blk.slab, s1);
     gd_buf *a3 = alloc_ok(&e, a, 900 * 1024, "a3");
     ck_assert_ptr_ne(a3->blk.slab, s1);
-    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a2->id, true), 0);
-    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a3->id, true), -EDQUOT);
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a2->id, true, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a3->id, true, &tr_err), -EDQUOT);
     ck_assert_uint_eq(s1->pins, 1);
     ck_assert_uint_eq(a->n_kept, 1);
-    ck_assert_int_eq(gd_registry_unmap(&e.reg, a, s1->id + 1000), GPUBUF_ENOTHELD);
-    ck_assert_int_eq(gd_registry_unmap(&e.reg, a, s1->id), 0);
+    ck_assert_int_eq(gd_registry_unmap(&e.reg, a, s1->id + 1000, &tr_err), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_unmap(&e.reg, a, s1->id, &tr_err), 0);
     ck_assert_uint_eq(a->n_kept, 0);
     ck_assert_ptr_null(a->slabs);
-    ck_assert_int_eq(gd_registry_unmap(&e.reg, a, s1->id), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_unmap(&e.reg, a, s1->id, &tr_err), GPUBUF_ENOTHELD);
     ck_assert_uint_le(e.pool->n_slabs, 1); /* the spare at most */
     /* A holder that goes unpins what it kept. */
     gd_buf *a4 = alloc_ok(&e, a, 768 * 1024, "a4");
     gd_slab *s4 = a4->blk.slab;
     gd_buf *a5 = alloc_ok(&e, a, 768 * 1024, "a5"); /* another slab: s4 cannot be the spare */
-    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a4->id, true), 0);
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a4->id, true, &tr_err), 0);
     ck_assert_uint_eq(s4->pins, 1);
     gd_registry_holder_drop(&e.reg, a);
     (void)a5;
@@ -251,7 +253,7 @@ START_TEST(test_alloc_reference) {
     /* An explicit alignment reaches the pool. */
     gd_buf *a = NULL;
     uint64_t align = e.pool->be->granularity;
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 10, align, NULL, &a), 0);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 10, align, NULL, &a, &tr_err), 0);
     ck_assert_uint_eq(a->blk.offset % align, 0);
     ck_assert_uint_gt(a->id, b->id);
     ck_assert_uint_eq(h->n_refs, 2);
@@ -260,11 +262,11 @@ START_TEST(test_alloc_reference) {
 
     /* Bad sizes and alignments: nothing is created. */
     gd_buf *x = NULL;
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 0, 0, "zero", &x), -EINVAL);
-    ck_assert_str_ne(e.reg.last_error, "");
-    e.reg.last_error[0] = '\0';
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 10, 3, "three", &x), -EINVAL);
-    ck_assert_str_ne(e.reg.last_error, "");
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 0, 0, "zero", &x, &tr_err), -EINVAL);
+    ck_assert_str_ne(tr_err.msg, "");
+    tr_err.msg[0] = '\0';
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 10, 3, "three", &x, &tr_err), -EINVAL);
+    ck_assert_str_ne(tr_err.msg, "");
     ck_assert_ptr_null(x);
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "zero"));
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "three"));
@@ -280,10 +282,10 @@ START_TEST(test_alloc_pool_full) {
     gd_holder *h = holder(&e, UID_A);
     gd_buf *x = NULL;
 
-    int r = gd_registry_alloc(&e.reg, h, e.pool, 3 * MIB, 0, "huge", &x);
+    int r = gd_registry_alloc(&e.reg, h, e.pool, 3 * MIB, 0, "huge", &x, &tr_err);
     ck_assert_int_eq(r, GPUBUF_EPOOLFULL);
     ck_assert_ptr_null(x);
-    ck_assert_ptr_nonnull(strstr(e.reg.last_error, "full"));
+    ck_assert_ptr_nonnull(strstr(tr_err.msg, "full"));
     /* A failed allocation takes neither a name, nor an id, nor a reference. */
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "huge"));
     ck_assert_uint_eq(e.reg.n_buffers, 0);
@@ -291,10 +293,10 @@ START_TEST(test_alloc_pool_full) {
     gd_buf *b = alloc_ok(&e, h, MIB, "huge");
     ck_assert_uint_eq(b->id, 1);
     gd_buf *c = alloc_ok(&e, h, MIB, "second");
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 1, 0, "third", &x), GPUBUF_EPOOLFULL);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 1, 0, "third", &x, &tr_err), GPUBUF_EPOOLFULL);
     ck_assert_uint_eq(e.reg.n_buffers, 2);
     /* Releasing makes room again. */
-    ck_assert_int_eq(gd_registry_release(&e.reg, h, c->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, c->id, &tr_err), 0);
     alloc_ok(&e, h, 1, "third");
     (void)b;
     env_fini(&e);
@@ -312,12 +314,12 @@ START_TEST(test_name_duplicate) {
     uint64_t used = e.pool->used;
 
     /* Taken while allocated, by the same or another client. */
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h1, e.pool, 100, 0, "dup", &x), -EEXIST);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h2, e.pool, 100, 0, "dup", &x), -EEXIST);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h1, e.pool, 100, 0, "dup", &x, &tr_err), -EEXIST);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h2, e.pool, 100, 0, "dup", &x, &tr_err), -EEXIST);
     /* And while sealed. */
     seal_ok(&e, h1, b);
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h2, e.pool, 100, 0, "dup", &x), -EEXIST);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h2, e.pool, 100, 0, "dup", &x, &tr_err), -EEXIST);
     ck_assert_ptr_null(x);
     ck_assert_uint_eq(e.pool->used, used);
     ck_assert_uint_eq(e.reg.n_buffers, 1);
@@ -348,10 +350,10 @@ START_TEST(test_name_invalid) {
     gd_holder *h = holder(&e, UID_A);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         gd_buf *x = NULL;
-        e.reg.last_error[0] = '\0';
-        int r = gd_registry_alloc(&e.reg, h, e.pool, 64, 0, bad[i], &x);
+        tr_err.msg[0] = '\0';
+        int r = gd_registry_alloc(&e.reg, h, e.pool, 64, 0, bad[i], &x, &tr_err);
         ck_assert_msg(r == -EINVAL, "name '%s': %d", bad[i], r);
-        ck_assert_str_ne(e.reg.last_error, "");
+        ck_assert_str_ne(tr_err.msg, "");
         ck_assert_ptr_null(x);
         ck_assert_ptr_null(gd_registry_find_name(&e.reg, bad[i]));
     }
@@ -379,13 +381,13 @@ START_TEST(test_name_too_long) {
     memset(name, 'n', GPUBUF_NAME_MAX + 1);
     name[GPUBUF_NAME_MAX + 1] = '\0';
     ck_assert_uint_eq(strlen(name), 256);
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 64, 0, name, &x), -ENAMETOOLONG);
-    ck_assert_str_ne(e.reg.last_error, "");
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 64, 0, name, &x, &tr_err), -ENAMETOOLONG);
+    ck_assert_str_ne(tr_err.msg, "");
     ck_assert_ptr_null(x);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     /* Too long and invalid: the length is what is reported. */
     name[10] = ' ';
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 64, 0, name, &x), -ENAMETOOLONG);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 64, 0, name, &x, &tr_err), -ENAMETOOLONG);
     /* 255 bytes is the longest accepted name. */
     memset(name, 'n', GPUBUF_NAME_MAX);
     name[GPUBUF_NAME_MAX] = '\0';
@@ -421,9 +423,10 @@ START_TEST(test_anonymous) {
     gd_holder *h2 = holder(&e, UID_B);
     gd_buf *o = NULL;
     seal_ok(&e, h, a);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, a->id, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, a->id, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, a);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "", 0, &o), -ENOENT);
+    /* "" is no name: the registry's name rules refuse it. */
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "", 0, &o, NULL, &tr_err), -EINVAL);
     ck_assert_uint_eq(a->refs, 2);
     env_fini(&e);
 }
@@ -438,14 +441,14 @@ START_TEST(test_open_unsealed) {
     gd_buf *b = alloc_ok(&e, h1, 64, "pending");
     gd_buf *o = NULL;
 
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "pending", 0, &o), -ENOENT);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, b->id, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "pending", 0, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, b->id, &o, NULL, &tr_err), -ENOENT);
     /* Not even the creator can open it before the seal. */
-    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "pending", 0, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "pending", 0, &o, NULL, &tr_err), -ENOENT);
     /* Unknown names and ids. */
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "nothing", 0, &o), -ENOENT);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, b->id + 100, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "nothing", 0, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, b->id + 100, &o, NULL, &tr_err), -ENOENT);
     ck_assert_ptr_null(o);
     ck_assert_uint_eq(b->refs, 1);
     ck_assert_uint_eq(h1->n_refs, 1);
@@ -453,7 +456,7 @@ START_TEST(test_open_unsealed) {
     ck_assert_uint_eq(gd_registry_holder_count(h2, b->id), 0);
 
     seal_ok(&e, h1, b);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "pending", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "pending", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
     env_fini(&e);
 }
@@ -470,14 +473,14 @@ START_TEST(test_seal_permissions_state) {
     gd_buf *ret = NULL;
 
     /* Only the holder that allocated it may seal, whatever its uid. */
-    ck_assert_int_eq(gd_registry_seal(&e.reg, other, b->id, &ret), -EPERM);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gd_registry_seal(&e.reg, same_uid, b->id, &ret), -EPERM);
-    ck_assert_int_eq(gd_registry_seal(&e.reg, root, b->id, &ret), -EPERM);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, other, b->id, &ret, &tr_err), -EPERM);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_seal(&e.reg, same_uid, b->id, &ret, &tr_err), -EPERM);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, root, b->id, &ret, &tr_err), -EPERM);
     ck_assert_ptr_null(ret);
     ck_assert_int_eq(b->state, GPUBUF_STATE_ALLOCATED);
 
-    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, b->id, &ret), 0);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, b->id, &ret, &tr_err), 0);
     ck_assert_ptr_eq(ret, b);
     ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
     /* Sealing takes no reference. */
@@ -485,20 +488,20 @@ START_TEST(test_seal_permissions_state) {
     ck_assert_uint_eq(owner->n_refs, 1);
 
     ret = NULL;
-    e.reg.last_error[0] = '\0';
-    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, b->id, &ret), GPUBUF_ESTATE);
-    ck_assert_str_ne(e.reg.last_error, "");
+    tr_err.msg[0] = '\0';
+    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, b->id, &ret, &tr_err), GPUBUF_ESTATE);
+    ck_assert_str_ne(tr_err.msg, "");
     ck_assert_ptr_null(ret);
     ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
     /* Unknown id. */
-    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, b->id + 1, &ret), -ENOENT);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, b->id + 1, &ret, &tr_err), -ENOENT);
 
     /* A deleted (never sealed) buffer cannot be sealed any more. */
     gd_buf *d = alloc_ok(&e, owner, 64, "d");
-    ck_assert_int_eq(gd_registry_delete(&e.reg, owner, "d", 0), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, owner, "d", 0, &tr_err), 0);
     ck_assert_int_eq(d->state, GPUBUF_STATE_DELETED);
     ck_assert_ptr_eq(gd_registry_find_id(&e.reg, d->id), d);
-    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, d->id, &ret), GPUBUF_ESTATE);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, d->id, &ret, &tr_err), GPUBUF_ESTATE);
     ck_assert_int_eq(d->state, GPUBUF_STATE_DELETED);
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "d"));
     env_fini(&e);
@@ -513,18 +516,18 @@ START_TEST(test_open_refcounts) {
     gd_buf *c = publish(&e, h1, 4096, "other");
     gd_buf *o = NULL;
 
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "shared", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "shared", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
     o = NULL;
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "shared", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "shared", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
     o = NULL;
-    ck_assert_int_eq(gd_registry_open(&e.reg, h3, NULL, b->id, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h3, NULL, b->id, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h3, "other", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h3, "other", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, c);
     /* The creator may open its own sealed buffer too. */
-    ck_assert_int_eq(gd_registry_open(&e.reg, h1, NULL, b->id, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, NULL, b->id, &o, NULL, &tr_err), 0);
 
     ck_assert_uint_eq(gd_registry_holder_count(h1, b->id), 2);
     ck_assert_uint_eq(gd_registry_holder_count(h2, b->id), 2);
@@ -540,11 +543,11 @@ START_TEST(test_open_refcounts) {
     ck_assert_uint_eq(HASH_CNT(hh, h2->refs), 1);
 
     /* Releases undo exactly one reference each. */
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id, &tr_err), 0);
     ck_assert_uint_eq(gd_registry_holder_count(h2, b->id), 1);
     ck_assert_uint_eq(b->refs, 4);
     ck_assert_uint_eq(h2->n_refs, 1);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h3, b->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h3, b->id, &tr_err), 0);
     ck_assert_uint_eq(gd_registry_holder_count(h3, b->id), 0);
     ck_assert_uint_eq(gd_registry_holder_count(h3, c->id), 1);
     ck_assert_uint_eq(HASH_CNT(hh, h3->refs), 1);
@@ -563,30 +566,30 @@ START_TEST(test_release_not_held) {
     gd_buf *o = NULL;
 
     /* h2 holds nothing yet. */
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id), GPUBUF_ENOTHELD);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, 12345), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id, &tr_err), GPUBUF_ENOTHELD);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, 12345, &tr_err), GPUBUF_ENOTHELD);
     ck_assert_uint_eq(b->refs, 1);
     ck_assert_uint_eq(h1->n_refs, 1);
 
     /* Open once, release twice: the second one is refused. */
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "r", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "r", 0, &o, NULL, &tr_err), 0);
     ck_assert_uint_eq(b->refs, 2);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id, &tr_err), 0);
     ck_assert_uint_eq(b->refs, 1);
     ck_assert_uint_eq(h2->n_refs, 0);
     ck_assert_ptr_null(h2->refs);
-    e.reg.last_error[0] = '\0';
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id), GPUBUF_ENOTHELD);
-    ck_assert_str_ne(e.reg.last_error, "");
+    tr_err.msg[0] = '\0';
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id, &tr_err), GPUBUF_ENOTHELD);
+    ck_assert_str_ne(tr_err.msg, "");
     ck_assert_uint_eq(b->refs, 1);
     ck_assert_uint_eq(h2->n_refs, 0);
     /* h1's reference was never touched. */
     ck_assert_uint_eq(gd_registry_holder_count(h1, b->id), 1);
 
     /* The same for the creator: double release of a sealed named buffer. */
-    ck_assert_int_eq(gd_registry_release(&e.reg, h1, b->id), 0);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h1, b->id), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, b->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, b->id, &tr_err), GPUBUF_ENOTHELD);
     ck_assert_uint_eq(b->refs, 0);
     ck_assert_uint_eq(h1->n_refs, 0);
     env_fini(&e);
@@ -601,7 +604,7 @@ START_TEST(test_named_sealed_persists) {
     uint64_t id = b->id, blk = b->blk.size;
     gd_buf *o = NULL;
 
-    ck_assert_int_eq(gd_registry_release(&e.reg, h1, id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, id, &tr_err), 0);
     /* No references left, but still published. */
     ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "keep"), b);
     ck_assert_ptr_eq(gd_registry_find_id(&e.reg, id), b);
@@ -612,29 +615,29 @@ START_TEST(test_named_sealed_persists) {
     ck_assert_uint_eq(e.reg.freed_buffers, 0);
 
     /* Another client opens and releases it: it still stays. */
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "keep", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "keep", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
     ck_assert_uint_eq(b->refs, 1);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), 0);
     ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "keep"), b);
     ck_assert_uint_eq(e.pool->used, blk);
 
     /* Deleted with no references: the memory goes back at once. */
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, "keep", 0), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, "keep", 0, &tr_err), 0);
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "keep"));
     ck_assert_ptr_null(gd_registry_find_id(&e.reg, id));
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(e.pool->n_blocks, 0);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     ck_assert_uint_eq(e.reg.freed_buffers, 1);
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, "keep", 0), -ENOENT);
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, NULL, id), -ENOENT);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, "keep", 0, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, NULL, id, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), -ENOENT);
     /* The same again, deleting by id. */
     b = publish(&e, h1, 10, "keep");
-    ck_assert_int_eq(gd_registry_release(&e.reg, h1, b->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, b->id, &tr_err), 0);
     ck_assert_uint_eq(e.pool->n_blocks, 1);
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, b->id), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, b->id, &tr_err), 0);
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(e.reg.freed_buffers, 2);
     env_fini(&e);
@@ -650,23 +653,23 @@ START_TEST(test_anonymous_freed_with_last_ref) {
     uint64_t id = b->id, keep_used = keep->blk.size;
     gd_buf *o = NULL;
 
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o), 0);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o), 0);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h1, id), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, id, &tr_err), 0);
     ck_assert_ptr_eq(gd_registry_find_id(&e.reg, id), b);
     ck_assert_uint_eq(b->refs, 2);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), 0);
     ck_assert_ptr_eq(gd_registry_find_id(&e.reg, id), b);
     ck_assert_uint_eq(e.reg.freed_buffers, 0);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), 0);
     /* The last reference took the buffer with it. */
     ck_assert_ptr_null(gd_registry_find_id(&e.reg, id));
     ck_assert_uint_eq(e.pool->used, keep_used);
     ck_assert_uint_eq(e.pool->n_blocks, 1);
     ck_assert_uint_eq(e.reg.n_buffers, 1);
     ck_assert_uint_eq(e.reg.freed_buffers, 1);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o), -ENOENT);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), GPUBUF_ENOTHELD);
     env_fini(&e);
 }
 END_TEST
@@ -681,9 +684,9 @@ START_TEST(test_unsealed_freed_with_last_ref) {
 
     /* A buffer never sealed cannot be reached by anyone else: its creator's
      * release frees it, named or not. */
-    ck_assert_int_eq(gd_registry_release(&e.reg, h, aid), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, aid, &tr_err), 0);
     ck_assert_ptr_null(gd_registry_find_id(&e.reg, aid));
-    ck_assert_int_eq(gd_registry_release(&e.reg, h, nid), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, nid, &tr_err), 0);
     ck_assert_ptr_null(gd_registry_find_id(&e.reg, nid));
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "draft"));
     ck_assert_uint_eq(e.pool->used, 0);
@@ -707,8 +710,8 @@ START_TEST(test_delete_while_referenced) {
     uint64_t id = b->id, blk = b->blk.size;
     gd_buf *o = NULL;
 
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "d", 0, &o), 0);
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "d", 0), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "d", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "d", 0, &tr_err), 0);
     ck_assert_int_eq(b->state, GPUBUF_STATE_DELETED);
     ck_assert(!b->in_name_index);
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "d"));
@@ -716,28 +719,28 @@ START_TEST(test_delete_while_referenced) {
     ck_assert_uint_eq(b->refs, 2);
     ck_assert_uint_eq(e.pool->used, blk);
     /* Nobody can take a new reference, by name or by id. */
-    ck_assert_int_eq(gd_registry_open(&e.reg, h3, "d", 0, &o), -ENOENT);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h3, NULL, id, &o), -ENOENT);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h3, "d", 0, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h3, NULL, id, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), -ENOENT);
     ck_assert_uint_eq(b->refs, 2);
     /* A second delete finds nothing. */
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "d", 0), -ENOENT);
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, id), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "d", 0, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, id, &tr_err), -ENOENT);
 
     /* The name can be reused at once. */
     gd_buf *n = publish(&e, h3, 100, "d");
     ck_assert_ptr_ne(n, b);
     ck_assert_uint_ne(n->id, id);
     ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "d"), n);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "d", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "d", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, n);
     ck_assert_uint_eq(e.pool->used, blk + n->blk.size);
 
     /* The old buffer goes with its last reference, the new one stays. */
-    ck_assert_int_eq(gd_registry_release(&e.reg, h1, id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, id, &tr_err), 0);
     ck_assert_ptr_eq(gd_registry_find_id(&e.reg, id), b);
     ck_assert_uint_eq(e.pool->used, blk + n->blk.size);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), 0);
     ck_assert_ptr_null(gd_registry_find_id(&e.reg, id));
     ck_assert_uint_eq(e.pool->used, n->blk.size);
     ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "d"), n);
@@ -748,9 +751,9 @@ START_TEST(test_delete_while_referenced) {
     /* An anonymous buffer deleted by id while referenced behaves alike. */
     gd_buf *a = publish(&e, h1, 64, NULL);
     uint64_t aid = a->id;
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, aid), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, aid, &tr_err), 0);
     ck_assert_ptr_eq(gd_registry_find_id(&e.reg, aid), a);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h1, aid), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, aid, &tr_err), 0);
     ck_assert_ptr_null(gd_registry_find_id(&e.reg, aid));
     ck_assert_uint_eq(e.pool->used, n->blk.size);
     env_fini(&e);
@@ -765,24 +768,24 @@ START_TEST(test_delete_permissions) {
     gd_buf *b = publish(&e, owner, 64, "p");
     gd_buf *c = publish(&e, owner, 64, "q");
 
-    ck_assert_int_eq(gd_registry_delete(&e.reg, other, "p", 0), -EPERM);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gd_registry_delete(&e.reg, other, NULL, b->id), -EPERM);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, other, "p", 0, &tr_err), -EPERM);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_delete(&e.reg, other, NULL, b->id, &tr_err), -EPERM);
     ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
     ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "p"), b);
     /* Root may delete anything. */
-    ck_assert_int_eq(gd_registry_delete(&e.reg, root, "p", 0), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, root, "p", 0, &tr_err), 0);
     ck_assert_int_eq(b->state, GPUBUF_STATE_DELETED);
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "p"));
     /* Ownership is by uid: another client of the same user may delete. */
-    ck_assert_int_eq(gd_registry_delete(&e.reg, same_uid, NULL, c->id), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, same_uid, NULL, c->id, &tr_err), 0);
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "q"));
     /* Unknown names. */
-    ck_assert_int_eq(gd_registry_delete(&e.reg, root, "nope", 0), -ENOENT);
-    ck_assert_int_eq(gd_registry_delete(&e.reg, root, NULL, 999), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, root, "nope", 0, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, root, NULL, 999, &tr_err), -ENOENT);
     ck_assert_uint_eq(e.reg.n_buffers, 2); /* still referenced by owner */
-    ck_assert_int_eq(gd_registry_release(&e.reg, owner, b->id), 0);
-    ck_assert_int_eq(gd_registry_release(&e.reg, owner, c->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, owner, b->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, owner, c->id, &tr_err), 0);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     ck_assert_uint_eq(e.pool->used, 0);
     env_fini(&e);
@@ -803,10 +806,10 @@ START_TEST(test_holder_drop) {
     uint64_t uid = u->id, uaid = ua->id, sid = s->id, xid = x->id;
     test_waiter w1a, w1b, w2;
 
-    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "sealed", 0, &o), 0);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "sealed", 0, &o), 0);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "sealed", 0, &o), 0);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, xid, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "sealed", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "sealed", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "sealed", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, xid, &o, NULL, &tr_err), 0);
     tw_wait(&e, &w1a, h1, "later", 0);
     tw_wait(&e, &w1b, h1, NULL, 777);
     tw_wait(&e, &w2, h2, "unsealed", 0);
@@ -850,7 +853,7 @@ START_TEST(test_holder_drop) {
     ck_assert_uint_eq(e.pool->used, s->blk.size);
 
     gd_holder *root = holder(&e, 0);
-    ck_assert_int_eq(gd_registry_delete(&e.reg, root, "sealed", 0), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, root, "sealed", 0, &tr_err), 0);
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     env_fini(&e);
@@ -867,7 +870,7 @@ START_TEST(test_holder_drop_other_buffers) {
     gd_buf *theirs = alloc_ok(&e, h2, 64, "theirs");
     gd_buf *gone = alloc_ok(&e, h1, 64, "gone");
     uint64_t mine_id = mine->id, gone_id = gone->id;
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "gone", 0), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "gone", 0, &tr_err), 0);
     ck_assert_ptr_eq(gd_registry_find_id(&e.reg, gone_id), gone);
 
     gd_registry_holder_drop(&e.reg, h1);
@@ -932,8 +935,8 @@ START_TEST(test_wait_name) {
     ck_assert_uint_eq(gd_registry_holder_count(h3, wrong->id), 0);
 
     /* The woken references are real: released like opened ones. */
-    ck_assert_int_eq(gd_registry_release(&e.reg, h3, b->id), 0);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h3, b->id), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h3, b->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h3, b->id, &tr_err), GPUBUF_ENOTHELD);
     ck_assert_uint_eq(b->refs, 3);
 
     /* Destroying the registry cancels the waits still pending. */
@@ -976,9 +979,9 @@ START_TEST(test_wait_id) {
     ck_assert_uint_eq(h2->n_refs, 2);
 
     /* The creator lets go: the waiter's reference keeps y alive. */
-    ck_assert_int_eq(gd_registry_release(&e.reg, h1, y->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, y->id, &tr_err), 0);
     ck_assert_ptr_eq(gd_registry_find_id(&e.reg, wy.buf_id), y);
-    ck_assert_int_eq(gd_registry_release(&e.reg, h2, wy.buf_id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, wy.buf_id, &tr_err), 0);
     ck_assert_ptr_null(gd_registry_find_id(&e.reg, wy.buf_id));
     env_fini(&e);
 }
@@ -992,7 +995,7 @@ START_TEST(test_wait_reused_name) {
     gd_buf *old = publish(&e, h1, 64, "cam");
     test_waiter w;
 
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "cam", 0), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "cam", 0, &tr_err), 0);
     tw_wait(&e, &w, h2, "cam", 0);
     gd_buf *n = alloc_ok(&e, h1, 64, "cam");
     ck_assert_int_eq(w.woken, 0);
@@ -1029,7 +1032,9 @@ START_TEST(test_unwait) {
     ck_assert_uint_eq(e.reg.n_waiters, 1);
     ck_assert_ptr_eq(e.reg.waiters, &w3.w);
     ck_assert_ptr_eq(h2->waiters, &w3.w);
-    ck_assert(waiter_unlinked(&w3.w));
+    /* The only one left: nothing after it in either list. */
+    ck_assert_ptr_null(w3.w.next);
+    ck_assert_ptr_null(w3.w.hnext);
     /* No callback for removed waiters. */
     ck_assert_int_eq(w1.woken + w1.cancelled + w2.woken + w2.cancelled, 0);
     ck_assert_int_eq(w4.woken + w4.cancelled, 0);
@@ -1125,11 +1130,11 @@ START_TEST(test_destroy_frees_everything) {
     gd_buf *x = publish(&e, h2, 4000, NULL);
     gd_buf *orphan = publish(&e, h1, 500, "orphan");
     gd_buf *del = publish(&e, h1, 700, "deleted");
-    ck_assert_int_eq(gd_registry_release(&e.reg, h1, orphan->id), 0);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, del->id, &o), 0);
-    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "deleted", 0), 0);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "sealed", 0, &o), 0);
-    ck_assert_int_eq(gd_registry_open(&e.reg, h1, NULL, x->id, &o), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, orphan->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, del->id, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "deleted", 0, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "sealed", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, NULL, x->id, &o, NULL, &tr_err), 0);
     tw_wait(&e, &w1, h2, "later", 0);
     tw_wait(&e, &w2, h2, NULL, 999);
     tw_wait(&e, &w3, h1, "later", 0);
