@@ -1,9 +1,11 @@
 #include "pool.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utlist.h>
 
 #include "util.h"
 
@@ -33,12 +35,7 @@ int gd_pool_new(const char *name, gd_backend *be, uint64_t capacity, uint64_t sl
 }
 
 static void slab_destroy(gd_pool *p, gd_slab *s) {
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        p->slabs = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
+    DL_DELETE(p->slabs, s);
     p->be->ops->slab_destroy(p->be, s->priv, &s->exp);
     p->reserved -= s->size;
     p->n_slabs--;
@@ -113,10 +110,7 @@ static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret,
     s->pool = p;
     s->free[0] = (gd_extent){0, size};
     s->n_free = 1;
-    s->next = p->slabs;
-    if (p->slabs)
-        p->slabs->prev = s;
-    p->slabs = s;
+    DL_PREPEND(p->slabs, s);
     p->reserved += size;
     p->n_slabs++;
     *ret = s;
@@ -275,6 +269,7 @@ void gd_pool_release(gd_pool *p, const gd_block *b) {
         s->free[lo] = (gd_extent){off, len};
         s->n_free++;
     }
+    assert(s->blocks > 0 && s->used >= len && p->used >= len && p->n_blocks > 0);
     s->used -= len;
     s->blocks--;
     p->used -= len;
@@ -288,6 +283,7 @@ void gd_pool_pin(gd_slab *s) {
 }
 
 void gd_pool_unpin(gd_pool *p, gd_slab *s) {
+    assert(s->pins > 0);
     if (--s->pins == 0 && s->blocks == 0 && (s->dedicated || has_other_spare(p, s)))
         slab_destroy(p, s);
 }

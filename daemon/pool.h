@@ -32,7 +32,7 @@ typedef struct gd_slab {
     gd_extent *free; /* sorted by offset, never adjacent */
     uint32_t n_free, cap_free;
     struct gd_pool *pool;
-    struct gd_slab *next, *prev;
+    struct gd_slab *next, *prev; /* utlist DL: the pool's slabs */
 } gd_slab;
 
 typedef struct gd_block {

@@ -556,7 +556,7 @@ START_TEST(kept_slabs_pinned_reused_evicted) {
     ck_assert_uint_eq(a->n_maps, 1);
     ck_assert_uint_eq(a->n_idle, 1);
     /* a's next buffer goes to the slab it keeps: no new mapping. */
-    void *old_base = (void *)(uintptr_t)a->idle_head->base;
+    void *old_base = (void *)(uintptr_t)a->idle->base;
     ck_assert_int_eq(gpubuf_alloc(a, "tiny", 4096, "ka2", &ba), 0);
     ck_assert_int_eq(gpubuf_stat(a, "ka2", &ia), 0);
     ck_assert_uint_eq(ia.slab_id, a->maps->slab_id);

@@ -133,8 +133,9 @@ static void check_pool(const gd_pool *p, const gd_block *live, size_t n_live) {
     size_t n_spans = n_live, i;
 
     REQUIRE_EQ(count_slabs(p), p->n_slabs);
+    /* utlist DL: the head's prev is the tail. */
     if (p->slabs)
-        REQUIRE(p->slabs->prev == NULL);
+        REQUIRE(p->slabs->prev && p->slabs->prev->next == NULL);
     for (const gd_slab *s = p->slabs; s; s = s->next) {
         REQUIRE(s->pool == p);
         if (s->next)
