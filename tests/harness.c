@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "pattern.h"
+#include "testutil.h"
 #include "util.h"
 
 void td_sleep_ms(int ms) {
@@ -210,5 +211,5 @@ int td_count_fds(pid_t pid) {
 }
 
 long td_rss_kib(pid_t pid) {
-    return gpubuf_rss_kib((int)pid);
+    return tu_rss_kib((int)pid);
 }
