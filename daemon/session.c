@@ -472,6 +472,7 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
         cl[i].references = x->holder->n_refs;
         cl[i].buffers_held = HASH_CNT(hh, x->holder->refs);
         cl[i].kept_slabs = x->holder->n_kept;
+        cl[i].waiting_opens = x->n_waiters;
         cl[i].name = x->name;
         pcl[i] = &cl[i];
         i++;

@@ -317,7 +317,9 @@ static int seal_later(const test_daemon *d, void *arg) {
     if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "host", 4096, "later", &b) < 0)
         return 1;
     gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), 4096, 5);
-    td_sleep_ms(200);
+    /* Seal once the other client's open waits for it. */
+    if (!td_wait_waiting_opens(d, 1, 10000))
+        return 3;
     return gpubuf_seal(b) < 0 ? 2 : 0;
 }
 
@@ -637,7 +639,7 @@ START_TEST(disconnect_wakes_a_blocked_open) {
     pthread_t th;
     void *ret;
     pthread_create(&th, NULL, blocked_open, c);
-    td_sleep_ms(100);
+    ck_assert(td_wait_waiting_opens(&D, 1, 10000)); /* the open is blocked in the daemon */
     /* Keep one reference on the client so the other thread's c stays valid. */
     atomic_fetch_add(&c->refs, 1);
     gpubuf_disconnect(c);

@@ -660,7 +660,7 @@ START_TEST(sigterm_with_live_clients) {
     }
     char ch;
     ck_assert_int_eq(read(sync[0], &ch, 1), 1);
-    usleep(100000); /* the open reaches the daemon and waits */
+    ck_assert(td_wait_waiting_opens(&D, 1, 10000)); /* the open reaches the daemon and waits */
     ck_assert_int_eq(td_stop(&D), 0);
     ck_assert_int_eq(td_wait(p), 0);
     /* Our own next request fails cleanly. */
