@@ -156,7 +156,8 @@ static void reload(void) {
     sd_notify(0, "RELOADING=1");
 #endif
     if (read_config(&fresh, NULL, NULL, 0, &err) < 0) {
-        LOG_ERR("SIGHUP: %s; keeping the running configuration", err.msg);
+        LOG_ERR("SIGHUP: %s has errors (%s); keeping the running configuration", g_config_file,
+                err.msg);
     } else {
         gd_log_level = fresh.log_level >= 0 ? fresh.log_level : GPUBUF_LOG_INFO;
         g_d.ctx.limits = fresh.limits;
