@@ -14,6 +14,7 @@
 #include "harness.h"
 #include "internal.h"
 #include "pattern.h"
+#include "check_main.h"
 
 #define MiB (1ull << 20)
 
@@ -853,9 +854,5 @@ int main(void) {
     tcase_add_test(t, disconnect_wakes_a_blocked_open);
     tcase_add_test(t, requests_in_flight_at_exit_are_applied);
     suite_add_tcase(s, t);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

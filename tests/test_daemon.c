@@ -20,6 +20,7 @@
 #include "gpubuf.pb-c.h"
 #include "harness.h"
 #include "wire.h"
+#include "check_main.h"
 
 static test_daemon D;
 
@@ -973,9 +974,5 @@ int main(void) {
     tcase_add_test(o, refuses_to_replace_a_regular_file);
     tcase_add_test(o, pool_flags_override_config);
     suite_add_tcase(s, o);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

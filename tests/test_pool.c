@@ -18,6 +18,7 @@
 
 #include "backend.h"
 #include "pool.h"
+#include "check_main.h"
 
 /* Where the calls under test write their error (one per test process). */
 static gd_err tp_err;
@@ -1241,9 +1242,5 @@ static Suite *pool_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(pool_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failures = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failures ? 1 : 0;
+    return run_suite(pool_suite());
 }

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "pool.h"
 #include "registry.h"
+#include "check_main.h"
 
 /* Where the calls under test write their error (one per test process). */
 static gd_err tr_err;
@@ -1219,9 +1220,5 @@ static Suite *registry_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(registry_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failures = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failures ? 1 : 0;
+    return run_suite(registry_suite());
 }

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "check_main.h"
 
 static char dir[64];
 
@@ -338,9 +339,5 @@ int main(void) {
     tcase_add_test(t, metrics_parse_as_prometheus_text);
     tcase_add_test(t, gpubufctl_filters);
     suite_add_tcase(s, t);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "session.h"
 #include "wire.h"
+#include "check_main.h"
 
 #define MIB (1024ull * 1024ull)
 #define MAX_REPLIES 16
@@ -142,6 +143,18 @@ static void hello(memconn *m) {
     ck_assert_int_eq(last(m)->body_case, GPUBUF__RESPONSE__BODY_HELLO);
 }
 
+/* A context whose pool allows allow_uid (0: everyone) and a session of uid
+ * ua on a, and of ub on b when b is given, each past its hello. */
+static void start(uint32_t allow_uid, memconn *a, uid_t ua, memconn *b, uid_t ub) {
+    ctx_init(allow_uid);
+    mc_open(a, ua);
+    hello(a);
+    if (b) {
+        mc_open(b, ub);
+        hello(b);
+    }
+}
+
 static const Gpubuf__Response *alloc(memconn *m, const char *name, uint64_t size) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
@@ -222,11 +235,7 @@ END_TEST
 
 START_TEST(alloc_seal_open_across_sessions) {
     memconn a, b;
-    ctx_init(0);
-    mc_open(&a, 1000);
-    mc_open(&b, 1001);
-    hello(&a);
-    hello(&b);
+    start(0, &a, 1000, &b, 1001);
     const Gpubuf__Response *r = alloc(&a, "frame", 4096);
     ck_assert_int_eq(r->status, 0);
     ck_assert_int_eq(r->fds, 1);
@@ -254,9 +263,7 @@ END_TEST
 
 START_TEST(unsealed_buffers_go_with_their_session) {
     memconn a;
-    ctx_init(0);
-    mc_open(&a, 1000);
-    hello(&a);
+    start(0, &a, 1000, NULL, 0);
     ck_assert_int_eq(alloc(&a, "draft", 100)->status, 0);
     ck_assert_int_eq(alloc(&a, NULL, 100)->status, 0);
     ck_assert_uint_eq(ctx.reg.n_buffers, 2);
@@ -270,9 +277,7 @@ END_TEST
 START_TEST(names_are_checked_by_the_registry) {
     memconn a;
     char long_name[GPUBUF_NAME_MAX + 2];
-    ctx_init(0);
-    mc_open(&a, 1000);
-    hello(&a);
+    start(0, &a, 1000, NULL, 0);
     ck_assert_int_eq(alloc(&a, "no spaces", 64)->status, -EINVAL);
     ck_assert_ptr_nonnull(strstr(last(&a)->message, "invalid name"));
     memset(long_name, 'n', sizeof(long_name) - 1);
@@ -291,11 +296,7 @@ END_TEST
  * nor be woken with a reference it must give back. */
 START_TEST(pool_access_is_refused_with_reason) {
     memconn owner, other;
-    ctx_init(1000);
-    mc_open(&owner, 1000);
-    mc_open(&other, 2000);
-    hello(&owner);
-    hello(&other);
+    start(1000, &owner, 1000, &other, 2000);
     ck_assert_int_eq(alloc(&other, "mine", 64)->status, -EACCES);
     ck_assert_ptr_nonnull(strstr(last(&other)->message, "may not use pool 'h'"));
     /* A waiting open for a name the owner seals later. */
@@ -323,9 +324,7 @@ END_TEST
 
 START_TEST(waiting_open_times_out_on_the_loop) {
     memconn a;
-    ctx_init(0);
-    mc_open(&a, 1000);
-    hello(&a);
+    start(0, &a, 1000, NULL, 0);
     ck_assert_int_eq(open_name(&a, "never", 20), 0);
     ck_assert_uint_eq(a.s->n_waiters, 1);
     /* Poll the loop until the reply is there (the timer fires once). */
@@ -341,9 +340,7 @@ END_TEST
 
 START_TEST(session_going_cancels_its_waits) {
     memconn a;
-    ctx_init(0);
-    mc_open(&a, 1000);
-    hello(&a);
+    start(0, &a, 1000, NULL, 0);
     ck_assert_int_eq(open_name(&a, "x", 60000), 0);
     ck_assert_int_eq(open_name(&a, "y", -1), 0);
     ck_assert_uint_eq(ctx.reg.n_waiters, 2);
@@ -357,11 +354,7 @@ START_TEST(status_lists_live_sessions_only) {
     memconn a, b;
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest q = GPUBUF__STATUS_REQUEST__INIT;
-    ctx_init(0);
-    mc_open(&a, 1000);
-    mc_open(&b, 1001);
-    hello(&a);
-    hello(&b);
+    start(0, &a, 1000, &b, 1001);
     req.id = 5;
     req.body_case = GPUBUF__REQUEST__BODY_STATUS;
     req.status = &q;
@@ -380,9 +373,7 @@ END_TEST
 
 START_TEST(shutdown_says_why_and_closes) {
     memconn a;
-    ctx_init(0);
-    mc_open(&a, 1000);
-    hello(&a);
+    start(0, &a, 1000, NULL, 0);
     gd_session_shutdown(a.s);
     ck_assert_int_eq(last(&a)->status, -ESHUTDOWN);
     ck_assert(a.closed);
@@ -394,23 +385,23 @@ START_TEST(shutdown_says_why_and_closes) {
 END_TEST
 
 int main(void) {
+    const TTest *tests[] = {
+        first_request_must_be_hello,
+        hello_makes_the_connection_ready,
+        undecodable_request_disconnects,
+        alloc_seal_open_across_sessions,
+        unsealed_buffers_go_with_their_session,
+        names_are_checked_by_the_registry,
+        pool_access_is_refused_with_reason,
+        waiting_open_times_out_on_the_loop,
+        session_going_cancels_its_waits,
+        status_lists_live_sessions_only,
+        shutdown_says_why_and_closes,
+    };
     Suite *s = suite_create("session");
     TCase *t = tcase_create("inproc");
-    tcase_add_test(t, first_request_must_be_hello);
-    tcase_add_test(t, hello_makes_the_connection_ready);
-    tcase_add_test(t, undecodable_request_disconnects);
-    tcase_add_test(t, alloc_seal_open_across_sessions);
-    tcase_add_test(t, unsealed_buffers_go_with_their_session);
-    tcase_add_test(t, names_are_checked_by_the_registry);
-    tcase_add_test(t, pool_access_is_refused_with_reason);
-    tcase_add_test(t, waiting_open_times_out_on_the_loop);
-    tcase_add_test(t, session_going_cancels_its_waits);
-    tcase_add_test(t, status_lists_live_sessions_only);
-    tcase_add_test(t, shutdown_says_why_and_closes);
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
+        tcase_add_test(t, tests[i]);
     suite_add_tcase(s, t);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failures = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failures ? 1 : 0;
+    return run_suite(s);
 }
