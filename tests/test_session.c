@@ -155,6 +155,14 @@ static void start(uint32_t allow_uid, memconn *a, uid_t ua, memconn *b, uid_t ub
     }
 }
 
+/* Free the sessions (b first, when given) and the context. */
+static void finish(memconn *a, memconn *b) {
+    if (b)
+        mc_free(b);
+    mc_free(a);
+    ctx_fini();
+}
+
 static const Gpubuf__Response *alloc(memconn *m, const char *name, uint64_t size) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
@@ -198,8 +206,7 @@ START_TEST(first_request_must_be_hello) {
     ck_assert_int_eq(last(&m)->status, GPUBUF_EPROTOCOL);
     ck_assert(m.closed);
     ck_assert(!m.ready);
-    mc_free(&m);
-    ctx_fini();
+    finish(&m, NULL);
 }
 END_TEST
 
@@ -214,8 +221,7 @@ START_TEST(hello_makes_the_connection_ready) {
     ck_assert_uint_eq(last(&m)->hello->max_request, ctx.limits.max_request);
     hello_status(&m, GPUBUF_EPROTOCOL); /* twice: a protocol error, the session stays */
     ck_assert(!m.closed);
-    mc_free(&m);
-    ctx_fini();
+    finish(&m, NULL);
 }
 END_TEST
 
@@ -228,8 +234,7 @@ START_TEST(undecodable_request_disconnects) {
     ck_assert_int_eq(m.n, 1);
     ck_assert_int_eq(last(&m)->status, GPUBUF_EPROTOCOL);
     ck_assert(m.closed);
-    mc_free(&m);
-    ctx_fini();
+    finish(&m, NULL);
 }
 END_TEST
 
@@ -287,8 +292,7 @@ START_TEST(names_are_checked_by_the_registry) {
     ck_assert_int_eq(open_name(&a, "/abs", 0), 1);
     ck_assert_int_eq(last(&a)->status, -EINVAL);
     ck_assert(!a.closed);
-    mc_free(&a);
-    ctx_fini();
+    finish(&a, NULL);
 }
 END_TEST
 
@@ -316,9 +320,7 @@ START_TEST(pool_access_is_refused_with_reason) {
     ck_assert_uint_eq(gd_registry_find_id(&ctx.reg, id)->refs, 1);
     ck_assert_uint_eq(ctx.reg.n_waiters, 0);
     ck_assert_uint_eq(other.s->n_waiters, 0);
-    mc_free(&other);
-    mc_free(&owner);
-    ctx_fini();
+    finish(&owner, &other);
 }
 END_TEST
 
@@ -333,8 +335,7 @@ START_TEST(waiting_open_times_out_on_the_loop) {
     ck_assert_int_eq(last(&a)->status, -ETIMEDOUT);
     ck_assert_ptr_nonnull(strstr(last(&a)->message, "'never'"));
     ck_assert_uint_eq(a.s->n_waiters, 0);
-    mc_free(&a);
-    ctx_fini();
+    finish(&a, NULL);
 }
 END_TEST
 
@@ -365,9 +366,7 @@ START_TEST(status_lists_live_sessions_only) {
     ck_assert_int_eq(mc_request(&a, &req), 1);
     ck_assert_uint_eq(last(&a)->status_reply->n_clients, 1);
     ck_assert_uint_eq(last(&a)->status_reply->clients[0]->uid, 1000);
-    mc_free(&b);
-    mc_free(&a);
-    ctx_fini();
+    finish(&a, &b);
 }
 END_TEST
 
@@ -379,8 +378,7 @@ START_TEST(shutdown_says_why_and_closes) {
     ck_assert(a.closed);
     gd_session_bad_frame(a.s, -EMSGSIZE); /* closed: nothing more is sent */
     ck_assert_int_eq(last(&a)->status, -ESHUTDOWN);
-    mc_free(&a);
-    ctx_fini();
+    finish(&a, NULL);
 }
 END_TEST
 
