@@ -307,6 +307,10 @@ int main(int argc, char **argv) {
     uv_loop_t *loop = uv_default_loop();
 
     gd_log_init();
+    if (!loop) {
+        fprintf(stderr, "gpubufd: cannot create the event loop\n");
+        return 1;
+    }
     while ((opt = getopt_long(argc, argv, "s:c:p:l:Vh", opts, NULL)) != -1) {
         switch (opt) {
         case 's': socket_flag = optarg; break;
@@ -369,6 +373,8 @@ int main(int argc, char **argv) {
     if (rc == 0)
         LOG_INFO("stopped");
     gd_daemon_destroy(&g_d);
-    uv_loop_close(loop);
+    /* Every handle is closed by now; one left open is a bug. */
+    if ((r = uv_loop_close(loop)) < 0)
+        LOG_WARN("event loop closed with handles left: %s", uv_strerror(r));
     return rc;
 }
