@@ -78,10 +78,12 @@ static void uncharge(gd_registry *r, gd_buf *b) {
     gd_uid_usage *u = uid_usage(r, uid, false);
     HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
     if (h) {
+        assert(h->n_owned > 0 && h->owned_bytes >= b->charged);
         h->n_owned--;
         h->owned_bytes -= b->charged;
     }
     if (u) {
+        assert(u->buffers > 0 && u->bytes >= b->charged);
         u->buffers--;
         u->bytes -= b->charged;
         if (u->buffers == 0) {
@@ -99,6 +101,7 @@ static void buf_free(gd_registry *r, gd_buf *b) {
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
     gd_pool_release(b->pool, &b->blk);
+    assert(r->n_buffers > 0 && b->refs == 0);
     r->n_buffers--;
     r->freed_buffers++;
     free(b->name);
@@ -451,6 +454,7 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
             gd_pool_pin(sl);
         }
     }
+    assert(ref->count > 0 && h->n_refs > 0);
     if (--ref->count == 0) {
         HASH_DEL(h->refs, ref);
         free(ref);
@@ -459,6 +463,7 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
     }
     h->n_refs--;
     if (b) {
+        assert(b->refs > 0);
         b->refs--;
         buf_maybe_free(r, b);
     }
@@ -529,6 +534,7 @@ void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
         gd_buf *b = gd_registry_find_id(r, ref->buffer_id);
         HASH_DEL(h->refs, ref);
         if (b) {
+            assert(b->refs >= ref->count);
             b->refs -= ref->count;
             /* Allocated by this client and never sealed: nobody else can
              * ever reach it. */

@@ -794,6 +794,28 @@ START_TEST(config_file_errors_name_file_and_line) {
 }
 END_TEST
 
+/* --check-config refuses what start-up refuses, with the same message and
+ * exit status (both go through the same table of keys and the same check). */
+START_TEST(check_config_refuses_what_startup_refuses) {
+    char conf[160], cmd[600];
+    int st;
+    snprintf(conf, sizeof(conf), "%s/small.conf", D.dir);
+    ck_assert_int_eq(write_file(conf, "[pool:a]\nkind = host\ncapacity = 1K\n"), 0);
+    snprintf(cmd, sizeof(cmd), "%s --config %s --check-config 2>&1", GPUBUFD_PATH, conf);
+    char *checked = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 2);
+    ck_assert_msg(strstr(checked, "granularity") != NULL, "got: %s", checked);
+    snprintf(cmd, sizeof(cmd), "%s --config %s --socket %s/small.sock 2>&1", GPUBUFD_PATH, conf,
+             D.dir);
+    char *started = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 2);
+    ck_assert_str_eq(started, checked);
+    free(checked);
+    free(started);
+    unlink(conf);
+}
+END_TEST
+
 START_TEST(config_file_pools_used) {
     char conf[160];
     test_daemon d2;
@@ -969,6 +991,7 @@ int main(void) {
     tcase_add_test(o, gpubufctl_exit_codes);
     tcase_add_test(o, config_file_errors_name_file_and_line);
     tcase_add_test(o, config_file_pools_used);
+    tcase_add_test(o, check_config_refuses_what_startup_refuses);
     tcase_add_test(o, default_configuration_without_gpu);
     tcase_add_test(o, bad_flags_exit_2);
     tcase_add_test(o, refuses_to_replace_a_regular_file);
