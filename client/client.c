@@ -201,8 +201,12 @@ static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer 
 static bool name_ok(const char *name) {
     size_t len = strlen(name);
     if (!gpubuf_name_valid(name, len)) {
-        gpubuf__set_error("invalid name '%.64s': 1..255 bytes of A-Z a-z 0-9 . _ : / @ + -",
-                          name);
+        /* The daemon's words (its registry decides), without a round trip. */
+        if (len > GPUBUF_NAME_MAX)
+            gpubuf__set_error("name longer than %d bytes", GPUBUF_NAME_MAX);
+        else
+            gpubuf__set_error("invalid name '%.64s' (allowed: A-Z a-z 0-9 . _ : / @ + -)",
+                              name);
         return false;
     }
     return true;
