@@ -4,14 +4,12 @@
 #include <errno.h>
 #include <string.h>
 
-#include "config.h"
 #include "util.h"
 
 void gd_context_init(gd_context *ctx, uv_loop_t *loop) {
     memset(ctx, 0, sizeof(*ctx));
     ctx->loop = loop;
     gd_registry_init(&ctx->reg);
-    gd_config_defaults(&ctx->limits, &ctx->reg.quota);
     ctx->started_ns = gpubuf_now_ns();
 }
 

@@ -27,7 +27,8 @@ typedef struct gd_context {
     uint32_t n_sessions;
 } gd_context;
 
-/* Default limits and quotas, no pools. */
+/* No pools, limits and quotas zero: the caller sets them (gd_config_defaults()
+ * or a configuration). */
 void gd_context_init(gd_context *ctx, uv_loop_t *loop);
 /* The context takes pool over on success: -ENOSPC beyond GPUBUF_MAX_POOLS,
  * -EEXIST for a second pool of the same name. */

@@ -2,6 +2,7 @@
 
 #include <utlist.h>
 
+#include "config.h"
 #include "session.h"
 
 /* The server's connections as the sessions' transport. */
@@ -55,6 +56,7 @@ static const gd_server_callbacks callbacks = {
 
 int gd_daemon_init(gd_daemon *d, uv_loop_t *loop) {
     gd_context_init(&d->ctx, loop);
+    gd_config_defaults(&d->ctx.limits, &d->ctx.reg.quota);
     return gd_server_init(&d->srv, loop, &d->ctx.limits, &callbacks, d);
 }
 

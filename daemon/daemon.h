@@ -14,7 +14,7 @@ typedef struct gd_daemon {
     gd_server srv;
 } gd_daemon;
 
-/* Default limits, no pools (add them to d->ctx), not listening yet. */
+/* Default limits and quotas, no pools (add them to d->ctx), not listening yet. */
 int gd_daemon_init(gd_daemon *d, uv_loop_t *loop);
 /* Tell every client the daemon stops, close the connections and the
  * listener; the loop then runs out. */

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "config.h"
 #include "context.h"
 #include "gpubuf.pb-c.h"
 #include "log.h"
@@ -73,6 +74,7 @@ static void ctx_init(uint32_t allow_uid) {
     gd_log_level = -1; /* quiet */
     ck_assert_int_eq(uv_loop_init(&loop), 0);
     gd_context_init(&ctx, &loop);
+    gd_config_defaults(&ctx.limits, &ctx.reg.quota);
     ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
     ck_assert_int_eq(gd_pool_new("h", be, 8 * MIB, MIB, &ctx.slab_ids, &pool, NULL), 0);
     if (allow_uid) {
