@@ -3,6 +3,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <signal.h>
@@ -700,6 +701,22 @@ static char *run_capture(const char *cmd, int *ret_status) {
     return out;
 }
 
+/* Run gpubufd with the arguments printf formats, stderr into the output;
+ * returns the output and stores the exit status. */
+__attribute__((format(printf, 2, 3))) static char *run_gpubufd(int *ret_exit, const char *fmt,
+                                                              ...) {
+    char args[512], cmd[700];
+    int st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof(args), fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", GPUBUFD_PATH, args);
+    char *out = run_capture(cmd, &st);
+    *ret_exit = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    return out;
+}
+
 START_TEST(gpubufctl_table_and_json) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *b, *o;
@@ -797,18 +814,15 @@ END_TEST
 /* --check-config refuses what start-up refuses, with the same message and
  * exit status (both go through the same table of keys and the same check). */
 START_TEST(check_config_refuses_what_startup_refuses) {
-    char conf[160], cmd[600];
-    int st;
+    char conf[160];
+    int check_exit, start_exit;
     snprintf(conf, sizeof(conf), "%s/small.conf", D.dir);
     ck_assert_int_eq(write_file(conf, "[pool:a]\nkind = host\ncapacity = 1K\n"), 0);
-    snprintf(cmd, sizeof(cmd), "%s --config %s --check-config 2>&1", GPUBUFD_PATH, conf);
-    char *checked = run_capture(cmd, &st);
-    ck_assert_int_eq(WEXITSTATUS(st), 2);
+    char *checked = run_gpubufd(&check_exit, "--config %s --check-config", conf);
+    char *started = run_gpubufd(&start_exit, "--config %s --socket %s/small.sock", conf, D.dir);
+    ck_assert_int_eq(check_exit, 2);
+    ck_assert_int_eq(start_exit, 2);
     ck_assert_msg(strstr(checked, "granularity") != NULL, "got: %s", checked);
-    snprintf(cmd, sizeof(cmd), "%s --config %s --socket %s/small.sock 2>&1", GPUBUFD_PATH, conf,
-             D.dir);
-    char *started = run_capture(cmd, &st);
-    ck_assert_int_eq(WEXITSTATUS(st), 2);
     ck_assert_str_eq(started, checked);
     free(checked);
     free(started);
