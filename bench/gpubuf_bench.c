@@ -23,6 +23,7 @@
 #include "cuda_driver.h"
 #include "gpubuf/gpubuf.h"
 #include "pattern.h"
+#include "testutil.h"
 #include "util.h"
 
 static const char *g_sock;
@@ -515,7 +516,7 @@ static int g_daemon_pid;
 static const char *g_ctl;
 
 static long daemon_rss_kib(void) {
-    return gpubuf_rss_kib(g_daemon_pid);
+    return tu_rss_kib(g_daemon_pid);
 }
 
 /* Wall time of `gpubufctl --json status` (fork, exec, connect, status,

@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <uthash.h>
+#include <utlist.h>
 
 #include "cuda_driver.h"
 #include "gpubuf.pb-c.h"
@@ -30,7 +31,7 @@ typedef struct gpubuf_mapping {
     uint32_t views;     /* root views using it (under the client's lock) */
     bool keepable;      /* the daemon lets this connection keep it mapped */
     bool kept;          /* the daemon pinned it for us: Unmap when we unmap it */
-    struct gpubuf_mapping *idle_prev, *idle_next; /* views == 0 and kept: LRU list */
+    struct gpubuf_mapping *idle_prev, *idle_next; /* views == 0 and kept: LRU list (utlist DL) */
 #ifdef GPUBUF_HAVE_CUDA
     CUcontext ctx;
 #endif
@@ -59,7 +60,7 @@ struct gpubuf_client {
     uint32_t keep_cap;   /* slabs it may keep mapped (0: not granted by the daemon) */
     uint32_t n_kept;     /* mappings with kept set */
     uint32_t n_idle;     /* kept mappings without views, on the idle list */
-    gpubuf_mapping *idle_head, *idle_tail; /* most recently idle first */
+    gpubuf_mapping *idle; /* utlist DL, most recently idle first (head->idle_prev: the tail) */
 #ifdef GPUBUF_HAVE_CUDA
     /* Primary contexts retained by this connection, by local ordinal: held
      * until the connection goes, so that unmapping the last slab of a

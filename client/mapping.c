@@ -1,5 +1,6 @@
 /* The mapping cache: each slab is imported once per connection and unmapped
  * when its last view goes; host copies for host and CUDA views. */
+#include <assert.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +42,7 @@ static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg
     if ((r = gpubuf_cuda_load(&cu)) < 0) {
         gpubuf__set_error("%s", gpubuf_cuda_load_error());
         /* cuInit fails with CUDA_ERROR_NO_DEVICE when none is visible. */
-        if (r == GPUBUF_ECUDA && strstr(gpubuf_cuda_load_error(), "NO_DEVICE"))
+        if (r == GPUBUF_ECUDA && gpubuf_cuda_init_result() == CUDA_ERROR_NO_DEVICE)
             return GPUBUF_ENODEVICE;
         return r;
     }
@@ -96,26 +97,14 @@ static void unmap_cuda(gpubuf_mapping *m) {
 #endif
 
 static void idle_unlink(gpubuf_client *c, gpubuf_mapping *m) {
-    if (m->idle_prev)
-        m->idle_prev->idle_next = m->idle_next;
-    else
-        c->idle_head = m->idle_next;
-    if (m->idle_next)
-        m->idle_next->idle_prev = m->idle_prev;
-    else
-        c->idle_tail = m->idle_prev;
+    assert(c->n_idle > 0);
+    DL_DELETE2(c->idle, m, idle_prev, idle_next);
     m->idle_prev = m->idle_next = NULL;
     c->n_idle--;
 }
 
 static void idle_push(gpubuf_client *c, gpubuf_mapping *m) {
-    m->idle_prev = NULL;
-    m->idle_next = c->idle_head;
-    if (c->idle_head)
-        c->idle_head->idle_prev = m;
-    else
-        c->idle_tail = m;
-    c->idle_head = m;
+    DL_PREPEND2(c->idle, m, idle_prev, idle_next);
     c->n_idle++;
 }
 
@@ -147,9 +136,8 @@ static void drop(gpubuf_client *c, gpubuf_mapping *m, bool tell) {
 }
 
 void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell) {
-    gpubuf_mapping *m = c->idle_head, *next;
-    for (; m; m = next) {
-        next = m->idle_next;
+    gpubuf_mapping *m, *next;
+    DL_FOREACH_SAFE2(c->idle, m, next, idle_next) {
         if (cuda_only && m->kind != GPUBUF_POOL_CUDA_IPC)
             continue;
         idle_unlink(c, m);
@@ -242,8 +230,8 @@ bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m) {
     if (m->keepable && !c->broken && (m->kept || c->keep_cap > 0)) {
         bool first = !m->kept;
         /* Room for one more kept slab: forget the least recently used. */
-        if (first && c->n_kept >= c->keep_cap && c->idle_tail) {
-            gpubuf_mapping *old = c->idle_tail;
+        if (first && c->n_kept >= c->keep_cap && c->idle) {
+            gpubuf_mapping *old = c->idle->idle_prev; /* the tail */
             idle_unlink(c, old);
             drop(c, old, true);
         }
@@ -271,7 +259,7 @@ void gpubuf__mapping_clear(gpubuf_client *c) {
     }
     c->n_maps = 0;
     c->n_kept = c->n_idle = 0;
-    c->idle_head = c->idle_tail = NULL;
+    c->idle = NULL;
 #ifdef GPUBUF_HAVE_CUDA
     const gpubuf_cuda *cu;
     for (int i = 0; i < GPUBUF_MAX_DEVICES; i++) {

@@ -2,6 +2,7 @@
 
 #ifdef GPUBUF_HAVE_CUDA
 #include <dlfcn.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -12,6 +13,7 @@ static gpubuf_cuda g_cu;
 static int g_status = GPUBUF_ENODRIVER;
 static char g_error[256] = "CUDA driver not loaded";
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static CUresult g_init_result = CUDA_SUCCESS;
 /* The UUIDs of the devices this process sees, read once after cuInit: the set
  * cannot change for the life of a process, and asking the driver for them on
  * every slab import cost more than the rest of the client's cold path. */
@@ -97,6 +99,7 @@ static void load_once(void) {
     R(EventDestroy, "cuEventDestroy");
 #undef R
     CUresult r = g_cu.Init(0);
+    g_init_result = r;
     if (r != CUDA_SUCCESS) {
         gpubuf_cuda_describe(r, "cuInit", g_error, sizeof(g_error));
         g_status = GPUBUF_ECUDA;
@@ -123,6 +126,18 @@ int gpubuf_cuda_load(const gpubuf_cuda **ret) {
     if (g_status == 0)
         *ret = &g_cu;
     return g_status;
+}
+
+int gpubuf_cuda_code(CUresult r) {
+    switch (r) {
+    case CUDA_ERROR_OUT_OF_MEMORY: return -ENOMEM;
+    case CUDA_ERROR_NO_DEVICE: return GPUBUF_ENODEVICE;
+    default: return GPUBUF_ECUDA;
+    }
+}
+
+CUresult gpubuf_cuda_init_result(void) {
+    return g_init_result;
 }
 
 const char *gpubuf_cuda_load_error(void) {

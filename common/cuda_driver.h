@@ -67,6 +67,13 @@ typedef struct gpubuf_cuda {
 int gpubuf_cuda_load(const gpubuf_cuda **ret);
 const char *gpubuf_cuda_load_error(void);
 
+/* The error code for a failed driver call, chosen by its CUresult:
+ * CUDA_ERROR_OUT_OF_MEMORY -ENOMEM, CUDA_ERROR_NO_DEVICE GPUBUF_ENODEVICE,
+ * anything else GPUBUF_ECUDA. */
+int gpubuf_cuda_code(CUresult r);
+/* What cuInit returned when gpubuf_cuda_load() failed with GPUBUF_ECUDA. */
+CUresult gpubuf_cuda_init_result(void);
+
 /* Write "what: CUDA_ERROR_X (text)" into buf. Returns buf. */
 char *gpubuf_cuda_describe(CUresult r, const char *what, char *buf, size_t len);
 

@@ -60,20 +60,6 @@ void gpubuf_format_uuid(const uint8_t u[16], char out[41]) {
              u[14], u[15]);
 }
 
-long gpubuf_rss_kib(int pid) {
-    char path[64], line[256];
-    long kib = -1;
-    snprintf(path, sizeof(path), "/proc/%d/status", pid);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "VmRSS: %ld kB", &kib) == 1)
-            break;
-    fclose(f);
-    return kib;
-}
-
 uint64_t gpubuf_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

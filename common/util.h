@@ -15,9 +15,6 @@ char *gpubuf_format_size(uint64_t bytes, char *buf, size_t len);
 /* Format a 16-byte CUDA UUID as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */
 void gpubuf_format_uuid(const uint8_t uuid[16], char out[41]);
 
-/* Resident set size of process pid in KiB, from /proc (-1 if unreadable). */
-long gpubuf_rss_kib(int pid);
-
 /* Monotonic clock in nanoseconds. */
 uint64_t gpubuf_now_ns(void);
 

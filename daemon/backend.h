@@ -7,30 +7,31 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "error.h"
 #include "gpubuf/gpubuf.h"
 
 #define GPUBUF_IPC_HANDLE_SIZE 64
 
 /* What a client needs to map a slab. */
-typedef struct gpubuf_slab_export {
+typedef struct gd_slab_export {
     int fd;                                   /* host: memfd, else -1 */
     uint8_t ipc_handle[GPUBUF_IPC_HANDLE_SIZE]; /* cuda-ipc */
     bool has_ipc_handle;
-} gpubuf_slab_export;
+} gd_slab_export;
 
-typedef struct gpubuf_backend gpubuf_backend;
+typedef struct gd_backend gd_backend;
 
-typedef struct gpubuf_backend_ops {
+typedef struct gd_backend_ops {
     /* Create a slab of size bytes. On failure return a negative code and
      * write a sentence into err. */
-    int (*slab_create)(gpubuf_backend *be, uint64_t size, void **ret_priv,
-                       gpubuf_slab_export *ret_export, char *err, size_t errlen);
-    void (*slab_destroy)(gpubuf_backend *be, void *priv, gpubuf_slab_export *exp);
-    void (*destroy)(gpubuf_backend *be);
-} gpubuf_backend_ops;
+    int (*slab_create)(gd_backend *be, uint64_t size, void **ret_priv,
+                       gd_slab_export *ret_export, gd_err *err);
+    void (*slab_destroy)(gd_backend *be, void *priv, gd_slab_export *exp);
+    void (*destroy)(gd_backend *be);
+} gd_backend_ops;
 
-struct gpubuf_backend {
-    const gpubuf_backend_ops *ops;
+struct gd_backend {
+    const gd_backend_ops *ops;
     gpubuf_pool_kind kind;
     int device;          /* CUDA ordinal, -1 for host */
     uint8_t uuid[16];    /* CUDA device UUID */
@@ -42,13 +43,19 @@ struct gpubuf_backend {
     void *impl;
 };
 
-int gpubuf_backend_host_new(gpubuf_backend **ret, char *err, size_t errlen);
-int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen);
+int gd_backend_host_new(gd_backend **ret, gd_err *err);
+int gd_backend_cuda_ipc_new(int device, gd_backend **ret, gd_err *err);
 /* Number of CUDA devices visible to the daemon; 0 (and a message) when no driver. */
-int gpubuf_backend_cuda_device_count(char *err, size_t errlen);
-gpubuf_backend *gpubuf_backend_free(gpubuf_backend *be);
+int gd_backend_cuda_device_count(gd_err *err);
+gd_backend *gd_backend_free(gd_backend *be);
 
-const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind);
-int gpubuf_pool_kind_parse(const char *s, gpubuf_pool_kind *ret);
+/* cuda-ipc slabs are multiples of this (cuMemAlloc's large-page size). */
+#define GD_CUDA_GRANULARITY (2ull << 20)
+/* The granularity of a backend of this kind: slab sizes and capacities are
+ * multiples of it (host: the page size). */
+uint64_t gd_backend_granularity(gpubuf_pool_kind kind);
+
+const char *gd_pool_kind_name(gpubuf_pool_kind kind);
+int gd_pool_kind_parse(const char *s, gpubuf_pool_kind *ret);
 
 #endif

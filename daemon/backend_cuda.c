@@ -19,28 +19,34 @@ typedef struct cuda_slab {
     CUdeviceptr ptr;
 } cuda_slab;
 
-static int cuda_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
-                            gpubuf_slab_export *ret_export, char *err, size_t errlen) {
+/* A failed driver call: the code is chosen by its CUresult, the sentence names
+ * the call and the driver's error. */
+static int cuda_fail(gd_err *err, CUresult r, const char *what) {
+    char why[200];
+    gpubuf_cuda_describe(r, what, why, sizeof(why));
+    return gd_err_set(err, gpubuf_cuda_code(r), "%s", why);
+}
+
+static int cuda_slab_create(gd_backend *be, uint64_t size, void **ret_priv,
+                            gd_slab_export *ret_export, gd_err *err) {
     cuda_impl *im = be->impl;
     const gpubuf_cuda *cu = im->cu;
     cuda_slab *s = calloc(1, sizeof(*s));
     CUipcMemHandle h;
     CUresult r;
     if (!s)
-        return -ENOMEM;
+        return gd_err_set(err, -ENOMEM, "out of memory");
     cu->CtxSetCurrent(im->ctx);
     r = cu->MemAlloc(&s->ptr, (size_t)size);
     if (r != CUDA_SUCCESS) {
-        gpubuf_cuda_describe(r, "cuMemAlloc", err, errlen);
         free(s);
-        return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : GPUBUF_ECUDA;
+        return cuda_fail(err, r, "cuMemAlloc");
     }
     r = cu->IpcGetMemHandle(&h, s->ptr);
     if (r != CUDA_SUCCESS) {
-        gpubuf_cuda_describe(r, "cuIpcGetMemHandle", err, errlen);
         cu->MemFree(s->ptr);
         free(s);
-        return GPUBUF_ECUDA;
+        return cuda_fail(err, r, "cuIpcGetMemHandle");
     }
     memset(ret_export, 0, sizeof(*ret_export));
     ret_export->fd = -1;
@@ -50,7 +56,7 @@ static int cuda_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
     return 0;
 }
 
-static void cuda_slab_destroy(gpubuf_backend *be, void *priv, gpubuf_slab_export *exp) {
+static void cuda_slab_destroy(gd_backend *be, void *priv, gd_slab_export *exp) {
     cuda_impl *im = be->impl;
     cuda_slab *s = priv;
     (void)exp;
@@ -59,7 +65,7 @@ static void cuda_slab_destroy(gpubuf_backend *be, void *priv, gpubuf_slab_export
     free(s);
 }
 
-static void cuda_destroy(gpubuf_backend *be) {
+static void cuda_destroy(gd_backend *be) {
     cuda_impl *im = be->impl;
     if (im) {
         im->cu->DevicePrimaryCtxRelease(im->dev);
@@ -67,17 +73,17 @@ static void cuda_destroy(gpubuf_backend *be) {
     }
 }
 
-static const gpubuf_backend_ops cuda_ops = {
+static const gd_backend_ops cuda_ops = {
     .slab_create = cuda_slab_create,
     .slab_destroy = cuda_slab_destroy,
     .destroy = cuda_destroy,
 };
 
-int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
+int gd_backend_cuda_device_count(gd_err *err) {
     const gpubuf_cuda *cu;
     int n = 0;
     if (gpubuf_cuda_load(&cu) < 0) {
-        snprintf(err, errlen, "%s", gpubuf_cuda_load_error());
+        gd_err_set(err, GPUBUF_ENODRIVER, "%s", gpubuf_cuda_load_error());
         return 0;
     }
     if (cu->DeviceGetCount(&n) != CUDA_SUCCESS)
@@ -85,34 +91,32 @@ int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
     return n;
 }
 
-int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+int gd_backend_cuda_ipc_new(int device, gd_backend **ret, gd_err *err) {
     const gpubuf_cuda *cu;
-    gpubuf_backend *be = NULL;
+    gd_backend *be = NULL;
     cuda_impl *im = NULL;
     CUuuid uuid;
     CUresult r;
     size_t total = 0;
     int n = 0, rc = gpubuf_cuda_load(&cu);
     if (rc < 0) {
-        snprintf(err, errlen, "%s", gpubuf_cuda_load_error());
-        return rc;
+        return gd_err_set(err, rc, "%s", gpubuf_cuda_load_error());
     }
     cu->DeviceGetCount(&n);
     if (device < 0 || device >= n) {
-        snprintf(err, errlen, "CUDA device %d does not exist (%d visible)", device, n);
-        return GPUBUF_ENODEVICE;
+        return gd_err_set(err, GPUBUF_ENODEVICE, "CUDA device %d does not exist (%d visible)", device,
+                          n);
     }
     be = calloc(1, sizeof(*be));
     im = calloc(1, sizeof(*im));
     if (!be || !im) {
-        rc = -ENOMEM;
+        rc = gd_err_set(err, -ENOMEM, "out of memory");
         goto fail;
     }
     im->cu = cu;
     if ((r = cu->DeviceGet(&im->dev, device)) != CUDA_SUCCESS ||
         (r = cu->DevicePrimaryCtxRetain(&im->ctx, im->dev)) != CUDA_SUCCESS) {
-        gpubuf_cuda_describe(r, "primary context", err, errlen);
-        rc = GPUBUF_ECUDA;
+        rc = cuda_fail(err, r, "primary context");
         goto fail;
     }
     cu->DeviceGetUuid(&uuid, im->dev);
@@ -124,7 +128,7 @@ int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, siz
     memcpy(be->uuid, uuid.bytes, 16);
     be->has_uuid = true;
     be->alignment = 512;
-    be->granularity = 2u << 20;
+    be->granularity = GD_CUDA_GRANULARITY;
     be->device_total = total;
     be->impl = im;
     *ret = be;
@@ -135,15 +139,15 @@ fail:
     return rc;
 }
 #else
-int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
-    snprintf(err, errlen, "gpubufd was built without CUDA support");
+int gd_backend_cuda_device_count(gd_err *err) {
+    gd_err_set(err, GPUBUF_ENODRIVER, "gpubufd was built without CUDA support");
     return 0;
 }
 
-int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+int gd_backend_cuda_ipc_new(int device, gd_backend **ret, gd_err *err) {
     (void)device;
     (void)ret;
-    snprintf(err, errlen, "gpubufd was built without CUDA support (GPUBUF_WITH_CUDA=OFF)");
-    return GPUBUF_ENODRIVER;
+    return gd_err_set(err, GPUBUF_ENODRIVER,
+                      "gpubufd was built without CUDA support (GPUBUF_WITH_CUDA=OFF)");
 }
 #endif

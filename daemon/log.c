@@ -6,14 +6,14 @@
 #include <string.h>
 #include <strings.h>
 
-int gpubuf_log_level = GPUBUF_LOG_INFO;
+int gd_log_level = GPUBUF_LOG_INFO;
 static int journal;
 
-void gpubuf_log_init(void) {
+void gd_log_init(void) {
     journal = getenv("JOURNAL_STREAM") != NULL;
 }
 
-int gpubuf_log_parse_level(const char *s) {
+int gd_log_parse_level(const char *s) {
     static const char *names[] = {"emerg", "alert", "crit", "err", "warning", "notice", "info",
                                   "debug"};
     for (int i = 0; i < 8; i++)
@@ -26,7 +26,7 @@ int gpubuf_log_parse_level(const char *s) {
     return -1;
 }
 
-void gpubuf_log(int prio, const char *fmt, ...) {
+void gd_log(int prio, const char *fmt, ...) {
     static const char *words[] = {"emerg", "alert", "crit", "error", "warning", "notice", "info",
                                   "debug"};
     char line[1024];

@@ -1,24 +1,25 @@
 #include "pool.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utlist.h>
 
 #include "util.h"
 
-int gpubuf_pool_new(const char *name, gpubuf_backend *be, uint64_t capacity, uint64_t slab_size,
-                    uint64_t *slab_id_counter, gpubuf_pool **ret) {
-    gpubuf_pool *p;
-    if (!be || slab_size == 0 || capacity < be->granularity)
-        return -EINVAL; /* not even one slab of the smallest size fits */
+int gd_pool_new(const char *name, gd_backend *be, uint64_t capacity, uint64_t slab_size,
+                uint64_t *slab_id_counter, gd_pool **ret, gd_err *err) {
+    gd_pool *p;
+    if (!be || slab_size == 0)
+        return gd_err_set(err, -EINVAL, "no backend or a slab size of 0");
+    if (capacity < be->granularity) /* not even one slab of the smallest size fits */
+        return gd_err_set(err, -EINVAL, "capacity below the backend's allocation granularity");
     p = calloc(1, sizeof(*p));
-    if (!p)
-        return -ENOMEM;
-    p->name = strdup(name);
-    if (!p->name) {
+    if (!p || !(p->name = strdup(name))) {
         free(p);
-        return -ENOMEM;
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
     p->be = be;
     /* A slab never exceeds the capacity: a pool smaller than one slab is
@@ -33,13 +34,8 @@ int gpubuf_pool_new(const char *name, gpubuf_backend *be, uint64_t capacity, uin
     return 0;
 }
 
-static void slab_destroy(gpubuf_pool *p, gpubuf_slab *s) {
-    if (s->prev)
-        s->prev->next = s->next;
-    else
-        p->slabs = s->next;
-    if (s->next)
-        s->next->prev = s->prev;
+static void slab_destroy(gd_pool *p, gd_slab *s) {
+    DL_DELETE(p->slabs, s);
     p->be->ops->slab_destroy(p->be, s->priv, &s->exp);
     p->reserved -= s->size;
     p->n_slabs--;
@@ -47,24 +43,24 @@ static void slab_destroy(gpubuf_pool *p, gpubuf_slab *s) {
     free(s);
 }
 
-gpubuf_pool *gpubuf_pool_free(gpubuf_pool *p) {
+gd_pool *gd_pool_free(gd_pool *p) {
     if (!p)
         return NULL;
     while (p->slabs)
         slab_destroy(p, p->slabs);
-    gpubuf_backend_free(p->be);
+    gd_backend_free(p->be);
     free(p->name);
     free(p);
     return NULL;
 }
 
-static int extents_reserve(gpubuf_slab *s, uint32_t n) {
+static int extents_reserve(gd_slab *s, uint32_t n) {
     if (n <= s->cap_free)
         return 0;
     uint32_t cap = s->cap_free ? s->cap_free * 2 : 8;
     while (cap < n)
         cap *= 2;
-    gpubuf_extent *e = realloc(s->free, cap * sizeof(*e));
+    gd_extent *e = realloc(s->free, cap * sizeof(*e));
     if (!e)
         return -ENOMEM;
     s->free = e;
@@ -72,11 +68,11 @@ static int extents_reserve(gpubuf_slab *s, uint32_t n) {
     return 0;
 }
 
-static bool has_other_spare(const gpubuf_pool *p, const gpubuf_slab *self);
+static bool has_other_spare(const gd_pool *p, const gd_slab *self);
 
 /* Give back an empty regular slab (the spare), if any. */
-static bool drop_spare(gpubuf_pool *p) {
-    for (gpubuf_slab *s = p->slabs; s; s = s->next)
+static bool drop_spare(gd_pool *p) {
+    for (gd_slab *s = p->slabs; s; s = s->next)
         if (!s->dedicated && s->blocks == 0 && s->pins == 0) {
             slab_destroy(p, s);
             return true;
@@ -84,27 +80,25 @@ static bool drop_spare(gpubuf_pool *p) {
     return false;
 }
 
-static int slab_create(gpubuf_pool *p, uint64_t size, bool dedicated, gpubuf_slab **ret) {
-    gpubuf_slab *s;
+static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret, gd_err *err) {
+    gd_slab *s;
     int r;
     /* The spare slab counts against the capacity: give it back when a slab
      * of another size needs the room. */
     if (size <= p->capacity && p->reserved > p->capacity - size)
         drop_spare(p);
     if (size > p->capacity || p->reserved > p->capacity - size) {
-        snprintf(p->last_error, sizeof(p->last_error),
+        return gd_err_set(err, GPUBUF_EPOOLFULL,
                  "pool '%s' is full: %llu of %llu bytes in slabs, %llu more needed", p->name,
                  (unsigned long long)p->reserved, (unsigned long long)p->capacity,
                  (unsigned long long)size);
-        return GPUBUF_EPOOLFULL;
     }
     s = calloc(1, sizeof(*s));
     if (!s || extents_reserve(s, 8) < 0) {
         free(s);
-        return -ENOMEM;
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
-    r = p->be->ops->slab_create(p->be, size, &s->priv, &s->exp, p->last_error,
-                                sizeof(p->last_error));
+    r = p->be->ops->slab_create(p->be, size, &s->priv, &s->exp, err);
     if (r < 0) {
         free(s->free);
         free(s);
@@ -114,12 +108,9 @@ static int slab_create(gpubuf_pool *p, uint64_t size, bool dedicated, gpubuf_sla
     s->size = size;
     s->dedicated = dedicated;
     s->pool = p;
-    s->free[0] = (gpubuf_extent){0, size};
+    s->free[0] = (gd_extent){0, size};
     s->n_free = 1;
-    s->next = p->slabs;
-    if (p->slabs)
-        p->slabs->prev = s;
-    p->slabs = s;
+    DL_PREPEND(p->slabs, s);
     p->reserved += size;
     p->n_slabs++;
     *ret = s;
@@ -127,7 +118,7 @@ static int slab_create(gpubuf_pool *p, uint64_t size, bool dedicated, gpubuf_sla
 }
 
 /* Cost of placing (size, align) in extent e; UINT64_MAX when it does not fit. */
-static uint64_t fit_waste(const gpubuf_extent *e, uint64_t size, uint64_t align) {
+static uint64_t fit_waste(const gd_extent *e, uint64_t size, uint64_t align) {
     uint64_t start = gpubuf_align_up(e->off, align);
     uint64_t pad = start - e->off;
     if (pad > e->len || e->len - pad < size)
@@ -135,8 +126,8 @@ static uint64_t fit_waste(const gpubuf_extent *e, uint64_t size, uint64_t align)
     return e->len - size;
 }
 
-static void take(gpubuf_slab *s, uint32_t i, uint64_t size, uint64_t align, gpubuf_block *ret) {
-    gpubuf_extent e = s->free[i];
+static void take(gd_slab *s, uint32_t i, uint64_t size, uint64_t align, gd_block *ret) {
+    gd_extent e = s->free[i];
     uint64_t start = gpubuf_align_up(e.off, align);
     uint64_t pad = start - e.off;
     uint64_t tail = e.len - pad - size;
@@ -144,13 +135,13 @@ static void take(gpubuf_slab *s, uint32_t i, uint64_t size, uint64_t align, gpub
     if (pad && tail) {
         /* Room was reserved by the caller. */
         memmove(&s->free[i + 2], &s->free[i + 1], (s->n_free - i - 1) * sizeof(*s->free));
-        s->free[i] = (gpubuf_extent){e.off, pad};
-        s->free[i + 1] = (gpubuf_extent){start + size, tail};
+        s->free[i] = (gd_extent){e.off, pad};
+        s->free[i + 1] = (gd_extent){start + size, tail};
         s->n_free++;
     } else if (pad) {
-        s->free[i] = (gpubuf_extent){e.off, pad};
+        s->free[i] = (gd_extent){e.off, pad};
     } else if (tail) {
-        s->free[i] = (gpubuf_extent){start + size, tail};
+        s->free[i] = (gd_extent){start + size, tail};
     } else {
         memmove(&s->free[i], &s->free[i + 1], (s->n_free - i - 1) * sizeof(*s->free));
         s->n_free--;
@@ -164,7 +155,7 @@ static void take(gpubuf_slab *s, uint32_t i, uint64_t size, uint64_t align, gpub
 
 /* Best fit of (size, align) in slab s, improving on *best_waste; true on an
  * exact fit. */
-static bool fit_in(gpubuf_slab *s, uint64_t size, uint64_t align, gpubuf_slab **best,
+static bool fit_in(gd_slab *s, uint64_t size, uint64_t align, gd_slab **best,
                    uint32_t *best_i, uint64_t *best_waste) {
     for (uint32_t i = 0; i < s->n_free; i++) {
         uint64_t w = fit_waste(&s->free[i], size, align);
@@ -179,33 +170,31 @@ static bool fit_in(gpubuf_slab *s, uint64_t size, uint64_t align, gpubuf_slab **
     return false;
 }
 
-int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_block *ret) {
-    return gpubuf_pool_alloc_prefer(p, size, align, NULL, 0, ret);
+int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret, gd_err *err) {
+    return gd_pool_alloc_prefer(p, size, align, NULL, 0, ret, err);
 }
 
-int gpubuf_pool_alloc_prefer(gpubuf_pool *p, uint64_t size, uint64_t align,
-                             gpubuf_slab *const *prefer, uint32_t n_prefer, gpubuf_block *ret) {
-    gpubuf_slab *best = NULL, *s;
+int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align,
+                             gd_slab *const *prefer, uint32_t n_prefer, gd_block *ret,
+                         gd_err *err) {
+    gd_slab *best = NULL, *s;
     uint32_t best_i = 0;
     uint64_t best_waste = UINT64_MAX;
     int r;
-    p->last_error[0] = '\0';
     if (align == 0)
         align = p->be->alignment;
     if (size == 0 || (align & (align - 1)) || align > p->be->granularity ||
         size > UINT64_MAX / 2) {
-        snprintf(p->last_error, sizeof(p->last_error),
-                 "invalid size %llu or alignment %llu (power of two <= %llu)",
-                 (unsigned long long)size, (unsigned long long)align,
-                 (unsigned long long)p->be->granularity);
-        return -EINVAL;
+        return gd_err_set(err, -EINVAL, "invalid size %llu or alignment %llu (power of two <= %llu)",
+                          (unsigned long long)size, (unsigned long long)align,
+                          (unsigned long long)p->be->granularity);
     }
     if (align < p->be->alignment)
         align = p->be->alignment;
     size = gpubuf_align_up(size, p->be->alignment);
 
     if (size > p->slab_size) {
-        r = slab_create(p, gpubuf_align_up(size, p->be->granularity), true, &s);
+        r = slab_create(p, gpubuf_align_up(size, p->be->granularity), true, &s, err);
         if (r < 0)
             return r;
         best = s;
@@ -222,7 +211,7 @@ int gpubuf_pool_alloc_prefer(gpubuf_pool *p, uint64_t size, uint64_t align,
                 break;
         }
         if (!best) {
-            r = slab_create(p, p->slab_size, false, &s);
+            r = slab_create(p, p->slab_size, false, &s, err);
             if (r < 0)
                 return r;
             best = s;
@@ -233,7 +222,7 @@ int gpubuf_pool_alloc_prefer(gpubuf_pool *p, uint64_t size, uint64_t align,
         if (best->blocks == 0 && best->pins == 0 &&
             (best->dedicated || has_other_spare(p, best)))
             slab_destroy(p, best);
-        return -ENOMEM;
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
     take(best, best_i, size, align, ret);
     p->used += size;
@@ -241,15 +230,15 @@ int gpubuf_pool_alloc_prefer(gpubuf_pool *p, uint64_t size, uint64_t align,
     return 0;
 }
 
-static bool has_other_spare(const gpubuf_pool *p, const gpubuf_slab *self) {
-    for (const gpubuf_slab *s = p->slabs; s; s = s->next)
+static bool has_other_spare(const gd_pool *p, const gd_slab *self) {
+    for (const gd_slab *s = p->slabs; s; s = s->next)
         if (s != self && !s->dedicated && s->blocks == 0)
             return true;
     return false;
 }
 
-void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b) {
-    gpubuf_slab *s = b->slab;
+void gd_pool_release(gd_pool *p, const gd_block *b) {
+    gd_slab *s = b->slab;
     uint64_t off = b->offset, len = b->size;
     uint32_t lo = 0, hi = s->n_free;
     /* Find the first extent after the block. */
@@ -277,9 +266,10 @@ void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b) {
         if (extents_reserve(s, s->n_free + 1) < 0)
             abort();
         memmove(&s->free[lo + 1], &s->free[lo], (s->n_free - lo) * sizeof(*s->free));
-        s->free[lo] = (gpubuf_extent){off, len};
+        s->free[lo] = (gd_extent){off, len};
         s->n_free++;
     }
+    assert(s->blocks > 0 && s->used >= len && p->used >= len && p->n_blocks > 0);
     s->used -= len;
     s->blocks--;
     p->used -= len;
@@ -288,25 +278,26 @@ void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b) {
         slab_destroy(p, s);
 }
 
-void gpubuf_pool_pin(gpubuf_slab *s) {
+void gd_pool_pin(gd_slab *s) {
     s->pins++;
 }
 
-void gpubuf_pool_unpin(gpubuf_pool *p, gpubuf_slab *s) {
+void gd_pool_unpin(gd_pool *p, gd_slab *s) {
+    assert(s->pins > 0);
     if (--s->pins == 0 && s->blocks == 0 && (s->dedicated || has_other_spare(p, s)))
         slab_destroy(p, s);
 }
 
-uint64_t gpubuf_pool_largest_free(const gpubuf_pool *p) {
+uint64_t gd_pool_largest_free(const gd_pool *p) {
     uint64_t m = 0;
-    for (const gpubuf_slab *s = p->slabs; s; s = s->next)
+    for (const gd_slab *s = p->slabs; s; s = s->next)
         for (uint32_t i = 0; i < s->n_free; i++)
             if (s->free[i].len > m)
                 m = s->free[i].len;
     return m;
 }
 
-bool gpubuf_pool_allows(const gpubuf_pool *p, uint32_t uid, uint32_t gid) {
+bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid) {
     if (uid == 0 || (p->n_allow_uids == 0 && p->n_allow_gids == 0))
         return true;
     for (int i = 0; i < p->n_allow_uids; i++)

@@ -4,7 +4,7 @@
  * dedicated slab of its own (rounded to the backend's granularity). Inside a
  * slab, free space is a sorted array of extents: allocation is best fit over
  * all slabs (or first over the slabs a client already maps, see
- * gpubuf_pool_alloc_prefer), free coalesces with both neighbours. The pool grows slab by slab
+ * gd_pool_alloc_prefer), free coalesces with both neighbours. The pool grows slab by slab
  * until its capacity; an empty regular slab is kept as a spare only if no
  * other spare exists, so bytes go back to the backend. Pure bookkeeping apart
  * from the backend calls: unit-tested on the host backend. */
@@ -16,11 +16,11 @@
 
 #include "backend.h"
 
-typedef struct gpubuf_extent {
+typedef struct gd_extent {
     uint64_t off, len;
-} gpubuf_extent;
+} gd_extent;
 
-typedef struct gpubuf_slab {
+typedef struct gd_slab {
     uint64_t id;
     uint64_t size;
     uint64_t used;    /* bytes in live blocks */
@@ -28,67 +28,66 @@ typedef struct gpubuf_slab {
     uint32_t pins;    /* clients keeping it mapped without a block in it */
     bool dedicated;
     void *priv;
-    gpubuf_slab_export exp;
-    gpubuf_extent *free; /* sorted by offset, never adjacent */
+    gd_slab_export exp;
+    gd_extent *free; /* sorted by offset, never adjacent */
     uint32_t n_free, cap_free;
-    struct gpubuf_pool *pool;
-    struct gpubuf_slab *next, *prev;
-} gpubuf_slab;
+    struct gd_pool *pool;
+    struct gd_slab *next, *prev; /* utlist DL: the pool's slabs */
+} gd_slab;
 
-typedef struct gpubuf_block {
-    gpubuf_slab *slab;
+typedef struct gd_block {
+    gd_slab *slab;
     uint64_t offset;
     uint64_t size; /* rounded size actually taken */
-} gpubuf_block;
+} gd_block;
 
-typedef struct gpubuf_pool {
+typedef struct gd_pool {
     char *name;
-    gpubuf_backend *be;
+    gd_backend *be;
     uint64_t capacity;   /* upper bound on bytes in slabs */
     uint64_t slab_size;
     uint64_t reserved;   /* bytes in slabs */
     uint64_t used;       /* bytes in live blocks */
     uint32_t n_slabs;
     uint32_t n_blocks;
-    gpubuf_slab *slabs;
+    gd_slab *slabs;
     uint64_t *next_slab_id; /* shared counter: slab ids are unique per daemon */
     /* Who may allocate from and open buffers of this pool: uid 0, and when
      * both lists are empty, everyone who can connect. */
     uint32_t allow_uids[32], allow_gids[32];
     int n_allow_uids, n_allow_gids;
-    char last_error[256];
-} gpubuf_pool;
+} gd_pool;
 
 /* Create a pool over backend be (the pool takes ownership of be). */
-int gpubuf_pool_new(const char *name, gpubuf_backend *be, uint64_t capacity, uint64_t slab_size,
-                    uint64_t *slab_id_counter, gpubuf_pool **ret);
-gpubuf_pool *gpubuf_pool_free(gpubuf_pool *p);
+int gd_pool_new(const char *name, gd_backend *be, uint64_t capacity, uint64_t slab_size,
+                uint64_t *slab_id_counter, gd_pool **ret, gd_err *err);
+gd_pool *gd_pool_free(gd_pool *p);
 
 /* Allocate size bytes aligned to align (0: the backend's alignment; must be a
  * power of two no larger than the slab granularity).
- * Returns 0, -EINVAL, GPUBUF_EPOOLFULL, or a backend error (message in
- * p->last_error). */
-int gpubuf_pool_alloc(gpubuf_pool *p, uint64_t size, uint64_t align, gpubuf_block *ret);
+ * Returns 0, -EINVAL, GPUBUF_EPOOLFULL, or a backend error (code and sentence
+ * in err). */
+int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret, gd_err *err);
 /* The same, placing the block in one of the n_prefer regular slabs of p in
  * prefer (best fit among them) when one has room, before looking at the
  * others: a client's new buffers go to slabs its process has mapped. */
-int gpubuf_pool_alloc_prefer(gpubuf_pool *p, uint64_t size, uint64_t align,
-                             gpubuf_slab *const *prefer, uint32_t n_prefer, gpubuf_block *ret);
+int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align,
+                             gd_slab *const *prefer, uint32_t n_prefer, gd_block *ret, gd_err *err);
 
 /* Give a block back; may destroy its slab (not while it is pinned). */
-void gpubuf_pool_release(gpubuf_pool *p, const gpubuf_block *b);
+void gd_pool_release(gd_pool *p, const gd_block *b);
 
 /* A client keeps regular slab s mapped: it outlives its last block until
  * unpinned, as the exporter must not free memory another process maps. */
-void gpubuf_pool_pin(gpubuf_slab *s);
+void gd_pool_pin(gd_slab *s);
 /* Drop one pin; an empty, unpinned slab then goes like an empty one in
- * gpubuf_pool_release. */
-void gpubuf_pool_unpin(gpubuf_pool *p, gpubuf_slab *s);
+ * gd_pool_release. */
+void gd_pool_unpin(gd_pool *p, gd_slab *s);
 
 /* May a client with these credentials use pool p? */
-bool gpubuf_pool_allows(const gpubuf_pool *p, uint32_t uid, uint32_t gid);
+bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid);
 
 /* Largest free extent of the pool's existing slabs (for tests and status). */
-uint64_t gpubuf_pool_largest_free(const gpubuf_pool *p);
+uint64_t gd_pool_largest_free(const gd_pool *p);
 
 #endif

@@ -1,45 +1,68 @@
 #include "registry.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utlist.h>
 
 #include "util.h"
 
-__attribute__((format(printf, 3, 4))) static int fail(gpubuf_registry *r, int code,
-                                                  const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(r->last_error, sizeof(r->last_error), fmt, ap);
-    va_end(ap);
-    return code;
+int gd_registry_check_name(const char *name, gd_err *err) {
+    size_t len = strlen(name);
+    if (len > GPUBUF_NAME_MAX)
+        return gd_err_set(err, -ENAMETOOLONG, "name longer than %d bytes", GPUBUF_NAME_MAX);
+    if (!gpubuf_name_valid(name, len))
+        return gd_err_set(err, -EINVAL, "invalid name '%s' (allowed: A-Z a-z 0-9 . _ : / @ + -)",
+                          name);
+    return 0;
 }
 
-void gpubuf_registry_init(gpubuf_registry *r) {
+int gd_registry_check_pool(const gd_holder *h, const gd_pool *pool, gd_err *err) {
+    if (!gd_pool_allows(pool, h->uid, h->gid))
+        return gd_err_set(err, -EACCES, "uid %u may not use pool '%s'", (unsigned)h->uid,
+                          pool->name);
+    return 0;
+}
+
+/* A waiter that will never be woken: tell it why (or cancel it when it
+ * takes no failures). It is unlinked already. */
+static void waiter_fail(gd_waiter *w, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void waiter_fail(gd_waiter *w, int code, const char *fmt, ...) {
+    gd_err e = {.code = code};
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e.msg, sizeof(e.msg), fmt, ap);
+    va_end(ap);
+    if (w->fail)
+        w->fail(w, &e);
+    else
+        w->cancel(w);
+}
+
+void gd_registry_init(gd_registry *r) {
     memset(r, 0, sizeof(*r));
 }
 
-static void waiter_unlink(gpubuf_registry *r, gpubuf_waiter *w);
+static void waiter_unlink(gd_registry *r, gd_waiter *w);
 
 /* Answer the waiters for buffer id with err: it can never be sealed now. */
-static void fail_id_waiters(gpubuf_registry *r, uint64_t id, int err) {
-    gpubuf_waiter *w = r->waiters, *next;
-    for (; w; w = next) {
-        next = w->next;
+static void fail_id_waiters(gd_registry *r, uint64_t id) {
+    gd_waiter *w, *next;
+    DL_FOREACH_SAFE2(r->waiters, w, next, next) {
         if (w->name || w->buffer_id != id)
             continue;
         waiter_unlink(r, w);
-        if (w->fail)
-            w->fail(w, err);
-        else
-            w->cancel(w);
+        waiter_fail(w, -ENOENT, "buffer %llu was deleted before it was sealed",
+                    (unsigned long long)id);
     }
 }
 
-static gpubuf_uid_usage *uid_usage(gpubuf_registry *r, uid_t uid, bool create) {
-    gpubuf_uid_usage *u;
+static gd_uid_usage *uid_usage(gd_registry *r, uid_t uid, bool create) {
+    gd_uid_usage *u;
     HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
     if (!u && create && (u = calloc(1, sizeof(*u)))) {
         u->uid = uid;
@@ -49,16 +72,18 @@ static gpubuf_uid_usage *uid_usage(gpubuf_registry *r, uid_t uid, bool create) {
 }
 
 /* Give back what b counted against its creator and its owner's uid. */
-static void uncharge(gpubuf_registry *r, gpubuf_buf *b) {
-    gpubuf_holder *h;
+static void uncharge(gd_registry *r, gd_buf *b) {
+    gd_holder *h;
     uid_t uid = (uid_t)b->owner_uid;
-    gpubuf_uid_usage *u = uid_usage(r, uid, false);
+    gd_uid_usage *u = uid_usage(r, uid, false);
     HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
     if (h) {
+        assert(h->n_owned > 0 && h->owned_bytes >= b->charged);
         h->n_owned--;
         h->owned_bytes -= b->charged;
     }
     if (u) {
+        assert(u->buffers > 0 && u->bytes >= b->charged);
         u->buffers--;
         u->bytes -= b->charged;
         if (u->buffers == 0) {
@@ -68,14 +93,15 @@ static void uncharge(gpubuf_registry *r, gpubuf_buf *b) {
     }
 }
 
-static void buf_free(gpubuf_registry *r, gpubuf_buf *b) {
+static void buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
     if (b->state != GPUBUF_STATE_SEALED)
-        fail_id_waiters(r, b->id, -ENOENT);
+        fail_id_waiters(r, b->id);
     HASH_DELETE(hh_id, r->by_id, b);
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
-    gpubuf_pool_release(b->pool, &b->blk);
+    gd_pool_release(b->pool, &b->blk);
+    assert(r->n_buffers > 0 && b->refs == 0);
     r->n_buffers--;
     r->freed_buffers++;
     free(b->name);
@@ -84,30 +110,21 @@ static void buf_free(gpubuf_registry *r, gpubuf_buf *b) {
 
 /* Free b when nothing can reach it any more. Named sealed buffers persist
  * without references until deleted; everything else goes with its last one. */
-static void buf_maybe_free(gpubuf_registry *r, gpubuf_buf *b) {
+static void buf_maybe_free(gd_registry *r, gd_buf *b) {
     if (b->refs == 0 && (b->state != GPUBUF_STATE_SEALED || !b->name))
         buf_free(r, b);
 }
 
-static void waiter_unlink(gpubuf_registry *r, gpubuf_waiter *w) {
-    if (w->prev)
-        w->prev->next = w->next;
-    else
-        r->waiters = w->next;
-    if (w->next)
-        w->next->prev = w->prev;
-    if (w->hprev)
-        w->hprev->hnext = w->hnext;
-    else
-        w->holder->waiters = w->hnext;
-    if (w->hnext)
-        w->hnext->hprev = w->hprev;
+static void waiter_unlink(gd_registry *r, gd_waiter *w) {
+    assert(r->n_waiters > 0);
+    DL_DELETE2(r->waiters, w, prev, next);
+    DL_DELETE2(w->holder->waiters, w, hprev, hnext);
     w->next = w->prev = w->hnext = w->hprev = NULL;
     r->n_waiters--;
 }
 
-static int holder_slab_get(gpubuf_holder *h, gpubuf_slab *slab) {
-    gpubuf_holder_slab *hs;
+static int holder_slab_get(gd_holder *h, gd_slab *slab) {
+    gd_holder_slab *hs;
     HASH_FIND(hh, h->slabs, &slab->id, sizeof(slab->id), hs);
     if (!hs) {
         if (!(hs = calloc(1, sizeof(*hs))))
@@ -120,8 +137,8 @@ static int holder_slab_get(gpubuf_holder *h, gpubuf_slab *slab) {
     return 0;
 }
 
-static void holder_slab_put(gpubuf_holder *h, uint64_t slab_id) {
-    gpubuf_holder_slab *hs;
+static void holder_slab_put(gd_holder *h, uint64_t slab_id) {
+    gd_holder_slab *hs;
     HASH_FIND(hh, h->slabs, &slab_id, sizeof(slab_id), hs);
     if (hs && --hs->buffers == 0 && !hs->kept) {
         HASH_DEL(h->slabs, hs);
@@ -131,27 +148,27 @@ static void holder_slab_put(gpubuf_holder *h, uint64_t slab_id) {
 
 /* The holder goes: unpin what it kept (after its references are dropped,
  * so that an emptied slab can go). */
-static void holder_slabs_clear(gpubuf_holder *h) {
-    gpubuf_holder_slab *hs, *tmp;
+static void holder_slabs_clear(gd_holder *h) {
+    gd_holder_slab *hs, *tmp;
     HASH_ITER(hh, h->slabs, hs, tmp) {
         HASH_DEL(h->slabs, hs);
         if (hs->kept)
-            gpubuf_pool_unpin(hs->slab->pool, hs->slab);
+            gd_pool_unpin(hs->slab->pool, hs->slab);
         free(hs);
     }
     h->n_kept = 0;
 }
 
-void gpubuf_registry_destroy(gpubuf_registry *r) {
-    gpubuf_holder *h, *htmp;
-    gpubuf_buf *b, *btmp;
+void gd_registry_destroy(gd_registry *r) {
+    gd_holder *h, *htmp;
+    gd_buf *b, *btmp;
     HASH_ITER(hh, r->holders, h, htmp) {
         while (h->waiters) {
-            gpubuf_waiter *w = h->waiters;
+            gd_waiter *w = h->waiters;
             waiter_unlink(r, w);
             w->cancel(w);
         }
-        gpubuf_ref *ref, *rtmp;
+        gd_ref *ref, *rtmp;
         HASH_ITER(hh, h->refs, ref, rtmp) {
             HASH_DEL(h->refs, ref);
             free(ref);
@@ -165,15 +182,15 @@ void gpubuf_registry_destroy(gpubuf_registry *r) {
         buf_free(r, b);
     }
     HASH_CLEAR(hh_name, r->by_name);
-    gpubuf_uid_usage *u, *utmp;
+    gd_uid_usage *u, *utmp;
     HASH_ITER(hh, r->uids, u, utmp) {
         HASH_DEL(r->uids, u);
         free(u);
     }
 }
 
-gpubuf_holder *gpubuf_registry_holder_new(gpubuf_registry *r, pid_t pid, uid_t uid, gid_t gid) {
-    gpubuf_holder *h = calloc(1, sizeof(*h));
+gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gid) {
+    gd_holder *h = calloc(1, sizeof(*h));
     if (!h)
         return NULL;
     h->id = ++r->next_holder_id;
@@ -184,31 +201,31 @@ gpubuf_holder *gpubuf_registry_holder_new(gpubuf_registry *r, pid_t pid, uid_t u
     return h;
 }
 
-gpubuf_buf *gpubuf_registry_find_id(gpubuf_registry *r, uint64_t id) {
-    gpubuf_buf *b;
+gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id) {
+    gd_buf *b;
     HASH_FIND(hh_id, r->by_id, &id, sizeof(id), b);
     return b;
 }
 
-gpubuf_buf *gpubuf_registry_find_name(gpubuf_registry *r, const char *name) {
-    gpubuf_buf *b;
+gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
+    gd_buf *b;
     HASH_FIND(hh_name, r->by_name, name, strlen(name), b);
     return b;
 }
 
-static gpubuf_ref *ref_find(gpubuf_holder *h, uint64_t id) {
-    gpubuf_ref *ref;
+static gd_ref *ref_find(gd_holder *h, uint64_t id) {
+    gd_ref *ref;
     HASH_FIND(hh, h->refs, &id, sizeof(id), ref);
     return ref;
 }
 
-uint32_t gpubuf_registry_holder_count(gpubuf_holder *h, uint64_t buffer_id) {
-    gpubuf_ref *ref = ref_find(h, buffer_id);
+uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id) {
+    gd_ref *ref = ref_find(h, buffer_id);
     return ref ? ref->count : 0;
 }
 
-static int ref_add(gpubuf_holder *h, gpubuf_buf *b) {
-    gpubuf_ref *ref = ref_find(h, b->id);
+static int ref_add(gd_holder *h, gd_buf *b) {
+    gd_ref *ref = ref_find(h, b->id);
     if (h->n_refs == UINT32_MAX || b->refs == UINT32_MAX)
         return -EOVERFLOW;
     if (!ref) {
@@ -228,67 +245,66 @@ static int ref_add(gpubuf_holder *h, gpubuf_buf *b) {
     return 0;
 }
 
-int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *pool, uint64_t size,
-                          uint64_t align, const char *name, gpubuf_buf **ret) {
-    gpubuf_buf *b;
+int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
+                      uint64_t align, const char *name, gd_buf **ret, gd_err *err) {
+    gd_buf *b;
     int rc;
     if (name && *name) {
-        size_t len = strlen(name);
-        if (len > GPUBUF_NAME_MAX)
-            return fail(r, -ENAMETOOLONG, "name longer than %d bytes", GPUBUF_NAME_MAX);
-        if (!gpubuf_name_valid(name, len))
-            return fail(r, -EINVAL, "invalid name '%s' (allowed: A-Z a-z 0-9 . _ : / @ + -)",
-                        name);
-        if (gpubuf_registry_find_name(r, name))
-            return fail(r, -EEXIST, "a buffer named '%s' exists", name);
+        if ((rc = gd_registry_check_name(name, err)) < 0)
+            return rc;
     } else {
         name = NULL;
     }
+    if ((rc = gd_registry_check_pool(h, pool, err)) < 0)
+        return rc;
+    if (name && gd_registry_find_name(r, name))
+        return gd_err_set(err, -EEXIST, "a buffer named '%s' exists", name);
     if (size == 0)
-        return fail(r, -EINVAL, "size must be at least 1 byte");
-    const gpubuf_quota *q = &r->quota;
-    gpubuf_uid_usage *u = uid_usage(r, h->uid, false);
+        return gd_err_set(err, -EINVAL, "size must be at least 1 byte");
+    const gd_quota *q = &r->quota;
+    gd_uid_usage *u = uid_usage(r, h->uid, false);
     /* What the pool will take: the size rounded to the pool's alignment. */
     uint64_t charge = size > UINT64_MAX / 2 ? size : gpubuf_align_up(size, pool->be->alignment);
     if (q->buffers_per_client && h->n_owned >= q->buffers_per_client)
-        return fail(r, -EDQUOT, "quota: this client owns %u buffers (limit %u)", h->n_owned,
+        return gd_err_set(err, -EDQUOT, "quota: this client owns %u buffers (limit %u)", h->n_owned,
                     q->buffers_per_client);
     if (q->bytes_per_client && (charge > q->bytes_per_client ||
                                 h->owned_bytes > q->bytes_per_client - charge))
-        return fail(r, -EDQUOT, "quota: %llu more bytes exceed this client's limit of %llu",
+        return gd_err_set(err, -EDQUOT, "quota: %llu more bytes exceed this client's limit of %llu",
                     (unsigned long long)charge, (unsigned long long)q->bytes_per_client);
     if (u && q->buffers_per_uid && u->buffers >= q->buffers_per_uid)
-        return fail(r, -EDQUOT, "quota: uid %u owns %u buffers (limit %u)", (unsigned)h->uid,
+        return gd_err_set(err, -EDQUOT, "quota: uid %u owns %u buffers (limit %u)", (unsigned)h->uid,
                     u->buffers, q->buffers_per_uid);
     if (q->bytes_per_uid &&
         (charge > q->bytes_per_uid || (u && u->bytes > q->bytes_per_uid - charge)))
-        return fail(r, -EDQUOT, "quota: %llu more bytes exceed uid %u's limit of %llu",
+        return gd_err_set(err, -EDQUOT, "quota: %llu more bytes exceed uid %u's limit of %llu",
                     (unsigned long long)charge, (unsigned)h->uid,
                     (unsigned long long)q->bytes_per_uid);
     if (q->refs_per_client && h->n_refs >= q->refs_per_client)
-        return fail(r, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
+        return gd_err_set(err, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
                     q->refs_per_client);
     if (!(u = uid_usage(r, h->uid, true)))
-        return fail(r, -ENOMEM, "out of memory");
+        return gd_err_set(err, -ENOMEM, "out of memory");
     b = calloc(1, sizeof(*b));
     if (!b)
-        return fail(r, -ENOMEM, "out of memory");
+        return gd_err_set(err, -ENOMEM, "out of memory");
     if (name && !(b->name = strdup(name))) {
         free(b);
-        return fail(r, -ENOMEM, "out of memory");
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
-    gpubuf_slab *prefer[GPUBUF_PREFER_SLABS];
+    gd_slab *prefer[GPUBUF_PREFER_SLABS];
     uint32_t n_prefer = 0;
-    gpubuf_holder_slab *hs, *hstmp;
+    gd_holder_slab *hs, *hstmp;
     HASH_ITER(hh, h->slabs, hs, hstmp) {
         if (n_prefer == GPUBUF_PREFER_SLABS)
             break;
         if (hs->slab->pool == pool && !hs->slab->dedicated)
             prefer[n_prefer++] = hs->slab;
     }
-    rc = gpubuf_pool_alloc_prefer(pool, size, align, prefer, n_prefer, &b->blk);
+    rc = gd_pool_alloc_prefer(pool, size, align, prefer, n_prefer, &b->blk, err);
     if (rc < 0) {
-        fail(r, rc, "%s", pool->last_error[0] ? pool->last_error : "allocation failed");
+        if (err && !err->msg[0])
+            gd_err_set(err, rc, "allocation failed");
         free(b->name);
         free(b);
         if (u->buffers == 0) {
@@ -317,41 +333,45 @@ int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *poo
     u->bytes += b->charged;
     if (ref_add(h, b) < 0) {
         buf_free(r, b);
-        return fail(r, -ENOMEM, "out of memory");
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
     *ret = b;
     return 0;
 }
 
-static bool waiter_matches(const gpubuf_waiter *w, const gpubuf_buf *b) {
+static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
     if (w->name)
         return b->name && strcmp(w->name, b->name) == 0;
     return w->buffer_id == b->id;
 }
 
-int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpubuf_buf **ret) {
-    gpubuf_buf *b = gpubuf_registry_find_id(r, id);
+int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd_err *err) {
+    gd_buf *b = gd_registry_find_id(r, id);
     if (!b)
-        return fail(r, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+        return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
     if (b->owner_holder != h->id)
-        return fail(r, -EPERM, "buffer %llu was allocated by another client",
+        return gd_err_set(err, -EPERM, "buffer %llu was allocated by another client",
                     (unsigned long long)id);
     if (b->state != GPUBUF_STATE_ALLOCATED)
-        return fail(r, GPUBUF_ESTATE, "buffer %llu is already %s", (unsigned long long)id,
+        return gd_err_set(err, GPUBUF_ESTATE, "buffer %llu is already %s", (unsigned long long)id,
                     b->state == GPUBUF_STATE_SEALED ? "sealed" : "deleted");
     b->state = GPUBUF_STATE_SEALED;
     /* Wake waiters for this name or id. Each gets its own reference. */
-    gpubuf_waiter *w = r->waiters, *next;
-    for (; w; w = next) {
-        next = w->next;
+    gd_waiter *w, *next;
+    DL_FOREACH_SAFE2(r->waiters, w, next, next) {
         if (!waiter_matches(w, b))
             continue;
+        /* Refused before a reference is taken: a waiter of a pool it may
+         * not use, or one holding too many references, gets none. */
+        if (!gd_pool_allows(b->pool, w->holder->uid, w->holder->gid)) {
+            waiter_unlink(r, w);
+            waiter_fail(w, -EACCES, "uid %u may not use pool '%s'", (unsigned)w->holder->uid,
+                        b->pool->name);
+            continue;
+        }
         if (r->quota.refs_per_client && w->holder->n_refs >= r->quota.refs_per_client) {
             waiter_unlink(r, w);
-            if (w->fail)
-                w->fail(w, -EDQUOT);
-            else
-                w->cancel(w);
+            waiter_fail(w, -EDQUOT, "quota: this client holds too many references");
             continue;
         }
         if (ref_add(w->holder, b) < 0)
@@ -364,61 +384,77 @@ int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpub
     return 0;
 }
 
-int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id,
-                         gpubuf_buf **ret) {
-    gpubuf_buf *b;
-    if (name) {
-        b = gpubuf_registry_find_name(r, name);
-        if (!b)
-            return fail(r, -ENOENT, "no buffer named '%s'", name);
-    } else {
-        b = gpubuf_registry_find_id(r, id);
-        if (!b)
-            return fail(r, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id, gd_buf **ret,
+                     bool *ret_waitable, gd_err *err) {
+    gd_buf *b;
+    int rc;
+    bool waitable = false;
+    if (name && (rc = gd_registry_check_name(name, err)) < 0)
+        return rc;
+    b = name ? gd_registry_find_name(r, name) : gd_registry_find_id(r, id);
+    /* Refused before anything else: a buffer of a pool this client may not
+     * use is not opened (nor waited for), whatever its state. */
+    if (b && (rc = gd_registry_check_pool(h, b->pool, err)) < 0)
+        return rc;
+    if (!b) {
+        /* Any name may still come; an unknown id never will. */
+        waitable = name != NULL;
+        if (name)
+            rc = gd_err_set(err, -ENOENT, "no buffer named '%s'", name);
+        else
+            rc = gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+    } else if (b->state == GPUBUF_STATE_DELETED) {
+        rc = gd_err_set(err, -ENOENT, "buffer %llu was deleted", (unsigned long long)b->id);
+    } else if (b->state != GPUBUF_STATE_SEALED) {
+        waitable = true;
+        rc = gd_err_set(err, -ENOENT, "buffer %llu is not sealed yet", (unsigned long long)b->id);
     }
-    if (b->state == GPUBUF_STATE_DELETED)
-        return fail(r, -ENOENT, "buffer %llu was deleted", (unsigned long long)b->id);
-    if (b->state != GPUBUF_STATE_SEALED)
-        return fail(r, -ENOENT, "buffer %llu is not sealed yet", (unsigned long long)b->id);
+    if (!b || b->state != GPUBUF_STATE_SEALED) {
+        if (ret_waitable)
+            *ret_waitable = waitable;
+        return rc;
+    }
     if (r->quota.refs_per_client && h->n_refs >= r->quota.refs_per_client)
-        return fail(r, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
+        return gd_err_set(err, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
                     r->quota.refs_per_client);
-    int rc = ref_add(h, b);
+    rc = ref_add(h, b);
     if (rc < 0)
-        return fail(r, rc, rc == -EOVERFLOW ? "reference count limit" : "out of memory");
+        return gd_err_set(err, rc, rc == -EOVERFLOW ? "reference count limit" : "out of memory");
     *ret = b;
     return 0;
 }
 
-int gpubuf_registry_release(gpubuf_registry *r, gpubuf_holder *h, uint64_t id) {
-    return gpubuf_registry_release_keep(r, h, id, false);
+int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err) {
+    return gd_registry_release_keep(r, h, id, false, err);
 }
 
-int gpubuf_registry_release_keep(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, bool keep) {
-    gpubuf_ref *ref = ref_find(h, id);
-    gpubuf_buf *b;
+int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool keep,
+                             gd_err *err) {
+    gd_ref *ref = ref_find(h, id);
+    gd_buf *b;
     int rc = 0;
     if (!ref)
-        return fail(r, GPUBUF_ENOTHELD, "this client holds no reference to buffer %llu",
+        return gd_err_set(err, GPUBUF_ENOTHELD, "this client holds no reference to buffer %llu",
                     (unsigned long long)id);
-    b = gpubuf_registry_find_id(r, id);
+    b = gd_registry_find_id(r, id);
     if (keep && b) {
         /* Pin before the block may go: the slab must outlive it. */
-        gpubuf_holder_slab *hs;
-        gpubuf_slab *sl = b->blk.slab;
+        gd_holder_slab *hs;
+        gd_slab *sl = b->blk.slab;
         HASH_FIND(hh, h->slabs, &sl->id, sizeof(sl->id), hs);
         if (sl->dedicated)
-            rc = fail(r, -EINVAL, "slab %llu is dedicated to one buffer: it cannot be kept",
+            rc = gd_err_set(err, -EINVAL, "slab %llu is dedicated to one buffer: it cannot be kept",
                       (unsigned long long)sl->id);
         else if (hs && !hs->kept && h->n_kept >= h->kept_cap)
-            rc = fail(r, -EDQUOT, "quota: this client keeps %u slabs mapped (limit %u)",
+            rc = gd_err_set(err, -EDQUOT, "quota: this client keeps %u slabs mapped (limit %u)",
                       h->n_kept, h->kept_cap);
         else if (hs && !hs->kept) {
             hs->kept = true;
             h->n_kept++;
-            gpubuf_pool_pin(sl);
+            gd_pool_pin(sl);
         }
     }
+    assert(ref->count > 0 && h->n_refs > 0);
     if (--ref->count == 0) {
         HASH_DEL(h->refs, ref);
         free(ref);
@@ -427,41 +463,46 @@ int gpubuf_registry_release_keep(gpubuf_registry *r, gpubuf_holder *h, uint64_t 
     }
     h->n_refs--;
     if (b) {
+        assert(b->refs > 0);
         b->refs--;
         buf_maybe_free(r, b);
     }
     return rc;
 }
 
-int gpubuf_registry_unmap(gpubuf_registry *r, gpubuf_holder *h, uint64_t slab_id) {
-    gpubuf_holder_slab *hs;
+int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *err) {
+    gd_holder_slab *hs;
     HASH_FIND(hh, h->slabs, &slab_id, sizeof(slab_id), hs);
     if (!hs || !hs->kept)
-        return fail(r, GPUBUF_ENOTHELD, "this client keeps no slab %llu mapped",
+        return gd_err_set(err, GPUBUF_ENOTHELD, "this client keeps no slab %llu mapped",
                     (unsigned long long)slab_id);
-    gpubuf_slab *sl = hs->slab;
+    gd_slab *sl = hs->slab;
     hs->kept = false;
     h->n_kept--;
     if (hs->buffers == 0) {
         HASH_DEL(h->slabs, hs);
         free(hs);
     }
-    gpubuf_pool_unpin(sl->pool, sl);
+    gd_pool_unpin(sl->pool, sl);
     return 0;
 }
 
-int gpubuf_registry_delete(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id) {
-    gpubuf_buf *b = name ? gpubuf_registry_find_name(r, name) : gpubuf_registry_find_id(r, id);
+int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
+                       gd_err *err) {
+    int rc;
+    if (name && (rc = gd_registry_check_name(name, err)) < 0)
+        return rc;
+    gd_buf *b = name ? gd_registry_find_name(r, name) : gd_registry_find_id(r, id);
     if (!b || b->state == GPUBUF_STATE_DELETED) {
         if (name)
-            return fail(r, -ENOENT, "no buffer named '%s'", name);
-        return fail(r, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+            return gd_err_set(err, -ENOENT, "no buffer named '%s'", name);
+        return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
     }
     if (h->uid != 0 && h->uid != b->owner_uid)
-        return fail(r, -EPERM, "buffer %llu belongs to uid %u", (unsigned long long)b->id,
+        return gd_err_set(err, -EPERM, "buffer %llu belongs to uid %u", (unsigned long long)b->id,
                     b->owner_uid);
     if (b->state == GPUBUF_STATE_ALLOCATED)
-        fail_id_waiters(r, b->id, -ENOENT);
+        fail_id_waiters(r, b->id);
     b->state = GPUBUF_STATE_DELETED;
     if (b->in_name_index) {
         HASH_DELETE(hh_name, r->by_name, b);
@@ -471,36 +512,29 @@ int gpubuf_registry_delete(gpubuf_registry *r, gpubuf_holder *h, const char *nam
     return 0;
 }
 
-void gpubuf_registry_wait(gpubuf_registry *r, gpubuf_waiter *w) {
-    gpubuf_holder *h = w->holder;
-    w->prev = NULL;
-    w->next = r->waiters;
-    if (r->waiters)
-        r->waiters->prev = w;
-    r->waiters = w;
-    w->hprev = NULL;
-    w->hnext = h->waiters;
-    if (h->waiters)
-        h->waiters->hprev = w;
-    h->waiters = w;
+void gd_registry_wait(gd_registry *r, gd_waiter *w) {
+    assert(w->holder && w->wake && w->cancel);
+    DL_PREPEND2(r->waiters, w, prev, next);
+    DL_PREPEND2(w->holder->waiters, w, hprev, hnext);
     r->n_waiters++;
 }
 
-void gpubuf_registry_unwait(gpubuf_registry *r, gpubuf_waiter *w) {
+void gd_registry_unwait(gd_registry *r, gd_waiter *w) {
     waiter_unlink(r, w);
 }
 
-void gpubuf_registry_holder_drop(gpubuf_registry *r, gpubuf_holder *h) {
-    gpubuf_ref *ref, *rtmp;
+void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
+    gd_ref *ref, *rtmp;
     while (h->waiters) {
-        gpubuf_waiter *w = h->waiters;
+        gd_waiter *w = h->waiters;
         waiter_unlink(r, w);
         w->cancel(w);
     }
     HASH_ITER(hh, h->refs, ref, rtmp) {
-        gpubuf_buf *b = gpubuf_registry_find_id(r, ref->buffer_id);
+        gd_buf *b = gd_registry_find_id(r, ref->buffer_id);
         HASH_DEL(h->refs, ref);
         if (b) {
+            assert(b->refs >= ref->count);
             b->refs -= ref->count;
             /* Allocated by this client and never sealed: nobody else can
              * ever reach it. */

@@ -1,6 +1,6 @@
 /* Registry room: buffers by id and by name, their states, the references each
  * client holds, and the clients waiting for a name or id to be sealed.
- * Knows pools, not sessions or sockets: a client is a gpubuf_holder. */
+ * Knows pools, not sessions or sockets: a client is a gd_holder. */
 #ifndef GPUBUFD_REGISTRY_H
 #define GPUBUFD_REGISTRY_H
 
@@ -9,17 +9,18 @@
 #include <sys/types.h>
 #include <uthash.h>
 
+#include "error.h"
 #include "pool.h"
 
-typedef struct gpubuf_buf gpubuf_buf;
-typedef struct gpubuf_holder gpubuf_holder;
-typedef struct gpubuf_waiter gpubuf_waiter;
+typedef struct gd_buf gd_buf;
+typedef struct gd_holder gd_holder;
+typedef struct gd_waiter gd_waiter;
 
-struct gpubuf_buf {
+struct gd_buf {
     uint64_t id;
     char *name; /* NULL when anonymous */
-    gpubuf_pool *pool;
-    gpubuf_block blk;
+    gd_pool *pool;
+    gd_block blk;
     uint64_t size; /* as requested */
     gpubuf_state state;
     uint32_t refs;
@@ -32,68 +33,69 @@ struct gpubuf_buf {
 };
 
 /* One (holder, buffer) reference count. */
-typedef struct gpubuf_ref {
+typedef struct gd_ref {
     uint64_t buffer_id;
     uint32_t count;
     UT_hash_handle hh;
-} gpubuf_ref;
+} gd_ref;
 
 /* A slab in which a holder references buffers, or which it keeps mapped:
  * its process has the slab mapped, so the holder's next allocations are
  * placed there first. */
-typedef struct gpubuf_holder_slab {
+typedef struct gd_holder_slab {
     uint64_t slab_id;
-    gpubuf_slab *slab;
+    gd_slab *slab;
     uint32_t buffers; /* distinct buffers referenced in it */
     bool kept;        /* pinned: the client keeps it mapped (KEEP_MAPPED) */
     UT_hash_handle hh;
-} gpubuf_holder_slab;
+} gd_holder_slab;
 
 /* Slabs offered to the pool per allocation, at most. */
 #define GPUBUF_PREFER_SLABS 16
 
-struct gpubuf_holder {
+struct gd_holder {
     uint64_t id;
     pid_t pid;
     uid_t uid;
     gid_t gid;
-    gpubuf_ref *refs;     /* by buffer id */
-    gpubuf_holder_slab *slabs; /* by slab id: slabs of the buffers in refs */
+    gd_ref *refs;     /* by buffer id */
+    gd_holder_slab *slabs; /* by slab id: slabs of the buffers in refs */
     uint32_t n_kept;      /* entries of slabs with kept set */
     uint32_t kept_cap;    /* slabs it may keep: quota.kept_slabs_per_client at hello */
     uint32_t n_refs;      /* sum of counts */
     uint32_t n_owned;     /* live buffers this client allocated */
     uint64_t owned_bytes;
-    gpubuf_waiter *waiters; /* this holder's pending waits */
+    gd_waiter *waiters; /* this holder's pending waits */
     UT_hash_handle hh;
 };
 
 /* A pending open(). The caller embeds it and fills target and callbacks.
  * wake(): the buffer was sealed and a reference was taken for the holder.
- * The registry unlinks a waiter before calling wake(); the waiter is not
- * touched after either callback returns. */
-struct gpubuf_waiter {
-    gpubuf_holder *holder;
+ * fail(): it never will be (deleted, or refused with -EACCES or -EDQUOT),
+ * with the reason in err; without fail, cancel() is called instead.
+ * The registry unlinks a waiter before calling back; the waiter is not
+ * touched after a callback returns. */
+struct gd_waiter {
+    gd_holder *holder;
     char *name;           /* target name, or NULL for by-id */
     uint64_t buffer_id;
-    void (*wake)(gpubuf_waiter *w, gpubuf_buf *b);
-    void (*cancel)(gpubuf_waiter *w); /* holder dropped */
-    /* The awaited buffer (by id) went away before it was sealed. */
-    void (*fail)(gpubuf_waiter *w, int err);
-    gpubuf_waiter *next, *prev;       /* registry list */
-    gpubuf_waiter *hnext, *hprev;     /* holder list */
+    void (*wake)(gd_waiter *w, gd_buf *b);
+    void (*cancel)(gd_waiter *w); /* holder dropped */
+    void (*fail)(gd_waiter *w, const gd_err *err);
+    gd_waiter *next, *prev;       /* registry list (utlist DL) */
+    gd_waiter *hnext, *hprev;     /* holder list (utlist DL) */
 };
 
 /* What one uid owns (buffers outlive the client that made them). */
-typedef struct gpubuf_uid_usage {
+typedef struct gd_uid_usage {
     uid_t uid;
     uint32_t buffers;
     uint64_t bytes;
     UT_hash_handle hh;
-} gpubuf_uid_usage;
+} gd_uid_usage;
 
 /* Quotas; 0 means no limit. */
-typedef struct gpubuf_quota {
+typedef struct gd_quota {
     uint32_t buffers_per_client;
     uint64_t bytes_per_client;
     uint32_t buffers_per_uid;
@@ -102,57 +104,73 @@ typedef struct gpubuf_quota {
     /* Slabs a client may keep mapped, fixed for a session at its hello (a
      * reload must not strand slabs a client already maps); 0: none. */
     uint32_t kept_slabs_per_client;
-} gpubuf_quota;
+} gd_quota;
 
-typedef struct gpubuf_registry {
-    gpubuf_quota quota;
-    gpubuf_uid_usage *uids;
-    gpubuf_buf *by_id;
-    gpubuf_buf *by_name;
-    gpubuf_holder *holders;
-    gpubuf_waiter *waiters;
+typedef struct gd_registry {
+    gd_quota quota;
+    gd_uid_usage *uids;
+    gd_buf *by_id;
+    gd_buf *by_name;
+    gd_holder *holders;
+    gd_waiter *waiters;
     uint64_t next_buffer_id;
     uint64_t next_holder_id;
     uint32_t n_buffers;
     uint32_t n_waiters;
     uint64_t freed_buffers; /* counters for status/metrics */
-    char last_error[256];
-} gpubuf_registry;
+} gd_registry;
 
-void gpubuf_registry_init(gpubuf_registry *r);
+void gd_registry_init(gd_registry *r);
 /* Frees every buffer (returning blocks to pools) and holder. */
-void gpubuf_registry_destroy(gpubuf_registry *r);
+void gd_registry_destroy(gd_registry *r);
 
-gpubuf_holder *gpubuf_registry_holder_new(gpubuf_registry *r, pid_t pid, uid_t uid, gid_t gid);
+gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gid);
 /* The client went away: cancel its waits, drop all its references, delete
  * buffers it allocated and never sealed. */
-void gpubuf_registry_holder_drop(gpubuf_registry *r, gpubuf_holder *h);
+void gd_registry_holder_drop(gd_registry *r, gd_holder *h);
 
-gpubuf_buf *gpubuf_registry_find_id(gpubuf_registry *r, uint64_t id);
-gpubuf_buf *gpubuf_registry_find_name(gpubuf_registry *r, const char *name);
-uint32_t gpubuf_registry_holder_count(gpubuf_holder *h, uint64_t buffer_id);
+gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id);
+gd_buf *gd_registry_find_name(gd_registry *r, const char *name);
+uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id);
 
-/* All return 0 or a negative code, with a sentence in r->last_error. */
-int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *pool, uint64_t size,
-                          uint64_t align, const char *name, gpubuf_buf **ret);
-int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpubuf_buf **ret);
-/* Take a reference to a sealed buffer. -ENOENT when the name/id is unknown
- * or not sealed yet (the caller may then wait). */
-int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id,
-                         gpubuf_buf **ret);
-int gpubuf_registry_release(gpubuf_registry *r, gpubuf_holder *h, uint64_t id);
+/* The registry is the one place that decides names and access. Every call
+ * below returns 0 or a negative code and then fills err (which may be NULL)
+ * with the code and a sentence for the client. */
+
+/* Name rules: -ENAMETOOLONG, or -EINVAL for a character outside
+ * A-Z a-z 0-9 . _ : / @ + - (or a leading '/'). */
+int gd_registry_check_name(const char *name, gd_err *err);
+/* May holder h allocate from and open buffers of pool? -EACCES if not. */
+int gd_registry_check_pool(const gd_holder *h, const gd_pool *pool, gd_err *err);
+
+/* name NULL or "" for an anonymous buffer. Checks the name, the pool's
+ * access list and the quotas. */
+int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
+                      uint64_t align, const char *name, gd_buf **ret, gd_err *err);
+int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd_err *err);
+/* Take a reference to a sealed buffer, by name (when name is not NULL) or
+ * id, in one lookup. -EACCES for a buffer of a pool h may not use, whatever
+ * its state. -ENOENT when the name/id is unknown or not sealed yet; then
+ * *ret_waitable (if given) says whether it may still be sealed: any name, or
+ * an id in state ALLOCATED. */
+int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id, gd_buf **ret,
+                     bool *ret_waitable, gd_err *err);
+int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err);
 /* Release; with keep, the holder also keeps the buffer's slab mapped: the
- * slab stays (pinned) until gpubuf_registry_unmap() or the holder goes.
+ * slab stays (pinned) until gd_registry_unmap() or the holder goes.
  * -EINVAL for a dedicated slab, -EDQUOT beyond kept_slabs_per_client (the
  * reference is released either way). */
-int gpubuf_registry_release_keep(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, bool keep);
+int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool keep,
+                             gd_err *err);
 /* The holder no longer maps slab_id. GPUBUF_ENOTHELD when it kept no such
  * slab. */
-int gpubuf_registry_unmap(gpubuf_registry *r, gpubuf_holder *h, uint64_t slab_id);
-int gpubuf_registry_delete(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id);
+int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *err);
+/* Unpublish by name or id: the owner's uid or root only (-EPERM). */
+int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
+                       gd_err *err);
 
-void gpubuf_registry_wait(gpubuf_registry *r, gpubuf_waiter *w);
+void gd_registry_wait(gd_registry *r, gd_waiter *w);
 /* Remove a waiter without calling back (timeout, reply already sent). */
-void gpubuf_registry_unwait(gpubuf_registry *r, gpubuf_waiter *w);
+void gd_registry_unwait(gd_registry *r, gd_waiter *w);
 
 #endif

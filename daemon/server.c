@@ -1,5 +1,6 @@
 #include "server.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -9,9 +10,10 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
+#include <utlist.h>
 
+#include "gpubuf/gpubuf.h"
 #include "log.h"
-#include "util.h"
 #include "wire.h"
 
 #define READ_CHUNK (64u * 1024u)
@@ -23,131 +25,118 @@
 /* What the final drain of a departed client reads at most. */
 #define DRAIN_MAX (4u << 20)
 
-void gpubuf_limits_default(gpubuf_limits *l) {
-    l->max_request = GPUBUF_WIRE_MAX_REQUEST;
-    l->max_clients = 4096;
-    l->frames_per_wakeup = 32;
-    l->max_waiters_per_client = 64;
-    l->max_queued_replies = 4096;
-    l->max_clients_per_uid = 1024;
-    l->handshake_timeout_ms = 10000;
-    l->frame_timeout_ms = 10000;
-    l->quota.buffers_per_client = 1u << 20;
-    l->quota.bytes_per_client = 0;
-    l->quota.buffers_per_uid = 1u << 20;
-    l->quota.bytes_per_uid = 0;
-    l->quota.refs_per_client = 1u << 20;
-    l->quota.kept_slabs_per_client = 8;
+static void on_listen(uv_poll_t *h, int status, int events);
+static void on_conn_io(uv_poll_t *h, int status, int events);
+static void on_reap(uv_check_t *h);
+static void on_kick(uv_idle_t *h);
+static int process_frames(gd_conn *c, uint32_t limit);
+static int process_frames_corked(gd_conn *c, uint32_t limit);
+static bool grow_in(gd_conn *c);
+static ssize_t read_in(gd_conn *c, size_t max);
+static void peer_left(gd_conn *c);
+static bool backlogged(const gd_conn *c);
+
+/* Deadline for a connection whose handshake is not done, or that sits on
+ * half a frame. */
+static void on_conn_timer(uv_timer_t *t) {
+    gd_conn *c = t->data;
+    LOG_WARN("pid %d: %s for %u ms; disconnecting", (int)c->pid,
+             c->ready ? "incomplete frame" : "no handshake",
+             c->ready ? c->srv->limits->frame_timeout_ms : c->srv->limits->handshake_timeout_ms);
+    gd_conn_close(c);
 }
 
-/* Deadline for a session that has not said hello, or sits on half a frame. */
-static void on_session_timer(uv_timer_t *t) {
-    gpubuf_session *s = t->data;
-    LOG_WARN("pid %d: %s for %u ms; disconnecting", (int)s->pid,
-             s->hello_done ? "incomplete frame" : "no handshake",
-             s->hello_done ? s->srv->limits.frame_timeout_ms
-                           : s->srv->limits.handshake_timeout_ms);
-    gpubuf_session_kill(s);
-}
-
-static void arm_timer(gpubuf_session *s) {
+static void arm_timer(gd_conn *c) {
     uint32_t ms = 0;
-    if (s->closing)
+    if (c->closing)
         return;
-    if (!s->hello_done)
-        ms = s->srv->limits.handshake_timeout_ms;
-    else if (s->in_len > 0)
-        ms = s->srv->limits.frame_timeout_ms;
+    if (!c->ready)
+        ms = c->srv->limits->handshake_timeout_ms;
+    else if (c->in_len > 0)
+        ms = c->srv->limits->frame_timeout_ms;
     if (ms == 0) {
-        uv_timer_stop(&s->timer);
+        uv_timer_stop(&c->timer);
         return;
     }
     /* Restart only when no deadline runs yet: trickling bytes do not
      * extend it. */
-    if (!uv_is_active((uv_handle_t *)&s->timer))
-        uv_timer_start(&s->timer, on_session_timer, ms, 0);
+    if (!uv_is_active((uv_handle_t *)&c->timer)) {
+        int r = uv_timer_start(&c->timer, on_conn_timer, ms, 0);
+        if (r < 0) {
+            LOG_ERR("pid %d: uv_timer_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
+            gd_conn_close(c);
+        }
+    }
 }
 
-static void on_listen(uv_poll_t *h, int status, int events);
-static void on_session_io(uv_poll_t *h, int status, int events);
-static void on_reap(uv_check_t *h);
-static void on_kick(uv_idle_t *h);
-static int process_frames(gpubuf_session *s, uint32_t limit);
-static int process_frames_corked(gpubuf_session *s, uint32_t limit);
-static bool grow_in(gpubuf_session *s);
-static ssize_t read_in(gpubuf_session *s, size_t max);
-static void peer_left(gpubuf_session *s);
-static bool backlogged(const gpubuf_session *s);
+/* Start (or keep) the idle handle that makes the loop come back without
+ * blocking: it runs pending connections and lets the reaper run. */
+static void kick(gd_server *srv) {
+    int r = uv_idle_start(&srv->kick, on_kick);
+    /* Fails only for a closing handle or a NULL callback. */
+    assert(r == 0);
+    (void)r;
+}
 
-/* Everything a client sent before it went away is applied: a seal or a
+/* Everything a client sent before it went away is handled: a seal or a
  * release written just before exit() must not be lost. Its replies go
- * nowhere. Runs at reaping time, for sessions whose peer left. */
-static void final_drain(gpubuf_session *s) {
+ * nowhere. Runs at reaping time, for connections whose peer left. */
+static void final_drain(gd_conn *c) {
     /* Only what the socket held when the drain starts, at most DRAIN_MAX: a
      * peer that keeps writing cannot hold the loop here. */
     int queued = 0;
-    if (ioctl(s->fd, FIONREAD, &queued) < 0 || queued < 0)
+    if (ioctl(c->fd, FIONREAD, &queued) < 0 || queued < 0)
         queued = 0;
     size_t budget = (size_t)queued < DRAIN_MAX ? (size_t)queued : DRAIN_MAX;
-    s->reaping = true;
-    s->closing = false;
+    c->reaping = true;
+    c->closing = false;
     for (;;) {
-        process_frames_corked(s, UINT32_MAX);
-        if (s->closing || budget == 0 || !grow_in(s) || s->in_cap == s->in_len)
+        process_frames_corked(c, UINT32_MAX);
+        if (c->closing || budget == 0 || !grow_in(c) || c->in_cap == c->in_len)
             break;
-        ssize_t n = read_in(s, budget);
+        ssize_t n = read_in(c, budget);
         if (n <= 0)
             break;
         budget -= (size_t)n;
     }
-    s->closing = true;
-    s->reaping = false;
+    c->closing = true;
+    c->reaping = false;
 }
 
-void gpubuf_server_init(gpubuf_server *srv, uv_loop_t *loop) {
+int gd_server_init(gd_server *srv, uv_loop_t *loop, const gd_limits *limits,
+                   const gd_server_callbacks *cb, void *data) {
+    int r;
+    assert(limits && cb && cb->on_open && cb->on_frame && cb->on_close);
     memset(srv, 0, sizeof(*srv));
     srv->loop = loop;
+    srv->limits = limits;
+    srv->cb = *cb;
+    srv->data = data;
     srv->listen_fd = -1;
-    gpubuf_limits_default(&srv->limits);
-    gpubuf_registry_init(&srv->reg);
-    srv->started_ns = gpubuf_now_ns();
-    uv_check_init(loop, &srv->reaper);
+    if ((r = uv_check_init(loop, &srv->reaper)) < 0)
+        return r;
     srv->reaper.data = srv;
-    uv_idle_init(loop, &srv->kick);
+    if ((r = uv_idle_init(loop, &srv->kick)) < 0) {
+        uv_close((uv_handle_t *)&srv->reaper, NULL);
+        return r;
+    }
     srv->kick.data = srv;
-}
-
-int gpubuf_server_add_pool(gpubuf_server *srv, gpubuf_pool *pool) {
-    if (srv->n_pools >= GPUBUF_MAX_POOLS)
-        return -ENOSPC;
-    if (gpubuf_server_find_pool(srv, pool->name))
-        return -EEXIST;
-    pool->next_slab_id = &srv->slab_ids;
-    srv->pools[srv->n_pools++] = pool;
     return 0;
 }
 
-gpubuf_pool *gpubuf_server_find_pool(gpubuf_server *srv, const char *name) {
-    for (int i = 0; i < srv->n_pools; i++)
-        if (strcmp(srv->pools[i]->name, name) == 0)
-            return srv->pools[i];
-    return NULL;
-}
-
-int gpubuf_server_listen_fd(gpubuf_server *srv, int fd) {
+int gd_server_listen_fd(gd_server *srv, int fd) {
     int r, fl = fcntl(fd, F_GETFL);
-    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
+    if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0)
         return -errno;
-    fcntl(fd, F_SETFD, FD_CLOEXEC);
-    srv->listen_fd = fd;
     r = uv_poll_init(srv->loop, &srv->listen_poll, fd);
     if (r < 0)
         return r;
+    srv->listen_fd = fd;
     srv->listen_poll.data = srv;
     return uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
 }
 
-int gpubuf_server_listen_path(gpubuf_server *srv, const char *path, mode_t mode) {
+int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     int fd, r;
     if (!path || !*path || strlen(path) >= sizeof(sa.sun_path))
@@ -181,126 +170,166 @@ int gpubuf_server_listen_path(gpubuf_server *srv, const char *path, mode_t mode)
     }
     srv->socket_path = strdup(path);
     srv->listen_owned = true;
-    return gpubuf_server_listen_fd(srv, fd);
+    r = gd_server_listen_fd(srv, fd);
+    if (r < 0 && srv->listen_fd < 0)
+        close(fd);
+    return r;
 }
 
-static void session_free_out(gpubuf_session *s) {
-    while (s->out_head) {
-        gpubuf_outbuf *o = s->out_head;
-        s->out_head = o->next;
+static void conn_free_out(gd_conn *c) {
+    gd_outbuf *o, *tmp;
+    DL_FOREACH_SAFE(c->out, o, tmp) {
+        DL_DELETE(c->out, o);
         if (o->fd >= 0)
             close(o->fd);
         free(o);
     }
-    s->out_tail = NULL;
 }
 
 static void on_timer_closed(uv_handle_t *h) {
-    gpubuf_session *s = h->data;
-    close(s->fd);
-    free(s->in);
-    free(s);
+    gd_conn *c = h->data;
+    close(c->fd);
+    free(c->in);
+    free(c);
 }
 
-static void on_session_closed(uv_handle_t *h) {
-    gpubuf_session *s = h->data;
-    uv_close((uv_handle_t *)&s->timer, on_timer_closed);
+static void on_conn_closed(uv_handle_t *h) {
+    gd_conn *c = h->data;
+    uv_close((uv_handle_t *)&c->timer, on_timer_closed);
+}
+
+static void close_loop_handles(gd_server *srv) {
+    if (srv->handles_closed)
+        return;
+    srv->handles_closed = true;
+    uv_close((uv_handle_t *)&srv->reaper, NULL);
+    uv_close((uv_handle_t *)&srv->kick, NULL);
 }
 
 static void on_reap(uv_check_t *h) {
-    gpubuf_server *srv = h->data;
+    gd_server *srv = h->data;
     while (srv->reap) {
-        gpubuf_session *s = srv->reap;
-        srv->reap = s->reap_next;
-        if (s->pending) {
-            gpubuf_session **pp = &srv->pending;
-            while (*pp != s)
-                pp = &(*pp)->pending_next;
-            *pp = s->pending_next;
-            s->pending = false;
+        gd_conn *c = srv->reap;
+        LL_DELETE2(srv->reap, c, reap_next);
+        if (c->pending) {
+            LL_DELETE2(srv->pending, c, pending_next);
+            c->pending = false;
         }
-        LOG_DEBUG("session %llu (pid %d) closed", (unsigned long long)s->holder->id, (int)s->pid);
-        if (s->peer_gone)
-            final_drain(s);
-        gpubuf_registry_holder_drop(&srv->reg, s->holder);
-        s->holder = NULL;
-        session_free_out(s);
-        if (s->prev)
-            s->prev->next = s->next;
-        else
-            srv->sessions = s->next;
-        if (s->next)
-            s->next->prev = s->prev;
-        srv->n_sessions--;
-        uv_close((uv_handle_t *)&s->poll, on_session_closed);
+        /* A connection its user refused has no user to tell. */
+        if (c->user) {
+            if (c->peer_gone)
+                final_drain(c);
+            srv->cb.on_close(c->user);
+            c->user = NULL;
+        }
+        conn_free_out(c);
+        DL_DELETE(srv->conns, c);
+        assert(srv->n_conns > 0);
+        srv->n_conns--;
+        uv_close((uv_handle_t *)&c->poll, on_conn_closed);
     }
     uv_check_stop(&srv->reaper);
-    if (srv->stopping && !srv->sessions) {
-        uv_close((uv_handle_t *)&srv->reaper, NULL);
-        uv_close((uv_handle_t *)&srv->kick, NULL);
-    }
+    if (srv->stopping && !srv->conns)
+        close_loop_handles(srv);
 }
 
-static bool has_complete_frame(const gpubuf_session *s) {
-    if (s->in_len < GPUBUF_WIRE_HEADER_SIZE)
+static bool has_complete_frame(const gd_conn *c) {
+    if (c->in_len < GPUBUF_WIRE_HEADER_SIZE)
         return false;
-    uint32_t len = (uint32_t)s->in[8] | (uint32_t)s->in[9] << 8 | (uint32_t)s->in[10] << 16 |
-                   (uint32_t)s->in[11] << 24;
+    uint32_t len = (uint32_t)c->in[8] | (uint32_t)c->in[9] << 8 | (uint32_t)c->in[10] << 16 |
+                   (uint32_t)c->in[11] << 24;
     /* A bad header counts as complete: processing it disconnects. */
-    return len > s->srv->limits.max_request ||
-           s->in_len - GPUBUF_WIRE_HEADER_SIZE >= len;
+    return len > c->srv->limits->max_request || c->in_len - GPUBUF_WIRE_HEADER_SIZE >= len;
 }
 
-/* After a capped wake-up, queue the session so the loop comes back to it
+/* After a capped wake-up, queue the connection so the loop comes back to it
  * without waiting for the socket to become readable again. */
-static void maybe_pend(gpubuf_session *s) {
-    if (s->closing || s->pending || backlogged(s) || !has_complete_frame(s))
+static void maybe_pend(gd_conn *c) {
+    if (c->closing || c->pending || backlogged(c) || !has_complete_frame(c))
         return;
-    s->pending = true;
-    s->pending_next = s->srv->pending;
-    s->srv->pending = s;
-    uv_idle_start(&s->srv->kick, on_kick);
+    c->pending = true;
+    LL_PREPEND2(c->srv->pending, c, pending_next);
+    kick(c->srv);
 }
 
 static void on_kick(uv_idle_t *h) {
-    gpubuf_server *srv = h->data;
-    gpubuf_session *list = srv->pending;
+    gd_server *srv = h->data;
+    gd_conn *list = srv->pending;
     srv->pending = NULL;
     while (list) {
-        gpubuf_session *s = list;
-        list = s->pending_next;
-        s->pending = false;
-        if (process_frames(s, srv->limits.frames_per_wakeup) >= 0) {
-            maybe_pend(s);
-            arm_timer(s);
+        gd_conn *c = list;
+        list = c->pending_next;
+        c->pending_next = NULL;
+        c->pending = false;
+        if (process_frames(c, srv->limits->frames_per_wakeup) >= 0) {
+            maybe_pend(c);
+            arm_timer(c);
         }
     }
-    /* Stay active while sessions wait to be reaped: the check handle that
+    /* Stay active while connections wait to be reaped: the check handle that
      * reaps them runs only if the poll does not block. */
     if (!srv->pending && !srv->reap)
         uv_idle_stop(&srv->kick);
 }
 
-void gpubuf_session_kill(gpubuf_session *s) {
-    if (s->reaping) {
-        s->closing = true; /* stops the final drain */
+void gd_conn_close(gd_conn *c) {
+    if (c->reaping) {
+        c->closing = true; /* stops the final drain */
         return;
     }
-    if (s->closing)
+    if (c->closing)
         return;
-    s->closing = true;
-    uv_poll_stop(&s->poll);
-    uv_timer_stop(&s->timer);
-    s->reap_next = s->srv->reap;
-    s->srv->reap = s;
-    uv_check_start(&s->srv->reaper, on_reap);
+    c->closing = true;
+    uv_poll_stop(&c->poll);
+    uv_timer_stop(&c->timer);
+    LL_PREPEND2(c->srv->reap, c, reap_next);
+    int r = uv_check_start(&c->srv->reaper, on_reap);
+    assert(r == 0); /* fails only for a closing handle */
+    (void)r;
     /* An active idle handle keeps the next poll from blocking, so the
-     * reaper runs soon also when the kill came from a timer. */
-    uv_idle_start(&s->srv->kick, on_kick);
+     * reaper runs soon also when the close came from a timer. */
+    kick(c->srv);
+}
+
+bool gd_conn_closing(const gd_conn *c) {
+    return c->closing;
+}
+
+void gd_conn_ready(gd_conn *c) {
+    c->ready = true;
+}
+
+static void on_poll_only_closed(uv_handle_t *h) {
+    gd_conn *c = h->data;
+    close(c->fd);
+    free(c);
+}
+
+/* Set up the handles of an accepted connection. On failure c is freed and
+ * its fd closed (through close callbacks when a handle was initialised). */
+static int conn_start(gd_server *srv, gd_conn *c) {
+    int r = uv_poll_init(srv->loop, &c->poll, c->fd);
+    if (r < 0) {
+        close(c->fd);
+        free(c);
+        return r;
+    }
+    c->poll.data = c;
+    if ((r = uv_timer_init(srv->loop, &c->timer)) < 0) {
+        uv_close((uv_handle_t *)&c->poll, on_poll_only_closed);
+        return r;
+    }
+    c->timer.data = c;
+    if ((r = uv_poll_start(&c->poll, UV_READABLE, on_conn_io)) < 0) {
+        uv_close((uv_handle_t *)&c->poll, on_conn_closed);
+        return r;
+    }
+    c->poll_events = UV_READABLE;
+    return 0;
 }
 
 static void on_listen(uv_poll_t *h, int status, int events) {
-    gpubuf_server *srv = h->data;
+    gd_server *srv = h->data;
     (void)events;
     if (status < 0)
         return;
@@ -317,87 +346,89 @@ static void on_listen(uv_poll_t *h, int status, int events) {
             close(fd);
             continue;
         }
-        if (srv->n_sessions >= srv->limits.max_clients || srv->stopping) {
+        if (srv->n_conns >= srv->limits->max_clients || srv->stopping) {
             LOG_WARN("refusing pid %d: %u clients connected (limit %u)", (int)cred.pid,
-                     srv->n_sessions, srv->limits.max_clients);
+                     srv->n_conns, srv->limits->max_clients);
             close(fd);
             continue;
         }
         uint32_t same_uid = 0;
-        for (gpubuf_session *x = srv->sessions; x; x = x->next)
+        gd_conn *x;
+        DL_FOREACH(srv->conns, x)
             same_uid += !x->closing && x->uid == cred.uid;
-        if (srv->limits.max_clients_per_uid && same_uid >= srv->limits.max_clients_per_uid) {
+        if (srv->limits->max_clients_per_uid && same_uid >= srv->limits->max_clients_per_uid) {
             LOG_WARN("refusing pid %d: uid %u has %u connections (limit %u)", (int)cred.pid,
-                     (unsigned)cred.uid, same_uid, srv->limits.max_clients_per_uid);
+                     (unsigned)cred.uid, same_uid, srv->limits->max_clients_per_uid);
             close(fd);
             continue;
         }
-        gpubuf_session *s = calloc(1, sizeof(*s));
-        if (!s || !(s->holder = gpubuf_registry_holder_new(&srv->reg, cred.pid, cred.uid,
-                                                           cred.gid))) {
-            free(s);
+        gd_conn *c = calloc(1, sizeof(*c));
+        if (!c) {
             close(fd);
             continue;
         }
-        s->fd = fd;
-        s->srv = srv;
-        s->pid = cred.pid;
-        s->uid = cred.uid;
-        s->gid = cred.gid;
-        uv_poll_init(srv->loop, &s->poll, fd);
-        s->poll.data = s;
-        uv_poll_start(&s->poll, UV_READABLE, on_session_io);
-        s->poll_events = UV_READABLE;
-        uv_timer_init(srv->loop, &s->timer);
-        s->timer.data = s;
-        arm_timer(s);
-        s->next = srv->sessions;
-        if (srv->sessions)
-            srv->sessions->prev = s;
-        srv->sessions = s;
-        srv->n_sessions++;
-        LOG_DEBUG("session %llu: pid %d uid %d", (unsigned long long)s->holder->id, (int)s->pid,
-                  (int)s->uid);
+        c->fd = fd;
+        c->srv = srv;
+        c->pid = cred.pid;
+        c->uid = cred.uid;
+        int r = conn_start(srv, c);
+        if (r < 0) {
+            LOG_ERR("pid %d: cannot watch the connection: %s", (int)cred.pid, uv_strerror(r));
+            continue;
+        }
+        DL_PREPEND(srv->conns, c);
+        srv->n_conns++;
+        c->user = srv->cb.on_open(srv->data, c, cred.pid, cred.uid, cred.gid);
+        if (!c->user) {
+            gd_conn_close(c);
+            continue;
+        }
+        arm_timer(c);
     }
 }
 
-static bool backlogged(const gpubuf_session *s) {
-    return s->out_bytes >= OUT_HIGH_WATER;
+static bool backlogged(const gd_conn *c) {
+    return c->out_bytes >= OUT_HIGH_WATER;
 }
 
-/* Watch what the session needs now. Only a change reaches libuv: restarting
- * a poll handle with the same events still costs epoll_ctl calls (two per
- * request, before this check). */
-static void update_poll(gpubuf_session *s) {
-    if (s->closing)
+/* Watch what the connection needs now. Only a change reaches libuv:
+ * restarting a poll handle with the same events still costs epoll_ctl calls
+ * (two per request, before this check). */
+static void update_poll(gd_conn *c) {
+    if (c->closing)
         return;
-    int want = (backlogged(s) ? 0 : UV_READABLE) | (s->out_head ? UV_WRITABLE : 0);
-    if (want == s->poll_events)
+    int want = (backlogged(c) ? 0 : UV_READABLE) | (c->out ? UV_WRITABLE : 0);
+    if (want == c->poll_events)
         return;
-    s->poll_events = want;
-    uv_poll_start(&s->poll, want, on_session_io);
+    int r = uv_poll_start(&c->poll, want, on_conn_io);
+    if (r < 0) {
+        LOG_ERR("pid %d: uv_poll_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
+        gd_conn_close(c);
+        return;
+    }
+    c->poll_events = want;
 }
 
 /* Write queued replies: up to 64 frames per sendmsg. A frame that carries
  * an fd starts its own sendmsg, so the fd rides on the frame's first byte. */
-static int flush_out(gpubuf_session *s) {
-    while (s->out_head) {
+static int flush_out(gd_conn *c) {
+    while (c->out) {
         struct iovec iov[64];
         int n_iov = 0, fd = -1;
-        for (gpubuf_outbuf *o = s->out_head; o && n_iov < 64; o = o->next) {
-            if (o != s->out_head && o->fd >= 0)
+        for (gd_outbuf *o = c->out; o && n_iov < 64; o = o->next) {
+            if (o != c->out && o->fd >= 0)
                 break;
-            if (o == s->out_head && o->off == 0)
+            if (o == c->out && o->off == 0)
                 fd = o->fd;
             iov[n_iov].iov_base = o->data + o->off;
             iov[n_iov].iov_len = o->len - o->off;
             n_iov++;
         }
-        ssize_t n = gpubuf_wire_sendv(s->fd, iov, n_iov, fd);
+        ssize_t n = gpubuf_wire_sendv(c->fd, iov, n_iov, fd);
         if (n < 0)
             return n == -EAGAIN ? 0 : (int)n;
         while (n > 0) {
-            gpubuf_outbuf *o = s->out_head;
+            gd_outbuf *o = c->out;
             if (o->fd >= 0) {
                 close(o->fd);
                 o->fd = -1;
@@ -408,147 +439,136 @@ static int flush_out(gpubuf_session *s) {
                 return 0; /* the socket is full */
             }
             n -= (ssize_t)left;
-            s->out_head = o->next;
-            if (!s->out_head)
-                s->out_tail = NULL;
-            s->out_frames--;
-            s->out_bytes -= o->len;
+            DL_DELETE(c->out, o);
+            assert(c->out_frames > 0 && c->out_bytes >= o->len);
+            c->out_frames--;
+            c->out_bytes -= o->len;
             free(o);
         }
     }
     return 0;
 }
 
-void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd) {
-    size_t plen = gpubuf__response__get_packed_size(resp);
-    gpubuf_outbuf *o;
-    bool was_empty = !s->out_head;
-    if (s->closing || s->peer_gone)
-        return;
-    if (s->out_frames >= s->srv->limits.max_queued_replies) {
-        LOG_WARN("pid %d reads none of its %u queued replies; disconnecting", (int)s->pid,
-                 s->out_frames);
-        gpubuf_session_kill(s);
-        return;
+int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int fd) {
+    gd_outbuf *o;
+    bool was_empty = !c->out;
+    if (c->closing || c->peer_gone)
+        return -ECONNRESET;
+    if (c->out_frames >= c->srv->limits->max_queued_replies) {
+        LOG_WARN("pid %d reads none of its %u queued replies; disconnecting", (int)c->pid,
+                 c->out_frames);
+        gd_conn_close(c);
+        return -ENOBUFS;
     }
     if (plen > GPUBUF_WIRE_MAX_RESPONSE) {
         LOG_ERR("reply of %zu bytes exceeds the frame limit", plen);
-        gpubuf_session_kill(s);
-        return;
+        gd_conn_close(c);
+        return -EMSGSIZE;
     }
     o = malloc(sizeof(*o) + GPUBUF_WIRE_HEADER_SIZE + plen);
     if (!o) {
-        gpubuf_session_kill(s);
-        return;
+        gd_conn_close(c);
+        return -ENOMEM;
     }
-    o->next = NULL;
     o->off = 0;
     o->len = GPUBUF_WIRE_HEADER_SIZE + plen;
     o->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     if (fd >= 0 && o->fd < 0) {
-        LOG_ERR("dup: %s", strerror(errno));
+        int e = errno;
+        LOG_ERR("dup: %s", strerror(e));
         free(o);
-        gpubuf_session_kill(s);
-        return;
+        gd_conn_close(c);
+        return -e;
     }
     gpubuf_wire_header_encode(o->data, (uint32_t)plen);
-    gpubuf__response__pack(resp, o->data + GPUBUF_WIRE_HEADER_SIZE);
-    if (s->out_tail)
-        s->out_tail->next = o;
-    else
-        s->out_head = o;
-    s->out_tail = o;
-    s->out_frames++;
-    s->out_bytes += o->len;
-    if (was_empty && !s->corked) {
-        int r = flush_out(s);
+    pack(msg, o->data + GPUBUF_WIRE_HEADER_SIZE);
+    DL_APPEND(c->out, o);
+    c->out_frames++;
+    c->out_bytes += o->len;
+    if (was_empty && !c->corked) {
+        int r = flush_out(c);
         if (r < 0) {
-            peer_left(s);
-            return;
+            peer_left(c);
+            return r;
         }
-        if (s->out_head)
-            update_poll(s);
+        if (c->out)
+            update_poll(c);
     }
+    return 0;
 }
 
-static int process_frames_corked(gpubuf_session *s, uint32_t limit);
-
-/* Handle up to limit complete frames from s->in; their replies leave in as
+/* Handle up to limit complete frames from c->in; their replies leave in as
  * few writes as possible. Returns the number handled, or -1 when the
- * session was killed. */
-static int process_frames(gpubuf_session *s, uint32_t limit) {
-    s->corked = true;
-    int r = process_frames_corked(s, limit);
-    s->corked = false;
+ * connection was closed. */
+static int process_frames(gd_conn *c, uint32_t limit) {
+    c->corked = true;
+    int r = process_frames_corked(c, limit);
+    c->corked = false;
     /* Flush even when the batch ended in a disconnection: the last reply
      * says why. */
-    if (s->out_head) {
-        if (flush_out(s) < 0)
-            peer_left(s);
+    if (c->out) {
+        if (flush_out(c) < 0)
+            peer_left(c);
         else
-            update_poll(s);
+            update_poll(c);
     }
-    return s->closing ? -1 : r;
+    return c->closing ? -1 : r;
 }
 
-static int process_frames_corked(gpubuf_session *s, uint32_t limit) {
+static int process_frames_corked(gd_conn *c, uint32_t limit) {
     size_t pos = 0;
     uint32_t done = 0;
-    while (done < limit && !s->closing && !backlogged(s)) {
+    while (done < limit && !c->closing && !backlogged(c)) {
         gpubuf_frame_header h;
-        if (s->in_len - pos < GPUBUF_WIRE_HEADER_SIZE)
+        if (c->in_len - pos < GPUBUF_WIRE_HEADER_SIZE)
             break;
-        int r = gpubuf_wire_header_decode(s->in + pos, s->srv->limits.max_request, &h);
+        int r = gpubuf_wire_header_decode(c->in + pos, c->srv->limits->max_request, &h);
         if (r < 0) {
-            LOG_WARN("pid %d: bad frame header (%s); disconnecting", (int)s->pid,
+            LOG_WARN("pid %d: bad frame header (%s); disconnecting", (int)c->pid,
                      gpubuf_strerror(r));
-            Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
-            resp.status = r;
-            resp.message = (char *)(r == -EMSGSIZE ? "request frame too large"
-                                                   : "bad frame header (magic, version or flags)");
-            gpubuf_session_send(s, &resp, -1);
-            gpubuf_session_kill(s);
+            if (c->srv->cb.on_bad_frame)
+                c->srv->cb.on_bad_frame(c->user, r);
+            gd_conn_close(c);
             return -1;
         }
-        if (s->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
+        if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
             break;
-        gpubuf_session_handle(s, s->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length);
+        c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length);
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;
     }
     if (pos) {
-        memmove(s->in, s->in + pos, s->in_len - pos);
-        s->in_len -= pos;
+        memmove(c->in, c->in + pos, c->in_len - pos);
+        c->in_len -= pos;
     }
-    return s->closing ? -1 : (int)done;
+    return c->closing ? -1 : (int)done;
 }
 
-/* The client closed or broke the connection. */
-static void peer_left(gpubuf_session *s) {
-    s->peer_gone = true;
-    gpubuf_session_kill(s);
+/* The peer closed or broke the connection. */
+static void peer_left(gd_conn *c) {
+    c->peer_gone = true;
+    gd_conn_close(c);
 }
 
 /* Make room to read: the input buffer grows to one maximal frame plus one
- * chunk, never more. False when out of memory (the session is killed). */
-static bool grow_in(gpubuf_session *s) {
-    gpubuf_server *srv = s->srv;
-    size_t need = s->in_len + READ_CHUNK;
-    if (need > s->in_cap) {
-        size_t cap = s->in_cap ? s->in_cap : READ_CHUNK;
+ * chunk, never more. False when out of memory (the connection is closed). */
+static bool grow_in(gd_conn *c) {
+    size_t need = c->in_len + READ_CHUNK;
+    size_t max = (size_t)c->srv->limits->max_request + GPUBUF_WIRE_HEADER_SIZE + READ_CHUNK;
+    if (need > c->in_cap) {
+        size_t cap = c->in_cap ? c->in_cap : READ_CHUNK;
         while (cap < need)
             cap *= 2;
-        /* Never more than one maximal frame plus one chunk. */
-        if (cap > (size_t)srv->limits.max_request + GPUBUF_WIRE_HEADER_SIZE + READ_CHUNK)
-            cap = (size_t)srv->limits.max_request + GPUBUF_WIRE_HEADER_SIZE + READ_CHUNK;
-        if (cap > s->in_cap) {
-            uint8_t *p = realloc(s->in, cap);
+        if (cap > max)
+            cap = max;
+        if (cap > c->in_cap) {
+            uint8_t *p = realloc(c->in, cap);
             if (!p) {
-                gpubuf_session_kill(s);
+                gd_conn_close(c);
                 return false;
             }
-            s->in = p;
-            s->in_cap = cap;
+            c->in = p;
+            c->in_cap = cap;
         }
     }
     return true;
@@ -556,73 +576,74 @@ static bool grow_in(gpubuf_session *s) {
 
 /* One recvmsg of at most max bytes into the input buffer; fds a client sends
  * are closed. */
-static ssize_t read_in(gpubuf_session *s, size_t max) {
+static ssize_t read_in(gd_conn *c, size_t max) {
     int fds[GPUBUF_WIRE_MAX_FDS];
     int n_fds;
     bool trunc;
-    size_t room = s->in_cap - s->in_len;
-    ssize_t n = gpubuf_wire_recv(s->fd, s->in + s->in_len, room < max ? room : max, fds,
+    size_t room = c->in_cap - c->in_len;
+    ssize_t n = gpubuf_wire_recv(c->fd, c->in + c->in_len, room < max ? room : max, fds,
                                  GPUBUF_WIRE_MAX_FDS, &n_fds, &trunc);
     for (int i = 0; i < n_fds; i++)
         close(fds[i]); /* clients never send fds: drop them */
     if (n_fds || trunc)
-        LOG_WARN("pid %d sent file descriptors; closed them", (int)s->pid);
+        LOG_WARN("pid %d sent file descriptors; closed them", (int)c->pid);
     if (n > 0)
-        s->in_len += (size_t)n;
+        c->in_len += (size_t)n;
     return n;
 }
 
-static void on_session_io(uv_poll_t *h, int status, int events) {
-    gpubuf_session *s = h->data;
-    gpubuf_server *srv = s->srv;
-    if (s->closing)
+static void on_conn_io(uv_poll_t *h, int status, int events) {
+    gd_conn *c = h->data;
+    gd_server *srv = c->srv;
+    if (c->closing)
         return;
     if (status < 0) {
-        peer_left(s);
+        peer_left(c);
         return;
     }
     if (events & UV_WRITABLE) {
-        if (flush_out(s) < 0) {
-            peer_left(s);
+        if (flush_out(c) < 0) {
+            peer_left(c);
             return;
         }
-        update_poll(s);
-        maybe_pend(s); /* frames held back while replies were backlogged */
+        update_poll(c);
+        maybe_pend(c); /* frames held back while replies were backlogged */
     }
-    if (!(events & UV_READABLE) || backlogged(s))
+    if (!(events & UV_READABLE) || backlogged(c) || c->closing)
         return;
     /* Frames left over from the previous wake-up go first. */
-    if (process_frames(s, srv->limits.frames_per_wakeup) < 0)
+    if (process_frames(c, srv->limits->frames_per_wakeup) < 0)
         return;
-    if (!grow_in(s))
+    if (!grow_in(c))
         return;
-    if (s->in_cap == s->in_len) {
+    if (c->in_cap == c->in_len) {
         /* Buffer full of unprocessed frames: let the next wake-up drain it. */
         return;
     }
-    ssize_t n = read_in(s, SIZE_MAX);
+    ssize_t n = read_in(c, SIZE_MAX);
     if (n == -EAGAIN)
         return;
     if (n == 0) {
         /* The peer is done sending: answer what it sent before going. */
-        process_frames(s, UINT32_MAX);
-        peer_left(s);
+        process_frames(c, UINT32_MAX);
+        peer_left(c);
         return;
     }
     if (n < 0) {
-        peer_left(s);
+        peer_left(c);
         return;
     }
-    int done = process_frames(s, srv->limits.frames_per_wakeup);
+    int done = process_frames(c, srv->limits->frames_per_wakeup);
     if (done >= 0) {
-        maybe_pend(s);
+        maybe_pend(c);
         if (done > 0) /* whole frames arrived: a new deadline for the next one */
-            uv_timer_stop(&s->timer);
-        arm_timer(s);
+            uv_timer_stop(&c->timer);
+        arm_timer(c);
     }
 }
 
-void gpubuf_server_stop(gpubuf_server *srv) {
+void gd_server_stop(gd_server *srv) {
+    gd_conn *c;
     if (srv->stopping)
         return;
     srv->stopping = true;
@@ -634,24 +655,13 @@ void gpubuf_server_stop(gpubuf_server *srv) {
         if (srv->listen_owned && srv->socket_path)
             unlink(srv->socket_path);
     }
-    for (gpubuf_session *s = srv->sessions; s; s = s->next) {
-        Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
-        resp.status = -ESHUTDOWN;
-        resp.message = (char *)"gpubufd is shutting down";
-        /* Best effort: a client blocked in a request reads this error. */
-        gpubuf_session_send(s, &resp, -1);
-        gpubuf_session_kill(s);
-    }
-    if (!srv->sessions) {
-        uv_close((uv_handle_t *)&srv->reaper, NULL);
-        uv_close((uv_handle_t *)&srv->kick, NULL);
-    }
+    DL_FOREACH(srv->conns, c)
+        gd_conn_close(c);
+    if (!srv->conns)
+        close_loop_handles(srv);
 }
 
-void gpubuf_server_destroy(gpubuf_server *srv) {
-    gpubuf_registry_destroy(&srv->reg);
-    for (int i = 0; i < srv->n_pools; i++)
-        srv->pools[i] = gpubuf_pool_free(srv->pools[i]);
-    srv->n_pools = 0;
+void gd_server_destroy(gd_server *srv) {
     free(srv->socket_path);
+    srv->socket_path = NULL;
 }

@@ -1,112 +1,112 @@
-/* Server and session rooms of gpubufd.
- *
- * server: the libuv loop, the listening socket, reading bytes into frames and
- *         writing reply frames (with their fds) back. Knows nothing of GPUs.
- * session: one per connection: peer credentials, the registry holder with its
- *         references, request decoding and dispatch into the registry. */
+/* Server room of gpubufd: the libuv loop's listening socket, accepting
+ * connections, reading bytes into frames, writing reply frames (with the fd
+ * each may carry), corking, backpressure, deadlines. Bytes and fds only: it
+ * hands each whole frame payload to its user through callbacks and knows
+ * nothing of protobuf, the registry, pools or GPUs. */
 #ifndef GPUBUFD_SERVER_H
 #define GPUBUFD_SERVER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
 #include <uv.h>
 
-#include "gpubuf.pb-c.h"
-#include "registry.h"
+#include "settings.h"
 
-#define GPUBUF_MAX_POOLS 64
+typedef struct gd_server gd_server;
+typedef struct gd_conn gd_conn;
 
-typedef struct gpubuf_limits {
-    uint32_t max_request;      /* bytes of request payload */
-    uint32_t max_clients;      /* connections at once */
-    uint32_t frames_per_wakeup; /* requests handled per readable event */
-    uint32_t max_waiters_per_client;
-    uint32_t max_queued_replies; /* a client that reads none of them is dropped */
-    uint32_t max_clients_per_uid;
-    uint32_t handshake_timeout_ms; /* connected but no hello yet */
-    uint32_t frame_timeout_ms;     /* half a frame received, the rest missing */
-    gpubuf_quota quota;
-} gpubuf_limits;
+/* What the server calls. user is what on_open returned for the connection. */
+typedef struct gd_server_callbacks {
+    /* A peer connected (credentials from SO_PEERCRED). Return the
+     * connection's user pointer, or NULL to refuse it (it is closed). */
+    void *(*on_open)(void *data, gd_conn *c, pid_t pid, uid_t uid, gid_t gid);
+    /* One whole frame: its payload (the header is checked and stripped). */
+    void (*on_frame)(void *user, const uint8_t *payload, size_t len);
+    /* A bad frame header (-EMSGSIZE: too long, GPUBUF_EPROTOCOL: magic,
+     * version or flags): the last chance to say why; the connection closes. */
+    void (*on_bad_frame)(void *user, int err);
+    /* The connection is gone and its last frames were handled: free user.
+     * Called from the loop, never from inside another callback. */
+    void (*on_close)(void *user);
+} gd_server_callbacks;
 
-typedef struct gpubuf_outbuf {
-    struct gpubuf_outbuf *next;
+typedef struct gd_outbuf {
+    struct gd_outbuf *next, *prev; /* utlist DL: the queue of replies */
     size_t len, off;
     int fd; /* to send with the first byte, -1 when none; owned (dup) */
     uint8_t data[];
-} gpubuf_outbuf;
+} gd_outbuf;
 
-typedef struct gpubuf_server gpubuf_server;
-
-typedef struct gpubuf_session {
+/* One accepted connection. */
+struct gd_conn {
     uv_poll_t poll;
     uv_timer_t timer; /* handshake and partial-frame deadlines */
     int fd;
-    gpubuf_server *srv;
-    gpubuf_holder *holder;
+    gd_server *srv;
+    void *user;
     pid_t pid;
     uid_t uid;
-    gid_t gid;
-    char name[64];
-    bool hello_done;
-    uint64_t caps;       /* capability bits granted at hello (GPUBUF_CAP_*) */
+    bool ready;     /* the user said the handshake is done */
     bool closing;
-    bool corked; /* replies wait for the end of the current batch of requests */
-    bool peer_gone; /* the client closed or broke the connection: no more replies */
+    bool corked;    /* replies wait for the end of the current batch of frames */
+    bool peer_gone; /* the peer closed or broke the connection: no more replies */
     bool reaping;   /* the final drain of what it sent before going is running */
-    uint32_t n_waiters;
+    bool pending;   /* on the server's pending list */
     uint8_t *in;
     size_t in_len, in_cap;
-    gpubuf_outbuf *out_head, *out_tail;
+    gd_outbuf *out;      /* utlist DL queue */
     int poll_events;     /* events the poll handle watches now (UV_READABLE...) */
-    uint32_t out_frames; /* replies queued because the client is not reading */
+    uint32_t out_frames; /* replies queued because the peer is not reading */
     size_t out_bytes;
-    struct gpubuf_session *next, *prev; /* server list */
-    struct gpubuf_session *reap_next;
-    struct gpubuf_session *pending_next; /* frames left after the per-wake-up cap */
-    bool pending;
-} gpubuf_session;
+    gd_conn *next, *prev;   /* utlist DL: the server's connections */
+    gd_conn *reap_next;     /* utlist LL: closed, waiting for the reaper */
+    gd_conn *pending_next;  /* utlist LL: frames left after the per-wake-up cap */
+};
 
-struct gpubuf_server {
+struct gd_server {
     uv_loop_t *loop;
+    const gd_limits *limits; /* the daemon's live limits (SIGHUP changes them) */
+    gd_server_callbacks cb;
+    void *data; /* for on_open */
     uv_poll_t listen_poll;
     uv_check_t reaper;
-    uv_idle_t kick; /* runs sessions with frames left over */
-    gpubuf_session *pending;
+    uv_idle_t kick; /* runs connections with frames left over */
+    gd_conn *pending;
     int listen_fd;
     bool listen_owned; /* we created the socket file (unlink on exit) */
+    bool handles_closed;
     char *socket_path;
-    gpubuf_limits limits;
-    gpubuf_registry reg;
-    gpubuf_pool *pools[GPUBUF_MAX_POOLS];
-    int n_pools;
-    uint64_t slab_ids;
-    gpubuf_session *sessions;
-    gpubuf_session *reap;
-    uint32_t n_sessions;
-    uint64_t started_ns;
+    gd_conn *conns;
+    gd_conn *reap;
+    uint32_t n_conns;
     bool stopping;
 };
 
-void gpubuf_limits_default(gpubuf_limits *l);
-
-/* Initialise srv on loop (pools are added by the caller before listening). */
-void gpubuf_server_init(gpubuf_server *srv, uv_loop_t *loop);
+/* Initialise srv on loop. limits must outlive the server. */
+int gd_server_init(gd_server *srv, uv_loop_t *loop, const gd_limits *limits,
+                   const gd_server_callbacks *cb, void *data);
 /* Listen on an already bound and listening fd (systemd), or bind path. */
-int gpubuf_server_listen_fd(gpubuf_server *srv, int fd);
-int gpubuf_server_listen_path(gpubuf_server *srv, const char *path, mode_t mode);
-int gpubuf_server_add_pool(gpubuf_server *srv, gpubuf_pool *pool);
-gpubuf_pool *gpubuf_server_find_pool(gpubuf_server *srv, const char *name);
-/* Close every session and the listener; the loop then runs out. */
-void gpubuf_server_stop(gpubuf_server *srv);
-/* After the loop ran out: free registry, pools and memory. */
-void gpubuf_server_destroy(gpubuf_server *srv);
+int gd_server_listen_fd(gd_server *srv, int fd);
+int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode);
+/* Close every connection and the listener; the loop then runs out. */
+void gd_server_stop(gd_server *srv);
+/* After the loop ran out (or when it never ran): free what is left. */
+void gd_server_destroy(gd_server *srv);
 
-/* Session side (session.c). */
-void gpubuf_session_handle(gpubuf_session *s, const uint8_t *payload, size_t len);
-/* Queue a reply; takes ownership of nothing (fd is dup'ed). */
-void gpubuf_session_send(gpubuf_session *s, const Gpubuf__Response *resp, int fd);
-/* Schedule the session's teardown; safe from any callback. */
-void gpubuf_session_kill(gpubuf_session *s);
+/* Writes one frame payload of len bytes (msg is the caller's). */
+typedef void (*gd_pack_fn)(const void *msg, uint8_t *dst);
+
+/* Queue one frame of len payload bytes written by pack(msg, dst); fd (-1:
+ * none) is dup'ed and rides on the frame's first byte. Ownership of nothing
+ * is taken. Returns 0, or a negative code when the connection is going or
+ * had to be dropped (peer not reading, frame too large, out of memory). */
+int gd_conn_send(gd_conn *c, size_t len, gd_pack_fn pack, const void *msg, int fd);
+/* The handshake is done: the handshake deadline gives way to the frame one. */
+void gd_conn_ready(gd_conn *c);
+/* Schedule the connection's teardown; safe from any callback. */
+void gd_conn_close(gd_conn *c);
+bool gd_conn_closing(const gd_conn *c);
 
 #endif

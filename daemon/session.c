@@ -1,30 +1,56 @@
 /* Session room: decode one request, run it against the registry, reply. */
+#include "session.h"
+
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <utlist.h>
 
+#include "gpubuf.pb-c.h"
 #include "log.h"
-#include "server.h"
 #include "util.h"
 #include "wire.h"
 
 #define GPUBUF_SERVER_STRING "gpubufd " GPUBUF_VERSION_STRING
 
+/* The public enums travel as their wire twins by a plain cast. */
+_Static_assert((int)GPUBUF_STATE_ALLOCATED == (int)GPUBUF__BUFFER_STATE__BUFFER_STATE_ALLOCATED &&
+                   (int)GPUBUF_STATE_SEALED == (int)GPUBUF__BUFFER_STATE__BUFFER_STATE_SEALED &&
+                   (int)GPUBUF_STATE_DELETED == (int)GPUBUF__BUFFER_STATE__BUFFER_STATE_DELETED,
+               "gpubuf_state and gpubuf.BufferState differ");
+_Static_assert((int)GPUBUF_POOL_HOST == (int)GPUBUF__POOL_KIND__POOL_KIND_HOST &&
+                   (int)GPUBUF_POOL_CUDA_IPC == (int)GPUBUF__POOL_KIND__POOL_KIND_CUDA_IPC,
+               "gpubuf_pool_kind and gpubuf.PoolKind differ");
+
 typedef struct session_waiter {
-    gpubuf_waiter w;
+    gd_waiter w;
     uv_timer_t timer;
-    gpubuf_session *s;
+    gd_session *s;
     uint64_t request_id;
     bool has_timer;
 } session_waiter;
 
-static void reply_error(gpubuf_session *s, uint64_t id, int status, const char *msg) {
+static void pack_response(const void *msg, uint8_t *dst) {
+    gpubuf__response__pack(msg, dst);
+}
+
+/* Queue a reply; the transport dup's fd. */
+static void send_response(gd_session *s, const Gpubuf__Response *resp, int fd) {
+    s->io->send(s->conn, gpubuf__response__get_packed_size(resp), pack_response, resp, fd);
+}
+
+static void session_close(gd_session *s) {
+    s->io->close(s->conn);
+}
+
+static void reply_error(gd_session *s, uint64_t id, int status, const char *msg) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     resp.id = id;
     resp.status = status;
     resp.message = (char *)(msg ? msg : gpubuf_strerror(status));
-    gpubuf_session_send(s, &resp, -1);
+    send_response(s, &resp, -1);
 }
 
 /* Storage for one Buffer message and its Slab. */
@@ -33,9 +59,9 @@ typedef struct buffer_msg {
     Gpubuf__Slab slab;
 } buffer_msg;
 
-static void fill_buffer(buffer_msg *m, const gpubuf_buf *b) {
-    gpubuf_slab *sl = b->blk.slab;
-    gpubuf_backend *be = b->pool->be;
+static void fill_buffer(buffer_msg *m, const gd_buf *b) {
+    gd_slab *sl = b->blk.slab;
+    gd_backend *be = b->pool->be;
     gpubuf__buffer__init(&m->buf);
     gpubuf__slab__init(&m->slab);
     m->buf.buffer_id = b->id;
@@ -65,7 +91,7 @@ static void fill_buffer(buffer_msg *m, const gpubuf_buf *b) {
 /* Reply with a buffer. map_fd (alloc and open, which take a reference): how
  * to map it, the slab's fd or IPC handle. Otherwise (seal, stat) no handle:
  * nothing is handed out without a reference. */
-static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bool map_fd) {
+static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
     fill_buffer(&m, b);
@@ -79,7 +105,7 @@ static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bo
     resp.fds = fd >= 0 ? 1 : 0;
     resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
     resp.buffer = &m.buf;
-    gpubuf_session_send(s, &resp, fd);
+    send_response(s, &resp, fd);
 }
 
 static void waiter_closed(uv_handle_t *h) {
@@ -87,6 +113,7 @@ static void waiter_closed(uv_handle_t *h) {
 }
 
 static void waiter_dispose(session_waiter *sw) {
+    assert(sw->s->n_waiters > 0);
     sw->s->n_waiters--;
     if (sw->has_timer) {
         uv_timer_stop(&sw->timer);
@@ -96,34 +123,22 @@ static void waiter_dispose(session_waiter *sw) {
     }
 }
 
-static void waiter_wake(gpubuf_waiter *w, gpubuf_buf *b) {
+static void waiter_wake(gd_waiter *w, gd_buf *b) {
     session_waiter *sw = (session_waiter *)w;
-    if (!gpubuf_pool_allows(b->pool, sw->s->uid, sw->s->gid)) {
-        /* The registry took a reference for us: give it back. */
-        gpubuf_registry_release(&sw->s->srv->reg, sw->s->holder, b->id);
-        reply_error(sw->s, sw->request_id, -EACCES, "this client may not use the buffer's pool");
-    } else {
-        reply_buffer(sw->s, sw->request_id, b, true);
-    }
+    reply_buffer(sw->s, sw->request_id, b, true);
     free(w->name);
     waiter_dispose(sw);
 }
 
-static void waiter_cancel(gpubuf_waiter *w) {
+static void waiter_cancel(gd_waiter *w) {
     session_waiter *sw = (session_waiter *)w;
     free(w->name);
     waiter_dispose(sw);
 }
 
-static void waiter_fail(gpubuf_waiter *w, int err) {
+static void waiter_fail(gd_waiter *w, const gd_err *err) {
     session_waiter *sw = (session_waiter *)w;
-    char msg[96];
-    if (err == -EDQUOT)
-        snprintf(msg, sizeof(msg), "quota: this client holds too many references");
-    else
-        snprintf(msg, sizeof(msg), "buffer %llu was deleted before it was sealed",
-                 (unsigned long long)w->buffer_id);
-    reply_error(sw->s, sw->request_id, err, msg);
+    reply_error(sw->s, sw->request_id, err->code, err->msg);
     free(w->name);
     waiter_dispose(sw);
 }
@@ -131,7 +146,7 @@ static void waiter_fail(gpubuf_waiter *w, int err) {
 static void waiter_timeout(uv_timer_t *t) {
     session_waiter *sw = t->data;
     char msg[GPUBUF_NAME_MAX + 64];
-    gpubuf_registry_unwait(&sw->s->srv->reg, &sw->w);
+    gd_registry_unwait(&sw->s->ctx->reg, &sw->w);
     if (sw->w.name)
         snprintf(msg, sizeof(msg), "timed out waiting for '%s' to be sealed", sw->w.name);
     else
@@ -142,21 +157,7 @@ static void waiter_timeout(uv_timer_t *t) {
     waiter_dispose(sw);
 }
 
-/* Validate a name from the wire; reply with an error and return false if bad. */
-static bool check_name(gpubuf_session *s, uint64_t id, const char *name) {
-    size_t len = strlen(name);
-    if (len > GPUBUF_NAME_MAX) {
-        reply_error(s, id, -ENAMETOOLONG, "name longer than 255 bytes");
-        return false;
-    }
-    if (!gpubuf_name_valid(name, len)) {
-        reply_error(s, id, -EINVAL, "invalid name (allowed: A-Z a-z 0-9 . _ : / @ + -)");
-        return false;
-    }
-    return true;
-}
-
-static void do_hello(gpubuf_session *s, uint64_t id, const Gpubuf__Hello *h) {
+static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     Gpubuf__HelloReply hr = GPUBUF__HELLO_REPLY__INIT;
     if (s->hello_done) {
@@ -168,72 +169,53 @@ static void do_hello(gpubuf_session *s, uint64_t id, const Gpubuf__Hello *h) {
         snprintf(msg, sizeof(msg), "client speaks versions %u..%u, daemon speaks %u",
                  h->min_version, h->max_version, GPUBUF_PROTOCOL_VERSION);
         reply_error(s, id, GPUBUF_EVERSION, msg);
-        gpubuf_session_kill(s);
+        session_close(s);
         return;
     }
     s->hello_done = true;
+    s->io->ready(s->conn);
     snprintf(s->name, sizeof(s->name), "%s", h->client_name ? h->client_name : "");
     hr.version = GPUBUF_PROTOCOL_VERSION;
     hr.server = (char *)GPUBUF_SERVER_STRING;
     hr.session_id = s->holder->id;
-    hr.max_request = s->srv->limits.max_request;
+    hr.max_request = s->ctx->limits.max_request;
     hr.max_response = GPUBUF_WIRE_MAX_RESPONSE;
-    if ((h->capabilities & GPUBUF_CAP_KEEP_MAPPED) && s->srv->reg.quota.kept_slabs_per_client) {
+    if ((h->capabilities & GPUBUF_CAP_KEEP_MAPPED) && s->ctx->reg.quota.kept_slabs_per_client) {
         s->caps |= GPUBUF_CAP_KEEP_MAPPED;
-        s->holder->kept_cap = s->srv->reg.quota.kept_slabs_per_client;
+        s->holder->kept_cap = s->ctx->reg.quota.kept_slabs_per_client;
         hr.max_kept_slabs = s->holder->kept_cap;
     }
     hr.capabilities = s->caps;
     resp.id = id;
     resp.body_case = GPUBUF__RESPONSE__BODY_HELLO;
     resp.hello = &hr;
-    gpubuf_session_send(s, &resp, -1);
+    send_response(s, &resp, -1);
 }
 
-static void do_alloc(gpubuf_session *s, uint64_t id, const Gpubuf__AllocRequest *a) {
-    gpubuf_server *srv = s->srv;
-    gpubuf_pool *pool;
-    gpubuf_buf *b;
-    int r;
-    if (a->pool && *a->pool) {
-        pool = gpubuf_server_find_pool(srv, a->pool);
-        if (!pool) {
-            char msg[GPUBUF_NAME_MAX + 32];
-            snprintf(msg, sizeof(msg), "no pool named '%.255s'", a->pool);
-            reply_error(s, id, GPUBUF_ENOPOOL, msg);
-            return;
-        }
-    } else if (srv->n_pools > 0) {
-        pool = srv->pools[0];
-    } else {
-        reply_error(s, id, GPUBUF_ENOPOOL, "the daemon has no pools");
-        return;
-    }
-    if (a->name && *a->name && !check_name(s, id, a->name))
-        return;
-    if (!gpubuf_pool_allows(pool, s->uid, s->gid)) {
-        char msg[GPUBUF_NAME_MAX + 64];
-        snprintf(msg, sizeof(msg), "uid %u may not use pool '%.255s'", (unsigned)s->uid,
-                 pool->name);
-        reply_error(s, id, -EACCES, msg);
-        return;
-    }
-    r = gpubuf_registry_alloc(&srv->reg, s->holder, pool, a->size, a->alignment, a->name, &b);
+static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) {
+    gd_err err = {0};
+    gd_pool *pool;
+    gd_buf *b;
+    int r = gd_context_pool(s->ctx, a->pool, &pool, &err);
+    if (r == 0)
+        r = gd_registry_alloc(&s->ctx->reg, s->holder, pool, a->size, a->alignment, a->name, &b,
+                              &err);
     if (r < 0) {
-        if (r != -EEXIST)
+        if (r != -EEXIST && r != -EACCES && r != GPUBUF_ENOPOOL)
             LOG_INFO("pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
-                     (unsigned long long)a->size, pool->name, srv->reg.last_error);
-        reply_error(s, id, r, srv->reg.last_error);
+                     (unsigned long long)a->size, pool->name, gd_err_msg(&err, r));
+        reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
     reply_buffer(s, id, b, true);
 }
 
-static void do_seal(gpubuf_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
-    gpubuf_buf *b;
-    int r = gpubuf_registry_seal(&s->srv->reg, s->holder, q->buffer_id, &b);
+static void do_seal(gd_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
+    gd_err err = {0};
+    gd_buf *b;
+    int r = gd_registry_seal(&s->ctx->reg, s->holder, q->buffer_id, &b, &err);
     if (r < 0) {
-        reply_error(s, id, r, s->srv->reg.last_error);
+        reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
     /* Waiters woken by the seal may have been this very session; b is alive
@@ -242,49 +224,33 @@ static void do_seal(gpubuf_session *s, uint64_t id, const Gpubuf__SealRequest *q
     reply_buffer(s, id, b, false);
 }
 
-static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
-    gpubuf_registry *reg = &s->srv->reg;
+static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
+    gd_registry *reg = &s->ctx->reg;
+    gd_err err = {0};
     const char *name = NULL;
     uint64_t bid = 0;
-    gpubuf_buf *b;
+    bool waitable = false;
+    gd_buf *b;
     int r;
     if (q->target_case == GPUBUF__OPEN_REQUEST__TARGET_NAME) {
         name = q->name;
-        if (!check_name(s, id, name))
-            return;
     } else if (q->target_case == GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID) {
         bid = q->buffer_id;
     } else {
         reply_error(s, id, -EINVAL, "open needs a name or a buffer id");
         return;
     }
-    /* Refuse before taking a reference: a buffer of a pool this client may
-     * not use is not opened, whatever its state. */
-    gpubuf_buf *target = name ? gpubuf_registry_find_name(reg, name)
-                              : gpubuf_registry_find_id(reg, bid);
-    if (target && !gpubuf_pool_allows(target->pool, s->uid, s->gid)) {
-        reply_error(s, id, -EACCES, "this client may not use the buffer's pool");
-        return;
-    }
-    r = gpubuf_registry_open(reg, s->holder, name, bid, &b);
+    r = gd_registry_open(reg, s->holder, name, bid, &b, &waitable, &err);
     if (r == 0) {
         reply_buffer(s, id, b, true);
         return;
     }
-    if (r != -ENOENT || q->timeout_ms == 0) {
-        reply_error(s, id, r, reg->last_error);
+    /* Wait only for something that can still be sealed. */
+    if (r != -ENOENT || q->timeout_ms == 0 || !waitable) {
+        reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
-    /* Wait only for something that can still be sealed: any name, or an
-     * id that exists in state ALLOCATED. */
-    if (!name) {
-        gpubuf_buf *t = gpubuf_registry_find_id(reg, bid);
-        if (!t || t->state != GPUBUF_STATE_ALLOCATED) {
-            reply_error(s, id, r, reg->last_error);
-            return;
-        }
-    }
-    if (s->n_waiters >= s->srv->limits.max_waiters_per_client) {
+    if (s->n_waiters >= s->ctx->limits.max_waiters_per_client) {
         reply_error(s, id, -EAGAIN, "too many pending opens on this connection");
         return;
     }
@@ -302,63 +268,77 @@ static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q
     sw->w.cancel = waiter_cancel;
     sw->w.fail = waiter_fail;
     if (q->timeout_ms > 0) {
-        uv_timer_init(s->srv->loop, &sw->timer);
+        /* Initialising a timer cannot fail on Linux; starting one fails only
+         * without a callback. */
+        r = uv_timer_init(s->ctx->loop, &sw->timer);
+        if (r < 0) {
+            free(sw->w.name);
+            free(sw);
+            reply_error(s, id, r, uv_strerror(r));
+            return;
+        }
         sw->timer.data = sw;
         sw->has_timer = true;
-        uv_timer_start(&sw->timer, waiter_timeout, (uint64_t)q->timeout_ms, 0);
+        r = uv_timer_start(&sw->timer, waiter_timeout, (uint64_t)q->timeout_ms, 0);
+        assert(r == 0);
     }
     s->n_waiters++;
-    gpubuf_registry_wait(reg, &sw->w);
+    gd_registry_wait(reg, &sw->w);
 }
 
-static void do_release(gpubuf_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
+static void do_release(gd_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
     bool keep = q->keep_mapped;
     if (keep && !(s->caps & GPUBUF_CAP_KEEP_MAPPED)) {
         /* Still release: the reference is not the client's to keep. */
-        gpubuf_registry_release(&s->srv->reg, s->holder, q->buffer_id);
+        gd_registry_release(&s->ctx->reg, s->holder, q->buffer_id, NULL);
         reply_error(s, id, GPUBUF_EPROTOCOL, "keep_mapped without the KEEP_MAPPED capability");
         return;
     }
-    int r = gpubuf_registry_release_keep(&s->srv->reg, s->holder, q->buffer_id, keep);
+    gd_err err = {0};
+    int r = gd_registry_release_keep(&s->ctx->reg, s->holder, q->buffer_id, keep, &err);
     if (r < 0) {
-        reply_error(s, id, r, s->srv->reg.last_error);
+        reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
     reply_error(s, id, 0, "");
 }
 
-static void do_unmap(gpubuf_session *s, uint64_t id, const Gpubuf__UnmapRequest *q) {
-    int r = gpubuf_registry_unmap(&s->srv->reg, s->holder, q->slab_id);
-    reply_error(s, id, r, r < 0 ? s->srv->reg.last_error : "");
+static void do_unmap(gd_session *s, uint64_t id, const Gpubuf__UnmapRequest *q) {
+    gd_err err = {0};
+    int r = gd_registry_unmap(&s->ctx->reg, s->holder, q->slab_id, &err);
+    reply_error(s, id, r, r < 0 ? gd_err_msg(&err, r) : "");
 }
 
-static void do_delete(gpubuf_session *s, uint64_t id, const Gpubuf__DeleteRequest *q) {
+static void do_delete(gd_session *s, uint64_t id, const Gpubuf__DeleteRequest *q) {
+    gd_err err = {0};
     const char *name = NULL;
     int r;
     if (q->target_case == GPUBUF__DELETE_REQUEST__TARGET_NAME) {
         name = q->name;
-        if (!check_name(s, id, name))
-            return;
     } else if (q->target_case != GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID) {
         reply_error(s, id, -EINVAL, "delete needs a name or a buffer id");
         return;
     }
-    r = gpubuf_registry_delete(&s->srv->reg, s->holder, name, q->buffer_id);
+    r = gd_registry_delete(&s->ctx->reg, s->holder, name, q->buffer_id, &err);
     if (r < 0) {
-        reply_error(s, id, r, s->srv->reg.last_error);
+        reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
     reply_error(s, id, 0, "");
 }
 
-static void do_stat(gpubuf_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
-    gpubuf_buf *b = NULL;
+static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
+    gd_buf *b = NULL;
+    gd_err err = {0};
+    int r;
     if (q->target_case == GPUBUF__STAT_REQUEST__TARGET_NAME) {
-        if (!check_name(s, id, q->name))
+        if ((r = gd_registry_check_name(q->name, &err)) < 0) {
+            reply_error(s, id, r, err.msg);
             return;
-        b = gpubuf_registry_find_name(&s->srv->reg, q->name);
+        }
+        b = gd_registry_find_name(&s->ctx->reg, q->name);
     } else if (q->target_case == GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID) {
-        b = gpubuf_registry_find_id(&s->srv->reg, q->buffer_id);
+        b = gd_registry_find_id(&s->ctx->reg, q->buffer_id);
     } else {
         reply_error(s, id, -EINVAL, "stat needs a name or a buffer id");
         return;
@@ -373,10 +353,10 @@ static void do_stat(gpubuf_session *s, uint64_t id, const Gpubuf__StatRequest *q
 
 /* The buffers as columns: n entries in each array, names NUL-separated.
  * Returns false when out of memory. The arrays are freed by columns_free. */
-static bool fill_columns(gpubuf_server *srv, Gpubuf__BufferColumns *c) {
-    gpubuf_registry *reg = &srv->reg;
+static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
+    const gd_registry *reg = &ctx->reg;
     size_t n = reg->n_buffers, names = 0, i = 0;
-    for (gpubuf_buf *b = reg->by_id; b; b = b->hh_id.next)
+    for (gd_buf *b = reg->by_id; b; b = b->hh_id.next)
         names += (b->name ? strlen(b->name) : 0) + 1;
     gpubuf__buffer_columns__init(c);
     c->id = malloc((n + 1) * sizeof(*c->id));
@@ -392,7 +372,7 @@ static bool fill_columns(gpubuf_server *srv, Gpubuf__BufferColumns *c) {
         !c->owner_uid || !c->names.data)
         return false;
     uint8_t *np = c->names.data;
-    for (gpubuf_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
+    for (gd_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
         size_t len = b->name ? strlen(b->name) : 0;
         memcpy(np, b->name ? b->name : "", len + 1);
         np += len + 1;
@@ -404,8 +384,8 @@ static bool fill_columns(gpubuf_server *srv, Gpubuf__BufferColumns *c) {
         c->refs[i] = b->refs;
         c->owner_uid[i] = b->owner_uid;
         c->pool[i] = 0;
-        for (int p = 0; p < srv->n_pools; p++)
-            if (srv->pools[p] == b->pool) {
+        for (int p = 0; p < ctx->n_pools; p++)
+            if (ctx->pools[p] == b->pool) {
                 c->pool[i] = (uint32_t)p;
                 break;
             }
@@ -428,28 +408,28 @@ static void columns_free(Gpubuf__BufferColumns *c) {
     free(c->names.data);
 }
 
-static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusRequest *q) {
-    gpubuf_server *srv = s->srv;
-    gpubuf_registry *reg = &srv->reg;
+static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q) {
+    gd_context *ctx = s->ctx;
+    gd_registry *reg = &ctx->reg;
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     Gpubuf__StatusReply st = GPUBUF__STATUS_REPLY__INIT;
-    Gpubuf__PoolStatus *pools = calloc((size_t)srv->n_pools + 1, sizeof(*pools));
-    Gpubuf__PoolStatus **ppools = calloc((size_t)srv->n_pools + 1, sizeof(*ppools));
+    Gpubuf__PoolStatus *pools = calloc((size_t)ctx->n_pools + 1, sizeof(*pools));
+    Gpubuf__PoolStatus **ppools = calloc((size_t)ctx->n_pools + 1, sizeof(*ppools));
     bool columnar = q && q->columnar;
     Gpubuf__BufferColumns cols = GPUBUF__BUFFER_COLUMNS__INIT;
     size_t nrows = columnar ? 0 : (size_t)reg->n_buffers;
     buffer_msg *bufs = calloc(nrows + 1, sizeof(*bufs));
     Gpubuf__Buffer **pbufs = calloc(nrows + 1, sizeof(*pbufs));
-    Gpubuf__ClientStatus *cl = calloc((size_t)srv->n_sessions + 1, sizeof(*cl));
-    Gpubuf__ClientStatus **pcl = calloc((size_t)srv->n_sessions + 1, sizeof(*pcl));
+    Gpubuf__ClientStatus *cl = calloc((size_t)ctx->n_sessions + 1, sizeof(*cl));
+    Gpubuf__ClientStatus **pcl = calloc((size_t)ctx->n_sessions + 1, sizeof(*pcl));
     size_t i = 0;
     if (!pools || !ppools || !bufs || !pbufs || !cl || !pcl ||
-        (columnar && !fill_columns(srv, &cols))) {
+        (columnar && !fill_columns(ctx, &cols))) {
         reply_error(s, id, -ENOMEM, "out of memory");
         goto out;
     }
-    for (int p = 0; p < srv->n_pools; p++) {
-        gpubuf_pool *pool = srv->pools[p];
+    for (int p = 0; p < ctx->n_pools; p++) {
+        gd_pool *pool = ctx->pools[p];
         gpubuf__pool_status__init(&pools[p]);
         pools[p].name = pool->name;
         pools[p].kind = (Gpubuf__PoolKind)pool->be->kind;
@@ -466,11 +446,11 @@ static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusReques
         pools[p].buffers = pool->n_blocks;
         ppools[p] = &pools[p];
     }
-    st.n_pools = (size_t)srv->n_pools;
+    st.n_pools = (size_t)ctx->n_pools;
     st.pools = ppools;
     if (columnar)
         st.buffer_columns = &cols;
-    for (gpubuf_buf *b = reg->by_id; b && i < nrows; b = b->hh_id.next, i++) {
+    for (gd_buf *b = reg->by_id; b && i < nrows; b = b->hh_id.next, i++) {
         fill_buffer(&bufs[i], b);
         /* No slab message: status hands out no handles, and 100k nested
          * messages would double the cost of packing and unpacking. */
@@ -480,8 +460,9 @@ static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusReques
     st.n_buffers = i;
     st.buffers = pbufs;
     i = 0;
-    for (gpubuf_session *x = srv->sessions; x; x = x->next) {
-        if (x->closing || !x->holder)
+    gd_session *x;
+    DL_FOREACH(ctx->sessions, x) {
+        if (x->io->closing(x->conn) || !x->holder)
             continue;
         gpubuf__client_status__init(&cl[i]);
         cl[i].session_id = x->holder->id;
@@ -491,18 +472,19 @@ static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusReques
         cl[i].references = x->holder->n_refs;
         cl[i].buffers_held = HASH_CNT(hh, x->holder->refs);
         cl[i].kept_slabs = x->holder->n_kept;
+        cl[i].waiting_opens = x->n_waiters;
         cl[i].name = x->name;
         pcl[i] = &cl[i];
         i++;
     }
     st.n_clients = i;
     st.clients = pcl;
-    st.uptime_ms = (gpubuf_now_ns() - srv->started_ns) / 1000000u;
+    st.uptime_ms = (gpubuf_now_ns() - ctx->started_ns) / 1000000u;
     st.version = (char *)GPUBUF_VERSION_STRING;
     resp.id = id;
     resp.body_case = GPUBUF__RESPONSE__BODY_STATUS_REPLY;
     resp.status_reply = &st;
-    gpubuf_session_send(s, &resp, -1);
+    send_response(s, &resp, -1);
 out:
     columns_free(&cols);
     free(pools);
@@ -513,17 +495,17 @@ out:
     free(pcl);
 }
 
-void gpubuf_session_handle(gpubuf_session *s, const uint8_t *payload, size_t len) {
+void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     Gpubuf__Request *req = gpubuf__request__unpack(NULL, len, payload);
     if (!req) {
         LOG_WARN("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid, len);
         reply_error(s, 0, GPUBUF_EPROTOCOL, "request does not decode as gpubuf.Request");
-        gpubuf_session_kill(s);
+        session_close(s);
         return;
     }
     if (!s->hello_done && req->body_case != GPUBUF__REQUEST__BODY_HELLO) {
         reply_error(s, req->id, GPUBUF_EPROTOCOL, "the first request must be hello");
-        gpubuf_session_kill(s);
+        session_close(s);
         goto out;
     }
     switch (req->body_case) {
@@ -542,4 +524,52 @@ void gpubuf_session_handle(gpubuf_session *s, const uint8_t *payload, size_t len
     }
 out:
     gpubuf__request__free_unpacked(req, NULL);
+}
+
+void gd_session_bad_frame(gd_session *s, int err) {
+    reply_error(s, 0, err,
+                err == -EMSGSIZE ? "request frame too large"
+                                 : "bad frame header (magic, version or flags)");
+}
+
+void gd_session_shutdown(gd_session *s) {
+    /* Best effort: a client blocked in a request reads this error. */
+    reply_error(s, 0, -ESHUTDOWN, "gpubufd is shutting down");
+    session_close(s);
+}
+
+gd_session *gd_session_new(gd_context *ctx, const gd_transport *io, void *conn, pid_t pid,
+                           uid_t uid, gid_t gid) {
+    gd_session *s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    if (!(s->holder = gd_registry_holder_new(&ctx->reg, pid, uid, gid))) {
+        free(s);
+        return NULL;
+    }
+    s->ctx = ctx;
+    s->io = io;
+    s->conn = conn;
+    s->pid = pid;
+    s->uid = uid;
+    s->gid = gid;
+    DL_PREPEND(ctx->sessions, s);
+    ctx->n_sessions++;
+    LOG_DEBUG("session %llu: pid %d uid %d", (unsigned long long)s->holder->id, (int)pid,
+              (int)uid);
+    return s;
+}
+
+void gd_session_free(gd_session *s) {
+    if (!s)
+        return;
+    LOG_DEBUG("session %llu (pid %d) closed", (unsigned long long)s->holder->id, (int)s->pid);
+    /* Cancels the waits (their callbacks free them) and drops everything
+     * the client held. */
+    gd_registry_holder_drop(&s->ctx->reg, s->holder);
+    assert(s->n_waiters == 0);
+    DL_DELETE(s->ctx->sessions, s);
+    assert(s->ctx->n_sessions > 0);
+    s->ctx->n_sessions--;
+    free(s);
 }

@@ -15,7 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "pattern.h"
+#include "testutil.h"
 #include "util.h"
 
 void td_sleep_ms(int ms) {
@@ -155,6 +157,43 @@ bool td_wait_clients(const test_daemon *d, size_t n, int timeout_ms) {
     return false;
 }
 
+/* Opens waiting for a seal, summed over the daemon's clients, from the
+ * status reply on the wire (waiting_opens); -1 when status fails. */
+static long waiting_opens(const test_daemon *d) {
+    gpubuf_client *c;
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
+    Gpubuf__Response *resp = NULL;
+    long n = -1;
+    int fd;
+    if (gpubuf_connect(d->socket, &c) < 0)
+        return -1;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &st;
+    pthread_mutex_lock(&c->lock);
+    if (gpubuf__rpc_locked(c, &req, &resp, &fd) == 0) {
+        n = 0;
+        if (resp->status_reply)
+            for (size_t i = 0; i < resp->status_reply->n_clients; i++)
+                n += resp->status_reply->clients[i]->waiting_opens;
+        gpubuf__response__free_unpacked(resp, NULL);
+        if (fd >= 0)
+            close(fd);
+    }
+    pthread_mutex_unlock(&c->lock);
+    gpubuf_disconnect(c);
+    return n;
+}
+
+bool td_wait_waiting_opens(const test_daemon *d, long n, int timeout_ms) {
+    for (int waited = 0; waited <= timeout_ms; waited += 5) {
+        if (waiting_opens(d) == n)
+            return true;
+        sleep_ms(5);
+    }
+    return false;
+}
+
 pid_t td_spawn(int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg) {
     fflush(NULL);
     pid_t pid = fork();
@@ -210,5 +249,5 @@ int td_count_fds(pid_t pid) {
 }
 
 long td_rss_kib(pid_t pid) {
-    return gpubuf_rss_kib((int)pid);
+    return tu_rss_kib((int)pid);
 }

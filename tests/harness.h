@@ -33,6 +33,8 @@ const gpubuf_status_buffer *td_find_buffer(const gpubuf_status *s, const char *n
 const gpubuf_pool_info *td_find_pool(const gpubuf_status *s, const char *name);
 /* Wait until the daemon lists exactly n clients (other than the asker). */
 bool td_wait_clients(const test_daemon *d, size_t n, int timeout_ms);
+/* Poll status until the daemon's clients have n opens waiting for a seal. */
+bool td_wait_waiting_opens(const test_daemon *d, long n, int timeout_ms);
 
 /* Run fn(arg) in a forked child; returns its pid. The child exits with fn's
  * return value. */

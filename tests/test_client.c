@@ -14,6 +14,7 @@
 #include "harness.h"
 #include "internal.h"
 #include "pattern.h"
+#include "check_main.h"
 
 #define MiB (1ull << 20)
 
@@ -317,7 +318,9 @@ static int seal_later(const test_daemon *d, void *arg) {
     if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "host", 4096, "later", &b) < 0)
         return 1;
     gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), 4096, 5);
-    td_sleep_ms(200);
+    /* Seal once the other client's open waits for it. */
+    if (!td_wait_waiting_opens(d, 1, 10000))
+        return 3;
     return gpubuf_seal(b) < 0 ? 2 : 0;
 }
 
@@ -556,7 +559,7 @@ START_TEST(kept_slabs_pinned_reused_evicted) {
     ck_assert_uint_eq(a->n_maps, 1);
     ck_assert_uint_eq(a->n_idle, 1);
     /* a's next buffer goes to the slab it keeps: no new mapping. */
-    void *old_base = (void *)(uintptr_t)a->idle_head->base;
+    void *old_base = (void *)(uintptr_t)a->idle->base;
     ck_assert_int_eq(gpubuf_alloc(a, "tiny", 4096, "ka2", &ba), 0);
     ck_assert_int_eq(gpubuf_stat(a, "ka2", &ia), 0);
     ck_assert_uint_eq(ia.slab_id, a->maps->slab_id);
@@ -637,7 +640,7 @@ START_TEST(disconnect_wakes_a_blocked_open) {
     pthread_t th;
     void *ret;
     pthread_create(&th, NULL, blocked_open, c);
-    td_sleep_ms(100);
+    ck_assert(td_wait_waiting_opens(&D, 1, 10000)); /* the open is blocked in the daemon */
     /* Keep one reference on the client so the other thread's c stays valid. */
     atomic_fetch_add(&c->refs, 1);
     gpubuf_disconnect(c);
@@ -851,9 +854,5 @@ int main(void) {
     tcase_add_test(t, disconnect_wakes_a_blocked_open);
     tcase_add_test(t, requests_in_flight_at_exit_are_applied);
     suite_add_tcase(s, t);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

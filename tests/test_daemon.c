@@ -3,6 +3,7 @@
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
+#include <stdarg.h>
 #include <fcntl.h>
 #include <json-c/json.h>
 #include <signal.h>
@@ -20,6 +21,7 @@
 #include "gpubuf.pb-c.h"
 #include "harness.h"
 #include "wire.h"
+#include "check_main.h"
 
 static test_daemon D;
 
@@ -660,7 +662,7 @@ START_TEST(sigterm_with_live_clients) {
     }
     char ch;
     ck_assert_int_eq(read(sync[0], &ch, 1), 1);
-    usleep(100000); /* the open reaches the daemon and waits */
+    ck_assert(td_wait_waiting_opens(&D, 1, 10000)); /* the open reaches the daemon and waits */
     ck_assert_int_eq(td_stop(&D), 0);
     ck_assert_int_eq(td_wait(p), 0);
     /* Our own next request fails cleanly. */
@@ -696,6 +698,22 @@ static char *run_capture(const char *cmd, int *ret_status) {
     while ((n = fread(out + len, 1, cap - len - 1, f)) > 0)
         len += n;
     *ret_status = pclose(f);
+    return out;
+}
+
+/* Run gpubufd with the arguments printf formats, stderr into the output;
+ * returns the output and stores the exit status. */
+__attribute__((format(printf, 2, 3))) static char *run_gpubufd(int *ret_exit, const char *fmt,
+                                                              ...) {
+    char args[512], cmd[700];
+    int st;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof(args), fmt, ap);
+    va_end(ap);
+    snprintf(cmd, sizeof(cmd), "%s %s 2>&1", GPUBUFD_PATH, args);
+    char *out = run_capture(cmd, &st);
+    *ret_exit = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
     return out;
 }
 
@@ -789,6 +807,25 @@ START_TEST(config_file_errors_name_file_and_line) {
     ck_assert_int_eq(WEXITSTATUS(st), 0);
     ck_assert(strstr(out, "2 pool(s)") != NULL);
     free(out);
+    unlink(conf);
+}
+END_TEST
+
+/* --check-config refuses what start-up refuses, with the same message and
+ * exit status (both go through the same table of keys and the same check). */
+START_TEST(check_config_refuses_what_startup_refuses) {
+    char conf[160];
+    int check_exit, start_exit;
+    snprintf(conf, sizeof(conf), "%s/small.conf", D.dir);
+    ck_assert_int_eq(write_file(conf, "[pool:a]\nkind = host\ncapacity = 1K\n"), 0);
+    char *checked = run_gpubufd(&check_exit, "--config %s --check-config", conf);
+    char *started = run_gpubufd(&start_exit, "--config %s --socket %s/small.sock", conf, D.dir);
+    ck_assert_int_eq(check_exit, 2);
+    ck_assert_int_eq(start_exit, 2);
+    ck_assert_msg(strstr(checked, "granularity") != NULL, "got: %s", checked);
+    ck_assert_str_eq(started, checked);
+    free(checked);
+    free(started);
     unlink(conf);
 }
 END_TEST
@@ -968,14 +1005,11 @@ int main(void) {
     tcase_add_test(o, gpubufctl_exit_codes);
     tcase_add_test(o, config_file_errors_name_file_and_line);
     tcase_add_test(o, config_file_pools_used);
+    tcase_add_test(o, check_config_refuses_what_startup_refuses);
     tcase_add_test(o, default_configuration_without_gpu);
     tcase_add_test(o, bad_flags_exit_2);
     tcase_add_test(o, refuses_to_replace_a_regular_file);
     tcase_add_test(o, pool_flags_override_config);
     suite_add_tcase(s, o);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

@@ -17,6 +17,7 @@
 #include "internal.h"
 #include "pattern.h"
 #include "util.h"
+#include "check_main.h"
 
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
@@ -619,9 +620,5 @@ int main(void) {
     } else {
         printf("test_gpu: %d GPU: the multi-gpu cases need two\n", g_ngpus);
     }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

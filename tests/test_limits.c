@@ -17,6 +17,7 @@
 #include "harness.h"
 #include "internal.h"
 #include "wire.h"
+#include "check_main.h"
 
 static test_daemon D;
 static char conf[128];
@@ -363,9 +364,5 @@ int main(void) {
     tcase_set_timeout(ch, 120);
     tcase_add_test(ch, chaos_kill_random_clients);
     suite_add_tcase(s, ch);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

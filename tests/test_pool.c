@@ -18,6 +18,10 @@
 
 #include "backend.h"
 #include "pool.h"
+#include "check_main.h"
+
+/* Where the calls under test write their error (one per test process). */
+static gd_err tp_err;
 
 #define MIB (1024ull * 1024ull)
 #define KIB 1024ull
@@ -45,41 +49,40 @@ static uint64_t round_up(uint64_t v, uint64_t a) {
 }
 
 /* A pool named "test" on a fresh host backend, sharing *counter for slab ids. */
-static gpubuf_pool *pool_make(uint64_t capacity, uint64_t slab_size, uint64_t *counter) {
-    gpubuf_backend *be = NULL;
-    gpubuf_pool *p = NULL;
-    char err[256] = "";
-    int r = gpubuf_backend_host_new(&be, err, sizeof(err));
-    ck_assert_msg(r == 0, "gpubuf_backend_host_new: %d %s", r, err);
+static gd_pool *pool_make(uint64_t capacity, uint64_t slab_size, uint64_t *counter) {
+    gd_backend *be = NULL;
+    gd_pool *p = NULL;
+    int r = gd_backend_host_new(&be, &tp_err);
+    ck_assert_msg(r == 0, "gd_backend_host_new: %d %s", r, tp_err.msg);
     ck_assert_ptr_nonnull(be);
     ck_assert_uint_gt(be->alignment, 0);
     ck_assert_uint_ge(be->granularity, be->alignment);
-    r = gpubuf_pool_new("test", be, capacity, slab_size, counter, &p);
+    r = gd_pool_new("test", be, capacity, slab_size, counter, &p, &tp_err);
     ck_assert_int_eq(r, 0);
     ck_assert_ptr_nonnull(p);
     return p;
 }
 
 /* Allocate and fail the test on error. */
-static gpubuf_block alloc_ok(gpubuf_pool *p, uint64_t size, uint64_t align) {
-    gpubuf_block b;
+static gd_block alloc_ok(gd_pool *p, uint64_t size, uint64_t align) {
+    gd_block b;
     memset(&b, 0, sizeof(b));
-    int r = gpubuf_pool_alloc(p, size, align, &b);
+    int r = gd_pool_alloc(p, size, align, &b, &tp_err);
     ck_assert_msg(r == 0, "alloc(%llu, %llu) = %d: %s", (unsigned long long)size,
-                  (unsigned long long)align, r, p->last_error);
+                  (unsigned long long)align, r, tp_err.msg);
     ck_assert_ptr_nonnull(b.slab);
     return b;
 }
 
-static uint32_t count_slabs(const gpubuf_pool *p) {
+static uint32_t count_slabs(const gd_pool *p) {
     uint32_t n = 0;
-    for (const gpubuf_slab *s = p->slabs; s; s = s->next)
+    for (const gd_slab *s = p->slabs; s; s = s->next)
         n++;
     return n;
 }
 
-static bool slab_in_pool(const gpubuf_pool *p, const gpubuf_slab *slab) {
-    for (const gpubuf_slab *s = p->slabs; s; s = s->next)
+static bool slab_in_pool(const gd_pool *p, const gd_slab *slab) {
+    for (const gd_slab *s = p->slabs; s; s = s->next)
         if (s == slab)
             return true;
     return false;
@@ -125,15 +128,16 @@ static int span_cmp(const void *a, const void *b) {
  * totals match, free arrays are sorted and fully coalesced, and in every slab
  * the live blocks and the free extents tile [0, size) exactly, which means no
  * two live blocks overlap and no byte is lost. */
-static void check_pool(const gpubuf_pool *p, const gpubuf_block *live, size_t n_live) {
+static void check_pool(const gd_pool *p, const gd_block *live, size_t n_live) {
     uint64_t reserved = 0, used = 0, blocks_used = 0;
     uint32_t blocks = 0;
     size_t n_spans = n_live, i;
 
     REQUIRE_EQ(count_slabs(p), p->n_slabs);
+    /* utlist DL: the head's prev is the tail. */
     if (p->slabs)
-        REQUIRE(p->slabs->prev == NULL);
-    for (const gpubuf_slab *s = p->slabs; s; s = s->next) {
+        REQUIRE(p->slabs->prev && p->slabs->prev->next == NULL);
+    for (const gd_slab *s = p->slabs; s; s = s->next) {
         REQUIRE(s->pool == p);
         if (s->next)
             REQUIRE(s->next->prev == s);
@@ -174,7 +178,7 @@ static void check_pool(const gpubuf_pool *p, const gpubuf_block *live, size_t n_
             ck_abort_msg("live block %zu has a destroyed slab", i);
         sp[k++] = (span){live[i].slab->id, live[i].offset, live[i].size, false};
     }
-    for (const gpubuf_slab *s = p->slabs; s; s = s->next)
+    for (const gd_slab *s = p->slabs; s; s = s->next)
         for (uint32_t e = 0; e < s->n_free; e++)
             sp[k++] = (span){s->id, s->free[e].off, s->free[e].len, true};
     REQUIRE_EQ(k, n_spans);
@@ -182,7 +186,7 @@ static void check_pool(const gpubuf_pool *p, const gpubuf_block *live, size_t n_
 
     /* Sweep: within each slab the spans follow each other without a gap. */
     i = 0;
-    for (const gpubuf_slab *s = p->slabs; s; s = s->next) {
+    for (const gd_slab *s = p->slabs; s; s = s->next) {
         /* Spans are sorted by slab id; find this slab's run. */
         size_t j = 0;
         while (j < n_spans && sp[j].slab_id != s->id)
@@ -207,7 +211,7 @@ static void check_pool(const gpubuf_pool *p, const gpubuf_block *live, size_t n_
 
 START_TEST(test_alloc_free_accounting) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
     uint64_t al = p->be->alignment;
 
     ck_assert_uint_eq(p->slab_size, round_up(SLAB, p->be->granularity));
@@ -216,9 +220,9 @@ START_TEST(test_alloc_free_accounting) {
     ck_assert_uint_eq(p->used, 0);
     ck_assert_uint_eq(p->n_slabs, 0);
     ck_assert_uint_eq(p->n_blocks, 0);
-    ck_assert_uint_eq(gpubuf_pool_largest_free(p), 0);
+    ck_assert_uint_eq(gd_pool_largest_free(p), 0);
 
-    gpubuf_block a = alloc_ok(p, 1000, 0);
+    gd_block a = alloc_ok(p, 1000, 0);
     ck_assert_uint_eq(a.size, round_up(1000, al));
     ck_assert_uint_eq(p->used, a.size);
     ck_assert_uint_eq(p->n_blocks, 1);
@@ -227,26 +231,26 @@ START_TEST(test_alloc_free_accounting) {
     ck_assert_uint_eq(a.slab->used, a.size);
     ck_assert_uint_eq(a.slab->blocks, 1);
     ck_assert(!a.slab->dedicated);
-    ck_assert_uint_eq(gpubuf_pool_largest_free(p), p->slab_size - a.size);
+    ck_assert_uint_eq(gd_pool_largest_free(p), p->slab_size - a.size);
 
-    gpubuf_block b = alloc_ok(p, 5000, 0);
+    gd_block b = alloc_ok(p, 5000, 0);
     ck_assert_ptr_eq(b.slab, a.slab);
     ck_assert_uint_eq(b.size, round_up(5000, al));
     ck_assert_uint_eq(p->used, a.size + b.size);
     ck_assert_uint_eq(p->n_blocks, 2);
     ck_assert_uint_eq(p->n_slabs, 1);
     ck_assert_uint_eq(a.slab->blocks, 2);
-    gpubuf_block live[2] = {a, b};
+    gd_block live[2] = {a, b};
     check_pool(p, live, 2);
 
-    gpubuf_pool_release(p, &a);
+    gd_pool_release(p, &a);
     ck_assert_uint_eq(p->used, b.size);
     ck_assert_uint_eq(p->n_blocks, 1);
     ck_assert_uint_eq(b.slab->blocks, 1);
     ck_assert_uint_eq(b.slab->used, b.size);
     check_pool(p, &b, 1);
 
-    gpubuf_pool_release(p, &b);
+    gd_pool_release(p, &b);
     ck_assert_uint_eq(p->used, 0);
     ck_assert_uint_eq(p->n_blocks, 0);
     /* The only slab is now empty: it stays as the spare, whole again. */
@@ -255,36 +259,35 @@ START_TEST(test_alloc_free_accounting) {
     ck_assert_uint_eq(p->slabs->n_free, 1);
     ck_assert_uint_eq(p->slabs->free[0].off, 0);
     ck_assert_uint_eq(p->slabs->free[0].len, p->slab_size);
-    ck_assert_uint_eq(gpubuf_pool_largest_free(p), p->slab_size);
+    ck_assert_uint_eq(gd_pool_largest_free(p), p->slab_size);
     check_pool(p, NULL, 0);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
 START_TEST(test_new_invalid) {
     uint64_t counter = 0;
-    gpubuf_backend *be = NULL;
-    gpubuf_pool *p = NULL;
-    char err[256];
-    ck_assert_int_eq(gpubuf_backend_host_new(&be, err, sizeof(err)), 0);
-    ck_assert_int_eq(gpubuf_pool_new("x", be, 4 * MIB, 0, &counter, &p), -EINVAL);
+    gd_backend *be = NULL;
+    gd_pool *p = NULL;
+    ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
+    ck_assert_int_eq(gd_pool_new("x", be, 4 * MIB, 0, &counter, &p, &tp_err), -EINVAL);
     ck_assert_ptr_null(p);
-    ck_assert_int_eq(gpubuf_pool_new("x", be, 0, SLAB, &counter, &p), -EINVAL);
+    ck_assert_int_eq(gd_pool_new("x", be, 0, SLAB, &counter, &p, &tp_err), -EINVAL);
     ck_assert_ptr_null(p);
-    ck_assert_int_eq(gpubuf_pool_new("x", NULL, 4 * MIB, SLAB, &counter, &p), -EINVAL);
+    ck_assert_int_eq(gd_pool_new("x", NULL, 4 * MIB, SLAB, &counter, &p, &tp_err), -EINVAL);
     ck_assert_ptr_null(p);
     /* On failure the backend was not taken. */
-    gpubuf_backend_free(be);
+    gd_backend_free(be);
 
     /* A slab size that is not a multiple of the granularity is rounded up. */
     p = pool_make(4 * MIB, SLAB + 1, &counter);
     ck_assert_uint_eq(p->slab_size, round_up(SLAB + 1, p->be->granularity));
     ck_assert_str_eq(p->name, "test");
-    gpubuf_block b = alloc_ok(p, 1, 0);
+    gd_block b = alloc_ok(p, 1, 0);
     ck_assert_uint_eq(b.slab->size, p->slab_size);
-    gpubuf_pool_release(p, &b);
-    ck_assert_ptr_null(gpubuf_pool_free(p));
-    ck_assert_ptr_null(gpubuf_pool_free(NULL));
+    gd_pool_release(p, &b);
+    ck_assert_ptr_null(gd_pool_free(p));
+    ck_assert_ptr_null(gd_pool_free(NULL));
 }
 END_TEST
 
@@ -294,9 +297,9 @@ START_TEST(test_default_alignment) {
     static const uint64_t sizes[] = {1, 3, 17, 255, 256, 257, 1000, 4095, 4097, 12345, 65537};
     const size_t n = sizeof(sizes) / sizeof(sizes[0]);
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
     uint64_t al = p->be->alignment;
-    gpubuf_block live[sizeof(sizes) / sizeof(sizes[0])];
+    gd_block live[sizeof(sizes) / sizeof(sizes[0])];
 
     ck_assert_uint_eq(al & (al - 1), 0);
     for (size_t i = 0; i < n; i++) {
@@ -309,17 +312,17 @@ START_TEST(test_default_alignment) {
         check_pool(p, live, i + 1);
     }
     for (size_t i = 0; i < n; i++)
-        gpubuf_pool_release(p, &live[i]);
+        gd_pool_release(p, &live[i]);
     ck_assert_uint_eq(p->used, 0);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
 START_TEST(test_explicit_alignment) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
     uint64_t al = p->be->alignment, gran = p->be->granularity;
-    gpubuf_block live[64];
+    gd_block live[64];
     size_t n = 0;
 
     /* In a fresh slab: one small block at 0, then a block aligned to four
@@ -340,7 +343,7 @@ START_TEST(test_explicit_alignment) {
      * must tile each slab. */
     for (uint64_t a = al * 2; a <= gran; a *= 2) {
         live[n++] = alloc_ok(p, 1, 0);
-        gpubuf_block b = alloc_ok(p, 100, a);
+        gd_block b = alloc_ok(p, 100, a);
         ck_assert_msg(b.offset % a == 0, "offset %llu not aligned to %llu",
                       (unsigned long long)b.offset, (unsigned long long)a);
         ck_assert_uint_eq(b.size, round_up(100, al));
@@ -351,51 +354,53 @@ START_TEST(test_explicit_alignment) {
     /* Alignments below the backend's are raised to it. */
     for (uint64_t a = 1; a < al; a *= 2) {
         live[n++] = alloc_ok(p, 1, 0);
-        gpubuf_block b = alloc_ok(p, 3, a);
+        gd_block b = alloc_ok(p, 3, a);
         ck_assert_uint_eq(b.offset % al, 0);
         live[n++] = b;
         check_pool(p, live, n);
     }
     for (size_t i = 0; i < n; i++)
-        gpubuf_pool_release(p, &live[i]);
+        gd_pool_release(p, &live[i]);
     check_pool(p, NULL, 0);
     ck_assert_uint_eq(p->used, 0);
-    ck_assert_uint_eq(gpubuf_pool_largest_free(p), p->slab_size);
-    gpubuf_pool_free(p);
+    ck_assert_uint_eq(gd_pool_largest_free(p), p->slab_size);
+    gd_pool_free(p);
 }
 END_TEST
 
 START_TEST(test_invalid_size_alignment) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
     uint64_t gran = p->be->granularity, al = p->be->alignment;
     const uint64_t bad_align[] = {3, al + 1, al * 3, gran - 1, gran * 2, gran + al, 1ull << 63};
-    gpubuf_block b;
+    gd_block b;
 
     memset(&b, 0, sizeof(b));
-    ck_assert_int_eq(gpubuf_pool_alloc(p, 0, 0, &b), -EINVAL);
-    ck_assert_str_ne(p->last_error, "");
-    ck_assert_int_eq(gpubuf_pool_alloc(p, 0, al, &b), -EINVAL);
+    ck_assert_int_eq(gd_pool_alloc(p, 0, 0, &b, &tp_err), -EINVAL);
+    ck_assert_str_ne(tp_err.msg, "");
+    ck_assert_int_eq(gd_pool_alloc(p, 0, al, &b, &tp_err), -EINVAL);
     for (size_t i = 0; i < sizeof(bad_align) / sizeof(bad_align[0]); i++) {
-        p->last_error[0] = '\0';
-        ck_assert_msg(gpubuf_pool_alloc(p, 64, bad_align[i], &b) == -EINVAL,
+        tp_err.msg[0] = '\0';
+        ck_assert_msg(gd_pool_alloc(p, 64, bad_align[i], &b, &tp_err) == -EINVAL,
                       "alignment %llu accepted", (unsigned long long)bad_align[i]);
-        ck_assert_str_ne(p->last_error, "");
+        ck_assert_str_ne(tp_err.msg, "");
     }
     /* Absurd sizes are refused before any rounding can overflow. */
-    ck_assert_int_eq(gpubuf_pool_alloc(p, UINT64_MAX, 0, &b), -EINVAL);
-    ck_assert_int_eq(gpubuf_pool_alloc(p, UINT64_MAX - al + 2, 0, &b), -EINVAL);
+    ck_assert_int_eq(gd_pool_alloc(p, UINT64_MAX, 0, &b, &tp_err), -EINVAL);
+    ck_assert_int_eq(gd_pool_alloc(p, UINT64_MAX - al + 2, 0, &b, &tp_err), -EINVAL);
     /* Nothing was allocated and the out-parameter was not written. */
     ck_assert_ptr_null(b.slab);
     ck_assert_uint_eq(p->n_slabs, 0);
     ck_assert_uint_eq(p->used, 0);
     ck_assert_uint_eq(p->reserved, 0);
     ck_assert_uint_eq(counter, 0);
-    /* A success clears the previous error. */
+    /* A success writes no error. */
+    memset(&tp_err, 0, sizeof(tp_err));
     b = alloc_ok(p, 64, gran);
-    ck_assert_str_eq(p->last_error, "");
-    gpubuf_pool_release(p, &b);
-    gpubuf_pool_free(p);
+    ck_assert_str_eq(tp_err.msg, "");
+    ck_assert_int_eq(tp_err.code, 0);
+    gd_pool_release(p, &b);
+    gd_pool_free(p);
 }
 END_TEST
 
@@ -418,9 +423,9 @@ static const struct {
 
 START_TEST(test_random_no_overlap) {
     uint64_t counter = 0, rng = random_cases[_i].seed;
-    gpubuf_pool *p = pool_make(random_cases[_i].capacity, SLAB, &counter);
+    gd_pool *p = pool_make(random_cases[_i].capacity, SLAB, &counter);
     uint64_t al = p->be->alignment, gran = p->be->granularity;
-    gpubuf_block *live = calloc(RANDOM_MAX_LIVE, sizeof(*live));
+    gd_block *live = calloc(RANDOM_MAX_LIVE, sizeof(*live));
     size_t n = 0;
     unsigned ok = 0, full = 0, dedicated = 0, frees = 0;
     ck_assert_ptr_nonnull(live);
@@ -441,18 +446,18 @@ START_TEST(test_random_no_overlap) {
                     align *= 2;
             }
             uint64_t used_before = p->used, reserved_before = p->reserved;
-            gpubuf_block b;
-            int r = gpubuf_pool_alloc(p, size, align, &b);
+            gd_block b;
+            int r = gd_pool_alloc(p, size, align, &b, &tp_err);
             if (r == GPUBUF_EPOOLFULL) {
                 full++;
                 /* A failure changes no block; it may give back empty slabs. */
-                REQUIRE(p->last_error[0] != '\0');
+                REQUIRE(tp_err.msg[0] != '\0');
                 REQUIRE_EQ(p->used, used_before);
                 REQUIRE(p->reserved <= reserved_before);
             } else {
                 if (r != 0)
                     ck_abort_msg("op %d: alloc(%llu, %llu) = %d: %s", op, (unsigned long long)size,
-                                 (unsigned long long)align, r, p->last_error);
+                                 (unsigned long long)align, r, tp_err.msg);
                 uint64_t eff = align > al ? align : al;
                 REQUIRE_EQ(b.offset % eff, 0);
                 REQUIRE_EQ(b.size, round_up(size, al));
@@ -463,7 +468,7 @@ START_TEST(test_random_no_overlap) {
             }
         } else {
             size_t i = (size_t)(rng_next(&rng) % n);
-            gpubuf_pool_release(p, &live[i]);
+            gd_pool_release(p, &live[i]);
             live[i] = live[--n];
             frees++;
         }
@@ -472,7 +477,7 @@ START_TEST(test_random_no_overlap) {
     /* Give everything back in a random order: all bytes come home. */
     while (n > 0) {
         size_t i = (size_t)(rng_next(&rng) % n);
-        gpubuf_pool_release(p, &live[i]);
+        gd_pool_release(p, &live[i]);
         live[i] = live[--n];
         check_pool(p, live, n);
     }
@@ -481,7 +486,7 @@ START_TEST(test_random_no_overlap) {
     ck_assert_uint_le(p->n_slabs, 1);
     ck_assert_uint_eq(p->reserved, (uint64_t)p->n_slabs * p->slab_size);
     if (p->n_slabs)
-        ck_assert_uint_eq(gpubuf_pool_largest_free(p), p->slab_size);
+        ck_assert_uint_eq(gd_pool_largest_free(p), p->slab_size);
     /* The sequence exercised what it was meant to. */
     ck_assert_uint_gt(ok, RANDOM_OPS / 3);
     ck_assert_uint_gt(frees, RANDOM_OPS / 4);
@@ -489,7 +494,7 @@ START_TEST(test_random_no_overlap) {
     if (random_cases[_i].capacity <= 3 * MIB)
         ck_assert_uint_gt(full, 0);
     free(live);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
@@ -498,9 +503,9 @@ END_TEST
 START_TEST(test_blocks_disjoint_in_memory) {
     enum { N = 120, MAX_SLABS = 16 };
     uint64_t counter = 0, rng = 7;
-    gpubuf_pool *p = pool_make(8 * MIB, SLAB, &counter);
-    gpubuf_block live[N];
-    gpubuf_slab *slabs[MAX_SLABS];
+    gd_pool *p = pool_make(8 * MIB, SLAB, &counter);
+    gd_block live[N];
+    gd_slab *slabs[MAX_SLABS];
     uint8_t *maps[MAX_SLABS];
     size_t n_maps = 0;
 
@@ -508,12 +513,12 @@ START_TEST(test_blocks_disjoint_in_memory) {
         live[i] = alloc_ok(p, rng_range(&rng, 1, 48 * KIB), rng_next(&rng) % 2 ? 0 : 1024);
     /* Free a third of them and allocate again, so holes get reused. */
     for (size_t i = 0; i < N; i += 3) {
-        gpubuf_pool_release(p, &live[i]);
+        gd_pool_release(p, &live[i]);
         live[i] = alloc_ok(p, rng_range(&rng, 1, 40 * KIB), 0);
     }
     check_pool(p, live, N);
     ck_assert_uint_le(p->n_slabs, MAX_SLABS);
-    for (gpubuf_slab *s = p->slabs; s; s = s->next) {
+    for (gd_slab *s = p->slabs; s; s = s->next) {
         void *m = mmap(NULL, s->size, PROT_READ | PROT_WRITE, MAP_SHARED, s->exp.fd, 0);
         ck_assert_msg(m != MAP_FAILED, "mmap slab %llu: %s", (unsigned long long)s->id,
                       strerror(errno));
@@ -536,9 +541,9 @@ START_TEST(test_blocks_disjoint_in_memory) {
     for (size_t k = 0; k < n_maps; k++)
         munmap(maps[k], slabs[k]->size);
     for (size_t i = 0; i < N; i++)
-        gpubuf_pool_release(p, &live[i]);
+        gd_pool_release(p, &live[i]);
     ck_assert_uint_eq(p->used, 0);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
@@ -546,46 +551,46 @@ END_TEST
 
 START_TEST(test_coalesce_three) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
     uint64_t q = p->slab_size / 4;
 
     /* A|B|C|D fill one slab; D keeps the slab from emptying. */
-    gpubuf_block a = alloc_ok(p, q, 0), b = alloc_ok(p, q, 0), c = alloc_ok(p, q, 0),
+    gd_block a = alloc_ok(p, q, 0), b = alloc_ok(p, q, 0), c = alloc_ok(p, q, 0),
                  d = alloc_ok(p, q, 0);
-    gpubuf_slab *s = a.slab;
+    gd_slab *s = a.slab;
     ck_assert_ptr_eq(b.slab, s);
     ck_assert_ptr_eq(c.slab, s);
     ck_assert_ptr_eq(d.slab, s);
     ck_assert_uint_eq(p->n_slabs, 1);
     ck_assert_uint_eq(s->n_free, 0);
-    ck_assert_uint_eq(gpubuf_pool_largest_free(p), 0);
+    ck_assert_uint_eq(gd_pool_largest_free(p), 0);
     ck_assert_uint_eq(b.offset, a.offset + a.size);
     ck_assert_uint_eq(c.offset, b.offset + b.size);
 
-    gpubuf_pool_release(p, &a);
-    gpubuf_pool_release(p, &c);
+    gd_pool_release(p, &a);
+    gd_pool_release(p, &c);
     ck_assert_uint_eq(s->n_free, 2);
-    ck_assert_uint_eq(gpubuf_pool_largest_free(p), q);
-    gpubuf_block mid[2] = {b, d};
+    ck_assert_uint_eq(gd_pool_largest_free(p), q);
+    gd_block mid[2] = {b, d};
     check_pool(p, mid, 2);
 
-    gpubuf_pool_release(p, &b);
+    gd_pool_release(p, &b);
     ck_assert_uint_eq(s->n_free, 1);
     ck_assert_uint_eq(s->free[0].off, a.offset);
     ck_assert_uint_eq(s->free[0].len, a.size + b.size + c.size);
-    ck_assert_uint_eq(gpubuf_pool_largest_free(p), 3 * q);
+    ck_assert_uint_eq(gd_pool_largest_free(p), 3 * q);
     check_pool(p, &d, 1);
 
     /* The merged extent is usable as one piece. */
-    gpubuf_block big = alloc_ok(p, 3 * q, 0);
+    gd_block big = alloc_ok(p, 3 * q, 0);
     ck_assert_ptr_eq(big.slab, s);
     ck_assert_uint_eq(big.offset, a.offset);
     ck_assert_uint_eq(p->n_slabs, 1);
-    gpubuf_pool_release(p, &big);
-    gpubuf_pool_release(p, &d);
+    gd_pool_release(p, &big);
+    gd_pool_release(p, &d);
     ck_assert_uint_eq(s->n_free, 1);
     ck_assert_uint_eq(s->free[0].len, p->slab_size);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
@@ -595,23 +600,23 @@ START_TEST(test_coalesce_all_orders) {
     static const int orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2},
                                      {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
     uint64_t unit = p->slab_size / 8;
 
     for (int o = 0; o < 6; o++) {
         /* G1|A|B|C|G2 and the rest of the slab free: guards on both sides. */
-        gpubuf_block g1 = alloc_ok(p, unit, 0);
-        gpubuf_block abc[3];
+        gd_block g1 = alloc_ok(p, unit, 0);
+        gd_block abc[3];
         for (int k = 0; k < 3; k++)
             abc[k] = alloc_ok(p, unit, 0);
-        gpubuf_block g2 = alloc_ok(p, unit, 0);
+        gd_block g2 = alloc_ok(p, unit, 0);
         ck_assert_uint_eq(abc[0].offset, g1.offset + g1.size);
         ck_assert_uint_eq(g2.offset, abc[2].offset + abc[2].size);
-        gpubuf_slab *s = g1.slab;
+        gd_slab *s = g1.slab;
         uint32_t n_free_before = s->n_free;
         for (int k = 0; k < 3; k++) {
-            gpubuf_pool_release(p, &abc[orders[o][k]]);
-            gpubuf_block rest[5] = {g1, g2};
+            gd_pool_release(p, &abc[orders[o][k]]);
+            gd_block rest[5] = {g1, g2};
             size_t nr = 2;
             for (int j = k + 1; j < 3; j++)
                 rest[nr++] = abc[orders[o][j]];
@@ -624,65 +629,65 @@ START_TEST(test_coalesce_all_orders) {
                 found = true;
         ck_assert_msg(found, "order %d: no extent [%llu, +%llu)", o,
                       (unsigned long long)abc[0].offset, (unsigned long long)(3 * unit));
-        gpubuf_pool_release(p, &g1);
-        gpubuf_pool_release(p, &g2);
+        gd_pool_release(p, &g1);
+        gd_pool_release(p, &g2);
         ck_assert_uint_eq(s->n_free, 1);
         ck_assert_uint_eq(s->free[0].len, p->slab_size);
         ck_assert_uint_eq(p->n_slabs, 1);
     }
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
 START_TEST(test_fragmentation) {
     enum { N = 8 };
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(2 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(2 * MIB, SLAB, &counter);
     uint64_t unit = p->slab_size / N;
-    gpubuf_block b[N];
+    gd_block b[N];
 
     for (int i = 0; i < N; i++)
         b[i] = alloc_ok(p, unit, 0);
-    gpubuf_slab *first = b[0].slab;
+    gd_slab *first = b[0].slab;
     ck_assert_uint_eq(p->n_slabs, 1);
     ck_assert_uint_eq(first->n_free, 0);
     /* Alternate frees leave N/2 holes of one unit each. */
     for (int i = 0; i < N; i += 2)
-        gpubuf_pool_release(p, &b[i]);
+        gd_pool_release(p, &b[i]);
     ck_assert_uint_eq(first->n_free, N / 2);
-    ck_assert_uint_eq(gpubuf_pool_largest_free(p), unit);
+    ck_assert_uint_eq(gd_pool_largest_free(p), unit);
     ck_assert_uint_eq(p->used, (N / 2) * unit);
 
     /* Larger than any hole: a new slab, although half of the first is free. */
-    gpubuf_block big = alloc_ok(p, unit + unit / 2, 0);
+    gd_block big = alloc_ok(p, unit + unit / 2, 0);
     ck_assert_ptr_ne(big.slab, first);
     ck_assert_uint_eq(p->n_slabs, 2);
     ck_assert_uint_eq(big.offset, 0);
 
     /* Fill the rest of the second slab exactly. */
-    gpubuf_block rest = alloc_ok(p, p->slab_size - big.size, 0);
+    gd_block rest = alloc_ok(p, p->slab_size - big.size, 0);
     ck_assert_ptr_eq(rest.slab, big.slab);
     ck_assert_uint_eq(big.slab->n_free, 0);
     ck_assert_uint_eq(p->reserved, p->capacity);
 
     /* Capacity reached: larger than any hole fails, and changes nothing. */
     uint64_t used = p->used;
-    gpubuf_block fail;
+    gd_block fail;
     memset(&fail, 0, sizeof(fail));
-    ck_assert_int_eq(gpubuf_pool_alloc(p, unit + 1, 0, &fail), GPUBUF_EPOOLFULL);
+    ck_assert_int_eq(gd_pool_alloc(p, unit + 1, 0, &fail, &tp_err), GPUBUF_EPOOLFULL);
     ck_assert_ptr_null(fail.slab);
-    ck_assert_str_ne(p->last_error, "");
+    ck_assert_str_ne(tp_err.msg, "");
     ck_assert_uint_eq(p->used, used);
     ck_assert_uint_eq(p->n_slabs, 2);
 
     /* A request that fits a hole still succeeds, in the first slab. */
-    gpubuf_block fit = alloc_ok(p, unit, 0);
+    gd_block fit = alloc_ok(p, unit, 0);
     ck_assert_ptr_eq(fit.slab, first);
     ck_assert_uint_eq(fit.offset % unit, 0);
     ck_assert_uint_eq((fit.offset / unit) % 2, 0);
     ck_assert_uint_eq(first->n_free, N / 2 - 1);
 
-    gpubuf_block live[N + 3];
+    gd_block live[N + 3];
     size_t n = 0;
     for (int i = 1; i < N; i += 2)
         live[n++] = b[i];
@@ -691,77 +696,77 @@ START_TEST(test_fragmentation) {
     live[n++] = fit;
     check_pool(p, live, n);
     for (size_t i = 0; i < n; i++)
-        gpubuf_pool_release(p, &live[i]);
+        gd_pool_release(p, &live[i]);
     ck_assert_uint_eq(p->used, 0);
     ck_assert_uint_eq(p->n_slabs, 1);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
 START_TEST(test_best_fit) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
     uint64_t u = p->slab_size / 64, al = p->be->alignment;
 
     /* g|H4|g|H8|g|H3|g|H5|g and the tail: holes of 4, 8, 3 and 5 units
      * once the H blocks are freed; the tail is larger than all of them. */
     static const int hole_units[] = {4, 8, 3, 5};
-    gpubuf_block guard[5], hole[4];
+    gd_block guard[5], hole[4];
     guard[0] = alloc_ok(p, u, 0);
     for (int i = 0; i < 4; i++) {
         hole[i] = alloc_ok(p, (uint64_t)hole_units[i] * u, 0);
         guard[i + 1] = alloc_ok(p, u, 0);
     }
-    gpubuf_slab *s = guard[0].slab;
+    gd_slab *s = guard[0].slab;
     ck_assert_uint_eq(p->n_slabs, 1);
     uint64_t tail = p->slab_size - (guard[4].offset + guard[4].size);
     ck_assert_uint_gt(tail, 8 * u);
     for (int i = 0; i < 4; i++)
-        gpubuf_pool_release(p, &hole[i]);
+        gd_pool_release(p, &hole[i]);
     ck_assert_uint_eq(s->n_free, 5);
 
     /* Each request lands in the smallest hole that fits it. 2.75 units: the
      * 3-unit hole, not the first one that fits. */
-    gpubuf_block x = alloc_ok(p, u * 11 / 4, 0);
+    gd_block x = alloc_ok(p, u * 11 / 4, 0);
     ck_assert_uint_eq(x.offset, hole[2].offset);
     /* 3.5 units: the 4-unit hole (the 3-unit one has a quarter left). */
-    gpubuf_block y = alloc_ok(p, u * 7 / 2, 0);
+    gd_block y = alloc_ok(p, u * 7 / 2, 0);
     ck_assert_uint_eq(y.offset, hole[0].offset);
     /* 4.5 units: the 5-unit hole, although the 8-unit one comes first. */
-    gpubuf_block z = alloc_ok(p, u * 9 / 2, 0);
+    gd_block z = alloc_ok(p, u * 9 / 2, 0);
     ck_assert_uint_eq(z.offset, hole[3].offset);
     /* Exactly 8 units: the 8-unit hole, not the larger tail. */
-    gpubuf_block w = alloc_ok(p, 8 * u, 0);
+    gd_block w = alloc_ok(p, 8 * u, 0);
     ck_assert_uint_eq(w.offset, hole[1].offset);
     ck_assert_uint_eq(w.size, 8 * u);
     /* Larger than every hole left: the tail. */
-    gpubuf_block t = alloc_ok(p, u * 6, 0);
+    gd_block t = alloc_ok(p, u * 6, 0);
     ck_assert_uint_eq(t.offset, guard[4].offset + guard[4].size);
     ck_assert_uint_eq(p->n_slabs, 1);
 
     /* Best fit also looks across slabs. Fill the tail of s, so that the
      * next requests open a second slab, which comes first in the list. */
-    gpubuf_block fill = alloc_ok(p, s->free[s->n_free - 1].len, 0);
+    gd_block fill = alloc_ok(p, s->free[s->n_free - 1].len, 0);
     ck_assert_ptr_eq(fill.slab, s);
-    gpubuf_block o1 = alloc_ok(p, 2 * u, 0);
+    gd_block o1 = alloc_ok(p, 2 * u, 0);
     ck_assert_ptr_ne(o1.slab, s);
-    gpubuf_block o2 = alloc_ok(p, u, 0);
+    gd_block o2 = alloc_ok(p, u, 0);
     ck_assert_ptr_eq(o2.slab, o1.slab);
-    gpubuf_pool_release(p, &o1);
+    gd_pool_release(p, &o1);
     /* Holes now: the leftovers of s (0.25, 0.5, 0.5 units), o1's 2 units and
      * the tail of the second slab. */
-    gpubuf_block e = alloc_ok(p, 2 * u, 0);
+    gd_block e = alloc_ok(p, 2 * u, 0);
     ck_assert_ptr_eq(e.slab, o1.slab);
     ck_assert_uint_eq(e.offset, o1.offset);
     /* A quarter unit fits the leftover of x's hole in the first slab
      * exactly: best fit takes it over the second slab's large tail, although
      * that slab is searched first. */
     ck_assert_uint_eq((u / 4) % al, 0);
-    gpubuf_block f = alloc_ok(p, u / 4, 0);
+    gd_block f = alloc_ok(p, u / 4, 0);
     ck_assert_uint_eq(f.offset, x.offset + x.size);
 
-    const gpubuf_block taken[] = {x, y, z, w, t, fill, o2, e, f};
-    gpubuf_block live[16];
+    const gd_block taken[] = {x, y, z, w, t, fill, o2, e, f};
+    gd_block live[16];
     size_t n = 0;
     for (size_t i = 0; i < sizeof(taken) / sizeof(taken[0]); i++)
         live[n++] = taken[i];
@@ -769,9 +774,9 @@ START_TEST(test_best_fit) {
         live[n++] = guard[i];
     check_pool(p, live, n);
     for (size_t i = 0; i < n; i++)
-        gpubuf_pool_release(p, &live[i]);
+        gd_pool_release(p, &live[i]);
     ck_assert_uint_eq(p->used, 0);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
@@ -780,8 +785,8 @@ END_TEST
 START_TEST(test_growth_to_capacity) {
     uint64_t counter = 0;
     /* A capacity that is not a multiple of the slab size: 3 slabs fit. */
-    gpubuf_pool *p = pool_make(3 * MIB + MIB / 2, SLAB, &counter);
-    gpubuf_block b[3];
+    gd_pool *p = pool_make(3 * MIB + MIB / 2, SLAB, &counter);
+    gd_block b[3];
     for (uint32_t i = 0; i < 3; i++) {
         b[i] = alloc_ok(p, p->slab_size, 0);
         ck_assert_uint_eq(p->n_slabs, i + 1);
@@ -791,44 +796,44 @@ START_TEST(test_growth_to_capacity) {
         for (uint32_t j = 0; j < i; j++)
             ck_assert_ptr_ne(b[i].slab, b[j].slab);
     }
-    gpubuf_block x;
+    gd_block x;
     memset(&x, 0, sizeof(x));
-    p->last_error[0] = '\0';
-    ck_assert_int_eq(gpubuf_pool_alloc(p, p->slab_size, 0, &x), GPUBUF_EPOOLFULL);
-    ck_assert_str_ne(p->last_error, "");
-    ck_assert_ptr_nonnull(strstr(p->last_error, "test"));
-    ck_assert_ptr_nonnull(strstr(p->last_error, "full"));
+    tp_err.msg[0] = '\0';
+    ck_assert_int_eq(gd_pool_alloc(p, p->slab_size, 0, &x, &tp_err), GPUBUF_EPOOLFULL);
+    ck_assert_str_ne(tp_err.msg, "");
+    ck_assert_ptr_nonnull(strstr(tp_err.msg, "test"));
+    ck_assert_ptr_nonnull(strstr(tp_err.msg, "full"));
     /* Even one byte fails: every slab is full and no new one fits. */
-    p->last_error[0] = '\0';
-    ck_assert_int_eq(gpubuf_pool_alloc(p, 1, 0, &x), GPUBUF_EPOOLFULL);
-    ck_assert_str_ne(p->last_error, "");
+    tp_err.msg[0] = '\0';
+    ck_assert_int_eq(gd_pool_alloc(p, 1, 0, &x, &tp_err), GPUBUF_EPOOLFULL);
+    ck_assert_str_ne(tp_err.msg, "");
     ck_assert_ptr_null(x.slab);
     ck_assert_uint_eq(p->n_slabs, 3);
     ck_assert_uint_eq(p->n_blocks, 3);
     ck_assert_uint_le(p->reserved, p->capacity);
 
     /* Freeing one block makes room again, in the same (spare) slab. */
-    gpubuf_slab *freed = b[1].slab;
-    gpubuf_pool_release(p, &b[1]);
+    gd_slab *freed = b[1].slab;
+    gd_pool_release(p, &b[1]);
     ck_assert_uint_eq(p->n_slabs, 3);
     b[1] = alloc_ok(p, 1, 0);
     ck_assert_ptr_eq(b[1].slab, freed);
     check_pool(p, b, 3);
     for (int i = 0; i < 3; i++)
-        gpubuf_pool_release(p, &b[i]);
+        gd_pool_release(p, &b[i]);
     ck_assert_uint_eq(p->used, 0);
     ck_assert_uint_eq(p->n_slabs, 1);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
 START_TEST(test_dedicated_slab) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
     uint64_t al = p->be->alignment, gran = p->be->granularity;
     uint64_t req = p->slab_size + 1;
 
-    gpubuf_block d = alloc_ok(p, req, 0);
+    gd_block d = alloc_ok(p, req, 0);
     ck_assert(d.slab->dedicated);
     ck_assert_uint_eq(d.offset, 0);
     ck_assert_uint_eq(d.size, round_up(req, al));
@@ -844,17 +849,17 @@ START_TEST(test_dedicated_slab) {
 
     /* The dedicated slab's tail is not shared: a small request gets a
      * regular slab. */
-    gpubuf_block small = alloc_ok(p, 1, 0);
+    gd_block small = alloc_ok(p, 1, 0);
     ck_assert_ptr_ne(small.slab, d.slab);
     ck_assert(!small.slab->dedicated);
     ck_assert_uint_eq(p->n_slabs, 2);
-    gpubuf_block live[2] = {d, small};
+    gd_block live[2] = {d, small};
     check_pool(p, live, 2);
 
     /* Released, the dedicated slab is destroyed at once and its memfd closed,
      * although it would be the only empty slab. */
     uint64_t dsize = d.slab->size;
-    gpubuf_pool_release(p, &d);
+    gd_pool_release(p, &d);
     ck_assert(fd_closed(fd));
     ck_assert_uint_eq(p->n_slabs, 1);
     ck_assert_uint_eq(p->reserved, p->slab_size);
@@ -862,12 +867,12 @@ START_TEST(test_dedicated_slab) {
     ck_assert_uint_gt(dsize, p->slab_size);
 
     /* A dedicated request alone and the last one, emptied, also goes. */
-    gpubuf_pool_release(p, &small);
+    gd_pool_release(p, &small);
     d = alloc_ok(p, 2 * p->slab_size + 3, gran);
     ck_assert(d.slab->dedicated);
     ck_assert_uint_eq(p->n_slabs, 2);
     fd = d.slab->exp.fd;
-    gpubuf_pool_release(p, &d);
+    gd_pool_release(p, &d);
     ck_assert(fd_closed(fd));
     ck_assert_uint_eq(p->n_slabs, 1);
 
@@ -876,12 +881,12 @@ START_TEST(test_dedicated_slab) {
     small = alloc_ok(p, 1, 0);
     ck_assert_uint_eq(p->n_slabs, 1);
     uint64_t left = p->capacity - p->reserved;
-    gpubuf_block x;
+    gd_block x;
     memset(&x, 0, sizeof(x));
-    ck_assert_int_eq(gpubuf_pool_alloc(p, p->capacity, 0, &x), GPUBUF_EPOOLFULL);
-    ck_assert_str_ne(p->last_error, "");
-    ck_assert_int_eq(gpubuf_pool_alloc(p, p->capacity + 1, 0, &x), GPUBUF_EPOOLFULL);
-    ck_assert_int_eq(gpubuf_pool_alloc(p, left + 1, 0, &x), GPUBUF_EPOOLFULL);
+    ck_assert_int_eq(gd_pool_alloc(p, p->capacity, 0, &x, &tp_err), GPUBUF_EPOOLFULL);
+    ck_assert_str_ne(tp_err.msg, "");
+    ck_assert_int_eq(gd_pool_alloc(p, p->capacity + 1, 0, &x, &tp_err), GPUBUF_EPOOLFULL);
+    ck_assert_int_eq(gd_pool_alloc(p, left + 1, 0, &x, &tp_err), GPUBUF_EPOOLFULL);
     ck_assert_ptr_null(x.slab);
     ck_assert_uint_eq(p->n_slabs, 1);
     ck_assert_uint_eq(p->used, small.size);
@@ -889,24 +894,24 @@ START_TEST(test_dedicated_slab) {
     d = alloc_ok(p, left, 0);
     ck_assert(d.slab->dedicated);
     ck_assert_uint_eq(p->reserved, p->capacity);
-    gpubuf_pool_release(p, &d);
-    gpubuf_pool_release(p, &small);
-    gpubuf_pool_free(p);
+    gd_pool_release(p, &d);
+    gd_pool_release(p, &small);
+    gd_pool_free(p);
 }
 END_TEST
 
 START_TEST(test_spare_slab_policy) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
-    gpubuf_block a = alloc_ok(p, p->slab_size, 0);
-    gpubuf_block b = alloc_ok(p, p->slab_size, 0);
-    gpubuf_block c = alloc_ok(p, p->slab_size / 2, 0);
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_block a = alloc_ok(p, p->slab_size, 0);
+    gd_block b = alloc_ok(p, p->slab_size, 0);
+    gd_block c = alloc_ok(p, p->slab_size / 2, 0);
     ck_assert_uint_eq(p->n_slabs, 3);
     int fd_a = a.slab->exp.fd, fd_b = b.slab->exp.fd;
-    gpubuf_slab *sa = a.slab;
+    gd_slab *sa = a.slab;
 
     /* First emptied slab: kept as the spare. */
-    gpubuf_pool_release(p, &a);
+    gd_pool_release(p, &a);
     ck_assert_uint_eq(p->n_slabs, 3);
     ck_assert_uint_eq(p->reserved, 3 * p->slab_size);
     ck_assert(slab_in_pool(p, sa));
@@ -916,7 +921,7 @@ START_TEST(test_spare_slab_policy) {
     ck_assert_uint_eq(sa->free[0].len, p->slab_size);
 
     /* Second emptied slab: a spare exists, so this one goes back. */
-    gpubuf_pool_release(p, &b);
+    gd_pool_release(p, &b);
     ck_assert(fd_closed(fd_b));
     ck_assert_uint_eq(p->n_slabs, 2);
     ck_assert_uint_eq(p->reserved, 2 * p->slab_size);
@@ -930,24 +935,24 @@ START_TEST(test_spare_slab_policy) {
     ck_assert_uint_eq(p->n_slabs, 2);
 
     /* Emptying the half-used slab now: no other spare, so it stays. */
-    gpubuf_slab *sc = c.slab;
-    gpubuf_pool_release(p, &c);
+    gd_slab *sc = c.slab;
+    gd_pool_release(p, &c);
     ck_assert(slab_in_pool(p, sc));
     ck_assert_uint_eq(p->n_slabs, 2);
     /* And emptying sa while sc is the spare destroys sa. */
     int fd_sa = sa->exp.fd;
-    gpubuf_pool_release(p, &a);
+    gd_pool_release(p, &a);
     ck_assert(fd_closed(fd_sa));
     ck_assert_uint_eq(p->n_slabs, 1);
     ck_assert_ptr_eq(p->slabs, sc);
     check_pool(p, NULL, 0);
 
     /* An emptied dedicated slab is never kept, even next to a spare. */
-    gpubuf_block d = alloc_ok(p, p->slab_size * 2, 0);
-    gpubuf_pool_release(p, &d);
+    gd_block d = alloc_ok(p, p->slab_size * 2, 0);
+    gd_pool_release(p, &d);
     ck_assert_uint_eq(p->n_slabs, 1);
     ck_assert_ptr_eq(p->slabs, sc);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
 }
 END_TEST
 
@@ -956,9 +961,9 @@ END_TEST
 START_TEST(test_slab_ids_shared_counter) {
     enum { N = 6 };
     uint64_t counter = 0;
-    gpubuf_pool *p1 = pool_make(8 * MIB, SLAB, &counter);
-    gpubuf_pool *p2 = pool_make(8 * MIB, SLAB, &counter);
-    gpubuf_block b1[N], b2[N];
+    gd_pool *p1 = pool_make(8 * MIB, SLAB, &counter);
+    gd_pool *p2 = pool_make(8 * MIB, SLAB, &counter);
+    gd_block b1[N], b2[N];
     uint64_t ids[4 * N];
     size_t n_ids = 0;
 
@@ -974,8 +979,8 @@ START_TEST(test_slab_ids_shared_counter) {
     ck_assert_uint_eq(counter, 2 * N);
     /* Destroy some slabs and make new ones: ids are never reused. */
     for (int i = 0; i < N; i++) {
-        gpubuf_pool_release(p1, &b1[i]);
-        gpubuf_pool_release(p2, &b2[i]);
+        gd_pool_release(p1, &b1[i]);
+        gd_pool_release(p2, &b2[i]);
     }
     for (int i = 0; i < N; i++) {
         b1[i] = alloc_ok(p1, p1->slab_size, 0);
@@ -992,9 +997,9 @@ START_TEST(test_slab_ids_shared_counter) {
     /* Live slabs have distinct ids across both pools. */
     uint64_t live_ids[2 * N];
     size_t n_live = 0;
-    for (const gpubuf_slab *s = p1->slabs; s; s = s->next)
+    for (const gd_slab *s = p1->slabs; s; s = s->next)
         live_ids[n_live++] = s->id;
-    for (const gpubuf_slab *s = p2->slabs; s; s = s->next)
+    for (const gd_slab *s = p2->slabs; s; s = s->next)
         live_ids[n_live++] = s->id;
     ck_assert_uint_eq(n_live, 2 * N);
     for (size_t i = 0; i < n_live; i++)
@@ -1010,25 +1015,25 @@ START_TEST(test_slab_ids_shared_counter) {
             ck_assert_int_eq(seen, 1);
     }
     for (int i = 0; i < N; i++) {
-        gpubuf_pool_release(p1, &b1[i]);
-        gpubuf_pool_release(p2, &b2[i]);
+        gd_pool_release(p1, &b1[i]);
+        gd_pool_release(p2, &b2[i]);
     }
-    gpubuf_pool_free(p1);
-    gpubuf_pool_free(p2);
+    gd_pool_free(p1);
+    gd_pool_free(p2);
 }
 END_TEST
 
 START_TEST(test_slab_memfd) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(4 * MIB, SLAB, &counter);
-    gpubuf_block a = alloc_ok(p, p->slab_size, 0);
-    gpubuf_block b = alloc_ok(p, 100, 0);
-    gpubuf_block d = alloc_ok(p, p->slab_size + 5000, 0);
-    const gpubuf_block all[3] = {a, b, d};
+    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    gd_block a = alloc_ok(p, p->slab_size, 0);
+    gd_block b = alloc_ok(p, 100, 0);
+    gd_block d = alloc_ok(p, p->slab_size + 5000, 0);
+    const gd_block all[3] = {a, b, d};
 
     ck_assert_ptr_ne(a.slab, b.slab);
     for (int i = 0; i < 3; i++) {
-        const gpubuf_slab *s = all[i].slab;
+        const gd_slab *s = all[i].slab;
         struct stat st;
         ck_assert_int_ge(s->exp.fd, 0);
         ck_assert_int_eq(fstat(s->exp.fd, &st), 0);
@@ -1060,33 +1065,33 @@ START_TEST(test_slab_memfd) {
     /* Releasing b empties its slab; no other slab is empty, so it stays as
      * the spare and its fd stays open. */
     int fd_a = a.slab->exp.fd, fd_b = b.slab->exp.fd, fd_d = d.slab->exp.fd;
-    gpubuf_pool_release(p, &b);
+    gd_pool_release(p, &b);
     ck_assert(!fd_closed(fd_b));
     /* Emptying a's slab now destroys it: its fd is closed right away. */
-    gpubuf_pool_release(p, &a);
+    gd_pool_release(p, &a);
     ck_assert(fd_closed(fd_a));
-    gpubuf_pool_release(p, &d);
+    gd_pool_release(p, &d);
     ck_assert(fd_closed(fd_d));
     ck_assert(!fd_closed(fd_b));
     ck_assert_uint_eq(p->n_slabs, 1);
-    gpubuf_pool_free(p);
+    gd_pool_free(p);
     ck_assert(fd_closed(fd_b));
 }
 END_TEST
 
 START_TEST(test_pool_free_closes_everything) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(8 * MIB, SLAB, &counter);
+    gd_pool *p = pool_make(8 * MIB, SLAB, &counter);
     int fds[6];
     for (int i = 0; i < 6; i++) {
-        gpubuf_block b = alloc_ok(p, i == 5 ? 2 * p->slab_size : p->slab_size - 4096, 0);
+        gd_block b = alloc_ok(p, i == 5 ? 2 * p->slab_size : p->slab_size - 4096, 0);
         fds[i] = b.slab->exp.fd;
         ck_assert(!fd_closed(fds[i]));
     }
     ck_assert_uint_eq(p->n_slabs, 6);
     ck_assert_uint_eq(p->n_blocks, 6);
     /* Freeing the pool with live blocks destroys every slab. */
-    ck_assert_ptr_null(gpubuf_pool_free(p));
+    ck_assert_ptr_null(gd_pool_free(p));
     for (int i = 0; i < 6; i++)
         ck_assert_msg(fd_closed(fds[i]), "fd %d of slab %d still open", fds[i], i);
 }
@@ -1095,81 +1100,81 @@ END_TEST
 /* ---- known bugs ---------------------------------------------------------- */
 
 /* KNOWN BUG (daemon/pool.c, fails until fixed): an empty spare slab counts
- * against the capacity, and gpubuf_pool_alloc() returns GPUBUF_EPOOLFULL for a
+ * against the capacity, and gd_pool_alloc(, &tp_err) returns GPUBUF_EPOOLFULL for a
  * dedicated request that fits once the spare is given back. Here 1 MiB of a
  * 3 MiB pool is in use, the spare holds 1 MiB, and a 2 MiB request fails.
  * The spare is only a cache; slab_create() should destroy it (when it is not
  * the slab about to be used) before refusing for lack of capacity. */
-/* gpubuf_pool_alloc_prefer: best fit among the preferred slabs that have
+/* gd_pool_alloc_prefer: best fit among the preferred slabs that have
  * room; slabs of other pools, dedicated slabs and full slabs are passed over. */
 START_TEST(test_alloc_prefer) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(8 * SLAB, SLAB, &counter);
-    gpubuf_pool *other = pool_make(2 * SLAB, SLAB, &counter);
-    gpubuf_block a = alloc_ok(p, SLAB / 2, 0);
-    gpubuf_block big = alloc_ok(p, SLAB - 64 * KIB, 0); /* second slab, 64 KiB left */
+    gd_pool *p = pool_make(8 * SLAB, SLAB, &counter);
+    gd_pool *other = pool_make(2 * SLAB, SLAB, &counter);
+    gd_block a = alloc_ok(p, SLAB / 2, 0);
+    gd_block big = alloc_ok(p, SLAB - 64 * KIB, 0); /* second slab, 64 KiB left */
     ck_assert_ptr_ne(a.slab, big.slab);
-    gpubuf_block ded = alloc_ok(p, 2 * SLAB, 0);
+    gd_block ded = alloc_ok(p, 2 * SLAB, 0);
     ck_assert(ded.slab->dedicated);
-    gpubuf_block o = alloc_ok(other, 4 * KIB, 0);
-    gpubuf_block b;
+    gd_block o = alloc_ok(other, 4 * KIB, 0);
+    gd_block b;
     /* Without preference: best fit, the 64 KiB hole. */
     b = alloc_ok(p, 32 * KIB, 0);
     ck_assert_ptr_eq(b.slab, big.slab);
-    gpubuf_pool_release(p, &b);
+    gd_pool_release(p, &b);
     /* Preferring a's slab: there, though it fits worse. */
-    gpubuf_slab *prefer[] = {o.slab, ded.slab, a.slab};
-    ck_assert_int_eq(gpubuf_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 3, &b), 0);
+    gd_slab *prefer[] = {o.slab, ded.slab, a.slab};
+    ck_assert_int_eq(gd_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 3, &b, &tp_err), 0);
     ck_assert_ptr_eq(b.slab, a.slab);
-    gpubuf_pool_release(p, &b);
+    gd_pool_release(p, &b);
     /* A request that fits in no preferred slab: best fit over all. */
-    gpubuf_block fill = alloc_ok(p, SLAB / 2, 0); /* fills a's slab, the best fit */
+    gd_block fill = alloc_ok(p, SLAB / 2, 0); /* fills a's slab, the best fit */
     ck_assert_ptr_eq(fill.slab, a.slab);
-    ck_assert_int_eq(gpubuf_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 3, &b), 0);
+    ck_assert_int_eq(gd_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 3, &b, &tp_err), 0);
     ck_assert_ptr_eq(b.slab, big.slab);
     /* Only other pools' and dedicated slabs preferred: as without. */
-    gpubuf_pool_release(p, &b);
-    ck_assert_int_eq(gpubuf_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 2, &b), 0);
+    gd_pool_release(p, &b);
+    ck_assert_int_eq(gd_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 2, &b, &tp_err), 0);
     ck_assert_ptr_eq(b.slab, big.slab);
-    gpubuf_pool_release(p, &b);
-    gpubuf_pool_release(p, &fill);
-    gpubuf_pool_release(p, &a);
-    gpubuf_pool_release(p, &big);
-    gpubuf_pool_release(p, &ded);
-    gpubuf_pool_release(other, &o);
+    gd_pool_release(p, &b);
+    gd_pool_release(p, &fill);
+    gd_pool_release(p, &a);
+    gd_pool_release(p, &big);
+    gd_pool_release(p, &ded);
+    gd_pool_release(other, &o);
     ck_assert_uint_eq(p->used, 0);
-    gpubuf_pool_free(p);
-    gpubuf_pool_free(other);
+    gd_pool_free(p);
+    gd_pool_free(other);
 }
 END_TEST
 
 START_TEST(test_spare_slab_given_back_for_dedicated) {
     uint64_t counter = 0;
-    gpubuf_pool *p = pool_make(3 * MIB, SLAB, &counter);
-    gpubuf_block a = alloc_ok(p, p->slab_size, 0);
-    gpubuf_block b = alloc_ok(p, p->slab_size, 0);
-    gpubuf_block c = alloc_ok(p, p->slab_size, 0);
-    gpubuf_pool_release(p, &a); /* kept as the spare */
-    gpubuf_pool_release(p, &b); /* destroyed: a spare exists */
+    gd_pool *p = pool_make(3 * MIB, SLAB, &counter);
+    gd_block a = alloc_ok(p, p->slab_size, 0);
+    gd_block b = alloc_ok(p, p->slab_size, 0);
+    gd_block c = alloc_ok(p, p->slab_size, 0);
+    gd_pool_release(p, &a); /* kept as the spare */
+    gd_pool_release(p, &b); /* destroyed: a spare exists */
     ck_assert_uint_eq(p->n_slabs, 2);
     ck_assert_uint_eq(p->used, p->slab_size);
     ck_assert_uint_eq(p->reserved, 2 * p->slab_size);
 
     uint64_t req = p->capacity - p->used;
-    gpubuf_block d;
-    int r = gpubuf_pool_alloc(p, req, 0, &d);
+    gd_block d;
+    int r = gd_pool_alloc(p, req, 0, &d, &tp_err);
     ck_assert_msg(r == 0,
                   "alloc(%llu) with %llu of %llu bytes in use = %d (%s): the empty spare "
                   "slab was not given back",
                   (unsigned long long)req, (unsigned long long)p->used,
-                  (unsigned long long)p->capacity, r, p->last_error);
+                  (unsigned long long)p->capacity, r, tp_err.msg);
     ck_assert(d.slab->dedicated);
     ck_assert_uint_le(p->reserved, p->capacity);
-    gpubuf_block live[2] = {c, d};
+    gd_block live[2] = {c, d};
     check_pool(p, live, 2);
-    gpubuf_pool_release(p, &d);
-    gpubuf_pool_release(p, &c);
-    gpubuf_pool_free(p);
+    gd_pool_release(p, &d);
+    gd_pool_release(p, &c);
+    gd_pool_free(p);
 }
 END_TEST
 
@@ -1179,22 +1184,21 @@ END_TEST
  * the pool unusable (every allocation GPUBUF_EPOOLFULL). */
 START_TEST(test_slab_rounding_stays_within_capacity) {
     uint64_t counter = 0;
-    gpubuf_backend *be;
-    gpubuf_pool *p;
-    gpubuf_block b;
-    char err[128];
-    ck_assert_int_eq(gpubuf_backend_host_new(&be, err, sizeof(err)), 0);
+    gd_backend *be;
+    gd_pool *p;
+    gd_block b;
+    ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
     uint64_t g = be->granularity;
-    ck_assert_int_eq(gpubuf_pool_new("round", be, 2 * g + g / 2, 2 * g + g / 4, &counter, &p), 0);
+    ck_assert_int_eq(gd_pool_new("round", be, 2 * g + g / 2, 2 * g + g / 4, &counter, &p, &tp_err), 0);
     ck_assert_uint_le(p->slab_size, p->capacity);
     ck_assert_uint_eq(p->slab_size % g, 0);
-    ck_assert_int_eq(gpubuf_pool_alloc(p, 100, 0, &b), 0);
-    gpubuf_pool_release(p, &b);
-    gpubuf_pool_free(p);
+    ck_assert_int_eq(gd_pool_alloc(p, 100, 0, &b, &tp_err), 0);
+    gd_pool_release(p, &b);
+    gd_pool_free(p);
     /* Below one granule there is no pool at all. */
-    ck_assert_int_eq(gpubuf_backend_host_new(&be, err, sizeof(err)), 0);
-    ck_assert_int_eq(gpubuf_pool_new("tiny", be, g - 1, g, &counter, &p), -EINVAL);
-    gpubuf_backend_free(be);
+    ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
+    ck_assert_int_eq(gd_pool_new("tiny", be, g - 1, g, &counter, &p, &tp_err), -EINVAL);
+    gd_backend_free(be);
 }
 END_TEST
 
@@ -1238,9 +1242,5 @@ static Suite *pool_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(pool_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failures = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failures ? 1 : 0;
+    return run_suite(pool_suite());
 }

@@ -14,6 +14,10 @@
 #include "backend.h"
 #include "pool.h"
 #include "registry.h"
+#include "check_main.h"
+
+/* Where the calls under test write their error (one per test process). */
+static gd_err tr_err;
 
 #define MIB (1024ull * 1024ull)
 
@@ -25,17 +29,16 @@
 /* A registry over one pool: 1 MiB slabs, 8 MiB capacity unless told. */
 typedef struct env {
     uint64_t slab_ids;
-    gpubuf_pool *pool;
-    gpubuf_registry reg;
+    gd_pool *pool;
+    gd_registry reg;
 } env;
 
 static void env_init_cap(env *e, uint64_t capacity) {
-    gpubuf_backend *be = NULL;
-    char err[256] = "";
+    gd_backend *be = NULL;
     memset(e, 0, sizeof(*e));
-    ck_assert_int_eq(gpubuf_backend_host_new(&be, err, sizeof(err)), 0);
-    ck_assert_int_eq(gpubuf_pool_new("host", be, capacity, MIB, &e->slab_ids, &e->pool), 0);
-    gpubuf_registry_init(&e->reg);
+    ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
+    ck_assert_int_eq(gd_pool_new("host", be, capacity, MIB, &e->slab_ids, &e->pool, &tr_err), 0);
+    gd_registry_init(&e->reg);
 }
 
 static void env_init(env *e) {
@@ -44,79 +47,79 @@ static void env_init(env *e) {
 
 /* Destroy the registry: every block must be back in the pool. */
 static void env_fini(env *e) {
-    gpubuf_registry_destroy(&e->reg);
+    gd_registry_destroy(&e->reg);
     ck_assert_uint_eq(e->pool->used, 0);
     ck_assert_uint_eq(e->pool->n_blocks, 0);
-    gpubuf_pool_free(e->pool);
+    gd_pool_free(e->pool);
 }
 
-static gpubuf_holder *holder(env *e, uid_t uid) {
-    gpubuf_holder *h = gpubuf_registry_holder_new(&e->reg, 100 + (pid_t)uid, uid, uid);
+static gd_holder *holder(env *e, uid_t uid) {
+    gd_holder *h = gd_registry_holder_new(&e->reg, 100 + (pid_t)uid, uid, uid);
     ck_assert_ptr_nonnull(h);
     ck_assert_uint_eq(h->uid, uid);
     ck_assert_uint_eq(h->n_refs, 0);
     return h;
 }
 
-static gpubuf_buf *alloc_ok(env *e, gpubuf_holder *h, uint64_t size, const char *name) {
-    gpubuf_buf *b = NULL;
-    int r = gpubuf_registry_alloc(&e->reg, h, e->pool, size, 0, name, &b);
+static gd_buf *alloc_ok(env *e, gd_holder *h, uint64_t size, const char *name) {
+    gd_buf *b = NULL;
+    int r = gd_registry_alloc(&e->reg, h, e->pool, size, 0, name, &b, &tr_err);
     ck_assert_msg(r == 0, "alloc(%llu, %s) = %d: %s", (unsigned long long)size,
-                  name ? name : "(anonymous)", r, e->reg.last_error);
+                  name ? name : "(anonymous)", r, tr_err.msg);
     ck_assert_ptr_nonnull(b);
     return b;
 }
 
-static void seal_ok(env *e, gpubuf_holder *h, gpubuf_buf *b) {
-    gpubuf_buf *ret = NULL;
-    int r = gpubuf_registry_seal(&e->reg, h, b->id, &ret);
-    ck_assert_msg(r == 0, "seal(%llu) = %d: %s", (unsigned long long)b->id, r, e->reg.last_error);
+static void seal_ok(env *e, gd_holder *h, gd_buf *b) {
+    gd_buf *ret = NULL;
+    int r = gd_registry_seal(&e->reg, h, b->id, &ret, &tr_err);
+    ck_assert_msg(r == 0, "seal(%llu) = %d: %s", (unsigned long long)b->id, r, tr_err.msg);
     ck_assert_ptr_eq(ret, b);
     ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
 }
 
 /* A sealed buffer in one call. */
-static gpubuf_buf *publish(env *e, gpubuf_holder *h, uint64_t size, const char *name) {
-    gpubuf_buf *b = alloc_ok(e, h, size, name);
+static gd_buf *publish(env *e, gd_holder *h, uint64_t size, const char *name) {
+    gd_buf *b = alloc_ok(e, h, size, name);
     seal_ok(e, h, b);
     return b;
 }
 
-static unsigned holder_total(const gpubuf_registry *r) {
+static unsigned holder_total(const gd_registry *r) {
     return HASH_CNT(hh, r->holders);
 }
 
 /* A waiter embedded the way a session embeds it, recording its callbacks. */
 typedef struct test_waiter {
-    gpubuf_waiter w; /* first member: the callbacks cast back */
+    gd_waiter w; /* first member: the callbacks cast back */
     char name[64];
     int woken, cancelled;
-    gpubuf_buf *buf;
+    gd_buf *buf;
     uint64_t buf_id;
     uint32_t count_at_wake; /* the holder's references to buf during wake() */
     bool unlinked_at_wake;
 } test_waiter;
 
-static bool waiter_unlinked(const gpubuf_waiter *w) {
+static bool waiter_unlinked(const gd_waiter *w) {
     return !w->next && !w->prev && !w->hnext && !w->hprev;
 }
 
-static void tw_wake(gpubuf_waiter *w, gpubuf_buf *b) {
+static void tw_wake(gd_waiter *w, gd_buf *b) {
     test_waiter *t = (test_waiter *)w;
     t->woken++;
     t->buf = b;
     t->buf_id = b->id;
-    t->count_at_wake = gpubuf_registry_holder_count(w->holder, b->id);
+    t->count_at_wake = gd_registry_holder_count(w->holder, b->id);
     t->unlinked_at_wake = waiter_unlinked(w);
 }
 
-static void tw_cancel(gpubuf_waiter *w) {
+static void tw_cancel(gd_waiter *w) {
     test_waiter *t = (test_waiter *)w;
     t->cancelled++;
 }
 
 /* Wait for a name (name != NULL) or an id. */
-static void tw_wait(env *e, test_waiter *t, gpubuf_holder *h, const char *name, uint64_t id) {
+static void tw_wait(env *e, test_waiter *t, gd_holder *h, const char *name, uint64_t id) {
     memset(t, 0, sizeof(*t));
     t->w.holder = h;
     if (name) {
@@ -126,7 +129,7 @@ static void tw_wait(env *e, test_waiter *t, gpubuf_holder *h, const char *name, 
     t->w.buffer_id = id;
     t->w.wake = tw_wake;
     t->w.cancel = tw_cancel;
-    gpubuf_registry_wait(&e->reg, &t->w);
+    gd_registry_wait(&e->reg, &t->w);
 }
 
 /* ---- alloc ------------------------------------------------------------- */
@@ -137,37 +140,37 @@ static void tw_wait(env *e, test_waiter *t, gpubuf_holder *h, const char *name, 
 START_TEST(test_placement_prefers_held_slabs) {
     env e;
     env_init(&e);
-    gpubuf_holder *a = holder(&e, UID_A), *b = holder(&e, UID_B);
-    gpubuf_buf *a1 = alloc_ok(&e, a, 768 * 1024, "a1");
-    gpubuf_buf *b1 = alloc_ok(&e, b, 900 * 1024, "b1");
+    gd_holder *a = holder(&e, UID_A), *b = holder(&e, UID_B);
+    gd_buf *a1 = alloc_ok(&e, a, 768 * 1024, "a1");
+    gd_buf *b1 = alloc_ok(&e, b, 900 * 1024, "b1");
     ck_assert_ptr_ne(a1->blk.slab, b1->blk.slab); /* no room for b1 next to a1 */
     ck_assert_uint_eq(HASH_COUNT(a->slabs), 1);
     /* 64 KiB fits best in b1's slab (124 KiB free) but goes next to a1. */
-    gpubuf_buf *a2 = alloc_ok(&e, a, 64 * 1024, "a2");
+    gd_buf *a2 = alloc_ok(&e, a, 64 * 1024, "a2");
     ck_assert_ptr_eq(a2->blk.slab, a1->blk.slab);
     ck_assert_uint_eq(HASH_COUNT(a->slabs), 1);
     ck_assert_uint_eq(a->slabs->buffers, 2);
-    gpubuf_buf *b2 = alloc_ok(&e, b, 64 * 1024, "b2");
+    gd_buf *b2 = alloc_ok(&e, b, 64 * 1024, "b2");
     ck_assert_ptr_eq(b2->blk.slab, b1->blk.slab);
     /* a's slab is full for this size: the pool's best fit elsewhere. */
-    gpubuf_buf *a3 = alloc_ok(&e, a, 200 * 1024, "a3");
+    gd_buf *a3 = alloc_ok(&e, a, 200 * 1024, "a3");
     ck_assert_ptr_ne(a3->blk.slab, a1->blk.slab);
     ck_assert_uint_eq(HASH_COUNT(a->slabs), 2);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, a, a1->id), 0);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, a, a2->id), 0);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, a, a3->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, a1->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, a2->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, a3->id, &tr_err), 0);
     ck_assert_ptr_null(a->slabs);
     /* Nothing held: best fit, which is b1's slab (60 KiB free after b2). */
-    gpubuf_buf *a4 = alloc_ok(&e, a, 32 * 1024, "a4");
+    gd_buf *a4 = alloc_ok(&e, a, 32 * 1024, "a4");
     ck_assert_ptr_eq(a4->blk.slab, b1->blk.slab);
     /* Opening counts too: a opens b1 and its buffers follow b's slab. */
     seal_ok(&e, b, b1);
-    gpubuf_buf *o = NULL;
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, a, "b1", 0, &o), 0);
+    gd_buf *o = NULL;
+    ck_assert_int_eq(gd_registry_open(&e.reg, a, "b1", 0, &o, NULL, &tr_err), 0);
     ck_assert_uint_eq(HASH_COUNT(a->slabs), 1);
     ck_assert_uint_eq(a->slabs->buffers, 2);
-    gpubuf_registry_holder_drop(&e.reg, a);
-    gpubuf_registry_holder_drop(&e.reg, b);
+    gd_registry_holder_drop(&e.reg, a);
+    gd_registry_holder_drop(&e.reg, b);
     env_fini(&e);
 }
 END_TEST
@@ -177,48 +180,48 @@ END_TEST
 START_TEST(test_kept_slabs) {
     env e;
     env_init(&e);
-    gpubuf_holder *a = holder(&e, UID_A), *b = holder(&e, UID_B);
+    gd_holder *a = holder(&e, UID_A), *b = holder(&e, UID_B);
     a->kept_cap = 1; /* b keeps the default of 0: no slab */
-    gpubuf_buf *a1 = alloc_ok(&e, a, 768 * 1024, "a1");
-    gpubuf_slab *s1 = a1->blk.slab;
-    gpubuf_buf *b1 = alloc_ok(&e, b, 768 * 1024, "b1");
-    gpubuf_slab *s2 = b1->blk.slab;
+    gd_buf *a1 = alloc_ok(&e, a, 768 * 1024, "a1");
+    gd_slab *s1 = a1->blk.slab;
+    gd_buf *b1 = alloc_ok(&e, b, 768 * 1024, "b1");
+    gd_slab *s2 = b1->blk.slab;
     ck_assert_ptr_ne(s1, s2);
-    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, a, a1->id, true), 0);
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a1->id, true, &tr_err), 0);
     ck_assert_uint_eq(s1->pins, 1);
     ck_assert_uint_eq(s1->blocks, 0); /* a1 (never sealed) is gone, the slab stays */
     ck_assert_uint_eq(a->n_kept, 1);
-    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, b, b1->id, true), -EDQUOT);
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, b, b1->id, true, &tr_err), -EDQUOT);
     ck_assert_uint_eq(b->n_refs, 0); /* released all the same */
     /* s2 went (empty, and s1 is another empty slab); s1 stayed, pinned. */
     ck_assert_uint_eq(e.pool->n_slabs, 1);
     /* a's next buffer lands in its kept slab; keeping it again is a no-op,
      * and a second slab is over a's cap. */
-    gpubuf_buf *a2 = alloc_ok(&e, a, 200 * 1024, "a2");
+    gd_buf *a2 = alloc_ok(&e, a, 200 * 1024, "a2");
     ck_assert_ptr_eq(a2->blk.slab, s1);
-    gpubuf_buf *a3 = alloc_ok(&e, a, 900 * 1024, "a3");
+    gd_buf *a3 = alloc_ok(&e, a, 900 * 1024, "a3");
     ck_assert_ptr_ne(a3->blk.slab, s1);
-    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, a, a2->id, true), 0);
-    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, a, a3->id, true), -EDQUOT);
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a2->id, true, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a3->id, true, &tr_err), -EDQUOT);
     ck_assert_uint_eq(s1->pins, 1);
     ck_assert_uint_eq(a->n_kept, 1);
-    ck_assert_int_eq(gpubuf_registry_unmap(&e.reg, a, s1->id + 1000), GPUBUF_ENOTHELD);
-    ck_assert_int_eq(gpubuf_registry_unmap(&e.reg, a, s1->id), 0);
+    ck_assert_int_eq(gd_registry_unmap(&e.reg, a, s1->id + 1000, &tr_err), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_unmap(&e.reg, a, s1->id, &tr_err), 0);
     ck_assert_uint_eq(a->n_kept, 0);
     ck_assert_ptr_null(a->slabs);
-    ck_assert_int_eq(gpubuf_registry_unmap(&e.reg, a, s1->id), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_unmap(&e.reg, a, s1->id, &tr_err), GPUBUF_ENOTHELD);
     ck_assert_uint_le(e.pool->n_slabs, 1); /* the spare at most */
     /* A holder that goes unpins what it kept. */
-    gpubuf_buf *a4 = alloc_ok(&e, a, 768 * 1024, "a4");
-    gpubuf_slab *s4 = a4->blk.slab;
-    gpubuf_buf *a5 = alloc_ok(&e, a, 768 * 1024, "a5"); /* another slab: s4 cannot be the spare */
-    ck_assert_int_eq(gpubuf_registry_release_keep(&e.reg, a, a4->id, true), 0);
+    gd_buf *a4 = alloc_ok(&e, a, 768 * 1024, "a4");
+    gd_slab *s4 = a4->blk.slab;
+    gd_buf *a5 = alloc_ok(&e, a, 768 * 1024, "a5"); /* another slab: s4 cannot be the spare */
+    ck_assert_int_eq(gd_registry_release_keep(&e.reg, a, a4->id, true, &tr_err), 0);
     ck_assert_uint_eq(s4->pins, 1);
-    gpubuf_registry_holder_drop(&e.reg, a);
+    gd_registry_holder_drop(&e.reg, a);
     (void)a5;
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(e.pool->n_slabs, 1); /* one spare; the unpinned s4 or the other */
-    gpubuf_registry_holder_drop(&e.reg, b);
+    gd_registry_holder_drop(&e.reg, b);
     env_fini(&e);
 }
 END_TEST
@@ -226,13 +229,13 @@ END_TEST
 START_TEST(test_alloc_reference) {
     env e;
     env_init(&e);
-    gpubuf_holder *h = holder(&e, UID_A);
+    gd_holder *h = holder(&e, UID_A);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
 
-    gpubuf_buf *b = alloc_ok(&e, h, 1000, "frame");
+    gd_buf *b = alloc_ok(&e, h, 1000, "frame");
     ck_assert_int_eq(b->state, GPUBUF_STATE_ALLOCATED);
     ck_assert_uint_eq(b->refs, 1);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h, b->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h, b->id), 1);
     ck_assert_uint_eq(h->n_refs, 1);
     ck_assert_uint_gt(b->id, 0);
     ck_assert_str_eq(b->name, "frame");
@@ -245,29 +248,29 @@ START_TEST(test_alloc_reference) {
     ck_assert_uint_eq(e.pool->used, b->blk.size);
     ck_assert_uint_eq(e.pool->n_blocks, 1);
     ck_assert_uint_eq(e.reg.n_buffers, 1);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, b->id), b);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "frame"), b);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, b->id), b);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "frame"), b);
 
     /* An explicit alignment reaches the pool. */
-    gpubuf_buf *a = NULL;
+    gd_buf *a = NULL;
     uint64_t align = e.pool->be->granularity;
-    ck_assert_int_eq(gpubuf_registry_alloc(&e.reg, h, e.pool, 10, align, NULL, &a), 0);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 10, align, NULL, &a, &tr_err), 0);
     ck_assert_uint_eq(a->blk.offset % align, 0);
     ck_assert_uint_gt(a->id, b->id);
     ck_assert_uint_eq(h->n_refs, 2);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h, a->id), 1);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h, b->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h, a->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h, b->id), 1);
 
     /* Bad sizes and alignments: nothing is created. */
-    gpubuf_buf *x = NULL;
-    ck_assert_int_eq(gpubuf_registry_alloc(&e.reg, h, e.pool, 0, 0, "zero", &x), -EINVAL);
-    ck_assert_str_ne(e.reg.last_error, "");
-    e.reg.last_error[0] = '\0';
-    ck_assert_int_eq(gpubuf_registry_alloc(&e.reg, h, e.pool, 10, 3, "three", &x), -EINVAL);
-    ck_assert_str_ne(e.reg.last_error, "");
+    gd_buf *x = NULL;
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 0, 0, "zero", &x, &tr_err), -EINVAL);
+    ck_assert_str_ne(tr_err.msg, "");
+    tr_err.msg[0] = '\0';
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 10, 3, "three", &x, &tr_err), -EINVAL);
+    ck_assert_str_ne(tr_err.msg, "");
     ck_assert_ptr_null(x);
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "zero"));
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "three"));
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "zero"));
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "three"));
     ck_assert_uint_eq(e.reg.n_buffers, 2);
     ck_assert_uint_eq(h->n_refs, 2);
     env_fini(&e);
@@ -277,24 +280,24 @@ END_TEST
 START_TEST(test_alloc_pool_full) {
     env e;
     env_init_cap(&e, 2 * MIB);
-    gpubuf_holder *h = holder(&e, UID_A);
-    gpubuf_buf *x = NULL;
+    gd_holder *h = holder(&e, UID_A);
+    gd_buf *x = NULL;
 
-    int r = gpubuf_registry_alloc(&e.reg, h, e.pool, 3 * MIB, 0, "huge", &x);
+    int r = gd_registry_alloc(&e.reg, h, e.pool, 3 * MIB, 0, "huge", &x, &tr_err);
     ck_assert_int_eq(r, GPUBUF_EPOOLFULL);
     ck_assert_ptr_null(x);
-    ck_assert_ptr_nonnull(strstr(e.reg.last_error, "full"));
+    ck_assert_ptr_nonnull(strstr(tr_err.msg, "full"));
     /* A failed allocation takes neither a name, nor an id, nor a reference. */
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "huge"));
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "huge"));
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     ck_assert_uint_eq(h->n_refs, 0);
-    gpubuf_buf *b = alloc_ok(&e, h, MIB, "huge");
+    gd_buf *b = alloc_ok(&e, h, MIB, "huge");
     ck_assert_uint_eq(b->id, 1);
-    gpubuf_buf *c = alloc_ok(&e, h, MIB, "second");
-    ck_assert_int_eq(gpubuf_registry_alloc(&e.reg, h, e.pool, 1, 0, "third", &x), GPUBUF_EPOOLFULL);
+    gd_buf *c = alloc_ok(&e, h, MIB, "second");
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 1, 0, "third", &x, &tr_err), GPUBUF_EPOOLFULL);
     ck_assert_uint_eq(e.reg.n_buffers, 2);
     /* Releasing makes room again. */
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h, c->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, c->id, &tr_err), 0);
     alloc_ok(&e, h, 1, "third");
     (void)b;
     env_fini(&e);
@@ -306,31 +309,31 @@ END_TEST
 START_TEST(test_name_duplicate) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
-    gpubuf_buf *b = alloc_ok(&e, h1, 100, "dup");
-    gpubuf_buf *x = NULL;
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_buf *b = alloc_ok(&e, h1, 100, "dup");
+    gd_buf *x = NULL;
     uint64_t used = e.pool->used;
 
     /* Taken while allocated, by the same or another client. */
-    ck_assert_int_eq(gpubuf_registry_alloc(&e.reg, h1, e.pool, 100, 0, "dup", &x), -EEXIST);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gpubuf_registry_alloc(&e.reg, h2, e.pool, 100, 0, "dup", &x), -EEXIST);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h1, e.pool, 100, 0, "dup", &x, &tr_err), -EEXIST);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h2, e.pool, 100, 0, "dup", &x, &tr_err), -EEXIST);
     /* And while sealed. */
     seal_ok(&e, h1, b);
-    ck_assert_int_eq(gpubuf_registry_alloc(&e.reg, h2, e.pool, 100, 0, "dup", &x), -EEXIST);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h2, e.pool, 100, 0, "dup", &x, &tr_err), -EEXIST);
     ck_assert_ptr_null(x);
     ck_assert_uint_eq(e.pool->used, used);
     ck_assert_uint_eq(e.reg.n_buffers, 1);
     ck_assert_uint_eq(h2->n_refs, 0);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "dup"), b);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "dup"), b);
     /* Names are case sensitive and compared whole. */
-    gpubuf_buf *c = alloc_ok(&e, h2, 100, "DUP");
-    gpubuf_buf *d = alloc_ok(&e, h2, 100, "dup2");
-    gpubuf_buf *f = alloc_ok(&e, h2, 100, "du");
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "DUP"), c);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "dup2"), d);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "du"), f);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "dup"), b);
+    gd_buf *c = alloc_ok(&e, h2, 100, "DUP");
+    gd_buf *d = alloc_ok(&e, h2, 100, "dup2");
+    gd_buf *f = alloc_ok(&e, h2, 100, "du");
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "DUP"), c);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "dup2"), d);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "du"), f);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "dup"), b);
     env_fini(&e);
 }
 END_TEST
@@ -345,23 +348,23 @@ START_TEST(test_name_invalid) {
     };
     env e;
     env_init(&e);
-    gpubuf_holder *h = holder(&e, UID_A);
+    gd_holder *h = holder(&e, UID_A);
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        gpubuf_buf *x = NULL;
-        e.reg.last_error[0] = '\0';
-        int r = gpubuf_registry_alloc(&e.reg, h, e.pool, 64, 0, bad[i], &x);
+        gd_buf *x = NULL;
+        tr_err.msg[0] = '\0';
+        int r = gd_registry_alloc(&e.reg, h, e.pool, 64, 0, bad[i], &x, &tr_err);
         ck_assert_msg(r == -EINVAL, "name '%s': %d", bad[i], r);
-        ck_assert_str_ne(e.reg.last_error, "");
+        ck_assert_str_ne(tr_err.msg, "");
         ck_assert_ptr_null(x);
-        ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, bad[i]));
+        ck_assert_ptr_null(gd_registry_find_name(&e.reg, bad[i]));
     }
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(h->n_refs, 0);
     for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
-        gpubuf_buf *b = alloc_ok(&e, h, 64, good[i]);
+        gd_buf *b = alloc_ok(&e, h, 64, good[i]);
         ck_assert_str_eq(b->name, good[i]);
-        ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, good[i]), b);
+        ck_assert_ptr_eq(gd_registry_find_name(&e.reg, good[i]), b);
     }
     ck_assert_uint_eq(e.reg.n_buffers, sizeof(good) / sizeof(good[0]));
     env_fini(&e);
@@ -372,26 +375,26 @@ START_TEST(test_name_too_long) {
     char name[GPUBUF_NAME_MAX + 2];
     env e;
     env_init(&e);
-    gpubuf_holder *h = holder(&e, UID_A);
-    gpubuf_buf *x = NULL;
+    gd_holder *h = holder(&e, UID_A);
+    gd_buf *x = NULL;
 
     /* 256 bytes: one too many. */
     memset(name, 'n', GPUBUF_NAME_MAX + 1);
     name[GPUBUF_NAME_MAX + 1] = '\0';
     ck_assert_uint_eq(strlen(name), 256);
-    ck_assert_int_eq(gpubuf_registry_alloc(&e.reg, h, e.pool, 64, 0, name, &x), -ENAMETOOLONG);
-    ck_assert_str_ne(e.reg.last_error, "");
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 64, 0, name, &x, &tr_err), -ENAMETOOLONG);
+    ck_assert_str_ne(tr_err.msg, "");
     ck_assert_ptr_null(x);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     /* Too long and invalid: the length is what is reported. */
     name[10] = ' ';
-    ck_assert_int_eq(gpubuf_registry_alloc(&e.reg, h, e.pool, 64, 0, name, &x), -ENAMETOOLONG);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 64, 0, name, &x, &tr_err), -ENAMETOOLONG);
     /* 255 bytes is the longest accepted name. */
     memset(name, 'n', GPUBUF_NAME_MAX);
     name[GPUBUF_NAME_MAX] = '\0';
-    gpubuf_buf *b = alloc_ok(&e, h, 64, name);
+    gd_buf *b = alloc_ok(&e, h, 64, name);
     ck_assert_uint_eq(strlen(b->name), GPUBUF_NAME_MAX);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, name), b);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, name), b);
     env_fini(&e);
 }
 END_TEST
@@ -399,10 +402,10 @@ END_TEST
 START_TEST(test_anonymous) {
     env e;
     env_init(&e);
-    gpubuf_holder *h = holder(&e, UID_A);
-    gpubuf_buf *a = alloc_ok(&e, h, 64, NULL);
-    gpubuf_buf *b = alloc_ok(&e, h, 64, NULL);
-    gpubuf_buf *c = alloc_ok(&e, h, 64, ""); /* an empty name means anonymous */
+    gd_holder *h = holder(&e, UID_A);
+    gd_buf *a = alloc_ok(&e, h, 64, NULL);
+    gd_buf *b = alloc_ok(&e, h, 64, NULL);
+    gd_buf *c = alloc_ok(&e, h, 64, ""); /* an empty name means anonymous */
 
     ck_assert_ptr_null(a->name);
     ck_assert_ptr_null(b->name);
@@ -413,17 +416,18 @@ START_TEST(test_anonymous) {
     ck_assert_uint_eq(e.reg.n_buffers, 3);
     ck_assert_uint_eq(HASH_CNT(hh_name, e.reg.by_name), 0);
     ck_assert_uint_eq(HASH_CNT(hh_id, e.reg.by_id), 3);
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, ""));
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, c->id), c);
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, ""));
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, c->id), c);
     ck_assert_uint_eq(h->n_refs, 3);
 
     /* Sealed, an anonymous buffer is opened by id only. */
-    gpubuf_holder *h2 = holder(&e, UID_B);
-    gpubuf_buf *o = NULL;
+    gd_holder *h2 = holder(&e, UID_B);
+    gd_buf *o = NULL;
     seal_ok(&e, h, a);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, a->id, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, a->id, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, a);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "", 0, &o), -ENOENT);
+    /* "" is no name: the registry's name rules refuse it. */
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "", 0, &o, NULL, &tr_err), -EINVAL);
     ck_assert_uint_eq(a->refs, 2);
     env_fini(&e);
 }
@@ -434,26 +438,26 @@ END_TEST
 START_TEST(test_open_unsealed) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
-    gpubuf_buf *b = alloc_ok(&e, h1, 64, "pending");
-    gpubuf_buf *o = NULL;
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_buf *b = alloc_ok(&e, h1, 64, "pending");
+    gd_buf *o = NULL;
 
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "pending", 0, &o), -ENOENT);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, b->id, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "pending", 0, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, b->id, &o, NULL, &tr_err), -ENOENT);
     /* Not even the creator can open it before the seal. */
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h1, "pending", 0, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "pending", 0, &o, NULL, &tr_err), -ENOENT);
     /* Unknown names and ids. */
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "nothing", 0, &o), -ENOENT);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, b->id + 100, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "nothing", 0, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, b->id + 100, &o, NULL, &tr_err), -ENOENT);
     ck_assert_ptr_null(o);
     ck_assert_uint_eq(b->refs, 1);
     ck_assert_uint_eq(h1->n_refs, 1);
     ck_assert_uint_eq(h2->n_refs, 0);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, b->id), 0);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, b->id), 0);
 
     seal_ok(&e, h1, b);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "pending", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "pending", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
     env_fini(&e);
 }
@@ -462,22 +466,22 @@ END_TEST
 START_TEST(test_seal_permissions_state) {
     env e;
     env_init(&e);
-    gpubuf_holder *owner = holder(&e, UID_A);
-    gpubuf_holder *same_uid = holder(&e, UID_A);
-    gpubuf_holder *other = holder(&e, UID_B);
-    gpubuf_holder *root = holder(&e, 0);
-    gpubuf_buf *b = alloc_ok(&e, owner, 64, "s");
-    gpubuf_buf *ret = NULL;
+    gd_holder *owner = holder(&e, UID_A);
+    gd_holder *same_uid = holder(&e, UID_A);
+    gd_holder *other = holder(&e, UID_B);
+    gd_holder *root = holder(&e, 0);
+    gd_buf *b = alloc_ok(&e, owner, 64, "s");
+    gd_buf *ret = NULL;
 
     /* Only the holder that allocated it may seal, whatever its uid. */
-    ck_assert_int_eq(gpubuf_registry_seal(&e.reg, other, b->id, &ret), -EPERM);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gpubuf_registry_seal(&e.reg, same_uid, b->id, &ret), -EPERM);
-    ck_assert_int_eq(gpubuf_registry_seal(&e.reg, root, b->id, &ret), -EPERM);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, other, b->id, &ret, &tr_err), -EPERM);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_seal(&e.reg, same_uid, b->id, &ret, &tr_err), -EPERM);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, root, b->id, &ret, &tr_err), -EPERM);
     ck_assert_ptr_null(ret);
     ck_assert_int_eq(b->state, GPUBUF_STATE_ALLOCATED);
 
-    ck_assert_int_eq(gpubuf_registry_seal(&e.reg, owner, b->id, &ret), 0);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, b->id, &ret, &tr_err), 0);
     ck_assert_ptr_eq(ret, b);
     ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
     /* Sealing takes no reference. */
@@ -485,22 +489,22 @@ START_TEST(test_seal_permissions_state) {
     ck_assert_uint_eq(owner->n_refs, 1);
 
     ret = NULL;
-    e.reg.last_error[0] = '\0';
-    ck_assert_int_eq(gpubuf_registry_seal(&e.reg, owner, b->id, &ret), GPUBUF_ESTATE);
-    ck_assert_str_ne(e.reg.last_error, "");
+    tr_err.msg[0] = '\0';
+    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, b->id, &ret, &tr_err), GPUBUF_ESTATE);
+    ck_assert_str_ne(tr_err.msg, "");
     ck_assert_ptr_null(ret);
     ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
     /* Unknown id. */
-    ck_assert_int_eq(gpubuf_registry_seal(&e.reg, owner, b->id + 1, &ret), -ENOENT);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, b->id + 1, &ret, &tr_err), -ENOENT);
 
     /* A deleted (never sealed) buffer cannot be sealed any more. */
-    gpubuf_buf *d = alloc_ok(&e, owner, 64, "d");
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, owner, "d", 0), 0);
+    gd_buf *d = alloc_ok(&e, owner, 64, "d");
+    ck_assert_int_eq(gd_registry_delete(&e.reg, owner, "d", 0, &tr_err), 0);
     ck_assert_int_eq(d->state, GPUBUF_STATE_DELETED);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, d->id), d);
-    ck_assert_int_eq(gpubuf_registry_seal(&e.reg, owner, d->id, &ret), GPUBUF_ESTATE);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, d->id), d);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, owner, d->id, &ret, &tr_err), GPUBUF_ESTATE);
     ck_assert_int_eq(d->state, GPUBUF_STATE_DELETED);
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "d"));
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "d"));
     env_fini(&e);
 }
 END_TEST
@@ -508,29 +512,29 @@ END_TEST
 START_TEST(test_open_refcounts) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B), *h3 = holder(&e, UID_B);
-    gpubuf_buf *b = publish(&e, h1, 4096, "shared");
-    gpubuf_buf *c = publish(&e, h1, 4096, "other");
-    gpubuf_buf *o = NULL;
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B), *h3 = holder(&e, UID_B);
+    gd_buf *b = publish(&e, h1, 4096, "shared");
+    gd_buf *c = publish(&e, h1, 4096, "other");
+    gd_buf *o = NULL;
 
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "shared", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "shared", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
     o = NULL;
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "shared", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "shared", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
     o = NULL;
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h3, NULL, b->id, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h3, NULL, b->id, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h3, "other", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h3, "other", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, c);
     /* The creator may open its own sealed buffer too. */
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h1, NULL, b->id, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, NULL, b->id, &o, NULL, &tr_err), 0);
 
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h1, b->id), 2);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, b->id), 2);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h3, b->id), 1);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, c->id), 0);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h3, c->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h1, b->id), 2);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, b->id), 2);
+    ck_assert_uint_eq(gd_registry_holder_count(h3, b->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, c->id), 0);
+    ck_assert_uint_eq(gd_registry_holder_count(h3, c->id), 1);
     ck_assert_uint_eq(b->refs, 5);
     ck_assert_uint_eq(c->refs, 2);
     ck_assert_uint_eq(h1->n_refs, 3);
@@ -540,13 +544,13 @@ START_TEST(test_open_refcounts) {
     ck_assert_uint_eq(HASH_CNT(hh, h2->refs), 1);
 
     /* Releases undo exactly one reference each. */
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, b->id), 0);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, b->id), 1);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id, &tr_err), 0);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, b->id), 1);
     ck_assert_uint_eq(b->refs, 4);
     ck_assert_uint_eq(h2->n_refs, 1);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h3, b->id), 0);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h3, b->id), 0);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h3, c->id), 1);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h3, b->id, &tr_err), 0);
+    ck_assert_uint_eq(gd_registry_holder_count(h3, b->id), 0);
+    ck_assert_uint_eq(gd_registry_holder_count(h3, c->id), 1);
     ck_assert_uint_eq(HASH_CNT(hh, h3->refs), 1);
     ck_assert_uint_eq(b->refs, 3);
     env_fini(&e);
@@ -558,35 +562,35 @@ END_TEST
 START_TEST(test_release_not_held) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
-    gpubuf_buf *b = publish(&e, h1, 64, "r");
-    gpubuf_buf *o = NULL;
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_buf *b = publish(&e, h1, 64, "r");
+    gd_buf *o = NULL;
 
     /* h2 holds nothing yet. */
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, b->id), GPUBUF_ENOTHELD);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, 12345), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id, &tr_err), GPUBUF_ENOTHELD);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, 12345, &tr_err), GPUBUF_ENOTHELD);
     ck_assert_uint_eq(b->refs, 1);
     ck_assert_uint_eq(h1->n_refs, 1);
 
     /* Open once, release twice: the second one is refused. */
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "r", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "r", 0, &o, NULL, &tr_err), 0);
     ck_assert_uint_eq(b->refs, 2);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, b->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id, &tr_err), 0);
     ck_assert_uint_eq(b->refs, 1);
     ck_assert_uint_eq(h2->n_refs, 0);
     ck_assert_ptr_null(h2->refs);
-    e.reg.last_error[0] = '\0';
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, b->id), GPUBUF_ENOTHELD);
-    ck_assert_str_ne(e.reg.last_error, "");
+    tr_err.msg[0] = '\0';
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, b->id, &tr_err), GPUBUF_ENOTHELD);
+    ck_assert_str_ne(tr_err.msg, "");
     ck_assert_uint_eq(b->refs, 1);
     ck_assert_uint_eq(h2->n_refs, 0);
     /* h1's reference was never touched. */
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h1, b->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h1, b->id), 1);
 
     /* The same for the creator: double release of a sealed named buffer. */
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h1, b->id), 0);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h1, b->id), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, b->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, b->id, &tr_err), GPUBUF_ENOTHELD);
     ck_assert_uint_eq(b->refs, 0);
     ck_assert_uint_eq(h1->n_refs, 0);
     env_fini(&e);
@@ -596,15 +600,15 @@ END_TEST
 START_TEST(test_named_sealed_persists) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_A);
-    gpubuf_buf *b = publish(&e, h1, 5000, "keep");
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_A);
+    gd_buf *b = publish(&e, h1, 5000, "keep");
     uint64_t id = b->id, blk = b->blk.size;
-    gpubuf_buf *o = NULL;
+    gd_buf *o = NULL;
 
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h1, id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, id, &tr_err), 0);
     /* No references left, but still published. */
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "keep"), b);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, id), b);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "keep"), b);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, id), b);
     ck_assert_uint_eq(b->refs, 0);
     ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
     ck_assert_uint_eq(e.pool->used, blk);
@@ -612,29 +616,29 @@ START_TEST(test_named_sealed_persists) {
     ck_assert_uint_eq(e.reg.freed_buffers, 0);
 
     /* Another client opens and releases it: it still stays. */
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "keep", 0, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "keep", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, b);
     ck_assert_uint_eq(b->refs, 1);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, id), 0);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "keep"), b);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), 0);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "keep"), b);
     ck_assert_uint_eq(e.pool->used, blk);
 
     /* Deleted with no references: the memory goes back at once. */
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h2, "keep", 0), 0);
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "keep"));
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, id));
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, "keep", 0, &tr_err), 0);
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "keep"));
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, id));
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(e.pool->n_blocks, 0);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     ck_assert_uint_eq(e.reg.freed_buffers, 1);
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h2, "keep", 0), -ENOENT);
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h2, NULL, id), -ENOENT);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, id, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, "keep", 0, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, NULL, id, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), -ENOENT);
     /* The same again, deleting by id. */
     b = publish(&e, h1, 10, "keep");
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h1, b->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, b->id, &tr_err), 0);
     ck_assert_uint_eq(e.pool->n_blocks, 1);
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h1, NULL, b->id), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, b->id, &tr_err), 0);
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(e.reg.freed_buffers, 2);
     env_fini(&e);
@@ -644,29 +648,29 @@ END_TEST
 START_TEST(test_anonymous_freed_with_last_ref) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
-    gpubuf_buf *b = publish(&e, h1, 3000, NULL);
-    gpubuf_buf *keep = publish(&e, h1, 100, "other");
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_buf *b = publish(&e, h1, 3000, NULL);
+    gd_buf *keep = publish(&e, h1, 100, "other");
     uint64_t id = b->id, keep_used = keep->blk.size;
-    gpubuf_buf *o = NULL;
+    gd_buf *o = NULL;
 
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, id, &o), 0);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, id, &o), 0);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h1, id), 0);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, id), b);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, id, &tr_err), 0);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, id), b);
     ck_assert_uint_eq(b->refs, 2);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, id), 0);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, id), b);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), 0);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, id), b);
     ck_assert_uint_eq(e.reg.freed_buffers, 0);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), 0);
     /* The last reference took the buffer with it. */
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, id));
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, id));
     ck_assert_uint_eq(e.pool->used, keep_used);
     ck_assert_uint_eq(e.pool->n_blocks, 1);
     ck_assert_uint_eq(e.reg.n_buffers, 1);
     ck_assert_uint_eq(e.reg.freed_buffers, 1);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, id, &o), -ENOENT);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, id), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), GPUBUF_ENOTHELD);
     env_fini(&e);
 }
 END_TEST
@@ -674,24 +678,24 @@ END_TEST
 START_TEST(test_unsealed_freed_with_last_ref) {
     env e;
     env_init(&e);
-    gpubuf_holder *h = holder(&e, UID_A);
-    gpubuf_buf *a = alloc_ok(&e, h, 64, NULL);
-    gpubuf_buf *n = alloc_ok(&e, h, 64, "draft");
+    gd_holder *h = holder(&e, UID_A);
+    gd_buf *a = alloc_ok(&e, h, 64, NULL);
+    gd_buf *n = alloc_ok(&e, h, 64, "draft");
     uint64_t aid = a->id, nid = n->id;
 
     /* A buffer never sealed cannot be reached by anyone else: its creator's
      * release frees it, named or not. */
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h, aid), 0);
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, aid));
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h, nid), 0);
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, nid));
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "draft"));
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, aid, &tr_err), 0);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, aid));
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, nid, &tr_err), 0);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, nid));
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "draft"));
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     ck_assert_uint_eq(e.reg.freed_buffers, 2);
     ck_assert_uint_eq(h->n_refs, 0);
     /* The name is free again. */
-    gpubuf_buf *again = alloc_ok(&e, h, 64, "draft");
+    gd_buf *again = alloc_ok(&e, h, 64, "draft");
     ck_assert_uint_gt(again->id, nid);
     env_fini(&e);
 }
@@ -702,56 +706,56 @@ END_TEST
 START_TEST(test_delete_while_referenced) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B), *h3 = holder(&e, UID_B);
-    gpubuf_buf *b = publish(&e, h1, 8192, "d");
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B), *h3 = holder(&e, UID_B);
+    gd_buf *b = publish(&e, h1, 8192, "d");
     uint64_t id = b->id, blk = b->blk.size;
-    gpubuf_buf *o = NULL;
+    gd_buf *o = NULL;
 
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "d", 0, &o), 0);
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h1, "d", 0), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "d", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "d", 0, &tr_err), 0);
     ck_assert_int_eq(b->state, GPUBUF_STATE_DELETED);
     ck_assert(!b->in_name_index);
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "d"));
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, id), b);
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "d"));
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, id), b);
     ck_assert_uint_eq(b->refs, 2);
     ck_assert_uint_eq(e.pool->used, blk);
     /* Nobody can take a new reference, by name or by id. */
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h3, "d", 0, &o), -ENOENT);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h3, NULL, id, &o), -ENOENT);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, id, &o), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h3, "d", 0, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h3, NULL, id, &o, NULL, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, id, &o, NULL, &tr_err), -ENOENT);
     ck_assert_uint_eq(b->refs, 2);
     /* A second delete finds nothing. */
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h1, "d", 0), -ENOENT);
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h1, NULL, id), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "d", 0, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, id, &tr_err), -ENOENT);
 
     /* The name can be reused at once. */
-    gpubuf_buf *n = publish(&e, h3, 100, "d");
+    gd_buf *n = publish(&e, h3, 100, "d");
     ck_assert_ptr_ne(n, b);
     ck_assert_uint_ne(n->id, id);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "d"), n);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "d", 0, &o), 0);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "d"), n);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "d", 0, &o, NULL, &tr_err), 0);
     ck_assert_ptr_eq(o, n);
     ck_assert_uint_eq(e.pool->used, blk + n->blk.size);
 
     /* The old buffer goes with its last reference, the new one stays. */
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h1, id), 0);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, id), b);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, id, &tr_err), 0);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, id), b);
     ck_assert_uint_eq(e.pool->used, blk + n->blk.size);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, id), 0);
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, id));
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, id, &tr_err), 0);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, id));
     ck_assert_uint_eq(e.pool->used, n->blk.size);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "d"), n);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "d"), n);
     ck_assert_int_eq(n->state, GPUBUF_STATE_SEALED);
     ck_assert_uint_eq(n->refs, 2);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, n->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, n->id), 1);
 
     /* An anonymous buffer deleted by id while referenced behaves alike. */
-    gpubuf_buf *a = publish(&e, h1, 64, NULL);
+    gd_buf *a = publish(&e, h1, 64, NULL);
     uint64_t aid = a->id;
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h1, NULL, aid), 0);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, aid), a);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h1, aid), 0);
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, aid));
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, aid, &tr_err), 0);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, aid), a);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, aid, &tr_err), 0);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, aid));
     ck_assert_uint_eq(e.pool->used, n->blk.size);
     env_fini(&e);
 }
@@ -760,29 +764,29 @@ END_TEST
 START_TEST(test_delete_permissions) {
     env e;
     env_init(&e);
-    gpubuf_holder *owner = holder(&e, UID_A), *other = holder(&e, UID_B);
-    gpubuf_holder *same_uid = holder(&e, UID_A), *root = holder(&e, 0);
-    gpubuf_buf *b = publish(&e, owner, 64, "p");
-    gpubuf_buf *c = publish(&e, owner, 64, "q");
+    gd_holder *owner = holder(&e, UID_A), *other = holder(&e, UID_B);
+    gd_holder *same_uid = holder(&e, UID_A), *root = holder(&e, 0);
+    gd_buf *b = publish(&e, owner, 64, "p");
+    gd_buf *c = publish(&e, owner, 64, "q");
 
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, other, "p", 0), -EPERM);
-    ck_assert_str_ne(e.reg.last_error, "");
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, other, NULL, b->id), -EPERM);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, other, "p", 0, &tr_err), -EPERM);
+    ck_assert_str_ne(tr_err.msg, "");
+    ck_assert_int_eq(gd_registry_delete(&e.reg, other, NULL, b->id, &tr_err), -EPERM);
     ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "p"), b);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "p"), b);
     /* Root may delete anything. */
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, root, "p", 0), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, root, "p", 0, &tr_err), 0);
     ck_assert_int_eq(b->state, GPUBUF_STATE_DELETED);
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "p"));
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "p"));
     /* Ownership is by uid: another client of the same user may delete. */
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, same_uid, NULL, c->id), 0);
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "q"));
+    ck_assert_int_eq(gd_registry_delete(&e.reg, same_uid, NULL, c->id, &tr_err), 0);
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "q"));
     /* Unknown names. */
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, root, "nope", 0), -ENOENT);
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, root, NULL, 999), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, root, "nope", 0, &tr_err), -ENOENT);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, root, NULL, 999, &tr_err), -ENOENT);
     ck_assert_uint_eq(e.reg.n_buffers, 2); /* still referenced by owner */
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, owner, b->id), 0);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, owner, c->id), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, owner, b->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, owner, c->id, &tr_err), 0);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     ck_assert_uint_eq(e.pool->used, 0);
     env_fini(&e);
@@ -794,19 +798,19 @@ END_TEST
 START_TEST(test_holder_drop) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
-    gpubuf_buf *u = alloc_ok(&e, h1, 4096, "unsealed");
-    gpubuf_buf *ua = alloc_ok(&e, h1, 4096, NULL);
-    gpubuf_buf *s = publish(&e, h1, 4096, "sealed");
-    gpubuf_buf *x = publish(&e, h1, 4096, NULL);
-    gpubuf_buf *o = NULL;
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_buf *u = alloc_ok(&e, h1, 4096, "unsealed");
+    gd_buf *ua = alloc_ok(&e, h1, 4096, NULL);
+    gd_buf *s = publish(&e, h1, 4096, "sealed");
+    gd_buf *x = publish(&e, h1, 4096, NULL);
+    gd_buf *o = NULL;
     uint64_t uid = u->id, uaid = ua->id, sid = s->id, xid = x->id;
     test_waiter w1a, w1b, w2;
 
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h1, "sealed", 0, &o), 0);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h1, "sealed", 0, &o), 0);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "sealed", 0, &o), 0);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, xid, &o), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "sealed", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "sealed", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "sealed", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, xid, &o, NULL, &tr_err), 0);
     tw_wait(&e, &w1a, h1, "later", 0);
     tw_wait(&e, &w1b, h1, NULL, 777);
     tw_wait(&e, &w2, h2, "unsealed", 0);
@@ -815,7 +819,7 @@ START_TEST(test_holder_drop) {
     ck_assert_uint_eq(e.reg.n_waiters, 3);
     ck_assert_uint_eq(holder_total(&e.reg), 2);
 
-    gpubuf_registry_holder_drop(&e.reg, h1);
+    gd_registry_holder_drop(&e.reg, h1);
     /* Its waits were cancelled, each once, without a wake. */
     ck_assert_int_eq(w1a.cancelled, 1);
     ck_assert_int_eq(w1b.cancelled, 1);
@@ -825,32 +829,32 @@ START_TEST(test_holder_drop) {
     ck_assert_ptr_eq(e.reg.waiters, &w2.w);
     ck_assert_uint_eq(holder_total(&e.reg), 1);
     /* Never-sealed buffers went with their creator. */
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, uid));
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, uaid));
-    ck_assert_ptr_null(gpubuf_registry_find_name(&e.reg, "unsealed"));
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, uid));
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, uaid));
+    ck_assert_ptr_null(gd_registry_find_name(&e.reg, "unsealed"));
     /* Sealed ones keep the other client's references. */
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, sid), s);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, sid), s);
     ck_assert_uint_eq(s->refs, 1);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, xid), x);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, xid), x);
     ck_assert_uint_eq(x->refs, 1);
     ck_assert_uint_eq(e.reg.n_buffers, 2);
     ck_assert_uint_eq(e.pool->used, s->blk.size + x->blk.size);
     ck_assert_uint_eq(e.pool->n_blocks, 2);
 
-    gpubuf_registry_holder_drop(&e.reg, h2);
+    gd_registry_holder_drop(&e.reg, h2);
     ck_assert_int_eq(w2.cancelled, 1);
     ck_assert_int_eq(w2.woken, 0);
     ck_assert_uint_eq(e.reg.n_waiters, 0);
     ck_assert_ptr_null(e.reg.waiters);
     ck_assert_uint_eq(holder_total(&e.reg), 0);
     /* The anonymous one had no references left; the named sealed one stays. */
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, xid));
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "sealed"), s);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, xid));
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "sealed"), s);
     ck_assert_uint_eq(s->refs, 0);
     ck_assert_uint_eq(e.pool->used, s->blk.size);
 
-    gpubuf_holder *root = holder(&e, 0);
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, root, "sealed", 0), 0);
+    gd_holder *root = holder(&e, 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, root, "sealed", 0, &tr_err), 0);
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     env_fini(&e);
@@ -862,18 +866,18 @@ END_TEST
 START_TEST(test_holder_drop_other_buffers) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_A);
-    gpubuf_buf *mine = alloc_ok(&e, h1, 64, "mine");
-    gpubuf_buf *theirs = alloc_ok(&e, h2, 64, "theirs");
-    gpubuf_buf *gone = alloc_ok(&e, h1, 64, "gone");
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_A);
+    gd_buf *mine = alloc_ok(&e, h1, 64, "mine");
+    gd_buf *theirs = alloc_ok(&e, h2, 64, "theirs");
+    gd_buf *gone = alloc_ok(&e, h1, 64, "gone");
     uint64_t mine_id = mine->id, gone_id = gone->id;
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h1, "gone", 0), 0);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, gone_id), gone);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "gone", 0, &tr_err), 0);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, gone_id), gone);
 
-    gpubuf_registry_holder_drop(&e.reg, h1);
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, mine_id));
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, gone_id));
-    ck_assert_ptr_eq(gpubuf_registry_find_name(&e.reg, "theirs"), theirs);
+    gd_registry_holder_drop(&e.reg, h1);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, mine_id));
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, gone_id));
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "theirs"), theirs);
     ck_assert_int_eq(theirs->state, GPUBUF_STATE_ALLOCATED);
     ck_assert_uint_eq(theirs->refs, 1);
     ck_assert_uint_eq(e.pool->used, theirs->blk.size);
@@ -888,9 +892,9 @@ END_TEST
 START_TEST(test_wait_name) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B), *h3 = holder(&e, UID_B);
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B), *h3 = holder(&e, UID_B);
     test_waiter a, a2, other, byid, longer;
-    gpubuf_buf *b = alloc_ok(&e, h1, 256, "w");
+    gd_buf *b = alloc_ok(&e, h1, 256, "w");
 
     tw_wait(&e, &a, h2, "w", 0);
     tw_wait(&e, &a2, h2, "w", 0);
@@ -900,8 +904,8 @@ START_TEST(test_wait_name) {
     ck_assert_uint_eq(e.reg.n_waiters, 5);
 
     /* Sealing an anonymous buffer or another name wakes none of them. */
-    gpubuf_buf *anon = publish(&e, h1, 64, NULL);
-    gpubuf_buf *wrong = publish(&e, h1, 64, "w2");
+    gd_buf *anon = publish(&e, h1, 64, NULL);
+    gd_buf *wrong = publish(&e, h1, 64, "w2");
     ck_assert_int_eq(a.woken + a2.woken + other.woken + byid.woken + longer.woken, 0);
     ck_assert_uint_eq(e.reg.n_waiters, 5);
     ck_assert_uint_eq(anon->refs, 1);
@@ -920,8 +924,8 @@ START_TEST(test_wait_name) {
     ck_assert_uint_ge(byid.count_at_wake, 1);
     ck_assert(a.unlinked_at_wake && a2.unlinked_at_wake && byid.unlinked_at_wake);
     ck_assert_int_eq(a.cancelled + a2.cancelled + byid.cancelled, 0);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, b->id), 2);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h3, b->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, b->id), 2);
+    ck_assert_uint_eq(gd_registry_holder_count(h3, b->id), 1);
     ck_assert_uint_eq(b->refs, 4);
     ck_assert_uint_eq(h2->n_refs, 2);
     ck_assert_ptr_null(h2->waiters);
@@ -929,30 +933,30 @@ START_TEST(test_wait_name) {
     ck_assert_int_eq(other.woken + other.cancelled, 0);
     ck_assert_int_eq(longer.woken + longer.cancelled, 0);
     ck_assert_uint_eq(e.reg.n_waiters, 2);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h3, wrong->id), 0);
+    ck_assert_uint_eq(gd_registry_holder_count(h3, wrong->id), 0);
 
     /* The woken references are real: released like opened ones. */
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h3, b->id), 0);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h3, b->id), GPUBUF_ENOTHELD);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h3, b->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h3, b->id, &tr_err), GPUBUF_ENOTHELD);
     ck_assert_uint_eq(b->refs, 3);
 
     /* Destroying the registry cancels the waits still pending. */
-    gpubuf_registry_destroy(&e.reg);
+    gd_registry_destroy(&e.reg);
     ck_assert_int_eq(other.cancelled, 1);
     ck_assert_int_eq(longer.cancelled, 1);
     ck_assert_int_eq(a.cancelled + a2.cancelled + byid.cancelled, 0);
     ck_assert_uint_eq(e.pool->used, 0);
-    gpubuf_pool_free(e.pool);
+    gd_pool_free(e.pool);
 }
 END_TEST
 
 START_TEST(test_wait_id) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
-    gpubuf_buf *x = alloc_ok(&e, h1, 64, NULL);
-    gpubuf_buf *y = alloc_ok(&e, h1, 64, NULL);
-    gpubuf_buf *named = alloc_ok(&e, h1, 64, "named");
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_buf *x = alloc_ok(&e, h1, 64, NULL);
+    gd_buf *y = alloc_ok(&e, h1, 64, NULL);
+    gd_buf *named = alloc_ok(&e, h1, 64, "named");
     test_waiter wy, wn;
 
     tw_wait(&e, &wy, h2, NULL, y->id);
@@ -964,7 +968,7 @@ START_TEST(test_wait_id) {
     ck_assert_int_eq(wy.woken, 1);
     ck_assert_uint_eq(wy.buf_id, y->id);
     ck_assert_uint_eq(wy.count_at_wake, 1);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, y->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, y->id), 1);
     ck_assert_uint_eq(y->refs, 2);
     ck_assert_int_eq(wn.woken, 0);
     /* A named buffer can be waited for by id too. */
@@ -976,10 +980,10 @@ START_TEST(test_wait_id) {
     ck_assert_uint_eq(h2->n_refs, 2);
 
     /* The creator lets go: the waiter's reference keeps y alive. */
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h1, y->id), 0);
-    ck_assert_ptr_eq(gpubuf_registry_find_id(&e.reg, wy.buf_id), y);
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h2, wy.buf_id), 0);
-    ck_assert_ptr_null(gpubuf_registry_find_id(&e.reg, wy.buf_id));
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, y->id, &tr_err), 0);
+    ck_assert_ptr_eq(gd_registry_find_id(&e.reg, wy.buf_id), y);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h2, wy.buf_id, &tr_err), 0);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, wy.buf_id));
     env_fini(&e);
 }
 END_TEST
@@ -988,20 +992,20 @@ END_TEST
 START_TEST(test_wait_reused_name) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
-    gpubuf_buf *old = publish(&e, h1, 64, "cam");
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_buf *old = publish(&e, h1, 64, "cam");
     test_waiter w;
 
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h1, "cam", 0), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "cam", 0, &tr_err), 0);
     tw_wait(&e, &w, h2, "cam", 0);
-    gpubuf_buf *n = alloc_ok(&e, h1, 64, "cam");
+    gd_buf *n = alloc_ok(&e, h1, 64, "cam");
     ck_assert_int_eq(w.woken, 0);
     seal_ok(&e, h1, n);
     ck_assert_int_eq(w.woken, 1);
     ck_assert_ptr_eq(w.buf, n);
     ck_assert_ptr_ne(w.buf, old);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, n->id), 1);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, old->id), 0);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, n->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, old->id), 0);
     ck_assert_uint_eq(old->refs, 1);
     env_fini(&e);
 }
@@ -1010,9 +1014,9 @@ END_TEST
 START_TEST(test_unwait) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
     test_waiter w1, w2, w3, w4;
-    gpubuf_buf *b = alloc_ok(&e, h1, 64, "u");
+    gd_buf *b = alloc_ok(&e, h1, 64, "u");
 
     tw_wait(&e, &w1, h2, "u", 0);
     tw_wait(&e, &w2, h2, "u", 0);
@@ -1021,15 +1025,17 @@ START_TEST(test_unwait) {
     ck_assert_uint_eq(e.reg.n_waiters, 4);
 
     /* Remove one from the middle, the head and the tail of the lists. */
-    gpubuf_registry_unwait(&e.reg, &w2.w);
+    gd_registry_unwait(&e.reg, &w2.w);
     ck_assert_uint_eq(e.reg.n_waiters, 3);
     ck_assert(waiter_unlinked(&w2.w));
-    gpubuf_registry_unwait(&e.reg, &w4.w); /* the most recent: list head */
-    gpubuf_registry_unwait(&e.reg, &w1.w); /* the oldest: list tail */
+    gd_registry_unwait(&e.reg, &w4.w); /* the most recent: list head */
+    gd_registry_unwait(&e.reg, &w1.w); /* the oldest: list tail */
     ck_assert_uint_eq(e.reg.n_waiters, 1);
     ck_assert_ptr_eq(e.reg.waiters, &w3.w);
     ck_assert_ptr_eq(h2->waiters, &w3.w);
-    ck_assert(waiter_unlinked(&w3.w));
+    /* The only one left: nothing after it in either list. */
+    ck_assert_ptr_null(w3.w.next);
+    ck_assert_ptr_null(w3.w.hnext);
     /* No callback for removed waiters. */
     ck_assert_int_eq(w1.woken + w1.cancelled + w2.woken + w2.cancelled, 0);
     ck_assert_int_eq(w4.woken + w4.cancelled, 0);
@@ -1037,7 +1043,7 @@ START_TEST(test_unwait) {
     seal_ok(&e, h1, b);
     ck_assert_int_eq(w3.woken, 1);
     ck_assert_int_eq(w1.woken + w2.woken + w4.woken, 0);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, b->id), 1);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, b->id), 1);
     ck_assert_uint_eq(b->refs, 2);
     ck_assert_uint_eq(e.reg.n_waiters, 0);
     ck_assert_ptr_null(e.reg.waiters);
@@ -1046,8 +1052,8 @@ START_TEST(test_unwait) {
     /* Unwaiting the last waiter leaves nothing to cancel on drop. */
     test_waiter w5;
     tw_wait(&e, &w5, h2, "never", 0);
-    gpubuf_registry_unwait(&e.reg, &w5.w);
-    gpubuf_registry_holder_drop(&e.reg, h2);
+    gd_registry_unwait(&e.reg, &w5.w);
+    gd_registry_holder_drop(&e.reg, h2);
     ck_assert_int_eq(w5.cancelled + w5.woken, 0);
     ck_assert_uint_eq(b->refs, 1);
     env_fini(&e);
@@ -1056,18 +1062,18 @@ END_TEST
 
 /* Waiters on the heap, freed by their own wake() as a session would. */
 typedef struct heap_waiter {
-    gpubuf_waiter w;
+    gd_waiter w;
     int *wakes;
     uint64_t *ids;
 } heap_waiter;
 
-static void hw_wake(gpubuf_waiter *w, gpubuf_buf *b) {
+static void hw_wake(gd_waiter *w, gd_buf *b) {
     heap_waiter *hw = (heap_waiter *)w;
     hw->ids[(*hw->wakes)++] = b->id;
     free(hw);
 }
 
-static void hw_cancel(gpubuf_waiter *w) {
+static void hw_cancel(gd_waiter *w) {
     free(w);
 }
 
@@ -1075,8 +1081,8 @@ START_TEST(test_wake_frees_waiter) {
     enum { N = 6 };
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
-    gpubuf_buf *b = alloc_ok(&e, h1, 64, "freed");
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_buf *b = alloc_ok(&e, h1, 64, "freed");
     int wakes = 0;
     uint64_t ids[N + 1];
     char name[] = "freed";
@@ -1091,17 +1097,17 @@ START_TEST(test_wake_frees_waiter) {
         hw->w.cancel = hw_cancel;
         hw->wakes = &wakes;
         hw->ids = ids;
-        gpubuf_registry_wait(&e.reg, &hw->w);
+        gd_registry_wait(&e.reg, &hw->w);
     }
     seal_ok(&e, h1, b);
     ck_assert_int_eq(wakes, N);
     for (int i = 0; i < N; i++)
         ck_assert_uint_eq(ids[i], b->id);
-    ck_assert_uint_eq(gpubuf_registry_holder_count(h2, b->id), N);
+    ck_assert_uint_eq(gd_registry_holder_count(h2, b->id), N);
     ck_assert_uint_eq(b->refs, N + 1);
     ck_assert_uint_eq(e.reg.n_waiters, 1);
     /* The one left (by id, never sealed) is freed by its cancel on drop. */
-    gpubuf_registry_holder_drop(&e.reg, h2);
+    gd_registry_holder_drop(&e.reg, h2);
     ck_assert_uint_eq(e.reg.n_waiters, 0);
     ck_assert_uint_eq(b->refs, 1);
     env_fini(&e);
@@ -1113,23 +1119,23 @@ END_TEST
 START_TEST(test_destroy_frees_everything) {
     env e;
     env_init(&e);
-    gpubuf_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
-    gpubuf_holder *idle = holder(&e, UID_B);
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_holder *idle = holder(&e, UID_B);
     test_waiter w1, w2, w3;
-    gpubuf_buf *o = NULL;
+    gd_buf *o = NULL;
 
-    gpubuf_buf *s = publish(&e, h1, 100000, "sealed");
+    gd_buf *s = publish(&e, h1, 100000, "sealed");
     publish(&e, h1, 3 * MIB / 2, "big"); /* a dedicated slab */
     alloc_ok(&e, h1, 2000, "unsealed");
     alloc_ok(&e, h2, 3000, NULL);
-    gpubuf_buf *x = publish(&e, h2, 4000, NULL);
-    gpubuf_buf *orphan = publish(&e, h1, 500, "orphan");
-    gpubuf_buf *del = publish(&e, h1, 700, "deleted");
-    ck_assert_int_eq(gpubuf_registry_release(&e.reg, h1, orphan->id), 0);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, NULL, del->id, &o), 0);
-    ck_assert_int_eq(gpubuf_registry_delete(&e.reg, h1, "deleted", 0), 0);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h2, "sealed", 0, &o), 0);
-    ck_assert_int_eq(gpubuf_registry_open(&e.reg, h1, NULL, x->id, &o), 0);
+    gd_buf *x = publish(&e, h2, 4000, NULL);
+    gd_buf *orphan = publish(&e, h1, 500, "orphan");
+    gd_buf *del = publish(&e, h1, 700, "deleted");
+    ck_assert_int_eq(gd_registry_release(&e.reg, h1, orphan->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, NULL, del->id, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h1, "deleted", 0, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "sealed", 0, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, NULL, x->id, &o, NULL, &tr_err), 0);
     tw_wait(&e, &w1, h2, "later", 0);
     tw_wait(&e, &w2, h2, NULL, 999);
     tw_wait(&e, &w3, h1, "later", 0);
@@ -1139,7 +1145,7 @@ START_TEST(test_destroy_frees_everything) {
     ck_assert_uint_eq(s->refs, 2);
     (void)idle;
 
-    gpubuf_registry_destroy(&e.reg);
+    gd_registry_destroy(&e.reg);
     ck_assert_int_eq(w1.cancelled, 1);
     ck_assert_int_eq(w2.cancelled, 1);
     ck_assert_int_eq(w3.cancelled, 1);
@@ -1154,7 +1160,7 @@ START_TEST(test_destroy_frees_everything) {
     ck_assert_uint_eq(e.pool->n_blocks, 0);
     /* Only the spare slab is left; the dedicated one went back. */
     ck_assert_uint_le(e.pool->n_slabs, 1);
-    gpubuf_pool_free(e.pool);
+    gd_pool_free(e.pool);
 }
 END_TEST
 
@@ -1162,11 +1168,11 @@ END_TEST
 START_TEST(test_destroy_empty_and_reinit) {
     env e;
     env_init(&e);
-    gpubuf_registry_destroy(&e.reg);
-    gpubuf_registry_init(&e.reg);
-    gpubuf_holder *h = holder(&e, UID_A);
+    gd_registry_destroy(&e.reg);
+    gd_registry_init(&e.reg);
+    gd_holder *h = holder(&e, UID_A);
     ck_assert_uint_eq(h->id, 1);
-    gpubuf_buf *b = publish(&e, h, 64, "again");
+    gd_buf *b = publish(&e, h, 64, "again");
     ck_assert_uint_eq(b->id, 1);
     env_fini(&e);
 }
@@ -1214,9 +1220,5 @@ static Suite *registry_suite(void) {
 }
 
 int main(void) {
-    SRunner *sr = srunner_create(registry_suite());
-    srunner_run_all(sr, CK_NORMAL);
-    int failures = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failures ? 1 : 0;
+    return run_suite(registry_suite());
 }

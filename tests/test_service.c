@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "harness.h"
+#include "check_main.h"
 
 static char dir[64];
 
@@ -164,7 +165,16 @@ START_TEST(sighup_reloads_limits) {
     snprintf(path, sizeof(path), "%s/d.sock", dir);
     write_conf(conf, "[daemon]\nmax_clients = 1\n[pool:h]\nkind = host\ncapacity = 64M\n");
     const char *args[] = {"--socket", path, "--config", conf, NULL};
+#ifdef GPUBUF_TEST_SYSTEMD
+    /* READY=1 after each reload says it is done. */
+    char nsock[128];
+    snprintf(nsock, sizeof(nsock), "%s/notify.sock", dir);
+    int nfd = unix_socket(SOCK_DGRAM, nsock);
+    pid_t p = spawn_daemon(args, -1, nsock, NULL);
+    ck_assert(expect_notify(nfd, "READY=1", 5000));
+#else
     pid_t p = spawn_daemon(args, -1, NULL, NULL);
+#endif
     gpubuf_client *a, *b = NULL;
     ck_assert(connect_retry(path, &a));
     /* One client allowed: the second is turned away. */
@@ -172,6 +182,9 @@ START_TEST(sighup_reloads_limits) {
     write_conf(conf, "[daemon]\nmax_clients = 8\n[pool:h]\nkind = host\ncapacity = 64M\n");
     kill(p, SIGHUP);
     ck_assert(connect_retry(path, &b));
+#ifdef GPUBUF_TEST_SYSTEMD
+    ck_assert(expect_notify(nfd, "READY=1", 5000));
+#endif
     /* The first client was not disturbed. */
     gpubuf_buffer *x;
     ck_assert_int_eq(gpubuf_alloc(a, "h", 4096, NULL, &x), 0);
@@ -179,13 +192,20 @@ START_TEST(sighup_reloads_limits) {
     /* A broken file keeps the running configuration. */
     write_conf(conf, "[daemon]\nmax_clients = zero\n");
     kill(p, SIGHUP);
+#ifdef GPUBUF_TEST_SYSTEMD
+    ck_assert(expect_notify(nfd, "READY=1", 5000)); /* the reload was refused */
+#else
     usleep(100000);
+#endif
     gpubuf_client *c3;
     ck_assert_int_eq(gpubuf_connect(path, &c3), 0);
     gpubuf_disconnect(c3);
     gpubuf_disconnect(a);
     gpubuf_disconnect(b);
     ck_assert_int_eq(stop(p), 0);
+#ifdef GPUBUF_TEST_SYSTEMD
+    close(nfd);
+#endif
 }
 END_TEST
 
@@ -319,9 +339,5 @@ int main(void) {
     tcase_add_test(t, metrics_parse_as_prometheus_text);
     tcase_add_test(t, gpubufctl_filters);
     suite_add_tcase(s, t);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

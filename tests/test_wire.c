@@ -15,6 +15,7 @@
 #include "gpubuf/gpubuf.h"
 #include "util.h"
 #include "wire.h"
+#include "check_main.h"
 
 static void pair(int sv[2]) {
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
@@ -295,9 +296,5 @@ int main(void) {
     tcase_add_test(u, error_strings);
     tcase_add_test(u, format_helpers);
     suite_add_tcase(s, u);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

@@ -14,33 +14,33 @@
 #include "backend.h"
 #include "log.h"
 #include "pool.h"
-#include "server.h"
+#include "daemon.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static uv_loop_t loop;
-static gpubuf_server srv;
+static gd_daemon d;
 static char sock_path[108];
 
 static void setup(void) {
     static int done;
-    gpubuf_backend *be;
-    gpubuf_pool *pool;
-    char err[256];
+    gd_backend *be;
+    gd_pool *pool;
     if (done)
         return;
     done = 1;
-    gpubuf_log_level = -1; /* quiet */
+    gd_log_level = -1; /* quiet */
     uv_loop_init(&loop);
-    gpubuf_server_init(&srv, &loop);
-    srv.limits.max_waiters_per_client = 8;
+    if (gd_daemon_init(&d, &loop) < 0)
+        abort();
+    d.ctx.limits.max_waiters_per_client = 8;
     /* Deadlines do not fire inside one input's short run. */
-    if (gpubuf_backend_host_new(&be, err, sizeof(err)) < 0 ||
-        gpubuf_pool_new("host", be, 64u << 20, 1u << 20, &srv.slab_ids, &pool) < 0 ||
-        gpubuf_server_add_pool(&srv, pool) < 0)
+    if (gd_backend_host_new(&be, NULL) < 0 ||
+        gd_pool_new("host", be, 64u << 20, 1u << 20, &d.ctx.slab_ids, &pool, NULL) < 0 ||
+        gd_context_add_pool(&d.ctx, pool) < 0)
         abort();
     snprintf(sock_path, sizeof(sock_path), "/tmp/gpubuf-fuzz-%d.sock", (int)getpid());
-    if (gpubuf_server_listen_path(&srv, sock_path, 0600) < 0)
+    if (gd_server_listen_path(&d.srv, sock_path, 0600) < 0)
         abort();
 }
 
@@ -78,9 +78,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     close(fd);
     /* Let the daemon notice the hang-up and reap the session. */
-    for (int i = 0; i < 100 && srv.n_sessions > 0; i++)
+    for (int i = 0; i < 100 && d.srv.n_conns > 0; i++)
         uv_run(&loop, UV_RUN_NOWAIT);
-    if (srv.n_sessions != 0)
+    if (d.srv.n_conns != 0)
         abort(); /* a session outlived its connection */
     return 0;
 }

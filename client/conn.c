@@ -1,0 +1,242 @@
+/* libgpubuf-client: the connection's stream. Requests out, replies in (read
+ * ahead, in order, with the fds they carry), asynchronous requests settled
+ * before the next synchronous reply, and the per-thread error message. */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "wire.h"
+
+static _Thread_local char tl_error[512];
+
+void gpubuf__set_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tl_error, sizeof(tl_error), fmt, ap);
+    va_end(ap);
+}
+
+GPUBUF_EXTERN const char *gpubuf_last_error_message(void) {
+    return tl_error;
+}
+
+/* Most asynchronous requests in flight before the client waits for their
+ * replies: bounds what the daemon queues for a client that never reads. */
+#define GPUBUF_MAX_PENDING 64
+
+static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
+    uint8_t stackbuf[512];
+    uint8_t *frame = stackbuf;
+    size_t plen;
+    int r;
+    if (c->broken) {
+        gpubuf__set_error("the connection to gpubufd is closed");
+        return GPUBUF_EDISCONNECTED;
+    }
+    req->id = ++c->next_id;
+    plen = gpubuf__request__get_packed_size(req);
+    if (plen > c->max_request) {
+        gpubuf__set_error("request of %zu bytes exceeds the daemon's limit of %u", plen,
+                          c->max_request);
+        return -EMSGSIZE;
+    }
+    if (plen + GPUBUF_WIRE_HEADER_SIZE > sizeof(stackbuf)) {
+        frame = malloc(plen + GPUBUF_WIRE_HEADER_SIZE);
+        if (!frame)
+            return -ENOMEM;
+    }
+    gpubuf_wire_header_encode(frame, (uint32_t)plen);
+    gpubuf__request__pack(req, frame + GPUBUF_WIRE_HEADER_SIZE);
+    r = gpubuf_wire_send_all(c->fd, frame, plen + GPUBUF_WIRE_HEADER_SIZE, -1);
+    if (frame != stackbuf)
+        free(frame);
+    if (r < 0) {
+        c->broken = true;
+        gpubuf__set_error("sending to gpubufd: %s", strerror(-r));
+        return r == -EPIPE ? GPUBUF_EDISCONNECTED : r;
+    }
+    return 0;
+}
+
+/* Read more reply bytes (and fds) into the read-ahead buffer. */
+static int fill_rbuf(gpubuf_client *c, size_t need) {
+    if (c->rpos > 0 && c->rpos == c->rlen)
+        c->rpos = c->rlen = 0;
+    if (c->rlen + need > c->rcap) {
+        /* Compact first, then grow. */
+        if (c->rpos > 0) {
+            memmove(c->rbuf, c->rbuf + c->rpos, c->rlen - c->rpos);
+            c->rlen -= c->rpos;
+            c->rpos = 0;
+        }
+        if (c->rlen + need > c->rcap) {
+            size_t cap = c->rcap ? c->rcap : 64 * 1024;
+            while (cap < c->rlen + need)
+                cap *= 2;
+            uint8_t *p = realloc(c->rbuf, cap);
+            if (!p)
+                return -ENOMEM;
+            c->rbuf = p;
+            c->rcap = cap;
+        }
+    }
+    int fds[GPUBUF_WIRE_MAX_FDS];
+    int n_fds;
+    bool trunc;
+    ssize_t n = gpubuf_wire_recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, fds,
+                                 GPUBUF_WIRE_MAX_FDS, &n_fds, &trunc);
+    for (int i = 0; i < n_fds; i++) {
+        if (c->n_rfds < (int)(sizeof(c->rfds) / sizeof(c->rfds[0])))
+            c->rfds[c->n_rfds++] = fds[i];
+        else
+            close(fds[i]);
+    }
+    if (n < 0)
+        return (int)n == -ECONNRESET ? GPUBUF_EDISCONNECTED : (int)n;
+    if (n == 0)
+        return GPUBUF_EDISCONNECTED;
+    c->rlen += (size_t)n;
+    return 0;
+}
+
+/* Read one reply frame. Frames are cut from the read-ahead buffer; an fd is
+ * claimed by the frame that says it carries one (fds arrive in order). */
+static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd) {
+    gpubuf_frame_header h;
+    int r;
+    while (c->rlen - c->rpos < GPUBUF_WIRE_HEADER_SIZE)
+        if ((r = fill_rbuf(c, GPUBUF_WIRE_HEADER_SIZE)) < 0)
+            goto broken;
+    r = gpubuf_wire_header_decode(c->rbuf + c->rpos, GPUBUF_WIRE_MAX_RESPONSE, &h);
+    if (r < 0)
+        goto broken;
+    while (c->rlen - c->rpos - GPUBUF_WIRE_HEADER_SIZE < h.length)
+        if ((r = fill_rbuf(c, GPUBUF_WIRE_HEADER_SIZE + h.length)) < 0)
+            goto broken;
+    Gpubuf__Response *resp =
+        gpubuf__response__unpack(NULL, h.length, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE);
+    c->rpos += GPUBUF_WIRE_HEADER_SIZE + h.length;
+    if (c->rpos == c->rlen && c->rcap > (1u << 20)) {
+        /* A large reply (a status) is done: give its room back. */
+        free(c->rbuf);
+        c->rbuf = NULL;
+        c->rpos = c->rlen = c->rcap = 0;
+    }
+    if (!resp) {
+        r = GPUBUF_EPROTOCOL;
+        goto broken;
+    }
+    *ret_fd = -1;
+    if (resp->fds > 0) {
+        /* The fd travels on this frame's first byte: it has been received
+         * by the time the frame is complete. */
+        if (resp->fds != 1 || c->n_rfds == 0) {
+            gpubuf__response__free_unpacked(resp, NULL);
+            r = GPUBUF_EPROTOCOL;
+            goto broken;
+        }
+        *ret_fd = c->rfds[0];
+        memmove(c->rfds, c->rfds + 1, (size_t)(c->n_rfds - 1) * sizeof(int));
+        c->n_rfds--;
+    }
+    *ret = resp;
+    return 0;
+broken:
+    c->broken = true;
+    gpubuf__set_error("reading from gpubufd: %s", gpubuf_strerror(r));
+    return r;
+}
+
+/* Account for the reply of an asynchronous request. */
+static void settle_async(gpubuf_client *c, Gpubuf__Response *resp, int fd) {
+    if (fd >= 0)
+        close(fd);
+    if (resp->status < 0 && c->async_error == 0)
+        c->async_error = resp->status;
+    c->pending--;
+    gpubuf__response__free_unpacked(resp, NULL);
+}
+
+int gpubuf__drain_locked(gpubuf_client *c) {
+    while (c->pending > 0) {
+        Gpubuf__Response *resp;
+        int fd, r = read_reply(c, &resp, &fd);
+        if (r < 0) {
+            c->pending = 0;
+            return r;
+        }
+        if (resp->id == 0 && resp->status < 0) {
+            /* Connection-level error (shutdown, bad frame): the stream ends. */
+            c->broken = true;
+            c->pending = 0;
+            r = resp->status;
+            gpubuf__response__free_unpacked(resp, NULL);
+            if (fd >= 0)
+                close(fd);
+            return r;
+        }
+        settle_async(c, resp, fd);
+    }
+    return 0;
+}
+
+int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req) {
+    int r = send_request(c, req);
+    if (r < 0)
+        return r;
+    c->pending++;
+    if (c->pending >= GPUBUF_MAX_PENDING)
+        return gpubuf__drain_locked(c);
+    return 0;
+}
+
+int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                       int *ret_fd) {
+    Gpubuf__Response *resp;
+    int r, fd = -1;
+
+    *ret_fd = -1;
+    r = send_request(c, req);
+    if (r < 0)
+        return r;
+    /* Replies come in request order: first those of asynchronous requests. */
+    for (;;) {
+        r = read_reply(c, &resp, &fd);
+        if (r < 0)
+            return r;
+        if (resp->id == req->id || resp->id == 0 || c->pending == 0)
+            break;
+        settle_async(c, resp, fd);
+    }
+    if (resp->id != req->id && resp->id != 0) {
+        gpubuf__response__free_unpacked(resp, NULL);
+        if (fd >= 0)
+            close(fd);
+        c->broken = true;
+        gpubuf__set_error("gpubufd sent an unexpected reply");
+        return GPUBUF_EPROTOCOL;
+    }
+    if (resp->id == 0 && resp->status < 0) {
+        /* Connection-level error (shutdown, bad frame): the stream ends. */
+        c->broken = true;
+        c->pending = 0;
+    }
+    if (resp->status < 0) {
+        r = resp->status;
+        gpubuf__set_error("%s", resp->message && *resp->message ? resp->message
+                                                                  : gpubuf_strerror(r));
+        gpubuf__response__free_unpacked(resp, NULL);
+        if (fd >= 0)
+            close(fd);
+        return r;
+    }
+    tl_error[0] = '\0';
+    *ret = resp;
+    *ret_fd = fd;
+    return 0;
+}

@@ -1,0 +1,62 @@
+/* gpubufd's configuration: one table of keys (name, parser, bounds, where the
+ * value goes) for [daemon] and one for [pool:NAME]. The file parser, the
+ * command line, --check-config and SIGHUP all go through them, so a value is
+ * accepted or refused the same way wherever it comes from. */
+#ifndef GPUBUFD_CONFIG_H
+#define GPUBUFD_CONFIG_H
+
+#include <limits.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "error.h"
+#include "gpubuf/gpubuf.h"
+#include "registry.h"
+#include "settings.h"
+
+#define GD_CONFIG_MAX_POOLS 64
+#define GD_ALLOW_MAX 32
+
+typedef struct gd_pool_spec {
+    char name[GPUBUF_NAME_MAX + 1];
+    gpubuf_pool_kind kind; /* 0 until given */
+    uint32_t device;
+    uint64_t capacity; /* 0: the backend's default */
+    uint64_t slab_size; /* 0: the default */
+    uint32_t allow_uids[GD_ALLOW_MAX], allow_gids[GD_ALLOW_MAX];
+    int n_allow_uids, n_allow_gids;
+} gd_pool_spec;
+
+typedef struct gd_config {
+    char socket_path[PATH_MAX]; /* "" until given */
+    char socket_group[64];
+    uint32_t socket_mode;
+    int log_level; /* -1 until given */
+    gd_limits limits;
+    gd_quota quota;
+    gd_pool_spec pools[GD_CONFIG_MAX_POOLS];
+    int n_pools;
+} gd_config;
+
+/* Every key at its default, no pools. */
+void gd_config_init(gd_config *c);
+/* The defaults of the limits and quotas alone. */
+void gd_config_defaults(gd_limits *l, gd_quota *q);
+
+/* Set one [daemon] key (also what a command-line option names). */
+int gd_config_set(gd_config *c, const char *key, const char *val, gd_err *err);
+/* The pool spec named name, created (kind unset) when new. */
+gd_pool_spec *gd_config_pool(gd_config *c, const char *name, gd_err *err);
+/* Set one [pool:NAME] key. */
+int gd_config_pool_set(gd_pool_spec *p, const char *key, const char *val, gd_err *err);
+/* --pool NAME=KIND[,key=value...]: replaces all settings of pool NAME. */
+int gd_config_pool_flag(gd_config *c, const char *arg, gd_err *err);
+/* Read an INI file into c; the first error names the file and line. */
+int gd_config_load(gd_config *c, const char *path, gd_err *err);
+/* What start-up refuses before it touches a backend or the socket: pools
+ * without a kind, capacities below the backend's granularity, a socket path
+ * too long for a Unix socket. --check-config and SIGHUP run it too. */
+int gd_config_check(const gd_config *c, gd_err *err);
+
+#endif

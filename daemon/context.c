@@ -1,0 +1,53 @@
+#include "context.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <string.h>
+
+#include "util.h"
+
+void gd_context_init(gd_context *ctx, uv_loop_t *loop) {
+    memset(ctx, 0, sizeof(*ctx));
+    ctx->loop = loop;
+    gd_registry_init(&ctx->reg);
+    ctx->started_ns = gpubuf_now_ns();
+}
+
+int gd_context_add_pool(gd_context *ctx, gd_pool *pool) {
+    if (ctx->n_pools >= GPUBUF_MAX_POOLS)
+        return -ENOSPC;
+    if (gd_context_find_pool(ctx, pool->name))
+        return -EEXIST;
+    pool->next_slab_id = &ctx->slab_ids;
+    ctx->pools[ctx->n_pools++] = pool;
+    return 0;
+}
+
+gd_pool *gd_context_find_pool(const gd_context *ctx, const char *name) {
+    for (int i = 0; i < ctx->n_pools; i++)
+        if (strcmp(ctx->pools[i]->name, name) == 0)
+            return ctx->pools[i];
+    return NULL;
+}
+
+int gd_context_pool(const gd_context *ctx, const char *name, gd_pool **ret, gd_err *err) {
+    gd_pool *p;
+    if (name && *name) {
+        if (!(p = gd_context_find_pool(ctx, name)))
+            return gd_err_set(err, GPUBUF_ENOPOOL, "no pool named '%.255s'", name);
+    } else if (ctx->n_pools > 0) {
+        p = ctx->pools[0];
+    } else {
+        return gd_err_set(err, GPUBUF_ENOPOOL, "the daemon has no pools");
+    }
+    *ret = p;
+    return 0;
+}
+
+void gd_context_destroy(gd_context *ctx) {
+    assert(!ctx->sessions && ctx->n_sessions == 0);
+    gd_registry_destroy(&ctx->reg);
+    for (int i = 0; i < ctx->n_pools; i++)
+        ctx->pools[i] = gd_pool_free(ctx->pools[i]);
+    ctx->n_pools = 0;
+}

@@ -1,0 +1,44 @@
+/* The daemon context: what every session works on. The registry, the pools,
+ * the live limits, and the list of sessions (for status). Handed to each
+ * session; it knows neither the server nor the sessions' code. */
+#ifndef GPUBUFD_CONTEXT_H
+#define GPUBUFD_CONTEXT_H
+
+#include <stdint.h>
+#include <uv.h>
+
+#include "pool.h"
+#include "registry.h"
+#include "settings.h"
+
+#define GPUBUF_MAX_POOLS 64
+
+struct gd_session;
+
+typedef struct gd_context {
+    uv_loop_t *loop;  /* for the sessions' timers */
+    gd_limits limits; /* live: the server reads them through a pointer */
+    gd_registry reg;  /* reg.quota: the live quotas */
+    gd_pool *pools[GPUBUF_MAX_POOLS];
+    int n_pools;
+    uint64_t slab_ids; /* slab ids are unique per daemon */
+    uint64_t started_ns;
+    struct gd_session *sessions; /* utlist DL, kept by session.c */
+    uint32_t n_sessions;
+} gd_context;
+
+/* No pools, limits and quotas zero: the caller sets them (gd_config_defaults()
+ * or a configuration). */
+void gd_context_init(gd_context *ctx, uv_loop_t *loop);
+/* The context takes pool over on success: -ENOSPC beyond GPUBUF_MAX_POOLS,
+ * -EEXIST for a second pool of the same name. */
+int gd_context_add_pool(gd_context *ctx, gd_pool *pool);
+gd_pool *gd_context_find_pool(const gd_context *ctx, const char *name);
+/* The pool named name, or the first pool for NULL or "": GPUBUF_ENOPOOL
+ * with a sentence in err when there is none. */
+int gd_context_pool(const gd_context *ctx, const char *name, gd_pool **ret, gd_err *err);
+/* Free the registry (every buffer goes back to its pool) and the pools.
+ * No session may be left. */
+void gd_context_destroy(gd_context *ctx);
+
+#endif

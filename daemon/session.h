@@ -1,0 +1,59 @@
+/* Session room: one per connection. It speaks the protocol (decode,
+ * dispatch, encode), keeps the peer's credentials and its registry holder
+ * (the references the client holds), and works on the daemon context handed
+ * to it. It moves no bytes itself: frames come in through gd_session_frame()
+ * and replies leave through the transport it was given, so the session runs
+ * as well over a socket (the server) as over an in-memory connection
+ * (tests/test_session.c). */
+#ifndef GPUBUFD_SESSION_H
+#define GPUBUFD_SESSION_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "context.h"
+
+/* Where replies go. conn is the transport's own connection. */
+typedef struct gd_transport {
+    /* Queue one reply frame of len payload bytes that pack(msg, dst)
+     * writes; fd (-1: none) is dup'ed and rides on the frame. */
+    int (*send)(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                const void *msg, int fd);
+    /* Disconnect (the transport calls gd_session_free() later). */
+    void (*close)(void *conn);
+    /* The handshake is done. */
+    void (*ready)(void *conn);
+    /* True once the connection is going. */
+    bool (*closing)(const void *conn);
+} gd_transport;
+
+typedef struct gd_session {
+    gd_context *ctx;
+    const gd_transport *io;
+    void *conn;
+    gd_holder *holder;
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    char name[64];
+    bool hello_done;
+    uint64_t caps; /* capability bits granted at hello (GPUBUF_CAP_*) */
+    uint32_t n_waiters;
+    struct gd_session *next, *prev; /* utlist DL: ctx->sessions */
+} gd_session;
+
+/* A new session for a peer with these credentials: NULL when out of memory. */
+gd_session *gd_session_new(gd_context *ctx, const gd_transport *io, void *conn, pid_t pid,
+                           uid_t uid, gid_t gid);
+/* Handle one request frame's payload. */
+void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len);
+/* The transport got a bad frame header (err): say why before it closes. */
+void gd_session_bad_frame(gd_session *s, int err);
+/* The daemon stops: tell the client and disconnect. */
+void gd_session_shutdown(gd_session *s);
+/* The connection is gone: cancel the waits, drop every reference, free s. */
+void gd_session_free(gd_session *s);
+
+#endif

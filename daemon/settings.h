@@ -1,0 +1,21 @@
+/* The limits gpubufd runs under: plain data, filled from the table of
+ * configuration keys (config.c) and read by the server (transport limits)
+ * and the sessions (protocol limits). One copy lives in the daemon; SIGHUP
+ * replaces it in one assignment. */
+#ifndef GPUBUFD_SETTINGS_H
+#define GPUBUFD_SETTINGS_H
+
+#include <stdint.h>
+
+typedef struct gd_limits {
+    uint32_t max_request;            /* bytes of request payload */
+    uint32_t max_clients;            /* connections at once */
+    uint32_t max_clients_per_uid;    /* 0: no limit */
+    uint32_t frames_per_wakeup;      /* requests handled per readable event */
+    uint32_t max_queued_replies;     /* a client that reads none of them is dropped */
+    uint32_t handshake_timeout_ms;   /* connected but no hello yet; 0: none */
+    uint32_t frame_timeout_ms;       /* half a frame received, the rest missing; 0: none */
+    uint32_t max_waiters_per_client; /* pending opens per connection */
+} gd_limits;
+
+#endif

@@ -1,0 +1,407 @@
+/* Unit tests for the session room (daemon/session.c) without sockets: a
+ * session, the registry and a host pool driven through an in-memory
+ * connection, the way nng tests its protocols over inproc. Requests are
+ * packed like a client packs them and handed to gd_session_frame(); replies
+ * are unpacked from what the session gives its transport. */
+#include <check.h>
+#include <errno.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend.h"
+#include "config.h"
+#include "context.h"
+#include "gpubuf.pb-c.h"
+#include "log.h"
+#include "session.h"
+#include "wire.h"
+#include "check_main.h"
+
+#define MIB (1024ull * 1024ull)
+#define MAX_REPLIES 16
+
+/* One in-memory connection: the replies the session sent, in order. */
+typedef struct memconn {
+    gd_session *s;
+    Gpubuf__Response *replies[MAX_REPLIES];
+    int fds[MAX_REPLIES];
+    int n;
+    bool closed, ready;
+} memconn;
+
+static int mc_send(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                   const void *msg, int fd) {
+    memconn *m = conn;
+    if (m->closed)
+        return -ECONNRESET;
+    ck_assert_int_lt(m->n, MAX_REPLIES);
+    uint8_t *buf = malloc(len + 1);
+    ck_assert_ptr_nonnull(buf);
+    pack(msg, buf);
+    m->replies[m->n] = gpubuf__response__unpack(NULL, len, buf);
+    ck_assert_ptr_nonnull(m->replies[m->n]);
+    m->fds[m->n] = fd >= 0 ? dup(fd) : -1;
+    m->n++;
+    free(buf);
+    return 0;
+}
+
+static void mc_close(void *conn) {
+    ((memconn *)conn)->closed = true;
+}
+
+static void mc_ready(void *conn) {
+    ((memconn *)conn)->ready = true;
+}
+
+static bool mc_closing(const void *conn) {
+    return ((const memconn *)conn)->closed;
+}
+
+static const gd_transport mem_transport = {mc_send, mc_close, mc_ready, mc_closing};
+
+static uv_loop_t loop;
+static gd_context ctx;
+
+/* A context with one host pool "h" (1 MiB slabs, 8 MiB) whose access list
+ * is allow_uid (0: everyone). */
+static void ctx_init(uint32_t allow_uid) {
+    gd_backend *be;
+    gd_pool *pool;
+    gd_log_level = -1; /* quiet */
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    gd_context_init(&ctx, &loop);
+    gd_config_defaults(&ctx.limits, &ctx.reg.quota);
+    ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
+    ck_assert_int_eq(gd_pool_new("h", be, 8 * MIB, MIB, &ctx.slab_ids, &pool, NULL), 0);
+    if (allow_uid) {
+        pool->allow_uids[0] = allow_uid;
+        pool->n_allow_uids = 1;
+    }
+    ck_assert_int_eq(gd_context_add_pool(&ctx, pool), 0);
+}
+
+static void mc_open(memconn *m, uid_t uid) {
+    memset(m, 0, sizeof(*m));
+    m->s = gd_session_new(&ctx, &mem_transport, m, 4000 + (pid_t)uid, uid, uid);
+    ck_assert_ptr_nonnull(m->s);
+}
+
+static void mc_forget(memconn *m) {
+    for (int i = 0; i < m->n; i++) {
+        gpubuf__response__free_unpacked(m->replies[i], NULL);
+        if (m->fds[i] >= 0)
+            close(m->fds[i]);
+    }
+    m->n = 0;
+}
+
+static void mc_free(memconn *m) {
+    gd_session_free(m->s);
+    mc_forget(m);
+}
+
+static void ctx_fini(void) {
+    gd_context_destroy(&ctx);
+    /* Timers of waits close through the loop. */
+    uv_run(&loop, UV_RUN_NOWAIT);
+    ck_assert_int_eq(uv_loop_close(&loop), 0);
+}
+
+/* Send one request; return the number of replies it produced. */
+static int mc_request(memconn *m, Gpubuf__Request *req) {
+    size_t len = gpubuf__request__get_packed_size(req);
+    uint8_t *buf = malloc(len + 1);
+    int before = m->n;
+    ck_assert_ptr_nonnull(buf);
+    gpubuf__request__pack(req, buf);
+    gd_session_frame(m->s, buf, len);
+    free(buf);
+    return m->n - before;
+}
+
+static const Gpubuf__Response *last(const memconn *m) {
+    ck_assert_int_gt(m->n, 0);
+    return m->replies[m->n - 1];
+}
+
+static void hello_status(memconn *m, int status) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+    h.min_version = h.max_version = GPUBUF_PROTOCOL_VERSION;
+    h.client_name = (char *)"unit";
+    req.id = 1;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    ck_assert_int_eq(last(m)->status, status);
+}
+
+static void hello(memconn *m) {
+    hello_status(m, 0);
+    ck_assert_int_eq(last(m)->body_case, GPUBUF__RESPONSE__BODY_HELLO);
+}
+
+/* A context whose pool allows allow_uid (0: everyone) and a session of uid
+ * ua on a, and of ub on b when b is given, each past its hello. */
+static void start(uint32_t allow_uid, memconn *a, uid_t ua, memconn *b, uid_t ub) {
+    ctx_init(allow_uid);
+    mc_open(a, ua);
+    hello(a);
+    if (b) {
+        mc_open(b, ub);
+        hello(b);
+    }
+}
+
+/* Free the sessions (b first, when given) and the context. */
+static void finish(memconn *a, memconn *b) {
+    if (b)
+        mc_free(b);
+    mc_free(a);
+    ctx_fini();
+}
+
+static const Gpubuf__Response *alloc(memconn *m, const char *name, uint64_t size) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = size;
+    a.name = (char *)(name ? name : "");
+    req.id = 10;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    return last(m);
+}
+
+static void seal(memconn *m, uint64_t id) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__SealRequest q = GPUBUF__SEAL_REQUEST__INIT;
+    q.buffer_id = id;
+    req.id = 11;
+    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
+    req.seal = &q;
+    mc_request(m, &req);
+}
+
+/* Open by name; returns the number of replies (0 while it waits). */
+static int open_name(memconn *m, const char *name, int timeout_ms) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__OpenRequest q = GPUBUF__OPEN_REQUEST__INIT;
+    q.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    q.name = (char *)name;
+    q.timeout_ms = timeout_ms;
+    req.id = 12;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &q;
+    return mc_request(m, &req);
+}
+
+START_TEST(first_request_must_be_hello) {
+    memconn m;
+    ctx_init(0);
+    mc_open(&m, 1000);
+    alloc(&m, "x", 64);
+    ck_assert_int_eq(last(&m)->status, GPUBUF_EPROTOCOL);
+    ck_assert(m.closed);
+    ck_assert(!m.ready);
+    finish(&m, NULL);
+}
+END_TEST
+
+START_TEST(hello_makes_the_connection_ready) {
+    memconn m;
+    ctx_init(0);
+    mc_open(&m, 1000);
+    hello(&m);
+    ck_assert(m.ready);
+    ck_assert(!m.closed);
+    ck_assert_uint_eq(last(&m)->hello->session_id, m.s->holder->id);
+    ck_assert_uint_eq(last(&m)->hello->max_request, ctx.limits.max_request);
+    hello_status(&m, GPUBUF_EPROTOCOL); /* twice: a protocol error, the session stays */
+    ck_assert(!m.closed);
+    finish(&m, NULL);
+}
+END_TEST
+
+START_TEST(undecodable_request_disconnects) {
+    memconn m;
+    const uint8_t junk[] = {0xff, 0xff, 0xff, 0xff, 0x0f};
+    ctx_init(0);
+    mc_open(&m, 1000);
+    gd_session_frame(m.s, junk, sizeof(junk));
+    ck_assert_int_eq(m.n, 1);
+    ck_assert_int_eq(last(&m)->status, GPUBUF_EPROTOCOL);
+    ck_assert(m.closed);
+    finish(&m, NULL);
+}
+END_TEST
+
+START_TEST(alloc_seal_open_across_sessions) {
+    memconn a, b;
+    start(0, &a, 1000, &b, 1001);
+    const Gpubuf__Response *r = alloc(&a, "frame", 4096);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->fds, 1);
+    ck_assert_int_ge(a.fds[a.n - 1], 0); /* the host slab's memfd rides along */
+    uint64_t id = r->buffer->buffer_id;
+    ck_assert_int_eq(open_name(&b, "frame", 0), 1);
+    ck_assert_int_eq(last(&b)->status, -ENOENT); /* not sealed yet */
+    seal(&a, id);
+    ck_assert_int_eq(last(&a)->status, 0);
+    ck_assert_int_eq(last(&a)->fds, 0); /* a seal hands out no handle */
+    ck_assert_int_eq(open_name(&b, "frame", 0), 1);
+    ck_assert_int_eq(last(&b)->status, 0);
+    ck_assert_uint_eq(last(&b)->buffer->buffer_id, id);
+    ck_assert_int_ge(b.fds[b.n - 1], 0);
+    ck_assert_uint_eq(gd_registry_holder_count(b.s->holder, id), 1);
+    /* A session that goes drops its references. */
+    mc_free(&b);
+    ck_assert_uint_eq(gd_registry_find_id(&ctx.reg, id)->refs, 1);
+    mc_free(&a);
+    /* Named and sealed: it stays until deleted. */
+    ck_assert_ptr_nonnull(gd_registry_find_name(&ctx.reg, "frame"));
+    ctx_fini();
+}
+END_TEST
+
+START_TEST(unsealed_buffers_go_with_their_session) {
+    memconn a;
+    start(0, &a, 1000, NULL, 0);
+    ck_assert_int_eq(alloc(&a, "draft", 100)->status, 0);
+    ck_assert_int_eq(alloc(&a, NULL, 100)->status, 0);
+    ck_assert_uint_eq(ctx.reg.n_buffers, 2);
+    mc_free(&a);
+    ck_assert_uint_eq(ctx.reg.n_buffers, 0);
+    ck_assert_uint_eq(ctx.pools[0]->used, 0);
+    ctx_fini();
+}
+END_TEST
+
+START_TEST(names_are_checked_by_the_registry) {
+    memconn a;
+    char long_name[GPUBUF_NAME_MAX + 2];
+    start(0, &a, 1000, NULL, 0);
+    ck_assert_int_eq(alloc(&a, "no spaces", 64)->status, -EINVAL);
+    ck_assert_ptr_nonnull(strstr(last(&a)->message, "invalid name"));
+    memset(long_name, 'n', sizeof(long_name) - 1);
+    long_name[sizeof(long_name) - 1] = '\0';
+    ck_assert_int_eq(open_name(&a, long_name, 0), 1);
+    ck_assert_int_eq(last(&a)->status, -ENAMETOOLONG);
+    ck_assert_int_eq(open_name(&a, "/abs", 0), 1);
+    ck_assert_int_eq(last(&a)->status, -EINVAL);
+    ck_assert(!a.closed);
+    finish(&a, NULL);
+}
+END_TEST
+
+/* A pool only uid 1000 may use: uid 2000 can neither allocate, nor open,
+ * nor be woken with a reference it must give back. */
+START_TEST(pool_access_is_refused_with_reason) {
+    memconn owner, other;
+    start(1000, &owner, 1000, &other, 2000);
+    ck_assert_int_eq(alloc(&other, "mine", 64)->status, -EACCES);
+    ck_assert_ptr_nonnull(strstr(last(&other)->message, "may not use pool 'h'"));
+    /* A waiting open for a name the owner seals later. */
+    ck_assert_int_eq(open_name(&other, "later", -1), 0);
+    ck_assert_uint_eq(ctx.reg.n_waiters, 1);
+    const Gpubuf__Response *r = alloc(&owner, "later", 64);
+    ck_assert_int_eq(r->status, 0);
+    uint64_t id = r->buffer->buffer_id;
+    /* Refused before it is sealed too: the buffer's pool decides. */
+    ck_assert_int_eq(open_name(&other, "later", 0), 1);
+    ck_assert_int_eq(last(&other)->status, -EACCES);
+    int before = other.n;
+    seal(&owner, id);
+    ck_assert_int_eq(other.n, before + 1);
+    ck_assert_int_eq(last(&other)->status, -EACCES);
+    ck_assert_uint_eq(other.s->holder->n_refs, 0);
+    ck_assert_uint_eq(gd_registry_find_id(&ctx.reg, id)->refs, 1);
+    ck_assert_uint_eq(ctx.reg.n_waiters, 0);
+    ck_assert_uint_eq(other.s->n_waiters, 0);
+    finish(&owner, &other);
+}
+END_TEST
+
+START_TEST(waiting_open_times_out_on_the_loop) {
+    memconn a;
+    start(0, &a, 1000, NULL, 0);
+    ck_assert_int_eq(open_name(&a, "never", 20), 0);
+    ck_assert_uint_eq(a.s->n_waiters, 1);
+    /* Poll the loop until the reply is there (the timer fires once). */
+    while (a.n < 2)
+        uv_run(&loop, UV_RUN_ONCE);
+    ck_assert_int_eq(last(&a)->status, -ETIMEDOUT);
+    ck_assert_ptr_nonnull(strstr(last(&a)->message, "'never'"));
+    ck_assert_uint_eq(a.s->n_waiters, 0);
+    finish(&a, NULL);
+}
+END_TEST
+
+START_TEST(session_going_cancels_its_waits) {
+    memconn a;
+    start(0, &a, 1000, NULL, 0);
+    ck_assert_int_eq(open_name(&a, "x", 60000), 0);
+    ck_assert_int_eq(open_name(&a, "y", -1), 0);
+    ck_assert_uint_eq(ctx.reg.n_waiters, 2);
+    mc_free(&a);
+    ck_assert_uint_eq(ctx.reg.n_waiters, 0);
+    ctx_fini();
+}
+END_TEST
+
+START_TEST(status_lists_live_sessions_only) {
+    memconn a, b;
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatusRequest q = GPUBUF__STATUS_REQUEST__INIT;
+    start(0, &a, 1000, &b, 1001);
+    req.id = 5;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &q;
+    ck_assert_int_eq(mc_request(&a, &req), 1);
+    ck_assert_uint_eq(last(&a)->status_reply->n_clients, 2);
+    ck_assert_uint_eq(last(&a)->status_reply->n_pools, 1);
+    b.closed = true; /* going, not yet freed */
+    ck_assert_int_eq(mc_request(&a, &req), 1);
+    ck_assert_uint_eq(last(&a)->status_reply->n_clients, 1);
+    ck_assert_uint_eq(last(&a)->status_reply->clients[0]->uid, 1000);
+    finish(&a, &b);
+}
+END_TEST
+
+START_TEST(shutdown_says_why_and_closes) {
+    memconn a;
+    start(0, &a, 1000, NULL, 0);
+    gd_session_shutdown(a.s);
+    ck_assert_int_eq(last(&a)->status, -ESHUTDOWN);
+    ck_assert(a.closed);
+    gd_session_bad_frame(a.s, -EMSGSIZE); /* closed: nothing more is sent */
+    ck_assert_int_eq(last(&a)->status, -ESHUTDOWN);
+    finish(&a, NULL);
+}
+END_TEST
+
+int main(void) {
+    const TTest *tests[] = {
+        first_request_must_be_hello,
+        hello_makes_the_connection_ready,
+        undecodable_request_disconnects,
+        alloc_seal_open_across_sessions,
+        unsealed_buffers_go_with_their_session,
+        names_are_checked_by_the_registry,
+        pool_access_is_refused_with_reason,
+        waiting_open_times_out_on_the_loop,
+        session_going_cancels_its_waits,
+        status_lists_live_sessions_only,
+        shutdown_says_why_and_closes,
+    };
+    Suite *s = suite_create("session");
+    TCase *t = tcase_create("inproc");
+    for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
+        tcase_add_test(t, tests[i]);
+    suite_add_tcase(s, t);
+    return run_suite(s);
+}
