@@ -95,6 +95,23 @@ static void load_once(void) {
     R(EventSynchronize, "cuEventSynchronize");
     R(EventElapsedTime, "cuEventElapsedTime");
     R(EventDestroy, "cuEventDestroy");
+    R(EventQuery, "cuEventQuery");
+    R(StreamWaitEvent, "cuStreamWaitEvent");
+    R(IpcGetEventHandle, "cuIpcGetEventHandle");
+    R(IpcOpenEventHandle, "cuIpcOpenEventHandle");
+    R(MemcpyHtoDAsync, "cuMemcpyHtoDAsync");
+    R(MemcpyDtoHAsync, "cuMemcpyDtoHAsync");
+    R(MemcpyPeerAsync, "cuMemcpyPeerAsync");
+    R(MemCreate, "cuMemCreate");
+    R(MemRelease, "cuMemRelease");
+    R(MemGetAllocationGranularity, "cuMemGetAllocationGranularity");
+    R(MemExportToShareableHandle, "cuMemExportToShareableHandle");
+    R(MemImportFromShareableHandle, "cuMemImportFromShareableHandle");
+    R(MemAddressReserve, "cuMemAddressReserve");
+    R(MemAddressFree, "cuMemAddressFree");
+    R(MemMap, "cuMemMap");
+    R(MemUnmap, "cuMemUnmap");
+    R(MemSetAccess, "cuMemSetAccess");
 #undef R
     CUresult r = g_cu.Init(0);
     if (r != CUDA_SUCCESS) {

@@ -13,7 +13,9 @@
 
 /* What a client needs to map a slab. */
 typedef struct gpubuf_slab_export {
-    int fd;                                   /* host: memfd, else -1 */
+    int fd;                                   /* host: memfd; cuda-vmm: exported handle; else -1 */
+    int ro_fd;                                /* host: read-only file description, made on
+                                               * the first read-only open; else -1 */
     uint8_t ipc_handle[GPUBUF_IPC_HANDLE_SIZE]; /* cuda-ipc */
     bool has_ipc_handle;
 } gpubuf_slab_export;
@@ -44,6 +46,14 @@ struct gpubuf_backend {
 
 int gpubuf_backend_host_new(gpubuf_backend **ret, char *err, size_t errlen);
 int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen);
+/* -EOPNOTSUPP (and a message) when the device lacks VMM or POSIX-fd handles. */
+int gpubuf_backend_cuda_vmm_new(int device, gpubuf_backend **ret, char *err, size_t errlen);
+/* The fd to send for a read-only open of a slab: host pools, a read-only file
+ * description of the memfd (made once, closed with the slab); cuda-vmm, the
+ * slab's fd (the importer maps it read-only). -EOPNOTSUPP for cuda-ipc, with
+ * a message in err. */
+int gpubuf_backend_export_ro(gpubuf_backend *be, gpubuf_slab_export *exp, int *ret_fd, char *err,
+                             size_t errlen);
 /* Number of CUDA devices visible to the daemon; 0 (and a message) when no driver. */
 int gpubuf_backend_cuda_device_count(char *err, size_t errlen);
 gpubuf_backend *gpubuf_backend_free(gpubuf_backend *be);

@@ -1,9 +1,16 @@
-/* cuda-ipc backend: slabs are cuMemAlloc allocations in the device's primary
- * context; clients map them with the 64-byte cuIpcGetMemHandle blob. */
+/* CUDA backends.
+ * cuda-ipc: slabs are cuMemAlloc allocations in the device's primary context;
+ * clients map them with the 64-byte cuIpcGetMemHandle blob.
+ * cuda-vmm: slabs are cuMemCreate allocations exported once as a POSIX file
+ * descriptor (cuMemExportToShareableHandle); the fd travels by SCM_RIGHTS and
+ * clients import, reserve, map and set access themselves. The daemon never
+ * maps a cuda-vmm slab. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "cuda_driver.h"
@@ -16,8 +23,63 @@ typedef struct cuda_impl {
 } cuda_impl;
 
 typedef struct cuda_slab {
-    CUdeviceptr ptr;
+    CUdeviceptr ptr;                   /* cuda-ipc */
+    CUmemGenericAllocationHandle h;    /* cuda-vmm */
 } cuda_slab;
+
+static CUmemAllocationProp vmm_prop(CUdevice dev) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = (int)dev;
+    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return p;
+}
+
+static int vmm_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
+                           gpubuf_slab_export *ret_export, char *err, size_t errlen) {
+    cuda_impl *im = be->impl;
+    const gpubuf_cuda *cu = im->cu;
+    CUmemAllocationProp prop = vmm_prop(im->dev);
+    cuda_slab *s = calloc(1, sizeof(*s));
+    int fd = -1;
+    CUresult r;
+    if (!s)
+        return -ENOMEM;
+    cu->CtxSetCurrent(im->ctx);
+    r = cu->MemCreate(&s->h, (size_t)size, &prop, 0);
+    if (r != CUDA_SUCCESS) {
+        gpubuf_cuda_describe(r, "cuMemCreate", err, errlen);
+        free(s);
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : GPUBUF_ECUDA;
+    }
+    r = cu->MemExportToShareableHandle(&fd, s->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS) {
+        gpubuf_cuda_describe(r, "cuMemExportToShareableHandle", err, errlen);
+        cu->MemRelease(s->h);
+        free(s);
+        return GPUBUF_ECUDA;
+    }
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    memset(ret_export, 0, sizeof(*ret_export));
+    ret_export->fd = fd;
+    ret_export->ro_fd = -1;
+    *ret_priv = s;
+    return 0;
+}
+
+/* The memory itself lives on while an importer holds it. */
+static void vmm_slab_destroy(gpubuf_backend *be, void *priv, gpubuf_slab_export *exp) {
+    cuda_impl *im = be->impl;
+    cuda_slab *s = priv;
+    if (exp->fd >= 0)
+        close(exp->fd);
+    exp->fd = -1;
+    im->cu->CtxSetCurrent(im->ctx);
+    im->cu->MemRelease(s->h);
+    free(s);
+}
 
 static int cuda_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
                             gpubuf_slab_export *ret_export, char *err, size_t errlen) {
@@ -44,6 +106,7 @@ static int cuda_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
     }
     memset(ret_export, 0, sizeof(*ret_export));
     ret_export->fd = -1;
+    ret_export->ro_fd = -1;
     memcpy(ret_export->ipc_handle, h.reserved, GPUBUF_IPC_HANDLE_SIZE);
     ret_export->has_ipc_handle = true;
     *ret_priv = s;
@@ -73,6 +136,12 @@ static const gpubuf_backend_ops cuda_ops = {
     .destroy = cuda_destroy,
 };
 
+static const gpubuf_backend_ops vmm_ops = {
+    .slab_create = vmm_slab_create,
+    .slab_destroy = vmm_slab_destroy,
+    .destroy = cuda_destroy,
+};
+
 int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
     const gpubuf_cuda *cu;
     int n = 0;
@@ -85,7 +154,8 @@ int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
     return n;
 }
 
-int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+static int cuda_backend_new(gpubuf_pool_kind kind, int device, gpubuf_backend **ret, char *err,
+                            size_t errlen) {
     const gpubuf_cuda *cu;
     gpubuf_backend *be = NULL;
     cuda_impl *im = NULL;
@@ -119,20 +189,57 @@ int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, siz
     cu->DeviceTotalMem(&total, im->dev);
     cu->DeviceGetName(be->device_name, (int)sizeof(be->device_name), im->dev);
     be->ops = &cuda_ops;
-    be->kind = GPUBUF_POOL_CUDA_IPC;
+    be->granularity = 2u << 20;
+    if (kind == GPUBUF_POOL_CUDA_VMM) {
+        int vmm = 0, posix = 0;
+        size_t gran = 0;
+        CUmemAllocationProp prop = vmm_prop(im->dev);
+        cu->DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+                               im->dev);
+        cu->DeviceGetAttribute(&posix,
+                               CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                               im->dev);
+        if (!vmm || !posix) {
+            snprintf(err, errlen,
+                     "CUDA device %d (%s) does not support %s: use a cuda-ipc pool", device,
+                     be->device_name,
+                     !vmm ? "virtual memory management"
+                          : "POSIX file descriptor handles for VMM memory");
+            rc = -EOPNOTSUPP;
+            goto fail_ctx;
+        }
+        r = cu->MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+        if (r != CUDA_SUCCESS || gran == 0 || (gran & (gran - 1))) {
+            gpubuf_cuda_describe(r, "cuMemGetAllocationGranularity", err, errlen);
+            rc = GPUBUF_ECUDA;
+            goto fail_ctx;
+        }
+        be->ops = &vmm_ops;
+        be->granularity = gran;
+    }
+    be->kind = kind;
     be->device = device;
     memcpy(be->uuid, uuid.bytes, 16);
     be->has_uuid = true;
     be->alignment = 512;
-    be->granularity = 2u << 20;
     be->device_total = total;
     be->impl = im;
     *ret = be;
     return 0;
+fail_ctx:
+    cu->DevicePrimaryCtxRelease(im->dev);
 fail:
     free(im);
     free(be);
     return rc;
+}
+
+int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+    return cuda_backend_new(GPUBUF_POOL_CUDA_IPC, device, ret, err, errlen);
+}
+
+int gpubuf_backend_cuda_vmm_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+    return cuda_backend_new(GPUBUF_POOL_CUDA_VMM, device, ret, err, errlen);
 }
 #else
 int gpubuf_backend_cuda_device_count(char *err, size_t errlen) {
@@ -145,5 +252,9 @@ int gpubuf_backend_cuda_ipc_new(int device, gpubuf_backend **ret, char *err, siz
     (void)ret;
     snprintf(err, errlen, "gpubufd was built without CUDA support (GPUBUF_WITH_CUDA=OFF)");
     return GPUBUF_ENODRIVER;
+}
+
+int gpubuf_backend_cuda_vmm_new(int device, gpubuf_backend **ret, char *err, size_t errlen) {
+    return gpubuf_backend_cuda_ipc_new(device, ret, err, errlen);
 }
 #endif

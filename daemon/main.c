@@ -90,7 +90,7 @@ static int spec_set(pool_spec *p, const char *key, const char *val, char *err, s
         return parse_ids(val, true, p->allow_gids, &p->n_allow_gids, err, errlen);
     if (strcmp(key, "kind") == 0) {
         if (gpubuf_pool_kind_parse(val, &p->kind) < 0) {
-            snprintf(err, errlen, "unknown pool kind '%s' (host, cuda-ipc)", val);
+            snprintf(err, errlen, "unknown pool kind '%s' (host, cuda-ipc, cuda-vmm)", val);
             return -EINVAL;
         }
     } else if (strcmp(key, "device") == 0) {
@@ -240,7 +240,7 @@ static int load_config_file(config *c, const char *path) {
     }
     for (int i = before; i < c->n_pools; i++)
         if (c->pools[i].kind == 0) {
-            fprintf(stderr, "gpubufd: %s: [pool:%s] has no kind (host or cuda-ipc)\n", path,
+            fprintf(stderr, "gpubufd: %s: [pool:%s] has no kind (host, cuda-ipc or cuda-vmm)\n", path,
                     c->pools[i].name);
             return -1;
         }
@@ -310,6 +310,8 @@ static int create_pools(gpubuf_server *srv, config *c) {
         err[0] = '\0';
         if (ps->kind == GPUBUF_POOL_HOST)
             r = gpubuf_backend_host_new(&be, err, sizeof(err));
+        else if (ps->kind == GPUBUF_POOL_CUDA_VMM)
+            r = gpubuf_backend_cuda_vmm_new(ps->device, &be, err, sizeof(err));
         else
             r = gpubuf_backend_cuda_ipc_new(ps->device, &be, err, sizeof(err));
         if (r < 0) {

@@ -330,6 +330,32 @@ static bool waiter_matches(const gpubuf_waiter *w, const gpubuf_buf *b) {
 }
 
 int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpubuf_buf **ret) {
+    return gpubuf_registry_seal_event(r, h, id, NULL, ret);
+}
+
+const uint8_t *gpubuf_registry_event(gpubuf_registry *r, const gpubuf_buf *b) {
+    gpubuf_holder *h;
+    if (!b->has_event)
+        return NULL;
+    HASH_FIND(hh, r->holders, &b->event_holder, sizeof(b->event_holder), h);
+    return h ? b->event : NULL;
+}
+
+void gpubuf_registry_ref_ro(gpubuf_holder *h, uint64_t id, bool add) {
+    gpubuf_ref *ref = ref_find(h, id);
+    if (!ref)
+        return;
+    if (add && ref->ro < ref->count) {
+        ref->ro++;
+        h->n_ro_refs++;
+    } else if (!add && ref->ro > 0) {
+        ref->ro--;
+        h->n_ro_refs--;
+    }
+}
+
+int gpubuf_registry_seal_event(gpubuf_registry *r, gpubuf_holder *h, uint64_t id,
+                               const uint8_t *event, gpubuf_buf **ret) {
     gpubuf_buf *b = gpubuf_registry_find_id(r, id);
     if (!b)
         return fail(r, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
@@ -339,6 +365,14 @@ int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpub
     if (b->state != GPUBUF_STATE_ALLOCATED)
         return fail(r, GPUBUF_ESTATE, "buffer %llu is already %s", (unsigned long long)id,
                     b->state == GPUBUF_STATE_SEALED ? "sealed" : "deleted");
+    if (event && b->pool->be->kind == GPUBUF_POOL_HOST)
+        return fail(r, -EINVAL, "buffer %llu is in host pool '%s': a stream-ordered seal needs "
+                    "a CUDA pool (seal without an event)", (unsigned long long)id, b->pool->name);
+    if (event) {
+        memcpy(b->event, event, GPUBUF_EVENT_HANDLE_SIZE);
+        b->has_event = true;
+        b->event_holder = h->id;
+    }
     b->state = GPUBUF_STATE_SEALED;
     /* Wake waiters for this name or id. Each gets its own reference. */
     gpubuf_waiter *w = r->waiters, *next;
@@ -418,6 +452,10 @@ int gpubuf_registry_release_keep(gpubuf_registry *r, gpubuf_holder *h, uint64_t 
             h->n_kept++;
             gpubuf_pool_pin(sl);
         }
+    }
+    if (ref->ro > ref->count - 1) { /* the last one goes: so do its marks */
+        ref->ro--;
+        h->n_ro_refs--;
     }
     if (--ref->count == 0) {
         HASH_DEL(h->refs, ref);

@@ -11,6 +11,8 @@
 
 #include "pool.h"
 
+#define GPUBUF_EVENT_HANDLE_SIZE 64 /* sizeof(CUipcEventHandle) */
+
 typedef struct gpubuf_buf gpubuf_buf;
 typedef struct gpubuf_holder gpubuf_holder;
 typedef struct gpubuf_waiter gpubuf_waiter;
@@ -27,6 +29,9 @@ struct gpubuf_buf {
     uint64_t owner_holder; /* holder id of the creator */
     uint64_t charged;      /* bytes charged to the owner's quotas */
     bool in_name_index;
+    bool has_event;        /* sealed on a stream: openers wait for event */
+    uint64_t event_holder; /* the holder that recorded it (the event dies with it) */
+    uint8_t event[GPUBUF_EVENT_HANDLE_SIZE];
     UT_hash_handle hh_id;
     UT_hash_handle hh_name;
 };
@@ -35,6 +40,7 @@ struct gpubuf_buf {
 typedef struct gpubuf_ref {
     uint64_t buffer_id;
     uint32_t count;
+    uint32_t ro;       /* of count, references opened read-only */
     UT_hash_handle hh;
 } gpubuf_ref;
 
@@ -62,6 +68,7 @@ struct gpubuf_holder {
     uint32_t n_kept;      /* entries of slabs with kept set */
     uint32_t kept_cap;    /* slabs it may keep: quota.kept_slabs_per_client at hello */
     uint32_t n_refs;      /* sum of counts */
+    uint32_t n_ro_refs;   /* sum of ro */
     uint32_t n_owned;     /* live buffers this client allocated */
     uint64_t owned_bytes;
     gpubuf_waiter *waiters; /* this holder's pending waits */
@@ -136,6 +143,16 @@ uint32_t gpubuf_registry_holder_count(gpubuf_holder *h, uint64_t buffer_id);
 int gpubuf_registry_alloc(gpubuf_registry *r, gpubuf_holder *h, gpubuf_pool *pool, uint64_t size,
                           uint64_t align, const char *name, gpubuf_buf **ret);
 int gpubuf_registry_seal(gpubuf_registry *r, gpubuf_holder *h, uint64_t id, gpubuf_buf **ret);
+/* Seal with the CUDA IPC event the sealer recorded after writing (NULL: none;
+ * -EINVAL for a host pool), so that waiters woken by the seal get it. */
+int gpubuf_registry_seal_event(gpubuf_registry *r, gpubuf_holder *h, uint64_t id,
+                               const uint8_t *event, gpubuf_buf **ret);
+/* The buffer's seal event while its sealer is connected, else NULL: a
+ * producer's CUDA events die with its process. */
+const uint8_t *gpubuf_registry_event(gpubuf_registry *r, const gpubuf_buf *b);
+/* Mark one of the holder's references to id as read-only (after an open), or
+ * unmark one (before releasing a read-only reference). */
+void gpubuf_registry_ref_ro(gpubuf_holder *h, uint64_t id, bool add);
 /* Take a reference to a sealed buffer. -ENOENT when the name/id is unknown
  * or not sealed yet (the caller may then wait). */
 int gpubuf_registry_open(gpubuf_registry *r, gpubuf_holder *h, const char *name, uint64_t id,

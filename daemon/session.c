@@ -10,6 +10,8 @@
 #include "wire.h"
 
 #define GPUBUF_SERVER_STRING "gpubufd " GPUBUF_VERSION_STRING
+/* reply_buffer_fd: a read-only open whose fd is the slab's own (none). */
+#define RO_NO_FD (-2)
 
 typedef struct session_waiter {
     gpubuf_waiter w;
@@ -17,6 +19,7 @@ typedef struct session_waiter {
     gpubuf_session *s;
     uint64_t request_id;
     bool has_timer;
+    bool read_only; /* GPUBUF_OPEN_READONLY */
 } session_waiter;
 
 static void reply_error(gpubuf_session *s, uint64_t id, int status, const char *msg) {
@@ -64,22 +67,59 @@ static void fill_buffer(buffer_msg *m, const gpubuf_buf *b) {
 
 /* Reply with a buffer. map_fd (alloc and open, which take a reference): how
  * to map it, the slab's fd or IPC handle. Otherwise (seal, stat) no handle:
- * nothing is handed out without a reference. */
-static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bool map_fd) {
+ * nothing is handed out without a reference. ro_fd >= 0: a read-only open,
+ * with the fd to send instead of the slab's. */
+static void reply_buffer_fd(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bool map_fd,
+                            int ro_fd) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
+    bool ro = ro_fd >= 0 || (map_fd && ro_fd == RO_NO_FD);
     fill_buffer(&m, b);
     if (!map_fd) {
         m.slab.ipc_handle.len = 0;
         m.slab.ipc_handle.data = NULL;
+    } else {
+        const uint8_t *ev = gpubuf_registry_event(&s->srv->reg, b);
+        if (ev) {
+            m.buf.event_handle.data = (uint8_t *)ev;
+            m.buf.event_handle.len = GPUBUF_EVENT_HANDLE_SIZE;
+        }
     }
-    m.slab.keepable = map_fd && (s->caps & GPUBUF_CAP_KEEP_MAPPED) && !b->blk.slab->dedicated;
-    int fd = map_fd ? b->blk.slab->exp.fd : -1;
+    /* Read-only mappings are never kept: the daemon pins slabs, not modes. */
+    m.slab.keepable = map_fd && !ro && (s->caps & GPUBUF_CAP_KEEP_MAPPED) &&
+                      !b->blk.slab->dedicated;
+    m.slab.read_only = ro;
+    m.buf.read_only = ro;
+    int fd = map_fd ? (ro_fd >= 0 ? ro_fd : b->blk.slab->exp.fd) : -1;
     resp.id = id;
     resp.fds = fd >= 0 ? 1 : 0;
     resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
     resp.buffer = &m.buf;
     gpubuf_session_send(s, &resp, fd);
+}
+
+static void reply_buffer(gpubuf_session *s, uint64_t id, const gpubuf_buf *b, bool map_fd) {
+    reply_buffer_fd(s, id, b, map_fd, -1);
+}
+
+/* Reply to an open that took a reference to b. A read-only open sends the
+ * fd that maps it read-only; where the memory cannot be (cuda-ipc), the
+ * reference is given back and the open fails with -EOPNOTSUPP. */
+static void reply_open(gpubuf_session *s, uint64_t id, gpubuf_buf *b, bool read_only) {
+    char err[256];
+    int fd = -1, r;
+    if (!read_only) {
+        reply_buffer(s, id, b, true);
+        return;
+    }
+    r = gpubuf_backend_export_ro(b->pool->be, &b->blk.slab->exp, &fd, err, sizeof(err));
+    if (r < 0) {
+        gpubuf_registry_release(&s->srv->reg, s->holder, b->id);
+        reply_error(s, id, r, err);
+        return;
+    }
+    gpubuf_registry_ref_ro(s->holder, b->id, true);
+    reply_buffer_fd(s, id, b, true, fd >= 0 ? fd : RO_NO_FD);
 }
 
 static void waiter_closed(uv_handle_t *h) {
@@ -103,7 +143,7 @@ static void waiter_wake(gpubuf_waiter *w, gpubuf_buf *b) {
         gpubuf_registry_release(&sw->s->srv->reg, sw->s->holder, b->id);
         reply_error(sw->s, sw->request_id, -EACCES, "this client may not use the buffer's pool");
     } else {
-        reply_buffer(sw->s, sw->request_id, b, true);
+        reply_open(sw->s, sw->request_id, b, sw->read_only);
     }
     free(w->name);
     waiter_dispose(sw);
@@ -231,7 +271,12 @@ static void do_alloc(gpubuf_session *s, uint64_t id, const Gpubuf__AllocRequest 
 
 static void do_seal(gpubuf_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
     gpubuf_buf *b;
-    int r = gpubuf_registry_seal(&s->srv->reg, s->holder, q->buffer_id, &b);
+    if (q->event_handle.len != 0 && q->event_handle.len != GPUBUF_EVENT_HANDLE_SIZE) {
+        reply_error(s, id, -EINVAL, "a seal event handle has 64 bytes (CUipcEventHandle)");
+        return;
+    }
+    int r = gpubuf_registry_seal_event(&s->srv->reg, s->holder, q->buffer_id,
+                                       q->event_handle.len ? q->event_handle.data : NULL, &b);
     if (r < 0) {
         reply_error(s, id, r, s->srv->reg.last_error);
         return;
@@ -266,9 +311,17 @@ static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q
         reply_error(s, id, -EACCES, "this client may not use the buffer's pool");
         return;
     }
+    if (target && q->read_only && target->pool->be->kind == GPUBUF_POOL_CUDA_IPC) {
+        char err[256];
+        int fd;
+        int r2 = gpubuf_backend_export_ro(target->pool->be, &target->blk.slab->exp, &fd, err,
+                                          sizeof(err));
+        reply_error(s, id, r2, err);
+        return;
+    }
     r = gpubuf_registry_open(reg, s->holder, name, bid, &b);
     if (r == 0) {
-        reply_buffer(s, id, b, true);
+        reply_open(s, id, b, q->read_only);
         return;
     }
     if (r != -ENOENT || q->timeout_ms == 0) {
@@ -296,6 +349,7 @@ static void do_open(gpubuf_session *s, uint64_t id, const Gpubuf__OpenRequest *q
     }
     sw->s = s;
     sw->request_id = id;
+    sw->read_only = q->read_only;
     sw->w.holder = s->holder;
     sw->w.buffer_id = bid;
     sw->w.wake = waiter_wake;
@@ -319,6 +373,8 @@ static void do_release(gpubuf_session *s, uint64_t id, const Gpubuf__ReleaseRequ
         reply_error(s, id, GPUBUF_EPROTOCOL, "keep_mapped without the KEEP_MAPPED capability");
         return;
     }
+    if (q->read_only)
+        gpubuf_registry_ref_ro(s->holder, q->buffer_id, false);
     int r = gpubuf_registry_release_keep(&s->srv->reg, s->holder, q->buffer_id, keep);
     if (r < 0) {
         reply_error(s, id, r, s->srv->reg.last_error);
@@ -491,6 +547,7 @@ static void do_status(gpubuf_session *s, uint64_t id, const Gpubuf__StatusReques
         cl[i].references = x->holder->n_refs;
         cl[i].buffers_held = HASH_CNT(hh, x->holder->refs);
         cl[i].kept_slabs = x->holder->n_kept;
+        cl[i].read_only_references = x->holder->n_ro_refs;
         cl[i].name = x->name;
         pcl[i] = &cl[i];
         i++;
