@@ -832,6 +832,7 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
         o->references = x->references;
         o->buffers_held = x->buffers_held;
         o->kept_slabs = x->kept_slabs;
+        o->read_only_references = x->read_only_references;
         snprintf(o->name, sizeof(o->name), "%s", x->name ? x->name : "");
     }
     s->n_clients = st->n_clients;

@@ -140,6 +140,7 @@ typedef struct gpubuf_client_info {
     uint32_t buffers_held; /**< distinct buffers referenced */
     char name[64];
     uint32_t kept_slabs;   /**< slabs it keeps mapped after their last view went */
+    uint32_t read_only_references; /**< of references, those opened read-only */
 } gpubuf_client_info;
 
 /** A snapshot of the daemon (gpubuf_status). Free with gpubuf_status_free(). */
