@@ -90,6 +90,9 @@ static void load_once(void) {
     R(ModuleGetFunction, "cuModuleGetFunction");
     R(LaunchKernel, "cuLaunchKernel");
     R(StreamSynchronize, "cuStreamSynchronize");
+    R(StreamCreate, "cuStreamCreate");
+    R(StreamDestroy, "cuStreamDestroy");
+    R(StreamQuery, "cuStreamQuery");
     R(EventCreate, "cuEventCreate");
     R(EventRecord, "cuEventRecord");
     R(EventSynchronize, "cuEventSynchronize");
