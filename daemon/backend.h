@@ -58,7 +58,6 @@ int gpubuf_backend_export_ro(gpubuf_backend *be, gpubuf_slab_export *exp, int *r
 int gpubuf_backend_cuda_device_count(char *err, size_t errlen);
 gpubuf_backend *gpubuf_backend_free(gpubuf_backend *be);
 
-const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind);
 int gpubuf_pool_kind_parse(const char *s, gpubuf_pool_kind *ret);
 
 #endif

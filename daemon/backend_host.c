@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "backend.h"
+#include "util.h"
 
 static int host_slab_create(gpubuf_backend *be, uint64_t size, void **ret_priv,
                             gpubuf_slab_export *ret_export, char *err, size_t errlen) {
@@ -124,15 +125,6 @@ int gpubuf_backend_export_ro(gpubuf_backend *be, gpubuf_slab_export *exp, int *r
              "writable): open without the read-only flag, or use a cuda-vmm or host pool",
              gpubuf_pool_kind_name(be->kind));
     return -EOPNOTSUPP;
-}
-
-const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind) {
-    switch (kind) {
-    case GPUBUF_POOL_HOST: return "host";
-    case GPUBUF_POOL_CUDA_IPC: return "cuda-ipc";
-    case GPUBUF_POOL_CUDA_VMM: return "cuda-vmm";
-    }
-    return "unknown";
 }
 
 int gpubuf_pool_kind_parse(const char *s, gpubuf_pool_kind *ret) {
