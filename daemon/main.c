@@ -240,8 +240,8 @@ static int load_config_file(config *c, const char *path) {
     }
     for (int i = before; i < c->n_pools; i++)
         if (c->pools[i].kind == 0) {
-            fprintf(stderr, "gpubufd: %s: [pool:%s] has no kind (host, cuda-ipc or cuda-vmm)\n", path,
-                    c->pools[i].name);
+            fprintf(stderr, "gpubufd: %s: [pool:%s] has no kind (host, cuda-ipc or cuda-vmm)\n",
+                    path, c->pools[i].name);
             return -1;
         }
     return 0;
