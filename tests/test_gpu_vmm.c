@@ -87,6 +87,7 @@ END_TEST
 /* ---- stream-ordered seal and wait ---------------------------------------- */
 
 typedef struct story {
+    const char *pool;
     const char *name;
     uint64_t size;
     uint32_t seed;
@@ -103,9 +104,11 @@ static int stream_producer(const test_daemon *d, void *arg) {
     CUstream st;
     CUcontext ctx, ignored;
     CUdevice dev;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "vmm", j->size, j->name, &b) < 0)
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, j->pool, j->size, j->name, &b) < 0)
         return 1;
-    if (gpubuf_buffer_pool_kind(b) != GPUBUF_POOL_CUDA_VMM || gpubuf_buffer_device(b) != 0)
+    if (gpubuf_buffer_pool_kind(b) != (strcmp(j->pool, "vmm") == 0 ? GPUBUF_POOL_CUDA_VMM
+                                                                     : GPUBUF_POOL_CUDA_IPC) ||
+        gpubuf_buffer_device(b) != 0)
         return 2;
     if (gpubuf_cuda_load(&cu) < 0 || cu->DeviceGet(&dev, 0) != CUDA_SUCCESS ||
         cu->DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
@@ -159,11 +162,13 @@ static int stream_consumer(const test_daemon *d, void *arg) {
         cu->CtxPushCurrent(ctx) != CUDA_SUCCESS ||
         cu->StreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
         return 3;
+    /* On cuda-ipc, the caller asks for its thread's default stream. */
+    CUstream use = strcmp(j->pool, "ipc") == 0 ? CU_STREAM_PER_THREAD : st;
     double t0 = now_us();
-    if (gpubuf_buffer_wait(b, (gpubuf_stream)st) < 0)
+    if (gpubuf_buffer_wait(b, (gpubuf_stream)use) < 0)
         return 4;
     double t1 = now_us();
-    if (gpubuf_pattern_verify_device_stream(0, gpubuf_buffer_device_ptr(b), j->size, j->seed, st,
+    if (gpubuf_pattern_verify_device_stream(0, gpubuf_buffer_device_ptr(b), j->size, j->seed, use,
                                             &bad) < 0)
         return 5;
     printf("consumer: wait enqueued in %.1f us; %llu mismatches in %llu MiB\n", t1 - t0,
@@ -182,7 +187,7 @@ static int stream_consumer(const test_daemon *d, void *arg) {
  * streams wait on the event and verify every word. After the producer is
  * gone, a fourth consumer still reads the memory, with no event to wait on. */
 START_TEST(vmm_stream_ordered_1gib) {
-    story j = {.name = "frame", .size = 1 * GiB, .seed = 31, .spin_us = 300000,
+    story j = {.pool = "vmm", .name = "frame", .size = 1 * GiB, .seed = 31, .spin_us = 300000,
                .expect_event = true};
     pid_t cons[3];
     for (int i = 0; i < 3; i++)
@@ -200,13 +205,28 @@ START_TEST(vmm_stream_ordered_1gib) {
 }
 END_TEST
 
+/* The same hand-over on a cuda-ipc pool, with the per-thread default stream
+ * on the consumer side. */
+START_TEST(ipc_stream_ordered_256mib) {
+    story j = {.pool = "ipc", .name = "iframe", .size = 256 * MiB, .seed = 33, .spin_us = 200000,
+               .expect_event = true};
+    pid_t cons = td_spawn(stream_consumer, &D, &j);
+    ck_assert(td_wait_clients(&D, 1, 10000));
+    pid_t prod = td_spawn(stream_producer, &D, &j);
+    ck_assert_int_eq(td_wait(cons), 0);
+    ck_assert_int_eq(td_wait(prod), 0);
+    delete_name("iframe");
+    expect_empty();
+}
+END_TEST
+
 /* ---- read-only opens ----------------------------------------------------- */
 
 static int fill_and_seal(const test_daemon *d, void *arg) {
     story *j = arg;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "vmm", j->size, j->name, &b) < 0)
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, j->pool, j->size, j->name, &b) < 0)
         return 1;
     if (gpubuf_pattern_fill_device(0, gpubuf_buffer_device_ptr(b), j->size, j->seed) < 0)
         return 2;
@@ -269,7 +289,7 @@ static int ipc_read_only_refused(const test_daemon *d, void *arg) {
 }
 
 START_TEST(vmm_read_only_faults_alone) {
-    story j = {.name = "ro", .size = 64 * MiB, .seed = 41};
+    story j = {.pool = "vmm", .name = "ro", .size = 64 * MiB, .seed = 41};
     ck_assert_int_eq(td_wait(td_spawn(fill_and_seal, &D, &j)), 0);
     ck_assert_int_eq(td_wait(td_spawn(read_only_writer, &D, &j)), 0);
     /* The daemon serves on; the data is unchanged for everyone else. */
@@ -403,6 +423,7 @@ int main(void) {
     tcase_set_timeout(t, 120);
     tcase_add_test(t, vmm_user_story_256mib);
     tcase_add_test(t, vmm_stream_ordered_1gib);
+    tcase_add_test(t, ipc_stream_ordered_256mib);
     tcase_add_test(t, vmm_read_only_faults_alone);
     tcase_add_test(t, vmm_stream_copies);
     suite_add_tcase(s, t);
