@@ -132,9 +132,6 @@ void gpubuf__events_sweep(gpubuf_client *c, bool wait);
 int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
                          uint8_t ret_handle[64]);
 
-/* GPUBUF_ERANGE (and a message) when [offset, +length) leaves the view. */
-int gpubuf__check_range(const gpubuf_buffer *b, uint64_t offset, uint64_t length);
-
 void gpubuf__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void gpubuf__client_unref(gpubuf_client *c);
 

@@ -1,5 +1,5 @@
-/* Stream order: seal events (producer), waits (consumer), and copies that are
- * enqueued on a stream instead of finishing before the call returns. */
+/* Stream order: seal events (producer), waits (consumer); and the copies
+ * between views and host memory, synchronous or enqueued on a stream. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,6 +9,16 @@
 /* A view's memory as seen by the host (host pools), else NULL. */
 static char *host_bytes(const gpubuf_buffer *b) {
     return b->map->host ? (char *)b->map->host + b->offset : NULL;
+}
+
+static int check_range(const gpubuf_buffer *b, uint64_t offset, uint64_t length) {
+    if (offset > b->size || length > b->size - offset) {
+        gpubuf__set_error("copy of [%llu, +%llu) outside a view of %llu bytes",
+                          (unsigned long long)offset, (unsigned long long)length,
+                          (unsigned long long)b->size);
+        return GPUBUF_ERANGE;
+    }
+    return 0;
 }
 
 static const gpubuf_buffer *root_of(const gpubuf_buffer *b) {
@@ -117,9 +127,12 @@ GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *view, gpubuf_stream stream) 
     return r;
 }
 
-/* Enqueue a copy of n bytes between a device address and host memory. */
-static int copy_host_async(const gpubuf_buffer *b, uint64_t offset, void *host, uint64_t n,
-                           gpubuf_stream stream, bool to_host) {
+/* Copy n bytes between a device address and host memory: enqueued on stream,
+ * or synchronous (cuMemcpyDtoH / cuMemcpyHtoD) when not async. */
+static int copy_device(const gpubuf_buffer *b, uint64_t offset, void *host, uint64_t n,
+                       gpubuf_stream stream, bool to_host, bool async) {
+    static const char *const what[2][2] = {{"cuMemcpyHtoD", "cuMemcpyHtoDAsync"},
+                                           {"cuMemcpyDtoH", "cuMemcpyDtoHAsync"}};
     const gpubuf_cuda *cu;
     CUcontext ignored;
     CUresult cr;
@@ -129,12 +142,14 @@ static int copy_host_async(const gpubuf_buffer *b, uint64_t offset, void *host, 
     CUdeviceptr d = (CUdeviceptr)(b->map->base + b->offset + offset);
     cu->CtxPushCurrent(b->map->ctx);
     if (to_host)
-        cr = cu->MemcpyDtoHAsync(host, d, (size_t)n, (CUstream)stream);
+        cr = async ? cu->MemcpyDtoHAsync(host, d, (size_t)n, (CUstream)stream)
+                   : cu->MemcpyDtoH(host, d, (size_t)n);
     else
-        cr = cu->MemcpyHtoDAsync(d, host, (size_t)n, (CUstream)stream);
+        cr = async ? cu->MemcpyHtoDAsync(d, host, (size_t)n, (CUstream)stream)
+                   : cu->MemcpyHtoD(d, host, (size_t)n);
     cu->CtxPopCurrent(&ignored);
     if (cr != CUDA_SUCCESS)
-        return cuda_fail(cr, to_host ? "cuMemcpyDtoHAsync" : "cuMemcpyHtoDAsync");
+        return cuda_fail(cr, what[to_host][async]);
     return 0;
 }
 #else
@@ -159,46 +174,56 @@ int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream strea
     return GPUBUF_ENODRIVER;
 }
 
-static int copy_host_async(const gpubuf_buffer *b, uint64_t offset, void *host, uint64_t n,
-                           gpubuf_stream stream, bool to_host) {
-    (void)b, (void)offset, (void)host, (void)n, (void)stream, (void)to_host;
+static int copy_device(const gpubuf_buffer *b, uint64_t offset, void *host, uint64_t n,
+                       gpubuf_stream stream, bool to_host, bool async) {
+    (void)b, (void)offset, (void)host, (void)n, (void)stream, (void)to_host, (void)async;
     gpubuf__set_error("libgpubuf-client was built without CUDA support");
     return GPUBUF_ENODRIVER;
 }
 #endif
 
+/* Between a view and host memory: checked, then memcpy for host pools. */
+static int copy_host(const gpubuf_buffer *b, uint64_t offset, void *host, uint64_t length,
+                     gpubuf_stream stream, bool to_host, bool async) {
+    int r;
+    if (!b || (!host && length))
+        return -EINVAL;
+    if (!to_host && b->map->read_only) {
+        gpubuf__set_error("the view was opened read-only");
+        return -EPERM;
+    }
+    if ((r = check_range(b, offset, length)) < 0 || length == 0)
+        return r;
+    if (host_bytes(b)) {
+        if (to_host)
+            memcpy(host, host_bytes(b) + offset, (size_t)length);
+        else
+            memcpy(host_bytes(b) + offset, host, (size_t)length);
+        return 0;
+    }
+    return copy_device(b, offset, host, length, stream, to_host, async);
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy_to_host(const gpubuf_buffer *b, uint64_t offset, void *dst,
+                                             uint64_t length) {
+    return copy_host(b, offset, dst, length, NULL, true, false);
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy_from_host(gpubuf_buffer *b, uint64_t offset,
+                                               const void *src, uint64_t length) {
+    return copy_host(b, offset, (void *)src, length, NULL, false, false);
+}
+
 GPUBUF_EXTERN int gpubuf_buffer_copy_to_host_async(const gpubuf_buffer *b, uint64_t offset,
                                                    void *dst, uint64_t length,
                                                    gpubuf_stream stream) {
-    int r;
-    if (!b || (!dst && length))
-        return -EINVAL;
-    if ((r = gpubuf__check_range(b, offset, length)) < 0 || length == 0)
-        return r;
-    if (host_bytes(b)) {
-        memcpy(dst, host_bytes(b) + offset, (size_t)length);
-        return 0;
-    }
-    return copy_host_async(b, offset, dst, length, stream, true);
+    return copy_host(b, offset, dst, length, stream, true, true);
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_copy_from_host_async(gpubuf_buffer *b, uint64_t offset,
                                                      const void *src, uint64_t length,
                                                      gpubuf_stream stream) {
-    int r;
-    if (!b || (!src && length))
-        return -EINVAL;
-    if (b->map->read_only) {
-        gpubuf__set_error("the view was opened read-only");
-        return -EPERM;
-    }
-    if ((r = gpubuf__check_range(b, offset, length)) < 0 || length == 0)
-        return r;
-    if (host_bytes(b)) {
-        memcpy(host_bytes(b) + offset, src, (size_t)length);
-        return 0;
-    }
-    return copy_host_async(b, offset, (void *)src, length, stream, false);
+    return copy_host(b, offset, (void *)src, length, stream, false, true);
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
@@ -211,19 +236,19 @@ GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
         gpubuf__set_error("the destination view was opened read-only");
         return -EPERM;
     }
-    if ((r = gpubuf__check_range(dst, dst_offset, length)) < 0 ||
-        (r = gpubuf__check_range(src, src_offset, length)) < 0 || length == 0)
+    if ((r = check_range(dst, dst_offset, length)) < 0 ||
+        (r = check_range(src, src_offset, length)) < 0 || length == 0)
         return r;
     if (host_bytes(dst) && host_bytes(src)) {
         memmove(host_bytes(dst) + dst_offset, host_bytes(src) + src_offset, (size_t)length);
         return 0;
     }
     if (host_bytes(dst))
-        return copy_host_async(src, src_offset, host_bytes(dst) + dst_offset, length, stream,
-                               true);
+        return copy_device(src, src_offset, host_bytes(dst) + dst_offset, length, stream, true,
+                           true);
     if (host_bytes(src))
-        return copy_host_async(dst, dst_offset, host_bytes(src) + src_offset, length, stream,
-                               false);
+        return copy_device(dst, dst_offset, host_bytes(src) + src_offset, length, stream, false,
+                           true);
 #ifdef GPUBUF_HAVE_CUDA
     const gpubuf_cuda *cu;
     CUcontext ignored;

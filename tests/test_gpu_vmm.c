@@ -53,6 +53,30 @@ static void delete_name(const char *name) {
     gpubuf_disconnect(c);
 }
 
+/* A stream of device 0's primary context, made current on this thread. */
+typedef struct gstream {
+    const gpubuf_cuda *cu;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream st;
+} gstream;
+
+static int stream_open(gstream *g, unsigned flags) {
+    if (gpubuf_cuda_load(&g->cu) < 0 || g->cu->DeviceGet(&g->dev, 0) != CUDA_SUCCESS ||
+        g->cu->DevicePrimaryCtxRetain(&g->ctx, g->dev) != CUDA_SUCCESS ||
+        g->cu->CtxPushCurrent(g->ctx) != CUDA_SUCCESS ||
+        g->cu->StreamCreate(&g->st, flags) != CUDA_SUCCESS)
+        return -1;
+    return 0;
+}
+
+static void stream_close(gstream *g) {
+    CUcontext ignored;
+    g->cu->StreamDestroy(g->st);
+    g->cu->CtxPopCurrent(&ignored);
+    g->cu->DevicePrimaryCtxRelease(g->dev);
+}
+
 /* ---- the user story with the example programs ---------------------------- */
 
 static int run_example(const char *const *argv) {
@@ -98,23 +122,18 @@ typedef struct story {
 /* Allocate, enqueue a long fill on a stream, seal on that stream at once. */
 static int stream_producer(const test_daemon *d, void *arg) {
     story *j = arg;
-    const gpubuf_cuda *cu;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    CUstream st;
-    CUcontext ctx, ignored;
-    CUdevice dev;
+    gstream g;
     if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, j->pool, j->size, j->name, &b) < 0)
         return 1;
     if (gpubuf_buffer_pool_kind(b) != (strcmp(j->pool, "vmm") == 0 ? GPUBUF_POOL_CUDA_VMM
                                                                      : GPUBUF_POOL_CUDA_IPC) ||
         gpubuf_buffer_device(b) != 0)
         return 2;
-    if (gpubuf_cuda_load(&cu) < 0 || cu->DeviceGet(&dev, 0) != CUDA_SUCCESS ||
-        cu->DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
-        cu->CtxPushCurrent(ctx) != CUDA_SUCCESS ||
-        cu->StreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+    if (stream_open(&g, CU_STREAM_NON_BLOCKING) < 0)
         return 3;
+    CUstream st = g.st;
     double t0 = now_us();
     if (gpubuf_pattern_fill_device_async(0, gpubuf_buffer_device_ptr(b), j->size, j->seed, st,
                                          j->spin_us) < 0)
@@ -124,20 +143,18 @@ static int stream_producer(const test_daemon *d, void *arg) {
         return 5;
     double t2 = now_us();
     /* Returned before the kernel ended. */
-    if (cu->StreamQuery(st) != CUDA_ERROR_NOT_READY)
+    if (g.cu->StreamQuery(st) != CUDA_ERROR_NOT_READY)
         return 6;
     if (gpubuf_flush(c) < 0)
         return 7;
-    if (cu->StreamSynchronize(st) != CUDA_SUCCESS)
+    if (g.cu->StreamSynchronize(st) != CUDA_SUCCESS)
         return 8;
     double t3 = now_us();
     printf("stream seal: launch %.1f us, gpubuf_seal_stream %.1f us; the kernel ended %.1f ms "
            "after the seal returned\n",
            t1 - t0, t2 - t1, (t3 - t2) / 1000);
     fflush(stdout);
-    cu->StreamDestroy(st);
-    cu->CtxPopCurrent(&ignored);
-    cu->DevicePrimaryCtxRelease(dev);
+    stream_close(&g);
     gpubuf_release(b);
     gpubuf_disconnect(c);
     return 0;
@@ -146,24 +163,18 @@ static int stream_producer(const test_daemon *d, void *arg) {
 /* Open (waiting), order a stream after the producer's work, verify on it. */
 static int stream_consumer(const test_daemon *d, void *arg) {
     story *j = arg;
-    const gpubuf_cuda *cu;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    CUstream st;
-    CUcontext ctx, ignored;
-    CUdevice dev;
+    gstream g;
     uint64_t bad = 1;
     if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, j->name, 30000, &b) < 0)
         return 1;
     if (b->has_event != j->expect_event)
         return 2;
-    if (gpubuf_cuda_load(&cu) < 0 || cu->DeviceGet(&dev, 0) != CUDA_SUCCESS ||
-        cu->DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
-        cu->CtxPushCurrent(ctx) != CUDA_SUCCESS ||
-        cu->StreamCreate(&st, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS)
+    if (stream_open(&g, CU_STREAM_NON_BLOCKING) < 0)
         return 3;
     /* On cuda-ipc, the caller asks for its thread's default stream. */
-    CUstream use = strcmp(j->pool, "ipc") == 0 ? CU_STREAM_PER_THREAD : st;
+    CUstream use = strcmp(j->pool, "ipc") == 0 ? CU_STREAM_PER_THREAD : g.st;
     double t0 = now_us();
     if (gpubuf_buffer_wait(b, (gpubuf_stream)use) < 0)
         return 4;
@@ -174,9 +185,7 @@ static int stream_consumer(const test_daemon *d, void *arg) {
     printf("consumer: wait enqueued in %.1f us; %llu mismatches in %llu MiB\n", t1 - t0,
            (unsigned long long)bad, (unsigned long long)(j->size / MiB));
     fflush(stdout);
-    cu->StreamDestroy(st);
-    cu->CtxPopCurrent(&ignored);
-    cu->DevicePrimaryCtxRelease(dev);
+    stream_close(&g);
     gpubuf_release(b);
     gpubuf_disconnect(c);
     return bad ? 6 : 0;
@@ -308,20 +317,16 @@ static int stream_copies(const test_daemon *d, void *arg) {
     gpubuf_buffer *a, *b, *x;
     const uint64_t n = 16 * MiB;
     uint64_t bad = 1;
-    const gpubuf_cuda *cu;
-    CUcontext ctx, ignored;
-    CUdevice dev;
-    CUstream st;
+    gstream g;
     (void)arg;
     uint32_t *in = malloc(n), *out = malloc(n);
     if (!in || !out || gpubuf_connect(d->socket, &c) < 0 ||
         gpubuf_alloc(c, "vmm", n, NULL, &a) < 0 || gpubuf_alloc(c, "ipc", n, NULL, &b) < 0 ||
         gpubuf_alloc(c, "vmm", n, NULL, &x) < 0)
         return 1;
-    if (gpubuf_cuda_load(&cu) < 0 || cu->DeviceGet(&dev, 0) != CUDA_SUCCESS ||
-        cu->DevicePrimaryCtxRetain(&ctx, dev) != CUDA_SUCCESS ||
-        cu->CtxPushCurrent(ctx) != CUDA_SUCCESS || cu->StreamCreate(&st, 0) != CUDA_SUCCESS)
+    if (stream_open(&g, 0) < 0)
         return 2;
+    CUstream st = g.st;
     gpubuf_pattern_fill(in, n, 51);
     /* host -> vmm -> ipc -> vmm -> host, all on one stream. */
     if (gpubuf_buffer_copy_from_host_async(a, 0, in, n, (gpubuf_stream)st) < 0 ||
@@ -329,16 +334,14 @@ static int stream_copies(const test_daemon *d, void *arg) {
         gpubuf_buffer_copy(x, 0, b, 0, n, (gpubuf_stream)st) < 0 ||
         gpubuf_buffer_copy_to_host_async(x, 0, out, n, (gpubuf_stream)st) < 0)
         return 3;
-    if (cu->StreamSynchronize(st) != CUDA_SUCCESS || memcmp(in, out, n) != 0)
+    if (g.cu->StreamSynchronize(st) != CUDA_SUCCESS || memcmp(in, out, n) != 0)
         return 4;
     if (gpubuf_pattern_verify_device_stream(0, gpubuf_buffer_device_ptr(b), n, 51, st, &bad) < 0 ||
         bad)
         return 5;
     if (gpubuf_buffer_copy(x, 1, a, 0, n, (gpubuf_stream)st) != GPUBUF_ERANGE)
         return 6;
-    cu->StreamDestroy(st);
-    cu->CtxPopCurrent(&ignored);
-    cu->DevicePrimaryCtxRelease(dev);
+    stream_close(&g);
     gpubuf_release(a);
     gpubuf_release(b);
     gpubuf_release(x);
