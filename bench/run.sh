@@ -92,7 +92,7 @@ if [ $mode = gpu ] && [ $base = 1 ]; then
 fi
 if [ $vmm = 1 ]; then
     nvcc -O2 -o "$out/vmm_bench" bench/anchors/vmm_bench.c -lcuda
-    "$out/vmm_bench" >>"$out/anchors.txt"
+    timeout 120 "$out/vmm_bench" >>"$out/anchors.txt" || echo "vmm_bench failed" >&2
     phase "vmm_bench done"
     if [ $has_torch = 1 ]; then
         PYTHONUNBUFFERED=1 timeout 150 python3 bench/anchors/torch_event_bench.py >>"$out/anchors.txt" ||
@@ -126,11 +126,17 @@ if [ $base = 1 ]; then
     [ $mode = gpu ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && only=$only,peer
 fi
 [ $vmm = 1 ] && only=${only:+$only,}vmm
+# A failed phase still leaves the figures of the others for the report.
+bench_rc=0
 "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
     --pool gpu0 --vmm-pool vmm --vmm-cold-pools vmmcold,vmmcold64 \
-    --only $only | tee "$out/gpubuf.txt"
+    --only $only | tee "$out/gpubuf.txt" || bench_rc=$?
 phase "gpubuf benchmarks done"
 kill $daemon
 wait $daemon || true
 trap - EXIT
 python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" | tee "$out/report.md"
+if [ $bench_rc != 0 ]; then
+    echo "bench/run.sh: gpubuf_bench failed (exit status $bench_rc): see its messages above" >&2
+    exit $bench_rc
+fi
