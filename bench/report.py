@@ -157,7 +157,7 @@ for kind in ("vmm", "ipc"):
     bad, n = g.get(f"handover_{kind}_order_violations"), g.get(f"handover_{kind}_count")
     if ho is None:
         continue
-    what = f"p99 {f(hp)} µs, {n:.0f} hand-overs, {bad:.0f} out of order"
+    what = f"p99 {f(hp)} µs, {f(n, 0)} hand-overs, {f(bad, 0)} out of order"
     if tho:
         row(f"producer kernel end -> consumer kernel start, cuda-{kind}", ho, "µs",
             f"{ho / tho:.2f} × torch.multiprocessing ({tho:.1f} µs, p99 {f(thp)} µs{torch_note}); {what}",
