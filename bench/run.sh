@@ -62,6 +62,7 @@ cmake --build "$build" -j"$jobs" >"$out/build.log"
 {
     echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "mode $mode"
+    echo "groups $([ $base = 1 ] && printf base)$([ $base = 1 ] && [ $vmm = 1 ] && printf ,)$([ $vmm = 1 ] && printf vmm)"
     echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
     echo "cores $(nproc)"
     [ $mode = gpu ] && echo "gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
