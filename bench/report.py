@@ -134,6 +134,75 @@ if hi:
     ratio = f"torch.mp {torch:.0f} µs = {torch / hi:.1f} × gpubuf" if torch else "no torch anchor"
     row("the same hand-over including alloc + fill + synchronize", hi, "µs", ratio, "reported", None)
 
+
+# cuda-vmm pools, read-only opens, stream order and copies (bench/run.sh --only vmm).
+# Cold opens are against the single-client echo floor (the socket round trip)
+# plus vmm_bench's import-and-map of an allocation of the slab's size.
+echo_rtt = a.get("echo_floor_1_client_median_us") or rtt
+for mib in (2, 64):
+    cold = g.get(f"vmm_open_cold_{mib}MiB_slab_median_us")
+    anc = a.get(f"vmm_import_map_{mib}MiB_median_us")
+    if cold and anc and echo_rtt:
+        base = echo_rtt + anc
+        row(f"cold open, cuda-vmm, {mib} MiB slab", cold, "µs",
+            f"{cold / base:.2f} × round trip ({echo_rtt:.1f} µs) + VMM import and map ({anc:.1f} µs)",
+            "≤ 1.2 ×", cold / base <= 1.2)
+wi, wv, wr = (g.get("warm_open_ipc_median_us"), g.get("warm_open_vmm_median_us"),
+              g.get("warm_open_vmm_ro_median_us"))
+if wi and wv:
+    row("warm open, cuda-vmm vs cuda-ipc", wv, "µs", f"{wv / wi:.2f} × cuda-ipc ({wi:.1f} µs)",
+        "≤ 1.05 ×", wv / wi <= 1.05)
+if wv and wr:
+    row("warm open read-only, cuda-vmm", wr, "µs", f"{wr / wv:.2f} × read-write ({wv:.1f} µs)",
+        "≤ 1.05 ×", wr / wv <= 1.05)
+for mib in (2, 64):
+    rw, ro = g.get(f"vmm_open_cold_{mib}MiB_slab_median_us"), g.get(f"vmm_open_cold_ro_{mib}MiB_slab_median_us")
+    arw, aro = a.get(f"vmm_import_map_{mib}MiB_median_us"), a.get(f"vmm_import_map_ro_{mib}MiB_median_us")
+    if rw and ro:
+        extra = f"; anchor read-only {aro / arw:.2f} × read-write" if arw and aro else ""
+        row(f"cold open read-only, cuda-vmm, {mib} MiB slab", ro, "µs",
+            f"{ro / rw:.2f} × read-write ({rw:.1f} µs){extra}", "≤ 1.05 ×", ro / rw <= 1.05)
+spin = g.get("seal_stream_kernel_spin_us")
+for kind in ("vmm", "ipc"):
+    ss, sq = g.get(f"seal_stream_{kind}_host_median_us"), g.get(f"seal_after_sync_{kind}_host_median_us")
+    running, its = g.get(f"seal_stream_{kind}_kernel_still_running"), g.get(f"seal_stream_{kind}_iterations")
+    if ss and sq and its:
+        row(f"seal on a stream, cuda-{kind}, producer kernel of {f(spin / 1000 if spin else None)} ms running",
+            ss, "µs",
+            f"seal after cuStreamSynchronize: {sq:.0f} µs; the producer gets {sq - ss:.0f} µs back; "
+            f"returned before its kernel ended {running:.0f}/{its:.0f}",
+            "returns before the kernel ends, every time", running == its)
+tho, thp = a.get("torch_event_handover_median_us"), a.get("torch_event_handover_p99_us")
+tbad = a.get("torch_event_handover_order_violations")
+torch_note = f", {tbad:.0f} out of order" if tbad else ""
+for kind in ("vmm", "ipc"):
+    ho, hp = g.get(f"handover_{kind}_median_us"), g.get(f"handover_{kind}_p99_us")
+    bad, n = g.get(f"handover_{kind}_order_violations"), g.get(f"handover_{kind}_count")
+    if ho is None:
+        continue
+    what = f"p99 {f(hp)} µs, {f(n, 0)} hand-overs, {f(bad, 0)} out of order"
+    if tho:
+        row(f"producer kernel end -> consumer kernel start, cuda-{kind}", ho, "µs",
+            f"{ho / tho:.2f} × torch.multiprocessing ({tho:.1f} µs, p99 {f(thp)} µs{torch_note}); {what}",
+            "≤ 1.0 × torch", ho / tho <= 1.0 and bad == 0)
+    else:
+        row(f"producer kernel end -> consumer kernel start, cuda-{kind}", ho, "µs",
+            f"no torch anchor in this run; {what}", "≤ 1.0 × torch", None)
+for key, label in (("h2d_vmm", "async copy host -> cuda-vmm view, 256 MiB pinned"),
+                   ("d2h_vmm", "async copy cuda-vmm view -> host, 256 MiB pinned"),
+                   ("h2d_ipc", "async copy host -> cuda-ipc view, 256 MiB pinned"),
+                   ("d2h_ipc", "async copy cuda-ipc view -> host, 256 MiB pinned"),
+                   ("d2d_vmm_to_vmm", "device-to-device copy 1 GiB, cuda-vmm view -> cuda-vmm view"),
+                   ("d2d_vmm_to_ipc", "device-to-device copy 1 GiB, cuda-vmm view -> cuda-ipc view")):
+    v, l = g.get(f"copy_{key}_gpubuf_GBps"), g.get(f"copy_{key}_local_GBps")
+    if v and l:
+        row(label, v, "GB/s", f"{v / l:.3f} × the same copy between local allocations ({l:.1f} GB/s)",
+            "≥ 0.98 ×", v / l >= 0.98)
+mism = g.get("copy_d2d_verify_mismatches")
+if mism is not None:
+    row("device-to-device copies checked word by word", mism, "mismatches", "both destinations",
+        "0", mism == 0)
+
 print("```")
 print(machine.strip())
 print("```")
@@ -147,7 +216,12 @@ print("Anchors measured in this run:")
 for k in ("unix_socket_roundtrip_64B_median_us", "cuIpcOpenMemHandle_first_median_us",
           "cuMemAlloc_1MiB_median_us", "torch_mp_share_1MiB_fresh_tensor_each_median_us",
           "torch_mp_share_1MiB_same_tensor_again_median_us", "dtod_copy_GBps_ipc_src_median",
-          "echo_floor_1_client_median_us", "echo_floor_16_aggregate_roundtrips_per_s"):
+          "echo_floor_1_client_median_us", "echo_floor_16_aggregate_roundtrips_per_s",
+          "vmm_import_map_2MiB_median_us", "vmm_import_map_ro_2MiB_median_us",
+          "vmm_import_map_64MiB_median_us", "vmm_import_map_ro_64MiB_median_us",
+          "vmm_import_only_64MiB_median_us", "vmm_reserve_map_access_64MiB_median_us",
+          "vmm_anchor_socket_roundtrip_64B_median_us", "torch_event_handover_median_us",
+          "torch_event_handover_p99_us", "torch_event_handover_order_violations"):
     if k in a:
         print(f"- {k}: {a[k]:g}")
 print()
@@ -155,3 +229,9 @@ print("gpubuf p99s:", ", ".join(f"{k} {v:g}" for k, v in g.items() if k.endswith
 if py:
     print()
     print("Python p99s:", ", ".join(f"{k} {v:g}" for k, v in py.items() if k.endswith("p99_us")))
+host_path = [(k, v) for k, v in g.items() if k.endswith("_consumer_wait_and_launch_median_us")]
+if host_path:
+    print()
+    print(f"Hand-over, consumer's wait + launch on the host (the producer's kernel spins "
+          f"{f(g.get('handover_spin_us'), 0)} µs):",
+          ", ".join(f"{k} {v:g}" for k, v in host_path))

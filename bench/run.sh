@@ -3,26 +3,52 @@
 # anchor programs and gpubuf's benchmarks in the same run, and prints one
 # table of ratios against the anchors (bench/report.py).
 #
-#   bench/run.sh [--host] [--out DIR]
+#   bench/run.sh [--host] [--only base|vmm|base,vmm] [--out DIR]
 #
 # With a GPU (nvcc and a driver present): cuda-ipc pools, CUDA anchors
 # (ipc_bench.c), torch.multiprocessing anchor when python3 has torch.
 # With --host or without a GPU: host pools and the socket anchors only.
+# --only picks groups of phases (default: all of them):
+#   base  the phases of the cuda-ipc (or host) pools: latency, cold,
+#         throughput, bandwidth, peer, crash, scale, with their anchors
+#   vmm   cuda-vmm pools, read-only opens, stream-ordered seal and hand-over,
+#         asynchronous and device-to-device copies (GPU only), with their
+#         anchors (vmm_bench.c, torch_event_bench.py) and the socket round trip
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=gpu
 out=${TMPDIR:-/tmp}/gpubuf-bench
+groups=""
+usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|base,vmm] [--out DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --host) mode=host ;;
-    --out) out=$2; shift ;;
-    *) echo "usage: bench/run.sh [--host] [--out DIR]" >&2; exit 2 ;;
+    --out) [ $# -ge 2 ] || usage; out=$2; shift ;;
+    --only) [ $# -ge 2 ] || usage; groups=$2; shift ;;
+    *) usage ;;
     esac
     shift
 done
 if [ $mode = gpu ] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then
     echo "bench/run.sh: no GPU found: running the host-pool benchmarks" >&2
     mode=host
+fi
+base=0
+vmm=0
+for g in ${groups//,/ }; do
+    case $g in
+    base) base=1 ;;
+    vmm) vmm=1 ;;
+    *) usage ;;
+    esac
+done
+if [ -z "$groups" ]; then
+    base=1
+    [ $mode = gpu ] && vmm=1
+fi
+if [ $vmm = 1 ] && [ $mode = host ]; then
+    echo "bench/run.sh: the vmm phases need a GPU" >&2
+    exit 2
 fi
 mkdir -p "$out"
 start=$(date +%s)
@@ -37,49 +63,81 @@ cmake --build "$build" -j"$jobs" >"$out/build.log"
 {
     echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "mode $mode"
+    echo "groups $([ $base = 1 ] && printf base)$([ $base = 1 ] && [ $vmm = 1 ] && printf ,)$([ $vmm = 1 ] && printf vmm)"
     echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
     echo "cores $(nproc)"
     [ $mode = gpu ] && echo "gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
 } >"$out/machine.txt"
 
 phase "built"
-# Anchors, measured in this run.
+# Anchors, measured in this run. The single-client echo floor is the socket
+# round trip of both groups.
 cc -O2 -o "$out/echo_floor" bench/anchors/echo_floor.c
 : >"$out/anchors.txt"
 for n in 1 16; do
+    [ $n = 16 ] && [ $base = 0 ] && continue
     "$out/echo_floor" $n $((n == 1 ? 20000 : 5000)) 64 | sed "s/^/echo_floor_$n /" >>"$out/anchors.txt"
 done
-if [ $mode = gpu ]; then
+has_torch=0
+if [ $mode = gpu ] && python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    has_torch=1
+fi
+if [ $mode = gpu ] && [ $base = 1 ]; then
     nvcc -O2 -o "$out/ipc_bench" bench/anchors/ipc_bench.c -lcuda
     "$out/ipc_bench" >>"$out/anchors.txt"
     phase "ipc_bench done"
-    if python3 -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    if [ $has_torch = 1 ]; then
         PYTHONUNBUFFERED=1 timeout 180 python3 bench/anchors/torch_share_bench.py >>"$out/anchors.txt" ||
             echo "torch anchor failed" >&2
         phase "torch anchor done"
     fi
-    kind=cuda-ipc
-else
-    kind=host
 fi
+if [ $vmm = 1 ]; then
+    nvcc -O2 -o "$out/vmm_bench" bench/anchors/vmm_bench.c -lcuda
+    timeout 120 "$out/vmm_bench" >>"$out/anchors.txt" || echo "vmm_bench failed" >&2
+    phase "vmm_bench done"
+    if [ $has_torch = 1 ]; then
+        PYTHONUNBUFFERED=1 timeout 150 python3 bench/anchors/torch_event_bench.py >>"$out/anchors.txt" ||
+            echo "torch event anchor failed" >&2
+        phase "torch event anchor done"
+    else
+        echo "bench/run.sh: python3 has no torch with CUDA: no torch event hand-over anchor" >&2
+    fi
+fi
+kind=host
+[ $mode = gpu ] && kind=cuda-ipc
 
 # gpubuf, on its own socket.
 sock=$out/gpubufd.sock
 rm -f "$sock"
-"$build/daemon/gpubufd" --socket "$sock" --log-level warning \
-    --pool "gpu0=$kind,capacity=32G,slab=64M" --pool "cold=$kind,capacity=2G,slab=2M" &
+pools=(--pool "gpu0=$kind,capacity=32G,slab=64M" --pool "cold=$kind,capacity=2G,slab=2M")
+# cuda-vmm pools on the same GPU: vmm for warm opens, hand-overs and copies;
+# vmmcold and vmmcold64 for cold opens (every buffer fills one slab).
+[ $vmm = 1 ] && pools+=(--pool "vmm=cuda-vmm,device=0,capacity=32G,slab=64M"
+    --pool "vmmcold=cuda-vmm,device=0,capacity=2G,slab=2M"
+    --pool "vmmcold64=cuda-vmm,device=0,capacity=8G,slab=64M")
+"$build/daemon/gpubufd" --socket "$sock" --log-level warning "${pools[@]}" &
 daemon=$!
 trap 'kill $daemon 2>/dev/null || true' EXIT
 for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
-only=latency,cold,throughput,crash,scale
-[ $mode = gpu ] && only=$only,bandwidth
-# Peer access needs a second GPU: a buffer of gpu0 read on GPU 1.
-[ $mode = gpu ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && only=$only,peer
+only=""
+if [ $base = 1 ]; then
+    only=latency,cold,throughput,crash,scale
+    [ $mode = gpu ] && only=$only,bandwidth
+    # Peer access needs a second GPU: a buffer of gpu0 read on GPU 1.
+    [ $mode = gpu ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && only=$only,peer
+fi
+[ $vmm = 1 ] && only=${only:+$only,}vmm
+# A failed phase still leaves the figures of the others for the report.
+bench_rc=0
 "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
-    --only $only | tee "$out/gpubuf.txt"
+    --pool gpu0 --vmm-pool vmm --vmm-cold-pools vmmcold,vmmcold64 \
+    --only $only | tee "$out/gpubuf.txt" || bench_rc=$?
 phase "gpubuf benchmarks done"
 : >"$out/python.txt"
-if ls "$build"/python/gpubuf/_gpubuf*.so >/dev/null 2>&1; then
+if [ $base = 0 ]; then
+    : # the Python benchmark belongs to the base group
+elif ls "$build"/python/gpubuf/_gpubuf*.so >/dev/null 2>&1; then
     host_flag=()
     [ $mode = host ] && host_flag=(--host)
     PYTHONPATH=$build/python PYTHONUNBUFFERED=1 timeout 300 python3 bench/python_bench.py \
@@ -94,3 +152,7 @@ wait $daemon || true
 trap - EXIT
 python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" "$out/python.txt" |
     tee "$out/report.md"
+if [ $bench_rc != 0 ]; then
+    echo "bench/run.sh: gpubuf_bench failed (exit status $bench_rc): see its messages above" >&2
+    exit $bench_rc
+fi

@@ -17,6 +17,9 @@ GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c) {
         return -EINVAL;
     pthread_mutex_lock(&c->lock);
     r = gpubuf__drain_locked(c);
+#ifdef GPUBUF_HAVE_CUDA
+    gpubuf__events_sweep(c, false);
+#endif
     if (r == 0) {
         r = c->async_error;
         c->async_error = 0;
@@ -118,6 +121,11 @@ GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
     shutdown(c->fd, SHUT_RD);
     pthread_mutex_lock(&c->lock);
     c->broken = true;
+#ifdef GPUBUF_HAVE_CUDA
+    /* The daemon forgets this connection's seal events when it goes: the
+     * work they stand for must be done by then. */
+    gpubuf__events_sweep(c, true);
+#endif
     /* Idle slabs are unmapped before the daemon learns that the connection
      * is gone and frees what nobody references (an exporter must not free
      * memory another process maps). */
@@ -158,6 +166,11 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
     b->offset = m->offset;
     b->size = m->size;
     b->owns_ref = true;
+    b->read_only = m->read_only && map->read_only;
+    if (m->event_handle.len == sizeof(b->event_handle)) {
+        memcpy(b->event_handle, m->event_handle.data, sizeof(b->event_handle));
+        b->has_event = true;
+    }
     snprintf(b->name, sizeof(b->name), "%s", m->name ? m->name : "");
     atomic_fetch_add(&c->refs, 1);
     *ret = b;
@@ -167,11 +180,12 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
 /* Tell the daemon to drop one reference (lock held). Asynchronous: the
  * client tracks its references, so the daemon cannot refuse a release it
  * sends; a later request on the connection (or gpubuf_flush) reads the reply. */
-static int send_release(gpubuf_client *c, uint64_t id, bool keep_mapped) {
+static int send_release(gpubuf_client *c, uint64_t id, bool keep_mapped, bool read_only) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
     rel.buffer_id = id;
     rel.keep_mapped = keep_mapped;
+    rel.read_only = read_only;
     req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
     req.release = &rel;
     return gpubuf__send_async_locked(c, &req);
@@ -190,7 +204,7 @@ static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer 
         } else {
             r = make_view(c, resp->buffer, fd, ret);
             if (r < 0) /* mapping failed: give the reference back */
-                send_release(c, resp->buffer->buffer_id, false);
+                send_release(c, resp->buffer->buffer_id, false, resp->buffer->read_only);
         }
         gpubuf__response__free_unpacked(resp, NULL);
     }
@@ -249,6 +263,36 @@ GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms
     return buffer_request(c, &req, ret);
 }
 
+GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id,
+                                 int timeout_ms, unsigned flags, gpubuf_buffer **ret) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    if (!c || !ret)
+        return -EINVAL;
+    if (flags & ~(unsigned)GPUBUF_OPEN_READONLY) {
+        gpubuf__set_error("unknown open flags 0x%x", flags & ~(unsigned)GPUBUF_OPEN_READONLY);
+        return -EINVAL;
+    }
+    if (name) {
+        if (!name_ok(name))
+            return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
+        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+        o.name = (char *)name;
+    } else {
+        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
+        o.buffer_id = id;
+    }
+    o.timeout_ms = timeout_ms;
+    o.read_only = (flags & GPUBUF_OPEN_READONLY) != 0;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &o;
+    return buffer_request(c, &req, ret);
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_read_only(const gpubuf_buffer *b) {
+    return b && b->map->read_only ? 1 : 0;
+}
+
 GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
                                  gpubuf_buffer **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
@@ -295,9 +339,10 @@ static int seal_check(gpubuf_buffer **pb) {
     return -EPERM;
 }
 
-static int seal(gpubuf_buffer *b, bool wait) {
+static int seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_stream) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
+    uint8_t ev[64];
     gpubuf_client *c;
     int r;
     if (!b)
@@ -305,6 +350,13 @@ static int seal(gpubuf_buffer *b, bool wait) {
     c = b->c;
     pthread_mutex_lock(&c->lock);
     r = seal_check(&b);
+    if (r == 0 && on_stream) {
+        r = gpubuf__record_event(c, b, stream, ev);
+        if (r == 0) {
+            s.event_handle.data = ev;
+            s.event_handle.len = sizeof(ev);
+        }
+    }
     if (r == 0) {
         s.buffer_id = b->id;
         req.body_case = GPUBUF__REQUEST__BODY_SEAL;
@@ -330,12 +382,16 @@ static int seal(gpubuf_buffer *b, bool wait) {
     return r;
 }
 
+GPUBUF_EXTERN int gpubuf_seal_stream(gpubuf_buffer *b, gpubuf_stream stream) {
+    return seal(b, false, stream, true);
+}
+
 GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
-    return seal(b, false);
+    return seal(b, false, NULL, false);
 }
 
 GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b) {
-    return seal(b, true);
+    return seal(b, true, NULL, false);
 }
 
 GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {
@@ -550,6 +606,7 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
         o->references = x->references;
         o->buffers_held = x->buffers_held;
         o->kept_slabs = x->kept_slabs;
+        o->read_only_references = x->read_only_references;
         snprintf(o->name, sizeof(o->name), "%s", x->name ? x->name : "");
     }
     s->n_clients = st->n_clients;
@@ -581,7 +638,12 @@ GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b) {
              * the daemon may recycle the memory. */
             bool keep = gpubuf__mapping_put(c, b->map);
             if (!c->broken)
-                r = send_release(c, b->id, keep);
+                r = send_release(c, b->id, keep, b->read_only);
+#ifdef GPUBUF_HAVE_CUDA
+            const gpubuf_cuda *cu;
+            if (b->event && gpubuf_cuda_load(&cu) == 0)
+                cu->EventDestroy(b->event);
+#endif
             pthread_mutex_unlock(&c->lock);
             gpubuf__client_unref(c);
         }

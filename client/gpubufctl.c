@@ -22,7 +22,7 @@ static const char *state_name(gpubuf_state s) {
 }
 
 static const char *kind_name(gpubuf_pool_kind k) {
-    return k == GPUBUF_POOL_HOST ? "host" : k == GPUBUF_POOL_CUDA_IPC ? "cuda-ipc" : "unknown";
+    return gpubuf_pool_kind_name(k);
 }
 
 static json_object *pool_json(const gpubuf_pool_info *p) {
@@ -127,6 +127,8 @@ static json_object *client_json(const gpubuf_client_info *c) {
         json_object_object_add(o, "references", json_object_new_int64(c->references));
         json_object_object_add(o, "buffers_held", json_object_new_int64(c->buffers_held));
         json_object_object_add(o, "kept_slabs", json_object_new_int64(c->kept_slabs));
+        json_object_object_add(o, "read_only_references",
+                               json_object_new_int64(c->read_only_references));
         return o;
     }
 }
@@ -216,12 +218,12 @@ static void print_buffers(const gpubuf_status *s) {
 }
 
 static void print_clients(const gpubuf_status *s) {
-    printf("%-8s %-8s %-6s %-16s %10s %8s\n", "SESSION", "PID", "UID", "NAME", "REFERENCES",
-           "BUFFERS");
+    printf("%-8s %-8s %-6s %-16s %10s %9s %8s\n", "SESSION", "PID", "UID", "NAME", "REFERENCES",
+           "READ-ONLY", "BUFFERS");
     for (size_t i = 0; i < s->n_clients; i++) {
         const gpubuf_client_info *c = &s->clients[i];
-        printf("%-8llu %-8d %-6u %-16s %10u %8u\n", (unsigned long long)c->session_id, c->pid,
-               c->uid, c->name, c->references, c->buffers_held);
+        printf("%-8llu %-8d %-6u %-16s %10u %9u %8u\n", (unsigned long long)c->session_id, c->pid,
+               c->uid, c->name, c->references, c->read_only_references, c->buffers_held);
     }
 }
 
@@ -276,7 +278,9 @@ static void print_metrics(const gpubuf_status *s) {
             printf("} %llu\n", (unsigned long long)pf[k].get(p));
         }
     }
-    uint64_t by_state[4] = {0}, refs = 0;
+    uint64_t by_state[4] = {0}, refs = 0, ro_refs = 0;
+    for (size_t i = 0; i < s->n_clients; i++)
+        ro_refs += s->clients[i].read_only_references;
     for (size_t i = 0; i < s->n_buffers; i++) {
         if (s->buffers[i].state >= 1 && s->buffers[i].state <= 3)
             by_state[s->buffers[i].state]++;
@@ -288,6 +292,8 @@ static void print_metrics(const gpubuf_status *s) {
                (unsigned long long)by_state[st]);
     family("gpubuf_references", "gauge", "References held by all clients.");
     printf("gpubuf_references %llu\n", (unsigned long long)refs);
+    family("gpubuf_read_only_references", "gauge", "References opened read-only.");
+    printf("gpubuf_read_only_references %llu\n", (unsigned long long)ro_refs);
     family("gpubuf_clients", "gauge", "Connected clients (this query included).");
     printf("gpubuf_clients %zu\n", s->n_clients);
     family("gpubuf_uptime_seconds", "gauge", "Seconds since gpubufd started.");

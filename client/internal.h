@@ -21,6 +21,7 @@
 
 /* One slab mapped into this process, shared by all views in it. */
 typedef struct gpubuf_mapping {
+    uint64_t key;       /* slab_id * 2 + read_only: the cache's key */
     uint64_t slab_id;
     gpubuf_pool_kind kind;
     uint64_t size;
@@ -31,9 +32,11 @@ typedef struct gpubuf_mapping {
     uint32_t views;     /* root views using it (under the client's lock) */
     bool keepable;      /* the daemon lets this connection keep it mapped */
     bool kept;          /* the daemon pinned it for us: Unmap when we unmap it */
+    bool read_only;     /* mapped PROT_READ (host) or CU_MEM_ACCESS_FLAGS_PROT_READ (cuda-vmm) */
     struct gpubuf_mapping *idle_prev, *idle_next; /* views == 0 and kept: LRU list (utlist DL) */
 #ifdef GPUBUF_HAVE_CUDA
     CUcontext ctx;
+    CUmemGenericAllocationHandle vmm; /* cuda-vmm: the imported allocation */
 #endif
     UT_hash_handle hh;
 } gpubuf_mapping;
@@ -62,6 +65,12 @@ struct gpubuf_client {
     uint32_t n_idle;     /* kept mappings without views, on the idle list */
     gpubuf_mapping *idle; /* utlist DL, most recently idle first (head->idle_prev: the tail) */
 #ifdef GPUBUF_HAVE_CUDA
+    /* Interprocess events recorded by gpubuf_seal_stream(), kept until they
+     * complete (swept at each stream seal and flush) and waited for before the
+     * daemon learns of a disconnect: a consumer that opens the buffer later
+     * then never waits on work that was cut off. */
+    CUevent *events;
+    uint32_t n_events, cap_events;
     /* Primary contexts retained by this connection, by local ordinal: held
      * until the connection goes, so that unmapping the last slab of a
      * device does not destroy its context (creating one took ~170 ms on the H200). */
@@ -80,6 +89,12 @@ struct gpubuf_buffer {
     bool owns_ref;         /* root view: holds one daemon reference */
     bool allocated;        /* root view returned by gpubuf_alloc */
     bool sealable;         /* allocated by this connection and not sealed yet */
+    bool read_only;        /* opened with GPUBUF_OPEN_READONLY */
+    bool has_event;        /* root views: the sealer recorded event_handle */
+    uint8_t event_handle[64];
+#ifdef GPUBUF_HAVE_CUDA
+    CUevent event;         /* event_handle imported on first wait (under the client's lock) */
+#endif
     char name[GPUBUF_NAME_MAX + 1];
 };
 
@@ -107,6 +122,16 @@ bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m);
 void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell);
 /* Unmap everything and release retained contexts (last reference gone). */
 void gpubuf__mapping_clear(gpubuf_client *c);
+
+/* Events (lock held): destroy those of c->events that completed; with wait,
+ * wait for all of them first. */
+void gpubuf__events_sweep(gpubuf_client *c, bool wait);
+
+/* Record an interprocess event on stream for the root view b, keep it in
+ * c->events and write its IPC handle into ret_handle (lock held). -EINVAL
+ * for host pools. */
+int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
+                         uint8_t ret_handle[64]);
 
 void gpubuf__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void gpubuf__client_unref(gpubuf_client *c);

@@ -31,28 +31,15 @@ static int client_ctx(gpubuf_client *c, const gpubuf_cuda *cu, int ordinal, CUco
     return 0;
 }
 
-static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg) {
-    const gpubuf_cuda *cu;
-    CUipcMemHandle h;
-    CUdeviceptr ptr;
-    CUcontext ignored;
-    CUresult cr;
-    char why[256];
+/* The GPU holding the slab (its local ordinal, matched by UUID) and the
+ * context to map it into (m->ctx, m->device, m->home). */
+static int cuda_target(gpubuf_client *c, const gpubuf_cuda *cu, gpubuf_mapping *m,
+                       const Gpubuf__Slab *msg) {
     int r, ordinal = -1;
-    if ((r = gpubuf_cuda_load(&cu)) < 0) {
-        gpubuf__set_error("%s", gpubuf_cuda_load_error());
-        /* cuInit fails with CUDA_ERROR_NO_DEVICE when none is visible. */
-        if (r == GPUBUF_ECUDA && gpubuf_cuda_init_result() == CUDA_ERROR_NO_DEVICE)
-            return GPUBUF_ENODEVICE;
-        return r;
-    }
-    if (msg->ipc_handle.len != sizeof(h.reserved) || msg->device_uuid.len != 16) {
-        gpubuf__set_error("gpubufd sent a CUDA slab without IPC handle or device UUID");
-        return GPUBUF_EPROTOCOL;
-    }
     /* Devices are matched by UUID: ordinals differ between processes with
      * different CUDA_VISIBLE_DEVICES. */
-    if (gpubuf_cuda_device_by_uuid(cu, msg->device_uuid.data, &ordinal) < 0) {
+    if (msg->device_uuid.len != 16 ||
+        gpubuf_cuda_device_by_uuid(cu, msg->device_uuid.data, &ordinal) < 0) {
         gpubuf__set_error("the buffer's GPU (daemon device %d) is not visible in this process",
                           msg->device);
         return GPUBUF_ENODEVICE;
@@ -71,6 +58,104 @@ static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg
     }
     if ((r = client_ctx(c, cu, target, &m->ctx)) < 0)
         return r;
+    m->device = target;
+    m->home = ordinal;
+    return 0;
+}
+
+static int cuda_load(const gpubuf_cuda **cu) {
+    int r = gpubuf_cuda_load(cu);
+    if (r < 0) {
+        gpubuf__set_error("%s", gpubuf_cuda_load_error());
+        /* cuInit fails with CUDA_ERROR_NO_DEVICE when none is visible. */
+        if (r == GPUBUF_ECUDA && gpubuf_cuda_init_result() == CUDA_ERROR_NO_DEVICE)
+            return GPUBUF_ENODEVICE;
+    }
+    return r;
+}
+
+/* cuda-vmm: import the slab's fd, reserve its size, map the whole allocation
+ * (CUDA maps an imported allocation only from offset 0) and grant the target
+ * device read and write, or read only. Does not consume fd. */
+static int map_vmm(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg, int fd) {
+    const gpubuf_cuda *cu;
+    CUdeviceptr va = 0;
+    CUmemAccessDesc acc;
+    CUcontext ignored;
+    CUresult cr;
+    const char *what;
+    char why[256];
+    int r;
+    if ((r = cuda_load(&cu)) < 0)
+        return r;
+    if (fd < 0) {
+        gpubuf__set_error("gpubufd sent a cuda-vmm slab without its file descriptor");
+        return GPUBUF_EPROTOCOL;
+    }
+    if ((r = cuda_target(c, cu, m, msg)) < 0)
+        return r;
+    cu->CtxPushCurrent(m->ctx);
+    what = "cuMemImportFromShareableHandle";
+    cr = cu->MemImportFromShareableHandle(&m->vmm, (void *)(intptr_t)fd,
+                                          CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (cr != CUDA_SUCCESS)
+        goto fail;
+    what = "cuMemAddressReserve";
+    if ((cr = cu->MemAddressReserve(&va, (size_t)m->size, 0, 0, 0)) != CUDA_SUCCESS)
+        goto fail_release;
+    what = "cuMemMap";
+    if ((cr = cu->MemMap(va, (size_t)m->size, 0, m->vmm, 0)) != CUDA_SUCCESS)
+        goto fail_free;
+    memset(&acc, 0, sizeof(acc));
+    acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    acc.location.id = m->device;
+    acc.flags = m->read_only ? CU_MEM_ACCESS_FLAGS_PROT_READ : CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    what = "cuMemSetAccess";
+    if ((cr = cu->MemSetAccess(va, (size_t)m->size, &acc, 1)) != CUDA_SUCCESS)
+        goto fail_unmap;
+    cu->CtxPopCurrent(&ignored);
+    m->base = (uint64_t)va;
+    return 0;
+fail_unmap:
+    cu->MemUnmap(va, (size_t)m->size);
+fail_free:
+    cu->MemAddressFree(va, (size_t)m->size);
+fail_release:
+    cu->MemRelease(m->vmm);
+fail:
+    cu->CtxPopCurrent(&ignored);
+    gpubuf__set_error("%s", gpubuf_cuda_describe(cr, what, why, sizeof(why)));
+    return cr == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : GPUBUF_ECUDA;
+}
+
+static void unmap_vmm(gpubuf_mapping *m) {
+    const gpubuf_cuda *cu;
+    CUcontext ignored;
+    if (gpubuf_cuda_load(&cu) < 0)
+        return;
+    cu->CtxPushCurrent(m->ctx);
+    cu->MemUnmap((CUdeviceptr)m->base, (size_t)m->size);
+    cu->MemAddressFree((CUdeviceptr)m->base, (size_t)m->size);
+    cu->MemRelease(m->vmm);
+    cu->CtxPopCurrent(&ignored);
+}
+
+static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg) {
+    const gpubuf_cuda *cu;
+    CUipcMemHandle h;
+    CUdeviceptr ptr;
+    CUcontext ignored;
+    CUresult cr;
+    char why[256];
+    int r;
+    if ((r = cuda_load(&cu)) < 0)
+        return r;
+    if (msg->ipc_handle.len != sizeof(h.reserved)) {
+        gpubuf__set_error("gpubufd sent a CUDA slab without IPC handle");
+        return GPUBUF_EPROTOCOL;
+    }
+    if ((r = cuda_target(c, cu, m, msg)) < 0)
+        return r;
     memcpy(h.reserved, msg->ipc_handle.data, sizeof(h.reserved));
     cu->CtxPushCurrent(m->ctx);
     cr = cu->IpcOpenMemHandle(&ptr, h, CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS);
@@ -80,8 +165,6 @@ static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg
         return GPUBUF_ECUDA;
     }
     m->base = (uint64_t)ptr;
-    m->device = target;
-    m->home = ordinal;
     return 0;
 }
 
@@ -138,7 +221,7 @@ static void drop(gpubuf_client *c, gpubuf_mapping *m, bool tell) {
 void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell) {
     gpubuf_mapping *m, *next;
     DL_FOREACH_SAFE2(c->idle, m, next, idle_next) {
-        if (cuda_only && m->kind != GPUBUF_POOL_CUDA_IPC)
+        if (cuda_only && m->kind == GPUBUF_POOL_HOST)
             continue;
         idle_unlink(c, m);
         drop(c, m, tell);
@@ -149,8 +232,15 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
                         gpubuf_mapping **ret) {
     gpubuf_mapping *m;
     uint64_t id = msg->slab_id;
+    uint64_t key = id * 2 + (msg->read_only ? 1 : 0);
     int r;
-    HASH_FIND(hh, c->maps, &id, sizeof(id), m);
+    if (id > UINT64_MAX / 2) {
+        if (fd >= 0)
+            close(fd);
+        gpubuf__set_error("gpubufd sent slab id %llu (out of range)", (unsigned long long)id);
+        return GPUBUF_EPROTOCOL;
+    }
+    HASH_FIND(hh, c->maps, &key, sizeof(key), m);
     if (m) {
         if (fd >= 0)
             close(fd); /* already mapped: the fresh fd is not needed */
@@ -165,8 +255,10 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
             close(fd);
         return -ENOMEM;
     }
+    m->key = key;
     m->slab_id = id;
-    m->keepable = msg->keepable;
+    m->read_only = msg->read_only;
+    m->keepable = msg->keepable && !msg->read_only;
     m->kind = (gpubuf_pool_kind)msg->kind;
     m->size = msg->size;
     m->device = -1;
@@ -178,7 +270,8 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
             r = GPUBUF_EPROTOCOL;
             break;
         }
-        m->host = mmap(NULL, (size_t)m->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        m->host = mmap(NULL, (size_t)m->size, m->read_only ? PROT_READ : PROT_READ | PROT_WRITE,
+                       MAP_SHARED, fd, 0);
         if (m->host == MAP_FAILED) {
             r = -errno;
             m->host = NULL;
@@ -190,8 +283,16 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
         r = 0;
         break;
     case GPUBUF_POOL_CUDA_IPC:
+    case GPUBUF_POOL_CUDA_VMM:
 #ifdef GPUBUF_HAVE_CUDA
-        r = map_cuda(c, m, msg);
+        if (m->kind == GPUBUF_POOL_CUDA_VMM) {
+            r = map_vmm(c, m, msg, fd);
+        } else if (m->read_only) {
+            gpubuf__set_error("gpubufd sent a read-only cuda-ipc slab (CUDA cannot map one)");
+            r = GPUBUF_EPROTOCOL;
+        } else {
+            r = map_cuda(c, m, msg);
+        }
 #else
         gpubuf__set_error("libgpubuf-client was built without CUDA support");
         r = GPUBUF_ENODRIVER;
@@ -209,7 +310,7 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
         return r;
     }
     m->views = 1;
-    HASH_ADD(hh, c->maps, slab_id, sizeof(m->slab_id), m);
+    HASH_ADD(hh, c->maps, key, sizeof(m->key), m);
     c->n_maps++;
     *ret = m;
     return 0;
@@ -221,6 +322,8 @@ static void unmap(gpubuf_mapping *m) {
 #ifdef GPUBUF_HAVE_CUDA
     else if (m->kind == GPUBUF_POOL_CUDA_IPC)
         unmap_cuda(m);
+    else if (m->kind == GPUBUF_POOL_CUDA_VMM)
+        unmap_vmm(m);
 #endif
 }
 
@@ -252,6 +355,12 @@ bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m) {
 
 void gpubuf__mapping_clear(gpubuf_client *c) {
     gpubuf_mapping *m, *tmp;
+#ifdef GPUBUF_HAVE_CUDA
+    gpubuf__events_sweep(c, true);
+    free(c->events);
+    c->events = NULL;
+    c->cap_events = 0;
+#endif
     HASH_ITER(hh, c->maps, m, tmp) {
         HASH_DEL(c->maps, m);
         unmap(m);
@@ -283,7 +392,7 @@ GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device) {
     /* Idle slabs were mapped for the old choice: let them go. */
     gpubuf__mapping_drop_idle(c, true, true);
     HASH_ITER(hh, c->maps, m, tmp) {
-        if (m->kind == GPUBUF_POOL_CUDA_IPC)
+        if (m->kind != GPUBUF_POOL_HOST)
             busy++;
     }
     if (busy) {
@@ -310,76 +419,4 @@ GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device) {
         c->device = device;
     pthread_mutex_unlock(&c->lock);
     return r;
-}
-
-static int check_range(const gpubuf_buffer *b, uint64_t offset, uint64_t length) {
-    if (offset > b->size || length > b->size - offset) {
-        gpubuf__set_error("copy of [%llu, +%llu) outside a view of %llu bytes",
-                          (unsigned long long)offset, (unsigned long long)length,
-                          (unsigned long long)b->size);
-        return GPUBUF_ERANGE;
-    }
-    return 0;
-}
-
-GPUBUF_EXTERN int gpubuf_buffer_copy_to_host(const gpubuf_buffer *b, uint64_t offset, void *dst,
-                                             uint64_t length) {
-    int r;
-    if (!b || (!dst && length))
-        return -EINVAL;
-    if ((r = check_range(b, offset, length)) < 0 || length == 0)
-        return r;
-    if (b->map->host) {
-        memcpy(dst, (char *)b->map->host + b->offset + offset, (size_t)length);
-        return 0;
-    }
-#ifdef GPUBUF_HAVE_CUDA
-    const gpubuf_cuda *cu;
-    CUcontext ignored;
-    char why[256];
-    if ((r = gpubuf_cuda_load(&cu)) < 0)
-        return r;
-    cu->CtxPushCurrent(b->map->ctx);
-    CUresult cr = cu->MemcpyDtoH(dst, (CUdeviceptr)(b->map->base + b->offset + offset),
-                                 (size_t)length);
-    cu->CtxPopCurrent(&ignored);
-    if (cr != CUDA_SUCCESS) {
-        gpubuf__set_error("%s", gpubuf_cuda_describe(cr, "cuMemcpyDtoH", why, sizeof(why)));
-        return GPUBUF_ECUDA;
-    }
-    return 0;
-#else
-    return GPUBUF_ENODRIVER;
-#endif
-}
-
-GPUBUF_EXTERN int gpubuf_buffer_copy_from_host(gpubuf_buffer *b, uint64_t offset,
-                                               const void *src, uint64_t length) {
-    int r;
-    if (!b || (!src && length))
-        return -EINVAL;
-    if ((r = check_range(b, offset, length)) < 0 || length == 0)
-        return r;
-    if (b->map->host) {
-        memcpy((char *)b->map->host + b->offset + offset, src, (size_t)length);
-        return 0;
-    }
-#ifdef GPUBUF_HAVE_CUDA
-    const gpubuf_cuda *cu;
-    CUcontext ignored;
-    char why[256];
-    if ((r = gpubuf_cuda_load(&cu)) < 0)
-        return r;
-    cu->CtxPushCurrent(b->map->ctx);
-    CUresult cr = cu->MemcpyHtoD((CUdeviceptr)(b->map->base + b->offset + offset), src,
-                                 (size_t)length);
-    cu->CtxPopCurrent(&ignored);
-    if (cr != CUDA_SUCCESS) {
-        gpubuf__set_error("%s", gpubuf_cuda_describe(cr, "cuMemcpyHtoD", why, sizeof(why)));
-        return GPUBUF_ECUDA;
-    }
-    return 0;
-#else
-    return GPUBUF_ENODRIVER;
-#endif
 }

@@ -78,3 +78,12 @@ bool gpubuf_name_valid(const char *name, size_t len) {
     }
     return true;
 }
+
+const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind) {
+    switch (kind) {
+    case GPUBUF_POOL_HOST: return "host";
+    case GPUBUF_POOL_CUDA_IPC: return "cuda-ipc";
+    case GPUBUF_POOL_CUDA_VMM: return "cuda-vmm";
+    }
+    return "unknown";
+}

@@ -6,11 +6,16 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gpubuf/gpubuf.h"
+
 /* Parse "123", "64K", "256M", "8G", "1T" (binary units). Returns 0 or -EINVAL. */
 int gpubuf_parse_size(const char *s, uint64_t *ret);
 
 /* Format bytes as "256.0 MiB" into buf. Returns buf. */
 char *gpubuf_format_size(uint64_t bytes, char *buf, size_t len);
+
+/* "host", "cuda-ipc", "cuda-vmm" or "unknown". */
+const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind);
 
 /* Format a 16-byte CUDA UUID as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */
 void gpubuf_format_uuid(const uint8_t uuid[16], char out[41]);

@@ -14,7 +14,9 @@
 
 /* What a client needs to map a slab. */
 typedef struct gd_slab_export {
-    int fd;                                   /* host: memfd, else -1 */
+    int fd;                                   /* host: memfd; cuda-vmm: exported handle; else -1 */
+    int ro_fd;                                /* host: read-only file description, made on
+                                               * the first read-only open; else -1 */
     uint8_t ipc_handle[GPUBUF_IPC_HANDLE_SIZE]; /* cuda-ipc */
     bool has_ipc_handle;
 } gd_slab_export;
@@ -45,17 +47,26 @@ struct gd_backend {
 
 int gd_backend_host_new(gd_backend **ret, gd_err *err);
 int gd_backend_cuda_ipc_new(int device, gd_backend **ret, gd_err *err);
+/* -EOPNOTSUPP (and a message) when the device lacks VMM or POSIX-fd handles. */
+int gd_backend_cuda_vmm_new(int device, gd_backend **ret, gd_err *err);
+/* The fd to send for a read-only open of a slab: host pools, a read-only file
+ * description of the memfd (made once, closed with the slab); cuda-vmm, the
+ * slab's fd (the importer maps it read-only). -EOPNOTSUPP for cuda-ipc, with
+ * a message in err. */
+int gd_backend_export_ro(gd_backend *be, gd_slab_export *exp, int *ret_fd, gd_err *err);
 /* Number of CUDA devices visible to the daemon; 0 (and a message) when no driver. */
 int gd_backend_cuda_device_count(gd_err *err);
 gd_backend *gd_backend_free(gd_backend *be);
 
-/* cuda-ipc slabs are multiples of this (cuMemAlloc's large-page size). */
+/* cuda-ipc slabs are multiples of this (cuMemAlloc's large-page size); it is
+ * also the smallest granularity of a cuda-vmm pool, whose backend reads the
+ * device's own (cuMemGetAllocationGranularity) when it is created. */
 #define GD_CUDA_GRANULARITY (2ull << 20)
 /* The granularity of a backend of this kind: slab sizes and capacities are
  * multiples of it (host: the page size). */
 uint64_t gd_backend_granularity(gpubuf_pool_kind kind);
 
-const char *gd_pool_kind_name(gpubuf_pool_kind kind);
+/* The kind's name is gpubuf_pool_kind_name() (common/util.h). */
 int gd_pool_kind_parse(const char *s, gpubuf_pool_kind *ret);
 
 #endif

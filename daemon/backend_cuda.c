@@ -1,9 +1,16 @@
-/* cuda-ipc backend: slabs are cuMemAlloc allocations in the device's primary
- * context; clients map them with the 64-byte cuIpcGetMemHandle blob. */
+/* CUDA backends.
+ * cuda-ipc: slabs are cuMemAlloc allocations in the device's primary context;
+ * clients map them with the 64-byte cuIpcGetMemHandle blob.
+ * cuda-vmm: slabs are cuMemCreate allocations exported once as a POSIX file
+ * descriptor (cuMemExportToShareableHandle); the fd travels by SCM_RIGHTS and
+ * clients import, reserve, map and set access themselves. The daemon never
+ * maps a cuda-vmm slab. */
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend.h"
 #include "cuda_driver.h"
@@ -16,7 +23,8 @@ typedef struct cuda_impl {
 } cuda_impl;
 
 typedef struct cuda_slab {
-    CUdeviceptr ptr;
+    CUdeviceptr ptr;                /* cuda-ipc */
+    CUmemGenericAllocationHandle h; /* cuda-vmm */
 } cuda_slab;
 
 /* A failed driver call: the code is chosen by its CUresult, the sentence names
@@ -50,6 +58,7 @@ static int cuda_slab_create(gd_backend *be, uint64_t size, void **ret_priv,
     }
     memset(ret_export, 0, sizeof(*ret_export));
     ret_export->fd = -1;
+    ret_export->ro_fd = -1;
     memcpy(ret_export->ipc_handle, h.reserved, GPUBUF_IPC_HANDLE_SIZE);
     ret_export->has_ipc_handle = true;
     *ret_priv = s;
@@ -79,6 +88,90 @@ static const gd_backend_ops cuda_ops = {
     .destroy = cuda_destroy,
 };
 
+static CUmemAllocationProp vmm_prop(CUdevice dev) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = (int)dev;
+    p.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
+    return p;
+}
+
+static int vmm_slab_create(gd_backend *be, uint64_t size, void **ret_priv,
+                           gd_slab_export *ret_export, gd_err *err) {
+    cuda_impl *im = be->impl;
+    const gpubuf_cuda *cu = im->cu;
+    CUmemAllocationProp prop = vmm_prop(im->dev);
+    cuda_slab *s = calloc(1, sizeof(*s));
+    int fd = -1;
+    CUresult r;
+    if (!s)
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    cu->CtxSetCurrent(im->ctx);
+    r = cu->MemCreate(&s->h, (size_t)size, &prop, 0);
+    if (r != CUDA_SUCCESS) {
+        free(s);
+        return cuda_fail(err, r, "cuMemCreate");
+    }
+    r = cu->MemExportToShareableHandle(&fd, s->h, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+    if (r != CUDA_SUCCESS) {
+        cu->MemRelease(s->h);
+        free(s);
+        return cuda_fail(err, r, "cuMemExportToShareableHandle");
+    }
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    memset(ret_export, 0, sizeof(*ret_export));
+    ret_export->fd = fd;
+    ret_export->ro_fd = -1;
+    *ret_priv = s;
+    return 0;
+}
+
+/* The memory itself lives on while an importer holds it. */
+static void vmm_slab_destroy(gd_backend *be, void *priv, gd_slab_export *exp) {
+    cuda_impl *im = be->impl;
+    cuda_slab *s = priv;
+    if (exp->fd >= 0)
+        close(exp->fd);
+    exp->fd = -1;
+    im->cu->CtxSetCurrent(im->ctx);
+    im->cu->MemRelease(s->h);
+    free(s);
+}
+
+static const gd_backend_ops vmm_ops = {
+    .slab_create = vmm_slab_create,
+    .slab_destroy = vmm_slab_destroy,
+    .destroy = cuda_destroy,
+};
+
+/* cuda-vmm needs VMM and POSIX-fd handles; its granularity is the device's. */
+static int vmm_check(const gpubuf_cuda *cu, cuda_impl *im, gd_backend *be, int device,
+                     gd_err *err) {
+    int vmm = 0, posix = 0;
+    size_t gran = 0;
+    CUmemAllocationProp prop = vmm_prop(im->dev);
+    cu->DeviceGetAttribute(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, im->dev);
+    cu->DeviceGetAttribute(&posix, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED,
+                           im->dev);
+    if (!vmm || !posix)
+        return gd_err_set(err, -EOPNOTSUPP,
+                          "CUDA device %d (%s) does not support %s: use a cuda-ipc pool", device,
+                          be->device_name,
+                          !vmm ? "virtual memory management"
+                               : "POSIX file descriptor handles for VMM memory");
+    CUresult r = cu->MemGetAllocationGranularity(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED);
+    if (r != CUDA_SUCCESS)
+        return cuda_fail(err, r, "cuMemGetAllocationGranularity");
+    if (gran == 0 || (gran & (gran - 1)) || gran > (1ull << 30))
+        return gd_err_set(err, GPUBUF_ECUDA, "CUDA device %d reports an allocation granularity "
+                          "of %zu bytes", device, gran);
+    be->ops = &vmm_ops;
+    be->granularity = gran < GD_CUDA_GRANULARITY ? GD_CUDA_GRANULARITY : gran;
+    return 0;
+}
+
 int gd_backend_cuda_device_count(gd_err *err) {
     const gpubuf_cuda *cu;
     int n = 0;
@@ -91,7 +184,7 @@ int gd_backend_cuda_device_count(gd_err *err) {
     return n;
 }
 
-int gd_backend_cuda_ipc_new(int device, gd_backend **ret, gd_err *err) {
+static int cuda_backend_new(gpubuf_pool_kind kind, int device, gd_backend **ret, gd_err *err) {
     const gpubuf_cuda *cu;
     gd_backend *be = NULL;
     cuda_impl *im = NULL;
@@ -123,12 +216,16 @@ int gd_backend_cuda_ipc_new(int device, gd_backend **ret, gd_err *err) {
     cu->DeviceTotalMem(&total, im->dev);
     cu->DeviceGetName(be->device_name, (int)sizeof(be->device_name), im->dev);
     be->ops = &cuda_ops;
-    be->kind = GPUBUF_POOL_CUDA_IPC;
+    be->granularity = GD_CUDA_GRANULARITY;
+    if (kind == GPUBUF_POOL_CUDA_VMM && (rc = vmm_check(cu, im, be, device, err)) < 0) {
+        cu->DevicePrimaryCtxRelease(im->dev);
+        goto fail;
+    }
+    be->kind = kind;
     be->device = device;
     memcpy(be->uuid, uuid.bytes, 16);
     be->has_uuid = true;
     be->alignment = 512;
-    be->granularity = GD_CUDA_GRANULARITY;
     be->device_total = total;
     be->impl = im;
     *ret = be;
@@ -137,6 +234,14 @@ fail:
     free(im);
     free(be);
     return rc;
+}
+
+int gd_backend_cuda_ipc_new(int device, gd_backend **ret, gd_err *err) {
+    return cuda_backend_new(GPUBUF_POOL_CUDA_IPC, device, ret, err);
+}
+
+int gd_backend_cuda_vmm_new(int device, gd_backend **ret, gd_err *err) {
+    return cuda_backend_new(GPUBUF_POOL_CUDA_VMM, device, ret, err);
 }
 #else
 int gd_backend_cuda_device_count(gd_err *err) {
@@ -149,5 +254,9 @@ int gd_backend_cuda_ipc_new(int device, gd_backend **ret, gd_err *err) {
     (void)ret;
     return gd_err_set(err, GPUBUF_ENODRIVER,
                       "gpubufd was built without CUDA support (GPUBUF_WITH_CUDA=OFF)");
+}
+
+int gd_backend_cuda_vmm_new(int device, gd_backend **ret, gd_err *err) {
+    return gd_backend_cuda_ipc_new(device, ret, err);
 }
 #endif

@@ -7,9 +7,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "backend.h"
+#include "util.h"
 
 static int host_slab_create(gd_backend *be, uint64_t size, void **ret_priv,
                             gd_slab_export *ret_export, gd_err *err) {
@@ -26,6 +28,16 @@ static int host_slab_create(gd_backend *be, uint64_t size, void **ret_priv,
         close(fd);
         return -e;
     }
+    /* memfd inodes are created with mode 0777: anyone holding an fd could
+     * reopen it for writing through /proc/self/fd. 0400 leaves that to the
+     * daemon's uid (and root), so a read-only fd handed to another uid stays
+     * read-only. Open fds keep the access they were opened with. */
+    if (fchmod(fd, 0400) < 0) {
+        int e = errno;
+        gd_err_set(err, -e, "fchmod: %s", strerror(e));
+        close(fd);
+        return -e;
+    }
     if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
         int e = errno;
         gd_err_set(err, -e, "F_ADD_SEALS: %s", strerror(e));
@@ -34,6 +46,7 @@ static int host_slab_create(gd_backend *be, uint64_t size, void **ret_priv,
     }
     memset(ret_export, 0, sizeof(*ret_export));
     ret_export->fd = fd;
+    ret_export->ro_fd = -1;
     *ret_priv = NULL;
     return 0;
 }
@@ -43,7 +56,9 @@ static void host_slab_destroy(gd_backend *be, void *priv, gd_slab_export *exp) {
     (void)priv;
     if (exp->fd >= 0)
         close(exp->fd);
-    exp->fd = -1;
+    if (exp->ro_fd >= 0)
+        close(exp->ro_fd);
+    exp->fd = exp->ro_fd = -1;
 }
 
 static void host_destroy(gd_backend *be) {
@@ -79,15 +94,38 @@ gd_backend *gd_backend_free(gd_backend *be) {
 }
 
 uint64_t gd_backend_granularity(gpubuf_pool_kind kind) {
-    return kind == GPUBUF_POOL_CUDA_IPC ? GD_CUDA_GRANULARITY : (uint64_t)sysconf(_SC_PAGESIZE);
+    return kind == GPUBUF_POOL_HOST ? (uint64_t)sysconf(_SC_PAGESIZE) : GD_CUDA_GRANULARITY;
 }
 
-const char *gd_pool_kind_name(gpubuf_pool_kind kind) {
-    switch (kind) {
-    case GPUBUF_POOL_HOST: return "host";
-    case GPUBUF_POOL_CUDA_IPC: return "cuda-ipc";
+int gd_backend_export_ro(gd_backend *be, gd_slab_export *exp, int *ret_fd, gd_err *err) {
+    char path[64];
+    switch (be->kind) {
+    case GPUBUF_POOL_HOST:
+        if (exp->ro_fd < 0) {
+            /* A new open file description of the same memfd, read-only: a
+             * mapping of it cannot be made writable (mprotect fails with
+             * EACCES), and a receiver of another uid cannot reopen it for
+             * writing through /proc either (the inode is 0400). */
+            snprintf(path, sizeof(path), "/proc/self/fd/%d", exp->fd);
+            exp->ro_fd = open(path, O_RDONLY | O_CLOEXEC);
+            if (exp->ro_fd < 0) {
+                int e = errno;
+                return gd_err_set(err, -e, "reopening a slab read-only (%s): %s", path,
+                                  strerror(e));
+            }
+        }
+        *ret_fd = exp->ro_fd;
+        return 0;
+    case GPUBUF_POOL_CUDA_VMM:
+        *ret_fd = exp->fd;
+        return 0;
+    case GPUBUF_POOL_CUDA_IPC:
+        break;
     }
-    return "unknown";
+    return gd_err_set(err, -EOPNOTSUPP,
+                      "%s memory cannot be mapped read-only (CUDA IPC handles are always "
+                      "writable): open without the read-only flag, or use a cuda-vmm or host pool",
+                      gpubuf_pool_kind_name(be->kind));
 }
 
 int gd_pool_kind_parse(const char *s, gpubuf_pool_kind *ret) {
@@ -95,6 +133,8 @@ int gd_pool_kind_parse(const char *s, gpubuf_pool_kind *ret) {
         *ret = GPUBUF_POOL_HOST;
     else if (strcmp(s, "cuda-ipc") == 0 || strcmp(s, "cuda") == 0)
         *ret = GPUBUF_POOL_CUDA_IPC;
+    else if (strcmp(s, "cuda-vmm") == 0)
+        *ret = GPUBUF_POOL_CUDA_VMM;
     else
         return -EINVAL;
     return 0;

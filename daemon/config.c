@@ -103,7 +103,7 @@ static int parse_group(const key_def *k, const char *val, void *dst, gd_err *err
 static int parse_kind(const key_def *k, const char *val, void *dst, gd_err *err) {
     (void)k;
     if (gd_pool_kind_parse(val, dst) < 0)
-        return gd_err_set(err, -EINVAL, "unknown pool kind '%s' (host, cuda-ipc)", val);
+        return gd_err_set(err, -EINVAL, "unknown pool kind '%s' (host, cuda-ipc, cuda-vmm)", val);
     return 0;
 }
 
@@ -273,7 +273,7 @@ int gd_config_pool_flag(gd_config *c, const char *arg, gd_err *err) {
     snprintf(p->name, sizeof(p->name), "%.255s", buf);
     tok = strtok_r(eq + 1, ",", &save);
     if (!tok) {
-        gd_err_set(&e, -EINVAL, "unknown pool kind '' (host, cuda-ipc)");
+        gd_err_set(&e, -EINVAL, "unknown pool kind '' (host, cuda-ipc, cuda-vmm)");
         goto bad;
     }
     if (gd_config_pool_set(p, "kind", tok, &e) < 0)
@@ -333,7 +333,7 @@ int gd_config_load(gd_config *c, const char *path, gd_err *err) {
                           st.err.code ? st.err.msg : "syntax error");
     for (int i = before; i < c->n_pools; i++)
         if (c->pools[i].kind == 0)
-            return gd_err_set(err, -EINVAL, "%s: [pool:%s] has no kind (host or cuda-ipc)", path,
+            return gd_err_set(err, -EINVAL, "%s: [pool:%s] has no kind (host, cuda-ipc or cuda-vmm)", path,
                               c->pools[i].name);
     return 0;
 }
@@ -346,7 +346,7 @@ int gd_config_check(const gd_config *c, gd_err *err) {
     for (int i = 0; i < c->n_pools; i++) {
         const gd_pool_spec *p = &c->pools[i];
         if (p->kind == 0)
-            return gd_err_set(err, -EINVAL, "[pool:%s] has no kind (host or cuda-ipc)",
+            return gd_err_set(err, -EINVAL, "[pool:%s] has no kind (host, cuda-ipc or cuda-vmm)",
                               p->name);
         uint64_t g = gd_backend_granularity(p->kind);
         if (p->capacity && p->capacity < g)

@@ -54,7 +54,8 @@ static int create_pool(gd_context *ctx, const gd_pool_spec *ps, gd_err *err) {
     if (ps->kind == GPUBUF_POOL_HOST)
         r = gd_backend_host_new(&be, err);
     else
-        r = gd_backend_cuda_ipc_new((int)ps->device, &be, err);
+        r = ps->kind == GPUBUF_POOL_CUDA_VMM ? gd_backend_cuda_vmm_new((int)ps->device, &be, err)
+                                              : gd_backend_cuda_ipc_new((int)ps->device, &be, err);
     if (r < 0)
         return r;
     uint64_t cap = ps->capacity;
@@ -82,7 +83,7 @@ static int create_pool(gd_context *ctx, const gd_pool_spec *ps, gd_err *err) {
     if (be->has_uuid)
         gpubuf_format_uuid(be->uuid, uu);
     LOG_INFO("pool '%s': %s on %s%s%s, capacity %s, slabs of %s", pool->name,
-             gd_pool_kind_name(be->kind), be->device_name, uu[0] ? " " : "", uu,
+             gpubuf_pool_kind_name(be->kind), be->device_name, uu[0] ? " " : "", uu,
              gpubuf_format_size(pool->capacity, cs, sizeof(cs)),
              gpubuf_format_size(pool->slab_size, ss, sizeof(ss)));
     return 0;
@@ -95,7 +96,7 @@ static int create_pools(gd_context *ctx, gd_config *c) {
         gd_err err = {0};
         int r = create_pool(ctx, &c->pools[i], &err);
         if (r < 0) {
-            LOG_ERR("pool '%s' (%s): %s", c->pools[i].name, gd_pool_kind_name(c->pools[i].kind),
+            LOG_ERR("pool '%s' (%s): %s", c->pools[i].name, gpubuf_pool_kind_name(c->pools[i].kind),
                     gd_err_msg(&err, r));
             return r;
         }
@@ -200,7 +201,7 @@ static void usage(FILE *f) {
             "  -s, --socket PATH      listen on PATH (default $GPUBUF_SOCKET or %s)\n"
             "  -c, --config FILE      read configuration from FILE (gpubuf.conf(5))\n"
             "  -p, --pool SPEC        add a pool: NAME=KIND[,device=N][,capacity=SIZE][,slab=SIZE]\n"
-            "                         KIND is host or cuda-ipc; may be repeated\n"
+            "                         KIND is host, cuda-ipc or cuda-vmm; may be repeated\n"
             "  -l, --log-level LEVEL  err, warning, notice, info (default) or debug\n"
             "      --check-config     parse the configuration and exit\n"
             "  -V, --version          print the version and exit\n"

@@ -346,6 +346,44 @@ static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
 }
 
 int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd_err *err) {
+    return gd_registry_seal_event(r, h, id, NULL, ret, err);
+}
+
+/* A read-only open of memory that cannot be mapped read-only is refused. */
+static int check_read_only(const gd_pool *pool, gd_err *err) {
+    if (pool->be->kind != GPUBUF_POOL_CUDA_IPC)
+        return 0;
+    return gd_err_set(err, -EOPNOTSUPP,
+                      "pool '%s' is cuda-ipc: its memory cannot be mapped read-only (CUDA IPC "
+                      "handles are always writable): open without the read-only flag, or use a "
+                      "cuda-vmm or host pool",
+                      pool->name);
+}
+
+const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b) {
+    gd_holder *h;
+    if (!b->has_event)
+        return NULL;
+    HASH_FIND(hh, r->holders, &b->event_holder, sizeof(b->event_holder), h);
+    return h ? b->event : NULL;
+}
+
+void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
+    gd_ref *ref = ref_find(h, id);
+    if (!ref)
+        return;
+    if (add && ref->ro < ref->count) {
+        ref->ro++;
+        h->n_ro_refs++;
+    } else if (!add && ref->ro > 0) {
+        ref->ro--;
+        h->n_ro_refs--;
+    }
+    assert(ref->ro <= ref->count && h->n_ro_refs <= h->n_refs);
+}
+
+int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint8_t *event,
+                           gd_buf **ret, gd_err *err) {
     gd_buf *b = gd_registry_find_id(r, id);
     if (!b)
         return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
@@ -355,6 +393,16 @@ int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd
     if (b->state != GPUBUF_STATE_ALLOCATED)
         return gd_err_set(err, GPUBUF_ESTATE, "buffer %llu is already %s", (unsigned long long)id,
                     b->state == GPUBUF_STATE_SEALED ? "sealed" : "deleted");
+    if (event && b->pool->be->kind == GPUBUF_POOL_HOST)
+        return gd_err_set(err, -EINVAL,
+                          "buffer %llu is in host pool '%s': a stream-ordered seal needs a CUDA "
+                          "pool (seal without an event)",
+                          (unsigned long long)id, b->pool->name);
+    if (event) {
+        memcpy(b->event, event, GD_EVENT_HANDLE_SIZE);
+        b->has_event = true;
+        b->event_holder = h->id;
+    }
     b->state = GPUBUF_STATE_SEALED;
     /* Wake waiters for this name or id. Each gets its own reference. */
     gd_waiter *w, *next;
@@ -374,8 +422,16 @@ int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd
             waiter_fail(w, -EDQUOT, "quota: this client holds too many references");
             continue;
         }
+        gd_err ro = {0};
+        if (w->read_only && check_read_only(b->pool, &ro) < 0) {
+            waiter_unlink(r, w);
+            waiter_fail(w, ro.code, "%s", ro.msg);
+            continue;
+        }
         if (ref_add(w->holder, b) < 0)
             continue; /* out of memory: the waiter times out */
+        if (w->read_only)
+            gd_registry_ref_ro(w->holder, b->id, true);
         waiter_unlink(r, w);
         /* The callback may free w (but not other waiters). */
         w->wake(w, b);
@@ -386,6 +442,11 @@ int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd
 
 int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id, gd_buf **ret,
                      bool *ret_waitable, gd_err *err) {
+    return gd_registry_open_mode(r, h, name, id, false, ret, ret_waitable, err);
+}
+
+int gd_registry_open_mode(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
+                          bool read_only, gd_buf **ret, bool *ret_waitable, gd_err *err) {
     gd_buf *b;
     int rc;
     bool waitable = false;
@@ -395,6 +456,8 @@ int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id
     /* Refused before anything else: a buffer of a pool this client may not
      * use is not opened (nor waited for), whatever its state. */
     if (b && (rc = gd_registry_check_pool(h, b->pool, err)) < 0)
+        return rc;
+    if (b && read_only && (rc = check_read_only(b->pool, err)) < 0)
         return rc;
     if (!b) {
         /* Any name may still come; an unknown id never will. */
@@ -420,6 +483,8 @@ int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id
     rc = ref_add(h, b);
     if (rc < 0)
         return gd_err_set(err, rc, rc == -EOVERFLOW ? "reference count limit" : "out of memory");
+    if (read_only)
+        gd_registry_ref_ro(h, b->id, true);
     *ret = b;
     return 0;
 }
@@ -455,6 +520,10 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
         }
     }
     assert(ref->count > 0 && h->n_refs > 0);
+    if (ref->ro > ref->count - 1) { /* the last one goes: so do its marks */
+        ref->ro--;
+        h->n_ro_refs--;
+    }
     if (--ref->count == 0) {
         HASH_DEL(h->refs, ref);
         free(ref);

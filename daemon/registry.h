@@ -12,6 +12,8 @@
 #include "error.h"
 #include "pool.h"
 
+#define GD_EVENT_HANDLE_SIZE 64 /* sizeof(CUipcEventHandle) */
+
 typedef struct gd_buf gd_buf;
 typedef struct gd_holder gd_holder;
 typedef struct gd_waiter gd_waiter;
@@ -28,6 +30,9 @@ struct gd_buf {
     uint64_t owner_holder; /* holder id of the creator */
     uint64_t charged;      /* bytes charged to the owner's quotas */
     bool in_name_index;
+    bool has_event;        /* sealed on a stream: openers wait for event */
+    uint64_t event_holder; /* the holder that recorded it (the event dies with it) */
+    uint8_t event[GD_EVENT_HANDLE_SIZE];
     UT_hash_handle hh_id;
     UT_hash_handle hh_name;
 };
@@ -36,6 +41,7 @@ struct gd_buf {
 typedef struct gd_ref {
     uint64_t buffer_id;
     uint32_t count;
+    uint32_t ro; /* of count, references opened read-only */
     UT_hash_handle hh;
 } gd_ref;
 
@@ -63,6 +69,7 @@ struct gd_holder {
     uint32_t n_kept;      /* entries of slabs with kept set */
     uint32_t kept_cap;    /* slabs it may keep: quota.kept_slabs_per_client at hello */
     uint32_t n_refs;      /* sum of counts */
+    uint32_t n_ro_refs;   /* sum of ro */
     uint32_t n_owned;     /* live buffers this client allocated */
     uint64_t owned_bytes;
     gd_waiter *waiters; /* this holder's pending waits */
@@ -79,6 +86,7 @@ struct gd_waiter {
     gd_holder *holder;
     char *name;           /* target name, or NULL for by-id */
     uint64_t buffer_id;
+    bool read_only;       /* a read-only open: its reference is marked so */
     void (*wake)(gd_waiter *w, gd_buf *b);
     void (*cancel)(gd_waiter *w); /* holder dropped */
     void (*fail)(gd_waiter *w, const gd_err *err);
@@ -148,6 +156,16 @@ int gd_registry_check_pool(const gd_holder *h, const gd_pool *pool, gd_err *err)
 int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
                       uint64_t align, const char *name, gd_buf **ret, gd_err *err);
 int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd_err *err);
+/* Seal with the CUDA IPC event the sealer recorded after writing (NULL: none;
+ * -EINVAL for a host pool), so that waiters woken by the seal get it. */
+int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint8_t *event,
+                           gd_buf **ret, gd_err *err);
+/* The buffer's seal event while its sealer is connected, else NULL: a
+ * producer's CUDA events die with its process. */
+const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b);
+/* Mark one of the holder's references to id as read-only (after an open), or
+ * unmark one (before releasing a read-only reference). */
+void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add);
 /* Take a reference to a sealed buffer, by name (when name is not NULL) or
  * id, in one lookup. -EACCES for a buffer of a pool h may not use, whatever
  * its state. -ENOENT when the name/id is unknown or not sealed yet; then
@@ -155,6 +173,11 @@ int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd
  * an id in state ALLOCATED. */
 int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id, gd_buf **ret,
                      bool *ret_waitable, gd_err *err);
+/* The same, read-only when read_only: -EOPNOTSUPP for memory that cannot
+ * be mapped read-only (cuda-ipc), before any reference is taken; the
+ * reference is marked read-only (gd_holder.n_ro_refs). */
+int gd_registry_open_mode(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
+                          bool read_only, gd_buf **ret, bool *ret_waitable, gd_err *err);
 int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err);
 /* Release; with keep, the holder also keeps the buffer's slab mapped: the
  * slab stays (pinned) until gd_registry_unmap() or the holder goes.

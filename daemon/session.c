@@ -21,7 +21,8 @@ _Static_assert((int)GPUBUF_STATE_ALLOCATED == (int)GPUBUF__BUFFER_STATE__BUFFER_
                    (int)GPUBUF_STATE_DELETED == (int)GPUBUF__BUFFER_STATE__BUFFER_STATE_DELETED,
                "gpubuf_state and gpubuf.BufferState differ");
 _Static_assert((int)GPUBUF_POOL_HOST == (int)GPUBUF__POOL_KIND__POOL_KIND_HOST &&
-                   (int)GPUBUF_POOL_CUDA_IPC == (int)GPUBUF__POOL_KIND__POOL_KIND_CUDA_IPC,
+                   (int)GPUBUF_POOL_CUDA_IPC == (int)GPUBUF__POOL_KIND__POOL_KIND_CUDA_IPC &&
+                   (int)GPUBUF_POOL_CUDA_VMM == (int)GPUBUF__POOL_KIND__POOL_KIND_CUDA_VMM,
                "gpubuf_pool_kind and gpubuf.PoolKind differ");
 
 typedef struct session_waiter {
@@ -89,23 +90,59 @@ static void fill_buffer(buffer_msg *m, const gd_buf *b) {
 }
 
 /* Reply with a buffer. map_fd (alloc and open, which take a reference): how
- * to map it, the slab's fd or IPC handle. Otherwise (seal, stat) no handle:
- * nothing is handed out without a reference. */
-static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd) {
+ * to map it, the slab's fd or IPC handle, and the seal event. Otherwise
+ * (seal, stat) no handle: nothing is handed out without a reference.
+ * ro_fd >= 0: a read-only open, with the fd to send instead of the slab's. */
+static void reply_buffer_fd(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd, int ro_fd) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
+    bool ro = ro_fd >= 0;
     fill_buffer(&m, b);
     if (!map_fd) {
         m.slab.ipc_handle.len = 0;
         m.slab.ipc_handle.data = NULL;
+    } else {
+        const uint8_t *ev = gd_registry_event(&s->ctx->reg, b);
+        if (ev) {
+            m.buf.event_handle.data = (uint8_t *)ev;
+            m.buf.event_handle.len = GD_EVENT_HANDLE_SIZE;
+        }
     }
-    m.slab.keepable = map_fd && (s->caps & GPUBUF_CAP_KEEP_MAPPED) && !b->blk.slab->dedicated;
-    int fd = map_fd ? b->blk.slab->exp.fd : -1;
+    /* Read-only mappings are never kept: the daemon pins slabs, not modes. */
+    m.slab.keepable = map_fd && !ro && (s->caps & GPUBUF_CAP_KEEP_MAPPED) &&
+                      !b->blk.slab->dedicated;
+    m.slab.read_only = ro;
+    m.buf.read_only = ro;
+    int fd = map_fd ? (ro ? ro_fd : b->blk.slab->exp.fd) : -1;
     resp.id = id;
     resp.fds = fd >= 0 ? 1 : 0;
     resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
     resp.buffer = &m.buf;
     send_response(s, &resp, fd);
+}
+
+static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd) {
+    reply_buffer_fd(s, id, b, map_fd, -1);
+}
+
+/* Reply to an open that took a reference to b (read-only if read_only, which
+ * the registry allowed and marked): a read-only open sends the fd that maps it
+ * read-only. Should that fd not be had (out of fds), the reference goes back. */
+static void reply_open(gd_session *s, uint64_t id, gd_buf *b, bool read_only) {
+    gd_err err = {0};
+    int fd = -1, r;
+    if (!read_only) {
+        reply_buffer(s, id, b, true);
+        return;
+    }
+    r = gd_backend_export_ro(b->pool->be, &b->blk.slab->exp, &fd, &err);
+    if (r < 0) {
+        gd_registry_ref_ro(s->holder, b->id, false);
+        gd_registry_release(&s->ctx->reg, s->holder, b->id, NULL);
+        reply_error(s, id, r, gd_err_msg(&err, r));
+        return;
+    }
+    reply_buffer_fd(s, id, b, true, fd);
 }
 
 static void waiter_closed(uv_handle_t *h) {
@@ -125,7 +162,7 @@ static void waiter_dispose(session_waiter *sw) {
 
 static void waiter_wake(gd_waiter *w, gd_buf *b) {
     session_waiter *sw = (session_waiter *)w;
-    reply_buffer(sw->s, sw->request_id, b, true);
+    reply_open(sw->s, sw->request_id, b, w->read_only);
     free(w->name);
     waiter_dispose(sw);
 }
@@ -213,7 +250,12 @@ static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) 
 static void do_seal(gd_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
     gd_err err = {0};
     gd_buf *b;
-    int r = gd_registry_seal(&s->ctx->reg, s->holder, q->buffer_id, &b, &err);
+    if (q->event_handle.len != 0 && q->event_handle.len != GD_EVENT_HANDLE_SIZE) {
+        reply_error(s, id, -EINVAL, "a seal event handle has 64 bytes (CUipcEventHandle)");
+        return;
+    }
+    int r = gd_registry_seal_event(&s->ctx->reg, s->holder, q->buffer_id,
+                                   q->event_handle.len ? q->event_handle.data : NULL, &b, &err);
     if (r < 0) {
         reply_error(s, id, r, gd_err_msg(&err, r));
         return;
@@ -240,9 +282,9 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
         reply_error(s, id, -EINVAL, "open needs a name or a buffer id");
         return;
     }
-    r = gd_registry_open(reg, s->holder, name, bid, &b, &waitable, &err);
+    r = gd_registry_open_mode(reg, s->holder, name, bid, q->read_only, &b, &waitable, &err);
     if (r == 0) {
-        reply_buffer(s, id, b, true);
+        reply_open(s, id, b, q->read_only);
         return;
     }
     /* Wait only for something that can still be sealed. */
@@ -264,6 +306,7 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     sw->request_id = id;
     sw->w.holder = s->holder;
     sw->w.buffer_id = bid;
+    sw->w.read_only = q->read_only;
     sw->w.wake = waiter_wake;
     sw->w.cancel = waiter_cancel;
     sw->w.fail = waiter_fail;
@@ -295,6 +338,8 @@ static void do_release(gd_session *s, uint64_t id, const Gpubuf__ReleaseRequest 
         return;
     }
     gd_err err = {0};
+    if (q->read_only)
+        gd_registry_ref_ro(s->holder, q->buffer_id, false);
     int r = gd_registry_release_keep(&s->ctx->reg, s->holder, q->buffer_id, keep, &err);
     if (r < 0) {
         reply_error(s, id, r, gd_err_msg(&err, r));
@@ -473,6 +518,7 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
         cl[i].buffers_held = HASH_CNT(hh, x->holder->refs);
         cl[i].kept_slabs = x->holder->n_kept;
         cl[i].waiting_opens = x->n_waiters;
+        cl[i].read_only_references = x->holder->n_ro_refs;
         cl[i].name = x->name;
         pcl[i] = &cl[i];
         i++;

@@ -1,5 +1,6 @@
 #include "pattern.h"
 
+#include <pthread.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -93,6 +94,20 @@ static const char ptx[] =
     "  add.u64 %rd4, %rd4, %rd5;\n"
     "  bra VERIFY_LOOP;\n"
     "VERIFY_DONE:\n"
+    "  ret;\n"
+    "}\n"
+    "\n"
+    ".visible .entry gpubuf_spin(.param .u64 p_ns)\n"
+    "{\n"
+    "  .reg .pred %p;\n"
+    "  .reg .b64 %rd<6>;\n"
+    "  ld.param.u64 %rd1, [p_ns];\n"
+    "  mov.u64 %rd2, %globaltimer;\n"
+    "SPIN_LOOP:\n"
+    "  mov.u64 %rd3, %globaltimer;\n"
+    "  sub.u64 %rd4, %rd3, %rd2;\n"
+    "  setp.lt.u64 %p, %rd4, %rd1;\n"
+    "  @%p bra SPIN_LOOP;\n"
     "  ret;\n"
     "}\n";
 
@@ -189,7 +204,128 @@ out:
     kernels_unload(device, &k);
     return r;
 }
+/* One module per device, loaded on first use and kept: kernels enqueued on a
+ * stream may still run when the call returns. */
+static struct {
+    pthread_mutex_t lock;
+    CUmodule mod[64];
+    CUfunction fill[64], verify[64], spin[64];
+} g_async = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static int async_kernels(int device, const gpubuf_cuda **ret_cu, CUcontext *ret_ctx) {
+    const gpubuf_cuda *cu;
+    CUdevice dev;
+    CUresult r = CUDA_SUCCESS;
+    char why[256];
+    int rc = gpubuf_cuda_load(&cu);
+    if (rc < 0 || device < 0 || device >= 64)
+        return rc < 0 ? rc : GPUBUF_ENODEVICE;
+    if ((r = cu->DeviceGet(&dev, device)) != CUDA_SUCCESS ||
+        (r = cu->DevicePrimaryCtxRetain(ret_ctx, dev)) != CUDA_SUCCESS)
+        goto fail;
+    pthread_mutex_lock(&g_async.lock);
+    cu->CtxPushCurrent(*ret_ctx);
+    if (!g_async.mod[device] &&
+        ((r = cu->ModuleLoadData(&g_async.mod[device], ptx)) != CUDA_SUCCESS ||
+         (r = cu->ModuleGetFunction(&g_async.fill[device], g_async.mod[device],
+                                    "gpubuf_fill")) != CUDA_SUCCESS ||
+         (r = cu->ModuleGetFunction(&g_async.verify[device], g_async.mod[device],
+                                    "gpubuf_verify")) != CUDA_SUCCESS ||
+         (r = cu->ModuleGetFunction(&g_async.spin[device], g_async.mod[device],
+                                    "gpubuf_spin")) != CUDA_SUCCESS))
+        g_async.mod[device] = NULL;
+    pthread_mutex_unlock(&g_async.lock);
+    if (r != CUDA_SUCCESS) {
+        CUcontext ignored;
+        cu->CtxPopCurrent(&ignored);
+        cu->DevicePrimaryCtxRelease(dev);
+        goto fail;
+    }
+    *ret_cu = cu;
+    return 0;
+fail:
+    fprintf(stderr, "pattern: %s\n", gpubuf_cuda_describe(r, "PTX module", why, sizeof(why)));
+    return GPUBUF_ECUDA;
+}
+
+static void async_done(const gpubuf_cuda *cu, int device) {
+    CUcontext ignored;
+    CUdevice dev;
+    cu->CtxPopCurrent(&ignored);
+    if (cu->DeviceGet(&dev, device) == CUDA_SUCCESS)
+        cu->DevicePrimaryCtxRelease(dev);
+}
+
+int gpubuf_pattern_fill_device_async(int device, uint64_t dptr, uint64_t len, uint32_t seed,
+                                     void *stream, uint32_t spin_us) {
+    const gpubuf_cuda *cu;
+    CUcontext ctx;
+    CUresult r = CUDA_SUCCESS;
+    char why[256];
+    int rc = async_kernels(device, &cu, &ctx);
+    if (rc < 0)
+        return rc;
+    CUdeviceptr p = (CUdeviceptr)dptr;
+    uint64_t n = len / 4, ns = (uint64_t)spin_us * 1000;
+    void *spin_args[] = {&ns};
+    void *fill_args[] = {&p, &n, &seed};
+    if (spin_us)
+        r = cu->LaunchKernel(g_async.spin[device], 1, 1, 1, 1, 1, 1, 0, (CUstream)stream,
+                             spin_args, NULL);
+    if (r == CUDA_SUCCESS)
+        r = cu->LaunchKernel(g_async.fill[device], 1024, 1, 1, 256, 1, 1, 0, (CUstream)stream,
+                             fill_args, NULL);
+    async_done(cu, device);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "pattern: %s\n", gpubuf_cuda_describe(r, "fill kernel", why, sizeof(why)));
+        return GPUBUF_ECUDA;
+    }
+    return 0;
+}
+
+int gpubuf_pattern_verify_device_stream(int device, uint64_t dptr, uint64_t len, uint32_t seed,
+                                        void *stream, uint64_t *ret_mismatches) {
+    const gpubuf_cuda *cu;
+    CUcontext ctx;
+    CUdeviceptr bad = 0;
+    uint32_t host_bad = 0;
+    CUresult r;
+    char why[256];
+    int rc = async_kernels(device, &cu, &ctx);
+    if (rc < 0)
+        return rc;
+    CUdeviceptr p = (CUdeviceptr)dptr;
+    uint64_t n = len / 4;
+    void *args[] = {&p, &n, &seed, &bad};
+    if ((r = cu->MemAlloc(&bad, 4)) == CUDA_SUCCESS &&
+        (r = cu->MemsetD32(bad, 0, 1)) == CUDA_SUCCESS &&
+        (r = cu->LaunchKernel(g_async.verify[device], 1024, 1, 1, 256, 1, 1, 0, (CUstream)stream,
+                              args, NULL)) == CUDA_SUCCESS &&
+        (r = cu->StreamSynchronize((CUstream)stream)) == CUDA_SUCCESS)
+        r = cu->MemcpyDtoH(&host_bad, bad, 4);
+    if (bad)
+        cu->MemFree(bad);
+    async_done(cu, device);
+    if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "pattern: %s\n", gpubuf_cuda_describe(r, "verify kernel", why, sizeof(why)));
+        return GPUBUF_ECUDA;
+    }
+    *ret_mismatches = host_bad;
+    return 0;
+}
 #else
+int gpubuf_pattern_fill_device_async(int device, uint64_t dptr, uint64_t len, uint32_t seed,
+                                     void *stream, uint32_t spin_us) {
+    (void)device, (void)dptr, (void)len, (void)seed, (void)stream, (void)spin_us;
+    return GPUBUF_ENODRIVER;
+}
+
+int gpubuf_pattern_verify_device_stream(int device, uint64_t dptr, uint64_t len, uint32_t seed,
+                                        void *stream, uint64_t *ret_mismatches) {
+    (void)device, (void)dptr, (void)len, (void)seed, (void)stream, (void)ret_mismatches;
+    return GPUBUF_ENODRIVER;
+}
+
 int gpubuf_pattern_fill_device(int device, uint64_t dptr, uint64_t len, uint32_t seed) {
     (void)device, (void)dptr, (void)len, (void)seed;
     return GPUBUF_ENODRIVER;

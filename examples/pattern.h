@@ -22,4 +22,15 @@ int gpubuf_pattern_fill_device(int device, uint64_t dptr, uint64_t len, uint32_t
 int gpubuf_pattern_verify_device(int device, uint64_t dptr, uint64_t len, uint32_t seed,
                                  uint64_t *ret_mismatches);
 
+/* Stream-ordered variants (stream: a CUstream of that device's primary
+ * context, NULL for the legacy default stream). fill_device_async enqueues a
+ * kernel that first spins for spin_us microseconds (0: none), then fills, and
+ * returns without waiting. verify_device_stream enqueues the check on stream
+ * and waits for that stream only. The kernels' module stays loaded for the
+ * life of the process. */
+int gpubuf_pattern_fill_device_async(int device, uint64_t dptr, uint64_t len, uint32_t seed,
+                                     void *stream, uint32_t spin_us);
+int gpubuf_pattern_verify_device_stream(int device, uint64_t dptr, uint64_t len, uint32_t seed,
+                                        void *stream, uint64_t *ret_mismatches);
+
 #endif

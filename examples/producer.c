@@ -62,7 +62,7 @@ int main(int argc, char **argv) {
     printf("producer pid %d: sealed '%s' (id %llu, %s, %s pool, device %d, address 0x%llx)\n",
            (int)getpid(), name, (unsigned long long)gpubuf_buffer_id(b),
            gpubuf_format_size(size, sz, sizeof(sz)),
-           gpubuf_buffer_pool_kind(b) == GPUBUF_POOL_HOST ? "host" : "cuda-ipc",
+           gpubuf_pool_kind_name(gpubuf_buffer_pool_kind(b)),
            gpubuf_buffer_device(b), (unsigned long long)gpubuf_buffer_device_ptr(b));
     fflush(stdout);
     if (hold > 0)

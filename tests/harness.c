@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "cuda_driver.h"
 #include "pattern.h"
 #include "testutil.h"
 #include "util.h"
@@ -250,4 +251,51 @@ int td_count_fds(pid_t pid) {
 
 long td_rss_kib(pid_t pid) {
     return tu_rss_kib((int)pid);
+}
+
+/* The GPUs this process would see, asked in a child so that this process
+ * never initialises CUDA: their number and UUIDs. */
+int td_probe_gpus(char uuids[][41], int max) {
+#ifdef GPUBUF_HAVE_CUDA
+    int p[2];
+    if (pipe(p) < 0)
+        return 0;
+    fflush(NULL);
+    pid_t k = fork();
+    if (k == 0) {
+        const gpubuf_cuda *cu;
+        int n = 0;
+        close(p[0]);
+        if (gpubuf_cuda_load(&cu) < 0 || cu->DeviceGetCount(&n) != CUDA_SUCCESS)
+            n = 0;
+        if (n > max)
+            n = max;
+        if (write(p[1], &n, sizeof(n)) != sizeof(n))
+            _exit(1);
+        for (int i = 0; i < n; i++) {
+            CUdevice d;
+            CUuuid u;
+            char out[41];
+            if (cu->DeviceGet(&d, i) != CUDA_SUCCESS || cu->DeviceGetUuid(&u, d) != CUDA_SUCCESS)
+                _exit(1);
+            gpubuf_format_uuid((const uint8_t *)u.bytes, out);
+            if (write(p[1], out, sizeof(out)) != sizeof(out))
+                _exit(1);
+        }
+        _exit(0);
+    }
+    close(p[1]);
+    int n = 0;
+    if (read(p[0], &n, sizeof(n)) != sizeof(n))
+        n = 0;
+    for (int i = 0; i < n; i++)
+        if (read(p[0], uuids[i], 41) != 41)
+            n = 0;
+    close(p[0]);
+    if (td_wait(k) != 0)
+        n = 0;
+    return n;
+#else
+    return 0;
+#endif
 }

@@ -55,4 +55,9 @@ long td_rss_kib(pid_t pid);
 void td_fill(void *p, uint64_t len, uint32_t seed);
 uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed);
 
+/* The CUDA devices this process would see, asked in a forked child so that
+ * the caller never initialises CUDA: their number (0 without driver or
+ * device, at most max) and their UUIDs ("GPU-..."). */
+int td_probe_gpus(char uuids[][41], int max);
+
 #endif

@@ -971,6 +971,92 @@ START_TEST(pool_flags_override_config) {
 }
 END_TEST
 
+/* Read-only opens hand out a read-only file description, which a receiver of
+ * another uid cannot reopen for writing through /proc; seal events are
+ * checked. */
+START_TEST(read_only_fd_and_seal_event) {
+    int fd = raw_connect(), afd = -1;
+    uint64_t buf, slab;
+    raw_hello(fd);
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = 4096;
+    a.name = "rofd";
+    req.id = 2;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    ck_assert_int_eq(raw_call(fd, &req, &buf, &slab, NULL), 0);
+
+    /* A seal event must be 64 bytes, and needs a CUDA pool. */
+    uint8_t ev[64] = {1};
+    Gpubuf__SealRequest sq = GPUBUF__SEAL_REQUEST__INIT;
+    sq.buffer_id = buf;
+    sq.event_handle.data = ev;
+    sq.event_handle.len = 10;
+    req.id = 3;
+    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
+    req.seal = &sq;
+    raw_send(fd, &req);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_int_eq(r->status, -EINVAL);
+    ck_assert_ptr_nonnull(strstr(r->message, "64 bytes"));
+    gpubuf__response__free_unpacked(r, NULL);
+    sq.event_handle.len = 64;
+    raw_send(fd, &req);
+    r = raw_recv(fd, NULL);
+    ck_assert_int_eq(r->status, -EINVAL);
+    ck_assert_ptr_nonnull(strstr(r->message, "needs a CUDA pool"));
+    gpubuf__response__free_unpacked(r, NULL);
+    sq.event_handle.len = 0;
+    ck_assert_int_eq(raw_call(fd, &req, NULL, NULL, NULL), 0);
+
+    /* Open read-only: the fd is O_RDONLY and the slab says read_only. */
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = "rofd";
+    o.read_only = true;
+    req.id = 4;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &o;
+    raw_send(fd, &req);
+    r = raw_recv(fd, &afd);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert(r->buffer->read_only && r->buffer->slab->read_only && !r->buffer->slab->keepable);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert_int_ge(afd, 0);
+    ck_assert_int_eq(fcntl(afd, F_GETFL) & O_ACCMODE, O_RDONLY);
+    ck_assert_ptr_eq(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0), MAP_FAILED);
+    void *m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, afd, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    munmap(m, 4096);
+    /* Another uid holding the fd cannot reopen it for writing. */
+    if (geteuid() == 0) {
+        fflush(NULL);
+        pid_t p = fork();
+        if (p == 0) {
+            char path[64];
+            if (setgid(65534) < 0 || setuid(65534) < 0)
+                _exit(2);
+            snprintf(path, sizeof(path), "/proc/self/fd/%d", afd);
+            int w = open(path, O_RDWR);
+            _exit(w < 0 && errno == EACCES ? 0 : 1);
+        }
+        ck_assert_int_eq(td_wait(p), 0);
+    }
+    close(afd);
+    /* A writable open of the same buffer gets a read-write fd. */
+    o.read_only = false;
+    raw_send(fd, &req);
+    r = raw_recv(fd, &afd);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert(!r->buffer->read_only && !r->buffer->slab->read_only);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert_int_eq(fcntl(afd, F_GETFL) & O_ACCMODE, O_RDWR);
+    close(afd);
+    close(fd);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("daemon");
     TCase *t = tcase_create("protocol");
@@ -987,6 +1073,7 @@ int main(void) {
     tcase_add_test(t, empty_request_and_double_hello);
     tcase_add_test(t, unsolicited_fds_are_closed);
     tcase_add_test(t, release_not_held_and_double_release);
+    tcase_add_test(t, read_only_fd_and_seal_event);
     tcase_add_test(t, keep_mapped_protocol);
     tcase_add_test(t, status_rows_and_columns_agree);
     tcase_add_test(t, pipelined_requests_answered_in_order);

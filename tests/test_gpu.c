@@ -544,55 +544,8 @@ START_TEST(cross_device_1gib) {
 }
 END_TEST
 
-/* The GPUs this process would see, asked in a child so that this process
- * never initialises CUDA: their number and UUIDs. */
-static int probe_gpus(void) {
-#ifdef GPUBUF_HAVE_CUDA
-    int p[2];
-    if (pipe(p) < 0)
-        return 0;
-    fflush(NULL);
-    pid_t k = fork();
-    if (k == 0) {
-        const gpubuf_cuda *cu;
-        int n = 0;
-        close(p[0]);
-        if (gpubuf_cuda_load(&cu) < 0 || cu->DeviceGetCount(&n) != CUDA_SUCCESS)
-            n = 0;
-        if (n > 8)
-            n = 8;
-        if (write(p[1], &n, sizeof(n)) != sizeof(n))
-            _exit(1);
-        for (int i = 0; i < n; i++) {
-            CUdevice d;
-            CUuuid u;
-            char out[41];
-            if (cu->DeviceGet(&d, i) != CUDA_SUCCESS || cu->DeviceGetUuid(&u, d) != CUDA_SUCCESS)
-                _exit(1);
-            gpubuf_format_uuid((const uint8_t *)u.bytes, out);
-            if (write(p[1], out, sizeof(out)) != sizeof(out))
-                _exit(1);
-        }
-        _exit(0);
-    }
-    close(p[1]);
-    int n = 0;
-    if (read(p[0], &n, sizeof(n)) != sizeof(n))
-        n = 0;
-    for (int i = 0; i < n; i++)
-        if (read(p[0], g_uuid[i], sizeof(g_uuid[i])) != sizeof(g_uuid[i]))
-            n = 0;
-    close(p[0]);
-    if (td_wait(k) != 0)
-        n = 0;
-    return n;
-#else
-    return 0;
-#endif
-}
-
 int main(void) {
-    g_ngpus = probe_gpus();
+    g_ngpus = td_probe_gpus(g_uuid, 8);
     if (g_ngpus < 1) {
         printf("test_gpu: no CUDA driver or device: skipped\n");
         return 77;

@@ -57,6 +57,7 @@ enum gpubuf_error {
 typedef enum gpubuf_pool_kind {
     GPUBUF_POOL_HOST = 1,      /**< memfd shared memory (no GPU) */
     GPUBUF_POOL_CUDA_IPC = 2,  /**< CUDA device memory shared with cuIpcGetMemHandle */
+    GPUBUF_POOL_CUDA_VMM = 3,  /**< CUDA VMM memory (cuMemCreate), shared as a file descriptor */
 } gpubuf_pool_kind;
 
 /** Life-cycle state of a buffer in the daemon. */
@@ -65,6 +66,23 @@ typedef enum gpubuf_state {
     GPUBUF_STATE_SEALED = 2,    /**< published: others may open it */
     GPUBUF_STATE_DELETED = 3,   /**< unpublished; freed when the last reference goes */
 } gpubuf_state;
+
+/** Flags of gpubuf_open_ex(). */
+enum gpubuf_open_flag {
+    /** Map the buffer read-only. Enforced by the kernel on host pools (the
+     * daemon sends a read-only file description, mapped PROT_READ) and by the
+     * GPU on cuda-vmm pools (cuMemSetAccess with CU_MEM_ACCESS_FLAGS_PROT_READ:
+     * a kernel that writes faults in this process alone). cuda-ipc memory
+     * cannot be mapped read-only: such opens fail with -EOPNOTSUPP. */
+    GPUBUF_OPEN_READONLY = 1u << 0,
+};
+
+/** A CUDA stream (CUstream, cudaStream_t), declared without cuda.h. */
+typedef struct CUstream_st *gpubuf_stream;
+/** The legacy default stream (CU_STREAM_LEGACY); NULL means the same. */
+#define GPUBUF_STREAM_LEGACY ((gpubuf_stream)0x1)
+/** The calling thread's default stream (CU_STREAM_PER_THREAD). */
+#define GPUBUF_STREAM_PER_THREAD ((gpubuf_stream)0x2)
 
 /** A connection to gpubufd (opaque). */
 typedef struct gpubuf_client gpubuf_client;
@@ -122,6 +140,7 @@ typedef struct gpubuf_client_info {
     uint32_t buffers_held; /**< distinct buffers referenced */
     char name[64];
     uint32_t kept_slabs;   /**< slabs it keeps mapped after their last view went */
+    uint32_t read_only_references; /**< of references, those opened read-only */
 } gpubuf_client_info;
 
 /** A snapshot of the daemon (gpubuf_status). Free with gpubuf_status_free(). */
@@ -228,6 +247,47 @@ GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms
  */
 GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device);
 
+/**
+ * Open a sealed buffer by name or, when name is NULL, by id, with flags
+ * (GPUBUF_OPEN_READONLY). Otherwise like gpubuf_open().
+ * \retval -EOPNOTSUPP GPUBUF_OPEN_READONLY on a cuda-ipc pool; -EINVAL
+ *         unknown flags.
+ * A read-only open of a slab this connection also maps writable maps it a
+ * second time (read-only mappings are never kept after their last view).
+ */
+GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id,
+                                 int timeout_ms, unsigned flags, gpubuf_buffer **ret);
+
+/**
+ * Seal in stream order: record an interprocess CUDA event on stream after
+ * the work that writes the buffer, and seal with it, without waiting for the
+ * GPU (cuda-ipc and cuda-vmm pools). Openers make their own streams wait for
+ * the event with gpubuf_buffer_wait(). Asynchronous like gpubuf_seal().
+ * The event stays alive in this process until it has completed;
+ * gpubuf_disconnect() waits for the events of this connection, so a
+ * producer that disconnects cleanly leaves no consumer waiting. The daemon
+ * forgets the event when the sealing connection closes (a consumer that opens
+ * after that does not wait). If the producer dies before its work ends,
+ * streams already waiting on the event may never resume: CUDA gives no way
+ * out of that.
+ * \param stream  a stream of the buffer's GPU, NULL or GPUBUF_STREAM_LEGACY for
+ *                the legacy default stream, GPUBUF_STREAM_PER_THREAD.
+ * \retval -EINVAL a host-pool buffer (no GPU work to order); GPUBUF_ECUDA.
+ */
+GPUBUF_EXTERN int gpubuf_seal_stream(gpubuf_buffer *b, gpubuf_stream stream);
+
+/**
+ * Make stream wait (cuStreamWaitEvent, no host synchronisation) for the work
+ * the producer recorded with gpubuf_seal_stream(). Returns at once when the
+ * buffer was sealed without an event, or the event is already known to have
+ * completed. Works on slices (their buffer's event).
+ * \retval 0; -EINVAL b is NULL; GPUBUF_ECUDA; GPUBUF_ENODRIVER.
+ */
+GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *b, gpubuf_stream stream);
+
+/** \return 1 when the view was opened read-only (GPUBUF_OPEN_READONLY), else 0. */
+GPUBUF_EXTERN int gpubuf_buffer_read_only(const gpubuf_buffer *b);
+
 /** Open a sealed buffer by id (see gpubuf_open). */
 GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
                                  gpubuf_buffer **ret);
@@ -307,6 +367,32 @@ GPUBUF_EXTERN int gpubuf_buffer_copy_to_host(const gpubuf_buffer *b, uint64_t of
 /** Copy length bytes from src into the view at offset (synchronous). */
 GPUBUF_EXTERN int gpubuf_buffer_copy_from_host(gpubuf_buffer *b, uint64_t offset,
                                                const void *src, uint64_t length);
+
+/**
+ * Copy length bytes at offset of the view into dst, enqueued on stream
+ * (cuMemcpyDtoHAsync). dst should be page-locked memory for the copy to
+ * overlap with other work. Host-pool views are copied at once.
+ */
+GPUBUF_EXTERN int gpubuf_buffer_copy_to_host_async(const gpubuf_buffer *b, uint64_t offset,
+                                                   void *dst, uint64_t length,
+                                                   gpubuf_stream stream);
+
+/** Copy length bytes from src into the view at offset, enqueued on stream
+ * (cuMemcpyHtoDAsync). -EPERM on a read-only view. */
+GPUBUF_EXTERN int gpubuf_buffer_copy_from_host_async(gpubuf_buffer *b, uint64_t offset,
+                                                     const void *src, uint64_t length,
+                                                     gpubuf_stream stream);
+
+/**
+ * Copy length bytes from src (at src_offset) to dst (at dst_offset), enqueued
+ * on stream: device to device within one GPU or between GPUs
+ * (cuMemcpyPeerAsync), or host memory when either view is of a host pool
+ * (then done at once). Synchronise the stream before using the result.
+ * \retval GPUBUF_ERANGE a range leaves its view; -EPERM dst is read-only.
+ */
+GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
+                                     const gpubuf_buffer *src, uint64_t src_offset,
+                                     uint64_t length, gpubuf_stream stream);
 
 #ifdef __cplusplus
 }

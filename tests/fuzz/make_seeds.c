@@ -165,5 +165,55 @@ int main(int argc, char **argv) {
     r.status = &sr;
     n += put(b + n, &r);
     save(dir, "kept", b, n);
+
+    /* Read-only opens and seal events: alloc, a seal with a short event
+     * handle, a seal with a full one (refused on host pools), a plain seal,
+     * a read-only open, a read-only release, a waiting read-only open, status */
+    n = hello(b);
+    a.name = (char *)"seed/ro";
+    a.size = 8192;
+    r.id = 2;
+    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    r.alloc = &a;
+    n += put(b + n, &r);
+    uint8_t ev[64] = {0x42};
+    s.buffer_id = 1;
+    s.event_handle.data = ev;
+    s.event_handle.len = 10;
+    r.id = 3;
+    r.body_case = GPUBUF__REQUEST__BODY_SEAL;
+    r.seal = &s;
+    n += put(b + n, &r);
+    s.event_handle.len = 64;
+    n += put(b + n, &r);
+    s.event_handle.len = 0;
+    n += put(b + n, &r);
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = (char *)"seed/ro";
+    o.timeout_ms = 0;
+    o.read_only = 1;
+    r.id = 4;
+    r.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    r.open = &o;
+    n += put(b + n, &r);
+    rel.buffer_id = 1;
+    rel.keep_mapped = 0;
+    rel.read_only = 1;
+    r.id = 5;
+    r.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    r.release = &rel;
+    n += put(b + n, &r);
+    o.name = (char *)"seed/ro2";
+    o.timeout_ms = 20;
+    r.id = 6;
+    r.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    r.open = &o;
+    n += put(b + n, &r);
+    sr.columnar = 0;
+    r.id = 7;
+    r.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    r.status = &sr;
+    n += put(b + n, &r);
+    save(dir, "readonly", b, n);
     return 0;
 }

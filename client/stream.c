@@ -1,0 +1,275 @@
+/* Stream order: seal events (producer), waits (consumer); and the copies
+ * between views and host memory, synchronous or enqueued on a stream. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* A view's memory as seen by the host (host pools), else NULL. */
+static char *host_bytes(const gpubuf_buffer *b) {
+    return b->map->host ? (char *)b->map->host + b->offset : NULL;
+}
+
+static int check_range(const gpubuf_buffer *b, uint64_t offset, uint64_t length) {
+    if (offset > b->size || length > b->size - offset) {
+        gpubuf__set_error("copy of [%llu, +%llu) outside a view of %llu bytes",
+                          (unsigned long long)offset, (unsigned long long)length,
+                          (unsigned long long)b->size);
+        return GPUBUF_ERANGE;
+    }
+    return 0;
+}
+
+static const gpubuf_buffer *root_of(const gpubuf_buffer *b) {
+    while (b->parent)
+        b = b->parent;
+    return b;
+}
+
+#ifdef GPUBUF_HAVE_CUDA
+static int cuda_fail(CUresult cr, const char *what) {
+    char why[256];
+    gpubuf__set_error("%s", gpubuf_cuda_describe(cr, what, why, sizeof(why)));
+    return GPUBUF_ECUDA;
+}
+
+void gpubuf__events_sweep(gpubuf_client *c, bool wait) {
+    const gpubuf_cuda *cu;
+    uint32_t kept = 0;
+    if (c->n_events == 0 || gpubuf_cuda_load(&cu) < 0)
+        return;
+    for (uint32_t i = 0; i < c->n_events; i++) {
+        CUevent ev = c->events[i];
+        if (wait)
+            cu->EventSynchronize(ev);
+        if (!wait && cu->EventQuery(ev) == CUDA_ERROR_NOT_READY)
+            c->events[kept++] = ev;
+        else
+            cu->EventDestroy(ev);
+    }
+    c->n_events = kept;
+}
+
+int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
+                         uint8_t ret_handle[64]) {
+    const gpubuf_cuda *cu;
+    CUipcEventHandle h;
+    CUcontext ignored;
+    CUevent ev = NULL;
+    CUresult cr;
+    int r;
+    if (b->map->kind == GPUBUF_POOL_HOST) {
+        gpubuf__set_error("a host-pool buffer has no GPU work to order: use gpubuf_seal()");
+        return -EINVAL;
+    }
+    if ((r = gpubuf_cuda_load(&cu)) < 0) {
+        gpubuf__set_error("%s", gpubuf_cuda_load_error());
+        return r;
+    }
+    gpubuf__events_sweep(c, false);
+    if (c->n_events == c->cap_events) {
+        uint32_t cap = c->cap_events ? c->cap_events * 2 : 16;
+        CUevent *n = realloc(c->events, cap * sizeof(*n));
+        if (!n)
+            return -ENOMEM;
+        c->events = n;
+        c->cap_events = cap;
+    }
+    cu->CtxPushCurrent(b->map->ctx);
+    cr = cu->EventCreate(&ev, CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING);
+    if (cr == CUDA_SUCCESS)
+        cr = cu->EventRecord(ev, (CUstream)stream);
+    if (cr == CUDA_SUCCESS)
+        cr = cu->IpcGetEventHandle(&h, ev);
+    cu->CtxPopCurrent(&ignored);
+    if (cr != CUDA_SUCCESS) {
+        if (ev)
+            cu->EventDestroy(ev);
+        return cuda_fail(cr, "recording the seal event");
+    }
+    c->events[c->n_events++] = ev;
+    memcpy(ret_handle, h.reserved, 64);
+    return 0;
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *view, gpubuf_stream stream) {
+    const gpubuf_cuda *cu;
+    gpubuf_buffer *b;
+    CUresult cr;
+    int r = 0;
+    if (!view)
+        return -EINVAL;
+    b = (gpubuf_buffer *)root_of(view);
+    if (!b->has_event)
+        return 0;
+    if ((r = gpubuf_cuda_load(&cu)) < 0) {
+        gpubuf__set_error("%s", gpubuf_cuda_load_error());
+        return r;
+    }
+    pthread_mutex_lock(&b->c->lock);
+    if (!b->event) {
+        CUipcEventHandle h;
+        CUcontext ignored;
+        memcpy(h.reserved, b->event_handle, sizeof(h.reserved));
+        cu->CtxPushCurrent(b->map->ctx);
+        cr = cu->IpcOpenEventHandle(&b->event, h);
+        cu->CtxPopCurrent(&ignored);
+        if (cr != CUDA_SUCCESS) {
+            b->event = NULL;
+            r = cuda_fail(cr, "cuIpcOpenEventHandle");
+        }
+    }
+    CUevent ev = b->event;
+    pthread_mutex_unlock(&b->c->lock);
+    if (r == 0 && (cr = cu->StreamWaitEvent((CUstream)stream, ev, 0)) != CUDA_SUCCESS)
+        r = cuda_fail(cr, "cuStreamWaitEvent");
+    return r;
+}
+
+/* Copy n bytes between a device address and host memory: enqueued on stream,
+ * or synchronous (cuMemcpyDtoH / cuMemcpyHtoD) when not async. */
+static int copy_device(const gpubuf_buffer *b, uint64_t offset, void *host, uint64_t n,
+                       gpubuf_stream stream, bool to_host, bool async) {
+    static const char *const what[2][2] = {{"cuMemcpyHtoD", "cuMemcpyHtoDAsync"},
+                                           {"cuMemcpyDtoH", "cuMemcpyDtoHAsync"}};
+    const gpubuf_cuda *cu;
+    CUcontext ignored;
+    CUresult cr;
+    int r;
+    if ((r = gpubuf_cuda_load(&cu)) < 0)
+        return r;
+    CUdeviceptr d = (CUdeviceptr)(b->map->base + b->offset + offset);
+    cu->CtxPushCurrent(b->map->ctx);
+    if (to_host)
+        cr = async ? cu->MemcpyDtoHAsync(host, d, (size_t)n, (CUstream)stream)
+                   : cu->MemcpyDtoH(host, d, (size_t)n);
+    else
+        cr = async ? cu->MemcpyHtoDAsync(d, host, (size_t)n, (CUstream)stream)
+                   : cu->MemcpyHtoD(d, host, (size_t)n);
+    cu->CtxPopCurrent(&ignored);
+    if (cr != CUDA_SUCCESS)
+        return cuda_fail(cr, what[to_host][async]);
+    return 0;
+}
+#else
+GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *view, gpubuf_stream stream) {
+    (void)stream;
+    if (!view)
+        return -EINVAL;
+    if (!root_of(view)->has_event)
+        return 0;
+    gpubuf__set_error("libgpubuf-client was built without CUDA support");
+    return GPUBUF_ENODRIVER;
+}
+
+int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
+                         uint8_t ret_handle[64]) {
+    (void)c, (void)stream, (void)ret_handle;
+    if (b->map->kind == GPUBUF_POOL_HOST) {
+        gpubuf__set_error("a host-pool buffer has no GPU work to order: use gpubuf_seal()");
+        return -EINVAL;
+    }
+    gpubuf__set_error("libgpubuf-client was built without CUDA support");
+    return GPUBUF_ENODRIVER;
+}
+
+static int copy_device(const gpubuf_buffer *b, uint64_t offset, void *host, uint64_t n,
+                       gpubuf_stream stream, bool to_host, bool async) {
+    (void)b, (void)offset, (void)host, (void)n, (void)stream, (void)to_host, (void)async;
+    gpubuf__set_error("libgpubuf-client was built without CUDA support");
+    return GPUBUF_ENODRIVER;
+}
+#endif
+
+/* Between a view and host memory: checked, then memcpy for host pools. */
+static int copy_host(const gpubuf_buffer *b, uint64_t offset, void *host, uint64_t length,
+                     gpubuf_stream stream, bool to_host, bool async) {
+    int r;
+    if (!b || (!host && length))
+        return -EINVAL;
+    if (!to_host && b->map->read_only) {
+        gpubuf__set_error("the view was opened read-only");
+        return -EPERM;
+    }
+    if ((r = check_range(b, offset, length)) < 0 || length == 0)
+        return r;
+    if (host_bytes(b)) {
+        if (to_host)
+            memcpy(host, host_bytes(b) + offset, (size_t)length);
+        else
+            memcpy(host_bytes(b) + offset, host, (size_t)length);
+        return 0;
+    }
+    return copy_device(b, offset, host, length, stream, to_host, async);
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy_to_host(const gpubuf_buffer *b, uint64_t offset, void *dst,
+                                             uint64_t length) {
+    return copy_host(b, offset, dst, length, NULL, true, false);
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy_from_host(gpubuf_buffer *b, uint64_t offset,
+                                               const void *src, uint64_t length) {
+    return copy_host(b, offset, (void *)src, length, NULL, false, false);
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy_to_host_async(const gpubuf_buffer *b, uint64_t offset,
+                                                   void *dst, uint64_t length,
+                                                   gpubuf_stream stream) {
+    return copy_host(b, offset, dst, length, stream, true, true);
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy_from_host_async(gpubuf_buffer *b, uint64_t offset,
+                                                     const void *src, uint64_t length,
+                                                     gpubuf_stream stream) {
+    return copy_host(b, offset, (void *)src, length, stream, false, true);
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
+                                     const gpubuf_buffer *src, uint64_t src_offset,
+                                     uint64_t length, gpubuf_stream stream) {
+    int r;
+    if (!dst || !src)
+        return -EINVAL;
+    if (dst->map->read_only) {
+        gpubuf__set_error("the destination view was opened read-only");
+        return -EPERM;
+    }
+    if ((r = check_range(dst, dst_offset, length)) < 0 ||
+        (r = check_range(src, src_offset, length)) < 0 || length == 0)
+        return r;
+    if (host_bytes(dst) && host_bytes(src)) {
+        memmove(host_bytes(dst) + dst_offset, host_bytes(src) + src_offset, (size_t)length);
+        return 0;
+    }
+    if (host_bytes(dst))
+        return copy_device(src, src_offset, host_bytes(dst) + dst_offset, length, stream, true,
+                           true);
+    if (host_bytes(src))
+        return copy_device(dst, dst_offset, host_bytes(src) + src_offset, length, stream, false,
+                           true);
+#ifdef GPUBUF_HAVE_CUDA
+    const gpubuf_cuda *cu;
+    CUcontext ignored;
+    CUresult cr;
+    if ((r = gpubuf_cuda_load(&cu)) < 0)
+        return r;
+    CUdeviceptr d = (CUdeviceptr)(dst->map->base + dst->offset + dst_offset);
+    CUdeviceptr s = (CUdeviceptr)(src->map->base + src->offset + src_offset);
+    cu->CtxPushCurrent(dst->map->ctx);
+    if (dst->map->ctx == src->map->ctx)
+        cr = cu->MemcpyDtoDAsync(d, s, (size_t)length, (CUstream)stream);
+    else
+        cr = cu->MemcpyPeerAsync(d, dst->map->ctx, s, src->map->ctx, (size_t)length,
+                                 (CUstream)stream);
+    cu->CtxPopCurrent(&ignored);
+    if (cr != CUDA_SUCCESS)
+        return cuda_fail(cr, dst->map->ctx == src->map->ctx ? "cuMemcpyDtoDAsync"
+                                                            : "cuMemcpyPeerAsync");
+    return 0;
+#else
+    gpubuf__set_error("libgpubuf-client was built without CUDA support");
+    return GPUBUF_ENODRIVER;
+#endif
+}
