@@ -181,7 +181,8 @@ static PyObject *export_cai(const export_t *e) {
     dtype_typestr(e->dt, typestr);
     /* stream None: nothing to wait for, a producer seals after its work is done. */
     d = Py_BuildValue("{sOsss(KO)sisOsO}", "shape", shape, "typestr", typestr, "data",
-                      (unsigned long long)gpubuf_buffer_device_ptr(e->b), Py_False, "version", 3,
+                      (unsigned long long)gpubuf_buffer_device_ptr(e->b),
+                      gpubuf_buffer_read_only(e->b) ? Py_True : Py_False, "version", 3,
                       "strides", Py_None, "stream", Py_None);
     Py_DECREF(shape);
     return d;
@@ -257,8 +258,21 @@ static PyObject *export_dlpack(const export_t *e, PyObject *args, PyObject *kw) 
         PyErr_SetString(PyExc_BufferError, "stream must be None for a host-pool buffer");
         return NULL;
     }
-    /* A CUDA stream is accepted and needs no wait: the producer sealed the
-     * buffer after its writes were done. */
+    /* The consumer's stream (DLPack: 1 legacy default, 2 per-thread default,
+     * else a cudaStream_t; -1 no ordering) waits for the producer's seal event,
+     * if it sealed on a stream (gpubuf_buffer_wait: nothing to do otherwise). */
+    if (!is_host(e->b) && stream != Py_None) {
+        long long sv = PyLong_AsLongLong(stream);
+        if (sv == -1 && PyErr_Occurred())
+            return NULL;
+        if (sv == 0) {
+            PyErr_SetString(PyExc_ValueError, "stream 0 is ambiguous in DLPack: pass 1 (legacy "
+                                              "default stream) or 2 (per-thread default stream)");
+            return NULL;
+        }
+        if (sv != -1 && gpubufpy_wait(e->b, (gpubuf_stream)(uintptr_t)sv) < 0)
+            return NULL;
+    }
     if (dtype_dlpack(e->dt, &dtype) < 0)
         return NULL;
     ctx = calloc(1, sizeof(*ctx));
@@ -309,10 +323,15 @@ static int export_getbuffer(const export_t *e, PyObject *exporter, Py_buffer *vi
     }
     for (int i = 0; i < e->ndim; i++)
         len *= e->shape[i];
+    int ro = gpubuf_buffer_read_only(e->b);
     if (e->ndim == 1 && e->dt.kind == 'u' && e->dt.itemsize == 1) {
-        if (PyBuffer_FillInfo(view, exporter, gpubuf_buffer_host_ptr(e->b), len, 0, flags) < 0)
+        if (PyBuffer_FillInfo(view, exporter, gpubuf_buffer_host_ptr(e->b), len, ro, flags) < 0)
             return -1;
     } else {
+        if (ro && (flags & PyBUF_WRITABLE) == PyBUF_WRITABLE) {
+            PyErr_SetString(PyExc_BufferError, "the buffer was opened read-only");
+            return -1;
+        }
         if ((flags & PyBUF_ND) != PyBUF_ND && e->ndim != 1) {
             PyErr_SetString(PyExc_BufferError, "an ArrayView of several dimensions needs "
                                                "PyBUF_ND");
@@ -321,7 +340,7 @@ static int export_getbuffer(const export_t *e, PyObject *exporter, Py_buffer *vi
         view->obj = Py_NewRef(exporter);
         view->buf = gpubuf_buffer_host_ptr(e->b);
         view->len = len;
-        view->readonly = 0;
+        view->readonly = ro;
         view->itemsize = e->dt.itemsize;
         view->format = (flags & PyBUF_FORMAT) ? (char *)dtype_format(e->dt) : NULL;
         view->ndim = e->ndim;
@@ -432,8 +451,21 @@ static int view_run(GpubufBuffer *self, gpubuf_buffer *b, view_op op, void *arg)
     return r < 0 ? -1 : 0;
 }
 
+struct seal_args {
+    int sync;
+    bool on_stream;
+    gpubuf_stream stream;
+};
+
 static int op_seal(gpubuf_buffer *b, void *arg) {
-    return *(int *)arg ? gpubuf_seal_sync(b) : gpubuf_seal(b);
+    struct seal_args *a = arg;
+    if (a->on_stream)
+        return gpubuf_seal_stream(b, a->stream);
+    return a->sync ? gpubuf_seal_sync(b) : gpubuf_seal(b);
+}
+
+static int op_wait(gpubuf_buffer *b, void *arg) {
+    return gpubuf_buffer_wait(b, *(gpubuf_stream *)arg);
 }
 
 /* A host copy: to_host or from it. */
@@ -453,14 +485,51 @@ static int op_copy_from_host(gpubuf_buffer *b, void *arg) {
 }
 
 static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"sync", NULL};
-    int sync = 0;
+    static char *kwlist[] = {"sync", "stream", NULL};
+    struct seal_args a = {0};
+    PyObject *stream = Py_None;
     gpubuf_buffer *b;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p:seal", kwlist, &sync) || !(b = buf_view(self)))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p$O:seal", kwlist, &a.sync, &stream) ||
+        !(b = buf_view(self)))
+        return NULL;
+    if (stream != Py_None) {
+        if (a.sync) {
+            PyErr_SetString(PyExc_ValueError, "seal(stream=...) does not wait: drop sync=True");
+            return NULL;
+        }
+        if (gpubufpy_stream_arg(stream, &a.stream) < 0)
+            return NULL;
+        a.on_stream = true;
+    }
+    if (self->pid != getpid())
+        return gpubufpy_raise_fork(self->pid);
+    if (view_run(self, b, op_seal, &a) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+int gpubufpy_wait(gpubuf_buffer *b, gpubuf_stream stream) {
+    char before[512];
+    int r;
+    gpubufpy_error_snapshot(before);
+    Py_BEGIN_ALLOW_THREADS
+        r = gpubuf_buffer_wait(b, stream);
+    Py_END_ALLOW_THREADS
+    if (r < 0) {
+        gpubufpy_raise(r, before);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *buf_wait(GpubufBuffer *self, PyObject *stream_o) {
+    gpubuf_stream stream;
+    gpubuf_buffer *b;
+    if (!(b = buf_view(self)) || gpubufpy_stream_arg(stream_o, &stream) < 0)
         return NULL;
     if (self->pid != getpid())
         return gpubufpy_raise_fork(self->pid);
-    if (view_run(self, b, op_seal, &sync) < 0)
+    if (view_run(self, b, op_wait, &stream) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -748,6 +817,7 @@ BUF_GETTER(buf_get_id, PyLong_FromUnsignedLongLong(gpubuf_buffer_id(b)))
 BUF_GETTER(buf_get_pool_kind,
            PyUnicode_FromString(gpubufpy_pool_kind_name(gpubuf_buffer_pool_kind(b))))
 BUF_GETTER(buf_get_is_cuda, PyBool_FromLong(!is_host(b)))
+BUF_GETTER(buf_get_read_only, PyBool_FromLong(gpubuf_buffer_read_only(b)))
 
 static PyObject *buf_get_released(GpubufBuffer *self, void *unused) {
     return PyBool_FromLong(self->b == NULL);
@@ -770,9 +840,16 @@ static PyObject *buf_repr(GpubufBuffer *self) {
 
 static PyMethodDef buf_methods[] = {
     {"seal", (PyCFunction)(void (*)(void))buf_seal, METH_VARARGS | METH_KEYWORDS,
-     "seal(sync=False)\n\nPublish the buffer (allocated by this connection): others can open "
-     "it. sync=False sends the seal without waiting (a waiting open sees it; errors surface "
-     "at Client.flush()); sync=True returns once the daemon applied it."},
+     "seal(sync=False, *, stream=None)\n\nPublish the buffer (allocated by this connection): "
+     "others can open it. sync=False sends the seal without waiting (a waiting open sees it; "
+     "errors surface at Client.flush()); sync=True returns once the daemon applied it. "
+     "stream (a CUDA stream: an int handle, a torch.cuda.Stream or a cupy.cuda.Stream): seal "
+     "in stream order, after the work queued on it, without waiting for the GPU; openers' "
+     "streams wait for it (wait(), or __dlpack__(stream=...))."},
+    {"wait", (PyCFunction)buf_wait, METH_O,
+     "wait(stream)\n\nMake a CUDA stream wait, on the GPU, for the work the producer sealed "
+     "with seal(stream=...); returns at once when it sealed without a stream. "
+     "torch.from_dlpack and cupy.from_dlpack do this by themselves through __dlpack__."},
     {"release", (PyCFunction)buf_release, METH_NOARGS,
      "release()\n\nDrop this view. The daemon reference goes when no export (DLPack tensor, "
      "memoryview, ArrayView, a consumer of __cuda_array_interface__) still uses it. "
@@ -819,8 +896,10 @@ static PyGetSetDef buf_getset[] = {
      "CUDA ordinal of the GPU holding the memory; -1 for host pools.", NULL},
     {"name", (getter)buf_get_name, NULL, "The buffer's name, '' if anonymous.", NULL},
     {"id", (getter)buf_get_id, NULL, "The daemon's id of the buffer.", NULL},
-    {"pool_kind", (getter)buf_get_pool_kind, NULL, "'host' or 'cuda-ipc'.", NULL},
+    {"pool_kind", (getter)buf_get_pool_kind, NULL, "'host', 'cuda-ipc' or 'cuda-vmm'.", NULL},
     {"is_cuda", (getter)buf_get_is_cuda, NULL, "True for device memory.", NULL},
+    {"read_only", (getter)buf_get_read_only, NULL,
+     "True when opened with readonly=True (the mapping refuses writes).", NULL},
     {"released", (getter)buf_get_released, NULL, "True once release() was called.", NULL},
     {"client", (getter)buf_get_client, NULL, "The Client the buffer came from.", NULL},
     {"__cuda_array_interface__", (getter)buf_get_cai, NULL,

@@ -1,7 +1,8 @@
 /* The gpubuf Python extension (_gpubuf): declarations shared by its files.
  *
- * module.c  the module, its exceptions and the Client type
+ * module.c  the module and the Client type
  * buffer.c  the Buffer and ArrayView types and their exports
+ * errors.c  the exceptions, error translation, helpers of both
  *           (__cuda_array_interface__, DLPack, the buffer protocol)
  *
  * Lifetimes rest on libgpubuf-client's own reference counts: every export
@@ -66,8 +67,19 @@ void gpubufpy_error_snapshot(char *out);
  * the reference is left alone: the connection belongs to the parent. */
 void gpubufpy_view_drop(gpubuf_buffer *b, pid_t pid);
 
-/* "host", "cuda-ipc" */
+/* Add gpubuf.Error and its subclasses to module m. 0 or -1 (exception set). */
+int gpubufpy_add_exceptions(PyObject *m);
+
+/* "host", "cuda-ipc", "cuda-vmm" */
 const char *gpubufpy_pool_kind_name(gpubuf_pool_kind k);
+
+/* A CUDA stream from Python: an int handle (0 or 1 the legacy default, 2 the per-thread
+ * default, else a CUstream), a torch.cuda.Stream (.cuda_stream) or a
+ * cupy.cuda.Stream (.ptr). 0, or -1 with TypeError/OverflowError set. */
+int gpubufpy_stream_arg(PyObject *o, gpubuf_stream *ret);
+
+/* gpubuf_buffer_wait() without the GIL; 0, or -1 with the exception set. */
+int gpubufpy_wait(gpubuf_buffer *b, gpubuf_stream stream);
 
 /* A new Buffer object owning view b (consumes the reference). */
 PyObject *gpubufpy_buffer_new(GpubufClient *client, gpubuf_buffer *b);

@@ -1,161 +1,10 @@
-/* The _gpubuf module: exceptions, error translation and the Client type. */
+/* The _gpubuf module and the Client type. */
 #include "gpubufpy.h" /* Python.h comes before the system headers */
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
-
-/* ---- exceptions -------------------------------------------------------------- */
-
-/* One exception class per error the library returns; those with a fitting
- * built-in exception derive from it too (FileNotFoundError, ...). */
-static const struct err_class {
-    const char *name;   /* attribute of the module */
-    int code;           /* 0: the base class */
-    PyObject **builtin; /* a built-in exception it also derives from, or NULL */
-    const char *doc;
-} err_classes[] = {
-    {"NotFoundError", -ENOENT, &PyExc_FileNotFoundError, "No buffer (or socket) of that name."},
-    {"PermissionDeniedError", -EPERM, &PyExc_PermissionError,
-     "Not allowed: another owner's buffer, a pool's access list, or a view that cannot seal."},
-    {"WaitTimeoutError", -ETIMEDOUT, &PyExc_TimeoutError, "A waiting open ran out of time."},
-    {"ExistsError", -EEXIST, &PyExc_FileExistsError, "The name is published already."},
-    {"OutOfMemoryError", -ENOMEM, &PyExc_MemoryError, "Out of memory."},
-    {"PoolFullError", GPUBUF_EPOOLFULL, &PyExc_MemoryError, "The pool reached its capacity."},
-    {"NoDaemonError", -ECONNREFUSED, &PyExc_ConnectionRefusedError, "No gpubufd listens."},
-    {"DisconnectedError", GPUBUF_EDISCONNECTED, &PyExc_ConnectionError,
-     "The connection to gpubufd is closed."},
-    {"InvalidArgumentError", -EINVAL, &PyExc_ValueError, "An argument the library refused."},
-    {"RangeError", GPUBUF_ERANGE, &PyExc_IndexError, "Offset or length outside the buffer."},
-    {"BusyError", -EBUSY, NULL, "Views are alive that the call would invalidate."},
-    {"ProtocolError", GPUBUF_EPROTOCOL, NULL, "Malformed or unexpected message."},
-    {"VersionError", GPUBUF_EVERSION, NULL, "No common protocol version."},
-    {"CudaError", GPUBUF_ECUDA, NULL, "A CUDA driver call failed."},
-    {"NoDriverError", GPUBUF_ENODRIVER, NULL, "The CUDA driver could not be loaded."},
-    {"NoDeviceError", GPUBUF_ENODEVICE, NULL, "The buffer's GPU is not visible here."},
-    {"StateError", GPUBUF_ESTATE, NULL, "Not allowed in the buffer's state (sealed already)."},
-    {"NoPoolError", GPUBUF_ENOPOOL, NULL, "No pool of that name."},
-    {"NotHeldError", GPUBUF_ENOTHELD, NULL, "This connection holds no reference to it."},
-    {"NoPeerError", GPUBUF_ENOPEER, NULL, "The chosen GPU cannot access the buffer's GPU."},
-};
-#define N_ERR_CLASSES (sizeof(err_classes) / sizeof(err_classes[0]))
-
-static PyObject *error_base;
-static PyObject *error_types[N_ERR_CLASSES];
-
-static PyObject *error_class(int err) {
-    if (err == -EACCES)
-        err = -EPERM;
-    if (err == -ENAMETOOLONG || err == -EMSGSIZE)
-        err = -EINVAL;
-    if (err == -ECONNRESET || err == -EPIPE)
-        err = GPUBUF_EDISCONNECTED;
-    for (size_t i = 0; i < N_ERR_CLASSES; i++)
-        if (err_classes[i].code == err)
-            return error_types[i];
-    return error_base;
-}
-
-void gpubufpy_error_snapshot(char *out) {
-    const char *m = gpubuf_last_error_message();
-    if (*m)
-        snprintf(out, 512, "%s", m);
-    else
-        out[0] = '\0';
-}
-
-PyObject *gpubufpy_raise_msg(int err, const char *detail) {
-    PyObject *cls = error_class(err), *exc, *args, *msg;
-    msg = PyUnicode_DecodeUTF8(detail, (Py_ssize_t)strlen(detail), "replace");
-    if (!msg)
-        return NULL;
-    if (PyObject_IsSubclass(cls, PyExc_OSError) == 1 && err > -1000)
-        args = Py_BuildValue("(iO)", -err, msg); /* .errno and .strerror */
-    else
-        args = PyTuple_Pack(1, msg);
-    exc = args ? PyObject_Call(cls, args, NULL) : NULL;
-    Py_XDECREF(args);
-    if (exc) {
-        PyObject *code = PyLong_FromLong(err);
-        PyObject *name = PyUnicode_FromString(gpubuf_err_name(err));
-        if (!code || !name || PyObject_SetAttrString(exc, "code", code) < 0 ||
-            PyObject_SetAttrString(exc, "errname", name) < 0 ||
-            PyObject_SetAttrString(exc, "message", msg) < 0)
-            Py_CLEAR(exc);
-        Py_XDECREF(code);
-        Py_XDECREF(name);
-    }
-    Py_DECREF(msg);
-    if (exc) {
-        PyErr_SetObject(cls, exc);
-        Py_DECREF(exc);
-    }
-    return NULL;
-}
-
-PyObject *gpubufpy_raise(int err, const char *before) {
-    const char *detail = gpubuf_last_error_message();
-    if (!*detail || (before && strcmp(detail, before) == 0))
-        detail = gpubuf_strerror(err);
-    return gpubufpy_raise_msg(err, detail);
-}
-
-static int add_exceptions(PyObject *m) {
-    error_base = PyErr_NewExceptionWithDoc(
-        "gpubuf.Error",
-        "Base of every error from gpubuf. Attributes: code (the library's negative code: "
-        "-errno or GPUBUF_E*), errname ('ENOENT', 'GPUBUF_EPOOLFULL', ...) and message (the "
-        "daemon's or the library's sentence).",
-        NULL, NULL);
-    if (!error_base || PyModule_AddObjectRef(m, "Error", error_base) < 0)
-        return -1;
-    for (size_t i = 0; i < N_ERR_CLASSES; i++) {
-        const struct err_class *e = &err_classes[i];
-        char qual[64];
-        PyObject *bases;
-        snprintf(qual, sizeof(qual), "gpubuf.%s", e->name);
-        if (e->builtin) {
-            bases = PyTuple_Pack(2, error_base, *e->builtin);
-        } else {
-            bases = PyTuple_Pack(1, error_base);
-        }
-        if (!bases)
-            return -1;
-        error_types[i] = PyErr_NewExceptionWithDoc(qual, e->doc, bases, NULL);
-        Py_DECREF(bases);
-        if (!error_types[i] || PyModule_AddObjectRef(m, e->name, error_types[i]) < 0)
-            return -1;
-    }
-    return 0;
-}
-
-/* ---- helpers -------------------------------------------------------------------- */
-
-PyObject *gpubufpy_raise_fork(pid_t owner) {
-    char msg[200];
-    snprintf(msg, sizeof(msg),
-             "this gpubuf connection belongs to process %ld (inherited through fork): connect "
-             "again in this process",
-             (long)owner);
-    return gpubufpy_raise_msg(GPUBUF_EDISCONNECTED, msg);
-}
-
-void gpubufpy_view_drop(gpubuf_buffer *b, pid_t pid) {
-    if (!b || pid != getpid())
-        return;
-    if (Py_IsInitialized() && PyGILState_Check()) {
-        Py_BEGIN_ALLOW_THREADS
-            gpubuf_release(b);
-        Py_END_ALLOW_THREADS
-    } else {
-        gpubuf_release(b);
-    }
-}
-
-const char *gpubufpy_pool_kind_name(gpubuf_pool_kind k) {
-    return k == GPUBUF_POOL_HOST ? "host" : k == GPUBUF_POOL_CUDA_IPC ? "cuda-ipc" : "unknown";
-}
 
 static const char *state_name(gpubuf_state s) {
     switch (s) {
@@ -322,18 +171,14 @@ static int timeout_ms_arg(PyObject *o) {
  * back to notice signals (KeyboardInterrupt) and close() from another thread. */
 #define WAIT_SLICE_MS 100
 
-typedef int (*open_fn)(gpubuf_client *c, const void *key, int timeout_ms, gpubuf_buffer **ret);
+/* What to open: a name, or (name NULL) an id; flags of gpubuf_open_ex(). */
+typedef struct open_key {
+    const char *name;
+    uint64_t id;
+    unsigned flags;
+} open_key;
 
-static int open_by_name(gpubuf_client *c, const void *key, int t, gpubuf_buffer **ret) {
-    return gpubuf_open(c, (const char *)key, t, ret);
-}
-
-static int open_by_id(gpubuf_client *c, const void *key, int t, gpubuf_buffer **ret) {
-    return gpubuf_open_id(c, *(const uint64_t *)key, t, ret);
-}
-
-static PyObject *client_open_common(GpubufClient *self, open_fn fn, const void *key,
-                                    int timeout_ms) {
+static PyObject *client_open_common(GpubufClient *self, const open_key *key, int timeout_ms) {
     gpubuf_client *c = client_enter(self);
     gpubuf_buffer *b = NULL;
     char before[512];
@@ -346,7 +191,7 @@ static PyObject *client_open_common(GpubufClient *self, open_fn fn, const void *
         if (timeout_ms < 0 || timeout_ms > WAIT_SLICE_MS)
             slice = WAIT_SLICE_MS;
         Py_BEGIN_ALLOW_THREADS
-            r = fn(c, key, slice, &b);
+            r = gpubuf_open_ex(c, key->name, key->id, slice, key->flags, &b);
         Py_END_ALLOW_THREADS
         if (r != -ETIMEDOUT || slice == timeout_ms)
             break;
@@ -373,30 +218,31 @@ static PyObject *client_open_common(GpubufClient *self, open_fn fn, const void *
 }
 
 static PyObject *client_open(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"name", "timeout", NULL};
+    static char *kwlist[] = {"name", "timeout", "readonly", NULL};
     PyObject *name, *timeout = Py_None;
-    const char *s;
-    int t;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:open", kwlist, &name, &timeout))
+    open_key key = {0};
+    int t, ro = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$p:open", kwlist, &name, &timeout, &ro))
         return NULL;
-    if (!(s = name_arg(name, "name")) || (t = timeout_ms_arg(timeout)) == -2)
+    if (!(key.name = name_arg(name, "name")) || (t = timeout_ms_arg(timeout)) == -2)
         return NULL;
-    return client_open_common(self, open_by_name, s, t);
+    key.flags = ro ? GPUBUF_OPEN_READONLY : 0;
+    return client_open_common(self, &key, t);
 }
 
 static PyObject *client_open_id(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"id", "timeout", NULL};
-    unsigned long long id;
+    static char *kwlist[] = {"id", "timeout", "readonly", NULL};
     PyObject *id_o, *timeout = Py_None;
-    int t;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O:open_id", kwlist, &PyLong_Type, &id_o,
-                                     &timeout))
+    open_key key = {0};
+    int t, ro = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O$p:open_id", kwlist, &PyLong_Type, &id_o,
+                                     &timeout, &ro))
         return NULL;
-    id = PyLong_AsUnsignedLongLong(id_o); /* OverflowError when negative */
+    key.id = PyLong_AsUnsignedLongLong(id_o); /* OverflowError when negative */
     if (PyErr_Occurred() || (t = timeout_ms_arg(timeout)) == -2)
         return NULL;
-    uint64_t key = id;
-    return client_open_common(self, open_by_id, &key, t);
+    key.flags = ro ? GPUBUF_OPEN_READONLY : 0;
+    return client_open_common(self, &key, t);
 }
 
 struct alloc_args {
@@ -522,11 +368,13 @@ static PyObject *status_to_dict(const gpubuf_status *s) {
     }
     for (size_t i = 0; i < s->n_clients; i++) {
         const gpubuf_client_info *ci = &s->clients[i];
-        if (append_new(clients, Py_BuildValue("{sKsisIsIsIsIsssI}", "session_id",
-                                              (unsigned long long)ci->session_id, "pid", ci->pid,
-                                              "uid", ci->uid, "gid", ci->gid, "references",
-                                              ci->references, "buffers_held", ci->buffers_held,
-                                              "name", ci->name, "kept_slabs", ci->kept_slabs)) < 0)
+        if (append_new(clients,
+                       Py_BuildValue("{sKsisIsIsIsIsssIsI}", "session_id",
+                                     (unsigned long long)ci->session_id, "pid", ci->pid, "uid",
+                                     ci->uid, "gid", ci->gid, "references", ci->references,
+                                     "buffers_held", ci->buffers_held, "name", ci->name,
+                                     "kept_slabs", ci->kept_slabs, "read_only_references",
+                                     ci->read_only_references)) < 0)
             goto out;
     }
     d = Py_BuildValue("{sOsOsOsKss}", "pools", pools, "buffers", bufs, "clients", clients,
@@ -603,11 +451,13 @@ static PyMethodDef client_methods[] = {
      "pool unless pool names one). The new buffer is writable; seal() publishes it under "
      "name. name=None makes an anonymous buffer, opened by id."},
     {"open", (PyCFunction)(void (*)(void))client_open, METH_VARARGS | METH_KEYWORDS,
-     "open(name, timeout=None) -> Buffer\n\nOpen a sealed buffer by name and take one "
-     "reference. timeout: None or 0 fails at once (NotFoundError) when the name is not "
-     "published; seconds to wait for it (WaitTimeoutError); math.inf waits forever."},
+     "open(name, timeout=None, *, readonly=False) -> Buffer\n\nOpen a sealed buffer by name "
+     "and take one reference. timeout: None or 0 fails at once (NotFoundError) when the name is "
+     "not published; seconds to wait for it (WaitTimeoutError); math.inf waits forever. "
+     "readonly: map it read-only (host and cuda-vmm pools; NotSupportedError on cuda-ipc)."},
     {"open_id", (PyCFunction)(void (*)(void))client_open_id, METH_VARARGS | METH_KEYWORDS,
-     "open_id(id, timeout=None) -> Buffer\n\nOpen a sealed buffer by its id (see open)."},
+     "open_id(id, timeout=None, *, readonly=False) -> Buffer\n\nOpen a sealed buffer by its "
+     "id (see open)."},
     {"delete", (PyCFunction)client_delete, METH_O,
      "delete(name_or_id)\n\nUnpublish a buffer; its memory returns to the pool when the last "
      "reference goes."},
@@ -695,7 +545,7 @@ PyMODINIT_FUNC PyInit__gpubuf(void) {
     m = PyModule_Create(&module_def);
     if (!m)
         return NULL;
-    if (add_exceptions(m) < 0 ||
+    if (gpubufpy_add_exceptions(m) < 0 ||
         PyModule_AddObjectRef(m, "Client", (PyObject *)&GpubufClient_Type) < 0 ||
         PyModule_AddObjectRef(m, "Buffer", (PyObject *)&GpubufBuffer_Type) < 0 ||
         PyModule_AddObjectRef(m, "ArrayView", (PyObject *)&GpubufArrayView_Type) < 0 ||

@@ -121,10 +121,66 @@ def consume(c, name, mode, n):
     print("ok", mode)
 
 
+SPIN_FILL = r"""
+extern "C" __global__ void spin_fill(float *p, long long n, long long cycles) {
+    long long start = clock64();
+    while (clock64() - start < cycles) {}
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        p[i] = 2.0f * i + 1.0f;
+}
+"""
+
+
+def produce_stream(c, name, n):
+    """Fill a cuda-vmm buffer with a kernel that spins first, on a stream of its
+    own, and seal on that stream at once: no host synchronisation."""
+    import cupy
+
+    buf = c.alloc(4 * n, name=name, pool="vmm")
+    assert buf.pool_kind == "cuda-vmm", buf.pool_kind
+    with cupy.cuda.Device(buf.device):
+        k = cupy.RawKernel(SPIN_FILL, "spin_fill")
+        s = cupy.cuda.Stream(non_blocking=True)
+        a = cupy.from_dlpack(buf.as_array("float32"))
+        k((256,), (256,), (a, cupy.int64(n), cupy.int64(1_000_000_000)), stream=s)
+        buf.seal(stream=s)
+        done = s.done
+    assert not done, "the kernel ended before the seal returned"
+    del a
+    buf.release()
+    print("sealed on a stream with the kernel running", name)
+    # Client.close() (at exit of the with block) waits for the seal event.
+
+
+def consume_stream(c, name, n):
+    """Open (waiting), take the buffer into torch on its current stream: the
+    stream waits for the producer's event through __dlpack__(stream=...)."""
+    import torch
+
+    torch.cuda.init()
+    print("waiting", flush=True)
+    buf = c.open(name, timeout=60, readonly=True)
+    assert buf.read_only and buf.pool_kind == "cuda-vmm"
+    with torch.cuda.device(buf.device):
+        t = torch.from_dlpack(buf.as_array("float32"))
+        got = (t * 1).cpu().numpy()  # queued on torch's stream after the wait
+    bad = int((got != expected(n)).sum())
+    print(f"{bad} mismatches in {n} floats read through torch on a read-only cuda-vmm view")
+    assert bad == 0
+    del t
+    buf.release()
+    print("ok stream")
+
+
 def main():
     with gpubuf.Client() as c:
         if sys.argv[1] == "produce":
             produce(c, sys.argv[2], int(sys.argv[3]))
+        elif sys.argv[1] == "produce_stream":
+            produce_stream(c, sys.argv[2], int(sys.argv[3]))
+        elif sys.argv[1] == "consume_stream":
+            consume_stream(c, sys.argv[2], int(sys.argv[3]))
         else:
             consume(c, sys.argv[2], sys.argv[3], int(sys.argv[4]))
         c.flush()

@@ -30,7 +30,8 @@ def gpu_daemon(tmp_path_factory):
     n, why = _gpu_count()
     if not n:
         pytest.skip(f"no GPU usable through CuPy ({why})")
-    d = Daemon(tmp_path_factory.mktemp("gpu"), ["gpu0=cuda-ipc,device=0,capacity=4G,slab=64M"])
+    d = Daemon(tmp_path_factory.mktemp("gpu"), ["gpu0=cuda-ipc,device=0,capacity=4G,slab=64M",
+                                                 "vmm=cuda-vmm,device=0,capacity=4G,slab=64M"])
     yield d
     d.stop()
 
@@ -83,3 +84,27 @@ def test_examples_on_the_gpu(gpu_daemon):
     assert r.returncode == 0 and "GPU 0" in r.stdout, r.stdout
     r = run(gpu_daemon, ex / "consumer.py", "--name", "gpu/example", "--delete")
     assert r.returncode == 0 and "0 mismatches (checked on GPU 0)" in r.stdout, r.stdout
+
+
+def test_stream_ordered_hand_over_read_only(gpu_daemon):
+    """A CuPy producer seals a cuda-vmm buffer on its stream while its kernel
+    still runs; a torch consumer, already waiting, opens it read-only and reads
+    it on its own stream, ordered by the seal event alone."""
+    n = 1 << 20
+    cons = subprocess.Popen([sys.executable, str(HERE / "gpu_worker.py"), "consume_stream",
+                             "gpu/stream", str(n)], env=env_for(gpu_daemon),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = []
+    for line in cons.stdout:  # torch is loaded and the open waits
+        first.append(line)
+        if line.startswith("waiting"):
+            break
+    r = run(gpu_daemon, HERE / "gpu_worker.py", "produce_stream", "gpu/stream", n)
+    out, _ = cons.communicate(timeout=120)
+    out = "".join(first) + out
+    print(out)
+    assert r.returncode == 0 and "kernel running" in r.stdout, r.stdout
+    assert cons.returncode == 0 and "ok stream" in out, out
+    with gpubuf.Client(gpu_daemon.socket) as c:
+        assert c.stat("gpu/stream")["refs"] == 0
+        c.delete("gpu/stream")

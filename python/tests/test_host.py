@@ -330,3 +330,44 @@ def test_type_stubs_match_the_module():
                 "__dlpack__", "__dlpack_device__", "__array__", "__cuda_array_interface__",
                 "__enter__", "__exit__")}
             assert real <= members, f"{name}: {real - members} not in the stubs"
+
+
+def test_read_only_open(client, daemon):
+    b = client.alloc(4096, name="t/ro")
+    b.copy_from_host(b"abcd")
+    b.seal(sync=True)
+    with gpubuf.Client(daemon.socket) as other:
+        r = other.open("t/ro", readonly=True)
+        assert r.read_only and not b.read_only
+        m = memoryview(r)
+        assert m.readonly and bytes(m[:4]) == b"abcd"
+        with pytest.raises(TypeError):
+            m[0] = 1
+        a = np.from_dlpack(r)
+        assert a[:4].tobytes() == b"abcd"
+        with pytest.raises(gpubuf.PermissionDeniedError):
+            r.copy_from_host(b"x")
+        (me,) = [c for c in other.status()["clients"] if c["read_only_references"] > 0]
+        assert (me["references"], me["read_only_references"]) == (1, 1)
+        p = other.open_id(b.id, readonly=True)
+        assert p.read_only
+        p.release()
+        del a, m
+        r.release()
+        other.flush()
+        (me,) = [c for c in other.status()["clients"] if c["session_id"] == me["session_id"]]
+        assert (me["references"], me["read_only_references"]) == (0, 0)
+    # A host pool has no GPU work to order: a stream seal is refused.
+    c = client.alloc(64, name="t/ro2")
+    with pytest.raises(gpubuf.InvalidArgumentError, match="use gpubuf_seal"):
+        c.seal(stream=0)
+    with pytest.raises(ValueError, match="does not wait"):
+        c.seal(sync=True, stream=0)
+    with pytest.raises(TypeError, match="CUDA stream"):
+        c.seal(stream="s")
+    c.seal(sync=True)
+    c.wait(0)  # sealed without an event: nothing to wait for
+    c.release()
+    b.release()
+    client.delete("t/ro")
+    client.delete("t/ro2")
