@@ -87,3 +87,12 @@ const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind) {
     }
     return "unknown";
 }
+
+const char *gpubuf_state_name(gpubuf_state s) {
+    switch (s) {
+    case GPUBUF_STATE_ALLOCATED: return "allocated";
+    case GPUBUF_STATE_SEALED: return "sealed";
+    case GPUBUF_STATE_DELETED: return "deleted";
+    }
+    return "unknown";
+}

@@ -14,6 +14,9 @@ int gpubuf_parse_size(const char *s, uint64_t *ret);
 /* Format bytes as "256.0 MiB" into buf. Returns buf. */
 char *gpubuf_format_size(uint64_t bytes, char *buf, size_t len);
 
+/* "allocated", "sealed", "deleted" or "unknown". */
+const char *gpubuf_state_name(gpubuf_state s);
+
 /* "host", "cuda-ipc", "cuda-vmm" or "unknown". */
 const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind);
 

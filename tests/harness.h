@@ -39,6 +39,9 @@ bool td_wait_waiting_opens(const test_daemon *d, long n, int timeout_ms);
 /* Run fn(arg) in a forked child; returns its pid. The child exits with fn's
  * return value. */
 pid_t td_spawn(int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg);
+/* Run a program (argv[0] a path) in a child and wait: its exit code, or
+ * 128 + signal, 127 when it cannot be executed. */
+int td_run(const char *const *argv);
 /* Wait for pid; returns its exit code, or 128 + signal. */
 int td_wait(pid_t pid);
 

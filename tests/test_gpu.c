@@ -36,23 +36,12 @@ static void stop_clean(void) {
     ck_assert_int_eq(td_stop(&D), 0);
 }
 
-/* Run an example program; returns its exit code. */
-static int run_example(const char *const *argv) {
-    fflush(NULL);
-    pid_t p = fork();
-    if (p == 0) {
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return td_wait(p);
-}
-
 START_TEST(user_story_256mib) {
     const char *prod[] = {EXAMPLES_DIR "/gpubuf-producer", "--socket", D.socket, "--name",
                           "story", "--size", "256M", "--seed", "77", NULL};
     const char *cons[] = {EXAMPLES_DIR "/gpubuf-consumer", "--socket", D.socket, "--name",
                           "story", "--seed", "77", NULL};
-    ck_assert_int_eq(run_example(prod), 0);
+    ck_assert_int_eq(td_run(prod), 0);
     ck_assert(td_wait_refs(&D, "story", 0, 2000));
     pid_t p[3];
     for (int i = 0; i < 3; i++) {
@@ -240,7 +229,7 @@ START_TEST(dedicated_slab_1gib) {
     gpubuf_status_free(s);
     const char *cons[] = {EXAMPLES_DIR "/gpubuf-consumer", "--socket", D.socket, "--name", "g",
                           "--seed", "7", "--delete", NULL};
-    ck_assert_int_eq(run_example(cons), 0);
+    ck_assert_int_eq(td_run(cons), 0);
     s = td_status(&D);
     ck_assert_uint_eq(s->pools[0].reserved, 0);
     ck_assert_uint_eq(s->n_buffers, 0);

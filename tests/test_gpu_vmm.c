@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "cuda_driver.h"
+#include "check_main.h"
 #include "harness.h"
 #include "internal.h"
 #include "pattern.h"
@@ -79,24 +80,14 @@ static void stream_close(gstream *g) {
 
 /* ---- the user story with the example programs ---------------------------- */
 
-static int run_example(const char *const *argv) {
-    fflush(NULL);
-    pid_t p = fork();
-    if (p == 0) {
-        execv(argv[0], (char *const *)argv);
-        _exit(127);
-    }
-    return td_wait(p);
-}
-
 START_TEST(vmm_user_story_256mib) {
     const char *prod[] = {EXAMPLES_DIR "/gpubuf-producer", "--socket", D.socket, "--pool", "vmm",
                           "--name", "story", "--size", "256M", "--seed", "7", NULL};
     const char *cons[] = {EXAMPLES_DIR "/gpubuf-consumer", "--socket", D.socket, "--name",
                           "story", "--seed", "7", NULL};
-    ck_assert_int_eq(run_example(prod), 0);
+    ck_assert_int_eq(td_run(prod), 0);
     for (int i = 0; i < 3; i++)
-        ck_assert_int_eq(run_example(cons), 0);
+        ck_assert_int_eq(td_run(cons), 0);
     gpubuf_status *s = td_status(&D);
     const gpubuf_pool_info *p = td_find_pool(s, "vmm");
     ck_assert_int_eq(p->kind, GPUBUF_POOL_CUDA_VMM);
@@ -439,9 +430,5 @@ int main(void) {
     } else {
         printf("test_gpu_vmm: %d GPU: the peer-access case needs two\n", g_ngpus);
     }
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

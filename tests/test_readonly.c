@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "harness.h"
 #include "internal.h"
 #include "pattern.h"
@@ -254,9 +255,5 @@ int main(void) {
     tcase_add_test(t, stream_requests_on_host_pools);
     tcase_add_test(t, copies_between_views);
     suite_add_tcase(s, t);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }

@@ -6,14 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *state_name(gpubuf_state s) {
-    switch (s) {
-    case GPUBUF_STATE_ALLOCATED: return "allocated";
-    case GPUBUF_STATE_SEALED: return "sealed";
-    case GPUBUF_STATE_DELETED: return "deleted";
-    }
-    return "unknown";
-}
+#include "util.h"
+
 
 /* ---- Client ----------------------------------------------------------------------- */
 
@@ -318,7 +312,7 @@ static PyObject *buffer_dict(uint64_t id, const char *name, const char *pool, ui
                              gpubuf_state state, uint32_t refs, uint32_t owner_uid,
                              uint64_t slab_id, uint64_t offset) {
     return Py_BuildValue("{sKsssssKsssIsIsKsK}", "id", (unsigned long long)id, "name", name, "pool",
-                         pool, "size", (unsigned long long)size, "state", state_name(state), "refs",
+                         pool, "size", (unsigned long long)size, "state", gpubuf_state_name(state), "refs",
                          refs, "owner_uid", owner_uid, "slab_id", (unsigned long long)slab_id,
                          "offset", (unsigned long long)offset);
 }
