@@ -170,6 +170,9 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
     if (m->event_handle.len == sizeof(b->event_handle)) {
         memcpy(b->event_handle, m->event_handle.data, sizeof(b->event_handle));
         b->has_event = true;
+#ifdef GPUBUF_HAVE_CUDA
+        gpubuf__event_import(b);
+#endif
     }
     snprintf(b->name, sizeof(b->name), "%s", m->name ? m->name : "");
     atomic_fetch_add(&c->refs, 1);
@@ -189,6 +192,13 @@ static int send_release(gpubuf_client *c, uint64_t id, bool keep_mapped, bool re
     req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
     req.release = &rel;
     return gpubuf__send_async_locked(c, &req);
+}
+
+int gpubuf__release_locked(gpubuf_client *c, uint64_t id, gpubuf_mapping *map, bool read_only) {
+    /* Unmap (or keep the slab, pinned by this very release) before the
+     * daemon may recycle the memory. */
+    bool keep = gpubuf__mapping_put(c, map);
+    return c->broken ? 0 : send_release(c, id, keep, read_only);
 }
 
 static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret) {
@@ -634,15 +644,23 @@ GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b) {
         if (b->owns_ref) {
             gpubuf_client *c = b->c;
             pthread_mutex_lock(&c->lock);
-            /* Unmap (or keep the slab, pinned by this very release) before
-             * the daemon may recycle the memory. */
-            bool keep = gpubuf__mapping_put(c, b->map);
-            if (!c->broken)
-                r = send_release(c, b->id, keep, b->read_only);
 #ifdef GPUBUF_HAVE_CUDA
             const gpubuf_cuda *cu;
             if (b->event && gpubuf_cuda_load(&cu) == 0)
                 cu->EventDestroy(b->event);
+            /* Sealed on a stream whose work still runs: the reference stays
+             * (and the daemon keeps handing the event out) until it ends. */
+            if (b->own_event && gpubuf__event_defer(c, b))
+                b->map = NULL;
+#endif
+            if (b->map)
+                r = gpubuf__release_locked(c, b->id, b->map, b->read_only);
+#ifdef GPUBUF_HAVE_CUDA
+            /* The release just sent is request next_id; on a broken
+             * connection the daemon forgot the event with the holder. */
+            if (b->map && b->own_event)
+                gpubuf__event_released(c, b, c->broken ? 1 : c->next_id);
+            gpubuf__events_sweep(c, false);
 #endif
             pthread_mutex_unlock(&c->lock);
             gpubuf__client_unref(c);

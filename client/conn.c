@@ -132,6 +132,8 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd) {
         goto broken;
     }
     *ret_fd = -1;
+    if (resp->id > c->acked_id)
+        c->acked_id = resp->id;
     if (resp->fds > 0) {
         /* The fd travels on this frame's first byte: it has been received
          * by the time the frame is complete. */

@@ -46,6 +46,7 @@ struct gpubuf_client {
     atomic_int refs;     /* the connection itself + every live root view */
     pthread_mutex_t lock; /* serialises requests and the mapping cache */
     uint64_t next_id;
+    uint64_t acked_id;   /* id of the last reply read: the daemon applied every request up to it */
     uint64_t session_id;
     uint32_t max_request;
     bool broken;         /* the stream is out of sync or closed */
@@ -65,11 +66,20 @@ struct gpubuf_client {
     uint32_t n_idle;     /* kept mappings without views, on the idle list */
     gpubuf_mapping *idle; /* utlist DL, most recently idle first (head->idle_prev: the tail) */
 #ifdef GPUBUF_HAVE_CUDA
-    /* Interprocess events recorded by gpubuf_seal_stream(), kept until they
-     * complete (swept at each stream seal and flush) and waited for before the
-     * daemon learns of a disconnect: a consumer that opens the buffer later
-     * then never waits on work that was cut off. */
-    CUevent *events;
+    /* Interprocess events recorded by gpubuf_seal_stream(). One lives until
+     * the sealing view is released, the daemon has answered that release (it
+     * hands the event out no more: released_at <= acked_id) and it has
+     * completed; swept at each stream seal and flush. All are waited for
+     * before the daemon learns of a disconnect, so a consumer never waits on
+     * work that was cut off. */
+    struct gpubuf_event_rec {
+        CUevent ev;
+        uint64_t released_at; /* request id of the sealing view's release, 0 while it lives */
+        /* The sealing view went while the event ran: its release waits here. */
+        gpubuf_mapping *deferred_map;
+        uint64_t deferred_id;
+        bool deferred_ro;
+    } *events;
     uint32_t n_events, cap_events;
     /* Primary contexts retained by this connection, by local ordinal: held
      * until the connection goes, so that unmapping the last slab of a
@@ -93,7 +103,8 @@ struct gpubuf_buffer {
     bool has_event;        /* root views: the sealer recorded event_handle */
     uint8_t event_handle[64];
 #ifdef GPUBUF_HAVE_CUDA
-    CUevent event;         /* event_handle imported on first wait (under the client's lock) */
+    CUevent event;         /* event_handle, imported when the view was made */
+    CUevent own_event;     /* the event this connection sealed it with (in c->events) */
 #endif
     char name[GPUBUF_NAME_MAX + 1];
 };
@@ -126,6 +137,19 @@ void gpubuf__mapping_clear(gpubuf_client *c);
 /* Events (lock held): destroy those of c->events that completed; with wait,
  * wait for all of them first. */
 void gpubuf__events_sweep(gpubuf_client *c, bool wait);
+/* Drop one daemon reference of buffer id whose view maps map: unmap or keep
+ * the slab, then send the release (lock held). */
+int gpubuf__release_locked(gpubuf_client *c, uint64_t id, gpubuf_mapping *map, bool read_only);
+/* The sealing view b goes while its event runs: keep its reference and
+ * mapping in the event's record, released by a later sweep. Returns false
+ * (nothing deferred) when the event has completed (lock held). */
+bool gpubuf__event_defer(gpubuf_client *c, gpubuf_buffer *b);
+/* The sealing view b goes; release_id is its release request (lock held). */
+void gpubuf__event_released(gpubuf_client *c, gpubuf_buffer *b, uint64_t release_id);
+/* A new root view whose reply carried a seal event: import it now, while
+ * the producer must keep it (lock held). An event that cannot be imported
+ * any more has completed: has_event is cleared. */
+void gpubuf__event_import(gpubuf_buffer *b);
 
 /* Record an interprocess event on stream for the root view b, keep it in
  * c->events and write its IPC handle into ret_handle (lock held). -EINVAL

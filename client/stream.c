@@ -40,15 +40,71 @@ void gpubuf__events_sweep(gpubuf_client *c, bool wait) {
     if (c->n_events == 0 || gpubuf_cuda_load(&cu) < 0)
         return;
     for (uint32_t i = 0; i < c->n_events; i++) {
-        CUevent ev = c->events[i];
+        struct gpubuf_event_rec *e = &c->events[i];
         if (wait)
-            cu->EventSynchronize(ev);
-        if (!wait && cu->EventQuery(ev) == CUDA_ERROR_NOT_READY)
-            c->events[kept++] = ev;
-        else
-            cu->EventDestroy(ev);
+            cu->EventSynchronize(e->ev);
+        if (e->deferred_map && (wait || cu->EventQuery(e->ev) != CUDA_ERROR_NOT_READY)) {
+            /* Its work is done: the sealing view's release goes now, and the
+             * daemon stops handing the event out once it applies it. */
+            gpubuf__release_locked(c, e->deferred_id, e->deferred_map, e->deferred_ro);
+            e->deferred_map = NULL;
+            e->released_at = c->broken ? 1 : c->next_id;
+        }
+        if (!wait && (!e->released_at || e->released_at > c->acked_id ||
+                      cu->EventQuery(e->ev) == CUDA_ERROR_NOT_READY)) {
+            c->events[kept++] = *e; /* the daemon may still hand it out, or it runs */
+            continue;
+        }
+        cu->EventDestroy(e->ev);
     }
     c->n_events = kept;
+}
+
+bool gpubuf__event_defer(gpubuf_client *c, gpubuf_buffer *b) {
+    const gpubuf_cuda *cu;
+    if (c->broken || gpubuf_cuda_load(&cu) < 0 || cu->EventQuery(b->own_event) != CUDA_ERROR_NOT_READY)
+        return false;
+    for (uint32_t i = 0; i < c->n_events; i++) {
+        struct gpubuf_event_rec *e = &c->events[i];
+        if (e->ev == b->own_event) {
+            e->deferred_map = b->map;
+            e->deferred_id = b->id;
+            e->deferred_ro = b->read_only;
+            b->own_event = NULL;
+            return true;
+        }
+    }
+    return false;
+}
+
+void gpubuf__event_released(gpubuf_client *c, gpubuf_buffer *b, uint64_t release_id) {
+    for (uint32_t i = 0; i < c->n_events; i++) {
+        if (c->events[i].ev == b->own_event) {
+            c->events[i].released_at = release_id ? release_id : 1;
+            break;
+        }
+    }
+    b->own_event = NULL;
+}
+
+void gpubuf__event_import(gpubuf_buffer *b) {
+    const gpubuf_cuda *cu;
+    CUipcEventHandle h;
+    CUcontext ignored;
+    if (b->map->kind == GPUBUF_POOL_HOST || gpubuf_cuda_load(&cu) < 0) {
+        b->has_event = false;
+        return;
+    }
+    memcpy(h.reserved, b->event_handle, sizeof(h.reserved));
+    cu->CtxPushCurrent(b->map->ctx);
+    /* The producer destroys an event only once it has completed and the
+     * daemon no longer hands it out: one that cannot be opened now needs no
+     * wait. */
+    if (cu->IpcOpenEventHandle(&b->event, h) != CUDA_SUCCESS) {
+        b->event = NULL;
+        b->has_event = false;
+    }
+    cu->CtxPopCurrent(&ignored);
 }
 
 int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
@@ -70,9 +126,11 @@ int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream strea
     gpubuf__events_sweep(c, false);
     if (c->n_events == c->cap_events) {
         uint32_t cap = c->cap_events ? c->cap_events * 2 : 16;
-        CUevent *n = realloc(c->events, cap * sizeof(*n));
-        if (!n)
+        struct gpubuf_event_rec *n = realloc(c->events, cap * sizeof(*n));
+        if (!n) {
+            gpubuf__set_error("out of memory");
             return -ENOMEM;
+        }
         c->events = n;
         c->cap_events = cap;
     }
@@ -88,43 +146,39 @@ int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream strea
             cu->EventDestroy(ev);
         return cuda_fail(cr, "recording the seal event");
     }
-    c->events[c->n_events++] = ev;
+    memset(&c->events[c->n_events], 0, sizeof(c->events[0]));
+    c->events[c->n_events].ev = ev;
+    c->n_events++;
+    b->own_event = ev;
     memcpy(ret_handle, h.reserved, 64);
     return 0;
 }
 
+/* Make stream wait for view b's seal event, in b's context (none: 0). */
+static int wait_event(const gpubuf_cuda *cu, const gpubuf_buffer *view, gpubuf_stream stream) {
+    const gpubuf_buffer *b = root_of(view);
+    CUcontext ignored;
+    CUresult cr;
+    if (!b->has_event || !b->event)
+        return 0;
+    cu->CtxPushCurrent(b->map->ctx);
+    cr = cu->StreamWaitEvent((CUstream)stream, b->event, 0);
+    cu->CtxPopCurrent(&ignored);
+    return cr == CUDA_SUCCESS ? 0 : cuda_fail(cr, "cuStreamWaitEvent");
+}
+
 GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *view, gpubuf_stream stream) {
     const gpubuf_cuda *cu;
-    gpubuf_buffer *b;
-    CUresult cr;
-    int r = 0;
+    int r;
     if (!view)
         return -EINVAL;
-    b = (gpubuf_buffer *)root_of(view);
-    if (!b->has_event)
+    if (!root_of(view)->has_event)
         return 0;
     if ((r = gpubuf_cuda_load(&cu)) < 0) {
         gpubuf__set_error("%s", gpubuf_cuda_load_error());
         return r;
     }
-    pthread_mutex_lock(&b->c->lock);
-    if (!b->event) {
-        CUipcEventHandle h;
-        CUcontext ignored;
-        memcpy(h.reserved, b->event_handle, sizeof(h.reserved));
-        cu->CtxPushCurrent(b->map->ctx);
-        cr = cu->IpcOpenEventHandle(&b->event, h);
-        cu->CtxPopCurrent(&ignored);
-        if (cr != CUDA_SUCCESS) {
-            b->event = NULL;
-            r = cuda_fail(cr, "cuIpcOpenEventHandle");
-        }
-    }
-    CUevent ev = b->event;
-    pthread_mutex_unlock(&b->c->lock);
-    if (r == 0 && (cr = cu->StreamWaitEvent((CUstream)stream, ev, 0)) != CUDA_SUCCESS)
-        r = cuda_fail(cr, "cuStreamWaitEvent");
-    return r;
+    return wait_event(cu, view, stream);
 }
 
 /* Copy n bytes between a device address and host memory: enqueued on stream,
@@ -137,7 +191,12 @@ static int copy_device(const gpubuf_buffer *b, uint64_t offset, void *host, uint
     CUcontext ignored;
     CUresult cr;
     int r;
-    if ((r = gpubuf_cuda_load(&cu)) < 0)
+    if ((r = gpubuf_cuda_load(&cu)) < 0) {
+        gpubuf__set_error("%s", gpubuf_cuda_load_error());
+        return r;
+    }
+    /* Reading a buffer sealed on a stream: after the producer's work. */
+    if (to_host && (r = wait_event(cu, b, async ? stream : NULL)) < 0)
         return r;
     CUdeviceptr d = (CUdeviceptr)(b->map->base + b->offset + offset);
     cu->CtxPushCurrent(b->map->ctx);
@@ -253,7 +312,11 @@ GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
     const gpubuf_cuda *cu;
     CUcontext ignored;
     CUresult cr;
-    if ((r = gpubuf_cuda_load(&cu)) < 0)
+    if ((r = gpubuf_cuda_load(&cu)) < 0) {
+        gpubuf__set_error("%s", gpubuf_cuda_load_error());
+        return r;
+    }
+    if ((r = wait_event(cu, src, stream)) < 0)
         return r;
     CUdeviceptr d = (CUdeviceptr)(dst->map->base + dst->offset + dst_offset);
     CUdeviceptr s = (CUdeviceptr)(src->map->base + src->offset + src_offset);

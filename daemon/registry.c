@@ -527,6 +527,10 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
     if (--ref->count == 0) {
         HASH_DEL(h->refs, ref);
         free(ref);
+        /* The sealer's last view went: its library may destroy the event
+         * once it has completed and this release is answered. */
+        if (b && b->has_event && b->event_holder == h->id)
+            b->has_event = false;
         if (b)
             holder_slab_put(h, b->blk.slab->id);
     }

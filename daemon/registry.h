@@ -160,8 +160,9 @@ int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd
  * -EINVAL for a host pool), so that waiters woken by the seal get it. */
 int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint8_t *event,
                            gd_buf **ret, gd_err *err);
-/* The buffer's seal event while its sealer is connected, else NULL: a
- * producer's CUDA events die with its process. */
+/* The buffer's seal event while its sealer is connected and holds a
+ * reference to it, else NULL: a producer's CUDA events die with its process,
+ * and its library destroys one (once completed) after its last view went. */
 const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b);
 /* Mark one of the holder's references to id as read-only (after an open), or
  * unmark one (before releasing a read-only reference). */

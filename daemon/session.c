@@ -333,6 +333,8 @@ static void do_release(gd_session *s, uint64_t id, const Gpubuf__ReleaseRequest 
     bool keep = q->keep_mapped;
     if (keep && !(s->caps & GPUBUF_CAP_KEEP_MAPPED)) {
         /* Still release: the reference is not the client's to keep. */
+        if (q->read_only)
+            gd_registry_ref_ro(s->holder, q->buffer_id, false);
         gd_registry_release(&s->ctx->reg, s->holder, q->buffer_id, NULL);
         reply_error(s, id, GPUBUF_EPROTOCOL, "keep_mapped without the KEEP_MAPPED capability");
         return;

@@ -262,14 +262,15 @@ GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id
  * Seal in stream order: record an interprocess CUDA event on stream after
  * the work that writes the buffer, and seal with it, without waiting for the
  * GPU (cuda-ipc and cuda-vmm pools). Openers make their own streams wait for
- * the event with gpubuf_buffer_wait(). Asynchronous like gpubuf_seal().
- * The event stays alive in this process until it has completed;
- * gpubuf_disconnect() waits for the events of this connection, so a
- * producer that disconnects cleanly leaves no consumer waiting. The daemon
- * forgets the event when the sealing connection closes (a consumer that opens
- * after that does not wait). If the producer dies before its work ends,
- * streams already waiting on the event may never resume: CUDA gives no way
- * out of that.
+ * the event with gpubuf_buffer_wait() (copies out of their views wait for it
+ * by themselves). Asynchronous like gpubuf_seal().
+ * Releasing this view while the work still runs keeps the reference until
+ * the event has completed (the release is sent by a later call on the
+ * connection: a stream seal, a release, gpubuf_flush()); the daemon hands the
+ * event out until that release, and the library destroys it only after the
+ * daemon has answered it. gpubuf_disconnect() waits for the events of the
+ * connection. If the producer dies before its work ends, streams already
+ * waiting on the event may never resume: CUDA gives no way out of that.
  * \param stream  a stream of the buffer's GPU, NULL or GPUBUF_STREAM_LEGACY for
  *                the legacy default stream, GPUBUF_STREAM_PER_THREAD.
  * \retval -EINVAL a host-pool buffer (no GPU work to order); GPUBUF_ECUDA.
@@ -277,10 +278,12 @@ GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id
 GPUBUF_EXTERN int gpubuf_seal_stream(gpubuf_buffer *b, gpubuf_stream stream);
 
 /**
- * Make stream wait (cuStreamWaitEvent, no host synchronisation) for the work
- * the producer recorded with gpubuf_seal_stream(). Returns at once when the
- * buffer was sealed without an event, or the event is already known to have
- * completed. Works on slices (their buffer's event).
+ * Make stream wait (cuStreamWaitEvent in the view's context, no host
+ * synchronisation) for the work the producer recorded with
+ * gpubuf_seal_stream(). The event was imported when the buffer was opened.
+ * Returns at once when the buffer was sealed without an event, or opened
+ * after the producer's work had ended. Works on slices (their buffer's
+ * event).
  * \retval 0; -EINVAL b is NULL; GPUBUF_ECUDA; GPUBUF_ENODRIVER.
  */
 GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *b, gpubuf_stream stream);

@@ -512,9 +512,9 @@ int gpubufpy_wait(gpubuf_buffer *b, gpubuf_stream stream) {
     char before[512];
     int r;
     gpubufpy_error_snapshot(before);
-    Py_BEGIN_ALLOW_THREADS
-        r = gpubuf_buffer_wait(b, stream);
-    Py_END_ALLOW_THREADS
+    /* With the GIL: one cuStreamWaitEvent (the event was imported at open),
+     * and no other thread can release b meanwhile. */
+    r = gpubuf_buffer_wait(b, stream);
     if (r < 0) {
         gpubufpy_raise(r, before);
         return -1;

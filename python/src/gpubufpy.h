@@ -78,7 +78,8 @@ const char *gpubufpy_pool_kind_name(gpubuf_pool_kind k);
  * cupy.cuda.Stream (.ptr). 0, or -1 with TypeError/OverflowError set. */
 int gpubufpy_stream_arg(PyObject *o, gpubuf_stream *ret);
 
-/* gpubuf_buffer_wait() without the GIL; 0, or -1 with the exception set. */
+/* gpubuf_buffer_wait() (with the GIL held: it only enqueues a wait); 0, or -1
+ * with the exception set. */
 int gpubufpy_wait(gpubuf_buffer *b, gpubuf_stream stream);
 
 /* A new Buffer object owning view b (consumes the reference). */
