@@ -108,6 +108,7 @@ typedef struct story {
     uint32_t seed;
     uint32_t spin_us;  /* the producer's kernel runs at least this long */
     bool expect_event; /* consumers must see the seal event */
+    int released_fd;   /* >= 0: the producer releases its view at once and writes a byte here */
 } story;
 
 /* Allocate, enqueue a long fill on a stream, seal on that stream at once. */
@@ -136,6 +137,14 @@ static int stream_producer(const test_daemon *d, void *arg) {
     /* Returned before the kernel ended. */
     if (g.cu->StreamQuery(st) != CUDA_ERROR_NOT_READY)
         return 6;
+    if (j->released_fd >= 0) {
+        /* Let the view go while the kernel runs: the reference (and the
+         * event the daemon hands out) must stay until the kernel ends. */
+        gpubuf_release(b);
+        b = NULL;
+        if (gpubuf_flush(c) < 0 || write(j->released_fd, "r", 1) != 1)
+            return 9;
+    }
     if (gpubuf_flush(c) < 0)
         return 7;
     if (g.cu->StreamSynchronize(st) != CUDA_SUCCESS)
@@ -147,6 +156,8 @@ static int stream_producer(const test_daemon *d, void *arg) {
     fflush(stdout);
     stream_close(&g);
     gpubuf_release(b);
+    if (gpubuf_flush(c) < 0) /* the deferred release goes now */
+        return 10;
     gpubuf_disconnect(c);
     return 0;
 }
@@ -188,7 +199,7 @@ static int stream_consumer(const test_daemon *d, void *arg) {
  * gone, a fourth consumer still reads the memory, with no event to wait on. */
 START_TEST(vmm_stream_ordered_1gib) {
     story j = {.pool = "vmm", .name = "frame", .size = 1 * GiB, .seed = 31, .spin_us = 300000,
-               .expect_event = true};
+               .expect_event = true, .released_fd = -1};
     pid_t cons[3];
     for (int i = 0; i < 3; i++)
         cons[i] = td_spawn(stream_consumer, &D, &j);
@@ -209,13 +220,39 @@ END_TEST
  * on the consumer side. */
 START_TEST(ipc_stream_ordered_256mib) {
     story j = {.pool = "ipc", .name = "iframe", .size = 256 * MiB, .seed = 33, .spin_us = 200000,
-               .expect_event = true};
+               .expect_event = true, .released_fd = -1};
     pid_t cons = td_spawn(stream_consumer, &D, &j);
     ck_assert(td_wait_clients(&D, 1, 10000));
     pid_t prod = td_spawn(stream_producer, &D, &j);
     ck_assert_int_eq(td_wait(cons), 0);
     ck_assert_int_eq(td_wait(prod), 0);
     delete_name("iframe");
+    expect_empty();
+}
+END_TEST
+
+/* The producer lets its view go while its kernel (1 s) still runs; a
+ * consumer that opens only then still gets the event, waits and reads every
+ * word right; the producer's reference goes once the kernel ended. */
+START_TEST(vmm_release_while_kernel_runs) {
+    int p[2];
+    char byte;
+    ck_assert_int_eq(pipe(p), 0);
+    story j = {.pool = "vmm", .name = "late", .size = 64 * MiB, .seed = 35, .spin_us = 1000000,
+               .expect_event = true, .released_fd = p[1]};
+    pid_t prod = td_spawn(stream_producer, &D, &j);
+    ck_assert_int_eq(read(p[0], &byte, 1), 1);
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer_info info;
+    ck_assert_int_eq(gpubuf_stat(c, "late", &info), 0);
+    ck_assert_uint_eq(info.refs, 1); /* the producer's, held for its running kernel */
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_wait(td_spawn(stream_consumer, &D, &j)), 0);
+    ck_assert_int_eq(td_wait(prod), 0);
+    close(p[0]);
+    close(p[1]);
+    ck_assert(td_wait_refs(&D, "late", 0, 5000));
+    delete_name("late");
     expect_empty();
 }
 END_TEST
@@ -289,7 +326,7 @@ static int ipc_read_only_refused(const test_daemon *d, void *arg) {
 }
 
 START_TEST(vmm_read_only_faults_alone) {
-    story j = {.pool = "vmm", .name = "ro", .size = 64 * MiB, .seed = 41};
+    story j = {.pool = "vmm", .name = "ro", .size = 64 * MiB, .seed = 41, .released_fd = -1};
     ck_assert_int_eq(td_wait(td_spawn(fill_and_seal, &D, &j)), 0);
     ck_assert_int_eq(td_wait(td_spawn(read_only_writer, &D, &j)), 0);
     /* The daemon serves on; the data is unchanged for everyone else. */
@@ -418,6 +455,7 @@ int main(void) {
     tcase_add_test(t, vmm_user_story_256mib);
     tcase_add_test(t, vmm_stream_ordered_1gib);
     tcase_add_test(t, ipc_stream_ordered_256mib);
+    tcase_add_test(t, vmm_release_while_kernel_runs);
     tcase_add_test(t, vmm_read_only_faults_alone);
     tcase_add_test(t, vmm_stream_copies);
     suite_add_tcase(s, t);
