@@ -17,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "harness.h"
 #include "util.h"
 
@@ -773,9 +774,5 @@ int main(void) {
     tcase_add_test(k, counters_move_with_requests);
     tcase_add_test(k, counters_of_refusals);
     suite_add_tcase(s, k);
-    SRunner *sr = srunner_create(s);
-    srunner_run_all(sr, CK_NORMAL);
-    int failed = srunner_ntests_failed(sr);
-    srunner_free(sr);
-    return failed ? 1 : 0;
+    return run_suite(s);
 }
