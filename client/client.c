@@ -1,9 +1,11 @@
 /* libgpubuf-client: connecting, the buffer life cycle, status and views. */
 #include <errno.h>
+#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -11,7 +13,7 @@
 #include "util.h"
 #include "wire.h"
 
-GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c) {
+static int flush_call(gpubuf_client *c) {
     int r;
     if (!c)
         return -EINVAL;
@@ -30,27 +32,85 @@ GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c) {
     return r;
 }
 
-GPUBUF_EXTERN int gpubuf_connect(const char *path, gpubuf_client **ret) {
+/* Why connect(2) to path failed, and what to do about it. from says where
+ * the path came from. */
+static void explain_connect_error(const char *path, const char *from, int err) {
+    struct stat st;
+    switch (err) {
+    case -ENOENT:
+        gpubuf__set_error("cannot connect to gpubufd at %s%s: no such socket. Is gpubufd "
+                          "running? Start it (systemctl start gpubufd.socket, or gpubufd "
+                          "--socket %s), or set GPUBUF_SOCKET to the socket it listens on",
+                          path, from, path);
+        return;
+    case -ECONNREFUSED:
+        if (stat(path, &st) == 0 && !S_ISSOCK(st.st_mode)) {
+            gpubuf__set_error("cannot connect to gpubufd at %s%s: that file is not a socket; "
+                              "set GPUBUF_SOCKET to the socket gpubufd listens on",
+                              path, from);
+            return;
+        }
+        gpubuf__set_error("cannot connect to gpubufd at %s%s: the socket exists but no "
+                          "gpubufd listens on it (a stale socket left by a gpubufd that "
+                          "stopped or crashed); start gpubufd again (systemctl restart "
+                          "gpubufd), it replaces the stale socket",
+                          path, from);
+        return;
+    case -EACCES:
+    case -EPERM:
+        if (stat(path, &st) == 0) {
+            struct group *g = getgrgid(st.st_gid);
+            char gname[64];
+            if (g)
+                snprintf(gname, sizeof(gname), "%s", g->gr_name);
+            else
+                snprintf(gname, sizeof(gname), "%u", (unsigned)st.st_gid);
+            gpubuf__set_error("cannot connect to gpubufd at %s: permission denied: the socket "
+                              "belongs to group '%s' (mode %04o) and uid %u is not allowed to "
+                              "use it; join group '%s' (usermod -aG %s $USER, then log in "
+                              "again) or run as a member of it",
+                              path, gname, (unsigned)(st.st_mode & 07777), (unsigned)getuid(),
+                              gname, gname);
+        } else {
+            gpubuf__set_error("cannot connect to gpubufd at %s: permission denied: a directory "
+                              "on the way to the socket is not accessible to uid %u; ask the "
+                              "administrator for access to it",
+                              path, (unsigned)getuid());
+        }
+        return;
+    default:
+        gpubuf__set_error("cannot connect to gpubufd at %s%s: %s", path, from, strerror(-err));
+        return;
+    }
+}
+
+static int connect_call(const char *path, gpubuf_client **ret) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    const char *from = ""; /* the caller named the path */
     gpubuf_client *c;
     int fd, r;
     if (!ret)
-        return -EINVAL;
-    if (!path)
+        return gpubuf__fail(-EINVAL, "gpubuf_connect needs a place for the connection");
+    if (!path) {
         path = getenv("GPUBUF_SOCKET");
-    if (!path || !*path)
-        path = GPUBUF_DEFAULT_SOCKET;
-    if (strlen(path) >= sizeof(sa.sun_path)) {
-        gpubuf__set_error("socket path too long: %s", path);
-        return -ENAMETOOLONG;
+        from = " (from $GPUBUF_SOCKET)";
     }
+    if (!path || !*path) {
+        path = GPUBUF_DEFAULT_SOCKET;
+        from = " (the default socket)";
+    }
+    if (strlen(path) >= sizeof(sa.sun_path))
+        return gpubuf__fail(-ENAMETOOLONG,
+                            "socket path of %zu bytes is too long (at most %zu): %.200s; "
+                            "choose a shorter path",
+                            strlen(path), sizeof(sa.sun_path) - 1, path);
     strcpy(sa.sun_path, path);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0)
-        return -errno;
+        return gpubuf__fail(-errno, "socket(AF_UNIX): %s", strerror(errno));
     if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         r = -errno;
-        gpubuf__set_error("cannot connect to gpubufd at %s: %s", path, strerror(-r));
+        explain_connect_error(path, from, r);
         close(fd);
         return r;
     }
@@ -222,34 +282,32 @@ static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer 
     return r;
 }
 
-static bool name_ok(const char *name) {
-    size_t len = strlen(name);
-    if (!gpubuf_name_valid(name, len)) {
-        /* The daemon's words (its registry decides), without a round trip. */
-        if (len > GPUBUF_NAME_MAX)
-            gpubuf__set_error("name longer than %d bytes", GPUBUF_NAME_MAX);
-        else
-            gpubuf__set_error("invalid name '%.64s' (allowed: A-Z a-z 0-9 . _ : / @ + -)",
-                              name);
-        return false;
-    }
-    return true;
+/* 0, or -EINVAL / -ENAMETOOLONG with the rule the name breaks. */
+static int name_check(const char *name) {
+    char msg[256];
+    int r = gpubuf_name_check(name, strlen(name), msg, sizeof(msg));
+    if (r < 0)
+        gpubuf__set_error("%s", msg);
+    return r;
 }
 
-GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size,
-                               const char *name, gpubuf_buffer **ret) {
+static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
+                      gpubuf_buffer **ret) {
+    int r;
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
-    if (!c || !ret || size == 0)
-        return -EINVAL;
-    if (name && *name && !name_ok(name))
-        return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
+    if (!c || !ret)
+        return gpubuf__fail(-EINVAL, "gpubuf_alloc needs a connection and a place for the view");
+    if (size == 0)
+        return gpubuf__fail(-EINVAL, "size 0: a buffer holds at least 1 byte");
+    if (name && *name && (r = name_check(name)) < 0)
+        return r;
     a.pool = (char *)(pool ? pool : "");
     a.size = size;
     a.name = (char *)(name ? name : "");
     req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
     req.alloc = &a;
-    int r = buffer_request(c, &req, ret);
+    r = buffer_request(c, &req, ret);
     if (r == 0) {
         (*ret)->allocated = true;
         (*ret)->sealable = true;
@@ -257,14 +315,14 @@ GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size
     return r;
 }
 
-GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms,
-                              gpubuf_buffer **ret) {
+static int open_call(gpubuf_client *c, const char *name, int timeout_ms, gpubuf_buffer **ret) {
+    int r;
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
     if (!c || !name || !ret)
         return -EINVAL;
-    if (!name_ok(name))
-        return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
+    if ((r = name_check(name)) < 0)
+        return r;
     o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
     o.name = (char *)name;
     o.timeout_ms = timeout_ms;
@@ -273,19 +331,20 @@ GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms
     return buffer_request(c, &req, ret);
 }
 
-GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id,
-                                 int timeout_ms, unsigned flags, gpubuf_buffer **ret) {
+static int open_ex_call(gpubuf_client *c, const char *name, uint64_t id, int timeout_ms,
+                        unsigned flags, gpubuf_buffer **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    int r;
     if (!c || !ret)
-        return -EINVAL;
+        return gpubuf__fail(-EINVAL, "gpubuf_open_ex needs a connection and a place for the view");
     if (flags & ~(unsigned)GPUBUF_OPEN_READONLY) {
         gpubuf__set_error("unknown open flags 0x%x", flags & ~(unsigned)GPUBUF_OPEN_READONLY);
         return -EINVAL;
     }
     if (name) {
-        if (!name_ok(name))
-            return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
+        if ((r = name_check(name)) < 0)
+            return r;
         o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
         o.name = (char *)name;
     } else {
@@ -303,8 +362,7 @@ GPUBUF_EXTERN int gpubuf_buffer_read_only(const gpubuf_buffer *b) {
     return b && b->map->read_only ? 1 : 0;
 }
 
-GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
-                                 gpubuf_buffer **ret) {
+static int open_id_call(gpubuf_client *c, uint64_t id, int timeout_ms, gpubuf_buffer **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
     if (!c || !ret)
@@ -356,7 +414,7 @@ static int seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_strea
     gpubuf_client *c;
     int r;
     if (!b)
-        return -EINVAL;
+        return gpubuf__fail(-EINVAL, "no buffer given (NULL) to seal");
     c = b->c;
     pthread_mutex_lock(&c->lock);
     r = seal_check(&b);
@@ -393,24 +451,28 @@ static int seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_strea
 }
 
 GPUBUF_EXTERN int gpubuf_seal_stream(gpubuf_buffer *b, gpubuf_stream stream) {
-    return seal(b, false, stream, true);
+    gpubuf__clear_error();
+    return gpubuf__result(seal(b, false, stream, true));
 }
 
 GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
-    return seal(b, false, NULL, false);
+    gpubuf__clear_error();
+    return gpubuf__result(seal(b, false, NULL, false));
 }
 
 GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b) {
-    return seal(b, true, NULL, false);
+    gpubuf__clear_error();
+    return gpubuf__result(seal(b, true, NULL, false));
 }
 
-GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {
+static int delete_call(gpubuf_client *c, const char *name) {
+    int r;
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
     if (!c || !name)
         return -EINVAL;
-    if (!name_ok(name))
-        return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
+    if ((r = name_check(name)) < 0)
+        return r;
     d.target_case = GPUBUF__DELETE_REQUEST__TARGET_NAME;
     d.name = (char *)name;
     req.body_case = GPUBUF__REQUEST__BODY_DELETE;
@@ -418,7 +480,7 @@ GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {
     return simple_request(c, &req);
 }
 
-GPUBUF_EXTERN int gpubuf_delete_id(gpubuf_client *c, uint64_t id) {
+static int delete_id_call(gpubuf_client *c, uint64_t id) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
     if (!c)
@@ -443,15 +505,15 @@ static void copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
     o->slab_id = m->slab_id;
 }
 
-GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret) {
+static int stat_call(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatRequest s = GPUBUF__STAT_REQUEST__INIT;
     Gpubuf__Response *resp;
     int fd, r;
     if (!c || !name || !ret)
         return -EINVAL;
-    if (!name_ok(name))
-        return strlen(name) > GPUBUF_NAME_MAX ? -ENAMETOOLONG : -EINVAL;
+    if ((r = name_check(name)) < 0)
+        return r;
     s.target_case = GPUBUF__STAT_REQUEST__TARGET_NAME;
     s.name = (char *)name;
     req.body_case = GPUBUF__REQUEST__BODY_STAT;
@@ -476,6 +538,11 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
         free(s->pools);
         free(s->buffers);
         free(s->clients);
+        free((void *)s->counters.requests);
+        free((void *)s->counters.errors);
+        free((void *)s->counters.pools);
+        free((void *)s->counters.refused);
+        free((void *)s->counters.disconnects);
         if (s->reserved_)
             gpubuf__response__free_unpacked(s->reserved_, NULL);
         free(s);
@@ -520,7 +587,67 @@ static bool names_ok(const Gpubuf__StatusReply *st) {
     return true;
 }
 
-GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
+static gpubuf_named_counter *copy_named(Gpubuf__NamedCounter **in, size_t n) {
+    gpubuf_named_counter *o = calloc(n + 1, sizeof(*o));
+    for (size_t i = 0; o && i < n; i++) {
+        o[i].name = in[i]->name ? in[i]->name : "";
+        o[i].count = in[i]->count;
+    }
+    return o;
+}
+
+/* The counters of a status reply; strings and arrays point into it. */
+static int copy_counters(gpubuf_counters *o, const Gpubuf__Counters *m) {
+    gpubuf_request_counters *rq = calloc(m->n_requests + 1, sizeof(*rq));
+    gpubuf_error_counter *er = calloc(m->n_errors + 1, sizeof(*er));
+    gpubuf_pool_counters *pc = calloc(m->n_pools + 1, sizeof(*pc));
+    o->requests = rq;
+    o->errors = er;
+    o->pools = pc;
+    o->refused = copy_named(m->refused, m->n_refused);
+    o->disconnects = copy_named(m->disconnects, m->n_disconnects);
+    if (!rq || !er || !pc || !o->refused || !o->disconnects)
+        return -ENOMEM;
+    for (size_t i = 0; i < m->n_requests; i++) {
+        const Gpubuf__RequestCounters *x = m->requests[i];
+        rq[i].type = x->type ? x->type : "";
+        rq[i].requests = x->requests;
+        rq[i].errors = x->errors;
+        rq[i].duration_ns = x->duration_ns;
+        /* A bucket array that does not match the bounds is left out. */
+        if (x->n_duration_buckets == m->n_bucket_bounds + 1) {
+            rq[i].n_buckets = x->n_duration_buckets;
+            rq[i].buckets = x->duration_buckets;
+        }
+    }
+    for (size_t i = 0; i < m->n_errors; i++) {
+        er[i].code = m->errors[i]->code;
+        er[i].count = m->errors[i]->count;
+    }
+    for (size_t i = 0; i < m->n_pools; i++) {
+        const Gpubuf__PoolCounters *x = m->pools[i];
+        pc[i].pool = x->pool ? x->pool : "";
+        pc[i].bytes_allocated = x->bytes_allocated;
+        pc[i].bytes_freed = x->bytes_freed;
+        pc[i].slabs_created = x->slabs_created;
+        pc[i].slabs_destroyed = x->slabs_destroyed;
+        pc[i].alloc_failures = x->alloc_failures;
+    }
+    o->present = 1;
+    o->n_requests = m->n_requests;
+    o->n_bounds = m->n_bucket_bounds;
+    o->bucket_bounds = m->bucket_bounds;
+    o->n_errors = m->n_errors;
+    o->n_pools = m->n_pools;
+    o->n_refused = m->n_refused;
+    o->n_disconnects = m->n_disconnects;
+    o->slab_imports = m->slab_imports;
+    o->connections = m->connections;
+    o->open_timeouts = m->open_timeouts;
+    return 0;
+}
+
+static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
     Gpubuf__Response *resp;
@@ -620,6 +747,11 @@ GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
         snprintf(o->name, sizeof(o->name), "%s", x->name ? x->name : "");
     }
     s->n_clients = st->n_clients;
+    if (st->counters && copy_counters(&s->counters, st->counters) < 0) {
+        gpubuf_status_free(s); /* resp is not attached yet */
+        gpubuf__response__free_unpacked(resp, NULL);
+        return -ENOMEM;
+    }
     s->uptime_ms = st->uptime_ms;
     snprintf(s->version, sizeof(s->version), "%s", st->version ? st->version : "");
     s->reserved_ = resp;
@@ -635,7 +767,7 @@ GPUBUF_EXTERN gpubuf_buffer *gpubuf_buffer_ref(gpubuf_buffer *b) {
     return b;
 }
 
-GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b) {
+static int release_call(gpubuf_buffer *b) {
     int r = 0;
     while (b) {
         if (atomic_fetch_sub(&b->refs, 1) != 1)
@@ -705,8 +837,8 @@ GPUBUF_EXTERN const char *gpubuf_buffer_name(const gpubuf_buffer *b) {
     return b ? b->name : "";
 }
 
-GPUBUF_EXTERN int gpubuf_buffer_slice(gpubuf_buffer *b, uint64_t offset, uint64_t length,
-                                      gpubuf_buffer **ret) {
+static int buffer_slice_call(gpubuf_buffer *b, uint64_t offset, uint64_t length,
+                             gpubuf_buffer **ret) {
     gpubuf_buffer *s;
     if (!b || !ret)
         return -EINVAL;
@@ -730,4 +862,73 @@ GPUBUF_EXTERN int gpubuf_buffer_slice(gpubuf_buffer *b, uint64_t offset, uint64_
     memcpy(s->name, b->name, sizeof(s->name));
     *ret = s;
     return 0;
+}
+
+/* ---- public entry points ------------------------------------------------
+ * Each clears the thread's error message first and leaves one that belongs
+ * to its own result: "" on success, a sentence on failure. */
+
+GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c) {
+    gpubuf__clear_error();
+    return gpubuf__result(flush_call(c));
+}
+
+GPUBUF_EXTERN int gpubuf_connect(const char *path, gpubuf_client **ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(connect_call(path, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
+                               gpubuf_buffer **ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(alloc_call(c, pool, size, name, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms,
+                              gpubuf_buffer **ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(open_call(c, name, timeout_ms, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id, int timeout_ms,
+                                 unsigned flags, gpubuf_buffer **ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(open_ex_call(c, name, id, timeout_ms, flags, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
+                                 gpubuf_buffer **ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(open_id_call(c, id, timeout_ms, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {
+    gpubuf__clear_error();
+    return gpubuf__result(delete_call(c, name));
+}
+
+GPUBUF_EXTERN int gpubuf_delete_id(gpubuf_client *c, uint64_t id) {
+    gpubuf__clear_error();
+    return gpubuf__result(delete_id_call(c, id));
+}
+
+GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(stat_call(c, name, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(status_get_call(c, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b) {
+    gpubuf__clear_error();
+    return gpubuf__result(release_call(b));
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_slice(gpubuf_buffer *b, uint64_t offset, uint64_t length,
+                                      gpubuf_buffer **ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(buffer_slice_call(b, offset, length, ret));
 }

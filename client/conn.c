@@ -2,6 +2,7 @@
  * ahead, in order, with the fds they carry), asynchronous requests settled
  * before the next synchronous reply, and the per-thread error message. */
 #include <errno.h>
+#include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,13 +22,67 @@ void gpubuf__set_error(const char *fmt, ...) {
     va_end(ap);
 }
 
+int gpubuf__fail(int err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tl_error, sizeof(tl_error), fmt, ap);
+    va_end(ap);
+    return err;
+}
+
 GPUBUF_EXTERN const char *gpubuf_last_error_message(void) {
     return tl_error;
+}
+
+void gpubuf__clear_error(void) {
+    tl_error[0] = '\0';
+}
+
+int gpubuf__result(int r) {
+    if (r >= 0)
+        tl_error[0] = '\0';
+    else if (!tl_error[0])
+        gpubuf__set_error("%s", gpubuf_strerror(r));
+    return r;
 }
 
 /* Most asynchronous requests in flight before the client waits for their
  * replies: bounds what the daemon queues for a client that never reads. */
 #define GPUBUF_MAX_PENDING 64
+
+static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd);
+
+/* The daemon closed the connection: it may have said why first (a refused
+ * connection, a shutdown) in a connection-level error frame (id 0). True
+ * when it did: the message is then its reason. *ret_err becomes its status
+ * during the handshake (a refused connection: gpubuf_connect() returns
+ * why), and GPUBUF_EDISCONNECTED on a connection that was established. */
+static bool goodbye(gpubuf_client *c, int *ret_err) {
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    Gpubuf__Response *resp;
+    int fd;
+    bool said = false;
+    if (poll(&p, 1, 100) <= 0)
+        return false;
+    if (read_reply(c, &resp, &fd) < 0)
+        return false;
+    if (resp->id == 0 && resp->status < 0) {
+        const char *why =
+            resp->message && *resp->message ? resp->message : gpubuf_strerror(resp->status);
+        if (c->session_id == 0) {
+            *ret_err = resp->status;
+            gpubuf__set_error("%s", why);
+        } else {
+            *ret_err = GPUBUF_EDISCONNECTED;
+            gpubuf__set_error("gpubufd closed the connection: %s", why);
+        }
+        said = true;
+    }
+    if (fd >= 0)
+        close(fd);
+    gpubuf__response__free_unpacked(resp, NULL);
+    return said;
+}
 
 static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
     uint8_t stackbuf[512];
@@ -57,6 +112,8 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
         free(frame);
     if (r < 0) {
         c->broken = true;
+        if ((r == -EPIPE || r == -ECONNRESET) && goodbye(c, &r))
+            return r;
         gpubuf__set_error("sending to gpubufd: %s", strerror(-r));
         return r == -EPIPE ? GPUBUF_EDISCONNECTED : r;
     }

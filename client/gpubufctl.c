@@ -2,10 +2,12 @@
 #include <errno.h>
 #include <getopt.h>
 #include <json-c/json.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "gpubuf/gpubuf.h"
 #include "util.h"
@@ -253,6 +255,111 @@ static uint64_t f_reserved(const gpubuf_pool_info *p) { return p->reserved; }
 static uint64_t f_slabs(const gpubuf_pool_info *p) { return p->slabs; }
 static uint64_t f_buffers(const gpubuf_pool_info *p) { return p->buffers; }
 
+typedef uint64_t (*pool_counter)(const gpubuf_pool_counters *p);
+static uint64_t c_alloc(const gpubuf_pool_counters *p) {
+    return p->bytes_allocated;
+}
+static uint64_t c_freed(const gpubuf_pool_counters *p) {
+    return p->bytes_freed;
+}
+static uint64_t c_created(const gpubuf_pool_counters *p) {
+    return p->slabs_created;
+}
+static uint64_t c_destroyed(const gpubuf_pool_counters *p) {
+    return p->slabs_destroyed;
+}
+static uint64_t c_failures(const gpubuf_pool_counters *p) {
+    return p->alloc_failures;
+}
+
+static void print_named(const char *name, const char *label, const char *help,
+                        const gpubuf_named_counter *v, size_t n) {
+    family(name, "counter", help);
+    for (size_t i = 0; i < n; i++) {
+        printf("%s{", name);
+        put_label(label, v[i].name, true);
+        printf("} %llu\n", (unsigned long long)v[i].count);
+    }
+}
+
+static void print_one(const char *name, const char *help, uint64_t v) {
+    family(name, "counter", help);
+    printf("%s %llu\n", name, (unsigned long long)v);
+}
+
+/* Counters (_total, base units) and one latency histogram per request type. */
+static void print_counters(const gpubuf_counters *k) {
+    static const struct {
+        const char *name, *help;
+        pool_counter get;
+    } pc[] = {
+        {"gpubuf_pool_allocated_bytes_total", "Bytes of buffers carved from the pool.", c_alloc},
+        {"gpubuf_pool_freed_bytes_total", "Bytes of buffers given back to the pool.", c_freed},
+        {"gpubuf_pool_slabs_created_total", "Slabs allocated from the backend.", c_created},
+        {"gpubuf_pool_slabs_destroyed_total", "Empty slabs given back to the backend.",
+         c_destroyed},
+        {"gpubuf_pool_alloc_failures_total",
+         "Allocations the pool refused (full, too large, backend error).", c_failures},
+    };
+    for (size_t f = 0; f < sizeof(pc) / sizeof(pc[0]); f++) {
+        family(pc[f].name, "counter", pc[f].help);
+        for (size_t i = 0; i < k->n_pools; i++) {
+            printf("%s{", pc[f].name);
+            put_label("pool", k->pools[i].pool, true);
+            printf("} %llu\n", (unsigned long long)pc[f].get(&k->pools[i]));
+        }
+    }
+    for (int errors = 0; errors <= 1; errors++) {
+        const char *name = errors ? "gpubuf_request_errors_total" : "gpubuf_requests_total";
+        family(name, "counter",
+               errors ? "Requests answered with an error, by type." : "Requests handled, by type.");
+        for (size_t i = 0; i < k->n_requests; i++) {
+            printf("%s{", name);
+            put_label("type", k->requests[i].type, true);
+            printf("} %llu\n",
+                   (unsigned long long)(errors ? k->requests[i].errors : k->requests[i].requests));
+        }
+    }
+    family("gpubuf_errors_total", "counter", "Error replies, by error code.");
+    for (size_t i = 0; i < k->n_errors; i++) {
+        printf("gpubuf_errors_total{");
+        put_label("code", gpubuf_err_name(k->errors[i].code), true);
+        printf("} %llu\n", (unsigned long long)k->errors[i].count);
+    }
+    family("gpubuf_request_duration_seconds", "histogram",
+           "Time from decoding a request to queuing its reply, by type.");
+    for (size_t i = 0; i < k->n_requests; i++) {
+        const gpubuf_request_counters *r = &k->requests[i];
+        uint64_t cum = 0;
+        for (size_t b = 0; b < r->n_buckets; b++) {
+            char le[32];
+            cum += r->buckets[b];
+            if (b < k->n_bounds)
+                snprintf(le, sizeof(le), "%g", k->bucket_bounds[b]);
+            else
+                snprintf(le, sizeof(le), "+Inf");
+            printf("gpubuf_request_duration_seconds_bucket{");
+            put_label("type", r->type, true);
+            put_label("le", le, false);
+            printf("} %llu\n", (unsigned long long)cum);
+        }
+        printf("gpubuf_request_duration_seconds_sum{");
+        put_label("type", r->type, true);
+        printf("} %.9f\n", (double)r->duration_ns / 1e9);
+        printf("gpubuf_request_duration_seconds_count{");
+        put_label("type", r->type, true);
+        printf("} %llu\n", (unsigned long long)r->requests);
+    }
+    print_one("gpubuf_slab_imports_total",
+              "Slabs handed to a client that did not have them mapped.", k->slab_imports);
+    print_one("gpubuf_connections_total", "Connections accepted.", k->connections);
+    print_named("gpubuf_connections_refused_total", "reason", "Connections refused, by reason.",
+                k->refused, k->n_refused);
+    print_named("gpubuf_disconnects_total", "reason", "Sessions ended, by reason.", k->disconnects,
+                k->n_disconnects);
+    print_one("gpubuf_open_timeouts_total", "Waiting opens that expired.", k->open_timeouts);
+}
+
 static void print_metrics(const gpubuf_status *s) {
     static const struct {
         const char *name, *help;
@@ -298,6 +405,8 @@ static void print_metrics(const gpubuf_status *s) {
     printf("gpubuf_clients %zu\n", s->n_clients);
     family("gpubuf_uptime_seconds", "gauge", "Seconds since gpubufd started.");
     printf("gpubuf_uptime_seconds %.3f\n", (double)s->uptime_ms / 1000.0);
+    if (s->counters.present)
+        print_counters(&s->counters);
 }
 
 typedef struct filters {
@@ -333,41 +442,141 @@ static void apply_filters(gpubuf_status *s, const filters *f) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "Usage: gpubufctl [OPTIONS] [COMMAND]\n\n"
-               "Commands:\n"
-               "  status    pools, buffers and clients (the default)\n"
-               "  pools     pools only\n"
-               "  buffers   buffers only\n"
-               "  clients   connected clients only\n"
-               "  metrics   Prometheus text format (for node-exporter's textfile collector)\n\n"
-               "Options:\n"
-               "  -s, --socket PATH   daemon socket (default $GPUBUF_SOCKET or %s)\n"
-               "  -j, --json          one line of JSON\n"
-               "      --pretty        indented JSON\n"
-               "  -w, --watch[=SEC]   refresh every SEC seconds (default 2) until interrupted\n"
-               "      --pool NAME     only this pool and its buffers\n"
-               "      --name PREFIX   only buffers whose name starts with PREFIX\n"
-               "      --state STATE   only buffers in STATE (allocated, sealed, deleted)\n"
-               "      --pid PID       only this client process\n"
-               "      --uid UID       only clients of this user\n\n"
-               "Exit status: 0 ok, 2 usage, 3 daemon unreachable, 4 request failed.\n",
+    fprintf(f,
+            "Usage: gpubufctl [OPTIONS] [COMMAND]\n\n"
+            "Commands:\n"
+            "  status             pools, buffers and clients (the default)\n"
+            "  pools              pools only\n"
+            "  buffers            buffers only\n"
+            "  clients            connected clients only\n"
+            "  metrics            Prometheus text format (for node-exporter's textfile\n"
+            "                     collector)\n"
+            "  delete NAME...     unpublish buffers by name (--id: by id); only the owner\n"
+            "                     or root may\n\n"
+            "Options:\n"
+            "  -s, --socket PATH   daemon socket (default $GPUBUF_SOCKET or %s)\n"
+            "  -j, --json          one line of JSON\n"
+            "      --pretty        indented JSON\n"
+            "  -w, --watch[=SEC]   refresh every SEC seconds (default 2) until interrupted,\n"
+            "                      with request and allocation rates; redraws in place on\n"
+            "                      a terminal, appends snapshots otherwise\n"
+            "  -o, --output FILE   write to FILE (replaced atomically) instead of stdout\n"
+            "      --pool NAME     only this pool and its buffers\n"
+            "      --name PREFIX   only buffers whose name starts with PREFIX\n"
+            "      --state STATE   only buffers in STATE (allocated, sealed, deleted)\n"
+            "      --pid PID       only this client process\n"
+            "      --uid UID       only clients of this user\n"
+            "      --id            delete: the arguments are buffer ids\n"
+            "  -h, --help          show this help\n\n"
+            "Exit status: 0 ok, 2 usage, 3 daemon unreachable, 4 request failed.\n",
             GPUBUF_DEFAULT_SOCKET);
 }
 
-static int show(gpubuf_client *c, const char *cmd, const filters *f, bool json, bool pretty) {
+static const char *const commands[] = {"status",  "pools",   "buffers",
+                                       "clients", "metrics", "delete"};
+
+/* A usage error: name what was wrong and where to read more; exit 2. */
+__attribute__((format(printf, 1, 2), noreturn)) static void usage_error(const char *fmt, ...) {
+    va_list ap;
+    fputs("gpubufctl: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputs(" (see gpubufctl --help)\n", stderr);
+    exit(EXIT_USAGE);
+}
+
+/* Rates between two snapshots of the counters. */
+typedef struct rates {
+    bool have; /* a previous snapshot exists */
+    uint64_t at_ns, requests, allocated, freed;
+} rates;
+
+static uint64_t sum_requests(const gpubuf_counters *k) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < k->n_requests; i++)
+        n += k->requests[i].requests;
+    return n;
+}
+
+static uint64_t sum_pool(const gpubuf_counters *k, pool_counter get) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < k->n_pools; i++)
+        n += get(&k->pools[i]);
+    return n;
+}
+
+/* "requests 12.5/s, allocated 1.0 MiB/s, freed 0 B/s" since the last call. */
+static void print_rates(rates *rt, const gpubuf_status *s) {
+    uint64_t now = gpubuf_now_ns(), req = sum_requests(&s->counters),
+             al = sum_pool(&s->counters, c_alloc), fr = sum_pool(&s->counters, c_freed);
+    char a[32], f[32];
+    if (!s->counters.present) {
+        printf("(this gpubufd sends no counters: no rates)\n");
+    } else if (!rt->have || now <= rt->at_ns) {
+        printf("requests -/s, allocated -/s, freed -/s (rates from the next refresh)\n");
+    } else {
+        double dt = (double)(now - rt->at_ns) / 1e9;
+        printf("requests %.1f/s, allocated %s/s, freed %s/s\n", (double)(req - rt->requests) / dt,
+               gpubuf_format_size((uint64_t)((double)(al - rt->allocated) / dt), a, sizeof(a)),
+               gpubuf_format_size((uint64_t)((double)(fr - rt->freed) / dt), f, sizeof(f)));
+    }
+    *rt = (rates){true, now, req, al, fr};
+}
+
+static bool pool_exists(const gpubuf_status *s, const char *name) {
+    for (size_t i = 0; i < s->n_pools; i++)
+        if (!strcmp(s->pools[i].name, name))
+            return true;
+    return false;
+}
+
+static void list_pools(const gpubuf_status *s, char *out, size_t len) {
+    size_t n = 0;
+    out[0] = '\0';
+    for (size_t i = 0; i < s->n_pools && n < len; i++)
+        n += (size_t)snprintf(out + n, len - n, "%s%s", i ? ", " : "", s->pools[i].name);
+    if (s->n_pools == 0)
+        snprintf(out, len, "(none)");
+}
+
+typedef struct view {
+    const char *cmd;
+    bool json, pretty, watch, redraw;
+    rates rt;
+} view;
+
+static int show(gpubuf_client *c, view *v, const filters *f) {
     gpubuf_status *s;
     int r = gpubuf_status_get(c, &s);
     if (r < 0) {
-        fprintf(stderr, "gpubufctl: status: %s\n", gpubuf_strerror(r));
+        fprintf(stderr, "gpubufctl: status: %s\n", gpubuf_last_error_message());
         return EXIT_REQUEST;
     }
+    if (f->pool && !pool_exists(s, f->pool)) {
+        char pools[512];
+        list_pools(s, pools, sizeof(pools));
+        fprintf(stderr, "gpubufctl: no pool named '%s'; pools: %s\n", f->pool, pools);
+        gpubuf_status_free(s);
+        return EXIT_USAGE;
+    }
     apply_filters(s, f);
+    const char *cmd = v->cmd;
     bool all = strcmp(cmd, "status") == 0;
+    if (v->redraw)
+        fputs("\033[H\033[2J", stdout); /* home, clear: the view redraws in place */
     if (!strcmp(cmd, "metrics")) {
         print_metrics(s);
-    } else if (json) {
-        print_json(s, cmd, pretty);
+    } else if (v->json) {
+        print_json(s, cmd, v->pretty);
     } else {
+        if (v->watch) {
+            time_t now = time(NULL);
+            char when[32];
+            strftime(when, sizeof(when), "%H:%M:%S", localtime(&now));
+            printf("%s%s  ", v->redraw ? "" : "--- ", when);
+            print_rates(&v->rt, s);
+        }
         if (all)
             printf("gpubufd %s, up %llu s\n\n", s->version,
                    (unsigned long long)(s->uptime_ms / 1000));
@@ -384,87 +593,182 @@ static int show(gpubuf_client *c, const char *cmd, const filters *f, bool json, 
     }
     fflush(stdout);
     gpubuf_status_free(s);
-    return 0;
+    return ferror(stdout) ? EXIT_REQUEST : 0;
 }
 
-static long parse_long(const char *s, const char *what) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*s == '\0' || *end || v < 0) {
-        fprintf(stderr, "gpubufctl: bad %s '%s'\n", what, s);
-        exit(EXIT_USAGE);
+/* delete NAME... or delete --id ID...: every target is tried; exit 4 when
+ * one fails. */
+static int delete_targets(gpubuf_client *c, char **targets, int n, bool by_id) {
+    int rc = 0;
+    for (int i = 0; i < n; i++) {
+        const char *t = targets[i];
+        int r;
+        if (by_id) {
+            char *end;
+            errno = 0;
+            unsigned long long id = strtoull(t, &end, 10);
+            if (!*t || *end || errno || t[0] == '-')
+                usage_error("bad buffer id '%s': give the number from the ID column of "
+                            "'gpubufctl buffers'",
+                            t);
+            r = gpubuf_delete_id(c, id);
+        } else {
+            r = gpubuf_delete(c, t);
+        }
+        if (r == 0) {
+            printf("deleted %s%s\n", by_id ? "buffer " : "", t);
+            continue;
+        }
+        fprintf(stderr, "gpubufctl: delete %s: %s", t, gpubuf_last_error_message());
+        if (r == -ENOENT && !by_id && t[strspn(t, "0123456789")] == '\0')
+            fprintf(stderr, " (to delete buffer id %s, use 'gpubufctl delete --id %s')", t, t);
+        fputc('\n', stderr);
+        rc = EXIT_REQUEST;
     }
+    return rc;
+}
+
+static long parse_long(const char *s, const char *opt, const char *what) {
+    char *end;
+    errno = 0;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end || v < 0 || errno)
+        usage_error("bad %s value '%s': give %s", opt, s, what);
     return v;
 }
 
+static double parse_interval(const char *s) {
+    char *end;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end || !(v > 0) || v > 86400)
+        usage_error("bad --watch value '%s': give seconds, a number above 0 and at most 86400 "
+                    "(e.g. --watch=0.5)",
+                    s);
+    return v;
+}
+
+/* Write stdout into path: into a temporary file first, renamed over path
+ * when complete, so that a reader (node-exporter) never sees half a file. */
+static int output_begin(const char *path, char *tmp, size_t len) {
+    snprintf(tmp, len, "%s.tmp.%d", path, (int)getpid());
+    if (!freopen(tmp, "w", stdout)) {
+        fprintf(stderr, "gpubufctl: cannot write %s: %s\n", tmp, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static int output_end(const char *path, const char *tmp, int r) {
+    if (fflush(stdout) != 0 || r != 0 || rename(tmp, path) < 0) {
+        if (r == 0)
+            fprintf(stderr, "gpubufctl: cannot write %s: %s\n", path, strerror(errno));
+        unlink(tmp);
+        return r ? r : EXIT_REQUEST;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    enum { OPT_PRETTY = 256, OPT_POOL, OPT_NAME, OPT_STATE, OPT_PID, OPT_UID };
+    enum { OPT_PRETTY = 256, OPT_POOL, OPT_NAME, OPT_STATE, OPT_PID, OPT_UID, OPT_ID };
     static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
                                          {"json", no_argument, NULL, 'j'},
                                          {"pretty", no_argument, NULL, OPT_PRETTY},
                                          {"watch", optional_argument, NULL, 'w'},
+                                         {"output", required_argument, NULL, 'o'},
                                          {"pool", required_argument, NULL, OPT_POOL},
                                          {"name", required_argument, NULL, OPT_NAME},
                                          {"state", required_argument, NULL, OPT_STATE},
                                          {"pid", required_argument, NULL, OPT_PID},
                                          {"uid", required_argument, NULL, OPT_UID},
+                                         {"id", no_argument, NULL, OPT_ID},
                                          {"help", no_argument, NULL, 'h'},
                                          {NULL, 0, NULL, 0}};
-    const char *sock = NULL, *cmd = "status";
-    bool json = false, pretty = false;
+    const char *sock = NULL, *cmd = "status", *output = NULL;
+    bool by_id = false;
     double watch = 0;
+    view v = {0};
     filters f = {NULL, NULL, NULL, -1, -1};
     int opt, r;
     gpubuf_client *c;
-    while ((opt = getopt_long(argc, argv, "s:jw::h", opts, NULL)) != -1) {
+    opterr = 0; /* errors are reported here, naming the option */
+    while ((opt = getopt_long(argc, argv, ":s:jw::o:h", opts, NULL)) != -1) {
         switch (opt) {
         case 's': sock = optarg; break;
-        case 'j': json = true; break;
-        case OPT_PRETTY: json = pretty = true; break;
+        case 'j': v.json = true; break;
+        case OPT_PRETTY: v.json = v.pretty = true; break;
         case 'w':
-            watch = optarg ? strtod(optarg, NULL) : 2.0;
-            if (watch <= 0) {
-                fprintf(stderr, "gpubufctl: bad --watch interval\n");
-                return EXIT_USAGE;
+            if (optarg) {
+                watch = parse_interval(optarg);
+            } else if (optind < argc && argv[optind][0] &&
+                       strspn(argv[optind], "0123456789.") == strlen(argv[optind])) {
+                /* "-w 1": the interval as its own word. */
+                watch = parse_interval(argv[optind++]);
+            } else {
+                watch = 2.0;
             }
             break;
+        case 'o': output = optarg; break;
         case OPT_POOL: f.pool = optarg; break;
         case OPT_NAME: f.name_prefix = optarg; break;
         case OPT_STATE:
             if (strcmp(optarg, "allocated") && strcmp(optarg, "sealed") &&
-                strcmp(optarg, "deleted")) {
-                fprintf(stderr, "gpubufctl: bad state '%s'\n", optarg);
-                return EXIT_USAGE;
-            }
+                strcmp(optarg, "deleted"))
+                usage_error("bad --state value '%s': give allocated, sealed or deleted", optarg);
             f.state = optarg;
             break;
-        case OPT_PID: f.pid = parse_long(optarg, "pid"); break;
-        case OPT_UID: f.uid = parse_long(optarg, "uid"); break;
+        case OPT_PID: f.pid = parse_long(optarg, "--pid", "a process id"); break;
+        case OPT_UID: f.uid = parse_long(optarg, "--uid", "a numeric user id"); break;
+        case OPT_ID: by_id = true; break;
         case 'h': usage(stdout); return 0;
-        default: usage(stderr); return EXIT_USAGE;
+        case ':': usage_error("option '%s' needs a value", argv[optind - 1]);
+        default:
+            if (optopt)
+                usage_error("unknown option '-%c'", optopt);
+            usage_error("unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc)
         cmd = argv[optind++];
-    if (optind < argc || (strcmp(cmd, "status") && strcmp(cmd, "pools") &&
-                          strcmp(cmd, "buffers") && strcmp(cmd, "clients") &&
-                          strcmp(cmd, "metrics"))) {
-        usage(stderr);
-        return EXIT_USAGE;
-    }
+    bool known = false;
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        known |= !strcmp(cmd, commands[i]);
+    if (!known)
+        usage_error("unknown command '%s'; commands: status, pools, buffers, clients, metrics, "
+                    "delete",
+                    cmd);
+    bool del = !strcmp(cmd, "delete");
+    if (del && optind == argc)
+        usage_error("delete needs the name of a buffer (or --id and its id)");
+    if (!del && optind < argc)
+        usage_error("'%s' takes no arguments, got '%s'", cmd, argv[optind]);
+    if (by_id && !del)
+        usage_error("--id goes with delete only");
+    if (del && (watch > 0 || output || v.json))
+        usage_error("delete takes no --watch, --output or --json");
     if ((r = gpubuf_connect(sock, &c)) < 0) {
-        fprintf(stderr, "gpubufctl: %s\n", gpubuf_last_error_message()[0]
-                                               ? gpubuf_last_error_message()
-                                               : gpubuf_strerror(r));
+        fprintf(stderr, "gpubufctl: %s\n", gpubuf_last_error_message());
         return EXIT_NO_DAEMON;
     }
+    if (del) {
+        r = delete_targets(c, argv + optind, argc - optind, by_id);
+        gpubuf_disconnect(c);
+        return r;
+    }
+    v.cmd = cmd;
+    v.watch = watch > 0;
+    /* A terminal shows one live view; a pipe or a file gets one snapshot
+     * after the other. */
+    v.redraw = v.watch && !output && !v.json && strcmp(cmd, "metrics") && isatty(STDOUT_FILENO);
     for (;;) {
-        /* A table refreshes in place; JSON and metrics append one snapshot
-         * after the other. */
-        if (watch > 0 && !json && strcmp(cmd, "metrics"))
-            fputs("\033[H\033[2J", stdout);
-        r = show(c, cmd, &f, json, pretty);
-        if (r != 0 || watch <= 0)
+        char tmp[4096];
+        if (output && output_begin(output, tmp, sizeof(tmp)) < 0) {
+            r = EXIT_REQUEST;
+            break;
+        }
+        r = show(c, &v, &f);
+        if (output)
+            r = output_end(output, tmp, r);
+        if (r != 0 || !v.watch)
             break;
         struct timespec ts = {(time_t)watch, (long)((watch - (double)(time_t)watch) * 1e9)};
         nanosleep(&ts, NULL);

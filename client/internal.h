@@ -158,6 +158,13 @@ int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream strea
                          uint8_t ret_handle[64]);
 
 void gpubuf__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Set the message and return err. */
+int gpubuf__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Start of a public call: its message starts empty. */
+void gpubuf__clear_error(void);
+/* End of a public call: "" on success; on failure keep the message a step
+ * set, or describe r. Returns r. */
+int gpubuf__result(int r);
 void gpubuf__client_unref(gpubuf_client *c);
 
 #endif

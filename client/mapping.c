@@ -380,7 +380,7 @@ void gpubuf__mapping_clear(gpubuf_client *c) {
 #endif
 }
 
-GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device) {
+static int set_device_call(gpubuf_client *c, int device) {
     gpubuf_mapping *m, *tmp;
     uint32_t busy = 0;
     int r = 0;
@@ -419,4 +419,9 @@ GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device) {
         c->device = device;
     pthread_mutex_unlock(&c->lock);
     return r;
+}
+
+GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device) {
+    gpubuf__clear_error();
+    return gpubuf__result(set_device_call(c, device));
 }

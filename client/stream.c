@@ -167,7 +167,7 @@ static int wait_event(const gpubuf_cuda *cu, const gpubuf_buffer *view, gpubuf_s
     return cr == CUDA_SUCCESS ? 0 : cuda_fail(cr, "cuStreamWaitEvent");
 }
 
-GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *view, gpubuf_stream stream) {
+static int buffer_wait_call(gpubuf_buffer *view, gpubuf_stream stream) {
     const gpubuf_cuda *cu;
     int r;
     if (!view)
@@ -212,7 +212,7 @@ static int copy_device(const gpubuf_buffer *b, uint64_t offset, void *host, uint
     return 0;
 }
 #else
-GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *view, gpubuf_stream stream) {
+static int buffer_wait_call(gpubuf_buffer *view, gpubuf_stream stream) {
     (void)stream;
     if (!view)
         return -EINVAL;
@@ -265,29 +265,32 @@ static int copy_host(const gpubuf_buffer *b, uint64_t offset, void *host, uint64
 
 GPUBUF_EXTERN int gpubuf_buffer_copy_to_host(const gpubuf_buffer *b, uint64_t offset, void *dst,
                                              uint64_t length) {
-    return copy_host(b, offset, dst, length, NULL, true, false);
+    gpubuf__clear_error();
+    return gpubuf__result(copy_host(b, offset, dst, length, NULL, true, false));
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_copy_from_host(gpubuf_buffer *b, uint64_t offset,
                                                const void *src, uint64_t length) {
-    return copy_host(b, offset, (void *)src, length, NULL, false, false);
+    gpubuf__clear_error();
+    return gpubuf__result(copy_host(b, offset, (void *)src, length, NULL, false, false));
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_copy_to_host_async(const gpubuf_buffer *b, uint64_t offset,
                                                    void *dst, uint64_t length,
                                                    gpubuf_stream stream) {
-    return copy_host(b, offset, dst, length, stream, true, true);
+    gpubuf__clear_error();
+    return gpubuf__result(copy_host(b, offset, dst, length, stream, true, true));
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_copy_from_host_async(gpubuf_buffer *b, uint64_t offset,
                                                      const void *src, uint64_t length,
                                                      gpubuf_stream stream) {
-    return copy_host(b, offset, (void *)src, length, stream, false, true);
+    gpubuf__clear_error();
+    return gpubuf__result(copy_host(b, offset, (void *)src, length, stream, false, true));
 }
 
-GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
-                                     const gpubuf_buffer *src, uint64_t src_offset,
-                                     uint64_t length, gpubuf_stream stream) {
+static int buffer_copy_call(gpubuf_buffer *dst, uint64_t dst_offset, const gpubuf_buffer *src,
+                            uint64_t src_offset, uint64_t length, gpubuf_stream stream) {
     int r;
     if (!dst || !src)
         return -EINVAL;
@@ -335,4 +338,16 @@ GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
     gpubuf__set_error("libgpubuf-client was built without CUDA support");
     return GPUBUF_ENODRIVER;
 #endif
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *view, gpubuf_stream stream) {
+    gpubuf__clear_error();
+    return gpubuf__result(buffer_wait_call(view, stream));
+}
+
+GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
+                                     const gpubuf_buffer *src, uint64_t src_offset, uint64_t length,
+                                     gpubuf_stream stream) {
+    gpubuf__clear_error();
+    return gpubuf__result(buffer_copy_call(dst, dst_offset, src, src_offset, length, stream));
 }

@@ -15,7 +15,7 @@ GPUBUF_EXPORT const char *gpubuf_strerror(int err) {
     case GPUBUF_ENODEVICE: return "the buffer's GPU is not visible in this process";
     case GPUBUF_ESTATE: return "operation not allowed in the buffer's current state";
     case GPUBUF_ENOPOOL: return "no pool of that name";
-    case GPUBUF_EPOOLFULL: return "the pool has reached its capacity";
+    case GPUBUF_EPOOLFULL: return "the pool has no room for the request";
     case GPUBUF_ENOTHELD: return "this client holds no reference to that buffer";
     case GPUBUF_EDISCONNECTED: return "the daemon closed the connection";
     case GPUBUF_ERANGE: return "offset or length outside the buffer";
@@ -60,6 +60,10 @@ GPUBUF_EXPORT const char *gpubuf_err_name(int err) {
     case -EADDRINUSE: return "EADDRINUSE";
     case -EDQUOT: return "EDQUOT";
     case -EOVERFLOW: return "EOVERFLOW";
+    case -EUSERS: return "EUSERS";
+    case -ENOTSOCK: return "ENOTSOCK";
+    case -EPIPE: return "EPIPE";
+    case -ECONNRESET: return "ECONNRESET";
     default: return "EUNKNOWN";
     }
 }

@@ -96,3 +96,38 @@ const char *gpubuf_state_name(gpubuf_state s) {
     }
     return "unknown";
 }
+
+int gpubuf_name_check(const char *name, size_t len, char *msg, size_t msg_len) {
+    if (gpubuf_name_valid(name, len))
+        return 0;
+    if (len == 0) {
+        snprintf(msg, msg_len, "the name is empty: a name is 1 to %d bytes", GPUBUF_NAME_MAX);
+        return -EINVAL;
+    }
+    if (len > GPUBUF_NAME_MAX) {
+        snprintf(msg, msg_len, "a name of %zu bytes is too long: at most %d bytes", len,
+                 GPUBUF_NAME_MAX);
+        return -ENAMETOOLONG;
+    }
+    if (name[0] == '/') {
+        snprintf(msg, msg_len, "invalid name '%.64s': a name may not start with '/' (use '%.64s')",
+                 name, len > 1 ? name + 1 : "x");
+        return -EINVAL;
+    }
+    size_t i = 0;
+    while (i < len && name[i] &&
+           (strchr("._:/@+-", name[i]) || (name[i] >= 'a' && name[i] <= 'z') ||
+            (name[i] >= 'A' && name[i] <= 'Z') || (name[i] >= '0' && name[i] <= '9')))
+        i++;
+    unsigned char bad = i < len ? (unsigned char)name[i] : 0;
+    char shown[8];
+    if (bad > 0x20 && bad < 0x7f)
+        snprintf(shown, sizeof(shown), "'%c'", bad);
+    else
+        snprintf(shown, sizeof(shown), "0x%02x", bad);
+    snprintf(msg, msg_len,
+             "invalid name '%.64s': %s at byte %zu is not allowed; a name uses only "
+             "A-Z a-z 0-9 . _ : / @ + - and does not start with '/'",
+             bad >= 0x20 && bad < 0x7f ? name : "(not printable)", shown, i);
+    return -EINVAL;
+}

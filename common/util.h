@@ -30,6 +30,10 @@ uint64_t gpubuf_now_ns(void);
  * [A-Za-z0-9._:/@+-], not starting with '/'. */
 bool gpubuf_name_valid(const char *name, size_t len);
 
+/* 0 when name is valid; otherwise -EINVAL or -ENAMETOOLONG with a sentence
+ * in msg that says which rule the name breaks and how to fix it. */
+int gpubuf_name_check(const char *name, size_t len, char *msg, size_t msg_len);
+
 static inline uint64_t gpubuf_align_up(uint64_t v, uint64_t a) {
     return (v + a - 1) & ~(a - 1);
 }

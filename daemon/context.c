@@ -2,6 +2,7 @@
 
 #include <assert.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "util.h"
@@ -30,11 +31,31 @@ gd_pool *gd_context_find_pool(const gd_context *ctx, const char *name) {
     return NULL;
 }
 
+/* "no pool named 'x'; pools: a, b (leave the pool out for the default pool
+ * 'a')": the names the client can use instead. */
+static int no_pool(const gd_context *ctx, const char *name, gd_err *err) {
+    char list[128];
+    size_t n = 0;
+    list[0] = '\0';
+    for (int i = 0; i < ctx->n_pools && n < sizeof(list); i++)
+        n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%s", i ? ", " : "",
+                              ctx->pools[i]->name);
+    if (n >= sizeof(list)) /* cut: end with an ellipsis */
+        memcpy(list + sizeof(list) - 4, "...", 4);
+    if (ctx->n_pools == 0)
+        return gd_err_set(err, GPUBUF_ENOPOOL, "no pool named '%.32s'; the daemon has no pools",
+                          name);
+    return gd_err_set(err, GPUBUF_ENOPOOL,
+                      "no pool named '%.32s'; pools: %s (leave the pool out for the default "
+                      "pool '%.16s')",
+                      name, list, ctx->pools[0]->name);
+}
+
 int gd_context_pool(const gd_context *ctx, const char *name, gd_pool **ret, gd_err *err) {
     gd_pool *p;
     if (name && *name) {
         if (!(p = gd_context_find_pool(ctx, name)))
-            return gd_err_set(err, GPUBUF_ENOPOOL, "no pool named '%.255s'", name);
+            return no_pool(ctx, name, err);
     } else if (ctx->n_pools > 0) {
         p = ctx->pools[0];
     } else {

@@ -7,6 +7,7 @@
 #include <stdint.h>
 #include <uv.h>
 
+#include "metrics.h"
 #include "pool.h"
 #include "registry.h"
 #include "settings.h"
@@ -25,6 +26,7 @@ typedef struct gd_context {
     uint64_t started_ns;
     struct gd_session *sessions; /* utlist DL, kept by session.c */
     uint32_t n_sessions;
+    gd_metrics metrics; /* counters since start (status) */
 } gd_context;
 
 /* No pools, limits and quotas zero: the caller sets them (gd_config_defaults()

@@ -43,8 +43,30 @@ static void on_bad_frame(void *user, int err) {
     gd_session_bad_frame(user, err);
 }
 
-static void on_close(void *user) {
-    gd_session_free(user);
+/* Why a session ended, as status counts it: the server's reason, or the
+ * session's own when it closed the connection itself. */
+static gd_end_reason end_reason(const gd_session *s, gd_close_reason why) {
+    switch (why) {
+    case GD_CLOSE_BY_USER: return s->end != GD_END_NONE ? s->end : GD_END_OTHER;
+    case GD_CLOSE_PEER: return GD_END_CLOSED;
+    case GD_CLOSE_TIMEOUT: return GD_END_TIMEOUT;
+    case GD_CLOSE_BACKLOG: return GD_END_BACKLOG;
+    case GD_CLOSE_BAD_FRAME: return GD_END_PROTOCOL;
+    case GD_CLOSE_STOP: return GD_END_SHUTDOWN;
+    default: return GD_END_OTHER;
+    }
+}
+
+static void on_close(void *user, gd_close_reason why) {
+    gd_session *s = user;
+    s->ctx->metrics.ended[end_reason(s, why)]++;
+    gd_session_free(s);
+}
+
+static size_t on_refuse(void *data, gd_refusal why, uid_t uid, uint32_t limit, uint8_t *payload,
+                        size_t cap) {
+    gd_daemon *d = data;
+    return gd_session_refusal(&d->ctx, why, uid, limit, payload, cap);
 }
 
 static const gd_server_callbacks callbacks = {
@@ -52,6 +74,7 @@ static const gd_server_callbacks callbacks = {
     .on_frame = on_frame,
     .on_bad_frame = on_bad_frame,
     .on_close = on_close,
+    .on_refuse = on_refuse,
 };
 
 int gd_daemon_init(gd_daemon *d, uv_loop_t *loop) {

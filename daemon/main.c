@@ -195,19 +195,21 @@ static void on_signal(uv_signal_t *h, int signum) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f,
-            "Usage: gpubufd [OPTIONS]\n"
-            "Share GPU and host memory between processes.\n\n"
-            "  -s, --socket PATH      listen on PATH (default $GPUBUF_SOCKET or %s)\n"
-            "  -c, --config FILE      read configuration from FILE (gpubuf.conf(5))\n"
-            "  -p, --pool SPEC        add a pool: NAME=KIND[,device=N][,capacity=SIZE][,slab=SIZE]\n"
-            "                         KIND is host, cuda-ipc or cuda-vmm; may be repeated\n"
-            "  -l, --log-level LEVEL  err, warning, notice, info (default) or debug\n"
-            "      --check-config     parse the configuration and exit\n"
-            "  -V, --version          print the version and exit\n"
-            "  -h, --help             show this help\n\n"
-            "Without pools: one cuda-ipc pool per visible GPU, else one host pool.\n",
-            GPUBUF_DEFAULT_SOCKET);
+    fprintf(
+        f,
+        "Usage: gpubufd [OPTIONS]\n"
+        "Share GPU and host memory between processes.\n\n"
+        "  -s, --socket PATH      listen on PATH (default $GPUBUF_SOCKET or %s)\n"
+        "  -c, --config FILE      read configuration from FILE (gpubuf.conf(5))\n"
+        "  -p, --pool SPEC        add a pool: NAME=KIND[,device=N][,capacity=SIZE][,slab=SIZE]\n"
+        "                         KIND is host, cuda-ipc or cuda-vmm; may be repeated\n"
+        "  -l, --log-level LEVEL  emerg, alert, crit, err, warning, notice, info (default)\n"
+        "                         or debug\n"
+        "      --check-config     parse the configuration and exit\n"
+        "  -V, --version          print the version and exit\n"
+        "  -h, --help             show this help\n\n"
+        "Without pools: one cuda-ipc pool per visible GPU, else one host pool.\n",
+        GPUBUF_DEFAULT_SOCKET);
 }
 
 static int ensure_dir_of(const char *path) {

@@ -39,6 +39,7 @@ static void slab_destroy(gd_pool *p, gd_slab *s) {
     p->be->ops->slab_destroy(p->be, s->priv, &s->exp);
     p->reserved -= s->size;
     p->n_slabs--;
+    p->stats.slabs_destroyed++;
     free(s->free);
     free(s);
 }
@@ -87,12 +88,22 @@ static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret,
      * of another size needs the room. */
     if (size <= p->capacity && p->reserved > p->capacity - size)
         drop_spare(p);
-    if (size > p->capacity || p->reserved > p->capacity - size) {
+    char want[32], cap[32], used[32];
+    if (size > p->capacity)
+        /* Not full: no slab of this size ever fits (a slab size above the
+         * capacity after rounding, see gpubuf.conf(5)). */
         return gd_err_set(err, GPUBUF_EPOOLFULL,
-                 "pool '%s' is full: %llu of %llu bytes in slabs, %llu more needed", p->name,
-                 (unsigned long long)p->reserved, (unsigned long long)p->capacity,
-                 (unsigned long long)size);
-    }
+                          "pool '%s' cannot hold a slab of %s (capacity %s): raise its capacity "
+                          "or lower its slab size",
+                          p->name, gpubuf_format_size(size, want, sizeof(want)),
+                          gpubuf_format_size(p->capacity, cap, sizeof(cap)));
+    if (p->reserved > p->capacity - size)
+        return gd_err_set(err, GPUBUF_EPOOLFULL,
+                          "pool '%s' is full: %s of %s in slabs and %s more needed; release or "
+                          "delete buffers in it, or raise its capacity",
+                          p->name, gpubuf_format_size(p->reserved, used, sizeof(used)),
+                          gpubuf_format_size(p->capacity, cap, sizeof(cap)),
+                          gpubuf_format_size(size, want, sizeof(want)));
     s = calloc(1, sizeof(*s));
     if (!s || extents_reserve(s, 8) < 0) {
         free(s);
@@ -113,6 +124,7 @@ static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret,
     DL_PREPEND(p->slabs, s);
     p->reserved += size;
     p->n_slabs++;
+    p->stats.slabs_created++;
     *ret = s;
     return 0;
 }
@@ -174,9 +186,8 @@ int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret, gd_e
     return gd_pool_alloc_prefer(p, size, align, NULL, 0, ret, err);
 }
 
-int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align,
-                             gd_slab *const *prefer, uint32_t n_prefer, gd_block *ret,
-                         gd_err *err) {
+static int alloc_prefer(gd_pool *p, uint64_t size, uint64_t align, gd_slab *const *prefer,
+                        uint32_t n_prefer, gd_block *ret, gd_err *err) {
     gd_slab *best = NULL, *s;
     uint32_t best_i = 0;
     uint64_t best_waste = UINT64_MAX;
@@ -191,6 +202,15 @@ int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align,
     }
     if (align < p->be->alignment)
         align = p->be->alignment;
+    if (size > p->capacity) {
+        /* Not full: this request could never fit, whatever is freed. */
+        char want[32], cap[32];
+        return gd_err_set(err, GPUBUF_EPOOLFULL,
+                          "a request of %s is larger than pool '%s' (capacity %s): ask for at "
+                          "most %s, or raise the pool's capacity",
+                          gpubuf_format_size(size, want, sizeof(want)), p->name,
+                          gpubuf_format_size(p->capacity, cap, sizeof(cap)), cap);
+    }
     size = gpubuf_align_up(size, p->be->alignment);
 
     if (size > p->slab_size) {
@@ -226,6 +246,7 @@ int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align,
     }
     take(best, best_i, size, align, ret);
     p->used += size;
+    p->stats.bytes_allocated += size;
     p->n_blocks++;
     return 0;
 }
@@ -273,6 +294,7 @@ void gd_pool_release(gd_pool *p, const gd_block *b) {
     s->used -= len;
     s->blocks--;
     p->used -= len;
+    p->stats.bytes_freed += len;
     p->n_blocks--;
     if (s->blocks == 0 && s->pins == 0 && (s->dedicated || has_other_spare(p, s)))
         slab_destroy(p, s);
@@ -307,4 +329,12 @@ bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid) {
         if (p->allow_gids[i] == gid)
             return true;
     return false;
+}
+
+int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align, gd_slab *const *prefer,
+                         uint32_t n_prefer, gd_block *ret, gd_err *err) {
+    int r = alloc_prefer(p, size, align, prefer, n_prefer, ret, err);
+    if (r < 0)
+        p->stats.alloc_failures++;
+    return r;
 }

@@ -56,6 +56,12 @@ typedef struct gd_pool {
      * both lists are empty, everyone who can connect. */
     uint32_t allow_uids[32], allow_gids[32];
     int n_allow_uids, n_allow_gids;
+    /* Counters since the pool was made (status, metrics). */
+    struct {
+        uint64_t bytes_allocated, bytes_freed; /* block sizes, after alignment */
+        uint64_t slabs_created, slabs_destroyed;
+        uint64_t alloc_failures;
+    } stats;
 } gd_pool;
 
 /* Create a pool over backend be (the pool takes ownership of be). */

@@ -11,12 +11,11 @@
 #include "util.h"
 
 int gd_registry_check_name(const char *name, gd_err *err) {
-    size_t len = strlen(name);
-    if (len > GPUBUF_NAME_MAX)
-        return gd_err_set(err, -ENAMETOOLONG, "name longer than %d bytes", GPUBUF_NAME_MAX);
-    if (!gpubuf_name_valid(name, len))
-        return gd_err_set(err, -EINVAL, "invalid name '%s' (allowed: A-Z a-z 0-9 . _ : / @ + -)",
-                          name);
+    gd_err e;
+    /* The rule and its sentence are shared with the client library. */
+    int r = gpubuf_name_check(name, strlen(name), e.msg, sizeof(e.msg));
+    if (r < 0)
+        return gd_err_set(err, r, "%s", e.msg);
     return 0;
 }
 
@@ -260,7 +259,7 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     if (name && gd_registry_find_name(r, name))
         return gd_err_set(err, -EEXIST, "a buffer named '%s' exists", name);
     if (size == 0)
-        return gd_err_set(err, -EINVAL, "size must be at least 1 byte");
+        return gd_err_set(err, -EINVAL, "size 0: a buffer holds at least 1 byte");
     const gd_quota *q = &r->quota;
     gd_uid_usage *u = uid_usage(r, h->uid, false);
     /* What the pool will take: the size rounded to the pool's alignment. */
@@ -572,8 +571,10 @@ int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t 
         return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
     }
     if (h->uid != 0 && h->uid != b->owner_uid)
-        return gd_err_set(err, -EPERM, "buffer %llu belongs to uid %u", (unsigned long long)b->id,
-                    b->owner_uid);
+        return gd_err_set(err, -EPERM,
+                          "buffer %llu ('%s') belongs to uid %u: only its owner or root may "
+                          "delete it",
+                          (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid);
     if (b->state == GPUBUF_STATE_ALLOCATED)
         fail_id_waiters(r, b->id);
     b->state = GPUBUF_STATE_DELETED;

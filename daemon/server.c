@@ -35,6 +35,7 @@ static bool grow_in(gd_conn *c);
 static ssize_t read_in(gd_conn *c, size_t max);
 static void peer_left(gd_conn *c);
 static bool backlogged(const gd_conn *c);
+static void conn_end(gd_conn *c, gd_close_reason why);
 
 /* Deadline for a connection whose handshake is not done, or that sits on
  * half a frame. */
@@ -43,7 +44,7 @@ static void on_conn_timer(uv_timer_t *t) {
     LOG_WARN("pid %d: %s for %u ms; disconnecting", (int)c->pid,
              c->ready ? "incomplete frame" : "no handshake",
              c->ready ? c->srv->limits->frame_timeout_ms : c->srv->limits->handshake_timeout_ms);
-    gd_conn_close(c);
+    conn_end(c, GD_CLOSE_TIMEOUT);
 }
 
 static void arm_timer(gd_conn *c) {
@@ -64,7 +65,7 @@ static void arm_timer(gd_conn *c) {
         int r = uv_timer_start(&c->timer, on_conn_timer, ms, 0);
         if (r < 0) {
             LOG_ERR("pid %d: uv_timer_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
-            gd_conn_close(c);
+            conn_end(c, GD_CLOSE_ERROR);
         }
     }
 }
@@ -219,7 +220,7 @@ static void on_reap(uv_check_t *h) {
         if (c->user) {
             if (c->peer_gone)
                 final_drain(c);
-            srv->cb.on_close(c->user);
+            srv->cb.on_close(c->user, c->why != GD_CLOSE_NONE ? c->why : GD_CLOSE_ERROR);
             c->user = NULL;
         }
         conn_free_out(c);
@@ -273,6 +274,13 @@ static void on_kick(uv_idle_t *h) {
 }
 
 void gd_conn_close(gd_conn *c) {
+    conn_end(c, GD_CLOSE_BY_USER);
+}
+
+/* Close c, remembering the first reason given. */
+static void conn_end(gd_conn *c, gd_close_reason why) {
+    if (c->why == GD_CLOSE_NONE)
+        c->why = why;
     if (c->reaping) {
         c->closing = true; /* stops the final drain */
         return;
@@ -328,6 +336,26 @@ static int conn_start(gd_server *srv, gd_conn *c) {
     return 0;
 }
 
+/* Tell a peer the server will not serve it why (one frame its user writes),
+ * then close it. A new socket takes the frame at once. What the peer sent
+ * already is read first, so that closing does not reset the connection
+ * before the peer has read the reason. */
+static void refuse(gd_server *srv, int fd, gd_refusal why, uid_t uid, uint32_t limit) {
+    uint8_t frame[GPUBUF_WIRE_HEADER_SIZE + 512];
+    char sink[4096];
+    size_t len = srv->cb.on_refuse ? srv->cb.on_refuse(srv->data, why, uid, limit,
+                                                       frame + GPUBUF_WIRE_HEADER_SIZE,
+                                                       sizeof(frame) - GPUBUF_WIRE_HEADER_SIZE)
+                                   : 0;
+    if (len > 0 && len <= sizeof(frame) - GPUBUF_WIRE_HEADER_SIZE) {
+        gpubuf_wire_header_encode(frame, (uint32_t)len);
+        (void)!send(fd, frame, GPUBUF_WIRE_HEADER_SIZE + len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    }
+    while (recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0)
+        ;
+    close(fd);
+}
+
 static void on_listen(uv_poll_t *h, int status, int events) {
     gd_server *srv = h->data;
     (void)events;
@@ -346,10 +374,14 @@ static void on_listen(uv_poll_t *h, int status, int events) {
             close(fd);
             continue;
         }
-        if (srv->n_conns >= srv->limits->max_clients || srv->stopping) {
+        if (srv->stopping) {
+            refuse(srv, fd, GD_REFUSE_STOPPING, cred.uid, 0);
+            continue;
+        }
+        if (srv->n_conns >= srv->limits->max_clients) {
             LOG_WARN("refusing pid %d: %u clients connected (limit %u)", (int)cred.pid,
                      srv->n_conns, srv->limits->max_clients);
-            close(fd);
+            refuse(srv, fd, GD_REFUSE_MAX_CLIENTS, cred.uid, srv->limits->max_clients);
             continue;
         }
         uint32_t same_uid = 0;
@@ -359,7 +391,8 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         if (srv->limits->max_clients_per_uid && same_uid >= srv->limits->max_clients_per_uid) {
             LOG_WARN("refusing pid %d: uid %u has %u connections (limit %u)", (int)cred.pid,
                      (unsigned)cred.uid, same_uid, srv->limits->max_clients_per_uid);
-            close(fd);
+            refuse(srv, fd, GD_REFUSE_MAX_CLIENTS_PER_UID, cred.uid,
+                   srv->limits->max_clients_per_uid);
             continue;
         }
         gd_conn *c = calloc(1, sizeof(*c));
@@ -403,7 +436,7 @@ static void update_poll(gd_conn *c) {
     int r = uv_poll_start(&c->poll, want, on_conn_io);
     if (r < 0) {
         LOG_ERR("pid %d: uv_poll_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
-        gd_conn_close(c);
+        conn_end(c, GD_CLOSE_ERROR);
         return;
     }
     c->poll_events = want;
@@ -457,17 +490,17 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
     if (c->out_frames >= c->srv->limits->max_queued_replies) {
         LOG_WARN("pid %d reads none of its %u queued replies; disconnecting", (int)c->pid,
                  c->out_frames);
-        gd_conn_close(c);
+        conn_end(c, GD_CLOSE_BACKLOG);
         return -ENOBUFS;
     }
     if (plen > GPUBUF_WIRE_MAX_RESPONSE) {
         LOG_ERR("reply of %zu bytes exceeds the frame limit", plen);
-        gd_conn_close(c);
+        conn_end(c, GD_CLOSE_ERROR);
         return -EMSGSIZE;
     }
     o = malloc(sizeof(*o) + GPUBUF_WIRE_HEADER_SIZE + plen);
     if (!o) {
-        gd_conn_close(c);
+        conn_end(c, GD_CLOSE_ERROR);
         return -ENOMEM;
     }
     o->off = 0;
@@ -477,7 +510,7 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
         int e = errno;
         LOG_ERR("dup: %s", strerror(e));
         free(o);
-        gd_conn_close(c);
+        conn_end(c, GD_CLOSE_ERROR);
         return -e;
     }
     gpubuf_wire_header_encode(o->data, (uint32_t)plen);
@@ -528,7 +561,7 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
                      gpubuf_strerror(r));
             if (c->srv->cb.on_bad_frame)
                 c->srv->cb.on_bad_frame(c->user, r);
-            gd_conn_close(c);
+            conn_end(c, GD_CLOSE_BAD_FRAME);
             return -1;
         }
         if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
@@ -547,7 +580,7 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
 /* The peer closed or broke the connection. */
 static void peer_left(gd_conn *c) {
     c->peer_gone = true;
-    gd_conn_close(c);
+    conn_end(c, GD_CLOSE_PEER);
 }
 
 /* Make room to read: the input buffer grows to one maximal frame plus one
@@ -564,7 +597,7 @@ static bool grow_in(gd_conn *c) {
         if (cap > c->in_cap) {
             uint8_t *p = realloc(c->in, cap);
             if (!p) {
-                gd_conn_close(c);
+                conn_end(c, GD_CLOSE_ERROR);
                 return false;
             }
             c->in = p;
@@ -656,7 +689,7 @@ void gd_server_stop(gd_server *srv) {
             unlink(srv->socket_path);
     }
     DL_FOREACH(srv->conns, c)
-        gd_conn_close(c);
+    conn_end(c, GD_CLOSE_STOP);
     if (!srv->conns)
         close_loop_handles(srv);
 }

@@ -17,6 +17,18 @@
 typedef struct gd_server gd_server;
 typedef struct gd_conn gd_conn;
 
+/* Why a connection ended (on_close). */
+typedef enum gd_close_reason {
+    GD_CLOSE_NONE,    /* not closing */
+    GD_CLOSE_BY_USER, /* gd_conn_close(): the user decided */
+    GD_CLOSE_PEER,    /* the peer closed or broke the connection */
+    GD_CLOSE_TIMEOUT, /* no handshake, or half a frame, for too long */
+    GD_CLOSE_BACKLOG, /* the peer reads none of its replies */
+    GD_CLOSE_BAD_FRAME,
+    GD_CLOSE_STOP,  /* gd_server_stop() */
+    GD_CLOSE_ERROR, /* out of memory, a reply over the frame limit, libuv */
+} gd_close_reason;
+
 /* What the server calls. user is what on_open returned for the connection. */
 typedef struct gd_server_callbacks {
     /* A peer connected (credentials from SO_PEERCRED). Return the
@@ -27,9 +39,15 @@ typedef struct gd_server_callbacks {
     /* A bad frame header (-EMSGSIZE: too long, GPUBUF_EPROTOCOL: magic,
      * version or flags): the last chance to say why; the connection closes. */
     void (*on_bad_frame)(void *user, int err);
-    /* The connection is gone and its last frames were handled: free user.
-     * Called from the loop, never from inside another callback. */
-    void (*on_close)(void *user);
+    /* The connection is gone (why) and its last frames were handled: free
+     * user. Called from the loop, never from inside another callback. */
+    void (*on_close)(void *user, gd_close_reason why);
+    /* A peer the server refuses (why; its uid, and the limit it reached):
+     * write the payload of one frame that tells it why into payload (at
+     * most cap bytes) and return its length, 0 for none. The server sends
+     * it at once and closes the connection. Optional. */
+    size_t (*on_refuse)(void *data, gd_refusal why, uid_t uid, uint32_t limit, uint8_t *payload,
+                        size_t cap);
 } gd_server_callbacks;
 
 typedef struct gd_outbuf {
@@ -54,6 +72,7 @@ struct gd_conn {
     bool peer_gone; /* the peer closed or broke the connection: no more replies */
     bool reaping;   /* the final drain of what it sent before going is running */
     bool pending;   /* on the server's pending list */
+    gd_close_reason why; /* the first reason it was closed for */
     uint8_t *in;
     size_t in_len, in_cap;
     gd_outbuf *out;      /* utlist DL queue */

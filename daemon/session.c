@@ -37,12 +37,18 @@ static void pack_response(const void *msg, uint8_t *dst) {
     gpubuf__response__pack(msg, dst);
 }
 
-/* Queue a reply; the transport dup's fd. */
+/* Queue a reply; the transport dup's fd. Error replies are counted by code
+ * and by the type of the request being answered. */
 static void send_response(gd_session *s, const Gpubuf__Response *resp, int fd) {
+    if (resp->status < 0)
+        gd_metrics_error(&s->ctx->metrics, s->cur_type, resp->status);
     s->io->send(s->conn, gpubuf__response__get_packed_size(resp), pack_response, resp, fd);
 }
 
-static void session_close(gd_session *s) {
+/* Close the connection, for why (the first reason counts). */
+static void session_close(gd_session *s, gd_end_reason why) {
+    if (s->end == GD_END_NONE)
+        s->end = why;
     s->io->close(s->conn);
 }
 
@@ -113,6 +119,8 @@ static void reply_buffer_fd(gd_session *s, uint64_t id, const gd_buf *b, bool ma
                       !b->blk.slab->dedicated;
     m.slab.read_only = ro;
     m.buf.read_only = ro;
+    if (map_fd)
+        gd_metrics_handed(&s->ctx->metrics, s->holder, b);
     int fd = map_fd ? (ro ? ro_fd : b->blk.slab->exp.fd) : -1;
     resp.id = id;
     resp.fds = fd >= 0 ? 1 : 0;
@@ -145,6 +153,14 @@ static void reply_open(gd_session *s, uint64_t id, gd_buf *b, bool read_only) {
     reply_buffer_fd(s, id, b, true, fd);
 }
 
+/* A waiting open's late error reply, counted as an open's. */
+static void reply_open_error(session_waiter *sw, int status, const char *msg) {
+    int saved = sw->s->cur_type;
+    sw->s->cur_type = GD_REQ_OPEN;
+    reply_error(sw->s, sw->request_id, status, msg);
+    sw->s->cur_type = saved;
+}
+
 static void waiter_closed(uv_handle_t *h) {
     free(h->data);
 }
@@ -175,7 +191,7 @@ static void waiter_cancel(gd_waiter *w) {
 
 static void waiter_fail(gd_waiter *w, const gd_err *err) {
     session_waiter *sw = (session_waiter *)w;
-    reply_error(sw->s, sw->request_id, err->code, err->msg);
+    reply_open_error(sw, err->code, err->msg);
     free(w->name);
     waiter_dispose(sw);
 }
@@ -189,7 +205,8 @@ static void waiter_timeout(uv_timer_t *t) {
     else
         snprintf(msg, sizeof(msg), "timed out waiting for buffer %llu to be sealed",
                  (unsigned long long)sw->w.buffer_id);
-    reply_error(sw->s, sw->request_id, -ETIMEDOUT, msg);
+    sw->s->ctx->metrics.open_timeouts++;
+    reply_open_error(sw, -ETIMEDOUT, msg);
     free(sw->w.name);
     waiter_dispose(sw);
 }
@@ -206,7 +223,7 @@ static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
         snprintf(msg, sizeof(msg), "client speaks versions %u..%u, daemon speaks %u",
                  h->min_version, h->max_version, GPUBUF_PROTOCOL_VERSION);
         reply_error(s, id, GPUBUF_EVERSION, msg);
-        session_close(s);
+        session_close(s, GD_END_PROTOCOL);
         return;
     }
     s->hello_done = true;
@@ -455,6 +472,90 @@ static void columns_free(Gpubuf__BufferColumns *c) {
     free(c->names.data);
 }
 
+/* A Counters message and everything it points to, in one block: no
+ * allocation per element. */
+typedef struct counters_msg {
+    Gpubuf__Counters c;
+    Gpubuf__RequestCounters rq[GD_REQ_TYPES];
+    Gpubuf__RequestCounters *prq[GD_REQ_TYPES];
+    Gpubuf__ErrorCounter er[GD_METRICS_MAX_CODES];
+    Gpubuf__ErrorCounter *per[GD_METRICS_MAX_CODES];
+    Gpubuf__PoolCounters pc[GPUBUF_MAX_POOLS];
+    Gpubuf__PoolCounters *ppc[GPUBUF_MAX_POOLS];
+    Gpubuf__NamedCounter refused[GD_REFUSALS], *prefused[GD_REFUSALS];
+    Gpubuf__NamedCounter ended[GD_END_REASONS], *pended[GD_END_REASONS];
+} counters_msg;
+
+/* The context's counters and its pools' as a Counters message; strings
+ * point at static names and pool names, arrays into ctx and o. */
+static void fill_counters(gd_context *ctx, counters_msg *o) {
+    const gd_metrics *m = &ctx->metrics;
+    Gpubuf__Counters *c = &o->c;
+    size_t n = 0;
+    gpubuf__counters__init(c);
+    for (int t = 0; t < GD_REQ_TYPES; t++) {
+        /* "other" is left out while nothing of that type came. */
+        if (t == GD_REQ_OTHER && m->req[t].requests == 0)
+            continue;
+        Gpubuf__RequestCounters *r = &o->rq[n];
+        gpubuf__request_counters__init(r);
+        r->type = (char *)gd_metrics_type_names[t];
+        r->requests = m->req[t].requests;
+        r->errors = m->req[t].errors;
+        r->duration_ns = m->req[t].duration_ns;
+        r->n_duration_buckets = GD_LATENCY_BOUNDS + 1;
+        r->duration_buckets = (uint64_t *)m->req[t].buckets;
+        o->prq[n++] = r;
+    }
+    c->n_requests = n;
+    c->requests = o->prq;
+    c->n_bucket_bounds = GD_LATENCY_BOUNDS;
+    c->bucket_bounds = (double *)gd_metrics_bounds;
+    for (uint32_t i = 0; i < m->n_codes; i++) {
+        gpubuf__error_counter__init(&o->er[i]);
+        o->er[i].code = m->errors[i].code;
+        o->er[i].count = m->errors[i].count;
+        o->per[i] = &o->er[i];
+    }
+    c->n_errors = m->n_codes;
+    c->errors = o->per;
+    for (int i = 0; i < ctx->n_pools; i++) {
+        const gd_pool *p = ctx->pools[i];
+        Gpubuf__PoolCounters *x = &o->pc[i];
+        gpubuf__pool_counters__init(x);
+        x->pool = p->name;
+        x->bytes_allocated = p->stats.bytes_allocated;
+        x->bytes_freed = p->stats.bytes_freed;
+        x->slabs_created = p->stats.slabs_created;
+        x->slabs_destroyed = p->stats.slabs_destroyed;
+        x->alloc_failures = p->stats.alloc_failures;
+        o->ppc[i] = x;
+    }
+    c->n_pools = (size_t)ctx->n_pools;
+    c->pools = o->ppc;
+    for (int i = 0; i < GD_REFUSALS; i++) {
+        gpubuf__named_counter__init(&o->refused[i]);
+        o->refused[i].name = (char *)gd_metrics_refusal_names[i];
+        o->refused[i].count = m->refused[i];
+        o->prefused[i] = &o->refused[i];
+    }
+    c->n_refused = GD_REFUSALS;
+    c->refused = o->prefused;
+    n = 0;
+    for (int i = GD_END_NONE + 1; i < GD_END_REASONS; i++) {
+        gpubuf__named_counter__init(&o->ended[n]);
+        o->ended[n].name = (char *)gd_metrics_end_names[i];
+        o->ended[n].count = m->ended[i];
+        o->pended[n] = &o->ended[n];
+        n++;
+    }
+    c->n_disconnects = n;
+    c->disconnects = o->pended;
+    c->slab_imports = m->slab_imports;
+    c->connections = m->connections;
+    c->open_timeouts = m->open_timeouts;
+}
+
 static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q) {
     gd_context *ctx = s->ctx;
     gd_registry *reg = &ctx->reg;
@@ -469,8 +570,9 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
     Gpubuf__Buffer **pbufs = calloc(nrows + 1, sizeof(*pbufs));
     Gpubuf__ClientStatus *cl = calloc((size_t)ctx->n_sessions + 1, sizeof(*cl));
     Gpubuf__ClientStatus **pcl = calloc((size_t)ctx->n_sessions + 1, sizeof(*pcl));
+    counters_msg *counters = malloc(sizeof(*counters));
     size_t i = 0;
-    if (!pools || !ppools || !bufs || !pbufs || !cl || !pcl ||
+    if (!pools || !ppools || !bufs || !pbufs || !cl || !pcl || !counters ||
         (columnar && !fill_columns(ctx, &cols))) {
         reply_error(s, id, -ENOMEM, "out of memory");
         goto out;
@@ -527,6 +629,8 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
     }
     st.n_clients = i;
     st.clients = pcl;
+    fill_counters(ctx, counters);
+    st.counters = &counters->c;
     st.uptime_ms = (gpubuf_now_ns() - ctx->started_ns) / 1000000u;
     st.version = (char *)GPUBUF_VERSION_STRING;
     resp.id = id;
@@ -541,6 +645,22 @@ out:
     free(pbufs);
     free(cl);
     free(pcl);
+    free(counters);
+}
+
+static gd_req_type req_type(Gpubuf__Request__BodyCase body) {
+    switch (body) {
+    case GPUBUF__REQUEST__BODY_HELLO: return GD_REQ_HELLO;
+    case GPUBUF__REQUEST__BODY_ALLOC: return GD_REQ_ALLOC;
+    case GPUBUF__REQUEST__BODY_SEAL: return GD_REQ_SEAL;
+    case GPUBUF__REQUEST__BODY_OPEN: return GD_REQ_OPEN;
+    case GPUBUF__REQUEST__BODY_RELEASE: return GD_REQ_RELEASE;
+    case GPUBUF__REQUEST__BODY_UNMAP: return GD_REQ_UNMAP;
+    case GPUBUF__REQUEST__BODY_DELETE: return GD_REQ_DELETE;
+    case GPUBUF__REQUEST__BODY_STAT: return GD_REQ_STAT;
+    case GPUBUF__REQUEST__BODY_STATUS: return GD_REQ_STATUS;
+    default: return GD_REQ_OTHER;
+    }
 }
 
 void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
@@ -548,14 +668,17 @@ void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     if (!req) {
         LOG_WARN("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid, len);
         reply_error(s, 0, GPUBUF_EPROTOCOL, "request does not decode as gpubuf.Request");
-        session_close(s);
+        session_close(s, GD_END_PROTOCOL);
         return;
     }
     if (!s->hello_done && req->body_case != GPUBUF__REQUEST__BODY_HELLO) {
         reply_error(s, req->id, GPUBUF_EPROTOCOL, "the first request must be hello");
-        session_close(s);
+        session_close(s, GD_END_PROTOCOL);
         goto out;
     }
+    gd_req_type type = req_type(req->body_case);
+    uint64_t t0 = gpubuf_now_ns();
+    s->cur_type = (int)type;
     switch (req->body_case) {
     case GPUBUF__REQUEST__BODY_HELLO: do_hello(s, req->id, req->hello); break;
     case GPUBUF__REQUEST__BODY_ALLOC: do_alloc(s, req->id, req->alloc); break;
@@ -570,6 +693,8 @@ void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
         reply_error(s, req->id, -ENOTSUP, "unknown request type");
         break;
     }
+    s->cur_type = -1;
+    gd_metrics_request(&s->ctx->metrics, type, gpubuf_now_ns() - t0);
 out:
     gpubuf__request__free_unpacked(req, NULL);
 }
@@ -583,7 +708,7 @@ void gd_session_bad_frame(gd_session *s, int err) {
 void gd_session_shutdown(gd_session *s) {
     /* Best effort: a client blocked in a request reads this error. */
     reply_error(s, 0, -ESHUTDOWN, "gpubufd is shutting down");
-    session_close(s);
+    session_close(s, GD_END_SHUTDOWN);
 }
 
 gd_session *gd_session_new(gd_context *ctx, const gd_transport *io, void *conn, pid_t pid,
@@ -598,6 +723,8 @@ gd_session *gd_session_new(gd_context *ctx, const gd_transport *io, void *conn, 
     s->ctx = ctx;
     s->io = io;
     s->conn = conn;
+    s->cur_type = -1;
+    ctx->metrics.connections++;
     s->pid = pid;
     s->uid = uid;
     s->gid = gid;
@@ -620,4 +747,40 @@ void gd_session_free(gd_session *s) {
     assert(s->ctx->n_sessions > 0);
     s->ctx->n_sessions--;
     free(s);
+}
+
+size_t gd_session_refusal(gd_context *ctx, gd_refusal why, uid_t uid, uint32_t limit,
+                          uint8_t *payload, size_t cap) {
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    char msg[256];
+    if (why >= GD_REFUSALS)
+        return 0;
+    ctx->metrics.refused[why]++;
+    switch (why) {
+    case GD_REFUSE_MAX_CLIENTS:
+        resp.status = -EUSERS;
+        snprintf(msg, sizeof(msg),
+                 "gpubufd refused the connection: it serves at most max_clients = %u "
+                 "connections and all are taken; close connections you do not need, or raise "
+                 "max_clients in gpubuf.conf",
+                 limit);
+        break;
+    case GD_REFUSE_MAX_CLIENTS_PER_UID:
+        resp.status = -EUSERS;
+        snprintf(msg, sizeof(msg),
+                 "gpubufd refused the connection: uid %u already has max_clients_per_uid = %u "
+                 "connections open; close connections you do not need, or raise "
+                 "max_clients_per_uid in gpubuf.conf",
+                 (unsigned)uid, limit);
+        break;
+    default: /* GD_REFUSE_STOPPING */
+        resp.status = -ESHUTDOWN;
+        snprintf(msg, sizeof(msg), "gpubufd is shutting down: connect again once it has restarted");
+        break;
+    }
+    resp.message = msg;
+    size_t len = gpubuf__response__get_packed_size(&resp);
+    if (len > cap)
+        return 0;
+    return gpubuf__response__pack(&resp, payload);
 }

@@ -41,6 +41,8 @@ typedef struct gd_session {
     bool hello_done;
     uint64_t caps; /* capability bits granted at hello (GPUBUF_CAP_*) */
     uint32_t n_waiters;
+    int cur_type;                   /* gd_req_type being handled, -1 between requests (metrics) */
+    gd_end_reason end;              /* why the session closed the connection itself, if it did */
     struct gd_session *next, *prev; /* utlist DL: ctx->sessions */
 } gd_session;
 
@@ -55,5 +57,11 @@ void gd_session_bad_frame(gd_session *s, int err);
 void gd_session_shutdown(gd_session *s);
 /* The connection is gone: cancel the waits, drop every reference, free s. */
 void gd_session_free(gd_session *s);
+/* A connection refused before it got a session (why; its uid, the limit it
+ * reached): write the payload of the frame that tells the client why into
+ * payload (at most cap bytes); its length, or 0 when it does not fit.
+ * Counts the refusal. */
+size_t gd_session_refusal(gd_context *ctx, gd_refusal why, uid_t uid, uint32_t limit,
+                          uint8_t *payload, size_t cap);
 
 #endif

@@ -18,4 +18,12 @@ typedef struct gd_limits {
     uint32_t max_waiters_per_client; /* pending opens per connection */
 } gd_limits;
 
+/* Why the server refuses a connection: the limit it reached, or stopping. */
+typedef enum gd_refusal {
+    GD_REFUSE_MAX_CLIENTS,
+    GD_REFUSE_MAX_CLIENTS_PER_UID,
+    GD_REFUSE_STOPPING,
+    GD_REFUSALS
+} gd_refusal;
+
 #endif

@@ -11,7 +11,9 @@
 
 static int die(const char *what, int r) {
     const char *m = gpubuf_last_error_message();
-    fprintf(stderr, "gpubuf-producer: %s: %s%s%s\n", what, gpubuf_strerror(r), *m ? ": " : "", m);
+    /* The message says what happened and what to do; the code's sentence
+     * only when there is none. */
+    fprintf(stderr, "gpubuf-producer: %s: %s\n", what, *m ? m : gpubuf_strerror(r));
     return 1;
 }
 

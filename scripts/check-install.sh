@@ -59,6 +59,8 @@ expect=(
     "$libdir/cmake/gpubuf/gpubufConfig.cmake" "$libdir/cmake/gpubuf/gpubufConfigVersion.cmake"
     "$libdir/cmake/gpubuf/gpubufTargets.cmake"
     lib/systemd/system/gpubufd.service lib/systemd/system/gpubufd.socket
+    lib/systemd/system/gpubuf-metrics.service lib/systemd/system/gpubuf-metrics.timer
+    "${datarootdir:-share}/bash-completion/completions/gpubufctl"
     lib/sysusers.d/gpubuf.conf lib/tmpfiles.d/gpubuf.conf "$docdir/client-api.md"
 )
 if [ -f "$work/build/man/gpubufd.8" ]; then
@@ -80,6 +82,9 @@ soname=$(readelf -d "$prefix/$libdir/libgpubuf-client.so" | sed -n 's/.*(SONAME)
 [ -L "$prefix/$libdir/libgpubuf-client.so" ] || fail "libgpubuf-client.so is not a symbolic link"
 grep -q "^ExecStart=$prefix/sbin/gpubufd" "$prefix/lib/systemd/system/gpubufd.service" ||
     fail "ExecStart of gpubufd.service does not name $prefix/sbin/gpubufd"
+grep -q "^ExecStart=$prefix/bin/gpubufctl metrics --output " \
+    "$prefix/lib/systemd/system/gpubuf-metrics.service" ||
+    fail "ExecStart of gpubuf-metrics.service does not name $prefix/bin/gpubufctl metrics"
 echo "   ${#expect[@]} files in place, soname $soname"
 
 # Each program runs once without a daemon (exit 0, "No such file or
@@ -158,7 +163,9 @@ daemon=
 
 if command -v systemd-analyze >/dev/null; then
     step "systemd-analyze verify"
-    units=("$prefix/lib/systemd/system/gpubufd.socket" "$prefix/lib/systemd/system/gpubufd.service")
+    units=("$prefix/lib/systemd/system/gpubufd.socket" "$prefix/lib/systemd/system/gpubufd.service"
+           "$prefix/lib/systemd/system/gpubuf-metrics.service"
+           "$prefix/lib/systemd/system/gpubuf-metrics.timer")
     if ! SYSTEMD_LOG_LEVEL=warning systemd-analyze verify --man=no "${units[@]}" \
         >"$work/verify.log" 2>&1; then
         cat "$work/verify.log"
@@ -168,7 +175,7 @@ if command -v systemd-analyze >/dev/null; then
     if grep -E 'gpubuf' "$work/verify.log"; then
         fail "systemd-analyze verify reported the lines above"
     fi
-    echo "   gpubufd.socket, gpubufd.service: ok"
+    echo "   gpubufd.socket, gpubufd.service, gpubuf-metrics.service, gpubuf-metrics.timer: ok"
 else
     step "systemd-analyze not found: units not verified"
 fi

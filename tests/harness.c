@@ -309,3 +309,30 @@ int td_run(const char *const *argv) {
     }
     return td_wait(p);
 }
+
+char *td_capture(const char *cmd, int *ret_code) {
+    FILE *f = popen(cmd, "r");
+    size_t cap = 1 << 16, len = 0, n;
+    char *out = malloc(cap);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_ptr_nonnull(out);
+    while ((n = fread(out + len, 1, cap - len - 1, f)) > 0) {
+        len += n;
+        if (cap - len < 4096) {
+            cap *= 2;
+            out = realloc(out, cap);
+            ck_assert_ptr_nonnull(out);
+        }
+    }
+    out[len] = '\0';
+    int st = pclose(f);
+    *ret_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    return out;
+}
+
+int td_count(const char *haystack, const char *needle) {
+    int n = 0;
+    for (const char *p = haystack; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}

@@ -54,6 +54,12 @@ int td_count_fds(pid_t pid);
 /* Resident set size of a process in KiB, from /proc (-1 if unreadable). */
 long td_rss_kib(pid_t pid);
 
+/* Run a shell command; returns its standard output (free it) and stores
+ * its exit code (or 128 + signal) in *ret_code. */
+char *td_capture(const char *cmd, int *ret_code);
+/* Occurrences of needle in haystack. */
+int td_count(const char *haystack, const char *needle);
+
 /* Fill/verify a deterministic pattern (see examples/pattern.h). */
 void td_fill(void *p, uint64_t len, uint32_t seed);
 uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed);

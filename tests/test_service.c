@@ -242,7 +242,7 @@ START_TEST(metrics_parse_as_prometheus_text) {
                              REG_EXTENDED),
                      0);
     ck_assert_int_eq(regcomp(&help, "^# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) .+$", REG_EXTENDED), 0);
-    ck_assert_int_eq(regcomp(&type, "^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter)$",
+    ck_assert_int_eq(regcomp(&type, "^# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (gauge|counter|histogram)$",
                              REG_EXTENDED),
                      0);
     char declared[64][64];
@@ -265,8 +265,14 @@ START_TEST(metrics_parse_as_prometheus_text) {
         char name[64];
         snprintf(name, sizeof(name), "%.*s", (int)(m[1].rm_eo - m[1].rm_so), line + m[1].rm_so);
         bool found = false;
-        for (int i = 0; i < n_declared; i++)
-            found |= !strcmp(declared[i], name);
+        /* A histogram's samples add _bucket, _sum or _count to its name. */
+        for (int i = 0; i < n_declared; i++) {
+            size_t dl = strlen(declared[i]);
+            found |= !strcmp(declared[i], name) ||
+                     (!strncmp(declared[i], name, dl) &&
+                      (!strcmp(name + dl, "_bucket") || !strcmp(name + dl, "_sum") ||
+                       !strcmp(name + dl, "_count")));
+        }
         ck_assert_msg(found, "sample before its TYPE: %s", line);
         samples++;
         if (strstr(line, "gpubuf_pool_used_bytes{pool=\"m1\"") && strstr(line, "} 3145728"))

@@ -293,8 +293,80 @@ START_TEST(names_are_checked_by_the_registry) {
     ck_assert_int_eq(last(&a)->status, -ENAMETOOLONG);
     ck_assert_int_eq(open_name(&a, "/abs", 0), 1);
     ck_assert_int_eq(last(&a)->status, -EINVAL);
+    /* The rule it breaks, not a list of allowed characters with '/' in it. */
+    ck_assert_ptr_nonnull(strstr(last(&a)->message, "may not start with '/' (use 'abs')"));
+    ck_assert_int_eq(alloc(&a, NULL, 0)->status, -EINVAL);
+    ck_assert_ptr_nonnull(strstr(last(&a)->message, "size 0: a buffer holds at least 1 byte"));
     ck_assert(!a.closed);
     finish(&a, NULL);
+}
+END_TEST
+
+/* A refused connection gets one frame that says why, id 0; each refusal is
+ * counted by reason. */
+START_TEST(refusals_say_why) {
+    uint8_t buf[512];
+    ctx_init(0);
+    size_t n = gd_session_refusal(&ctx, GD_REFUSE_MAX_CLIENTS, 1000, 7, buf, sizeof(buf));
+    Gpubuf__Response *r = gpubuf__response__unpack(NULL, n, buf);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->id, 0);
+    ck_assert_int_eq(r->status, -EUSERS);
+    ck_assert_ptr_nonnull(strstr(r->message, "at most max_clients = 7 connections"));
+    ck_assert_ptr_nonnull(strstr(r->message, "raise max_clients in gpubuf.conf"));
+    gpubuf__response__free_unpacked(r, NULL);
+    n = gd_session_refusal(&ctx, GD_REFUSE_MAX_CLIENTS_PER_UID, 1000, 3, buf, sizeof(buf));
+    r = gpubuf__response__unpack(NULL, n, buf);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_ptr_nonnull(strstr(r->message, "uid 1000 already has max_clients_per_uid = 3"));
+    gpubuf__response__free_unpacked(r, NULL);
+    n = gd_session_refusal(&ctx, GD_REFUSE_STOPPING, 1000, 0, buf, sizeof(buf));
+    r = gpubuf__response__unpack(NULL, n, buf);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, -ESHUTDOWN);
+    gpubuf__response__free_unpacked(r, NULL);
+    /* No room: no frame, but still counted. */
+    ck_assert_uint_eq(gd_session_refusal(&ctx, GD_REFUSE_MAX_CLIENTS, 1000, 7, buf, 8), 0);
+    ck_assert_uint_eq(ctx.metrics.refused[GD_REFUSE_MAX_CLIENTS], 2);
+    ck_assert_uint_eq(ctx.metrics.refused[GD_REFUSE_MAX_CLIENTS_PER_UID], 1);
+    ck_assert_uint_eq(ctx.metrics.refused[GD_REFUSE_STOPPING], 1);
+    ctx_fini();
+}
+END_TEST
+
+/* Where requests are dispatched they are counted: by type, their errors by
+ * type and code, their time in a bucket; a slab handed to a session that
+ * maps nothing in it is an import. */
+START_TEST(requests_are_counted) {
+    memconn a, b;
+    start(0, &a, 1000, &b, 1000);
+    const gd_metrics *m = &ctx.metrics;
+    ck_assert_uint_eq(m->connections, 2);
+    ck_assert_uint_eq(m->req[GD_REQ_HELLO].requests, 2);
+    uint64_t id = alloc(&a, "cnt/x", 64)->buffer->buffer_id;
+    ck_assert_uint_eq(alloc(&a, "cnt/y", 64)->status, 0); /* same slab: no import */
+    ck_assert_int_eq(alloc(&a, "cnt/x", 64)->status, -EEXIST);
+    seal(&a, id);
+    ck_assert_int_eq(open_name(&b, "cnt/x", 0), 1); /* b maps the slab: an import */
+    ck_assert_int_eq(open_name(&b, "cnt/none", 0), 1);
+    ck_assert_uint_eq(m->req[GD_REQ_ALLOC].requests, 3);
+    ck_assert_uint_eq(m->req[GD_REQ_ALLOC].errors, 1);
+    ck_assert_uint_eq(m->req[GD_REQ_OPEN].requests, 2);
+    ck_assert_uint_eq(m->req[GD_REQ_OPEN].errors, 1);
+    ck_assert_uint_eq(m->req[GD_REQ_SEAL].requests, 1);
+    ck_assert_uint_eq(m->slab_imports, 2);
+    uint64_t in_buckets = 0, enoent = 0, eexist = 0;
+    for (int i = 0; i <= GD_LATENCY_BOUNDS; i++)
+        in_buckets += m->req[GD_REQ_ALLOC].buckets[i];
+    ck_assert_uint_eq(in_buckets, 3);
+    for (uint32_t i = 0; i < m->n_codes; i++) {
+        enoent += m->errors[i].code == -ENOENT ? m->errors[i].count : 0;
+        eexist += m->errors[i].code == -EEXIST ? m->errors[i].count : 0;
+    }
+    ck_assert_uint_eq(enoent, 1);
+    ck_assert_uint_eq(eexist, 1);
+    ck_assert_uint_eq(ctx.pools[0]->stats.bytes_allocated, 2 * 256);
+    finish(&a, &b);
 }
 END_TEST
 
@@ -392,6 +464,8 @@ int main(void) {
         alloc_seal_open_across_sessions,
         unsealed_buffers_go_with_their_session,
         names_are_checked_by_the_registry,
+        refusals_say_why,
+        requests_are_counted,
         pool_access_is_refused_with_reason,
         waiting_open_times_out_on_the_loop,
         session_going_cancels_its_waits,

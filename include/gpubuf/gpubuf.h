@@ -39,18 +39,18 @@ extern "C" {
 
 /** gpubuf-specific error codes; all other errors are -errno. */
 enum gpubuf_error {
-    GPUBUF_EPROTOCOL = -1001,  /**< malformed or unexpected message */
-    GPUBUF_EVERSION = -1002,   /**< no common protocol version */
-    GPUBUF_ECUDA = -1003,      /**< a CUDA driver call failed */
-    GPUBUF_ENODRIVER = -1004,  /**< the CUDA driver (libcuda.so.1) could not be loaded */
-    GPUBUF_ENODEVICE = -1005,  /**< the buffer's GPU is not visible in this process */
-    GPUBUF_ESTATE = -1006,     /**< operation not allowed in the buffer's state */
-    GPUBUF_ENOPOOL = -1007,    /**< no pool of that name */
-    GPUBUF_EPOOLFULL = -1008,  /**< the pool reached its capacity */
-    GPUBUF_ENOTHELD = -1009,   /**< this client holds no reference to that buffer */
+    GPUBUF_EPROTOCOL = -1001,     /**< malformed or unexpected message */
+    GPUBUF_EVERSION = -1002,      /**< no common protocol version */
+    GPUBUF_ECUDA = -1003,         /**< a CUDA driver call failed */
+    GPUBUF_ENODRIVER = -1004,     /**< the CUDA driver (libcuda.so.1) could not be loaded */
+    GPUBUF_ENODEVICE = -1005,     /**< the buffer's GPU is not visible in this process */
+    GPUBUF_ESTATE = -1006,        /**< operation not allowed in the buffer's state */
+    GPUBUF_ENOPOOL = -1007,       /**< no pool of that name */
+    GPUBUF_EPOOLFULL = -1008,     /**< the pool is full, or the request is larger than the pool */
+    GPUBUF_ENOTHELD = -1009,      /**< this client holds no reference to that buffer */
     GPUBUF_EDISCONNECTED = -1010, /**< the daemon closed the connection */
-    GPUBUF_ERANGE = -1011,     /**< offset or length outside the buffer */
-    GPUBUF_ENOPEER = -1012,    /**< the chosen GPU cannot access the buffer's GPU */
+    GPUBUF_ERANGE = -1011,        /**< offset or length outside the buffer */
+    GPUBUF_ENOPEER = -1012,       /**< the chosen GPU cannot access the buffer's GPU */
 };
 
 /** Kind of memory behind a pool. */
@@ -143,6 +143,60 @@ typedef struct gpubuf_client_info {
     uint32_t read_only_references; /**< of references, those opened read-only */
 } gpubuf_client_info;
 
+/** Requests of one type since the daemon started (gpubuf_counters). */
+typedef struct gpubuf_request_counters {
+    const char *type; /**< "hello", "alloc", "seal", "open", "release", ... */
+    uint64_t requests;
+    uint64_t errors;         /**< replies with an error code */
+    uint64_t duration_ns;    /**< summed handling time */
+    size_t n_buckets;        /**< gpubuf_counters.n_bounds + 1 */
+    const uint64_t *buckets; /**< requests per latency bucket, not cumulative; the
+                                  last one counts those above the last bound */
+} gpubuf_request_counters;
+
+/** Error replies with one code (gpubuf_counters). */
+typedef struct gpubuf_error_counter {
+    int code; /**< -errno or GPUBUF_E* */
+    uint64_t count;
+} gpubuf_error_counter;
+
+/** A count with a name: a reason for a refused connection or a disconnect. */
+typedef struct gpubuf_named_counter {
+    const char *name;
+    uint64_t count;
+} gpubuf_named_counter;
+
+/** What one pool did since the daemon started (gpubuf_counters). */
+typedef struct gpubuf_pool_counters {
+    const char *pool;
+    uint64_t bytes_allocated; /**< buffer sizes carved, after alignment */
+    uint64_t bytes_freed;     /**< buffer sizes given back */
+    uint64_t slabs_created;
+    uint64_t slabs_destroyed; /**< empty slabs given back to the backend */
+    uint64_t alloc_failures;  /**< allocations the pool refused */
+} gpubuf_pool_counters;
+
+/** Counters of a status snapshot: they only grow while the daemon runs.
+ * Strings and arrays live as long as the snapshot. */
+typedef struct gpubuf_counters {
+    int present; /**< 0 when the daemon sent none (an older daemon) */
+    size_t n_requests;
+    const gpubuf_request_counters *requests;
+    size_t n_bounds;
+    const double *bucket_bounds; /**< upper bounds of the latency buckets, seconds */
+    size_t n_errors;
+    const gpubuf_error_counter *errors;
+    size_t n_pools;
+    const gpubuf_pool_counters *pools;
+    size_t n_refused;
+    const gpubuf_named_counter *refused; /**< refused connections by reason */
+    size_t n_disconnects;
+    const gpubuf_named_counter *disconnects; /**< ended sessions by reason */
+    uint64_t slab_imports;                   /**< slabs handed to a client that did not map them */
+    uint64_t connections;                    /**< connections accepted */
+    uint64_t open_timeouts;                  /**< waiting opens that expired */
+} gpubuf_counters;
+
 /** A snapshot of the daemon (gpubuf_status). Free with gpubuf_status_free(). */
 typedef struct gpubuf_status {
     size_t n_pools;
@@ -154,6 +208,9 @@ typedef struct gpubuf_status {
     uint64_t uptime_ms;
     char version[32];
     void *reserved_; /**< the decoded reply the strings point into */
+    /** Counters (added after 0.1.0 at the end: the library allocates this
+     * struct, so programs built against the older header keep working). */
+    gpubuf_counters counters;
 } gpubuf_status;
 
 /** \return a static sentence describing err (0, -errno or GPUBUF_E*). */
@@ -166,7 +223,11 @@ GPUBUF_EXTERN const char *gpubuf_err_name(int err);
  * Connect to gpubufd and perform the version handshake.
  * \param socket_path  NULL: $GPUBUF_SOCKET if set, else GPUBUF_DEFAULT_SOCKET.
  * \param ret          the new connection; free with gpubuf_disconnect().
- * \retval 0 on success, -ECONNREFUSED / -ENOENT when no daemon listens,
+ * \retval 0 on success, -ENOENT when no socket exists at the path,
+ *         -ECONNREFUSED when nobody listens on it (a stale socket), -EACCES
+ *         when this user may not use the socket, -EUSERS when the daemon
+ *         refused the connection (too many clients: its reason is in
+ *         gpubuf_last_error_message()), -ESHUTDOWN when it is stopping,
  *         GPUBUF_EVERSION when the daemon speaks no common version.
  */
 GPUBUF_EXTERN int gpubuf_connect(const char *socket_path, gpubuf_client **ret);
@@ -181,7 +242,11 @@ GPUBUF_EXTERN int gpubuf_connect(const char *socket_path, gpubuf_client **ret);
  */
 GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c);
 
-/** \return the detail message of the last failed request on this thread, or "". */
+/**
+ * \return the message of the last call on this thread that returns an error
+ * code: "" when it succeeded, else a sentence that says what happened and,
+ * where the caller can act, what to do. Valid until the thread's next call.
+ */
 GPUBUF_EXTERN const char *gpubuf_last_error_message(void);
 
 /**

@@ -1,0 +1,778 @@
+/* What a user and an operator see: every error message says what happened
+ * and what to do; gpubufctl names bad commands and options, deletes, watches
+ * with rates; the daemon's counters move as requests are made. All on host
+ * pools against a real gpubufd. */
+#include <check.h>
+#include <errno.h>
+#include <grp.h>
+#include <pty.h>
+#include <pwd.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "check_main.h"
+#include "harness.h"
+#include "util.h"
+
+#define NOBODY 65534
+
+static char dir[64];
+
+static void mkdir_tmp(void) {
+    snprintf(dir, sizeof(dir), "/tmp/gpubuf-use-XXXXXX");
+    ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void rm_tmp(void) {
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
+/* The message of the last call contains every one of the NULL-terminated
+ * words. */
+#define ck_assert_message_has(...)                                                                 \
+    do {                                                                                           \
+        const char *words_[] = {__VA_ARGS__, NULL};                                                \
+        const char *m_ = gpubuf_last_error_message();                                              \
+        for (int i_ = 0; words_[i_]; i_++)                                                         \
+            ck_assert_msg(strstr(m_, words_[i_]) != NULL, "message lacks '%s': %s", words_[i_],    \
+                          m_);                                                                     \
+    } while (0)
+
+static void must_contain(const char *text, const char *word) {
+    ck_assert_msg(strstr(text, word) != NULL, "'%s' not in: %s", word, text);
+}
+
+/* Connect, retrying while the daemon refuses for lack of room: sessions
+ * that just closed (the harness's probe, a status) are reaped a moment
+ * later. */
+static gpubuf_client *connect_retry(const test_daemon *d) {
+    for (int i = 0; i < 250; i++) {
+        gpubuf_client *c;
+        int r = gpubuf_connect(d->socket, &c);
+        if (r == 0)
+            return c;
+        ck_assert_msg(r == -EUSERS, "connect: %s", gpubuf_last_error_message());
+        td_sleep_ms(20);
+    }
+    ck_abort_msg("the daemon kept refusing connections");
+    return NULL;
+}
+
+/* ---- connecting -------------------------------------------------------- */
+
+START_TEST(no_daemon_says_start_it_or_set_the_socket) {
+    char path[128];
+    gpubuf_client *c = NULL;
+    snprintf(path, sizeof(path), "%s/none.sock", dir);
+    ck_assert_int_eq(gpubuf_connect(path, &c), -ENOENT);
+    /* Old: "cannot connect to gpubufd at P: No such file or directory". */
+    ck_assert_message_has(path, "no such socket", "Is gpubufd running?", "Start it",
+                          "GPUBUF_SOCKET");
+    /* Where the path came from is said when the caller did not name it. */
+    setenv("GPUBUF_SOCKET", path, 1);
+    ck_assert_int_eq(gpubuf_connect(NULL, &c), -ENOENT);
+    ck_assert_message_has("(from $GPUBUF_SOCKET)");
+    unsetenv("GPUBUF_SOCKET");
+    /* The producer prints the reason once, not twice. */
+    char cmd[512];
+    int code;
+    snprintf(cmd, sizeof(cmd), "%s/gpubuf-producer --socket %s 2>&1", EXAMPLES_DIR, path);
+    char *out = td_capture(cmd, &code);
+    ck_assert_int_eq(code, 1);
+    ck_assert_int_eq(td_count(out, "cannot connect"), 1);
+    ck_assert_int_eq(td_count(out, "No such file or directory"), 0);
+    must_contain(out, "Is gpubufd running?");
+    free(out);
+}
+END_TEST
+
+START_TEST(stale_socket_says_restart_gpubufd) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    gpubuf_client *c = NULL;
+    snprintf(sa.sun_path, sizeof(sa.sun_path), "%s/stale.sock", dir);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    ck_assert_int_eq(bind(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    close(fd); /* a socket file nobody listens on: what a crash leaves */
+    ck_assert_int_eq(gpubuf_connect(sa.sun_path, &c), -ECONNREFUSED);
+    /* Old: "cannot connect to gpubufd at P: Connection refused". */
+    ck_assert_message_has(sa.sun_path, "stale socket", "no gpubufd listens", "start gpubufd again");
+}
+END_TEST
+
+/* Connect as uid/gid NOBODY to path; the child exits 0 when the error is
+ * -EACCES and names group gname and how to join it. */
+static int connect_as_nobody(const char *path, const char *gname) {
+    if (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0)
+        return 10;
+    gpubuf_client *c;
+    int r = gpubuf_connect(path, &c);
+    const char *m = gpubuf_last_error_message();
+    char want[128];
+    snprintf(want, sizeof(want), "group '%s'", gname);
+    if (r != -EACCES) {
+        fprintf(stderr, "connect: %d %s\n", r, m);
+        return 11;
+    }
+    if (!strstr(m, want) || !strstr(m, "permission denied") || !strstr(m, "usermod -aG")) {
+        fprintf(stderr, "message: %s\n", m);
+        return 12;
+    }
+    return 0;
+}
+
+START_TEST(permission_error_names_the_socket_group) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    /* The daemon's socket, mode 0660, given to root's group (gid 0). */
+    ck_assert_int_eq(chmod(d.socket, 0660), 0);
+    struct group *g = getgrgid(0);
+    const char *gname = g ? g->gr_name : "0";
+    if (getuid() == 0) {
+        ck_assert_int_eq(chown(d.socket, 0, 0), 0);
+        ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(connect_as_nobody(d.socket, gname));
+        ck_assert_int_eq(td_wait(pid), 0);
+    } else {
+        /* Not root: a socket we may not write to. */
+        struct stat st;
+        ck_assert_int_eq(chmod(d.socket, 0), 0);
+        ck_assert_int_eq(stat(d.socket, &st), 0);
+        g = getgrgid(st.st_gid);
+        gpubuf_client *c;
+        ck_assert_int_eq(gpubuf_connect(d.socket, &c), -EACCES);
+        char want[128];
+        snprintf(want, sizeof(want), "group '%s'", g ? g->gr_name : "?");
+        ck_assert_message_has("permission denied", want, "usermod -aG");
+        ck_assert_int_eq(chmod(d.socket, 0660), 0);
+    }
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(refused_connection_gets_its_reason) {
+    test_daemon d;
+    char conf[128], line[256];
+    snprintf(conf, sizeof(conf), "%s/limits.conf", dir);
+    FILE *f = fopen(conf, "w");
+    fputs("[daemon]\nmax_clients = 2\n", f);
+    fclose(f);
+    const char *args[] = {"--config", conf, "--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    gpubuf_client *a = connect_retry(&d), *b = connect_retry(&d), *c = NULL;
+    /* Old: "sending to gpubufd: Broken pipe" (GPUBUF_EDISCONNECTED). */
+    ck_assert_int_eq(gpubuf_connect(d.socket, &c), -EUSERS);
+    ck_assert_message_has("gpubufd refused the connection", "at most max_clients = 2",
+                          "close connections you do not need", "raise max_clients");
+    /* gpubufctl reports the same reason. */
+    snprintf(line, sizeof(line), "%s --socket %s pools 2>&1", GPUBUFCTL_PATH, d.socket);
+    int code;
+    char *out = td_capture(line, &code);
+    ck_assert_int_eq(code, 3);
+    must_contain(out, "refused the connection");
+    free(out);
+    gpubuf_disconnect(b);
+    gpubuf_disconnect(a);
+    ck_assert_int_eq(td_stop(&d), 0);
+
+    /* Per uid. */
+    f = fopen(conf, "w");
+    fputs("[daemon]\nmax_clients_per_uid = 1\n", f);
+    fclose(f);
+    td_start(&d, args);
+    a = connect_retry(&d);
+    ck_assert_int_eq(gpubuf_connect(d.socket, &c), -EUSERS);
+    snprintf(line, sizeof(line), "uid %u already has max_clients_per_uid = 1 connections",
+             (unsigned)getuid());
+    ck_assert_message_has("gpubufd refused the connection", line, "max_clients_per_uid");
+    gpubuf_disconnect(a);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* ---- allocating ------------------------------------------------------- */
+
+START_TEST(larger_than_the_pool_is_not_full) {
+    test_daemon d;
+    const char *args[] = {"--pool", "h=host,capacity=64M,slab=16M", "--pool", "g=host,capacity=16M",
+                          NULL};
+    td_start(&d, args);
+    gpubuf_client *c = td_connect(&d);
+    gpubuf_buffer *b[8];
+    /* Old: "pool 'h' is full: 0 of 67108864 bytes in slabs, 1099511627776 more needed". */
+    ck_assert_int_eq(gpubuf_alloc(c, "h", 1ull << 40, NULL, &b[0]), GPUBUF_EPOOLFULL);
+    ck_assert_message_has("1.0 TiB", "larger than pool 'h'", "capacity 64.0 MiB",
+                          "ask for at most 64.0 MiB", "raise");
+    ck_assert_ptr_null(strstr(gpubuf_last_error_message(), "is full"));
+    /* Really full: four 16 MiB slabs taken. */
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(gpubuf_alloc(c, "h", 16 << 20, NULL, &b[i]), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, "h", 1 << 20, NULL, &b[4]), GPUBUF_EPOOLFULL);
+    ck_assert_message_has("pool 'h' is full", "64.0 MiB of 64.0 MiB in slabs",
+                          "16.0 MiB more needed", "release or delete buffers");
+    for (int i = 0; i < 4; i++)
+        gpubuf_release(b[i]);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(unknown_pool_lists_the_pools) {
+    test_daemon d;
+    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host,capacity=16M",
+                          NULL};
+    td_start(&d, args);
+    gpubuf_client *c = td_connect(&d);
+    gpubuf_buffer *b;
+    /* Old: "no pool named 'nope'". */
+    ck_assert_int_eq(gpubuf_alloc(c, "nope", 4096, NULL, &b), GPUBUF_ENOPOOL);
+    ck_assert_message_has("no pool named 'nope'", "pools: gpu0, staging", "default pool 'gpu0'");
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(name_rule_and_size_zero) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    gpubuf_client *c = td_connect(&d);
+    gpubuf_buffer *b;
+    /* Old: "invalid name '/x': 1..255 bytes of A-Z a-z 0-9 . _ : / @ + -", which lists '/'. */
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "/x", &b), -EINVAL);
+    ck_assert_message_has("'/x'", "may not start with '/'", "use 'x'");
+    ck_assert_int_eq(gpubuf_open(c, "a b", 0, &b), -EINVAL);
+    ck_assert_message_has("'a b'", "at byte 1 is not allowed", "A-Z a-z 0-9");
+    /* Old: -EINVAL with the previous call's message still there. */
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 0, "fine", &b), -EINVAL);
+    ck_assert_message_has("size 0", "at least 1 byte");
+    ck_assert_ptr_null(strstr(gpubuf_last_error_message(), "name"));
+    /* The daemon gives the same rule to a client that does not check. */
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(last_error_message_belongs_to_the_last_call) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    gpubuf_client *c = td_connect(&d);
+    gpubuf_buffer *b, *s;
+    gpubuf_buffer_info info;
+    ck_assert_int_eq(gpubuf_open(c, "missing", 0, &b), -ENOENT);
+    ck_assert_message_has("missing");
+    /* A success clears it... */
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "here", &b), 0);
+    ck_assert_str_eq(gpubuf_last_error_message(), "");
+    /* ...and every failure has its own, argument checks included. */
+    ck_assert_int_eq(gpubuf_stat(c, "missing", &info), -ENOENT);
+    ck_assert_int_eq(gpubuf_buffer_slice(b, 4000, 200, &s), GPUBUF_ERANGE);
+    ck_assert_message_has("slice");
+    ck_assert_int_eq(gpubuf_seal(NULL), -EINVAL);
+    ck_assert_message_has("NULL");
+    ck_assert_int_eq(gpubuf_stat(NULL, "x", &info), -EINVAL);
+    ck_assert_str_ne(gpubuf_last_error_message(), "");
+    ck_assert_ptr_null(strstr(gpubuf_last_error_message(), "NULL) to seal"));
+    ck_assert_int_eq(gpubuf_seal_sync(b), 0);
+    ck_assert_str_eq(gpubuf_last_error_message(), "");
+    ck_assert_int_eq(gpubuf_seal_sync(b), GPUBUF_ESTATE);
+    ck_assert_message_has("already sealed");
+    ck_assert_int_eq(gpubuf_release(b), 0);
+    ck_assert_str_eq(gpubuf_last_error_message(), "");
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* ---- gpubufctl ---------------------------------------------------------- */
+
+/* Run gpubufctl with args (stderr into the output); returns the output. */
+static char *ctl(const test_daemon *d, const char *args, int *code) {
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>&1", GPUBUFCTL_PATH,
+             d ? d->socket : "/nonexistent.sock", args);
+    return td_capture(cmd, code);
+}
+
+START_TEST(gpubufctl_names_bad_commands_and_values) {
+    test_daemon d;
+    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
+    td_start(&d, args);
+    static const struct {
+        const char *args, *says;
+        int code;
+    } cases[] = {
+        {"bogus", "unknown command 'bogus'; commands: status, pools", 2},
+        {"--bogus", "unknown option '--bogus'", 2},
+        {"-x", "unknown option '-x'", 2},
+        {"--watch=1x pools", "bad --watch value '1x'", 2},
+        {"--watch=0 pools", "bad --watch value '0'", 2},
+        {"--pid abc clients", "bad --pid value 'abc'", 2},
+        {"--uid -1 clients", "bad --uid value '-1'", 2},
+        {"--state open buffers", "bad --state value 'open': give allocated, sealed or deleted", 2},
+        {"pools extra", "'pools' takes no arguments, got 'extra'", 2},
+        {"delete", "delete needs the name of a buffer", 2},
+        {"--id pools", "--id goes with delete only", 2},
+        {"delete --id x", "bad buffer id 'x'", 2},
+        {"--pool", "option '--pool' needs a value", 2},
+        /* Old: an empty table and exit 0. */
+        {"--pool nope pools", "no pool named 'nope'; pools: gpu0, staging", 2},
+        {"--pool nope --json buffers", "no pool named 'nope'", 2},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int code;
+        char *out = ctl(&d, cases[i].args, &code);
+        ck_assert_msg(code == cases[i].code, "gpubufctl %s: exit %d: %s", cases[i].args, code, out);
+        must_contain(out, cases[i].says);
+        /* Usage errors point at --help instead of printing all of it. */
+        if (code == 2 && strncmp(cases[i].args, "--pool nope", 11))
+            must_contain(out, "(see gpubufctl --help)");
+        ck_assert_ptr_null(strstr(out, "Usage:"));
+        free(out);
+    }
+    int code;
+    char *out = ctl(NULL, "pools", &code);
+    ck_assert_int_eq(code, 3);
+    must_contain(out, "Is gpubufd running?");
+    free(out);
+    out = ctl(&d, "--pool gpu0 pools", &code);
+    ck_assert_int_eq(code, 0);
+    must_contain(out, "gpu0");
+    ck_assert_ptr_null(strstr(out, "staging"));
+    free(out);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* As uid NOBODY, delete name with gpubufctl; exit 0 when it was refused with
+ * a message that names the owner rule. */
+static int delete_as_nobody(const test_daemon *d, const char *name) {
+    if (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0)
+        return 10;
+    char args[128];
+    int code;
+    snprintf(args, sizeof(args), "delete %s", name);
+    char *out = ctl(d, args, &code);
+    int rc = code == 4 && strstr(out, "only its owner or root may delete it") ? 0 : 11;
+    if (rc)
+        fprintf(stderr, "exit %d: %s\n", code, out);
+    free(out);
+    return rc;
+}
+
+START_TEST(gpubufctl_delete_by_name_and_id) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    /* The socket open to everyone: the ownership check is the daemon's. */
+    ck_assert_int_eq(chmod(d.socket, 0666), 0);
+    ck_assert_int_eq(chmod(d.dir, 0755), 0);
+    gpubuf_client *c = td_connect(&d);
+    gpubuf_buffer *a, *b, *x;
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "del/a", &a), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "del/b", &b), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "del/x", &x), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(a), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(b), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(x), 0);
+    uint64_t bid = gpubuf_buffer_id(b);
+    gpubuf_release(a);
+    gpubuf_release(b);
+    ck_assert_int_eq(gpubuf_flush(c), 0);
+    if (getuid() == 0) {
+        pid_t pid = fork();
+        if (pid == 0)
+            _exit(delete_as_nobody(&d, "del/x"));
+        ck_assert_int_eq(td_wait(pid), 0);
+    }
+    char cmd[128];
+    int code;
+    snprintf(cmd, sizeof(cmd), "delete del/a --id %llu", (unsigned long long)bid);
+    /* "--id" makes every target an id: del/a is then a bad id. */
+    char *out = ctl(&d, cmd, &code);
+    ck_assert_int_eq(code, 2);
+    free(out);
+    out = ctl(&d, "delete del/a", &code);
+    ck_assert_msg(code == 0, "%s", out);
+    must_contain(out, "deleted del/a");
+    free(out);
+    snprintf(cmd, sizeof(cmd), "delete --id %llu", (unsigned long long)bid);
+    out = ctl(&d, cmd, &code);
+    ck_assert_msg(code == 0, "%s", out);
+    free(out);
+    gpubuf_status *s = td_status(&d);
+    ck_assert_ptr_null(td_find_buffer(s, "del/a"));
+    ck_assert_ptr_null(td_find_buffer(s, "del/b"));
+    ck_assert_ptr_nonnull(td_find_buffer(s, "del/x")); /* nobody may not, and held anyway */
+    gpubuf_status_free(s);
+    /* Unknown targets: exit 4, every target tried, a hint for numbers. */
+    out = ctl(&d, "delete nope 12345", &code);
+    ck_assert_int_eq(code, 4);
+    must_contain(out, "delete nope: no buffer named 'nope'");
+    must_contain(out, "use 'gpubufctl delete --id 12345'");
+    free(out);
+    gpubuf_release(x);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(gpubufctl_watch_appends_lines_with_rates_when_piped) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=64M", NULL};
+    td_start(&d, args);
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "timeout -s INT 1.6 %s --socket %s -w 0.3 pools", GPUBUFCTL_PATH,
+             d.socket);
+    /* Requests while it watches: allocations of 1 MiB. */
+    pid_t pid = fork();
+    if (pid == 0) {
+        gpubuf_client *c;
+        if (gpubuf_connect(d.socket, &c) < 0)
+            _exit(1);
+        for (int i = 0; i < 60; i++) {
+            gpubuf_buffer *b;
+            if (gpubuf_alloc(c, NULL, 1 << 20, NULL, &b) < 0)
+                _exit(2);
+            gpubuf_release(b);
+            gpubuf_flush(c);
+            td_sleep_ms(20);
+        }
+        gpubuf_disconnect(c);
+        _exit(0);
+    }
+    int code;
+    char *out = td_capture(cmd, &code);
+    ck_assert_int_eq(td_wait(pid), 0);
+    /* No escape sequences into a pipe; one line per snapshot with rates. */
+    ck_assert_ptr_null(strchr(out, '\033'));
+    ck_assert_int_ge(td_count(out, "--- "), 3);
+    ck_assert_int_ge(td_count(out, "POOL "), 3);
+    must_contain(out, "requests -/s"); /* the first snapshot has no rates yet */
+    /* A later one has some: requests per second and bytes allocated per second above 0. */
+    bool moved = false;
+    for (const char *p = out; (p = strstr(p, "requests ")); p++) {
+        double rate;
+        char unit[16];
+        double bytes;
+        if (sscanf(p, "requests %lf/s, allocated %lf %15s", &rate, &bytes, unit) == 3 && rate > 0 &&
+            bytes > 0)
+            moved = true;
+    }
+    ck_assert_msg(moved, "no moving rates in: %s", out);
+    free(out);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(gpubufctl_watch_redraws_in_place_on_a_terminal) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    int master;
+    pid_t pid = forkpty(&master, NULL, NULL, NULL);
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        execl(GPUBUFCTL_PATH, "gpubufctl", "--socket", d.socket, "-w0.2", "pools", (char *)NULL);
+        _exit(127);
+    }
+    char buf[16384];
+    size_t len = 0;
+    uint64_t end = gpubuf_now_ns() + 1500000000ull;
+    while (gpubuf_now_ns() < end && len < sizeof(buf) - 1) {
+        fd_set rd;
+        struct timeval tv = {0, 100000};
+        FD_ZERO(&rd);
+        FD_SET(master, &rd);
+        if (select(master + 1, &rd, NULL, NULL, &tv) > 0) {
+            ssize_t n = read(master, buf + len, sizeof(buf) - 1 - len);
+            if (n <= 0)
+                break;
+            len += (size_t)n;
+        }
+    }
+    buf[len] = '\0';
+    kill(pid, SIGINT);
+    td_wait(pid);
+    close(master);
+    /* Each snapshot homes the cursor and clears the screen; no "--- " lines. */
+    ck_assert_int_ge(td_count(buf, "\033[H\033[2J"), 3);
+    ck_assert_int_eq(td_count(buf, "--- "), 0);
+    must_contain(buf, "requests ");
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(gpubufctl_output_replaces_the_file) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    char path[128], cmd[256];
+    int code;
+    snprintf(path, sizeof(path), "%s/gpubuf.prom", dir);
+    snprintf(cmd, sizeof(cmd), "metrics --output %s", path);
+    char *out = ctl(&d, cmd, &code);
+    ck_assert_int_eq(code, 0);
+    ck_assert_str_eq(out, ""); /* nothing on stdout */
+    free(out);
+    snprintf(cmd, sizeof(cmd), "cat %s; ls %s", path, dir);
+    out = td_capture(cmd, &code);
+    must_contain(out, "# TYPE gpubuf_requests_total counter");
+    ck_assert_ptr_null(strstr(out, ".tmp.")); /* the temporary file was renamed */
+    free(out);
+    /* A directory that does not exist: exit 4, named. */
+    out = ctl(&d, "metrics --output /nonexistent/dir/x.prom", &code);
+    ck_assert_int_eq(code, 4);
+    must_contain(out, "cannot write /nonexistent/dir/x.prom");
+    free(out);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* Complete the words of line (the last one being completed) with the bash
+ * completion script; returns COMPREPLY, one per line. */
+static char *complete(const test_daemon *d, const char *line) {
+    char cmd[2048], bindir[512];
+    int code;
+    snprintf(bindir, sizeof(bindir), "%s", GPUBUFCTL_PATH);
+    *strrchr(bindir, '/') = '\0';
+    snprintf(cmd, sizeof(cmd),
+             "PATH=%s:$PATH GPUBUF_SOCKET=%s bash -c 'source %s/client/completion/gpubufctl.bash; "
+             "COMP_WORDS=(%s); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); "
+             "COMP_LINE=\"${COMP_WORDS[*]}\"; _gpubufctl; printf \"%%s\\n\" \"${COMPREPLY[@]}\"'",
+             bindir, d->socket, SOURCE_DIR, line);
+    char *out = td_capture(cmd, &code);
+    ck_assert_int_eq(code, 0);
+    return out;
+}
+
+START_TEST(bash_completion) {
+    test_daemon d;
+    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
+    td_start(&d, args);
+    gpubuf_client *c = td_connect(&d);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frame/1", &b), 0);
+    char *out = complete(&d, "gpubufctl de");
+    ck_assert_str_eq(out, "delete\n");
+    free(out);
+    out = complete(&d, "gpubufctl --po");
+    ck_assert_str_eq(out, "--pool\n");
+    free(out);
+    out = complete(&d, "gpubufctl --state s");
+    ck_assert_str_eq(out, "sealed\n");
+    free(out);
+    out = complete(&d, "gpubufctl --pool \"\"");
+    ck_assert_str_eq(out, "gpu0\nstaging\n");
+    free(out);
+    out = complete(&d, "gpubufctl delete fr");
+    ck_assert_str_eq(out, "frame/1\n");
+    free(out);
+    out = complete(&d, "gpubufctl --json \"\"");
+    must_contain(out, "buffers\n");
+    must_contain(out, "metrics\n");
+    free(out);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* ---- counters ----------------------------------------------------------- */
+
+static const gpubuf_request_counters *req(const gpubuf_status *s, const char *type) {
+    for (size_t i = 0; i < s->counters.n_requests; i++)
+        if (!strcmp(s->counters.requests[i].type, type))
+            return &s->counters.requests[i];
+    ck_abort_msg("no counters for %s", type);
+    return NULL;
+}
+
+static uint64_t err_count(const gpubuf_status *s, int code) {
+    for (size_t i = 0; i < s->counters.n_errors; i++)
+        if (s->counters.errors[i].code == code)
+            return s->counters.errors[i].count;
+    return 0;
+}
+
+static uint64_t named(const gpubuf_named_counter *v, size_t n, const char *name) {
+    for (size_t i = 0; i < n; i++)
+        if (!strcmp(v[i].name, name))
+            return v[i].count;
+    ck_abort_msg("no counter %s", name);
+    return 0;
+}
+
+/* Open name in a child process (a client of its own) and exit. */
+static int open_and_exit(const test_daemon *d, void *arg) {
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, arg, 0, &b) < 0)
+        return 1;
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+    return 0;
+}
+
+START_TEST(counters_move_with_requests) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=64M,slab=16M", NULL};
+    td_start(&d, args);
+    gpubuf_status *s0 = td_status(&d);
+    ck_assert(s0->counters.present);
+    ck_assert_int_eq(s0->counters.n_bounds, 19);
+    gpubuf_client *c = td_connect(&d);
+    gpubuf_buffer *a, *b, *x;
+    ck_assert_int_eq(gpubuf_alloc(c, "p", 1000, "cnt/a", &a), 0); /* 1024 after alignment */
+    ck_assert_int_eq(gpubuf_alloc(c, "p", 4096, NULL, &b), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(a), 0);
+    ck_assert_int_eq(gpubuf_open(c, "cnt/none", 0, &x), -ENOENT);
+    ck_assert_int_eq(gpubuf_open(c, "cnt/none", 50, &x), -ETIMEDOUT);
+    ck_assert_int_eq(gpubuf_alloc(c, "p", 1ull << 30, NULL, &x), GPUBUF_EPOOLFULL);
+    /* Another process opens cnt/a: it has nothing in that slab, an import. */
+    ck_assert_int_eq(td_wait(td_spawn(open_and_exit, &d, "cnt/a")), 0);
+    gpubuf_release(b);
+    ck_assert_int_eq(gpubuf_flush(c), 0);
+    /* A client that sends garbage is disconnected for it. */
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    memcpy(sa.sun_path, d.socket, strlen(d.socket) + 1);
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    char junk[256];
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    ck_assert_int_eq(write(fd, "XXXXXXXXXXXXXXXX", 16), 16);
+    while (read(fd, junk, sizeof(junk)) > 0)
+        ;
+    close(fd);
+    ck_assert(td_wait_clients(&d, 1, 5000));
+    gpubuf_status *s1 = td_status(&d);
+    const gpubuf_counters *k0 = &s0->counters, *k1 = &s1->counters;
+    ck_assert_uint_eq(req(s1, "alloc")->requests - req(s0, "alloc")->requests, 3);
+    ck_assert_uint_eq(req(s1, "alloc")->errors - req(s0, "alloc")->errors, 1);
+    ck_assert_uint_eq(req(s1, "open")->requests - req(s0, "open")->requests, 3);
+    ck_assert_uint_eq(req(s1, "open")->errors - req(s0, "open")->errors, 2);
+    ck_assert_uint_eq(req(s1, "seal")->requests - req(s0, "seal")->requests, 1);
+    ck_assert_uint_eq(req(s1, "release")->requests - req(s0, "release")->requests, 2);
+    ck_assert_uint_ge(req(s1, "hello")->requests - req(s0, "hello")->requests, 3);
+    ck_assert_uint_eq(err_count(s1, -ENOENT) - err_count(s0, -ENOENT), 1);
+    ck_assert_uint_eq(err_count(s1, -ETIMEDOUT) - err_count(s0, -ETIMEDOUT), 1);
+    ck_assert_uint_eq(err_count(s1, GPUBUF_EPOOLFULL) - err_count(s0, GPUBUF_EPOOLFULL), 1);
+    ck_assert_uint_eq(err_count(s1, GPUBUF_EPROTOCOL) - err_count(s0, GPUBUF_EPROTOCOL), 1);
+    ck_assert_uint_eq(named(k1->disconnects, k1->n_disconnects, "protocol") -
+                          named(k0->disconnects, k0->n_disconnects, "protocol"),
+                      1);
+    ck_assert_uint_eq(k1->open_timeouts - k0->open_timeouts, 1);
+    ck_assert_uint_eq(k1->pools[0].bytes_allocated - k0->pools[0].bytes_allocated, 1024 + 4096);
+    ck_assert_uint_eq(k1->pools[0].bytes_freed - k0->pools[0].bytes_freed, 4096);
+    ck_assert_uint_eq(k1->pools[0].alloc_failures - k0->pools[0].alloc_failures, 1);
+    ck_assert_uint_eq(k1->pools[0].slabs_created, 1);
+    /* alloc by c maps the slab (1), the child's open of cnt/a (1). */
+    ck_assert_uint_eq(k1->slab_imports - k0->slab_imports, 2);
+    /* The child and the status connection of s0 came and went. */
+    ck_assert_uint_ge(named(k1->disconnects, k1->n_disconnects, "closed") -
+                          named(k0->disconnects, k0->n_disconnects, "closed"),
+                      2);
+    ck_assert_uint_ge(k1->connections - k0->connections, 3);
+    /* Histogram: the buckets add up to the count. */
+    for (size_t i = 0; i < k1->n_requests; i++) {
+        uint64_t sum = 0;
+        ck_assert_uint_eq(k1->requests[i].n_buckets, k1->n_bounds + 1);
+        for (size_t j = 0; j < k1->requests[i].n_buckets; j++)
+            sum += k1->requests[i].buckets[j];
+        ck_assert_uint_eq(sum, k1->requests[i].requests);
+    }
+    ck_assert_uint_gt(req(s1, "alloc")->duration_ns, 0);
+    gpubuf_status_free(s0);
+    gpubuf_status_free(s1);
+
+    /* The same through gpubufctl metrics, in Prometheus names. */
+    int code;
+    char *out = ctl(&d, "metrics", &code);
+    ck_assert_int_eq(code, 0);
+    must_contain(out, "gpubuf_requests_total{type=\"alloc\"} 3\n");
+    must_contain(out, "gpubuf_request_errors_total{type=\"open\"} 2\n");
+    must_contain(out, "gpubuf_errors_total{code=\"GPUBUF_EPOOLFULL\"} 1\n");
+    must_contain(out, "gpubuf_pool_allocated_bytes_total{pool=\"p\"} 5120\n");
+    must_contain(out, "gpubuf_pool_freed_bytes_total{pool=\"p\"} 4096\n");
+    must_contain(out, "gpubuf_open_timeouts_total 1\n");
+    must_contain(out, "gpubuf_request_duration_seconds_bucket{type=\"alloc\",le=\"+Inf\"} 3\n");
+    must_contain(out, "gpubuf_request_duration_seconds_count{type=\"alloc\"} 3\n");
+    must_contain(out, "# TYPE gpubuf_request_duration_seconds histogram\n");
+    free(out);
+    gpubuf_release(a);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+START_TEST(counters_of_refusals) {
+    test_daemon d;
+    char conf[128];
+    snprintf(conf, sizeof(conf), "%s/two.conf", dir);
+    FILE *f = fopen(conf, "w");
+    fputs("[daemon]\nmax_clients = 2\n", f);
+    fclose(f);
+    const char *args[] = {"--config", conf, "--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    gpubuf_client *c = connect_retry(&d), *c1 = connect_retry(&d), *c2;
+    gpubuf_status *s0, *s1;
+    ck_assert_int_eq(gpubuf_status_get(c, &s0), 0);
+    ck_assert_int_eq(gpubuf_connect(d.socket, &c2), -EUSERS);
+    ck_assert_int_eq(gpubuf_connect(d.socket, &c2), -EUSERS);
+    ck_assert_int_eq(gpubuf_status_get(c, &s1), 0);
+    ck_assert_uint_eq(named(s1->counters.refused, s1->counters.n_refused, "max_clients") -
+                          named(s0->counters.refused, s0->counters.n_refused, "max_clients"),
+                      2);
+    ck_assert_uint_eq(named(s1->counters.refused, s1->counters.n_refused, "max_clients_per_uid"),
+                      0);
+    gpubuf_status_free(s0);
+    gpubuf_status_free(s1);
+    gpubuf_disconnect(c1);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("usability");
+    TCase *m = tcase_create("messages");
+    tcase_add_checked_fixture(m, mkdir_tmp, rm_tmp);
+    tcase_set_timeout(m, 60);
+    tcase_add_test(m, no_daemon_says_start_it_or_set_the_socket);
+    tcase_add_test(m, stale_socket_says_restart_gpubufd);
+    tcase_add_test(m, permission_error_names_the_socket_group);
+    tcase_add_test(m, refused_connection_gets_its_reason);
+    tcase_add_test(m, larger_than_the_pool_is_not_full);
+    tcase_add_test(m, unknown_pool_lists_the_pools);
+    tcase_add_test(m, name_rule_and_size_zero);
+    tcase_add_test(m, last_error_message_belongs_to_the_last_call);
+    suite_add_tcase(s, m);
+    TCase *g = tcase_create("gpubufctl");
+    tcase_add_checked_fixture(g, mkdir_tmp, rm_tmp);
+    tcase_set_timeout(g, 60);
+    tcase_add_test(g, gpubufctl_names_bad_commands_and_values);
+    tcase_add_test(g, gpubufctl_delete_by_name_and_id);
+    tcase_add_test(g, gpubufctl_watch_appends_lines_with_rates_when_piped);
+    tcase_add_test(g, gpubufctl_watch_redraws_in_place_on_a_terminal);
+    tcase_add_test(g, gpubufctl_output_replaces_the_file);
+    tcase_add_test(g, bash_completion);
+    suite_add_tcase(s, g);
+    TCase *k = tcase_create("counters");
+    tcase_add_checked_fixture(k, mkdir_tmp, rm_tmp);
+    tcase_set_timeout(k, 60);
+    tcase_add_test(k, counters_move_with_requests);
+    tcase_add_test(k, counters_of_refusals);
+    suite_add_tcase(s, k);
+    return run_suite(s);
+}
