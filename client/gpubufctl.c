@@ -15,12 +15,7 @@
 enum { EXIT_USAGE = 2, EXIT_NO_DAEMON = 3, EXIT_REQUEST = 4 };
 
 static const char *state_name(gpubuf_state s) {
-    switch (s) {
-    case GPUBUF_STATE_ALLOCATED: return "allocated";
-    case GPUBUF_STATE_SEALED: return "sealed";
-    case GPUBUF_STATE_DELETED: return "deleted";
-    }
-    return "unknown";
+    return gpubuf_state_name(s);
 }
 
 static const char *kind_name(gpubuf_pool_kind k) {

@@ -23,7 +23,8 @@ static const struct err_class {
     {"WaitTimeoutError", -ETIMEDOUT, &PyExc_TimeoutError, "A waiting open ran out of time."},
     {"ExistsError", -EEXIST, &PyExc_FileExistsError, "The name is published already."},
     {"OutOfMemoryError", -ENOMEM, &PyExc_MemoryError, "Out of memory."},
-    {"PoolFullError", GPUBUF_EPOOLFULL, &PyExc_MemoryError, "The pool reached its capacity."},
+    {"PoolFullError", GPUBUF_EPOOLFULL, &PyExc_MemoryError,
+     "The pool has no room for the request (or the request is larger than the pool)."},
     {"NoDaemonError", -ECONNREFUSED, &PyExc_ConnectionRefusedError, "No gpubufd listens."},
     {"DisconnectedError", GPUBUF_EDISCONNECTED, &PyExc_ConnectionError,
      "The connection to gpubufd is closed."},
@@ -52,7 +53,8 @@ static PyObject *error_class(int err) {
         err = -EPERM;
     if (err == -ENAMETOOLONG || err == -EMSGSIZE)
         err = -EINVAL;
-    if (err == -ECONNRESET || err == -EPIPE)
+    /* Refused by the daemon (too many connections, shutting down), or cut. */
+    if (err == -ECONNRESET || err == -EPIPE || err == -EUSERS || err == -ESHUTDOWN)
         err = GPUBUF_EDISCONNECTED;
     for (size_t i = 0; i < N_ERR_CLASSES; i++)
         if (err_classes[i].code == err)
