@@ -12,7 +12,9 @@ int gpubuf_parse_size(const char *s, uint64_t *ret) {
     char *end;
     unsigned long long v;
     uint64_t mul = 1;
-    if (!s || !*s || *s == '-')
+    /* Digits first: strtoull alone would take leading spaces and a sign,
+     * and " -1" would wrap to 2^64 - 1. */
+    if (!s || *s < '0' || *s > '9')
         return -EINVAL;
     errno = 0;
     v = strtoull(s, &end, 10);

@@ -8,7 +8,9 @@
 
 #include "gpubuf/gpubuf.h"
 
-/* Parse "123", "64K", "256M", "8G", "1T" (binary units). Returns 0 or -EINVAL. */
+/* Parse "123", "64K", "256M", "8G", "1T" (binary units). Returns 0, or -EINVAL
+ * when s does not start with a digit, has anything else after the unit, or
+ * names more than 2^64 - 1 bytes. */
 int gpubuf_parse_size(const char *s, uint64_t *ret);
 
 /* Format bytes as "256.0 MiB" into buf. Returns buf. */

@@ -114,9 +114,16 @@ static int parse_ids(const char *val, bool groups, uint32_t *out, int *n, gd_err
     snprintf(buf, sizeof(buf), "%s", val);
     *n = 0;
     for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
-        char *end;
-        unsigned long v = strtoul(tok, &end, 10);
-        if (*end) {
+        unsigned long v = 0;
+        if (tok[strspn(tok, "0123456789")] == '\0') {
+            errno = 0;
+            v = strtoul(tok, NULL, 10);
+            /* (uid_t)-1 means "no id" to chown() and friends, and anything
+             * above it would wrap (4294967296 would become root). */
+            if (errno || v >= UINT32_MAX)
+                return gd_err_set(err, -EINVAL, "bad %s id '%s' (0..%u)",
+                                  groups ? "group" : "user", tok, UINT32_MAX - 1);
+        } else {
             struct group *g = groups ? getgrnam(tok) : NULL;
             struct passwd *pw = groups ? NULL : getpwnam(tok);
             if (!g && !pw)
@@ -182,9 +189,10 @@ static const key_def daemon_keys[] = {
 static const key_def pool_keys[] = {
     {"kind", NULL, parse_kind, 0, 0, 0, POOL(kind), NULL, NULL, false},
     {"device", NULL, parse_int, 0, 1024, 0, POOL(device), NULL, NULL, false},
-    {"capacity", NULL, parse_u64, 1, UINT64_MAX, 0, POOL(capacity), NULL, " (e.g. 8G)", false},
-    {"slab_size", "slab", parse_u64, 1, UINT64_MAX, 0, POOL(slab_size), "slab size",
-     " (e.g. 64M)", false},
+    {"capacity", NULL, parse_u64, 1, GD_POOL_SIZE_MAX, 0, POOL(capacity), NULL,
+     " (e.g. 8G; at most 1024T)", false},
+    {"slab_size", "slab", parse_u64, 1, GD_POOL_SIZE_MAX, 0, POOL(slab_size), "slab size",
+     " (e.g. 64M; at most 1024T)", false},
     {"allow_uids", "allow_users", parse_uids, 0, 0, 0, POOL(allow_uids), NULL, NULL, false},
     {"allow_gids", "allow_groups", parse_gids, 0, 0, 0, POOL(allow_gids), NULL, NULL, false},
 };

@@ -17,6 +17,10 @@
 
 #define GD_CONFIG_MAX_POOLS 64
 #define GD_ALLOW_MAX 32
+/* The largest capacity or slab size a pool may be given (1 PiB): far above any
+ * device or host, and far enough below 2^64 that rounding to a granularity
+ * cannot wrap. */
+#define GD_POOL_SIZE_MAX (1ull << 50)
 
 typedef struct gd_pool_spec {
     char name[GPUBUF_NAME_MAX + 1];

@@ -24,9 +24,9 @@ int gd_pool_new(const char *name, gd_backend *be, uint64_t capacity, uint64_t sl
     p->be = be;
     /* A slab never exceeds the capacity: a pool smaller than one slab is
      * one slab of its capacity. */
-    slab_size = gpubuf_align_up(slab_size, be->granularity);
-    if (slab_size > capacity)
-        slab_size = capacity / be->granularity * be->granularity;
+    uint64_t top = capacity / be->granularity * be->granularity;
+    /* Below top, rounding up cannot pass it (nor wrap past 2^64). */
+    slab_size = slab_size >= top ? top : gpubuf_align_up(slab_size, be->granularity);
     p->slab_size = slab_size;
     p->capacity = capacity;
     p->next_slab_id = slab_id_counter;

@@ -830,6 +830,55 @@ START_TEST(check_config_refuses_what_startup_refuses) {
 }
 END_TEST
 
+/* Sizes and ids that do not fit are refused, not wrapped, whether they come
+ * from the file, from --pool, with --check-config or at start-up. */
+START_TEST(config_values_cannot_overflow) {
+    static const struct {
+        const char *key, *val, *expect;
+    } cases[] = {
+        {"slab", "18446744073709551615", "bad slab size '18446744073709551615'"},
+        {"slab_size", "16777216T", "bad slab size '16777216T'"},
+        {"slab", "2048T", "at most 1024T"},
+        {"capacity", "18446744073709551615", "bad capacity '18446744073709551615'"},
+        {"capacity", "99999999999999999999", "bad capacity"},
+        {"allow_uids", "4294967296", "bad user id '4294967296'"},
+        {"allow_uids", "4294967295", "bad user id"},
+        {"allow_gids", "18446744073709551616", "bad group id"},
+    };
+    char conf[160], flag[200];
+    int ex;
+    snprintf(conf, sizeof(conf), "%s/overflow.conf", D.dir);
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        char text[200];
+        snprintf(text, sizeof(text), "[pool:a]\nkind = host\n%s = %s\n", cases[i].key,
+                 cases[i].val);
+        ck_assert_int_eq(write_file(conf, text), 0);
+        char *checked = run_gpubufd(&ex, "--config %s --check-config", conf);
+        ck_assert_msg(ex == 2 && strstr(checked, cases[i].expect) &&
+                          strstr(checked, "overflow.conf:3"),
+                      "%s = %s: exit %d: %s", cases[i].key, cases[i].val, ex, checked);
+        free(checked);
+        char *started = run_gpubufd(&ex, "--config %s --socket %s/of.sock", conf, D.dir);
+        ck_assert_msg(ex == 2 && strstr(started, cases[i].expect), "start: exit %d: %s", ex,
+                      started);
+        free(started);
+        snprintf(flag, sizeof(flag), "a=host,%s=%s", cases[i].key, cases[i].val);
+        char *flagged = run_gpubufd(&ex, "--pool %s --check-config", flag);
+        ck_assert_msg(ex == 2 && strstr(flagged, cases[i].expect), "--pool %s: exit %d: %s", flag,
+                      ex, flagged);
+        free(flagged);
+    }
+    /* The largest accepted values still give a working pool description. */
+    ck_assert_int_eq(write_file(conf, "[pool:a]\nkind = host\ncapacity = 1024T\nslab = 1024T\n"
+                                      "allow_uids = 0, 4294967294\n"),
+                     0);
+    char *out = run_gpubufd(&ex, "--config %s --check-config", conf);
+    ck_assert_msg(ex == 0, "exit %d: %s", ex, out);
+    free(out);
+    unlink(conf);
+}
+END_TEST
+
 START_TEST(config_file_pools_used) {
     char conf[160];
     test_daemon d2;
@@ -1093,6 +1142,7 @@ int main(void) {
     tcase_add_test(o, config_file_errors_name_file_and_line);
     tcase_add_test(o, config_file_pools_used);
     tcase_add_test(o, check_config_refuses_what_startup_refuses);
+    tcase_add_test(o, config_values_cannot_overflow);
     tcase_add_test(o, default_configuration_without_gpu);
     tcase_add_test(o, bad_flags_exit_2);
     tcase_add_test(o, refuses_to_replace_a_regular_file);

@@ -291,6 +291,31 @@ START_TEST(test_new_invalid) {
 }
 END_TEST
 
+/* Slab sizes near 2^64 do not wrap to 0 when rounded to the granularity:
+ * they become the capacity, and one allocation gets one regular slab. */
+START_TEST(test_huge_slab_size_does_not_wrap) {
+    uint64_t counter = 0;
+    const uint64_t sizes[] = {UINT64_MAX, UINT64_MAX - 1, (1ull << 63) + 1};
+    for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+        gd_pool *p = pool_make(4 * MIB, sizes[i], &counter);
+        ck_assert_uint_eq(p->slab_size, 4 * MIB);
+        gd_block a = alloc_ok(p, 4096, 0), b = alloc_ok(p, 4096, 0);
+        ck_assert_ptr_eq(a.slab, b.slab);
+        ck_assert(!a.slab->dedicated);
+        ck_assert_int_eq(p->n_slabs, 1);
+        gd_pool_release(p, &a);
+        gd_pool_release(p, &b);
+        ck_assert_ptr_null(gd_pool_free(p));
+    }
+    /* A capacity near 2^64 that is not a multiple of the granularity. */
+    gd_pool *p = pool_make(UINT64_MAX, UINT64_MAX, &counter);
+    ck_assert_uint_gt(p->slab_size, 0);
+    ck_assert_uint_le(p->slab_size, p->capacity);
+    ck_assert_uint_eq(p->slab_size % p->be->granularity, 0);
+    ck_assert_ptr_null(gd_pool_free(p));
+}
+END_TEST
+
 /* ---- alignment --------------------------------------------------------- */
 
 START_TEST(test_default_alignment) {
@@ -1207,6 +1232,7 @@ static Suite *pool_suite(void) {
     TCase *tc = tcase_create("basic");
     tcase_add_test(tc, test_alloc_free_accounting);
     tcase_add_test(tc, test_new_invalid);
+    tcase_add_test(tc, test_huge_slab_size_does_not_wrap);
     tcase_add_test(tc, test_default_alignment);
     tcase_add_test(tc, test_explicit_alignment);
     tcase_add_test(tc, test_invalid_size_alignment);

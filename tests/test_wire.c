@@ -233,6 +233,23 @@ START_TEST(parse_size) {
     ck_assert_int_eq(gpubuf_parse_size("-1", &v), -EINVAL);
     ck_assert_int_eq(gpubuf_parse_size("12X", &v), -EINVAL);
     ck_assert_int_eq(gpubuf_parse_size("99999999999T", &v), -EINVAL);
+    /* The largest value parses; one more, in any unit, overflows. */
+    ck_assert_int_eq(gpubuf_parse_size("18446744073709551615", &v), 0);
+    ck_assert_uint_eq(v, UINT64_MAX);
+    ck_assert_int_eq(gpubuf_parse_size("18446744073709551616", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size("16777215T", &v), 0);
+    ck_assert_uint_eq(v, 16777215ull << 40);
+    ck_assert_int_eq(gpubuf_parse_size("16777216T", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size("17179869184G", &v), -EINVAL);
+    /* No sign and no spaces: strtoull would wrap " -1" to 2^64 - 1. */
+    v = 7;
+    ck_assert_int_eq(gpubuf_parse_size(" -1", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size("\t-1M", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size("+1", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size(" 1", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size("K", &v), -EINVAL);
+    ck_assert_int_eq(gpubuf_parse_size(NULL, &v), -EINVAL);
+    ck_assert_uint_eq(v, 7);
 }
 END_TEST
 
