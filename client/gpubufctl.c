@@ -22,13 +22,25 @@ static const char *kind_name(gpubuf_pool_kind k) {
     return gpubuf_pool_kind_name(k);
 }
 
+/* A string from the daemon as printable, valid UTF-8 (gpubuf_text_clean):
+ * whatever the daemon sent, no escape sequence reaches the terminal, no
+ * newline forges a row or a metric, and JSON parsers accept the output.
+ * Eight results are usable at once. */
+static const char *shown(const char *str) {
+    static char ring[8][4 * GPUBUF_NAME_MAX + 8];
+    static unsigned next;
+    char *out = ring[next++ % 8];
+    gpubuf_text_clean(out, sizeof(ring[0]), str, strlen(str));
+    return out;
+}
+
 static json_object *pool_json(const gpubuf_pool_info *p) {
     {
         json_object *o = json_object_new_object();
-        json_object_object_add(o, "name", json_object_new_string(p->name));
+        json_object_object_add(o, "name", json_object_new_string(shown(p->name)));
         json_object_object_add(o, "kind", json_object_new_string(kind_name(p->kind)));
         json_object_object_add(o, "device", json_object_new_int(p->device));
-        json_object_object_add(o, "device_uuid", json_object_new_string(p->device_uuid));
+        json_object_object_add(o, "device_uuid", json_object_new_string(shown(p->device_uuid)));
         json_object_object_add(o, "capacity", json_object_new_uint64(p->capacity));
         json_object_object_add(o, "used", json_object_new_uint64(p->used));
         json_object_object_add(o, "reserved", json_object_new_uint64(p->reserved));
@@ -42,13 +54,13 @@ static json_object *pool_json(const gpubuf_pool_info *p) {
 
 /* A JSON string. Buffer and pool names are printable ASCII without quotes
  * or backslashes (the daemon allows A-Z a-z 0-9 . _ : / @ + -), which need no
- * escaping; anything else is escaped by json-c. */
+ * escaping; anything else is made valid UTF-8 and escaped by json-c. */
 static char *put_json_string(char *out, const char *str) {
     const char *p = str;
     while (*p && *p != '"' && *p != '\\' && (unsigned char)*p >= 0x20 && (unsigned char)*p < 0x7f)
         p++;
     if (*p) {
-        json_object *o = json_object_new_string(str);
+        json_object *o = json_object_new_string(shown(str));
         const char *e = json_object_to_json_string_ext(
             o, JSON_C_TO_STRING_PLAIN | JSON_C_TO_STRING_NOSLASHESCAPE);
         size_t n = strlen(e);
@@ -102,8 +114,8 @@ static void put_buffer_json(const gpubuf_status_buffer *b) {
 static json_object *buffer_json(const gpubuf_status_buffer *b) {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "id", json_object_new_uint64(b->id));
-    json_object_object_add(o, "name", json_object_new_string(b->name));
-    json_object_object_add(o, "pool", json_object_new_string(b->pool));
+    json_object_object_add(o, "name", json_object_new_string(shown(b->name)));
+    json_object_object_add(o, "pool", json_object_new_string(shown(b->pool)));
     json_object_object_add(o, "size", json_object_new_uint64(b->size));
     json_object_object_add(o, "state", json_object_new_string(state_name(b->state)));
     json_object_object_add(o, "refs", json_object_new_int64(b->refs));
@@ -120,7 +132,7 @@ static json_object *client_json(const gpubuf_client_info *c) {
         json_object_object_add(o, "pid", json_object_new_int(c->pid));
         json_object_object_add(o, "uid", json_object_new_int64(c->uid));
         json_object_object_add(o, "gid", json_object_new_int64(c->gid));
-        json_object_object_add(o, "name", json_object_new_string(c->name));
+        json_object_object_add(o, "name", json_object_new_string(shown(c->name)));
         json_object_object_add(o, "references", json_object_new_int64(c->references));
         json_object_object_add(o, "buffers_held", json_object_new_int64(c->buffers_held));
         json_object_object_add(o, "kept_slabs", json_object_new_int64(c->kept_slabs));
@@ -156,7 +168,7 @@ static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
     putchar('{');
     if (all) {
         printf("\"version\":");
-        emit(json_object_new_string(s->version), flags);
+        emit(json_object_new_string(shown(s->version)), flags);
         printf(",\"uptime_ms\":%llu", (unsigned long long)s->uptime_ms);
         first = false;
     }
@@ -192,11 +204,11 @@ static void print_pools(const gpubuf_status *s) {
             snprintf(dev, sizeof(dev), "-");
         else
             snprintf(dev, sizeof(dev), "%d", p->device);
-        printf("%-12s %-9s %-6s %11s %11s %11s %6u %8u  %s\n", p->name, kind_name(p->kind), dev,
+        printf("%-12s %-9s %-6s %11s %11s %11s %6u %8u  %s\n", shown(p->name), kind_name(p->kind), dev,
                gpubuf_format_size(p->capacity, a, sizeof(a)),
                gpubuf_format_size(p->used, b, sizeof(b)),
                gpubuf_format_size(p->capacity - p->used, c, sizeof(c)), p->slabs, p->buffers,
-               p->device_uuid[0] ? p->device_uuid : "-");
+               p->device_uuid[0] ? shown(p->device_uuid) : "-");
         (void)d;
     }
 }
@@ -208,7 +220,7 @@ static void print_buffers(const gpubuf_status *s) {
     for (size_t i = 0; i < s->n_buffers; i++) {
         const gpubuf_status_buffer *b = &s->buffers[i];
         printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu\n", (unsigned long long)b->id,
-               b->name[0] ? b->name : "(anonymous)", b->pool,
+               b->name[0] ? shown(b->name) : "(anonymous)", shown(b->pool),
                gpubuf_format_size(b->size, a, sizeof(a)), state_name(b->state), b->refs,
                (unsigned long long)b->slab_id);
     }
@@ -220,15 +232,16 @@ static void print_clients(const gpubuf_status *s) {
     for (size_t i = 0; i < s->n_clients; i++) {
         const gpubuf_client_info *c = &s->clients[i];
         printf("%-8llu %-8d %-6u %-16s %10u %9u %8u\n", (unsigned long long)c->session_id, c->pid,
-               c->uid, c->name, c->references, c->read_only_references, c->buffers_held);
+               c->uid, shown(c->name), c->references, c->read_only_references, c->buffers_held);
     }
 }
 
 /* Prometheus text format: one family per figure, HELP and TYPE first;
- * label values escaped as the format asks (backslash, quote, newline). */
+ * label values made printable UTF-8, then escaped as the format asks
+ * (backslash, quote, newline). */
 static void put_label(const char *key, const char *val, bool first) {
     printf("%s%s=\"", first ? "" : ",", key);
-    for (const char *p = val; *p; p++) {
+    for (const char *p = shown(val); *p; p++) {
         if (*p == '\\' || *p == '"')
             printf("\\%c", *p);
         else if (*p == '\n')
@@ -530,7 +543,7 @@ static void list_pools(const gpubuf_status *s, char *out, size_t len) {
     size_t n = 0;
     out[0] = '\0';
     for (size_t i = 0; i < s->n_pools && n < len; i++)
-        n += (size_t)snprintf(out + n, len - n, "%s%s", i ? ", " : "", s->pools[i].name);
+        n += (size_t)snprintf(out + n, len - n, "%s%s", i ? ", " : "", shown(s->pools[i].name));
     if (s->n_pools == 0)
         snprintf(out, len, "(none)");
 }
@@ -573,7 +586,7 @@ static int show(gpubuf_client *c, view *v, const filters *f) {
             print_rates(&v->rt, s);
         }
         if (all)
-            printf("gpubufd %s, up %llu s\n\n", s->version,
+            printf("gpubufd %s, up %llu s\n\n", shown(s->version),
                    (unsigned long long)(s->uptime_ms / 1000));
         if (all || !strcmp(cmd, "pools"))
             print_pools(s);

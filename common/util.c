@@ -133,3 +133,71 @@ int gpubuf_name_check(const char *name, size_t len, char *msg, size_t msg_len) {
              bad >= 0x20 && bad < 0x7f ? name : "(not printable)", shown, i);
     return -EINVAL;
 }
+
+/* Length of the UTF-8 character at s (at most n bytes), or 0 when s does not
+ * start a valid one: no overlong forms, no surrogates, nothing above U+10FFFF. */
+static size_t utf8_char_len(const unsigned char *s, size_t n, uint32_t *cp) {
+    size_t len;
+    uint32_t c, min;
+    if (s[0] < 0x80) {
+        *cp = s[0];
+        return 1;
+    }
+    if (s[0] >= 0xc2 && s[0] <= 0xdf)
+        len = 2, c = s[0] & 0x1f, min = 0x80;
+    else if (s[0] >= 0xe0 && s[0] <= 0xef)
+        len = 3, c = s[0] & 0x0f, min = 0x800;
+    else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+        len = 4, c = s[0] & 0x07, min = 0x10000;
+    else
+        return 0;
+    if (len > n)
+        return 0;
+    for (size_t i = 1; i < len; i++) {
+        if ((s[i] & 0xc0) != 0x80)
+            return 0;
+        c = c << 6 | (s[i] & 0x3f);
+    }
+    if (c < min || c > 0x10ffff || (c >= 0xd800 && c <= 0xdfff))
+        return 0;
+    *cp = c;
+    return len;
+}
+
+/* Characters that act on a terminal or reorder text instead of showing:
+ * C0 controls, DEL, C1 controls and the bidirectional formatting marks. */
+static bool char_unsafe(uint32_t c) {
+    return c < 0x20 || (c >= 0x7f && c <= 0x9f) || c == 0x061c || c == 0x200e || c == 0x200f ||
+           (c >= 0x202a && c <= 0x202e) || (c >= 0x2066 && c <= 0x2069);
+}
+
+size_t gpubuf_text_clean(char *out, size_t out_size, const char *in, size_t in_len) {
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *s = (const unsigned char *)in;
+    size_t o = 0, i = 0;
+    if (out_size == 0)
+        return 0;
+    while (i < in_len) {
+        uint32_t cp = 0;
+        size_t len = utf8_char_len(s + i, in_len - i, &cp);
+        bool keep = len > 0 && !char_unsafe(cp);
+        if (len == 0)
+            len = 1; /* one byte that starts no valid character */
+        size_t need = keep ? len : 4 * len;
+        if (o + need > out_size - 1)
+            break; /* cut before the character, never inside it */
+        for (size_t k = 0; k < len; k++) {
+            if (keep) {
+                out[o++] = (char)s[i + k];
+            } else {
+                out[o++] = '\\';
+                out[o++] = 'x';
+                out[o++] = hex[s[i + k] >> 4];
+                out[o++] = hex[s[i + k] & 15];
+            }
+        }
+        i += len;
+    }
+    out[o] = '\0';
+    return o;
+}

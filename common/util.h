@@ -36,6 +36,14 @@ bool gpubuf_name_valid(const char *name, size_t len);
  * in msg that says which rule the name breaks and how to fix it. */
 int gpubuf_name_check(const char *name, size_t len, char *msg, size_t msg_len);
 
+/* Copy in_len bytes of untrusted text into out as printable, valid UTF-8:
+ * each byte of an invalid sequence, of a control character (C0, DEL, C1, NUL
+ * included) or of a bidirectional formatting mark becomes "\xNN". Cut to
+ * out_size - 1 bytes before the first character or escape that does not fit,
+ * so never inside one; always NUL-terminated (out_size > 0). Returns the
+ * bytes written. */
+size_t gpubuf_text_clean(char *out, size_t out_size, const char *in, size_t in_len);
+
 static inline uint64_t gpubuf_align_up(uint64_t v, uint64_t a) {
     return (v + a - 1) & ~(a - 1);
 }

@@ -228,7 +228,9 @@ static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
     }
     s->hello_done = true;
     s->io->ready(s->conn);
-    snprintf(s->name, sizeof(s->name), "%s", h->client_name ? h->client_name : "");
+    /* Shown by gpubufctl and in the log: printable UTF-8, cut on a character. */
+    const char *cn = h->client_name ? h->client_name : "";
+    gpubuf_text_clean(s->name, sizeof(s->name), cn, strlen(cn));
     hr.version = GPUBUF_PROTOCOL_VERSION;
     hr.server = (char *)GPUBUF_SERVER_STRING;
     hr.session_id = s->holder->id;
@@ -674,6 +676,16 @@ void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     if (!s->hello_done && req->body_case != GPUBUF__REQUEST__BODY_HELLO) {
         reply_error(s, req->id, GPUBUF_EPROTOCOL, "the first request must be hello");
         session_close(s, GD_END_PROTOCOL);
+        goto out;
+    }
+    const char *nul = gpubuf_wire_nul_string(&gpubuf__request__descriptor, payload, len);
+    if (nul) {
+        char msg[128];
+        snprintf(msg, sizeof(msg),
+                 "string field '%s' of the request contains a NUL byte; strings may not", nul);
+        reply_error(s, req->id, -EINVAL, msg);
+        if (!s->hello_done)
+            session_close(s, GD_END_PROTOCOL);
         goto out;
     }
     gd_req_type type = req_type(req->body_case);

@@ -1,5 +1,7 @@
 #include "wire.h"
 
+#include <protobuf-c/protobuf-c.h>
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,4 +183,59 @@ fail:
         *fd = -1;
     }
     return r;
+}
+
+static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v) {
+    uint64_t r = 0;
+    for (unsigned shift = 0; shift < 64 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        r |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = r;
+            return true;
+        }
+    }
+    return false;
+}
+
+static const char *nul_string(const ProtobufCMessageDescriptor *d, const uint8_t *p,
+                              const uint8_t *end, int depth) {
+    while (p < end) {
+        uint64_t key, n = 0;
+        if (!wire_varint(&p, end, &key))
+            return NULL;
+        switch (key & 7) {
+        case 0:
+            if (!wire_varint(&p, end, &n))
+                return NULL;
+            continue;
+        case 1: n = 8; break;
+        case 5: n = 4; break;
+        case 2:
+            if (!wire_varint(&p, end, &n))
+                return NULL;
+            break;
+        default: return NULL; /* groups: not in gpubuf.proto */
+        }
+        if (n > (uint64_t)(end - p))
+            return NULL;
+        const ProtobufCFieldDescriptor *f =
+            (key & 7) == 2 && key >> 3 <= UINT32_MAX
+                ? protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3))
+                : NULL;
+        if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)n))
+            return f->name;
+        if (f && f->type == PROTOBUF_C_TYPE_MESSAGE && depth < 16) {
+            const char *r = nul_string(f->descriptor, p, p + n, depth + 1);
+            if (r)
+                return r;
+        }
+        p += n;
+    }
+    return NULL;
+}
+
+const char *gpubuf_wire_nul_string(const ProtobufCMessageDescriptor *d, const uint8_t *buf,
+                                   size_t len) {
+    return nul_string(d, buf, buf + len, 0);
 }

@@ -34,6 +34,15 @@ typedef struct gpubuf_frame_header {
     uint32_t length;
 } gpubuf_frame_header;
 
+/* The name of the first string field, at any depth of the packed message
+ * buf of type d, whose bytes contain a NUL, or NULL when none does.
+ * protobuf-c hands strings out NUL-terminated, so such a string would be
+ * cut short silently: "a\0b" would read as "a". Call it on a message that
+ * unpacked. */
+struct ProtobufCMessageDescriptor;
+const char *gpubuf_wire_nul_string(const struct ProtobufCMessageDescriptor *d,
+                                   const uint8_t *buf, size_t len);
+
 void gpubuf_wire_header_encode(uint8_t out[GPUBUF_WIRE_HEADER_SIZE], uint32_t length);
 
 /* Decode and validate a header: magic, version and length <= max_length.

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <fcntl.h>
 #include <json-c/json.h>
+#include <locale.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+#include <wchar.h>
 
 #include "gpubuf.pb-c.h"
 #include "harness.h"
@@ -760,6 +762,183 @@ START_TEST(gpubufctl_table_and_json) {
 }
 END_TEST
 
+/* Pack req, turn each '#' inside the string mark of its payload into a NUL
+ * (protobuf-c packs C strings, so a NUL cannot be written otherwise), send. */
+static void raw_send_nul(int fd, Gpubuf__Request *req, const char *mark) {
+    uint8_t buf[4096];
+    size_t n = gpubuf__request__pack(req, buf + GPUBUF_WIRE_HEADER_SIZE);
+    uint8_t *at = memmem(buf + GPUBUF_WIRE_HEADER_SIZE, n, mark, strlen(mark));
+    ck_assert_ptr_nonnull(at);
+    for (size_t i = 0; i < strlen(mark); i++)
+        if (at[i] == '#')
+            at[i] = '\0';
+    gpubuf_wire_header_encode(buf, (uint32_t)n);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, n + GPUBUF_WIRE_HEADER_SIZE, -1), 0);
+}
+
+/* Send req with a NUL in mark (raw_send_nul); the reply must refuse it
+ * with -EINVAL, naming the string field. */
+static void expect_nul_refused(int fd, Gpubuf__Request *req, const char *mark,
+                               const char *field) {
+    char want[64];
+    raw_send_nul(fd, req, mark);
+    Gpubuf__Response *r = raw_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    snprintf(want, sizeof(want), "string field '%s'", field);
+    ck_assert_msg(r->status == -EINVAL && r->message && strstr(r->message, want) &&
+                      strstr(r->message, "NUL"),
+                  "%s: status %d, message %s", mark, r->status, r->message ? r->message : "");
+    gpubuf__response__free_unpacked(r, NULL);
+}
+
+/* A string with a NUL byte is refused in every request, never cut at the
+ * NUL: "frames\0evil" must not publish "frames", "host\0x" must not name
+ * pool "host". The connection keeps being served. */
+START_TEST(wire_strings_with_nul_refused) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+    h.min_version = h.max_version = 1;
+    h.client_name = "nul#name";
+    req.id = 1;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    int fd = raw_connect();
+    expect_nul_refused(fd, &req, "nul#name", "client_name");
+    ck_assert_ptr_null(raw_recv(fd, NULL)); /* no session without a clean hello */
+    close(fd);
+
+    fd = raw_connect();
+    raw_hello(fd);
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = 4096;
+    a.name = "frames#evil";
+    req = (Gpubuf__Request)GPUBUF__REQUEST__INIT;
+    req.id = 2;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    expect_nul_refused(fd, &req, "frames#evil", "name");
+    a.name = "fine";
+    a.pool = "host#x";
+    expect_nul_refused(fd, &req, "host#x", "pool");
+    /* The same request, now an open by name. */
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = "frames#";
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN, req.open = &o;
+    expect_nul_refused(fd, &req, "frames#", "name");
+    /* Nothing was published under the part before the NUL, and the same
+     * connection goes on: a clean alloc works. */
+    gpubuf_status *st = td_status(&D);
+    ck_assert_uint_eq(st->n_buffers, 0);
+    gpubuf_status_free(st);
+    uint64_t id;
+    ck_assert_int_eq(raw_alloc(fd, 4096, &id, NULL, NULL), 0);
+    close(fd);
+    assert_serving();
+}
+END_TEST
+
+/* True when s is valid UTF-8 without control characters but '\n' (checked
+ * with the C library's decoder, not with gpubuf's). */
+static bool printable_utf8(const char *s) {
+    mbstate_t ps;
+    memset(&ps, 0, sizeof(ps));
+    size_t n = strlen(s);
+    while (n) {
+        wchar_t wc;
+        size_t k = mbrtowc(&wc, s, n, &ps);
+        if (k == (size_t)-1 || k == (size_t)-2 || k == 0)
+            return false;
+        if ((wc < 0x20 && wc != '\n') || (wc >= 0x7f && wc <= 0x9f) || wc == 0x202e)
+            return false;
+        s += k;
+        n -= k;
+    }
+    return true;
+}
+
+/* Client names with terminal escapes, newlines, invalid UTF-8, bidi marks or
+ * a character across the 63-byte cut reach gpubufctl's table, JSON and
+ * metrics as printable, valid UTF-8; the JSON parses with UTF-8 checks on. */
+START_TEST(client_names_clean_in_gpubufctl) {
+    static const struct {
+        const char *sent, *shown;
+    } names[] = {
+        {"\x1b]0;pwned\x07\x1b[2J", "\\x1b]0;pwned\\x07\\x1b[2J"},
+        {"evil\n99 1 0 forged-row", "evil\\x0a99 1 0 forged-row"},
+        {"bad\xff\xfe\xc3", "bad\\xff\\xfe\\xc3"},
+        {"rtl\xe2\x80\xaegnp.exe", "rtl\\xe2\\x80\\xaegnp.exe"},
+        {"caf\xc3\xa9", "caf\xc3\xa9"},
+        /* 62 bytes, then a 2-byte character across the cut at 63 bytes */
+        {"aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\xc3\xa9",
+         "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"},
+    };
+    enum { N = sizeof(names) / sizeof(names[0]) };
+    int fds[N];
+    ck_assert_ptr_nonnull(setlocale(LC_CTYPE, "C.UTF-8"));
+    for (int i = 0; i < N; i++) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+        h.min_version = h.max_version = 1;
+        h.client_name = (char *)names[i].sent;
+        req.id = 1;
+        req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+        req.hello = &h;
+        fds[i] = raw_connect();
+        gpubuf__response__free_unpacked(raw_expect(fds[i], &req, GPUBUF__RESPONSE__BODY_HELLO),
+                                        NULL);
+    }
+    char cmd[512];
+    int st;
+    snprintf(cmd, sizeof(cmd), "%s --socket %s --json clients", GPUBUFCTL_PATH, D.socket);
+    char *out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    json_tokener *tok = json_tokener_new();
+    json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
+    json_object *j = json_tokener_parse_ex(tok, out, (int)strlen(out));
+    ck_assert_msg(j != NULL, "gpubufctl --json is not valid JSON (%s): %s",
+                  json_tokener_error_desc(json_tokener_get_error(tok)), out);
+    json_tokener_free(tok);
+    json_object *clients;
+    ck_assert(json_object_object_get_ex(j, "clients", &clients));
+    for (int i = 0; i < N; i++) {
+        bool found = false;
+        for (size_t k = 0; k < json_object_array_length(clients); k++) {
+            const char *got = json_object_get_string(
+                json_object_object_get(json_object_array_get_idx(clients, k), "name"));
+            found |= strcmp(got, names[i].shown) == 0;
+        }
+        ck_assert_msg(found, "client %d not shown as '%s' in %s", i, names[i].shown, out);
+    }
+    json_object_put(j);
+    free(out);
+    /* The table: one row per client (this query's included), nothing a
+     * terminal would act on. */
+    snprintf(cmd, sizeof(cmd), "%s --socket %s clients", GPUBUFCTL_PATH, D.socket);
+    out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    ck_assert_msg(printable_utf8(out), "table: %s", out);
+    int rows = 0;
+    for (const char *p = out; *p; p++)
+        rows += *p == '\n';
+    ck_assert_int_eq(rows, 1 + N + 1);
+    ck_assert_msg(strstr(out, "\\x1b]0;pwned") != NULL, "table: %s", out);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s --socket %s status", GPUBUFCTL_PATH, D.socket);
+    out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    ck_assert_msg(printable_utf8(out), "status: %s", out);
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s --socket %s metrics", GPUBUFCTL_PATH, D.socket);
+    out = run_capture(cmd, &st);
+    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    ck_assert_msg(printable_utf8(out), "metrics: %s", out);
+    free(out);
+    for (int i = 0; i < N; i++)
+        close(fds[i]);
+}
+END_TEST
+
 START_TEST(gpubufctl_exit_codes) {
     char cmd[512];
     int st;
@@ -1138,6 +1317,8 @@ int main(void) {
     tcase_add_checked_fixture(o, start_default, stop_clean);
     tcase_set_timeout(o, 60);
     tcase_add_test(o, gpubufctl_table_and_json);
+    tcase_add_test(o, client_names_clean_in_gpubufctl);
+    tcase_add_test(o, wire_strings_with_nul_refused);
     tcase_add_test(o, gpubufctl_exit_codes);
     tcase_add_test(o, config_file_errors_name_file_and_line);
     tcase_add_test(o, config_file_pools_used);

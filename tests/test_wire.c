@@ -253,6 +253,91 @@ START_TEST(parse_size) {
 }
 END_TEST
 
+START_TEST(text_clean) {
+    char out[64];
+    static const struct {
+        const char *in;
+        size_t len;
+        const char *out;
+    } cases[] = {
+        {"plain name", 10, "plain name"},
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", 14, "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+        {"\x1b[2J\x07", 5, "\\x1b[2J\\x07"},
+        {"a\nb\r\t", 5, "a\\x0ab\\x0d\\x09"},
+        {"nul\0x", 5, "nul\\x00x"},
+        {"del\x7f", 4, "del\\x7f"},
+        {"c1\xc2\x9b", 4, "c1\\xc2\\x9b"},           /* U+009B, CSI */
+        {"bidi\xe2\x80\xae", 7, "bidi\\xe2\\x80\\xae"},  /* U+202E */
+        {"\xff\xfe", 2, "\\xff\\xfe"},
+        {"over\xc0\xaf", 6, "over\\xc0\\xaf"},         /* overlong '/' */
+        {"sur\xed\xa0\x80", 6, "sur\\xed\\xa0\\x80"},  /* U+D800 */
+        {"big\xf4\x90\x80\x80", 7, "big\\xf4\\x90\\x80\\x80"},
+        {"cut\xe2\x82", 5, "cut\\xe2\\x82"},          /* a character cut short */
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        size_t n = gpubuf_text_clean(out, sizeof(out), cases[i].in, cases[i].len);
+        ck_assert_msg(strcmp(out, cases[i].out) == 0, "case %zu: got '%s'", i, out);
+        ck_assert_uint_eq(n, strlen(out));
+    }
+    /* The cut falls before a character or an escape that does not fit. */
+    ck_assert_uint_eq(gpubuf_text_clean(out, 5, "abc\xc3\xa9", 5), 3);
+    ck_assert_str_eq(out, "abc");
+    ck_assert_uint_eq(gpubuf_text_clean(out, 6, "abc\xc3\xa9", 5), 5);
+    ck_assert_str_eq(out, "abc\xc3\xa9");
+    ck_assert_uint_eq(gpubuf_text_clean(out, 6, "ab\x1b", 3), 2);
+    ck_assert_str_eq(out, "ab");
+    ck_assert_uint_eq(gpubuf_text_clean(out, 1, "abc", 3), 0);
+    ck_assert_str_eq(out, "");
+    /* Every 2-byte input comes out valid and printable, within bounds. */
+    for (unsigned a = 0; a < 256; a++)
+        for (unsigned b = 0; b < 256; b++) {
+            char in[2] = {(char)a, (char)b};
+            size_t n = gpubuf_text_clean(out, 9, in, 2);
+            ck_assert_uint_le(n, 8);
+            for (size_t k = 0; k < n; k++)
+                ck_assert((unsigned char)out[k] >= 0x20 && (unsigned char)out[k] != 0x7f);
+            char again[64];
+            gpubuf_text_clean(again, sizeof(again), out, n); /* clean text stays as it is */
+            ck_assert_str_eq(again, out);
+        }
+}
+END_TEST
+
+/* A NUL inside any string field, at any depth, is found; bytes of other
+ * fields (a size whose varint holds 0x00) are not strings. */
+START_TEST(wire_nul_strings) {
+    uint8_t buf[512];
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = 1ull << 35; /* varint with 0x80 0x80 ... bytes */
+    a.name = "frames@evil";
+    a.pool = "pool";
+    req.id = 256;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    size_t n = gpubuf__request__pack(&req, buf);
+    ck_assert_ptr_null(gpubuf_wire_nul_string(&gpubuf__request__descriptor, buf, n));
+    uint8_t *at = memmem(buf, n, "frames@evil", 11);
+    ck_assert_ptr_nonnull(at);
+    at[6] = 0;
+    const char *f = gpubuf_wire_nul_string(&gpubuf__request__descriptor, buf, n);
+    ck_assert_ptr_nonnull(f);
+    ck_assert_str_eq(f, "name");
+    /* It still unpacks: protobuf-c would have handed out "frames". */
+    Gpubuf__Request *u = gpubuf__request__unpack(NULL, n, buf);
+    ck_assert_ptr_nonnull(u);
+    ck_assert_str_eq(u->alloc->name, "frames");
+    gpubuf__request__free_unpacked(u, NULL);
+    at[6] = '@';
+    at = memmem(buf, n, "pool", 4);
+    at[0] = 0;
+    ck_assert_str_eq(gpubuf_wire_nul_string(&gpubuf__request__descriptor, buf, n), "pool");
+    /* Truncated input is not read past its end. */
+    for (size_t k = 0; k < n; k++)
+        (void)gpubuf_wire_nul_string(&gpubuf__request__descriptor, buf, k);
+}
+END_TEST
+
 START_TEST(names) {
     char longname[300];
     ck_assert(gpubuf_name_valid("a", 1));
@@ -310,6 +395,8 @@ int main(void) {
     TCase *u = tcase_create("helpers");
     tcase_add_test(u, parse_size);
     tcase_add_test(u, names);
+    tcase_add_test(u, text_clean);
+    tcase_add_test(u, wire_nul_strings);
     tcase_add_test(u, error_strings);
     tcase_add_test(u, format_helpers);
     suite_add_tcase(s, u);
