@@ -22,6 +22,12 @@
  * the mark (a status of a large registry), so a client holds at most this
  * plus one reply in the daemon's memory. */
 #define OUT_HIGH_WATER (1u << 20)
+/* Backpressure on fds: while this many queued replies hold an fd (each a dup
+ * of a slab fd), no more requests are handled. A pass stops before a frame
+ * once the mark is reached and a frame yields at most one fd, so requests
+ * make the daemon hold at most this many fds for a connection; waiting opens
+ * answered later add at most max_waiters_per_client (docs/security.md). */
+#define OUT_FDS_HIGH_WATER 64u
 /* What the final drain of a departed client reads at most. */
 #define DRAIN_MAX (4u << 20)
 
@@ -185,6 +191,9 @@ static void conn_free_out(gd_conn *c) {
             close(o->fd);
         free(o);
     }
+    c->out_frames = 0;
+    c->out_fds = 0;
+    c->out_bytes = 0;
 }
 
 static void on_timer_closed(uv_handle_t *h) {
@@ -421,7 +430,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
 }
 
 static bool backlogged(const gd_conn *c) {
-    return c->out_bytes >= OUT_HIGH_WATER;
+    return c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER;
 }
 
 /* Watch what the connection needs now. Only a change reaches libuv:
@@ -465,6 +474,8 @@ static int flush_out(gd_conn *c) {
             if (o->fd >= 0) {
                 close(o->fd);
                 o->fd = -1;
+                assert(c->out_fds > 0);
+                c->out_fds--;
             }
             size_t left = o->len - o->off;
             if ((size_t)n < left) {
@@ -517,6 +528,7 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
     pack(msg, o->data + GPUBUF_WIRE_HEADER_SIZE);
     DL_APPEND(c->out, o);
     c->out_frames++;
+    c->out_fds += o->fd >= 0;
     c->out_bytes += o->len;
     if (was_empty && !c->corked) {
         int r = flush_out(c);

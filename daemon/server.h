@@ -78,6 +78,7 @@ struct gd_conn {
     gd_outbuf *out;      /* utlist DL queue */
     int poll_events;     /* events the poll handle watches now (UV_READABLE...) */
     uint32_t out_frames; /* replies queued because the peer is not reading */
+    uint32_t out_fds;    /* queued replies that still hold their fd (a dup) */
     size_t out_bytes;
     gd_conn *next, *prev;   /* utlist DL: the server's connections */
     gd_conn *reap_next;     /* utlist LL: closed, waiting for the reaper */

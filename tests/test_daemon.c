@@ -902,6 +902,85 @@ START_TEST(reader_that_never_reads_is_dropped) {
 }
 END_TEST
 
+/* The fds gpubufd may hold for one connection (docs/security.md): its
+ * socket, the fd-carrying replies that stop the handling of its requests
+ * (64), and one per waiting open (64). */
+#define FDS_PER_CLIENT (1 + 64 + 64)
+
+/* n framed open-by-name requests (ids 10, 11, ...) in one block; *ret_len
+ * gets its length. */
+static uint8_t *pack_opens(int n, const char *name, size_t *ret_len) {
+    uint8_t *buf = malloc((size_t)n * (GPUBUF_WIRE_HEADER_SIZE + 32 + strlen(name)));
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+        o.name = (char *)name;
+        req.id = 10 + (uint64_t)i;
+        req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+        req.open = &o;
+        size_t k = gpubuf__request__pack(&req, buf + len + GPUBUF_WIRE_HEADER_SIZE);
+        gpubuf_wire_header_encode(buf + len, (uint32_t)k);
+        len += GPUBUF_WIRE_HEADER_SIZE + k;
+    }
+    *ret_len = len;
+    return buf;
+}
+
+/* Read n open replies (ids from 10, each with an fd, which is closed);
+ * returns how many arrived, in order and successful. */
+static int read_open_replies(int fd, int n) {
+    for (int i = 0; i < n; i++) {
+        int afd = -1;
+        Gpubuf__Response *r = raw_recv(fd, &afd);
+        bool ok = r && r->id == 10 + (uint64_t)i && r->status == 0 && afd >= 0;
+        if (afd >= 0)
+            close(afd);
+        if (r)
+            gpubuf__response__free_unpacked(r, NULL);
+        if (!ok)
+            return i;
+    }
+    return n;
+}
+
+START_TEST(fds_held_per_client_are_bounded) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "fd-budget", &b), 0);
+    ck_assert_int_eq(gpubuf_seal(b), 0);
+    ck_assert(td_wait_clients(&D, 1, 2000));
+    usleep(50000); /* let the probe connections' fds close */
+    int before = td_count_fds(D.pid);
+    int fd = raw_connect();
+    raw_hello(fd);
+    /* 3000 opens of one host buffer, none of the replies read yet: each
+     * reply carries an fd. */
+    enum { N = 3000 };
+    size_t len;
+    uint8_t *buf = pack_opens(N, "fd-budget", &len);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    free(buf);
+    int held = 0;
+    for (int i = 0; i < 30; i++) {
+        usleep(10000);
+        int now = td_count_fds(D.pid) - before;
+        held = now > held ? now : held;
+    }
+    printf("fds_held_per_client_are_bounded: the daemon holds %d fds for a client with %d "
+           "unread fd-carrying replies (bound %d)\n",
+           held, N, FDS_PER_CLIENT);
+    fflush(stdout);
+    ck_assert_msg(held <= FDS_PER_CLIENT, "%d fds held for one client", held);
+    /* Held back, not cut off: every open is answered once it reads. */
+    ck_assert_int_eq(read_open_replies(fd, N), N);
+    close(fd);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
 START_TEST(waiting_open_fails_when_buffer_goes) {
     gpubuf_client *a = td_connect(&D);
     gpubuf_buffer *x;
@@ -1083,6 +1162,7 @@ int main(void) {
     tcase_add_test(t, departed_writer_cannot_hold_the_loop);
     tcase_add_test(t, second_daemon_refuses_live_socket);
     tcase_add_test(t, reader_that_never_reads_is_dropped);
+    tcase_add_test(t, fds_held_per_client_are_bounded);
     tcase_add_test(t, waiting_open_fails_when_buffer_goes);
     suite_add_tcase(s, t);
     TCase *o = tcase_create("operations");
