@@ -981,6 +981,73 @@ START_TEST(fds_held_per_client_are_bounded) {
 }
 END_TEST
 
+/* Framed request `req` appended at buf + *len. */
+static void pack_into(uint8_t *buf, size_t *len, Gpubuf__Request *req) {
+    size_t k = gpubuf__request__pack(req, buf + *len + GPUBUF_WIRE_HEADER_SIZE);
+    gpubuf_wire_header_encode(buf + *len, (uint32_t)k);
+    *len += GPUBUF_WIRE_HEADER_SIZE + k;
+}
+
+START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
+    /* 200 buffers with long names make each status reply about 60 KB. */
+    gpubuf_client *c = td_connect(&D);
+    char name[300];
+    for (int i = 0; i < 200; i++) {
+        gpubuf_buffer *b;
+        snprintf(name, sizeof(name), "%0240d", i);
+        ck_assert_int_eq(gpubuf_alloc(c, NULL, 1, name, &b), 0);
+        ck_assert_int_eq(gpubuf_seal(b), 0);
+        ck_assert_int_eq(gpubuf_release(b), 0);
+    }
+    ck_assert_int_eq(gpubuf_flush(c), 0);
+    int fd = raw_connect();
+    raw_hello(fd);
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = 4096;
+    a.name = "last-words";
+    req.id = 2;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    uint64_t id = 0;
+    ck_assert_int_eq(raw_call(fd, &req, &id, NULL, NULL), 0);
+    /* 40 status requests never read (about 2.4 MB of replies: the daemon
+     * holds back the rest of this client's requests after 1 MiB), then the
+     * seal, then the exit. */
+    uint8_t buf[4096];
+    size_t len = 0;
+    Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
+    Gpubuf__Request sreq = GPUBUF__REQUEST__INIT;
+    sreq.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    sreq.status = &st;
+    for (int i = 0; i < 40; i++) {
+        sreq.id = 100 + (uint64_t)i;
+        pack_into(buf, &len, &sreq);
+    }
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    usleep(200000); /* the daemon is backlogged now */
+    Gpubuf__SealRequest seal = GPUBUF__SEAL_REQUEST__INIT;
+    seal.buffer_id = id;
+    req.id = 3;
+    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
+    req.seal = &seal;
+    len = 0;
+    pack_into(buf, &len, &req);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    close(fd);
+    ck_assert(td_wait_clients(&D, 1, 2000));
+    /* Applied: sealed under its name, it outlives its creator. */
+    gpubuf_status *s = td_status(&D);
+    const gpubuf_status_buffer *x = td_find_buffer(s, "last-words");
+    ck_assert_msg(x != NULL, "the seal sent before the exit was lost: buffer freed");
+    ck_assert_int_eq(x->state, GPUBUF_STATE_SEALED);
+    ck_assert_uint_eq(x->id, id);
+    gpubuf_status_free(s);
+    assert_serving();
+    gpubuf_disconnect(c);
+}
+END_TEST
+
 START_TEST(waiting_open_fails_when_buffer_goes) {
     gpubuf_client *a = td_connect(&D);
     gpubuf_buffer *x;
@@ -1163,6 +1230,7 @@ int main(void) {
     tcase_add_test(t, second_daemon_refuses_live_socket);
     tcase_add_test(t, reader_that_never_reads_is_dropped);
     tcase_add_test(t, fds_held_per_client_are_bounded);
+    tcase_add_test(t, seal_sent_before_exit_is_applied_with_replies_unread);
     tcase_add_test(t, waiting_open_fails_when_buffer_goes);
     suite_add_tcase(s, t);
     TCase *o = tcase_create("operations");
