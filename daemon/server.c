@@ -28,6 +28,11 @@
  * make the daemon hold at most this many fds for a connection; waiting opens
  * answered later add at most max_waiters_per_client (docs/security.md). */
 #define OUT_FDS_HIGH_WATER 64u
+/* Backpressure on the number of queued replies, far below
+ * max_queued_replies: a pass adds at most one reply per frame and waiting
+ * opens at most max_waiters_per_client more, so a client that reads its
+ * replies, however late, is held back and never meets that limit. */
+#define OUT_FRAMES_HIGH_WATER 1024u
 /* What the final drain of a departed client reads at most. */
 #define DRAIN_MAX (4u << 20)
 
@@ -61,8 +66,8 @@ static void arm_timer(gd_conn *c) {
         return;
     if (!c->ready)
         ms = c->srv->limits->handshake_timeout_ms;
-    else if (c->in_len > 0)
-        ms = c->srv->limits->frame_timeout_ms;
+    else if (c->in_len > 0 && !has_complete_frame(c))
+        ms = c->srv->limits->frame_timeout_ms; /* whole frames held back are no stall */
     if (ms == 0) {
         uv_timer_stop(&c->timer);
         return;
@@ -463,7 +468,8 @@ static void on_listen(uv_poll_t *h, int status, int events) {
 }
 
 static bool backlogged(const gd_conn *c) {
-    return c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER;
+    return c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER ||
+           c->out_frames >= OUT_FRAMES_HIGH_WATER;
 }
 
 /* Watch what the connection needs now. Only a change reaches libuv:
