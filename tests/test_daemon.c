@@ -338,15 +338,22 @@ static int raw_call(int fd, Gpubuf__Request *req, uint64_t *ret_buf, uint64_t *r
     return st;
 }
 
-static int raw_alloc(int fd, uint64_t size, uint64_t *ret_buf, uint64_t *ret_slab,
-                     bool *ret_keepable) {
+static int raw_alloc_named(int fd, uint64_t size, const char *name, uint64_t *ret_buf,
+                           uint64_t *ret_slab, bool *ret_keepable) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = size;
+    if (name)
+        a.name = (char *)name;
     req.id = 10;
     req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
     req.alloc = &a;
     return raw_call(fd, &req, ret_buf, ret_slab, ret_keepable);
+}
+
+static int raw_alloc(int fd, uint64_t size, uint64_t *ret_buf, uint64_t *ret_slab,
+                     bool *ret_keepable) {
+    return raw_alloc_named(fd, size, NULL, ret_buf, ret_slab, ret_keepable);
 }
 
 static int raw_release(int fd, uint64_t buffer_id, bool keep) {
@@ -545,11 +552,12 @@ static double stat_ms(void) {
     return (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
 }
 
-START_TEST(big_replies_unread_stay_bounded) {
-    /* 2000 buffers with long names make each status reply ~0.6 MB. */
+/* A client that published n sealed buffers with 240-byte names (each adds
+ * about 300 bytes to a status reply). */
+static gpubuf_client *publish_long_names(int n) {
     gpubuf_client *c = td_connect(&D);
     char name[300];
-    for (int i = 0; i < 2000; i++) {
+    for (int i = 0; i < n; i++) {
         gpubuf_buffer *b;
         snprintf(name, sizeof(name), "%0240d", i);
         ck_assert_int_eq(gpubuf_alloc(c, NULL, 1, name, &b), 0);
@@ -557,6 +565,12 @@ START_TEST(big_replies_unread_stay_bounded) {
         ck_assert_int_eq(gpubuf_release(b), 0); /* sealed and named: it stays */
     }
     ck_assert_int_eq(gpubuf_flush(c), 0);
+    return c;
+}
+
+START_TEST(big_replies_unread_stay_bounded) {
+    /* 2000 buffers with long names make each status reply ~0.6 MB. */
+    gpubuf_client *c = publish_long_names(2000);
     long before = td_rss_kib(D.pid);
     int fd = raw_connect();
     raw_hello(fd);
@@ -947,6 +961,14 @@ static uint8_t *pack_opens(int n, const char *name, size_t *ret_len) {
     return buf;
 }
 
+/* Send n open-by-name requests on fd in one write. */
+static void send_opens(int fd, int n, const char *name) {
+    size_t len;
+    uint8_t *buf = pack_opens(n, name, &len);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    free(buf);
+}
+
 /* Read n open replies (ids from 10 + first, each with an fd, which is
  * closed); returns how many arrived, in order and successful. */
 static int read_open_replies(int fd, int first, int n) {
@@ -968,23 +990,27 @@ static int read_open_replies(int fd, int first, int n) {
     return n;
 }
 
-START_TEST(fds_held_per_client_are_bounded) {
-    gpubuf_client *c = td_connect(&D);
-    gpubuf_buffer *b;
-    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "fd-budget", &b), 0);
-    ck_assert_int_eq(gpubuf_seal(b), 0);
+/* A library client with a sealed 4 KiB host buffer `name` (*ret_b); returns
+ * the daemon's fd count once only that client is connected. */
+static int sealed_host_buffer(const char *name, gpubuf_client **ret_c, gpubuf_buffer **ret_b) {
+    *ret_c = td_connect(&D);
+    ck_assert_int_eq(gpubuf_alloc(*ret_c, NULL, 4096, name, ret_b), 0);
+    ck_assert_int_eq(gpubuf_seal(*ret_b), 0);
     ck_assert(td_wait_clients(&D, 1, 2000));
     usleep(50000); /* let the probe connections' fds close */
-    int before = td_count_fds(D.pid);
+    return td_count_fds(D.pid);
+}
+
+START_TEST(fds_held_per_client_are_bounded) {
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    int before = sealed_host_buffer("fd-budget", &c, &b);
     int fd = raw_connect();
     raw_hello(fd);
     /* 3000 opens of one host buffer, none of the replies read yet: each
      * reply carries an fd. */
     enum { N = 3000 };
-    size_t len;
-    uint8_t *buf = pack_opens(N, "fd-budget", &len);
-    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
-    free(buf);
+    send_opens(fd, N, "fd-budget");
     int held = 0;
     for (int i = 0; i < 30; i++) {
         usleep(10000);
@@ -1022,10 +1048,7 @@ START_TEST(held_back_reader_outlives_the_frame_deadline) {
     int fd = raw_connect_to(&d2);
     raw_hello(fd);
     enum { N = 2000 };
-    size_t len;
-    uint8_t *buf = pack_opens(N, "late", &len);
-    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
-    free(buf);
+    send_opens(fd, N, "late");
     usleep(600000); /* three frame deadlines */
     ck_assert_int_eq(read_open_replies(fd, 0, N), N);
     close(fd);
@@ -1036,13 +1059,9 @@ START_TEST(held_back_reader_outlives_the_frame_deadline) {
 END_TEST
 
 START_TEST(pipelining_reader_is_never_cut_off) {
-    gpubuf_client *c = td_connect(&D);
+    gpubuf_client *c;
     gpubuf_buffer *b;
-    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "pipelined", &b), 0);
-    ck_assert_int_eq(gpubuf_seal(b), 0);
-    ck_assert(td_wait_clients(&D, 1, 2000));
-    usleep(50000);
-    int before = td_count_fds(D.pid);
+    int before = sealed_host_buffer("pipelined", &c, &b);
     int fd = raw_connect();
     raw_hello(fd);
     /* A writer pipelines 6,000 opens (each answered with an fd), then
@@ -1097,27 +1116,11 @@ static void pack_into(uint8_t *buf, size_t *len, Gpubuf__Request *req) {
 
 START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
     /* 200 buffers with long names make each status reply about 60 KB. */
-    gpubuf_client *c = td_connect(&D);
-    char name[300];
-    for (int i = 0; i < 200; i++) {
-        gpubuf_buffer *b;
-        snprintf(name, sizeof(name), "%0240d", i);
-        ck_assert_int_eq(gpubuf_alloc(c, NULL, 1, name, &b), 0);
-        ck_assert_int_eq(gpubuf_seal(b), 0);
-        ck_assert_int_eq(gpubuf_release(b), 0);
-    }
-    ck_assert_int_eq(gpubuf_flush(c), 0);
+    gpubuf_client *c = publish_long_names(200);
     int fd = raw_connect();
     raw_hello(fd);
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
-    a.size = 4096;
-    a.name = "last-words";
-    req.id = 2;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
     uint64_t id = 0;
-    ck_assert_int_eq(raw_call(fd, &req, &id, NULL, NULL), 0);
+    ck_assert_int_eq(raw_alloc_named(fd, 4096, "last-words", &id, NULL, NULL), 0);
     /* 40 status requests never read (about 2.4 MB of replies: the daemon
      * holds back the rest of this client's requests after 1 MiB), then the
      * seal, then the exit. */
@@ -1134,6 +1137,7 @@ START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
     ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
     usleep(200000); /* the daemon is backlogged now */
     Gpubuf__SealRequest seal = GPUBUF__SEAL_REQUEST__INIT;
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     seal.buffer_id = id;
     req.id = 3;
     req.body_case = GPUBUF__REQUEST__BODY_SEAL;
