@@ -22,6 +22,17 @@
  * the mark (a status of a large registry), so a client holds at most this
  * plus one reply in the daemon's memory. */
 #define OUT_HIGH_WATER (1u << 20)
+/* Backpressure on fds: while this many queued replies hold an fd (each a dup
+ * of a slab fd), no more requests are handled. A pass stops before a frame
+ * once the mark is reached and a frame yields at most one fd, so requests
+ * make the daemon hold at most this many fds for a connection; waiting opens
+ * answered later add at most max_waiters_per_client (docs/security.md). */
+#define OUT_FDS_HIGH_WATER 64u
+/* Backpressure on the number of queued replies, far below
+ * max_queued_replies: a pass adds at most one reply per frame and waiting
+ * opens at most max_waiters_per_client more, so a client that reads its
+ * replies, however late, is held back and never meets that limit. */
+#define OUT_FRAMES_HIGH_WATER 1024u
 /* What the final drain of a departed client reads at most. */
 #define DRAIN_MAX (4u << 20)
 
@@ -35,6 +46,8 @@ static bool grow_in(gd_conn *c);
 static ssize_t read_in(gd_conn *c, size_t max);
 static void peer_left(gd_conn *c);
 static bool backlogged(const gd_conn *c);
+static bool has_complete_frame(const gd_conn *c);
+static void conn_free_out(gd_conn *c);
 static void conn_end(gd_conn *c, gd_close_reason why);
 
 /* Deadline for a connection whose handshake is not done, or that sits on
@@ -53,8 +66,8 @@ static void arm_timer(gd_conn *c) {
         return;
     if (!c->ready)
         ms = c->srv->limits->handshake_timeout_ms;
-    else if (c->in_len > 0)
-        ms = c->srv->limits->frame_timeout_ms;
+    else if (c->in_len > 0 && !has_complete_frame(c))
+        ms = c->srv->limits->frame_timeout_ms; /* whole frames held back are no stall */
     if (ms == 0) {
         uv_timer_stop(&c->timer);
         return;
@@ -80,28 +93,52 @@ static void kick(gd_server *srv) {
 }
 
 /* Everything a client sent before it went away is handled: a seal or a
- * release written just before exit() must not be lost. Its replies go
- * nowhere. Runs at reaping time, for connections whose peer left. */
-static void final_drain(gd_conn *c) {
-    /* Only what the socket held when the drain starts, at most DRAIN_MAX: a
-     * peer that keeps writing cannot hold the loop here. */
-    int queued = 0;
-    if (ioctl(c->fd, FIONREAD, &queued) < 0 || queued < 0)
-        queued = 0;
-    size_t budget = (size_t)queued < DRAIN_MAX ? (size_t)queued : DRAIN_MAX;
+ * release written just before exit() must not be lost, also when its
+ * unread replies held back its requests. Its replies go nowhere (the queue
+ * is dropped first). Runs at reaping time, for connections whose peer left,
+ * frames_per_wakeup requests per turn of the loop so the loop stays
+ * responsive. Returns true when nothing is left to handle. */
+static bool drain_step(gd_conn *c) {
+    if (!c->draining) {
+        /* Only what the socket held when the drain starts, at most
+         * DRAIN_MAX: a peer that keeps writing cannot hold the
+         * connection here. */
+        int queued = 0;
+        if (ioctl(c->fd, FIONREAD, &queued) < 0 || queued < 0)
+            queued = 0;
+        c->drain_left = (size_t)queued < DRAIN_MAX ? (size_t)queued : DRAIN_MAX;
+        c->draining = true;
+        conn_free_out(c);
+    }
+    uint32_t budget = c->srv->limits->frames_per_wakeup;
+    bool done = false;
     c->reaping = true;
     c->closing = false;
     for (;;) {
-        process_frames_corked(c, UINT32_MAX);
-        if (c->closing || budget == 0 || !grow_in(c) || c->in_cap == c->in_len)
+        int n = process_frames_corked(c, budget);
+        if (c->closing || n < 0) {
+            done = true;
             break;
-        ssize_t n = read_in(c, budget);
-        if (n <= 0)
+        }
+        budget -= (uint32_t)n;
+        if (has_complete_frame(c))
+            break; /* the rest on the next turn */
+        if (c->drain_left == 0 || !grow_in(c) || c->closing || c->in_cap == c->in_len) {
+            done = true;
             break;
-        budget -= (size_t)n;
+        }
+        ssize_t r = read_in(c, c->drain_left);
+        if (r <= 0) {
+            done = true;
+            break;
+        }
+        c->drain_left -= (size_t)r;
+        if (budget == 0)
+            break;
     }
     c->closing = true;
     c->reaping = false;
+    return done;
 }
 
 int gd_server_init(gd_server *srv, uv_loop_t *loop, const gd_limits *limits,
@@ -185,6 +222,9 @@ static void conn_free_out(gd_conn *c) {
             close(o->fd);
         free(o);
     }
+    c->out_frames = 0;
+    c->out_fds = 0;
+    c->out_bytes = 0;
 }
 
 static void on_timer_closed(uv_handle_t *h) {
@@ -209,6 +249,7 @@ static void close_loop_handles(gd_server *srv) {
 
 static void on_reap(uv_check_t *h) {
     gd_server *srv = h->data;
+    gd_conn *later = NULL; /* still draining: back on the list for the next turn */
     while (srv->reap) {
         gd_conn *c = srv->reap;
         LL_DELETE2(srv->reap, c, reap_next);
@@ -218,8 +259,10 @@ static void on_reap(uv_check_t *h) {
         }
         /* A connection its user refused has no user to tell. */
         if (c->user) {
-            if (c->peer_gone)
-                final_drain(c);
+            if (c->peer_gone && !drain_step(c)) {
+                LL_PREPEND2(later, c, reap_next);
+                continue;
+            }
             srv->cb.on_close(c->user, c->why != GD_CLOSE_NONE ? c->why : GD_CLOSE_ERROR);
             c->user = NULL;
         }
@@ -228,6 +271,10 @@ static void on_reap(uv_check_t *h) {
         assert(srv->n_conns > 0);
         srv->n_conns--;
         uv_close((uv_handle_t *)&c->poll, on_conn_closed);
+    }
+    if (later) {
+        srv->reap = later; /* the check handle and the idle one stay active */
+        return;
     }
     uv_check_stop(&srv->reaper);
     if (srv->stopping && !srv->conns)
@@ -421,7 +468,8 @@ static void on_listen(uv_poll_t *h, int status, int events) {
 }
 
 static bool backlogged(const gd_conn *c) {
-    return c->out_bytes >= OUT_HIGH_WATER;
+    return c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER ||
+           c->out_frames >= OUT_FRAMES_HIGH_WATER;
 }
 
 /* Watch what the connection needs now. Only a change reaches libuv:
@@ -465,6 +513,8 @@ static int flush_out(gd_conn *c) {
             if (o->fd >= 0) {
                 close(o->fd);
                 o->fd = -1;
+                assert(c->out_fds > 0);
+                c->out_fds--;
             }
             size_t left = o->len - o->off;
             if ((size_t)n < left) {
@@ -517,6 +567,7 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
     pack(msg, o->data + GPUBUF_WIRE_HEADER_SIZE);
     DL_APPEND(c->out, o);
     c->out_frames++;
+    c->out_fds += o->fd >= 0;
     c->out_bytes += o->len;
     if (was_empty && !c->corked) {
         int r = flush_out(c);

@@ -70,7 +70,8 @@ struct gd_conn {
     bool closing;
     bool corked;    /* replies wait for the end of the current batch of frames */
     bool peer_gone; /* the peer closed or broke the connection: no more replies */
-    bool reaping;   /* the final drain of what it sent before going is running */
+    bool reaping;   /* a step of the final drain of what it sent before going runs */
+    bool draining;  /* the final drain started: replies dropped, drain_left set */
     bool pending;   /* on the server's pending list */
     gd_close_reason why; /* the first reason it was closed for */
     uint8_t *in;
@@ -78,7 +79,9 @@ struct gd_conn {
     gd_outbuf *out;      /* utlist DL queue */
     int poll_events;     /* events the poll handle watches now (UV_READABLE...) */
     uint32_t out_frames; /* replies queued because the peer is not reading */
+    uint32_t out_fds;    /* queued replies that still hold their fd (a dup) */
     size_t out_bytes;
+    size_t drain_left; /* bytes the final drain may still read */
     gd_conn *next, *prev;   /* utlist DL: the server's connections */
     gd_conn *reap_next;     /* utlist LL: closed, waiting for the reaper */
     gd_conn *pending_next;  /* utlist LL: frames left after the per-wake-up cap */

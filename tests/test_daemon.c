@@ -36,14 +36,18 @@ static void stop_clean(void) {
     ck_assert_int_eq(td_stop(&D), 0);
 }
 
-static int raw_connect(void) {
+static int raw_connect_to(const test_daemon *d) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     struct timeval tv = {5, 0};
     int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    memcpy(sa.sun_path, D.socket, strlen(D.socket) + 1);
+    memcpy(sa.sun_path, d->socket, strlen(d->socket) + 1);
     ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
     return fd;
+}
+
+static int raw_connect(void) {
+    return raw_connect_to(&D);
 }
 
 static void raw_send(int fd, Gpubuf__Request *req) {
@@ -336,15 +340,22 @@ static int raw_call(int fd, Gpubuf__Request *req, uint64_t *ret_buf, uint64_t *r
     return st;
 }
 
-static int raw_alloc(int fd, uint64_t size, uint64_t *ret_buf, uint64_t *ret_slab,
-                     bool *ret_keepable) {
+static int raw_alloc_named(int fd, uint64_t size, const char *name, uint64_t *ret_buf,
+                           uint64_t *ret_slab, bool *ret_keepable) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = size;
+    if (name)
+        a.name = (char *)name;
     req.id = 10;
     req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
     req.alloc = &a;
     return raw_call(fd, &req, ret_buf, ret_slab, ret_keepable);
+}
+
+static int raw_alloc(int fd, uint64_t size, uint64_t *ret_buf, uint64_t *ret_slab,
+                     bool *ret_keepable) {
+    return raw_alloc_named(fd, size, NULL, ret_buf, ret_slab, ret_keepable);
 }
 
 static int raw_release(int fd, uint64_t buffer_id, bool keep) {
@@ -543,11 +554,12 @@ static double stat_ms(void) {
     return (double)(b.tv_sec - a.tv_sec) * 1e3 + (double)(b.tv_nsec - a.tv_nsec) / 1e6;
 }
 
-START_TEST(big_replies_unread_stay_bounded) {
-    /* 2000 buffers with long names make each status reply ~0.6 MB. */
+/* A client that published n sealed buffers with 240-byte names (each adds
+ * about 300 bytes to a status reply). */
+static gpubuf_client *publish_long_names(int n) {
     gpubuf_client *c = td_connect(&D);
     char name[300];
-    for (int i = 0; i < 2000; i++) {
+    for (int i = 0; i < n; i++) {
         gpubuf_buffer *b;
         snprintf(name, sizeof(name), "%0240d", i);
         ck_assert_int_eq(gpubuf_alloc(c, NULL, 1, name, &b), 0);
@@ -555,6 +567,12 @@ START_TEST(big_replies_unread_stay_bounded) {
         ck_assert_int_eq(gpubuf_release(b), 0); /* sealed and named: it stays */
     }
     ck_assert_int_eq(gpubuf_flush(c), 0);
+    return c;
+}
+
+START_TEST(big_replies_unread_stay_bounded) {
+    /* 2000 buffers with long names make each status reply ~0.6 MB. */
+    gpubuf_client *c = publish_long_names(2000);
     long before = td_rss_kib(D.pid);
     int fd = raw_connect();
     raw_hello(fd);
@@ -1110,23 +1128,262 @@ START_TEST(bad_flags_exit_2) {
 }
 END_TEST
 
-START_TEST(reader_that_never_reads_is_dropped) {
+START_TEST(reader_that_never_reads_is_held_back) {
     int fd = raw_connect();
     raw_hello(fd);
-    /* Requests without ever reading a reply: the daemon queues at most
-     * 4096 replies for it, then drops the connection. */
+    /* Requests until the socket takes no more, never reading a reply: the
+     * daemon stops taking them (backpressure) instead of queuing replies
+     * without bound, and does not cut the client off. */
     uint8_t frame[64];
-    size_t n = pack_stat(frame, 9, 1) - GPUBUF_WIRE_HEADER_SIZE;
-    struct timeval tv = {5, 0};
-    setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-    int sent = 0;
-    for (; sent < 200000; sent++)
-        if (gpubuf_wire_send_all(fd, frame, n + GPUBUF_WIRE_HEADER_SIZE, -1) < 0)
-            break;
-    ck_assert_int_lt(sent, 200000); /* the daemon hung up on us */
-    close(fd);
+    fcntl(fd, F_SETFL, O_NONBLOCK);
+    int sent = 0, idle_ms = 0;
+    while (sent < 1000000 && idle_ms < 300) {
+        size_t n = pack_stat(frame, 1000 + (uint64_t)sent, 1);
+        ssize_t w = send(fd, frame, n, MSG_NOSIGNAL);
+        if (w == (ssize_t)n) {
+            sent++;
+            idle_ms = 0;
+            continue;
+        }
+        ck_assert_msg(w < 0 && errno == EAGAIN, "send: %zd (%s)", w, strerror(errno));
+        usleep(10000);
+        idle_ms += 10;
+    }
+    ck_assert_int_lt(sent, 1000000); /* the daemon stopped reading */
     assert_serving();
+    fcntl(fd, F_SETFL, 0);
+    for (int i = 0; i < sent; i++) {
+        Gpubuf__Response *r = raw_recv(fd, NULL);
+        ck_assert_msg(r != NULL, "reply %d of %d missing", i, sent);
+        ck_assert_uint_eq(r->id, 1000 + (uint64_t)i);
+        gpubuf__response__free_unpacked(r, NULL);
+    }
+    close(fd);
     ck_assert(td_wait_clients(&D, 0, 2000));
+}
+END_TEST
+
+/* The fds gpubufd may hold for one connection (docs/security.md): its
+ * socket, the fd-carrying replies that stop the handling of its requests
+ * (64), and one per waiting open (64). */
+#define FDS_PER_CLIENT (1 + 64 + 64)
+
+/* n framed open-by-name requests (ids 10, 11, ...) in one block; *ret_len
+ * gets its length. */
+static uint8_t *pack_opens(int n, const char *name, size_t *ret_len) {
+    uint8_t *buf = malloc((size_t)n * (GPUBUF_WIRE_HEADER_SIZE + 32 + strlen(name)));
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+        o.name = (char *)name;
+        req.id = 10 + (uint64_t)i;
+        req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+        req.open = &o;
+        size_t k = gpubuf__request__pack(&req, buf + len + GPUBUF_WIRE_HEADER_SIZE);
+        gpubuf_wire_header_encode(buf + len, (uint32_t)k);
+        len += GPUBUF_WIRE_HEADER_SIZE + k;
+    }
+    *ret_len = len;
+    return buf;
+}
+
+/* Send n open-by-name requests on fd in one write. */
+static void send_opens(int fd, int n, const char *name) {
+    size_t len;
+    uint8_t *buf = pack_opens(n, name, &len);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    free(buf);
+}
+
+/* Read n open replies (ids from 10 + first, each with an fd, which is
+ * closed); returns how many arrived, in order and successful. */
+static int read_open_replies(int fd, int first, int n) {
+    for (int i = first; i < first + n; i++) {
+        int afd = -1;
+        Gpubuf__Response *r = raw_recv(fd, &afd);
+        bool ok = r && r->id == 10 + (uint64_t)i && r->status == 0 && afd >= 0;
+        if (!ok)
+            fprintf(stderr, "open reply %d: %s, id %llu, status %d, fd %d\n", i,
+                    r ? "decoded" : "none", r ? (unsigned long long)r->id : 0ull,
+                    r ? r->status : 0, afd);
+        if (afd >= 0)
+            close(afd);
+        if (r)
+            gpubuf__response__free_unpacked(r, NULL);
+        if (!ok)
+            return i - first;
+    }
+    return n;
+}
+
+/* A library client with a sealed 4 KiB host buffer `name` (*ret_b); returns
+ * the daemon's fd count once only that client is connected. */
+static int sealed_host_buffer(const char *name, gpubuf_client **ret_c, gpubuf_buffer **ret_b) {
+    *ret_c = td_connect(&D);
+    ck_assert_int_eq(gpubuf_alloc(*ret_c, NULL, 4096, name, ret_b), 0);
+    ck_assert_int_eq(gpubuf_seal(*ret_b), 0);
+    ck_assert(td_wait_clients(&D, 1, 2000));
+    usleep(50000); /* let the probe connections' fds close */
+    return td_count_fds(D.pid);
+}
+
+START_TEST(fds_held_per_client_are_bounded) {
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    int before = sealed_host_buffer("fd-budget", &c, &b);
+    int fd = raw_connect();
+    raw_hello(fd);
+    /* 3000 opens of one host buffer, none of the replies read yet: each
+     * reply carries an fd. */
+    enum { N = 3000 };
+    send_opens(fd, N, "fd-budget");
+    int held = 0;
+    for (int i = 0; i < 30; i++) {
+        usleep(10000);
+        int now = td_count_fds(D.pid) - before;
+        held = now > held ? now : held;
+    }
+    printf("fds_held_per_client_are_bounded: the daemon holds %d fds for a client with %d "
+           "unread fd-carrying replies (bound %d)\n",
+           held, N, FDS_PER_CLIENT);
+    fflush(stdout);
+    ck_assert_msg(held <= FDS_PER_CLIENT, "%d fds held for one client", held);
+    /* Held back, not cut off: every open is answered once it reads. */
+    ck_assert_int_eq(read_open_replies(fd, 0, N), N);
+    close(fd);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(held_back_reader_outlives_the_frame_deadline) {
+    /* Whole requests the daemon holds back while the client reads late are
+     * not half a frame: the frame deadline does not cut the client off. */
+    char conf[160];
+    snprintf(conf, sizeof(conf), "%s/t.conf", D.dir);
+    ck_assert_int_eq(write_file(conf, "[daemon]\nframe_timeout_ms = 200\n"
+                                      "[pool:host]\nkind = host\ncapacity = 64M\n"),
+                     0);
+    test_daemon d2;
+    const char *args[] = {"--config", conf, NULL};
+    td_start(&d2, args);
+    gpubuf_client *c = td_connect(&d2);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "late", &b), 0);
+    ck_assert_int_eq(gpubuf_seal(b), 0);
+    int fd = raw_connect_to(&d2);
+    raw_hello(fd);
+    enum { N = 2000 };
+    send_opens(fd, N, "late");
+    usleep(600000); /* three frame deadlines */
+    ck_assert_int_eq(read_open_replies(fd, 0, N), N);
+    close(fd);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d2), 0);
+}
+END_TEST
+
+START_TEST(pipelining_reader_is_never_cut_off) {
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    int before = sealed_host_buffer("pipelined", &c, &b);
+    int fd = raw_connect();
+    raw_hello(fd);
+    /* A writer pipelines 6,000 opens (each answered with an fd), then
+     * 20,000 stats; the reader starts a little later and reads them all.
+     * More than 4,096 replies are due before the first is read. */
+    enum { OPENS = 6000, STATS = 20000 };
+    pid_t p = fork();
+    if (p == 0) {
+        size_t len;
+        uint8_t *buf = pack_opens(OPENS, "pipelined", &len);
+        if (gpubuf_wire_send_all(fd, buf, len, -1) < 0)
+            _exit(1);
+        free(buf);
+        buf = malloc((size_t)STATS * 32);
+        len = 0;
+        for (int i = 0; i < STATS; i++)
+            len += pack_stat(buf + len, 100000 + (uint64_t)i, 999999);
+        _exit(gpubuf_wire_send_all(fd, buf, len, -1) < 0 ? 2 : 0);
+    }
+    usleep(300000);
+    int held = 0;
+    for (int i = 0; i < OPENS; i += 500) {
+        int now = td_count_fds(D.pid) - before;
+        held = now > held ? now : held;
+        ck_assert_int_eq(read_open_replies(fd, i, 500), 500);
+    }
+    for (int i = 0; i < STATS; i++) {
+        Gpubuf__Response *r = raw_recv(fd, NULL);
+        ck_assert_msg(r != NULL, "cut off after %d opens and %d stats", OPENS, i);
+        ck_assert_uint_eq(r->id, 100000 + (uint64_t)i);
+        ck_assert_int_eq(r->status, -ENOENT);
+        gpubuf__response__free_unpacked(r, NULL);
+    }
+    printf("pipelining_reader_is_never_cut_off: %d opens and %d stats answered; at most %d fds "
+           "held for the client (bound %d)\n",
+           OPENS, STATS, held, FDS_PER_CLIENT);
+    fflush(stdout);
+    ck_assert_int_le(held, FDS_PER_CLIENT);
+    ck_assert_int_eq(td_wait(p), 0);
+    close(fd);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+/* Framed request `req` appended at buf + *len. */
+static void pack_into(uint8_t *buf, size_t *len, Gpubuf__Request *req) {
+    size_t k = gpubuf__request__pack(req, buf + *len + GPUBUF_WIRE_HEADER_SIZE);
+    gpubuf_wire_header_encode(buf + *len, (uint32_t)k);
+    *len += GPUBUF_WIRE_HEADER_SIZE + k;
+}
+
+START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
+    /* 200 buffers with long names make each status reply about 60 KB. */
+    gpubuf_client *c = publish_long_names(200);
+    int fd = raw_connect();
+    raw_hello(fd);
+    uint64_t id = 0;
+    ck_assert_int_eq(raw_alloc_named(fd, 4096, "last-words", &id, NULL, NULL), 0);
+    /* 40 status requests never read (about 2.4 MB of replies: the daemon
+     * holds back the rest of this client's requests after 1 MiB), then the
+     * seal, then the exit. */
+    uint8_t buf[4096];
+    size_t len = 0;
+    Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
+    Gpubuf__Request sreq = GPUBUF__REQUEST__INIT;
+    sreq.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    sreq.status = &st;
+    for (int i = 0; i < 40; i++) {
+        sreq.id = 100 + (uint64_t)i;
+        pack_into(buf, &len, &sreq);
+    }
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    usleep(200000); /* the daemon is backlogged now */
+    Gpubuf__SealRequest seal = GPUBUF__SEAL_REQUEST__INIT;
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    seal.buffer_id = id;
+    req.id = 3;
+    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
+    req.seal = &seal;
+    len = 0;
+    pack_into(buf, &len, &req);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    close(fd);
+    ck_assert(td_wait_clients(&D, 1, 2000));
+    /* Applied: sealed under its name, it outlives its creator. */
+    gpubuf_status *s = td_status(&D);
+    const gpubuf_status_buffer *x = td_find_buffer(s, "last-words");
+    ck_assert_msg(x != NULL, "the seal sent before the exit was lost: buffer freed");
+    ck_assert_int_eq(x->state, GPUBUF_STATE_SEALED);
+    ck_assert_uint_eq(x->id, id);
+    gpubuf_status_free(s);
+    assert_serving();
+    gpubuf_disconnect(c);
 }
 END_TEST
 
@@ -1310,7 +1567,11 @@ int main(void) {
     tcase_add_test(t, big_replies_unread_stay_bounded);
     tcase_add_test(t, departed_writer_cannot_hold_the_loop);
     tcase_add_test(t, second_daemon_refuses_live_socket);
-    tcase_add_test(t, reader_that_never_reads_is_dropped);
+    tcase_add_test(t, reader_that_never_reads_is_held_back);
+    tcase_add_test(t, fds_held_per_client_are_bounded);
+    tcase_add_test(t, pipelining_reader_is_never_cut_off);
+    tcase_add_test(t, held_back_reader_outlives_the_frame_deadline);
+    tcase_add_test(t, seal_sent_before_exit_is_applied_with_replies_unread);
     tcase_add_test(t, waiting_open_fails_when_buffer_goes);
     suite_add_tcase(s, t);
     TCase *o = tcase_create("operations");
