@@ -182,7 +182,7 @@ static const key_def daemon_keys[] = {
 
 /* Limits with no key: fixed defaults. */
 #define DEFAULT_FRAMES_PER_WAKEUP 32
-#define DEFAULT_MAX_WAITERS 64
+#define DEFAULT_MAX_WAITERS GD_MAX_WAITERS_PER_CLIENT
 #define DEFAULT_MAX_QUEUED_REPLIES 4096
 
 /* [pool:NAME] */
@@ -364,4 +364,33 @@ int gd_config_check(const gd_config *c, gd_err *err) {
                               p->name, (unsigned long long)g);
     }
     return 0;
+}
+
+/* Clamping rather than refusing: the defaults must start under any fd limit
+ * a service gets (a daemon that refuses to start serves nobody), and what a
+ * client sees at the lowered limit is the refusal it sees at any limit. */
+int gd_limits_fit_fds(gd_limits *l, uint64_t nofile, uint64_t reserved, char *warn, size_t n,
+                      gd_err *err) {
+    uint64_t room = nofile > reserved ? (nofile - reserved) / GD_FDS_PER_CLIENT : 0;
+    if (room == 0)
+        return gd_err_set(err, -EMFILE,
+                          "the fd limit (RLIMIT_NOFILE %llu) leaves no room for a client: the "
+                          "daemon reserves %llu fds and needs %d per client (its socket and up "
+                          "to %d queued reply fds); raise LimitNOFILE= or ulimit -n",
+                          (unsigned long long)nofile, (unsigned long long)reserved,
+                          GD_FDS_PER_CLIENT, GD_FDS_PER_CLIENT - 1);
+    if (l->max_clients <= room)
+        return 0;
+    uint32_t mc = (uint32_t)room;
+    uint32_t pu = l->max_clients_per_uid > mc ? mc : l->max_clients_per_uid;
+    snprintf(warn, n,
+             "max_clients %u and max_clients_per_uid %u need more fds than RLIMIT_NOFILE %llu "
+             "carries (%llu reserved, %d per client: its socket and up to %d queued reply fds); "
+             "serving at most max_clients %u, max_clients_per_uid %u (raise LimitNOFILE= or "
+             "ulimit -n)",
+             l->max_clients, l->max_clients_per_uid, (unsigned long long)nofile,
+             (unsigned long long)reserved, GD_FDS_PER_CLIENT, GD_FDS_PER_CLIENT - 1, mc, pu);
+    l->max_clients = mc;
+    l->max_clients_per_uid = pu;
+    return 1;
 }

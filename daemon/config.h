@@ -63,4 +63,20 @@ int gd_config_load(gd_config *c, const char *path, gd_err *err);
  * too long for a Unix socket. --check-config and SIGHUP run it too. */
 int gd_config_check(const gd_config *c, gd_err *err);
 
+/* The fd budget. One client can make the daemon hold GD_FDS_PER_CLIENT fds
+ * (settings.h: its socket, the fds of its queued replies and of its answered
+ * waiting opens); the daemon itself holds a reserve: stdio, the listening
+ * socket, the event loop's fds, each pool's slab fds (host: a memfd and its
+ * read-only twin per slab; cuda-vmm: one per slab) and the CUDA driver's
+ * device fds. */
+#define GD_FD_RESERVE_BASE 32     /* stdio, listening socket, event loop, slack */
+#define GD_FD_RESERVE_PER_CUDA 32 /* the driver's fds per CUDA pool */
+
+/* Fit max_clients (and max_clients_per_uid) into nofile fds of which
+ * reserved are the daemon's own. Returns 0 when they fit, 1 when they were
+ * lowered (why in warn, one sentence), -EMFILE (err filled) when not even one
+ * client fits. */
+int gd_limits_fit_fds(gd_limits *l, uint64_t nofile, uint64_t reserved, char *warn, size_t n,
+                      gd_err *err);
+
 #endif

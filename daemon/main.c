@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <uv.h>
@@ -104,6 +105,82 @@ static int create_pools(gd_context *ctx, gd_config *c) {
     return 0;
 }
 
+/* The fds a pool makes the daemon hold at most (see GD_FD_RESERVE_BASE). */
+static uint64_t pool_fds(gpubuf_pool_kind kind, uint64_t capacity, uint64_t slab) {
+    if (kind == GPUBUF_POOL_CUDA_IPC)
+        return GD_FD_RESERVE_PER_CUDA;
+    if (kind == GPUBUF_POOL_HOST && !capacity)
+        capacity = DEFAULT_HOST_CAPACITY;
+    slab = slab ? slab : DEFAULT_SLAB;
+    uint64_t slabs = capacity / slab + (capacity % slab != 0);
+    return kind == GPUBUF_POOL_HOST ? 2 * slabs : GD_FD_RESERVE_PER_CUDA + slabs;
+}
+
+/* The daemon's own fds: the created pools' when there are, else the
+ * configured ones' (for --check-config; without pools, the default host pool,
+ * and a cuda-vmm pool of unknown capacity counts its driver fds only). */
+static uint64_t fd_reserve(const gd_context *ctx, const gd_config *c) {
+    uint64_t r = GD_FD_RESERVE_BASE;
+    if (ctx && ctx->n_pools) {
+        for (int i = 0; i < ctx->n_pools; i++)
+            r += pool_fds(ctx->pools[i]->be->kind, ctx->pools[i]->capacity,
+                          ctx->pools[i]->slab_size);
+        return r;
+    }
+    if (c->n_pools == 0)
+        return r + pool_fds(GPUBUF_POOL_HOST, 0, 0);
+    for (int i = 0; i < c->n_pools; i++)
+        r += pool_fds(c->pools[i].kind, c->pools[i].capacity, c->pools[i].slab_size);
+    return r;
+}
+
+/* Raise the soft fd limit to the hard one (a systemd service starts at a
+ * soft 1024 whatever LimitNOFILE= allows). Returns the limit in force and
+ * the soft limit found in *before. */
+static uint64_t raise_nofile(uint64_t *before) {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) < 0) {
+        *before = 1024;
+        return 1024;
+    }
+    *before = rl.rlim_cur;
+    if (rl.rlim_cur < rl.rlim_max) {
+        struct rlimit up = {rl.rlim_max, rl.rlim_max};
+        if (setrlimit(RLIMIT_NOFILE, &up) == 0)
+            rl.rlim_cur = rl.rlim_max;
+        else
+            LOG_WARN("cannot raise the fd limit from %llu to %llu: %s",
+                     (unsigned long long)rl.rlim_cur, (unsigned long long)rl.rlim_max,
+                     strerror(errno));
+    }
+    return rl.rlim_cur;
+}
+
+static uint64_t g_nofile, g_fd_reserved; /* the budget found at start */
+
+/* Fit the limits into the fd budget; a warning when they were lowered.
+ * -EMFILE when not even one client fits. */
+static int fit_fds(gd_limits *l, gd_err *err) {
+    char warn[512];
+    int r = gd_limits_fit_fds(l, g_nofile, g_fd_reserved, warn, sizeof(warn), err);
+    if (r == 1)
+        LOG_WARN("%s", warn);
+    return r < 0 ? r : 0;
+}
+
+static void log_fd_budget(const gd_limits *l, uint64_t before) {
+    char raised[64] = "";
+    if (before != g_nofile)
+        snprintf(raised, sizeof(raised), ", raised from %llu", (unsigned long long)before);
+    LOG_INFO("fd budget: RLIMIT_NOFILE %llu%s; %llu reserved, %d per client (its socket and up "
+             "to %d queued reply fds): room for %llu clients; max_clients %u, "
+             "max_clients_per_uid %u",
+             (unsigned long long)g_nofile, raised, (unsigned long long)g_fd_reserved,
+             GD_FDS_PER_CLIENT, GD_FDS_PER_CLIENT - 1,
+             (unsigned long long)((g_nofile - g_fd_reserved) / GD_FDS_PER_CLIENT), l->max_clients,
+             l->max_clients_per_uid);
+}
+
 static gd_daemon g_d;
 static uv_signal_t g_sig[3];
 static const char *g_config_file;
@@ -156,7 +233,7 @@ static void reload(void) {
 #ifdef GPUBUF_HAVE_SYSTEMD
     sd_notify(0, "RELOADING=1");
 #endif
-    if (read_config(&fresh, NULL, NULL, 0, &err) < 0) {
+    if (read_config(&fresh, NULL, NULL, 0, &err) < 0 || fit_fds(&fresh.limits, &err) < 0) {
         LOG_ERR("SIGHUP: %s has errors (%s); keeping the running configuration", g_config_file,
                 err.msg);
     } else {
@@ -342,12 +419,24 @@ int main(int argc, char **argv) {
         fprintf(stderr, "gpubufd: %s\n", err.msg);
         return 2;
     }
-    if (check_only) {
-        printf("configuration OK: %d pool(s) defined\n", cfg.n_pools);
-        return 0;
-    }
     if (cfg.log_level >= 0)
         gd_log_level = cfg.log_level;
+    uint64_t nofile_before;
+    g_nofile = raise_nofile(&nofile_before);
+    if (check_only) {
+        /* The budget the daemon would start with (pools not created). */
+        g_fd_reserved = fd_reserve(NULL, &cfg);
+        if (fit_fds(&cfg.limits, &err) < 0) {
+            fprintf(stderr, "gpubufd: %s\n", err.msg);
+            return 2;
+        }
+        printf("configuration OK: %d pool(s) defined\n", cfg.n_pools);
+        printf("fd budget: RLIMIT_NOFILE %llu, %llu reserved, %d per client: max_clients %u, "
+               "max_clients_per_uid %u\n",
+               (unsigned long long)g_nofile, (unsigned long long)g_fd_reserved,
+               GD_FDS_PER_CLIENT, cfg.limits.max_clients, cfg.limits.max_clients_per_uid);
+        return 0;
+    }
 
     signal(SIGPIPE, SIG_IGN);
     int r = gd_daemon_init(&g_d, loop);
@@ -355,10 +444,18 @@ int main(int argc, char **argv) {
         LOG_ERR("cannot set up the event loop: %s", uv_strerror(r));
         return 1;
     }
-    g_d.ctx.limits = cfg.limits;
     g_d.ctx.reg.quota = cfg.quota;
-    if (create_pools(&g_d.ctx, &cfg) < 0 || listen_socket(&cfg) < 0 ||
-        start_services(loop) < 0) {
+    r = create_pools(&g_d.ctx, &cfg);
+    if (r == 0) {
+        /* The pools are known now: fit the limits before the first client. */
+        g_fd_reserved = fd_reserve(&g_d.ctx, &cfg);
+        if ((r = fit_fds(&cfg.limits, &err)) < 0)
+            LOG_ERR("%s", err.msg);
+        else
+            log_fd_budget(&cfg.limits, nofile_before);
+    }
+    g_d.ctx.limits = cfg.limits;
+    if (r < 0 || listen_socket(&cfg) < 0 || start_services(loop) < 0) {
         /* Close what was opened; the loop runs out. */
         for (int i = 0; i < 3; i++)
             if (g_sig[i].type && !uv_is_closing((uv_handle_t *)&g_sig[i]))

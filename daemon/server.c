@@ -27,7 +27,7 @@
  * once the mark is reached and a frame yields at most one fd, so requests
  * make the daemon hold at most this many fds for a connection; waiting opens
  * answered later add at most max_waiters_per_client (docs/security.md). */
-#define OUT_FDS_HIGH_WATER 64u
+#define OUT_FDS_HIGH_WATER ((unsigned)GD_QUEUED_REPLY_FDS)
 /* Backpressure on the number of queued replies, far below
  * max_queued_replies: a pass adds at most one reply per frame and waiting
  * opens at most max_waiters_per_client more, so a client that reads its

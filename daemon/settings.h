@@ -18,6 +18,14 @@ typedef struct gd_limits {
     uint32_t max_waiters_per_client; /* pending opens per connection */
 } gd_limits;
 
+/* The fds one connection can make the daemon hold: requests stop being
+ * handled while this many queued replies hold an fd (the server's
+ * backpressure), and waiting opens answered later add at most
+ * GD_MAX_WAITERS_PER_CLIENT more; plus the connection's socket. */
+#define GD_QUEUED_REPLY_FDS 64
+#define GD_MAX_WAITERS_PER_CLIENT 64
+#define GD_FDS_PER_CLIENT (1 + GD_QUEUED_REPLY_FDS + GD_MAX_WAITERS_PER_CLIENT)
+
 /* Why the server refuses a connection: the limit it reached, or stopping. */
 typedef enum gd_refusal {
     GD_REFUSE_MAX_CLIENTS,

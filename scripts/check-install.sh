@@ -5,7 +5,9 @@
 # (find_package(gpubuf)) and with pkg-config (gpubuf-client.pc), each shared
 # and static, and run every program once: without a daemon (the example exits
 # 0 on -ENOENT) and against the installed gpubufd. Last, systemd-analyze
-# verify on the installed units when systemd-analyze exists.
+# verify on the installed units, and systemd-analyze security on the installed
+# gpubufd.service (its exposure printed; above 3.0 fails), when
+# systemd-analyze exists.
 # With GPUBUF_PYTHON (an interpreter), the Python package is built for it and
 # its installed copy imported and run against the installed daemon.
 #
@@ -161,6 +163,7 @@ wait "$daemon" || rc=$?
 daemon=
 [ "$rc" = 0 ] || fail "gpubufd exited $rc on SIGTERM"
 
+max_exposure=3.0
 if command -v systemd-analyze >/dev/null; then
     step "systemd-analyze verify"
     units=("$prefix/lib/systemd/system/gpubufd.socket" "$prefix/lib/systemd/system/gpubufd.service"
@@ -176,6 +179,17 @@ if command -v systemd-analyze >/dev/null; then
         fail "systemd-analyze verify reported the lines above"
     fi
     echo "   gpubufd.socket, gpubufd.service, gpubuf-metrics.service, gpubuf-metrics.timer: ok"
+    step "systemd-analyze security --offline=true gpubufd.service (at most $max_exposure)"
+    unit=$prefix/lib/systemd/system/gpubufd.service
+    SYSTEMD_LOG_LEVEL=err systemd-analyze security --offline=true --no-pager "$unit" \
+        >"$work/security.log" 2>&1 || true
+    grep -E '^✗' "$work/security.log" | sed 's/  */ /g; s/^/   /' || true
+    exposure=$(sed -n 's/.*Overall exposure level for gpubufd.service: \([0-9.]*\).*/\1/p' \
+        "$work/security.log")
+    [ -n "$exposure" ] || { cat "$work/security.log"; fail "systemd-analyze security gave no figure"; }
+    echo "   exposure of gpubufd.service: $exposure (at most $max_exposure)"
+    awk -v e="$exposure" -v m="$max_exposure" 'BEGIN { exit !(e <= m) }' ||
+        fail "gpubufd.service is rated $exposure, above $max_exposure"
 else
     step "systemd-analyze not found: units not verified"
 fi
