@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 
 int gd_log_level = GPUBUF_LOG_INFO;
 static int journal;
@@ -38,4 +39,23 @@ void gd_log(int prio, const char *fmt, ...) {
         fprintf(stderr, "<%d>%s\n", prio, line);
     else
         fprintf(stderr, "gpubufd: %s: %s\n", words[prio & 7], line);
+}
+
+bool gd_log_allow(gd_log_limit *l, uint32_t *suppressed) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    uint64_t now = (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+    if (l->lines == 0 || now - l->window_start_ms >= GD_LOG_WINDOW_MS) {
+        l->window_start_ms = now;
+        l->lines = 0;
+    }
+    if (l->lines >= GD_LOG_BURST) {
+        l->suppressed++;
+        *suppressed = 0;
+        return false;
+    }
+    l->lines++;
+    *suppressed = l->suppressed;
+    l->suppressed = 0;
+    return true;
 }

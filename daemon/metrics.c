@@ -6,7 +6,7 @@ const char *const gd_metrics_type_names[GD_REQ_TYPES] = {
 const char *const gd_metrics_end_names[GD_END_REASONS] = {
     "none", "closed", "protocol", "timeout", "backlog", "shutdown", "other"};
 const char *const gd_metrics_refusal_names[GD_REFUSALS] = {"max_clients", "max_clients_per_uid",
-                                                           "shutting_down"};
+                                                           "shutting_down", "out_of_fds"};
 const double gd_metrics_bounds[GD_LATENCY_BOUNDS] = {
     1e-6,   2.5e-6, 5e-6, 1e-5,   2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3,
     2.5e-3, 5e-3,   1e-2, 2.5e-2, 5e-2,   0.1,  0.25, 0.5,    1.0};

@@ -35,6 +35,9 @@
 #define OUT_FRAMES_HIGH_WATER 1024u
 /* What the final drain of a departed client reads at most. */
 #define DRAIN_MAX (4u << 20)
+/* Out of fds with no spare to refuse a connection with: listening pauses
+ * this long instead of waking the loop for a connection it cannot take. */
+#define ACCEPT_PAUSE_MS 100u
 
 static void on_listen(uv_poll_t *h, int status, int events);
 static void on_conn_io(uv_poll_t *h, int status, int events);
@@ -49,12 +52,13 @@ static bool backlogged(const gd_conn *c);
 static bool has_complete_frame(const gd_conn *c);
 static void conn_free_out(gd_conn *c);
 static void conn_end(gd_conn *c, gd_close_reason why);
+static void refuse(gd_server *srv, int fd, gd_refusal why, uid_t uid, uint32_t limit);
 
 /* Deadline for a connection whose handshake is not done, or that sits on
  * half a frame. */
 static void on_conn_timer(uv_timer_t *t) {
     gd_conn *c = t->data;
-    LOG_WARN("pid %d: %s for %u ms; disconnecting", (int)c->pid,
+    LOG_WARN_LIMITED("pid %d: %s for %u ms; disconnecting", (int)c->pid,
              c->ready ? "incomplete frame" : "no handshake",
              c->ready ? c->srv->limits->frame_timeout_ms : c->srv->limits->handshake_timeout_ms);
     conn_end(c, GD_CLOSE_TIMEOUT);
@@ -77,7 +81,7 @@ static void arm_timer(gd_conn *c) {
     if (!uv_is_active((uv_handle_t *)&c->timer)) {
         int r = uv_timer_start(&c->timer, on_conn_timer, ms, 0);
         if (r < 0) {
-            LOG_ERR("pid %d: uv_timer_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
+            LOG_ERR_LIMITED("pid %d: uv_timer_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
             conn_end(c, GD_CLOSE_ERROR);
         }
     }
@@ -151,6 +155,7 @@ int gd_server_init(gd_server *srv, uv_loop_t *loop, const gd_limits *limits,
     srv->cb = *cb;
     srv->data = data;
     srv->listen_fd = -1;
+    srv->spare_fd = -1;
     if ((r = uv_check_init(loop, &srv->reaper)) < 0)
         return r;
     srv->reaper.data = srv;
@@ -159,7 +164,21 @@ int gd_server_init(gd_server *srv, uv_loop_t *loop, const gd_limits *limits,
         return r;
     }
     srv->kick.data = srv;
+    if ((r = uv_timer_init(loop, &srv->accept_timer)) < 0) {
+        uv_close((uv_handle_t *)&srv->reaper, NULL);
+        uv_close((uv_handle_t *)&srv->kick, NULL);
+        return r;
+    }
+    srv->accept_timer.data = srv;
     return 0;
+}
+
+/* The spare fd: held while fds are plenty, closed for a moment when accept
+ * fails for want of fds, so that the connection can be accepted, told why
+ * and closed instead of waking the loop again and again. */
+static void open_spare(gd_server *srv) {
+    if (srv->spare_fd < 0)
+        srv->spare_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
 
 int gd_server_listen_fd(gd_server *srv, int fd) {
@@ -171,6 +190,7 @@ int gd_server_listen_fd(gd_server *srv, int fd) {
         return r;
     srv->listen_fd = fd;
     srv->listen_poll.data = srv;
+    open_spare(srv);
     return uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
 }
 
@@ -245,6 +265,7 @@ static void close_loop_handles(gd_server *srv) {
     srv->handles_closed = true;
     uv_close((uv_handle_t *)&srv->reaper, NULL);
     uv_close((uv_handle_t *)&srv->kick, NULL);
+    uv_close((uv_handle_t *)&srv->accept_timer, NULL);
 }
 
 static void on_reap(uv_check_t *h) {
@@ -403,6 +424,60 @@ static void refuse(gd_server *srv, int fd, gd_refusal why, uid_t uid, uint32_t l
     close(fd);
 }
 
+static void on_accept_timer(uv_timer_t *t) {
+    gd_server *srv = t->data;
+    if (srv->stopping || srv->listen_fd < 0)
+        return;
+    open_spare(srv);
+    int r = uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
+    if (r < 0) {
+        LOG_ERR_LIMITED("uv_poll_start on the listening socket: %s; retrying", uv_strerror(r));
+        r = uv_timer_start(&srv->accept_timer, on_accept_timer, ACCEPT_PAUSE_MS, 0);
+        assert(r == 0); /* fails only for a closing handle */
+        (void)r;
+    }
+}
+
+/* Stop watching the listening socket for ACCEPT_PAUSE_MS: a connection
+ * left in the backlog would wake the loop at once, again and again. */
+static void pause_accepting(gd_server *srv) {
+    uv_poll_stop(&srv->listen_poll);
+    int r = uv_timer_start(&srv->accept_timer, on_accept_timer, ACCEPT_PAUSE_MS, 0);
+    assert(r == 0); /* fails only for a closing handle */
+    (void)r;
+}
+
+/* accept failed with e (EMFILE, ENFILE: no fd for the connection). Free
+ * the spare fd, accept the connection with it, tell the peer why and close
+ * it, then take the spare again. Returns true when a connection was
+ * refused so (the caller goes on accepting), false when accepting paused. */
+static bool refuse_without_fds(gd_server *srv, int e) {
+    if (srv->spare_fd >= 0) {
+        close(srv->spare_fd);
+        srv->spare_fd = -1;
+        int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
+        if (fd >= 0) {
+            struct ucred cred = {.pid = 0, .uid = (uid_t)-1};
+            socklen_t cl = sizeof(cred);
+            (void)!getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &cl);
+            LOG_WARN_LIMITED("refusing pid %d: out of file descriptors (%s, %u clients "
+                             "connected)",
+                             (int)cred.pid, strerror(e), srv->n_conns);
+            refuse(srv, fd, GD_REFUSE_NO_FDS, cred.uid, 0);
+            open_spare(srv);
+            if (srv->spare_fd >= 0)
+                return true;
+        } else {
+            open_spare(srv);
+            if (errno == EAGAIN || errno == ECONNABORTED)
+                return srv->spare_fd >= 0;
+        }
+    }
+    LOG_WARN_LIMITED("accept: %s; pausing accepting for %u ms", strerror(e), ACCEPT_PAUSE_MS);
+    pause_accepting(srv);
+    return false;
+}
+
 static void on_listen(uv_poll_t *h, int status, int events) {
     gd_server *srv = h->data;
     (void)events;
@@ -411,8 +486,20 @@ static void on_listen(uv_poll_t *h, int status, int events) {
     for (int i = 0; i < 64; i++) {
         int fd = accept4(srv->listen_fd, NULL, NULL, SOCK_NONBLOCK | SOCK_CLOEXEC);
         if (fd < 0) {
-            if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-                LOG_WARN("accept: %s", strerror(errno));
+            int e = errno;
+            if (e == EAGAIN || e == ECONNABORTED)
+                return;
+            if (e == EINTR)
+                continue;
+            if (e == EMFILE || e == ENFILE) {
+                if (refuse_without_fds(srv, e))
+                    continue;
+                return;
+            }
+            /* ENOBUFS, ENOMEM and the like: retry later, not at once. */
+            LOG_WARN_LIMITED("accept: %s; pausing accepting for %u ms", strerror(e),
+                             ACCEPT_PAUSE_MS);
+            pause_accepting(srv);
             return;
         }
         struct ucred cred;
@@ -426,7 +513,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
             continue;
         }
         if (srv->n_conns >= srv->limits->max_clients) {
-            LOG_WARN("refusing pid %d: %u clients connected (limit %u)", (int)cred.pid,
+            LOG_WARN_LIMITED("refusing pid %d: %u clients connected (limit %u)", (int)cred.pid,
                      srv->n_conns, srv->limits->max_clients);
             refuse(srv, fd, GD_REFUSE_MAX_CLIENTS, cred.uid, srv->limits->max_clients);
             continue;
@@ -436,7 +523,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         DL_FOREACH(srv->conns, x)
             same_uid += !x->closing && x->uid == cred.uid;
         if (srv->limits->max_clients_per_uid && same_uid >= srv->limits->max_clients_per_uid) {
-            LOG_WARN("refusing pid %d: uid %u has %u connections (limit %u)", (int)cred.pid,
+            LOG_WARN_LIMITED("refusing pid %d: uid %u has %u connections (limit %u)", (int)cred.pid,
                      (unsigned)cred.uid, same_uid, srv->limits->max_clients_per_uid);
             refuse(srv, fd, GD_REFUSE_MAX_CLIENTS_PER_UID, cred.uid,
                    srv->limits->max_clients_per_uid);
@@ -453,7 +540,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         c->uid = cred.uid;
         int r = conn_start(srv, c);
         if (r < 0) {
-            LOG_ERR("pid %d: cannot watch the connection: %s", (int)cred.pid, uv_strerror(r));
+            LOG_ERR_LIMITED("pid %d: cannot watch the connection: %s", (int)cred.pid, uv_strerror(r));
             continue;
         }
         DL_PREPEND(srv->conns, c);
@@ -483,7 +570,7 @@ static void update_poll(gd_conn *c) {
         return;
     int r = uv_poll_start(&c->poll, want, on_conn_io);
     if (r < 0) {
-        LOG_ERR("pid %d: uv_poll_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
+        LOG_ERR_LIMITED("pid %d: uv_poll_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
         conn_end(c, GD_CLOSE_ERROR);
         return;
     }
@@ -538,13 +625,13 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
     if (c->closing || c->peer_gone)
         return -ECONNRESET;
     if (c->out_frames >= c->srv->limits->max_queued_replies) {
-        LOG_WARN("pid %d reads none of its %u queued replies; disconnecting", (int)c->pid,
+        LOG_WARN_LIMITED("pid %d reads none of its %u queued replies; disconnecting", (int)c->pid,
                  c->out_frames);
         conn_end(c, GD_CLOSE_BACKLOG);
         return -ENOBUFS;
     }
     if (plen > GPUBUF_WIRE_MAX_RESPONSE) {
-        LOG_ERR("reply of %zu bytes exceeds the frame limit", plen);
+        LOG_ERR_LIMITED("reply of %zu bytes exceeds the frame limit", plen);
         conn_end(c, GD_CLOSE_ERROR);
         return -EMSGSIZE;
     }
@@ -558,7 +645,8 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
     o->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
     if (fd >= 0 && o->fd < 0) {
         int e = errno;
-        LOG_ERR("dup: %s", strerror(e));
+        LOG_ERR_LIMITED("pid %d: cannot duplicate the fd of a reply (%s); disconnecting",
+                        (int)c->pid, strerror(e));
         free(o);
         conn_end(c, GD_CLOSE_ERROR);
         return -e;
@@ -608,7 +696,7 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
             break;
         int r = gpubuf_wire_header_decode(c->in + pos, c->srv->limits->max_request, &h);
         if (r < 0) {
-            LOG_WARN("pid %d: bad frame header (%s); disconnecting", (int)c->pid,
+            LOG_WARN_LIMITED("pid %d: bad frame header (%s); disconnecting", (int)c->pid,
                      gpubuf_strerror(r));
             if (c->srv->cb.on_bad_frame)
                 c->srv->cb.on_bad_frame(c->user, r);
@@ -670,7 +758,7 @@ static ssize_t read_in(gd_conn *c, size_t max) {
     for (int i = 0; i < n_fds; i++)
         close(fds[i]); /* clients never send fds: drop them */
     if (n_fds || trunc)
-        LOG_WARN("pid %d sent file descriptors; closed them", (int)c->pid);
+        LOG_WARN_LIMITED("pid %d sent file descriptors; closed them", (int)c->pid);
     if (n > 0)
         c->in_len += (size_t)n;
     return n;
@@ -734,6 +822,7 @@ void gd_server_stop(gd_server *srv) {
     if (srv->listen_fd >= 0) {
         uv_poll_stop(&srv->listen_poll);
         uv_close((uv_handle_t *)&srv->listen_poll, NULL);
+        uv_timer_stop(&srv->accept_timer);
         close(srv->listen_fd);
         srv->listen_fd = -1;
         if (srv->listen_owned && srv->socket_path)
@@ -746,6 +835,9 @@ void gd_server_stop(gd_server *srv) {
 }
 
 void gd_server_destroy(gd_server *srv) {
+    if (srv->spare_fd >= 0)
+        close(srv->spare_fd);
+    srv->spare_fd = -1;
     free(srv->socket_path);
     srv->socket_path = NULL;
 }

@@ -95,6 +95,8 @@ struct gd_server {
     uv_poll_t listen_poll;
     uv_check_t reaper;
     uv_idle_t kick; /* runs connections with frames left over */
+    uv_timer_t accept_timer; /* resumes accepting after a pause for want of fds */
+    int spare_fd; /* /dev/null, closed to accept and refuse a peer at EMFILE */
     gd_conn *pending;
     int listen_fd;
     bool listen_owned; /* we created the socket file (unlink on exit) */

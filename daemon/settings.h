@@ -26,11 +26,13 @@ typedef struct gd_limits {
 #define GD_MAX_WAITERS_PER_CLIENT 64
 #define GD_FDS_PER_CLIENT (1 + GD_QUEUED_REPLY_FDS + GD_MAX_WAITERS_PER_CLIENT)
 
-/* Why the server refuses a connection: the limit it reached, or stopping. */
+/* Why the server refuses a connection: the limit it reached, stopping, or
+ * out of fds. */
 typedef enum gd_refusal {
     GD_REFUSE_MAX_CLIENTS,
     GD_REFUSE_MAX_CLIENTS_PER_UID,
     GD_REFUSE_STOPPING,
+    GD_REFUSE_NO_FDS, /* the daemon is out of file descriptors */
     GD_REFUSALS
 } gd_refusal;
 

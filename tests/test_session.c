@@ -325,11 +325,18 @@ START_TEST(refusals_say_why) {
     ck_assert_ptr_nonnull(r);
     ck_assert_int_eq(r->status, -ESHUTDOWN);
     gpubuf__response__free_unpacked(r, NULL);
+    n = gd_session_refusal(&ctx, GD_REFUSE_NO_FDS, 1000, 0, buf, sizeof(buf));
+    r = gpubuf__response__unpack(NULL, n, buf);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, -EMFILE);
+    ck_assert_ptr_nonnull(strstr(r->message, "out of file descriptors"));
+    gpubuf__response__free_unpacked(r, NULL);
     /* No room: no frame, but still counted. */
     ck_assert_uint_eq(gd_session_refusal(&ctx, GD_REFUSE_MAX_CLIENTS, 1000, 7, buf, 8), 0);
     ck_assert_uint_eq(ctx.metrics.refused[GD_REFUSE_MAX_CLIENTS], 2);
     ck_assert_uint_eq(ctx.metrics.refused[GD_REFUSE_MAX_CLIENTS_PER_UID], 1);
     ck_assert_uint_eq(ctx.metrics.refused[GD_REFUSE_STOPPING], 1);
+    ck_assert_uint_eq(ctx.metrics.refused[GD_REFUSE_NO_FDS], 1);
     ctx_fini();
 }
 END_TEST
@@ -456,6 +463,25 @@ START_TEST(shutdown_says_why_and_closes) {
 }
 END_TEST
 
+/* A log line a client can trigger is let through GD_LOG_BURST times per
+ * window; the first one after the window says how many were dropped. */
+START_TEST(log_lines_are_rate_limited) {
+    gd_log_limit l = {0};
+    uint32_t sup = 99;
+    for (unsigned i = 0; i < GD_LOG_BURST; i++) {
+        ck_assert(gd_log_allow(&l, &sup));
+        ck_assert_uint_eq(sup, 0);
+    }
+    for (unsigned i = 0; i < 1000; i++)
+        ck_assert(!gd_log_allow(&l, &sup));
+    l.window_start_ms -= GD_LOG_WINDOW_MS; /* the window is over */
+    ck_assert(gd_log_allow(&l, &sup));
+    ck_assert_uint_eq(sup, 1000);
+    ck_assert(gd_log_allow(&l, &sup));
+    ck_assert_uint_eq(sup, 0);
+}
+END_TEST
+
 int main(void) {
     const TTest *tests[] = {
         first_request_must_be_hello,
@@ -471,6 +497,7 @@ int main(void) {
         session_going_cancels_its_waits,
         status_lists_live_sessions_only,
         shutdown_says_why_and_closes,
+        log_lines_are_rate_limited,
     };
     Suite *s = suite_create("session");
     TCase *t = tcase_create("inproc");

@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Running out of fds degrades gracefully (docs/security.md, "Out of file
+# descriptors"): gpubufd's fd limit is lowered under it (prlimit) to a few
+# fds above what it holds, then a flood of connections fills it until accept
+# fails with EMFILE. The daemon must stay idle (CPU well under one core),
+# keep its log small (rate-limited lines), refuse each further connection
+# with a reason ("out of file descriptors") instead of leaving it hanging,
+# keep answering status on a connection it already serves, and serve a fresh
+# gpubufctl status once the extra connections are gone.
+# Usage: fd_exhaustion.sh GPUBUFD GPUBUFCTL
+set -uo pipefail
+gpubufd=$1 gpubufctl=$2
+work=$(mktemp -d /tmp/gpubuf-fdexh-XXXXXX)
+daemon= watcher=
+cleanup() {
+    if [ -n "$watcher" ]; then kill "$watcher" 2>/dev/null; wait "$watcher" 2>/dev/null; fi
+    if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
+    rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; [ -f "$work/log" ] && head -c 4000 "$work/log" | sed 's/^/   log: /'; exit 1; }
+
+sock=$work/gpubufd.sock
+(ulimit -Sn 1024 && ulimit -Hn 1024 &&
+    exec "$gpubufd" --socket "$sock" --pool host=host,capacity=64M) >"$work/log" 2>&1 &
+daemon=$!
+for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+[ -S "$sock" ] || fail "gpubufd did not listen"
+
+echo "-- a client already connected: gpubufctl status --watch=0.2 on one connection"
+"$gpubufctl" --socket "$sock" status --watch=0.2 >"$work/watch" 2>&1 &
+watcher=$!
+for _ in $(seq 100); do grep -q '^--- ' "$work/watch" && break; sleep 0.05; done
+grep -q '^--- ' "$work/watch" || fail "gpubufctl --watch printed no status"
+
+python3 - "$daemon" "$sock" "$gpubufctl" "$work/log" "$work/watch" <<'PY' || fail "see above"
+import os, resource, socket, subprocess, sys, time
+pid, path, ctl, log, watch = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
+
+def fds():
+    return len(os.listdir(f"/proc/{pid}/fd"))
+
+def cpu_ticks():
+    with open(f"/proc/{pid}/stat") as f:
+        st = f.read().rsplit(")", 1)[1].split()
+    return int(st[11]) + int(st[12])  # utime + stime
+
+def snapshots():
+    with open(watch, errors="replace") as f:
+        return sum(1 for line in f if line.startswith("--- "))
+
+held = fds()
+soft = held + 3
+resource.prlimit(pid, resource.RLIMIT_NOFILE, (soft, 1024))
+print(f"   gpubufd holds {held} fds; its fd limit is now {soft}")
+
+log0 = os.path.getsize(log)
+t0 = time.monotonic()
+extra = []
+for _ in range(40):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(path)
+    extra.append(s)
+def emfile():
+    with open(log, errors="replace") as f:
+        f.seek(log0)
+        return "Too many open files" in f.read()
+for _ in range(100):
+    if emfile():
+        break
+    time.sleep(0.02)
+print(f"   40 connections opened; gpubufd holds {fds()} fds, limit {soft}")
+assert emfile(), "accept never failed with EMFILE"
+time.sleep(0.2)
+
+tick = os.sysconf("SC_CLK_TCK")
+snap0, c0, w0 = snapshots(), cpu_ticks(), time.monotonic()
+time.sleep(1.0)
+c1, w1 = cpu_ticks(), time.monotonic()
+cpu = (c1 - c0) / tick / (w1 - w0) * 100
+print(f"   CPU of gpubufd over {w1 - w0:.2f} s out of fds: {cpu:.1f} % of one core")
+
+# A fresh client while the fds are all taken: an answer, not a hang.
+t = time.monotonic()
+try:
+    r = subprocess.run([ctl, "--socket", path, "status"], capture_output=True, text=True,
+                       timeout=5)
+    fresh = (r.returncode, r.stderr.strip()[:200])
+except subprocess.TimeoutExpired:
+    fresh = (None, "no answer in 5 s (hangs)")
+print(f"   fresh gpubufctl status out of fds: rc {fresh[0]} in {time.monotonic() - t:.2f} s: {fresh[1]}")
+
+time.sleep(max(0.0, 2.0 - (time.monotonic() - t0)))
+log_bytes = os.path.getsize(log) - log0
+print(f"   log written over {time.monotonic() - t0:.2f} s out of fds: {log_bytes} bytes")
+snap1 = snapshots()
+time.sleep(0.6)
+snap2 = snapshots()
+print(f"   the connected client's status snapshots: {snap1 - snap0} while out of fds, "
+      f"{snap2 - snap1} in the next 0.6 s")
+
+told = 0
+for s in extra:
+    s.settimeout(0.05)
+    try:
+        told += b"out of file descriptors" in s.recv(4096)
+    except OSError:
+        pass
+print(f"   {told} of 40 extra connections were told 'out of file descriptors'")
+
+ok = True
+def check(cond, what):
+    global ok
+    if not cond:
+        print("FAIL:", what)
+        ok = False
+check(cpu < 25, f"gpubufd spins out of fds: {cpu:.1f} % CPU")
+check(log_bytes < 20000, f"gpubufd wrote {log_bytes} bytes of log in 2 s out of fds")
+check(fresh[0] not in (None, 0) and "out of file descriptors" in fresh[1],
+      "a fresh client got no refusal with the reason while out of fds")
+check(told > 0, "no extra connection was told why it was refused")
+check(snap1 > snap0 and snap2 > snap1, "the connected client got no status while out of fds")
+
+for s in extra:
+    s.close()
+time.sleep(0.5)
+try:
+    r = subprocess.run([ctl, "--socket", path, "status"], capture_output=True, text=True,
+                       timeout=5)
+    print(f"   after closing the extra connections: gpubufctl status rc {r.returncode}")
+    check(r.returncode == 0, f"gpubufctl status after the flood: {r.stderr.strip()[:200]}")
+except subprocess.TimeoutExpired:
+    check(False, "gpubufctl status after the flood hangs")
+sys.exit(0 if ok else 1)
+PY
+
+kill "$watcher" 2>/dev/null
+wait "$watcher" 2>/dev/null
+watcher=
+kill -TERM "$daemon"
+rc=0
+wait "$daemon" || rc=$?
+daemon=
+[ "$rc" = 0 ] || fail "gpubufd exited $rc on SIGTERM"
+echo "fd_exhaustion: ok"
