@@ -59,8 +59,9 @@ static void refuse(gd_server *srv, int fd, gd_refusal why, uid_t uid, uint32_t l
 static void on_conn_timer(uv_timer_t *t) {
     gd_conn *c = t->data;
     LOG_WARN_LIMITED("pid %d: %s for %u ms; disconnecting", (int)c->pid,
-             c->ready ? "incomplete frame" : "no handshake",
-             c->ready ? c->srv->limits->frame_timeout_ms : c->srv->limits->handshake_timeout_ms);
+                     c->ready ? "incomplete frame" : "no handshake",
+                     c->ready ? c->srv->limits->frame_timeout_ms
+                              : c->srv->limits->handshake_timeout_ms);
     conn_end(c, GD_CLOSE_TIMEOUT);
 }
 
@@ -81,7 +82,8 @@ static void arm_timer(gd_conn *c) {
     if (!uv_is_active((uv_handle_t *)&c->timer)) {
         int r = uv_timer_start(&c->timer, on_conn_timer, ms, 0);
         if (r < 0) {
-            LOG_ERR_LIMITED("pid %d: uv_timer_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
+            LOG_ERR_LIMITED("pid %d: uv_timer_start: %s; disconnecting", (int)c->pid,
+                            uv_strerror(r));
             conn_end(c, GD_CLOSE_ERROR);
         }
     }
@@ -468,8 +470,9 @@ static bool refuse_without_fds(gd_server *srv, int e) {
             if (srv->spare_fd >= 0)
                 return true;
         } else {
+            int e2 = errno;
             open_spare(srv);
-            if (errno == EAGAIN || errno == ECONNABORTED)
+            if (e2 == EAGAIN || e2 == ECONNABORTED)
                 return srv->spare_fd >= 0;
         }
     }
@@ -514,7 +517,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         }
         if (srv->n_conns >= srv->limits->max_clients) {
             LOG_WARN_LIMITED("refusing pid %d: %u clients connected (limit %u)", (int)cred.pid,
-                     srv->n_conns, srv->limits->max_clients);
+                             srv->n_conns, srv->limits->max_clients);
             refuse(srv, fd, GD_REFUSE_MAX_CLIENTS, cred.uid, srv->limits->max_clients);
             continue;
         }
@@ -524,7 +527,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
             same_uid += !x->closing && x->uid == cred.uid;
         if (srv->limits->max_clients_per_uid && same_uid >= srv->limits->max_clients_per_uid) {
             LOG_WARN_LIMITED("refusing pid %d: uid %u has %u connections (limit %u)", (int)cred.pid,
-                     (unsigned)cred.uid, same_uid, srv->limits->max_clients_per_uid);
+                             (unsigned)cred.uid, same_uid, srv->limits->max_clients_per_uid);
             refuse(srv, fd, GD_REFUSE_MAX_CLIENTS_PER_UID, cred.uid,
                    srv->limits->max_clients_per_uid);
             continue;
@@ -540,7 +543,8 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         c->uid = cred.uid;
         int r = conn_start(srv, c);
         if (r < 0) {
-            LOG_ERR_LIMITED("pid %d: cannot watch the connection: %s", (int)cred.pid, uv_strerror(r));
+            LOG_ERR_LIMITED("pid %d: cannot watch the connection: %s", (int)cred.pid,
+                            uv_strerror(r));
             continue;
         }
         DL_PREPEND(srv->conns, c);
@@ -626,7 +630,7 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
         return -ECONNRESET;
     if (c->out_frames >= c->srv->limits->max_queued_replies) {
         LOG_WARN_LIMITED("pid %d reads none of its %u queued replies; disconnecting", (int)c->pid,
-                 c->out_frames);
+                         c->out_frames);
         conn_end(c, GD_CLOSE_BACKLOG);
         return -ENOBUFS;
     }
@@ -697,7 +701,7 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
         int r = gpubuf_wire_header_decode(c->in + pos, c->srv->limits->max_request, &h);
         if (r < 0) {
             LOG_WARN_LIMITED("pid %d: bad frame header (%s); disconnecting", (int)c->pid,
-                     gpubuf_strerror(r));
+                             gpubuf_strerror(r));
             if (c->srv->cb.on_bad_frame)
                 c->srv->cb.on_bad_frame(c->user, r);
             conn_end(c, GD_CLOSE_BAD_FRAME);

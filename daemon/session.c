@@ -259,7 +259,7 @@ static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) 
     if (r < 0) {
         if (r != -EEXIST && r != -EACCES && r != GPUBUF_ENOPOOL)
             LOG_LIMITED(GPUBUF_LOG_INFO, "pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
-                     (unsigned long long)a->size, pool->name, gd_err_msg(&err, r));
+                        (unsigned long long)a->size, pool->name, gd_err_msg(&err, r));
         reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
@@ -668,7 +668,8 @@ static gd_req_type req_type(Gpubuf__Request__BodyCase body) {
 void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     Gpubuf__Request *req = gpubuf__request__unpack(NULL, len, payload);
     if (!req) {
-        LOG_WARN_LIMITED("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid, len);
+        LOG_WARN_LIMITED("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid,
+                         len);
         reply_error(s, 0, GPUBUF_EPROTOCOL, "request does not decode as gpubuf.Request");
         session_close(s, GD_END_PROTOCOL);
         return;
