@@ -178,6 +178,8 @@ static const key_def daemon_keys[] = {
      CFG(quota.refs_per_client), NULL, NULL, false},
     {"max_kept_slabs_per_client", NULL, parse_u32, 0, 4096, 8,
      CFG(quota.kept_slabs_per_client), NULL, NULL, false},
+    {"max_reply_memory", NULL, parse_u64, 1u << 20, UINT64_MAX, 256u << 20,
+     CFG(limits.max_reply_memory), NULL, NULL, false},
 };
 
 /* Limits with no key: fixed defaults. */

@@ -244,6 +244,8 @@ static void conn_free_out(gd_conn *c) {
             close(o->fd);
         free(o);
     }
+    assert(c->srv->out_bytes >= c->out_bytes);
+    c->srv->out_bytes -= c->out_bytes;
     c->out_frames = 0;
     c->out_fds = 0;
     c->out_bytes = 0;
@@ -558,9 +560,14 @@ static void on_listen(uv_poll_t *h, int status, int events) {
     }
 }
 
+/* The global reply budget full, a connection with replies of its own still
+ * queued is held back too: it gets no more requests handled until its peer
+ * reads (a peer that reads is woken by its socket turning writable). One with
+ * nothing queued is still served, so a bystander gets its answer. */
 static bool backlogged(const gd_conn *c) {
     return c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER ||
-           c->out_frames >= OUT_FRAMES_HIGH_WATER;
+           c->out_frames >= OUT_FRAMES_HIGH_WATER ||
+           (c->out_bytes && c->srv->out_bytes >= c->srv->limits->max_reply_memory);
 }
 
 /* Watch what the connection needs now. Only a change reaches libuv:
@@ -617,6 +624,8 @@ static int flush_out(gd_conn *c) {
             assert(c->out_frames > 0 && c->out_bytes >= o->len);
             c->out_frames--;
             c->out_bytes -= o->len;
+            assert(c->srv->out_bytes >= o->len);
+            c->srv->out_bytes -= o->len;
             free(o);
         }
     }
@@ -639,6 +648,9 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
         conn_end(c, GD_CLOSE_ERROR);
         return -EMSGSIZE;
     }
+    if (plen > GD_SMALL_REPLY && fd < 0 &&
+        c->srv->out_bytes + GPUBUF_WIRE_HEADER_SIZE + plen > c->srv->limits->max_reply_memory)
+        return -EAGAIN; /* nothing queued: the caller answers with a small error */
     o = malloc(sizeof(*o) + GPUBUF_WIRE_HEADER_SIZE + plen);
     if (!o) {
         conn_end(c, GD_CLOSE_ERROR);
@@ -661,6 +673,7 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
     c->out_frames++;
     c->out_fds += o->fd >= 0;
     c->out_bytes += o->len;
+    c->srv->out_bytes += o->len;
     if (was_empty && !c->corked) {
         int r = flush_out(c);
         if (r < 0) {

@@ -105,6 +105,7 @@ struct gd_server {
     gd_conn *conns;
     gd_conn *reap;
     uint32_t n_conns;
+    size_t out_bytes; /* queued reply bytes of all connections (max_reply_memory) */
     bool stopping;
 };
 

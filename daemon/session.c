@@ -38,11 +38,20 @@ static void pack_response(const void *msg, uint8_t *dst) {
 }
 
 /* Queue a reply; the transport dup's fd. Error replies are counted by code
- * and by the type of the request being answered. */
+ * and by the type of the request being answered. A large reply the
+ * daemon's reply memory has no room for (-EAGAIN from the transport: nothing
+ * was queued) is answered with a small EAGAIN error instead. */
 static void send_response(gd_session *s, const Gpubuf__Response *resp, int fd) {
     if (resp->status < 0)
         gd_metrics_error(&s->ctx->metrics, s->cur_type, resp->status);
-    s->io->send(s->conn, gpubuf__response__get_packed_size(resp), pack_response, resp, fd);
+    int r = s->io->send(s->conn, gpubuf__response__get_packed_size(resp), pack_response, resp, fd);
+    if (r == -EAGAIN && resp->status >= 0) {
+        Gpubuf__Response e = GPUBUF__RESPONSE__INIT;
+        e.id = resp->id;
+        e.status = -EAGAIN;
+        e.message = "the daemon's reply memory is full (max_reply_memory); retry later";
+        send_response(s, &e, -1);
+    }
 }
 
 /* Close the connection, for why (the first reason counts). */

@@ -16,6 +16,7 @@ typedef struct gd_limits {
     uint32_t handshake_timeout_ms;   /* connected but no hello yet; 0: none */
     uint32_t frame_timeout_ms;       /* half a frame received, the rest missing; 0: none */
     uint32_t max_waiters_per_client; /* pending opens per connection */
+    uint64_t max_reply_memory;       /* queued reply bytes of all connections together */
 } gd_limits;
 
 /* The fds one connection can make the daemon hold: requests stop being
@@ -25,6 +26,12 @@ typedef struct gd_limits {
 #define GD_QUEUED_REPLY_FDS 64
 #define GD_MAX_WAITERS_PER_CLIENT 64
 #define GD_FDS_PER_CLIENT (1 + GD_QUEUED_REPLY_FDS + GD_MAX_WAITERS_PER_CLIENT)
+
+/* Replies larger than this (a status of a large registry; every other reply
+ * is a few hundred bytes: one buffer, or an error) are refused with EAGAIN
+ * instead of being queued when they would push the queued reply bytes of all
+ * connections past max_reply_memory (docs/security.md, "Reply memory"). */
+#define GD_SMALL_REPLY 4096u
 
 /* Why the server refuses a connection: the limit it reached, stopping, or
  * out of fds. */

@@ -556,8 +556,8 @@ static double stat_ms(void) {
 
 /* A client that published n sealed buffers with 240-byte names (each adds
  * about 300 bytes to a status reply). */
-static gpubuf_client *publish_long_names(int n) {
-    gpubuf_client *c = td_connect(&D);
+static gpubuf_client *publish_long_names_on(const test_daemon *d, int n) {
+    gpubuf_client *c = td_connect(d);
     char name[300];
     for (int i = 0; i < n; i++) {
         gpubuf_buffer *b;
@@ -570,13 +570,12 @@ static gpubuf_client *publish_long_names(int n) {
     return c;
 }
 
-START_TEST(big_replies_unread_stay_bounded) {
-    /* 2000 buffers with long names make each status reply ~0.6 MB. */
-    gpubuf_client *c = publish_long_names(2000);
-    long before = td_rss_kib(D.pid);
-    int fd = raw_connect();
-    raw_hello(fd);
-    uint8_t frame[64];
+static gpubuf_client *publish_long_names(int n) {
+    return publish_long_names_on(&D, n);
+}
+
+/* One status request frame (rows) in frame; returns its length. */
+static size_t status_frame(uint8_t frame[64]) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
     req.id = 9;
@@ -584,11 +583,22 @@ START_TEST(big_replies_unread_stay_bounded) {
     req.status = &st;
     size_t n = gpubuf__request__pack(&req, frame + GPUBUF_WIRE_HEADER_SIZE);
     gpubuf_wire_header_encode(frame, (uint32_t)n);
+    return n + GPUBUF_WIRE_HEADER_SIZE;
+}
+
+START_TEST(big_replies_unread_stay_bounded) {
+    /* 2000 buffers with long names make each status reply ~0.6 MB. */
+    gpubuf_client *c = publish_long_names(2000);
+    long before = td_rss_kib(D.pid);
+    int fd = raw_connect();
+    raw_hello(fd);
+    uint8_t frame[64];
+    size_t n = status_frame(frame);
     fcntl(fd, F_SETFL, O_NONBLOCK);
     /* 400 status requests, never a read: the daemon stops taking them once
      * about a megabyte of replies waits, instead of building them all. */
     for (int i = 0; i < 400; i++)
-        if (send(fd, frame, n + GPUBUF_WIRE_HEADER_SIZE, MSG_NOSIGNAL) < 0)
+        if (send(fd, frame, n, MSG_NOSIGNAL) < 0)
             break;
     usleep(300000);
     long after = td_rss_kib(D.pid);
@@ -1197,6 +1207,86 @@ static void send_opens(int fd, int n, const char *name) {
     free(buf);
 }
 
+/* Many connections that each ask for a large status and never read: the
+ * replies queued for all of them together stay within max_reply_memory
+ * (docs/security.md, "Reply memory"); a status that does not fit is refused
+ * with EAGAIN, and answered in full again once the memory is freed. */
+START_TEST(reply_memory_is_bounded_across_connections) {
+    enum { BUDGET_MIB = 16, SLACK_MIB = 12, HOGS = 80, PER_HOG = 4, BUFFERS = 4000 };
+    char conf[160];
+    test_daemon d2;
+    snprintf(conf, sizeof(conf), "%s/replies.conf", D.dir);
+    ck_assert_int_eq(write_file(conf, "[daemon]\nmax_reply_memory = 16M\n\n[pool:host]\n"
+                                      "kind = host\ncapacity = 256M\nslab_size = 4M\n"),
+                     0);
+    const char *args[] = {"--config", conf, NULL};
+    /* Under AddressSanitizer freed memory waits in a quarantine (256 MiB)
+     * that RSS would count: the daemon runs without one (no effect on a
+     * build without the sanitizer). */
+    const char *asan = getenv("ASAN_OPTIONS");
+    char *saved = asan ? strdup(asan) : NULL, opts[512];
+    snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0",
+             asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    td_start(&d2, args);
+    if (saved)
+        setenv("ASAN_OPTIONS", saved, 1);
+    else
+        unsetenv("ASAN_OPTIONS");
+    free(saved);
+    /* 4000 buffers with 240-byte names: one status reply is about 1.2 MiB. */
+    gpubuf_client *c = publish_long_names_on(&d2, BUFFERS);
+    int probe = raw_connect_to(&d2);
+    raw_hello(probe);
+    Gpubuf__Response *full = raw_status(probe, false);
+    size_t reply = gpubuf__response__get_packed_size(full);
+    gpubuf__response__free_unpacked(full, NULL);
+    long before = td_rss_kib(d2.pid);
+    uint8_t frame[64];
+    size_t n = status_frame(frame);
+    int hogs[HOGS];
+    for (int i = 0; i < HOGS; i++) {
+        hogs[i] = raw_connect_to(&d2);
+        raw_hello(hogs[i]);
+        fcntl(hogs[i], F_SETFL, O_NONBLOCK);
+        for (int k = 0; k < PER_HOG; k++)
+            if (send(hogs[i], frame, n, MSG_NOSIGNAL) < 0)
+                break;
+    }
+    /* The bystander asks after them all: it is answered (EAGAIN while the
+     * memory is full), and a small request is served at once. */
+    ck_assert_int_eq(gpubuf_wire_send_all(probe, frame, n, -1), 0);
+    Gpubuf__Response *r = raw_recv(probe, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_uint_eq(r->id, 9);
+    int bystander = r->status;
+    if (r->status < 0)
+        ck_assert_msg(r->status == -EAGAIN && r->message && strstr(r->message, "reply memory"),
+                      "status %d: %s", r->status, r->message ? r->message : "");
+    gpubuf__response__free_unpacked(r, NULL);
+    long after = td_rss_kib(d2.pid);
+    long bound = (BUDGET_MIB + SLACK_MIB) * 1024L;
+    printf("reply_memory_is_bounded_across_connections: %d connections x %d unread statuses of "
+           "%zu bytes: daemon RSS %ld -> %ld KiB (+%ld KiB, bound +%ld KiB = max_reply_memory "
+           "%d MiB + %d MiB); bystander's status: %d\n",
+           HOGS, PER_HOG, reply, before, after, after - before, bound, BUDGET_MIB, SLACK_MIB, bystander);
+    fflush(stdout);
+    ck_assert_msg(after - before < bound, "daemon RSS %ld -> %ld KiB", before, after);
+    gpubuf_buffer_info info;
+    ck_assert_int_eq(gpubuf_stat(c, "nothing", &info), -ENOENT);
+    /* The memory freed, a status is answered in full again. */
+    for (int i = 0; i < HOGS; i++)
+        close(hogs[i]);
+    ck_assert(td_wait_clients(&d2, 2, 5000));
+    full = raw_status(probe, false);
+    ck_assert_uint_eq(full->status_reply->n_buffers, BUFFERS);
+    gpubuf__response__free_unpacked(full, NULL);
+    close(probe);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d2), 0);
+}
+END_TEST
+
 /* Read n open replies (ids from 10 + first, each with an fd, which is
  * closed); returns how many arrived, in order and successful. */
 static int read_open_replies(int fd, int first, int n) {
@@ -1565,6 +1655,7 @@ int main(void) {
     tcase_add_test(t, sigterm_with_live_clients);
     tcase_add_test(t, requests_before_hangup_are_answered);
     tcase_add_test(t, big_replies_unread_stay_bounded);
+    tcase_add_test(t, reply_memory_is_bounded_across_connections);
     tcase_add_test(t, departed_writer_cannot_hold_the_loop);
     tcase_add_test(t, second_daemon_refuses_live_socket);
     tcase_add_test(t, reader_that_never_reads_is_held_back);
