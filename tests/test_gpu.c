@@ -347,7 +347,9 @@ START_TEST(cuda_out_of_memory) {
     ck_assert_uint_le(s->pools[0].reserved, 64 * MiB);
     ck_assert_uint_eq(s->n_clients, 1); /* the asker */
     gpubuf_status_free(s);
-    ck_assert_int_eq(td_count_fds(D.pid), fds0);
+    /* No fd leaked (a connection still being reaped at the first count may
+     * have gone since). */
+    ck_assert_int_le(td_count_fds(D.pid), fds0);
 }
 END_TEST
 
