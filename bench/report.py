@@ -99,7 +99,7 @@ if pv and pl:
         "reported", None)
 s10, s100k = g.get("scale_op_at_10_buffers_median_us"), g.get("scale_op_at_100k_buffers_median_us")
 if s10 and s100k:
-    row("op latency at 100k live buffers, 1,000 clients", s100k, "µs",
+    row(f"op latency at 100k live buffers, {int(g.get('scale_clients_connected', 1000)):,} clients", s100k, "µs",
         f"{s100k / s10:.2f} × latency at 10 buffers ({s10:.1f} µs)", "≤ 1.2 ×", s100k / s10 <= 1.2)
 st = g.get("scale_status_json_ms_median")
 if st is not None:
