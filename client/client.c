@@ -162,6 +162,13 @@ static int connect_call(const char *path, gpubuf_client **ret) {
 void gpubuf__client_unref(gpubuf_client *c) {
     if (atomic_fetch_sub(&c->refs, 1) != 1)
         return;
+#ifdef GPUBUF_HAVE_CUDA
+    /* Wait for the seal events (their deferred releases unmap), then free. */
+    gpubuf__events_sweep(c, true);
+    free(c->events);
+    c->events = NULL;
+    c->cap_events = 0;
+#endif
     gpubuf__mapping_clear(c);
     for (int i = 0; i < c->n_rfds; i++)
         close(c->rfds[i]);
@@ -240,27 +247,6 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
     return 0;
 }
 
-/* Tell the daemon to drop one reference (lock held). Asynchronous: the
- * client tracks its references, so the daemon cannot refuse a release it
- * sends; a later request on the connection (or gpubuf_flush) reads the reply. */
-static int send_release(gpubuf_client *c, uint64_t id, bool keep_mapped, bool read_only) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
-    rel.buffer_id = id;
-    rel.keep_mapped = keep_mapped;
-    rel.read_only = read_only;
-    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    req.release = &rel;
-    return gpubuf__send_async_locked(c, &req);
-}
-
-int gpubuf__release_locked(gpubuf_client *c, uint64_t id, gpubuf_mapping *map, bool read_only) {
-    /* Unmap (or keep the slab, pinned by this very release) before the
-     * daemon may recycle the memory. */
-    bool keep = gpubuf__mapping_put(c, map);
-    return c->broken ? 0 : send_release(c, id, keep, read_only);
-}
-
 static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret) {
     Gpubuf__Response *resp;
     int fd, r;
@@ -274,7 +260,7 @@ static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer 
         } else {
             r = make_view(c, resp->buffer, fd, ret);
             if (r < 0) /* mapping failed: give the reference back */
-                send_release(c, resp->buffer->buffer_id, false, resp->buffer->read_only);
+                gpubuf__send_release(c, resp->buffer->buffer_id, false, resp->buffer->read_only);
         }
         gpubuf__response__free_unpacked(resp, NULL);
     }

@@ -137,6 +137,8 @@ void gpubuf__mapping_clear(gpubuf_client *c);
 /* Events (lock held): destroy those of c->events that completed; with wait,
  * wait for all of them first. */
 void gpubuf__events_sweep(gpubuf_client *c, bool wait);
+/* Tell the daemon to drop one reference of buffer id (lock held; asynchronous). */
+int gpubuf__send_release(gpubuf_client *c, uint64_t id, bool keep_mapped, bool read_only);
 /* Drop one daemon reference of buffer id whose view maps map: unmap or keep
  * the slab, then send the release (lock held). */
 int gpubuf__release_locked(gpubuf_client *c, uint64_t id, gpubuf_mapping *map, bool read_only);
