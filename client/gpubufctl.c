@@ -14,13 +14,7 @@
 
 enum { EXIT_USAGE = 2, EXIT_NO_DAEMON = 3, EXIT_REQUEST = 4 };
 
-static const char *state_name(gpubuf_state s) {
-    return gpubuf_state_name(s);
-}
 
-static const char *kind_name(gpubuf_pool_kind k) {
-    return gpubuf_pool_kind_name(k);
-}
 
 /* A string from the daemon as printable, valid UTF-8 (gpubuf_text_clean):
  * whatever the daemon sent, no escape sequence reaches the terminal, no
@@ -38,7 +32,7 @@ static json_object *pool_json(const gpubuf_pool_info *p) {
     {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "name", json_object_new_string(shown(p->name)));
-        json_object_object_add(o, "kind", json_object_new_string(kind_name(p->kind)));
+        json_object_object_add(o, "kind", json_object_new_string(gpubuf_pool_kind_name(p->kind)));
         json_object_object_add(o, "device", json_object_new_int(p->device));
         json_object_object_add(o, "device_uuid", json_object_new_string(shown(p->device_uuid)));
         json_object_object_add(o, "capacity", json_object_new_uint64(p->capacity));
@@ -102,7 +96,7 @@ static void put_buffer_json(const gpubuf_status_buffer *b) {
     o = put_json_string(put_text(o, ",\"name\":"), b->name);
     o = put_json_string(put_text(o, ",\"pool\":"), b->pool);
     o = put_u64(put_text(o, ",\"size\":"), b->size);
-    o = put_text(put_text(put_text(o, ",\"state\":\""), state_name(b->state)), "\"");
+    o = put_text(put_text(put_text(o, ",\"state\":\""), gpubuf_state_name(b->state)), "\"");
     o = put_u64(put_text(o, ",\"refs\":"), b->refs);
     o = put_u64(put_text(o, ",\"owner_uid\":"), b->owner_uid);
     o = put_u64(put_text(o, ",\"slab\":"), b->slab_id);
@@ -117,7 +111,7 @@ static json_object *buffer_json(const gpubuf_status_buffer *b) {
     json_object_object_add(o, "name", json_object_new_string(shown(b->name)));
     json_object_object_add(o, "pool", json_object_new_string(shown(b->pool)));
     json_object_object_add(o, "size", json_object_new_uint64(b->size));
-    json_object_object_add(o, "state", json_object_new_string(state_name(b->state)));
+    json_object_object_add(o, "state", json_object_new_string(gpubuf_state_name(b->state)));
     json_object_object_add(o, "refs", json_object_new_int64(b->refs));
     json_object_object_add(o, "owner_uid", json_object_new_int64(b->owner_uid));
     json_object_object_add(o, "slab", json_object_new_uint64(b->slab_id));
@@ -204,7 +198,7 @@ static void print_pools(const gpubuf_status *s) {
             snprintf(dev, sizeof(dev), "-");
         else
             snprintf(dev, sizeof(dev), "%d", p->device);
-        printf("%-12s %-9s %-6s %11s %11s %11s %6u %8u  %s\n", shown(p->name), kind_name(p->kind), dev,
+        printf("%-12s %-9s %-6s %11s %11s %11s %6u %8u  %s\n", shown(p->name), gpubuf_pool_kind_name(p->kind), dev,
                gpubuf_format_size(p->capacity, a, sizeof(a)),
                gpubuf_format_size(p->used, b, sizeof(b)),
                gpubuf_format_size(p->capacity - p->used, c, sizeof(c)), p->slabs, p->buffers,
@@ -221,7 +215,7 @@ static void print_buffers(const gpubuf_status *s) {
         const gpubuf_status_buffer *b = &s->buffers[i];
         printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu\n", (unsigned long long)b->id,
                b->name[0] ? shown(b->name) : "(anonymous)", shown(b->pool),
-               gpubuf_format_size(b->size, a, sizeof(a)), state_name(b->state), b->refs,
+               gpubuf_format_size(b->size, a, sizeof(a)), gpubuf_state_name(b->state), b->refs,
                (unsigned long long)b->slab_id);
     }
 }
@@ -387,7 +381,7 @@ static void print_metrics(const gpubuf_status *s) {
             snprintf(dev, sizeof(dev), "%d", p->device);
             printf("%s{", pf[k].name);
             put_label("pool", p->name, true);
-            put_label("kind", kind_name(p->kind), false);
+            put_label("kind", gpubuf_pool_kind_name(p->kind), false);
             put_label("device", dev, false);
             put_label("uuid", p->device_uuid, false);
             printf("} %llu\n", (unsigned long long)pf[k].get(p));
@@ -403,7 +397,7 @@ static void print_metrics(const gpubuf_status *s) {
     }
     family("gpubuf_buffers", "gauge", "Buffers by state.");
     for (int st = 1; st <= 3; st++)
-        printf("gpubuf_buffers{state=\"%s\"} %llu\n", state_name((gpubuf_state)st),
+        printf("gpubuf_buffers{state=\"%s\"} %llu\n", gpubuf_state_name((gpubuf_state)st),
                (unsigned long long)by_state[st]);
     family("gpubuf_references", "gauge", "References held by all clients.");
     printf("gpubuf_references %llu\n", (unsigned long long)refs);
@@ -434,7 +428,7 @@ static void apply_filters(gpubuf_status *s, const filters *f) {
         const gpubuf_status_buffer *b = &s->buffers[i];
         if ((f->pool && strcmp(b->pool, f->pool)) ||
             (f->name_prefix && strncmp(b->name, f->name_prefix, strlen(f->name_prefix))) ||
-            (f->state && strcmp(state_name(b->state), f->state)))
+            (f->state && strcmp(gpubuf_state_name(b->state), f->state)))
             continue;
         s->buffers[n++] = *b;
     }

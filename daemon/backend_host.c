@@ -122,9 +122,8 @@ int gd_backend_export_ro(gd_backend *be, gd_slab_export *exp, int *ret_fd, gd_er
     case GPUBUF_POOL_CUDA_IPC:
         break;
     }
-    return gd_err_set(err, -EOPNOTSUPP,
-                      "%s memory cannot be mapped read-only (CUDA IPC handles are always "
-                      "writable): open without the read-only flag, or use a cuda-vmm or host pool",
+    /* The registry refuses such opens first, with the full sentence. */
+    return gd_err_set(err, -EOPNOTSUPP, "%s memory cannot be mapped read-only",
                       gpubuf_pool_kind_name(be->kind));
 }
 

@@ -6,6 +6,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "util.h"
+
 /* Most dimensions of an ArrayView. */
 #define MAX_NDIM 32
 
@@ -815,7 +817,7 @@ BUF_GETTER(buf_get_memory_device, PyLong_FromLong(gpubuf_buffer_memory_device(b)
 BUF_GETTER(buf_get_name, PyUnicode_FromString(gpubuf_buffer_name(b)))
 BUF_GETTER(buf_get_id, PyLong_FromUnsignedLongLong(gpubuf_buffer_id(b)))
 BUF_GETTER(buf_get_pool_kind,
-           PyUnicode_FromString(gpubufpy_pool_kind_name(gpubuf_buffer_pool_kind(b))))
+           PyUnicode_FromString(gpubuf_pool_kind_name(gpubuf_buffer_pool_kind(b))))
 BUF_GETTER(buf_get_is_cuda, PyBool_FromLong(!is_host(b)))
 BUF_GETTER(buf_get_read_only, PyBool_FromLong(gpubuf_buffer_read_only(b)))
 
@@ -834,7 +836,7 @@ static PyObject *buf_repr(GpubufBuffer *self) {
     return PyUnicode_FromFormat("<gpubuf.Buffer id=%llu name='%s' size=%llu %s device=%d>",
                                 (unsigned long long)gpubuf_buffer_id(b), gpubuf_buffer_name(b),
                                 (unsigned long long)gpubuf_buffer_size(b),
-                                gpubufpy_pool_kind_name(gpubuf_buffer_pool_kind(b)),
+                                gpubuf_pool_kind_name(gpubuf_buffer_pool_kind(b)),
                                 gpubuf_buffer_device(b));
 }
 
@@ -1050,7 +1052,7 @@ static PyObject *av_repr(GpubufArrayView *v) {
         return NULL;
     dtype_typestr(v->dt, typestr);
     r = PyUnicode_FromFormat("<gpubuf.ArrayView dtype='%s' shape=%R %s device=%d>", typestr, shape,
-                             gpubufpy_pool_kind_name(gpubuf_buffer_pool_kind(v->b)),
+                             gpubuf_pool_kind_name(gpubuf_buffer_pool_kind(v->b)),
                              gpubuf_buffer_device(v->b));
     Py_DECREF(shape);
     return r;

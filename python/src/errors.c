@@ -5,7 +5,6 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "util.h"
 
 /* ---- exceptions -------------------------------------------------------------- */
 
@@ -181,6 +180,3 @@ int gpubufpy_stream_arg(PyObject *o, gpubuf_stream *ret) {
     return 0;
 }
 
-const char *gpubufpy_pool_kind_name(gpubuf_pool_kind k) {
-    return gpubuf_pool_kind_name(k);
-}

@@ -70,9 +70,6 @@ void gpubufpy_view_drop(gpubuf_buffer *b, pid_t pid);
 /* Add gpubuf.Error and its subclasses to module m. 0 or -1 (exception set). */
 int gpubufpy_add_exceptions(PyObject *m);
 
-/* "host", "cuda-ipc", "cuda-vmm" */
-const char *gpubufpy_pool_kind_name(gpubuf_pool_kind k);
-
 /* A CUDA stream from Python: an int handle (0 or 1 the legacy default, 2 the per-thread
  * default, else a CUstream), a torch.cuda.Stream (.cuda_stream) or a
  * cupy.cuda.Stream (.ptr). 0, or -1 with TypeError/OverflowError set. */

@@ -344,7 +344,7 @@ static PyObject *status_to_dict(const gpubuf_status *s) {
         goto out;
     for (size_t i = 0; i < s->n_pools; i++) {
         const gpubuf_pool_info *p = &s->pools[i];
-        const char *kind = gpubufpy_pool_kind_name(p->kind);
+        const char *kind = gpubuf_pool_kind_name(p->kind);
         if (append_new(pools, Py_BuildValue("{sssssisssKsKsKsKsIsI}", "name", p->name, "kind", kind,
                                             "device", p->device, "device_uuid", p->device_uuid,
                                             "capacity", (unsigned long long)p->capacity, "used",
