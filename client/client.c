@@ -221,8 +221,16 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
             close(fd);
         return -ENOMEM;
     }
+    if ((m->layout || m->user_data.len) && (r = gpubuf__view_meta(b, m)) < 0) {
+        if (fd >= 0)
+            close(fd);
+        gpubuf__view_meta_free(b);
+        free(b);
+        return r;
+    }
     r = gpubuf__mapping_get(c, m->slab, fd, &map);
     if (r < 0) {
+        gpubuf__view_meta_free(b);
         free(b);
         return r;
     }
@@ -524,6 +532,7 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
         free(s->pools);
         free(s->buffers);
         free(s->clients);
+        free(s->buffer_meta);
         free((void *)s->counters.requests);
         free((void *)s->counters.errors);
         free((void *)s->counters.pools);
@@ -658,7 +667,8 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
     Gpubuf__StatusReply *st = resp->status_reply;
     const Gpubuf__BufferColumns *col = st->buffer_columns;
     size_t n_buffers = col ? col->n_id : st->n_buffers;
-    if ((col && !columns_ok(col, st->n_pools)) || !names_ok(st)) {
+    if ((col && (!columns_ok(col, st->n_pools) || !gpubuf__meta_columns_ok(col, col->n_id))) ||
+        !names_ok(st)) {
         gpubuf__set_error("gpubufd sent inconsistent status columns or overlong names");
         gpubuf__response__free_unpacked(resp, NULL);
         return GPUBUF_EPROTOCOL;
@@ -738,6 +748,11 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
         gpubuf__response__free_unpacked(resp, NULL);
         return -ENOMEM;
     }
+    if (gpubuf__status_meta(s, st, col) < 0) {
+        gpubuf_status_free(s); /* resp is not attached yet */
+        gpubuf__response__free_unpacked(resp, NULL);
+        return -ENOMEM;
+    }
     s->uptime_ms = st->uptime_ms;
     snprintf(s->version, sizeof(s->version), "%s", st->version ? st->version : "");
     s->reserved_ = resp;
@@ -783,6 +798,7 @@ static int release_call(gpubuf_buffer *b) {
             pthread_mutex_unlock(&c->lock);
             gpubuf__client_unref(c);
         }
+        gpubuf__view_meta_free(b);
         free(b);
         b = parent; /* a slice held one reference to its parent */
     }
@@ -917,4 +933,22 @@ GPUBUF_EXTERN int gpubuf_buffer_slice(gpubuf_buffer *b, uint64_t offset, uint64_
                                       gpubuf_buffer **ret) {
     gpubuf__clear_error();
     return gpubuf__result(buffer_slice_call(b, offset, length, ret));
+}
+
+/* ---- steps shared with meta.c ------------------------------------------- */
+
+int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret) {
+    return buffer_request(c, req, ret);
+}
+
+int gpubuf__name_check(const char *name) {
+    return name_check(name);
+}
+
+int gpubuf__seal_check(gpubuf_buffer **pb) {
+    return seal_check(pb);
+}
+
+void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
+    copy_info(o, m);
 }

@@ -23,6 +23,7 @@ typedef enum gd_req_type {
     GD_REQ_DELETE,
     GD_REQ_STAT,
     GD_REQ_STATUS,
+    GD_REQ_RENEW,
     GD_REQ_OTHER,
     GD_REQ_TYPES
 } gd_req_type;

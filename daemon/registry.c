@@ -94,6 +94,8 @@ static void uncharge(gd_registry *r, gd_buf *b) {
 
 static void buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
+    gd_lease_remove(r, b);
+    free(b->meta);
     if (b->state != GPUBUF_STATE_SEALED)
         fail_id_waiters(r, b->id);
     HASH_DELETE(hh_id, r->by_id, b);
@@ -181,6 +183,8 @@ void gd_registry_destroy(gd_registry *r) {
         buf_free(r, b);
     }
     HASH_CLEAR(hh_name, r->by_name);
+    free(r->leases);
+    r->leases = NULL;
     gd_uid_usage *u, *utmp;
     HASH_ITER(hh, r->uids, u, utmp) {
         HASH_DEL(r->uids, u);
@@ -575,15 +579,20 @@ int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t 
                           "buffer %llu ('%s') belongs to uid %u: only its owner or root may "
                           "delete it",
                           (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid);
+    gd_registry_unpublish(r, b);
+    return 0;
+}
+
+void gd_registry_unpublish(gd_registry *r, gd_buf *b) {
     if (b->state == GPUBUF_STATE_ALLOCATED)
         fail_id_waiters(r, b->id);
     b->state = GPUBUF_STATE_DELETED;
+    gd_lease_remove(r, b);
     if (b->in_name_index) {
         HASH_DELETE(hh_name, r->by_name, b);
         b->in_name_index = false;
     }
     buf_maybe_free(r, b);
-    return 0;
 }
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w) {

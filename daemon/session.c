@@ -9,6 +9,7 @@
 #include <utlist.h>
 
 #include "gpubuf.pb-c.h"
+#include "layout.h"
 #include "log.h"
 #include "util.h"
 #include "wire.h"
@@ -73,7 +74,33 @@ static void reply_error(gd_session *s, uint64_t id, int status, const char *msg)
 typedef struct buffer_msg {
     Gpubuf__Buffer buf;
     Gpubuf__Slab slab;
+    Gpubuf__ArrayLayout layout;
 } buffer_msg;
+
+/* b's layout, user bytes and lease into m (pointing into b). */
+static void fill_meta(buffer_msg *m, const gd_buf *b, uint64_t now_ns) {
+    const gd_meta *me = b->meta;
+    if (me && me->has_layout) {
+        gpubuf__array_layout__init(&m->layout);
+        m->layout.dtype_code = me->dtype.code;
+        m->layout.dtype_bits = me->dtype.bits;
+        m->layout.dtype_lanes = me->dtype.lanes;
+        m->layout.n_shape = me->ndim;
+        m->layout.shape = (int64_t *)me->dims;
+        if (me->has_strides) {
+            m->layout.n_strides = me->ndim;
+            m->layout.strides = (int64_t *)me->dims + me->ndim;
+        }
+        m->layout.byte_offset = me->byte_offset;
+        m->buf.layout = &m->layout;
+    }
+    size_t len;
+    const uint8_t *user = gd_meta_user(b, &len);
+    m->buf.user_data.data = (uint8_t *)user;
+    m->buf.user_data.len = len;
+    m->buf.lease_left_ms = gd_registry_lease_left_ms(b, now_ns);
+    m->buf.lease_ttl_ms = b->lease_slot ? b->lease_ttl_ms : 0;
+}
 
 static void fill_buffer(buffer_msg *m, const gd_buf *b) {
     gd_slab *sl = b->blk.slab;
@@ -90,6 +117,8 @@ static void fill_buffer(buffer_msg *m, const gd_buf *b) {
     m->buf.owner_uid = b->owner_uid;
     m->buf.slab_id = sl->id;
     m->buf.slab = &m->slab;
+    if (b->meta || b->lease_slot)
+        fill_meta(m, b, gpubuf_now_ns());
     m->slab.slab_id = sl->id;
     m->slab.kind = (Gpubuf__PoolKind)be->kind;
     m->slab.device = be->device;
@@ -257,21 +286,45 @@ static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
     send_response(s, &resp, -1);
 }
 
+/* The metadata of an alloc or seal request as registry arguments; layout is
+ * their storage. -EINVAL for a wire layout that does not convert. */
+static int meta_args(const Gpubuf__ArrayLayout *wl, const ProtobufCBinaryData *user,
+                     uint64_t ttl_ms, gpubuf_layout *layout, gd_meta_args *ret, gd_err *err) {
+    memset(ret, 0, sizeof(*ret));
+    if (wl) {
+        int r = gpubuf_layout_from_wire(wl, layout, err->msg, sizeof(err->msg));
+        if (r < 0)
+            return err->code = r;
+        ret->layout = layout;
+    }
+    ret->user = user->data;
+    ret->user_len = user->len;
+    ret->ttl_ms = ttl_ms;
+    return 0;
+}
+
 static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) {
     gd_err err = {0};
-    gd_pool *pool;
+    gd_pool *pool = NULL;
     gd_buf *b;
-    int r = gd_context_pool(s->ctx, a->pool, &pool, &err);
+    gpubuf_layout layout;
+    gd_meta_args meta;
+    int r = meta_args(a->layout, &a->user_data, a->ttl_ms, &layout, &meta, &err);
     if (r == 0)
-        r = gd_registry_alloc(&s->ctx->reg, s->holder, pool, a->size, a->alignment, a->name, &b,
-                              &err);
+        r = gd_context_pool(s->ctx, a->pool, &pool, &err);
+    if (r == 0)
+        r = gd_registry_alloc_meta(&s->ctx->reg, s->holder, pool, a->size, a->alignment, a->name,
+                                   &meta, &b, &err);
     if (r < 0) {
         if (r != -EEXIST && r != -EACCES && r != GPUBUF_ENOPOOL)
             LOG_LIMITED(GPUBUF_LOG_INFO, "pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
-                        (unsigned long long)a->size, pool->name, gd_err_msg(&err, r));
+                        (unsigned long long)a->size, pool ? pool->name : "?",
+                        gd_err_msg(&err, r));
         reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
+    if (b->lease_slot)
+        gd_context_leases_arm(s->ctx);
     reply_buffer(s, id, b, true);
 }
 
@@ -282,12 +335,19 @@ static void do_seal(gd_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
         reply_error(s, id, -EINVAL, "a seal event handle has 64 bytes (CUipcEventHandle)");
         return;
     }
-    int r = gd_registry_seal_event(&s->ctx->reg, s->holder, q->buffer_id,
-                                   q->event_handle.len ? q->event_handle.data : NULL, &b, &err);
+    gpubuf_layout layout;
+    gd_meta_args meta;
+    int r = meta_args(q->layout, &q->user_data, q->ttl_ms, &layout, &meta, &err);
+    if (r == 0)
+        r = gd_registry_seal_meta(&s->ctx->reg, s->holder, q->buffer_id,
+                                  q->event_handle.len ? q->event_handle.data : NULL, &meta, &b,
+                                  &err);
     if (r < 0) {
         reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
+    if (b->lease_slot)
+        gd_context_leases_arm(s->ctx);
     /* Waiters woken by the seal may have been this very session; b is alive
      * since the sealer holds a reference. The sealer mapped the buffer when
      * it allocated it: the reply carries no handle. */
@@ -426,13 +486,65 @@ static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
     reply_buffer(s, id, b, false);
 }
 
+/* The metadata columns of the n buffers fill_columns() listed: dtype, ndim
+ * and shape when dims (the shapes' entries + 1) is not 0, user bytes when
+ * user, lease left when some buffer has a lease. A registry without any
+ * metadata sends none of them. */
+static bool fill_meta_columns(const gd_registry *reg, Gpubuf__BufferColumns *c, size_t n,
+                              size_t dims, bool user) {
+    uint64_t now = gpubuf_now_ns();
+    size_t i = 0, d = 0;
+    if (dims) {
+        c->dtype = malloc((n + 1) * sizeof(*c->dtype));
+        c->ndim = malloc((n + 1) * sizeof(*c->ndim));
+        c->shape = malloc(dims * sizeof(*c->shape));
+        if (!c->dtype || !c->ndim || !c->shape)
+            return false;
+        c->n_dtype = c->n_ndim = n;
+    }
+    if (user) {
+        if (!(c->user_bytes = malloc((n + 1) * sizeof(*c->user_bytes))))
+            return false;
+        c->n_user_bytes = n;
+    }
+    if (reg->n_leases) {
+        if (!(c->lease_left_ms = malloc((n + 1) * sizeof(*c->lease_left_ms))))
+            return false;
+        c->n_lease_left_ms = n;
+    }
+    for (gd_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
+        const gd_meta *m = b->meta;
+        bool lay = m && m->has_layout;
+        if (dims) {
+            c->dtype[i] = lay ? m->dtype.code | (uint32_t)m->dtype.bits << 8 |
+                                    (uint32_t)m->dtype.lanes << 16
+                              : 0;
+            c->ndim[i] = lay ? m->ndim + 1u : 0;
+            for (uint32_t k = 0; lay && k < m->ndim; k++)
+                c->shape[d++] = m->dims[k];
+        }
+        if (user)
+            c->user_bytes[i] = m ? m->user_len : 0;
+        if (c->lease_left_ms)
+            c->lease_left_ms[i] = gd_registry_lease_left_ms(b, now);
+    }
+    c->n_shape = d;
+    return true;
+}
+
 /* The buffers as columns: n entries in each array, names NUL-separated.
  * Returns false when out of memory. The arrays are freed by columns_free. */
 static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
     const gd_registry *reg = &ctx->reg;
-    size_t n = reg->n_buffers, names = 0, i = 0;
-    for (gd_buf *b = reg->by_id; b; b = b->hh_id.next)
+    size_t n = reg->n_buffers, names = 0, i = 0, layouts = 0, dims = 0, users = 0;
+    for (gd_buf *b = reg->by_id; b; b = b->hh_id.next) {
         names += (b->name ? strlen(b->name) : 0) + 1;
+        if (b->meta) {
+            layouts += b->meta->has_layout;
+            dims += b->meta->has_layout ? b->meta->ndim : 0;
+            users += b->meta->user_len != 0;
+        }
+    }
     gpubuf__buffer_columns__init(c);
     c->id = malloc((n + 1) * sizeof(*c->id));
     c->size = malloc((n + 1) * sizeof(*c->size));
@@ -468,7 +580,7 @@ static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
     c->names.len = (size_t)(np - c->names.data);
     c->n_id = c->n_size = c->n_offset = c->n_slab_id = c->n_pool = c->n_state = c->n_refs =
         c->n_owner_uid = i;
-    return true;
+    return fill_meta_columns(reg, c, i, layouts ? dims + 1 : 0, users > 0);
 }
 
 static void columns_free(Gpubuf__BufferColumns *c) {
@@ -481,6 +593,11 @@ static void columns_free(Gpubuf__BufferColumns *c) {
     free(c->refs);
     free(c->owner_uid);
     free(c->names.data);
+    free(c->dtype);
+    free(c->ndim);
+    free(c->shape);
+    free(c->user_bytes);
+    free(c->lease_left_ms);
 }
 
 /* A Counters message and everything it points to, in one block: no
@@ -642,6 +759,12 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
     st.clients = pcl;
     fill_counters(ctx, counters);
     st.counters = &counters->c;
+    Gpubuf__LeaseStatus leases = GPUBUF__LEASE_STATUS__INIT;
+    leases.active = reg->n_leases;
+    leases.expired = reg->leases_expired;
+    leases.renewed = reg->leases_renewed;
+    leases.max_ttl_ms = reg->quota.max_lease_ms ? reg->quota.max_lease_ms : UINT32_MAX;
+    st.leases = &leases;
     st.uptime_ms = (gpubuf_now_ns() - ctx->started_ns) / 1000000u;
     st.version = (char *)GPUBUF_VERSION_STRING;
     resp.id = id;
@@ -659,6 +782,26 @@ out:
     free(counters);
 }
 
+static void do_renew(gd_session *s, uint64_t id, const Gpubuf__RenewRequest *q) {
+    gd_err err = {0};
+    const char *name = NULL;
+    gd_buf *b;
+    if (q->target_case == GPUBUF__RENEW_REQUEST__TARGET_NAME) {
+        name = q->name;
+    } else if (q->target_case != GPUBUF__RENEW_REQUEST__TARGET_BUFFER_ID) {
+        reply_error(s, id, -EINVAL, "renew needs a name or a buffer id");
+        return;
+    }
+    int r = gd_registry_renew(&s->ctx->reg, s->holder, name, q->buffer_id, q->ttl_ms, &b, &err);
+    if (r < 0) {
+        reply_error(s, id, r, gd_err_msg(&err, r));
+        return;
+    }
+    gd_context_leases_arm(s->ctx);
+    /* Like stat: no reference taken, no handle handed out. */
+    reply_buffer(s, id, b, false);
+}
+
 static gd_req_type req_type(Gpubuf__Request__BodyCase body) {
     switch (body) {
     case GPUBUF__REQUEST__BODY_HELLO: return GD_REQ_HELLO;
@@ -670,6 +813,7 @@ static gd_req_type req_type(Gpubuf__Request__BodyCase body) {
     case GPUBUF__REQUEST__BODY_DELETE: return GD_REQ_DELETE;
     case GPUBUF__REQUEST__BODY_STAT: return GD_REQ_STAT;
     case GPUBUF__REQUEST__BODY_STATUS: return GD_REQ_STATUS;
+    case GPUBUF__REQUEST__BODY_RENEW: return GD_REQ_RENEW;
     default: return GD_REQ_OTHER;
     }
 }
@@ -711,6 +855,7 @@ void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     case GPUBUF__REQUEST__BODY_DELETE: do_delete(s, req->id, req->delete_); break;
     case GPUBUF__REQUEST__BODY_STAT: do_stat(s, req->id, req->stat); break;
     case GPUBUF__REQUEST__BODY_STATUS: do_status(s, req->id, req->status); break;
+    case GPUBUF__REQUEST__BODY_RENEW: do_renew(s, req->id, req->renew); break;
     default:
         reply_error(s, req->id, -ENOTSUP, "unknown request type");
         break;

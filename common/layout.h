@@ -1,0 +1,36 @@
+/* Array layouts and their wire form, shared by the daemon and the client
+ * library: one set of rules, one set of sentences. */
+#ifndef GPUBUF_COMMON_LAYOUT_H
+#define GPUBUF_COMMON_LAYOUT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "gpubuf.pb-c.h"
+#include "gpubuf/gpubuf.h"
+
+/* The highest DLDataTypeCode accepted (DLPack 1.1: kDLFloat4_e2m1fn). */
+#define GPUBUF_DTYPE_CODE_MAX 17
+
+/* Bytes per element: bits * lanes / 8, rounded up. */
+uint64_t gpubuf_layout_item_size(gpubuf_dtype d);
+
+/* 0, or -EINVAL with the rule l breaks in msg: a known dtype code, bits and
+ * lanes of whole bytes, ndim <= GPUBUF_LAYOUT_MAX_NDIM, shapes >= 0, and every
+ * element inside a buffer of size bytes. */
+int gpubuf_layout_validate(const gpubuf_layout *l, uint64_t size, char *msg, size_t msg_len);
+
+/* The wire layout m as a gpubuf_layout (strides filled in when absent);
+ * -EINVAL with a sentence when it has too many dimensions, strides that do
+ * not match its shape, or fields out of their range. Does not check the
+ * extent: gpubuf_layout_validate() does. */
+int gpubuf_layout_from_wire(const Gpubuf__ArrayLayout *m, gpubuf_layout *ret, char *msg,
+                            size_t msg_len);
+
+/* A wire layout pointing into l (shape and, when given, strides). */
+void gpubuf_layout_to_wire(const gpubuf_layout *l, Gpubuf__ArrayLayout *ret);
+
+/* C-contiguous strides (in elements) for l's shape into strides. */
+void gpubuf_layout_compact_strides(const gpubuf_layout *l, int64_t *strides);
+
+#endif
