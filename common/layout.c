@@ -41,19 +41,18 @@ int gpubuf_layout_validate(const gpubuf_layout *l, uint64_t size, char *msg, siz
         gpubuf_layout_compact_strides(l, compact);
         st = compact;
     }
-    /* Lowest and highest element index reached, in items, from element 0. */
-    __int128 lo = 0, hi = 0;
-    bool empty = false;
+    /* Lowest and highest element index reached from element 0, then bytes;
+     * in 128 bits with overflow checks: no layout wraps into a small one. */
+    __int128 lo = 0, hi = 0, reach, first, end;
+    bool empty = false, over = false;
     for (uint32_t i = 0; i < l->ndim; i++) {
         if (l->shape[i] < 0)
             return FAIL("shape[%u] is %lld: sizes are >= 0", i, (long long)l->shape[i]);
         if (l->shape[i] == 0)
             empty = true;
-        __int128 reach = (__int128)(l->shape[i] > 0 ? l->shape[i] - 1 : 0) * st[i];
-        if (reach < 0)
-            lo += reach;
-        else
-            hi += reach;
+        over |= __builtin_mul_overflow((__int128)(l->shape[i] > 0 ? l->shape[i] - 1 : 0),
+                                       (__int128)st[i], &reach);
+        over |= __builtin_add_overflow(reach < 0 ? lo : hi, reach, reach < 0 ? &lo : &hi);
     }
     uint64_t item = gpubuf_layout_item_size(d);
     if (empty) {
@@ -62,19 +61,21 @@ int gpubuf_layout_validate(const gpubuf_layout *l, uint64_t size, char *msg, siz
                         (unsigned long long)l->byte_offset, (unsigned long long)size);
         return 0;
     }
-    __int128 first = (__int128)l->byte_offset + lo * (__int128)item;
-    __int128 end = (__int128)l->byte_offset + (hi + 1) * (__int128)item;
+    over |= __builtin_mul_overflow(lo, (__int128)item, &first);
+    over |= __builtin_add_overflow(first, (__int128)l->byte_offset, &first);
+    over |= __builtin_add_overflow(hi, (__int128)1, &end);
+    over |= __builtin_mul_overflow(end, (__int128)item, &end);
+    over |= __builtin_add_overflow(end, (__int128)l->byte_offset, &end);
+    if (over || end > (__int128)UINT64_MAX)
+        return FAIL("the layout spans more than 2^64 bytes; the buffer has %llu",
+                    (unsigned long long)size);
     if (first < 0)
         return FAIL("negative strides reach %lld bytes before the buffer's start",
                     (long long)(first < INT64_MIN ? INT64_MIN : (int64_t)first));
-    if (end > (__int128)size) {
-        if (end > (__int128)UINT64_MAX)
-            return FAIL("the layout spans more than 2^64 bytes; the buffer has %llu",
-                        (unsigned long long)size);
+    if (end > (__int128)size)
         return FAIL("the layout needs %llu bytes (byte_offset + extent of the shape and strides "
                     "x %llu-byte items), the buffer has %llu",
                     (unsigned long long)end, (unsigned long long)item, (unsigned long long)size);
-    }
     return 0;
 }
 
