@@ -120,3 +120,42 @@ void gpubuf_layout_to_wire(const gpubuf_layout *l, Gpubuf__ArrayLayout *ret) {
     }
     ret->byte_offset = l->byte_offset;
 }
+
+void gpubuf_dtype_name(gpubuf_dtype d, char *out, size_t len) {
+    /* DLPack 1.1's float8/6/4 codes, from kDLFloat8_e3m4 (7). */
+    static const char *const small[] = {"float8_e3m4",   "float8_e4m3",     "float8_e4m3b11fnuz",
+                                        "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2",
+                                        "float8_e5m2fnuz", "float8_e8m0fnu", "float6_e2m3fn",
+                                        "float6_e3m2fn", "float4_e2m1fn"};
+    static const char *const base[] = {"int", "uint", "float", "handle", "bfloat", "complex"};
+    int n;
+    if (d.code < 6)
+        n = snprintf(out, len, "%s%u", base[d.code], d.bits);
+    else if (d.code == 6)
+        n = snprintf(out, len, d.bits == 8 ? "bool" : "bool%u", d.bits);
+    else if (d.code <= GPUBUF_DTYPE_CODE_MAX)
+        n = snprintf(out, len, "%s", small[d.code - 7]);
+    else
+        n = snprintf(out, len, "dtype%u.%u", d.code, d.bits);
+    if (d.lanes > 1 && n >= 0 && (size_t)n < len)
+        snprintf(out + n, len - (size_t)n, "x%u", d.lanes);
+}
+
+void gpubuf_layout_format(gpubuf_dtype dtype, uint32_t ndim, const int64_t *shape, char *out,
+                          size_t len) {
+    size_t n;
+    if (len < 8) {
+        if (len)
+            out[0] = 0;
+        return;
+    }
+    gpubuf_dtype_name(dtype, out, len);
+    n = strlen(out);
+    for (uint32_t i = 0; i <= ndim && n < len; i++) {
+        int w = i == ndim ? snprintf(out + n, len - n, ndim ? "]" : "[]")
+                          : snprintf(out + n, len - n, "%c%lld", i ? ',' : '[', (long long)shape[i]);
+        n += w > 0 ? (size_t)w : 0;
+    }
+    if (n >= len) /* cut: end with an ellipsis */
+        memcpy(out + len - 4, "...", 4);
+}

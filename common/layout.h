@@ -33,4 +33,14 @@ void gpubuf_layout_to_wire(const gpubuf_layout *l, Gpubuf__ArrayLayout *ret);
 /* C-contiguous strides (in elements) for l's shape into strides. */
 void gpubuf_layout_compact_strides(const gpubuf_layout *l, int64_t *strides);
 
+/* dtype's name into out: "float32", "int8", "bfloat16", "bool", "complex64",
+ * "float8_e4m3fn"..., with "x<lanes>" when lanes > 1; "dtype<code>.<bits>"
+ * for codes without a name. */
+void gpubuf_dtype_name(gpubuf_dtype dtype, char *out, size_t len);
+
+/* "float32[16,16]" (a scalar: "float32[]") into out, cut with "..." when it
+ * does not fit. */
+void gpubuf_layout_format(gpubuf_dtype dtype, uint32_t ndim, const int64_t *shape, char *out,
+                          size_t len);
+
 #endif
