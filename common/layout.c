@@ -1,5 +1,7 @@
 #include "layout.h"
 
+#include "gpubuf.pb-c.h"
+
 #include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>

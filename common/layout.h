@@ -6,8 +6,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "gpubuf.pb-c.h"
 #include "gpubuf/gpubuf.h"
+
+/* The wire form (gpubuf.pb-c.h), for the daemon and the library. */
+struct Gpubuf__ArrayLayout;
 
 /* The highest DLDataTypeCode accepted (DLPack 1.1: kDLFloat4_e2m1fn). */
 #define GPUBUF_DTYPE_CODE_MAX 17
@@ -24,11 +26,11 @@ int gpubuf_layout_validate(const gpubuf_layout *l, uint64_t size, char *msg, siz
  * -EINVAL with a sentence when it has too many dimensions, strides that do
  * not match its shape, or fields out of their range. Does not check the
  * extent: gpubuf_layout_validate() does. */
-int gpubuf_layout_from_wire(const Gpubuf__ArrayLayout *m, gpubuf_layout *ret, char *msg,
+int gpubuf_layout_from_wire(const struct Gpubuf__ArrayLayout *m, gpubuf_layout *ret, char *msg,
                             size_t msg_len);
 
 /* A wire layout pointing into l (shape and, when given, strides). */
-void gpubuf_layout_to_wire(const gpubuf_layout *l, Gpubuf__ArrayLayout *ret);
+void gpubuf_layout_to_wire(const gpubuf_layout *l, struct Gpubuf__ArrayLayout *ret);
 
 /* C-contiguous strides (in elements) for l's shape into strides. */
 void gpubuf_layout_compact_strides(const gpubuf_layout *l, int64_t *strides);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "gpubuf.pb-c.h"
 #include "layout.h"
 #include "pool.h"
 #include "registry.h"
