@@ -115,8 +115,13 @@ static char *put_meta_json(char *o, const gpubuf_status_meta *m) {
     if (!m)
         return o;
     if (m->has_layout) {
-        char name[32];
-        gpubuf_dtype_name(m->dtype, name, sizeof(name));
+        /* One name per dtype: the buffers of a snapshot mostly share a few. */
+        static char name[32];
+        static gpubuf_dtype last = {0, 0, 0};
+        if (!name[0] || memcmp(&last, &m->dtype, sizeof(last))) {
+            gpubuf_dtype_name(m->dtype, name, sizeof(name));
+            last = m->dtype;
+        }
         o = put_text(put_text(put_text(o, ",\"dtype\":\""), name), "\"");
         o = put_u64(put_text(o, ",\"dtype_code\":"), m->dtype.code);
         o = put_u64(put_text(o, ",\"dtype_bits\":"), m->dtype.bits);
