@@ -1241,34 +1241,6 @@ static long daemon_rss_kib(void) {
     return tu_rss_kib(g_daemon_pid);
 }
 
-/* Wall time of `gpubufctl --json status` (fork, exec, connect, status,
- * JSON out), output discarded. */
-static void status_json_time(void) {
-    double t[11];
-    if (!g_ctl)
-        return;
-    for (int i = 0; i < 11; i++) {
-        double a = now_us();
-        fflush(NULL);
-        pid_t k = fork();
-        if (k == 0) {
-            if (!freopen("/dev/null", "w", stdout))
-                _exit(1);
-            execl(g_ctl, g_ctl, "--socket", g_sock, "--json", "status", (char *)NULL);
-            _exit(127);
-        }
-        int st;
-        waitpid(k, &st, 0);
-        t[i] = now_us() - a;
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
-            fprintf(stderr, "gpubufctl failed\n");
-            return;
-        }
-    }
-    qsort(t, 11, sizeof(double), cmpd);
-    printf("scale_status_json_ms_median %.2f\n", t[5] / 1000.0);
-}
-
 /* ---- meta: array metadata and leases at 100k buffers ---------------------- */
 
 enum { META_N = 100000 };
@@ -1337,7 +1309,8 @@ static void meta_status(void) {
     gpubuf_disconnect(c);
 }
 
-/* Wall time of `gpubufctl --json status`, as status_json_time(), under key. */
+/* Wall time of `gpubufctl --json status` (fork, exec, connect, status,
+ * JSON out, output discarded): the median of 11 runs, printed under key. */
 static void ctl_json_time(const char *key) {
     double t[11];
     if (!g_ctl)
@@ -1448,7 +1421,7 @@ int main(int argc, char **argv) {
             return 1;
         printf("scale_clients_connected %d\n", held);
         int r = run_child(op_latency_100k);
-        status_json_time();
+        ctl_json_time("scale_status_json_ms_median");
         printf("scale_daemon_rss_total_kib %ld\n", daemon_rss_kib());
         kill(holder, SIGKILL);
         waitpid(holder, NULL, 0);

@@ -92,6 +92,19 @@ static int meta_check(const gpubuf_meta *meta, uint64_t size) {
 
 /* ---- requests ------------------------------------------------------------- */
 
+/* meta as the fields of an alloc or seal request; wl holds the layout. */
+static void meta_to_wire(const gpubuf_meta *meta, Gpubuf__ArrayLayout *wl,
+                         Gpubuf__ArrayLayout **ret_layout, ProtobufCBinaryData *ret_user,
+                         uint64_t *ret_ttl) {
+    if (meta->layout) {
+        gpubuf_layout_to_wire(meta->layout, wl);
+        *ret_layout = wl;
+    }
+    ret_user->data = (uint8_t *)meta->user_data;
+    ret_user->len = meta->user_size;
+    *ret_ttl = meta->ttl_ms;
+}
+
 static int alloc_ex_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
                          const gpubuf_meta *meta, gpubuf_buffer **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
@@ -109,15 +122,8 @@ static int alloc_ex_call(gpubuf_client *c, const char *pool, uint64_t size, cons
     a.pool = (char *)(pool ? pool : "");
     a.size = size;
     a.name = (char *)(name ? name : "");
-    if (meta) {
-        if (meta->layout) {
-            gpubuf_layout_to_wire(meta->layout, &wl);
-            a.layout = &wl;
-        }
-        a.user_data.data = (uint8_t *)meta->user_data;
-        a.user_data.len = meta->user_size;
-        a.ttl_ms = meta->ttl_ms;
-    }
+    if (meta)
+        meta_to_wire(meta, &wl, &a.layout, &a.user_data, &a.ttl_ms);
     req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
     req.alloc = &a;
     r = gpubuf__buffer_request(c, &req, ret);
@@ -151,15 +157,8 @@ static int seal_ex_call(gpubuf_buffer *b, const gpubuf_meta *meta) {
     if (r < 0)
         goto out;
     s.buffer_id = b->id;
-    if (meta) {
-        if (meta->layout) {
-            gpubuf_layout_to_wire(meta->layout, &wl);
-            s.layout = &wl;
-        }
-        s.user_data.data = (uint8_t *)meta->user_data;
-        s.user_data.len = meta->user_size;
-        s.ttl_ms = meta->ttl_ms;
-    }
+    if (meta)
+        meta_to_wire(meta, &wl, &s.layout, &s.user_data, &s.ttl_ms);
     req.body_case = GPUBUF__REQUEST__BODY_SEAL;
     req.seal = &s;
     r = gpubuf__rpc_locked(c, &req, &resp, &fd);

@@ -251,20 +251,10 @@ int gd_registry_seal_meta(gd_registry *r, gd_holder *h, uint64_t id, const uint8
 
 int gd_registry_renew(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
                       uint64_t ttl_ms, gd_buf **ret, gd_err *err) {
-    int rc;
-    if (name && (rc = gd_registry_check_name(name, err)) < 0)
+    gd_buf *b;
+    int rc = gd_registry_find_owned(r, h, name, id, "renew its lease", &b, err);
+    if (rc < 0)
         return rc;
-    gd_buf *b = name ? gd_registry_find_name(r, name) : gd_registry_find_id(r, id);
-    if (!b || b->state == GPUBUF_STATE_DELETED) {
-        if (name)
-            return gd_err_set(err, -ENOENT, "no buffer named '%s'", name);
-        return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
-    }
-    if (h->uid != 0 && h->uid != b->owner_uid)
-        return gd_err_set(err, -EPERM,
-                          "buffer %llu ('%s') belongs to uid %u: only its owner or root may "
-                          "renew its lease",
-                          (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid);
     if (ttl_ms == 0 && !b->lease_slot)
         return gd_err_set(err, -EINVAL,
                           "buffer %llu has no lease: renew it with a time to live",

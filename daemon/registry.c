@@ -563,8 +563,8 @@ int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *er
     return 0;
 }
 
-int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
-                       gd_err *err) {
+int gd_registry_find_owned(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
+                           const char *what, gd_buf **ret, gd_err *err) {
     int rc;
     if (name && (rc = gd_registry_check_name(name, err)) < 0)
         return rc;
@@ -577,8 +577,18 @@ int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t 
     if (h->uid != 0 && h->uid != b->owner_uid)
         return gd_err_set(err, -EPERM,
                           "buffer %llu ('%s') belongs to uid %u: only its owner or root may "
-                          "delete it",
-                          (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid);
+                          "%s",
+                          (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid, what);
+    *ret = b;
+    return 0;
+}
+
+int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
+                       gd_err *err) {
+    gd_buf *b;
+    int rc = gd_registry_find_owned(r, h, name, id, "delete it", &b, err);
+    if (rc < 0)
+        return rc;
     gd_registry_unpublish(r, b);
     return 0;
 }

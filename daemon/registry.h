@@ -216,6 +216,11 @@ int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *er
 /* Unpublish by name or id: the owner's uid or root only (-EPERM). */
 int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
                        gd_err *err);
+/* The live (allocated or sealed) buffer name, or id when name is NULL, that
+ * h may manage: its owner's uid or root. -ENOENT, or -EPERM saying that only
+ * they may `what` ("delete it"). */
+int gd_registry_find_owned(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
+                           const char *what, gd_buf **ret, gd_err *err);
 /* Unpublish b (delete or lease expiry): its name goes, waiters for an unsealed
  * one fail, its lease ends; freed now if nobody holds it. */
 void gd_registry_unpublish(gd_registry *r, gd_buf *b);

@@ -344,6 +344,15 @@ struct target_args {
     uint64_t ttl_ms;          /* renew */
 };
 
+/* A buffer named by str or given by int id into t. 0, or -1 (exception set). */
+static int target_arg(PyObject *target, struct target_args *t) {
+    if (PyLong_Check(target)) {
+        t->id = PyLong_AsUnsignedLongLong(target);
+        return PyErr_Occurred() ? -1 : 0;
+    }
+    return (t->name = name_arg(target, "name")) ? 0 : -1;
+}
+
 static int op_delete(gpubuf_client *c, void *arg) {
     struct target_args *t = arg;
     return t->name ? gpubuf_delete(c, t->name) : gpubuf_delete_id(c, t->id);
@@ -351,13 +360,8 @@ static int op_delete(gpubuf_client *c, void *arg) {
 
 static PyObject *client_delete(GpubufClient *self, PyObject *target) {
     struct target_args t = {0};
-    if (PyLong_Check(target)) {
-        t.id = PyLong_AsUnsignedLongLong(target);
-        if (PyErr_Occurred())
-            return NULL;
-    } else if (!(t.name = name_arg(target, "name"))) {
+    if (target_arg(target, &t) < 0)
         return NULL;
-    }
     if (client_run(self, op_delete, &t) < 0)
         return NULL;
     Py_RETURN_NONE;
@@ -405,13 +409,8 @@ static PyObject *client_stat(GpubufClient *self, PyObject *target) {
     struct target_args t = {0};
     const gpubuf_buffer_info *i = &t.info;
     PyObject *d;
-    if (PyLong_Check(target)) {
-        t.id = PyLong_AsUnsignedLongLong(target);
-        if (PyErr_Occurred())
-            return NULL;
-    } else if (!(t.name = name_arg(target, "name"))) {
+    if (target_arg(target, &t) < 0)
         return NULL;
-    }
     if (!(t.meta = PyMem_Malloc(sizeof(*t.meta))))
         return PyErr_NoMemory();
     if (client_run(self, op_stat, &t) < 0) {
@@ -441,13 +440,8 @@ static PyObject *client_renew(GpubufClient *self, PyObject *args, PyObject *kw) 
     PyObject *target, *ttl = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:renew", kwlist, &target, &ttl))
         return NULL;
-    if (PyLong_Check(target)) {
-        t.id = PyLong_AsUnsignedLongLong(target);
-        if (PyErr_Occurred())
-            return NULL;
-    } else if (!(t.name = name_arg(target, "name"))) {
+    if (target_arg(target, &t) < 0)
         return NULL;
-    }
     if (ttl != Py_None) {
         double s = PyFloat_AsDouble(ttl);
         if (s == -1.0 && PyErr_Occurred())
