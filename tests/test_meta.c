@@ -10,6 +10,7 @@
 
 #include "harness.h"
 #include "internal.h"
+#include "layout_helpers.h"
 #include "check_main.h"
 
 static test_daemon D;
@@ -21,16 +22,6 @@ static void start_default(void) {
 
 static void stop_clean(void) {
     ck_assert_int_eq(td_stop(&D), 0);
-}
-
-/* float32, C order unless strides are given. */
-static gpubuf_layout f32(uint32_t ndim, const int64_t *shape) {
-    gpubuf_layout l;
-    memset(&l, 0, sizeof(l));
-    l.dtype = (gpubuf_dtype){.code = 2, .bits = 32, .lanes = 1};
-    l.ndim = ndim;
-    memcpy(l.shape, shape, ndim * sizeof(int64_t));
-    return l;
 }
 
 static void assert_layout_eq(const gpubuf_layout *a, const gpubuf_layout *b) {

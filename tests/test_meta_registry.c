@@ -14,6 +14,7 @@
 #include "pool.h"
 #include "registry.h"
 #include "util.h"
+#include "layout_helpers.h"
 #include "check_main.h"
 
 #define MIB (1024ull * 1024ull)
@@ -39,15 +40,6 @@ static void env_fini(env *e) {
     gd_registry_destroy(&e->reg);
     ck_assert_uint_eq(e->pool->used, 0);
     gd_pool_free(e->pool);
-}
-
-static gpubuf_layout f32(uint32_t ndim, const int64_t *shape) {
-    gpubuf_layout l;
-    memset(&l, 0, sizeof(l));
-    l.dtype = (gpubuf_dtype){.code = 2, .bits = 32, .lanes = 1};
-    l.ndim = ndim;
-    memcpy(l.shape, shape, ndim * sizeof(int64_t));
-    return l;
 }
 
 static int alloc_meta(env *e, gd_holder *h, uint64_t size, const char *name,
