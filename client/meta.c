@@ -273,7 +273,8 @@ static int stat_ex_call(gpubuf_client *c, const char *name, uint64_t id, gpubuf_
     gpubuf__copy_info(ret, m);
     if (ret_meta) {
         memcpy(ret_meta, &meta, offsetof(gpubuf_buffer_meta, user_data));
-        memcpy(ret_meta->user_data, m->user_data.data, m->user_data.len);
+        if (m->user_data.len)
+            memcpy(ret_meta->user_data, m->user_data.data, m->user_data.len);
         ret_meta->lease_left_ms = meta.lease_left_ms;
         ret_meta->lease_ttl_ms = meta.lease_ttl_ms;
     }
