@@ -157,8 +157,29 @@ static int meta_build(const gd_meta_args *a, uint64_t size, gd_meta **ret, gd_er
     return 0;
 }
 
+/* b's metadata becomes m (it had none), counted for the status columns. */
+static void meta_attach(gd_registry *r, gd_buf *b, gd_meta *m) {
+    b->meta = m;
+    if (!m)
+        return;
+    r->n_layouts += m->has_layout;
+    r->layout_dims += m->has_layout ? m->ndim : 0;
+    r->n_user_meta += m->user_len != 0;
+}
+
+void gd_meta_free(gd_registry *r, gd_buf *b) {
+    gd_meta *m = b->meta;
+    if (!m)
+        return;
+    r->n_layouts -= m->has_layout;
+    r->layout_dims -= m->has_layout ? m->ndim : 0;
+    r->n_user_meta -= m->user_len != 0;
+    free(m);
+    b->meta = NULL;
+}
+
 /* b's metadata becomes what args give, keeping what they leave out. */
-static int meta_merge(gd_buf *b, const gd_meta_args *a, gd_err *err) {
+static int meta_merge(gd_registry *r, gd_buf *b, const gd_meta_args *a, gd_err *err) {
     gd_meta_args full = *a;
     gpubuf_layout old;
     size_t old_len = 0;
@@ -173,8 +194,8 @@ static int meta_merge(gd_buf *b, const gd_meta_args *a, gd_err *err) {
     int rc = meta_build(&full, b->size, &m, err);
     if (rc < 0)
         return rc;
-    free(b->meta);
-    b->meta = m;
+    gd_meta_free(r, b);
+    meta_attach(r, b, m);
     return 0;
 }
 
@@ -222,7 +243,7 @@ int gd_registry_alloc_meta(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t
         free(m);
         return rc;
     }
-    b->meta = m;
+    meta_attach(r, b, m);
     if (meta && meta->ttl_ms && lease_set(r, b, meta->ttl_ms) < 0) {
         gd_registry_unpublish(r, b); /* unsealed: nobody else can hold it */
         gd_registry_release(r, h, b->id, NULL);
@@ -242,7 +263,7 @@ int gd_registry_seal_meta(gd_registry *r, gd_holder *h, uint64_t id, const uint8
         return gd_registry_seal_event(r, h, id, event, ret, err);
     if ((rc = check_ttl(r, meta->ttl_ms, err)) < 0)
         return rc;
-    if ((meta->layout || meta->user_len) && (rc = meta_merge(b, meta, err)) < 0)
+    if ((meta->layout || meta->user_len) && (rc = meta_merge(r, b, meta, err)) < 0)
         return rc;
     if (meta->ttl_ms && lease_set(r, b, meta->ttl_ms) < 0)
         return gd_err_set(err, -ENOMEM, "out of memory");

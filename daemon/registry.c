@@ -95,7 +95,7 @@ static void uncharge(gd_registry *r, gd_buf *b) {
 static void buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
     gd_lease_remove(r, b);
-    free(b->meta);
+    gd_meta_free(r, b);
     if (b->state != GPUBUF_STATE_SEALED)
         fail_id_waiters(r, b->id);
     HASH_DELETE(hh_id, r->by_id, b);

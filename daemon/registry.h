@@ -150,6 +150,10 @@ typedef struct gd_registry {
     gd_buf **leases;
     uint32_t n_leases, cap_leases;
     uint64_t leases_expired, leases_renewed;
+    /* Buffers with a layout, their dimensions, buffers with user bytes: the
+     * sizes of the status's metadata columns. */
+    uint32_t n_layouts, n_user_meta;
+    uint64_t layout_dims;
 } gd_registry;
 
 void gd_registry_init(gd_registry *r);
@@ -224,6 +228,8 @@ int gd_registry_find_owned(gd_registry *r, gd_holder *h, const char *name, uint6
 /* Unpublish b (delete or lease expiry): its name goes, waiters for an unsealed
  * one fail, its lease ends; freed now if nobody holds it. */
 void gd_registry_unpublish(gd_registry *r, gd_buf *b);
+/* Free b's metadata (when it has any) and uncount it. */
+void gd_meta_free(gd_registry *r, gd_buf *b);
 /* Take b out of the lease heap (no-op without a lease). */
 void gd_lease_remove(gd_registry *r, gd_buf *b);
 

@@ -486,65 +486,56 @@ static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
     reply_buffer(s, id, b, false);
 }
 
-/* The metadata columns of the n buffers fill_columns() listed: dtype, ndim
- * and shape when dims (the shapes' entries + 1) is not 0, user bytes when
- * user, lease left when some buffer has a lease. A registry without any
- * metadata sends none of them. */
-static bool fill_meta_columns(const gd_registry *reg, Gpubuf__BufferColumns *c, size_t n,
-                              size_t dims, bool user) {
-    uint64_t now = gpubuf_now_ns();
-    size_t i = 0, d = 0;
-    if (dims) {
+/* The metadata columns (BufferColumns 10 to 14) for n buffers, each only
+ * when some buffer has what it describes: a registry without metadata sends
+ * none. false when out of memory. */
+static bool meta_columns_alloc(const gd_registry *reg, Gpubuf__BufferColumns *c, size_t n) {
+    if (reg->n_layouts) {
         c->dtype = malloc((n + 1) * sizeof(*c->dtype));
         c->ndim = malloc((n + 1) * sizeof(*c->ndim));
-        c->shape = malloc(dims * sizeof(*c->shape));
+        c->shape = malloc((reg->layout_dims + 1) * sizeof(*c->shape));
         if (!c->dtype || !c->ndim || !c->shape)
             return false;
-        c->n_dtype = c->n_ndim = n;
     }
-    if (user) {
-        if (!(c->user_bytes = malloc((n + 1) * sizeof(*c->user_bytes))))
-            return false;
-        c->n_user_bytes = n;
-    }
-    if (reg->n_leases) {
-        if (!(c->lease_left_ms = malloc((n + 1) * sizeof(*c->lease_left_ms))))
-            return false;
-        c->n_lease_left_ms = n;
-    }
-    for (gd_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
-        const gd_meta *m = b->meta;
-        bool lay = m && m->has_layout;
-        if (dims) {
-            c->dtype[i] = lay ? m->dtype.code | (uint32_t)m->dtype.bits << 8 |
-                                    (uint32_t)m->dtype.lanes << 16
-                              : 0;
-            c->ndim[i] = lay ? m->ndim + 1u : 0;
-            for (uint32_t k = 0; lay && k < m->ndim; k++)
-                c->shape[d++] = m->dims[k];
-        }
-        if (user)
-            c->user_bytes[i] = m ? m->user_len : 0;
-        if (c->lease_left_ms)
-            c->lease_left_ms[i] = gd_registry_lease_left_ms(b, now);
-    }
-    c->n_shape = d;
+    if (reg->n_user_meta && !(c->user_bytes = malloc((n + 1) * sizeof(*c->user_bytes))))
+        return false;
+    if (reg->n_leases && !(c->lease_left_ms = malloc((n + 1) * sizeof(*c->lease_left_ms))))
+        return false;
     return true;
+}
+
+/* Element i of the metadata columns: buffer b's (now: gpubuf_now_ns()). */
+static void meta_columns_put(const gd_registry *reg, Gpubuf__BufferColumns *c, size_t i,
+                             const gd_buf *b, uint64_t now) {
+    const gd_meta *m = b->meta;
+    bool lay = m && m->has_layout;
+    if (c->dtype) {
+        c->dtype[i] = lay ? m->dtype.code | (uint32_t)m->dtype.bits << 8 |
+                                (uint32_t)m->dtype.lanes << 16
+                          : 0;
+        c->ndim[i] = lay ? m->ndim + 1u : 0;
+        for (uint32_t k = 0; lay && k < m->ndim && c->n_shape < reg->layout_dims; k++)
+            c->shape[c->n_shape++] = m->dims[k];
+        c->n_dtype = c->n_ndim = i + 1;
+    }
+    if (c->user_bytes) {
+        c->user_bytes[i] = m ? m->user_len : 0;
+        c->n_user_bytes = i + 1;
+    }
+    if (c->lease_left_ms) {
+        c->lease_left_ms[i] = gd_registry_lease_left_ms(b, now);
+        c->n_lease_left_ms = i + 1;
+    }
 }
 
 /* The buffers as columns: n entries in each array, names NUL-separated.
  * Returns false when out of memory. The arrays are freed by columns_free. */
 static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
     const gd_registry *reg = &ctx->reg;
-    size_t n = reg->n_buffers, names = 0, i = 0, layouts = 0, dims = 0, users = 0;
-    for (gd_buf *b = reg->by_id; b; b = b->hh_id.next) {
+    size_t n = reg->n_buffers, names = 0, i = 0;
+    uint64_t now = gpubuf_now_ns();
+    for (gd_buf *b = reg->by_id; b; b = b->hh_id.next)
         names += (b->name ? strlen(b->name) : 0) + 1;
-        if (b->meta) {
-            layouts += b->meta->has_layout;
-            dims += b->meta->has_layout ? b->meta->ndim : 0;
-            users += b->meta->user_len != 0;
-        }
-    }
     gpubuf__buffer_columns__init(c);
     c->id = malloc((n + 1) * sizeof(*c->id));
     c->size = malloc((n + 1) * sizeof(*c->size));
@@ -556,7 +547,7 @@ static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
     c->owner_uid = malloc((n + 1) * sizeof(*c->owner_uid));
     c->names.data = malloc(names + 1);
     if (!c->id || !c->size || !c->offset || !c->slab_id || !c->pool || !c->state || !c->refs ||
-        !c->owner_uid || !c->names.data)
+        !c->owner_uid || !c->names.data || !meta_columns_alloc(reg, c, n))
         return false;
     uint8_t *np = c->names.data;
     for (gd_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
@@ -576,11 +567,12 @@ static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
                 c->pool[i] = (uint32_t)p;
                 break;
             }
+        meta_columns_put(reg, c, i, b, now);
     }
     c->names.len = (size_t)(np - c->names.data);
     c->n_id = c->n_size = c->n_offset = c->n_slab_id = c->n_pool = c->n_state = c->n_refs =
         c->n_owner_uid = i;
-    return fill_meta_columns(reg, c, i, layouts ? dims + 1 : 0, users > 0);
+    return true;
 }
 
 static void columns_free(Gpubuf__BufferColumns *c) {

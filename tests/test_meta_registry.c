@@ -141,6 +141,7 @@ START_TEST(meta_at_alloc_and_seal) {
     env e;
     env_init(&e);
     gd_holder *h = gd_registry_holder_new(&e.reg, 1, 1000, 1000);
+    gd_holder *h2 = gd_registry_holder_new(&e.reg, 2, 1000, 1000);
     int64_t shape[2] = {16, 16};
     gpubuf_layout l = f32(2, shape), got;
     uint8_t user[GPUBUF_USER_DATA_MAX + 1];
@@ -164,6 +165,10 @@ START_TEST(meta_at_alloc_and_seal) {
     size_t len;
     ck_assert_ptr_nonnull(gd_meta_user(b, &len));
     ck_assert_uint_eq(len, 3);
+    /* Counted for the status columns. */
+    ck_assert_uint_eq(e.reg.n_layouts, 1);
+    ck_assert_uint_eq(e.reg.layout_dims, 2);
+    ck_assert_uint_eq(e.reg.n_user_meta, 1);
     /* Seal replaces the layout, keeps the user bytes it does not give. */
     int64_t flat[1] = {256};
     gpubuf_layout l2 = f32(1, flat);
@@ -185,7 +190,14 @@ START_TEST(meta_at_alloc_and_seal) {
     ck_assert_int_eq(gd_registry_seal_meta(&e.reg, h, c->id, NULL, &m2, &sb, &err), -EINVAL);
     ck_assert_int_eq(c->state, GPUBUF_STATE_ALLOCATED);
     ck_assert_ptr_null(c->meta);
+    ck_assert_uint_eq(e.reg.layout_dims, 1); /* b's 1-D layout now */
     gd_registry_holder_drop(&e.reg, h);
+    ck_assert_uint_eq(e.reg.n_buffers, 1); /* b: named and sealed */
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h2, "a", 0, &err), 0);
+    ck_assert_uint_eq(e.reg.n_layouts, 0);
+    ck_assert_uint_eq(e.reg.layout_dims, 0);
+    ck_assert_uint_eq(e.reg.n_user_meta, 0);
+    gd_registry_holder_drop(&e.reg, h2);
     env_fini(&e);
 }
 END_TEST
