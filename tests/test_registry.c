@@ -39,6 +39,7 @@ static void env_init_cap(env *e, uint64_t capacity) {
     ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
     ck_assert_int_eq(gd_pool_new("host", be, capacity, MIB, &e->slab_ids, &e->pool, &tr_err), 0);
     gd_registry_init(&e->reg);
+    e->reg.default_pool = e->pool;
 }
 
 static void env_init(env *e) {
