@@ -211,9 +211,10 @@ static int as_nobody(const test_daemon *d, void *arg) {
     if (gpubuf_alloc(c, "open", 100, "mine", &b) < 0 || gpubuf_seal_sync(b) < 0)
         return 14;
     gpubuf_release(b);
-    if (gpubuf_delete(c, "root-open") != -EPERM)
+    /* Names are per pool: "open" is not the default pool ("secret"). */
+    if (gpubuf_delete(c, "/open/root-open") != -EPERM)
         return 15;
-    if (gpubuf_open(c, "root-open", 0, &b) < 0)
+    if (gpubuf_open(c, "/open/root-open", 0, &b) < 0)
         return 16;
     gpubuf_disconnect(c);
     return 0;
@@ -233,7 +234,7 @@ START_TEST(pool_access_and_ownership) {
     ck_assert_int_eq(chmod(D.dir, 0755), 0); /* let nobody reach the socket */
     ck_assert_int_eq(td_wait(td_spawn(as_nobody, &D, NULL)), 0);
     /* Root deletes anything. */
-    ck_assert_int_eq(gpubuf_delete(c, "mine"), 0);
+    ck_assert_int_eq(gpubuf_delete(c, "/open/mine"), 0);
     gpubuf_release(s);
     gpubuf_release(o);
     gpubuf_disconnect(c);

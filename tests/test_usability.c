@@ -564,7 +564,9 @@ START_TEST(bash_completion) {
     td_start(&d, args);
     gpubuf_client *c = td_connect(&d);
     gpubuf_buffer *b;
+    gpubuf_buffer *b0;
     ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frame/1", &b), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "frame/0", &b0), 0);
     char *out = complete(&d, "gpubufctl de");
     ck_assert_str_eq(out, "delete\n");
     free(out);
@@ -577,14 +579,20 @@ START_TEST(bash_completion) {
     out = complete(&d, "gpubufctl --pool \"\"");
     ck_assert_str_eq(out, "gpu0\nstaging\n");
     free(out);
+    /* Names are per pool: a plain name for the default pool's buffers,
+     * /POOL/NAME for every buffer. */
     out = complete(&d, "gpubufctl delete fr");
-    ck_assert_str_eq(out, "frame/1\n");
+    ck_assert_str_eq(out, "frame/0\n");
+    free(out);
+    out = complete(&d, "gpubufctl delete /st");
+    ck_assert_str_eq(out, "/staging/frame/1\n");
     free(out);
     out = complete(&d, "gpubufctl --json \"\"");
     must_contain(out, "buffers\n");
     must_contain(out, "metrics\n");
     free(out);
     gpubuf_release(b);
+    gpubuf_release(b0);
     gpubuf_disconnect(c);
     ck_assert_int_eq(td_stop(&d), 0);
 }
