@@ -354,6 +354,20 @@ static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const c
     return r;
 }
 
+/* The target, pool and owner of an open, stat or delete request from l
+ * (name and id are one protobuf oneof: only one is written). Returns true
+ * for a target by name. */
+static bool lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
+                        Gpubuf__ExpectedOwner **owner) {
+    if (l->name)
+        *name = (char *)l->name;
+    else
+        *id = l->id;
+    *pool = l->pool;
+    *owner = l->has_owner ? &l->owner : NULL;
+    return l->name != NULL;
+}
+
 static int open_with_call(gpubuf_client *c, const char *name, uint64_t id,
                           const gpubuf_lookup *opts, gpubuf_buffer **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
@@ -365,15 +379,9 @@ static int open_with_call(gpubuf_client *c, const char *name, uint64_t id,
     r = lookup_make("open", name, id, opts, GPUBUF_OPEN_READONLY | GPUBUF_OPEN_OWNER, &l);
     if (r < 0)
         return r;
-    if (l.name) {
-        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
-        o.name = (char *)l.name;
-    } else {
-        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
-        o.buffer_id = l.id;
-    }
-    o.pool = l.pool;
-    o.owner = l.has_owner ? &l.owner : NULL;
+    o.target_case = lookup_fill(&l, &o.name, &o.buffer_id, &o.pool, &o.owner)
+                        ? GPUBUF__OPEN_REQUEST__TARGET_NAME
+                        : GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
     o.timeout_ms = opts ? opts->timeout_ms : 0;
     o.read_only = opts && (opts->flags & GPUBUF_OPEN_READONLY);
     req.body_case = GPUBUF__REQUEST__BODY_OPEN;
@@ -494,15 +502,9 @@ static int delete_with_call(gpubuf_client *c, const char *name, uint64_t id,
         return gpubuf__fail(-EINVAL, "a delete needs a connection");
     if ((r = lookup_make("delete", name, id, opts, GPUBUF_OPEN_OWNER, &l)) < 0)
         return r;
-    if (l.name) {
-        d.target_case = GPUBUF__DELETE_REQUEST__TARGET_NAME;
-        d.name = (char *)l.name;
-    } else {
-        d.target_case = GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID;
-        d.buffer_id = l.id;
-    }
-    d.pool = l.pool;
-    d.owner = l.has_owner ? &l.owner : NULL;
+    d.target_case = lookup_fill(&l, &d.name, &d.buffer_id, &d.pool, &d.owner)
+                        ? GPUBUF__DELETE_REQUEST__TARGET_NAME
+                        : GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID;
     req.body_case = GPUBUF__REQUEST__BODY_DELETE;
     req.delete_ = &d;
     return simple_request(c, &req);
@@ -532,15 +534,9 @@ static int stat_with_call(gpubuf_client *c, const char *name, uint64_t id,
         return gpubuf__fail(-EINVAL, "a stat needs a connection and a place for the answer");
     if ((r = lookup_make("stat", name, id, opts, GPUBUF_OPEN_OWNER, &l)) < 0)
         return r;
-    if (l.name) {
-        s.target_case = GPUBUF__STAT_REQUEST__TARGET_NAME;
-        s.name = (char *)l.name;
-    } else {
-        s.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
-        s.buffer_id = l.id;
-    }
-    s.pool = l.pool;
-    s.owner = l.has_owner ? &l.owner : NULL;
+    s.target_case = lookup_fill(&l, &s.name, &s.buffer_id, &s.pool, &s.owner)
+                        ? GPUBUF__STAT_REQUEST__TARGET_NAME
+                        : GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
     req.body_case = GPUBUF__REQUEST__BODY_STAT;
     req.stat = &s;
     pthread_mutex_lock(&c->lock);

@@ -66,22 +66,32 @@ static const gd_transport mem_transport = {mc_send, mc_close, mc_ready, mc_closi
 static uv_loop_t loop;
 static gd_context ctx;
 
-/* A context with one host pool "h" (1 MiB slabs, 8 MiB) whose access list
- * is allow_uid (0: everyone). */
-static void ctx_init(uint32_t allow_uid) {
+/* Add a host pool (1 MiB slabs, 8 MiB) to ctx whose access list is
+ * allow_uid and whose publishers are publish_uid (0: everyone). */
+static void add_pool(const char *name, uint32_t allow_uid, uint32_t publish_uid) {
     gd_backend *be;
     gd_pool *pool;
-    gd_log_level = -1; /* quiet */
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
-    gd_context_init(&ctx, &loop);
-    gd_config_defaults(&ctx.limits, &ctx.reg.quota);
     ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
-    ck_assert_int_eq(gd_pool_new("h", be, 8 * MIB, MIB, &ctx.slab_ids, &pool, NULL), 0);
+    ck_assert_int_eq(gd_pool_new(name, be, 8 * MIB, MIB, &ctx.slab_ids, &pool, NULL), 0);
     if (allow_uid) {
         pool->allow_uids[0] = allow_uid;
         pool->n_allow_uids = 1;
     }
+    if (publish_uid) {
+        pool->publish_uids[0] = publish_uid;
+        pool->n_publish_uids = 1;
+    }
     ck_assert_int_eq(gd_context_add_pool(&ctx, pool), 0);
+}
+
+/* A context with one host pool "h" whose access list is allow_uid (0:
+ * everyone). */
+static void ctx_init(uint32_t allow_uid) {
+    gd_log_level = -1; /* quiet */
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    gd_context_init(&ctx, &loop);
+    gd_config_defaults(&ctx.limits, &ctx.reg.quota);
+    add_pool("h", allow_uid, 0);
 }
 
 static void mc_open(memconn *m, uid_t uid) {
@@ -165,16 +175,24 @@ static void finish(memconn *a, memconn *b) {
     ctx_fini();
 }
 
-static const Gpubuf__Response *alloc(memconn *m, const char *name, uint64_t size) {
+/* Allocate size bytes named name (NULL: anonymous) in pool ("": the
+ * default pool); the reply. */
+static const Gpubuf__Response *alloc_in(memconn *m, const char *pool, const char *name,
+                                        uint64_t size) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = size;
+    a.pool = (char *)pool;
     a.name = (char *)(name ? name : "");
     req.id = 10;
     req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
     req.alloc = &a;
     ck_assert_int_eq(mc_request(m, &req), 1);
     return last(m);
+}
+
+static const Gpubuf__Response *alloc(memconn *m, const char *name, uint64_t size) {
+    return alloc_in(m, "", name, size);
 }
 
 static void seal(memconn *m, uint64_t id) {
@@ -493,16 +511,8 @@ END_TEST
 #define SQUATTER 2000
 
 static void ctx_init_pub(bool only_trusted) {
-    gd_backend *be;
-    gd_pool *pool;
     ctx_init(TRUSTED);
-    ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
-    ck_assert_int_eq(gd_pool_new("pub", be, 8 * MIB, MIB, &ctx.slab_ids, &pool, NULL), 0);
-    if (only_trusted) {
-        pool->publish_uids[0] = TRUSTED;
-        pool->n_publish_uids = 1;
-    }
-    ck_assert_int_eq(gd_context_add_pool(&ctx, pool), 0);
+    add_pool("pub", 0, only_trusted ? TRUSTED : 0);
 }
 
 static memconn *session_of(memconn *m, uid_t uid) {
@@ -511,22 +521,9 @@ static memconn *session_of(memconn *m, uid_t uid) {
     return m;
 }
 
-static const Gpubuf__Response *alloc_in(memconn *m, const char *pool, const char *name) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
-    a.size = 64;
-    a.pool = (char *)pool;
-    a.name = (char *)(name ? name : "");
-    req.id = 20;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
-    ck_assert_int_eq(mc_request(m, &req), 1);
-    return last(m);
-}
-
 /* A sealed buffer of m named name in pool ("" : the default); its id. */
 static uint64_t publish_in(memconn *m, const char *pool, const char *name) {
-    const Gpubuf__Response *r = alloc_in(m, pool, name);
+    const Gpubuf__Response *r = alloc_in(m, pool, name, 64);
     ck_assert_msg(r->status == 0, "alloc %s in '%s': %s", name, pool, r->message);
     uint64_t id = r->buffer->buffer_id;
     seal(m, id);
@@ -590,7 +587,7 @@ START_TEST(names_cannot_be_squatted_across_pools) {
     session_of(&consumer, TRUSTED);
     uint64_t fake = publish_in(&squatter, "pub", "frames");
     /* The squatter cannot reach the default pool at all. */
-    ck_assert_int_eq(alloc_in(&squatter, "", "frames2")->status, -EACCES);
+    ck_assert_int_eq(alloc_in(&squatter, "", "frames2", 64)->status, -EACCES);
     ck_assert_int_eq(lookup(&squatter, OPEN, "", "anything", -1, -1), 1);
     ck_assert_int_eq(last(&squatter)->status, -EACCES);
     /* Not published in the default pool yet: not found, and the message
@@ -601,12 +598,12 @@ START_TEST(names_cannot_be_squatted_across_pools) {
     ck_assert(has(last(&consumer), "'/pub/frames'"));
     ck_assert(has(last(&consumer), "of uid 2000"));
     /* The trusted producer is not blocked by the other pool's name. */
-    const Gpubuf__Response *r = alloc_in(&producer, "", "frames");
+    const Gpubuf__Response *r = alloc_in(&producer, "", "frames", 64);
     ck_assert_msg(r->status == 0, "%s", r->message);
     uint64_t real = r->buffer->buffer_id;
     ck_assert_uint_ne(real, fake);
     /* A second "frames" in the same pool is still refused. */
-    ck_assert_int_eq(alloc_in(&producer, "h", "frames")->status, -EEXIST);
+    ck_assert_int_eq(alloc_in(&producer, "h", "frames", 64)->status, -EEXIST);
     ck_assert(has(last(&producer), "exists in pool 'h'"));
     /* A waiting open of "frames" is not answered with the squatter's. */
     ck_assert_int_eq(lookup(&consumer, OPEN, "", "frames", -1, -1), 0);
@@ -647,12 +644,12 @@ START_TEST(publishers_rule_refuses_with_reason) {
     ctx_init_pub(true);
     session_of(&squatter, SQUATTER);
     session_of(&producer, TRUSTED);
-    ck_assert_int_eq(alloc_in(&squatter, "pub", "frames")->status, -EPERM);
+    ck_assert_int_eq(alloc_in(&squatter, "pub", "frames", 64)->status, -EPERM);
     ck_assert(has(last(&squatter), "uid 2000 may not give buffers names in pool 'pub'"));
-    ck_assert_int_eq(alloc_in(&squatter, "pub", NULL)->status, 0);
+    ck_assert_int_eq(alloc_in(&squatter, "pub", NULL, 64)->status, 0);
     publish_in(&producer, "pub", "frames");
     /* Before the name is looked up: the refusal does not say it is taken. */
-    ck_assert_int_eq(alloc_in(&squatter, "pub", "frames")->status, -EPERM);
+    ck_assert_int_eq(alloc_in(&squatter, "pub", "frames", 64)->status, -EPERM);
     memconn root;
     session_of(&root, 0);
     publish_in(&root, "pub", "root-frames");
@@ -699,7 +696,7 @@ START_TEST(expected_owner_mismatch_is_refused) {
     ck_assert_int_eq(last(&consumer)->status, -EPERM);
     /* Waiting: the squatter's seal fails the wait at once. */
     ck_assert_int_eq(lookup(&consumer, OPEN, "pub", "w", TRUSTED, -1), 0);
-    const Gpubuf__Response *r = alloc_in(&squatter, "pub", "w");
+    const Gpubuf__Response *r = alloc_in(&squatter, "pub", "w", 64);
     uint64_t w = r->buffer->buffer_id;
     /* Allocated, not sealed: a new open with the owner is refused at once. */
     ck_assert_int_eq(lookup(&producer, OPEN, "pub", "w", TRUSTED, -1), 1);
