@@ -310,8 +310,9 @@ static int lookup_make(const char *what, const char *name, uint64_t id, const gp
     l->id = id;
     if (o->pool && *o->pool) {
         if (l->pool[0] && strcmp(l->pool, o->pool) != 0)
-            return gpubuf__fail(-EINVAL, "%s: '%s' names pool '%s', the options pool '%s'", what,
-                                name, l->pool, o->pool);
+            return gpubuf__fail(-EINVAL,
+                                "%s: '%s' names pool '%s' but pool '%s' was given: name one pool",
+                                what, name, l->pool, o->pool);
         if (strlen(o->pool) > GPUBUF_NAME_MAX)
             return gpubuf__fail(-ENAMETOOLONG, "%s: a pool name is at most %d bytes", what,
                                 GPUBUF_NAME_MAX);

@@ -271,7 +271,7 @@ static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) 
         r = gd_registry_alloc(&s->ctx->reg, s->holder, pool, a->size, a->alignment, a->name, &b,
                               &err);
     if (r < 0) {
-        if (r != -EEXIST && r != -EACCES && r != GPUBUF_ENOPOOL)
+        if (r != -EEXIST && r != -EACCES && r != -EPERM && r != GPUBUF_ENOPOOL)
             LOG_LIMITED(GPUBUF_LOG_INFO, "pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
                         (unsigned long long)a->size, pool->name, gd_err_msg(&err, r));
         reply_error(s, id, r, gd_err_msg(&err, r));
