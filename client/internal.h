@@ -176,7 +176,21 @@ int gpubuf__status_meta(gpubuf_status *s, const Gpubuf__StatusReply *st,
 /* client.c's steps for meta.c: a request answered with a Buffer that becomes
  * a root view, the name rule, the seal check (lock held). */
 int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret);
-int gpubuf__name_check(const char *name);
+/* What open, stat, delete and renew name: the plain name and the pool it is
+ * looked up in, the expected owner (client.c). */
+typedef struct lookup {
+    const char *name; /* NULL: by id */
+    uint64_t id;
+    char pool[GPUBUF_NAME_MAX + 1]; /* "" : the default pool (any pool by id) */
+    bool has_owner;
+    Gpubuf__ExpectedOwner owner;
+} lookup;
+/* Split a name ("NAME" or "/POOL/NAME") and merge o into l (client.c's
+ * lookup_make); fill a request's target from it (lookup_fill). */
+int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const gpubuf_lookup *o,
+                        unsigned allowed, lookup *l);
+bool gpubuf__lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
+                         Gpubuf__ExpectedOwner **owner);
 int gpubuf__seal_check(gpubuf_buffer **pb);
 void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m);
 

@@ -115,8 +115,14 @@ static int alloc_ex_call(gpubuf_client *c, const char *pool, uint64_t size, cons
         return gpubuf__fail(-EINVAL, "gpubuf_alloc_ex needs a connection and a place for the view");
     if (size == 0)
         return gpubuf__fail(-EINVAL, "size 0: a buffer holds at least 1 byte");
-    if (name && *name && (r = gpubuf__name_check(name)) < 0)
-        return r;
+    lookup l;
+    if (name && *name) { /* "/POOL/NAME" names the pool too, as in gpubuf_alloc() */
+        gpubuf_lookup o = {.pool = pool};
+        if ((r = gpubuf__lookup_make("alloc", name, 0, &o, 0, &l)) < 0)
+            return r;
+        pool = l.pool;
+        name = l.name;
+    }
     if (meta && (r = meta_check(meta, size)) < 0)
         return r;
     a.pool = (char *)(pool ? pool : "");
@@ -206,18 +212,16 @@ static int renew_call(gpubuf_client *c, const char *name, uint64_t id, uint64_t 
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__RenewRequest q = GPUBUF__RENEW_REQUEST__INIT;
     Gpubuf__Response *resp;
+    Gpubuf__ExpectedOwner *no_owner;
+    lookup l;
     int r;
     if (!c)
         return gpubuf__fail(-EINVAL, "gpubuf_renew needs a connection");
-    if (name) {
-        if ((r = gpubuf__name_check(name)) < 0)
-            return r;
-        q.target_case = GPUBUF__RENEW_REQUEST__TARGET_NAME;
-        q.name = (char *)name;
-    } else {
-        q.target_case = GPUBUF__RENEW_REQUEST__TARGET_BUFFER_ID;
-        q.buffer_id = id;
-    }
+    if ((r = gpubuf__lookup_make("renew", name, id, NULL, 0, &l)) < 0)
+        return r;
+    q.target_case = gpubuf__lookup_fill(&l, &q.name, &q.buffer_id, &q.pool, &no_owner)
+                        ? GPUBUF__RENEW_REQUEST__TARGET_NAME
+                        : GPUBUF__RENEW_REQUEST__TARGET_BUFFER_ID;
     q.ttl_ms = ttl_ms;
     req.body_case = GPUBUF__REQUEST__BODY_RENEW;
     req.renew = &q;
@@ -231,24 +235,21 @@ GPUBUF_EXTERN int gpubuf_renew(gpubuf_client *c, const char *name, uint64_t id, 
     return gpubuf__result(renew_call(c, name, id, ttl_ms));
 }
 
-static int stat_ex_call(gpubuf_client *c, const char *name, uint64_t id, gpubuf_buffer_info *ret,
-                        gpubuf_buffer_meta *ret_meta) {
+static int stat_ex_call(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *o,
+                        gpubuf_buffer_info *ret, gpubuf_buffer_meta *ret_meta) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatRequest q = GPUBUF__STAT_REQUEST__INIT;
     Gpubuf__Response *resp;
     char msg[256];
+    lookup l;
     int r;
     if (!c || !ret)
         return gpubuf__fail(-EINVAL, "gpubuf_stat_ex needs a connection and a place for the info");
-    if (name) {
-        if ((r = gpubuf__name_check(name)) < 0)
-            return r;
-        q.target_case = GPUBUF__STAT_REQUEST__TARGET_NAME;
-        q.name = (char *)name;
-    } else {
-        q.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
-        q.buffer_id = id;
-    }
+    if ((r = gpubuf__lookup_make("stat", name, id, o, GPUBUF_OPEN_OWNER, &l)) < 0)
+        return r;
+    q.target_case = gpubuf__lookup_fill(&l, &q.name, &q.buffer_id, &q.pool, &q.owner)
+                        ? GPUBUF__STAT_REQUEST__TARGET_NAME
+                        : GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
     req.body_case = GPUBUF__REQUEST__BODY_STAT;
     req.stat = &q;
     if ((r = buffer_reply(c, &req, &resp)) < 0)
@@ -284,9 +285,10 @@ out:
 }
 
 GPUBUF_EXTERN int gpubuf_stat_ex(gpubuf_client *c, const char *name, uint64_t id,
-                                 gpubuf_buffer_info *ret, gpubuf_buffer_meta *ret_meta) {
+                                 const gpubuf_lookup *o, gpubuf_buffer_info *ret,
+                                 gpubuf_buffer_meta *ret_meta) {
     gpubuf__clear_error();
-    return gpubuf__result(stat_ex_call(c, name, id, ret, ret_meta));
+    return gpubuf__result(stat_ex_call(c, name, id, o, ret, ret_meta));
 }
 
 /* ---- status ------------------------------------------------------------------ */

@@ -270,10 +270,10 @@ int gd_registry_seal_meta(gd_registry *r, gd_holder *h, uint64_t id, const uint8
     return gd_registry_seal_event(r, h, id, event, ret, err);
 }
 
-int gd_registry_renew(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
-                      uint64_t ttl_ms, gd_buf **ret, gd_err *err) {
+int gd_registry_renew(gd_registry *r, gd_holder *h, const gd_target *t, uint64_t ttl_ms,
+                      gd_buf **ret, gd_err *err) {
     gd_buf *b;
-    int rc = gd_registry_find_owned(r, h, name, id, "renew its lease", &b, err);
+    int rc = gd_registry_find_owned(r, h, t, "renew its lease", &b, err);
     if (rc < 0)
         return rc;
     if (ttl_ms == 0 && !b->lease_slot)

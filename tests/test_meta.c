@@ -112,14 +112,14 @@ START_TEST(metadata_round_trip) {
     /* stat_ex, by name and by id. */
     gpubuf_buffer_info info;
     gpubuf_buffer_meta *bm = calloc(1, sizeof(*bm));
-    ck_assert_int_eq(gpubuf_stat_ex(c, "arr", 0, &info, bm), 0);
+    ck_assert_int_eq(gpubuf_stat_ex(c, "arr", 0, NULL, &info, bm), 0);
     ck_assert_uint_eq(info.size, 144);
     ck_assert(bm->has_layout);
     assert_layout_eq(&bm->layout, &l);
     ck_assert_uint_eq(bm->user_size, 5);
     ck_assert_mem_eq(bm->user_data, "hello", 5);
     ck_assert_uint_eq(bm->lease_left_ms, 0);
-    ck_assert_int_eq(gpubuf_stat_ex(c, NULL, info.id, &info, NULL), 0);
+    ck_assert_int_eq(gpubuf_stat_ex(c, NULL, info.id, NULL, &info, NULL), 0);
     free(bm);
     /* Status: dtype and shape per buffer; none for a plain one. */
     gpubuf_buffer *plain;
@@ -242,7 +242,7 @@ START_TEST(metadata_bounds) {
     ck_assert_int_eq(raw_request(c, &req, msg, sizeof(msg)), GPUBUF_ESTATE);
     gpubuf_buffer_info info;
     gpubuf_buffer_meta *bm = calloc(1, sizeof(*bm));
-    ck_assert_int_eq(gpubuf_stat_ex(c, "b", 0, &info, bm), 0);
+    ck_assert_int_eq(gpubuf_stat_ex(c, "b", 0, NULL, &info, bm), 0);
     ck_assert_uint_eq(bm->layout.ndim, 32);
     ck_assert_uint_eq(bm->user_size, GPUBUF_USER_DATA_MAX);
     free(bm);
@@ -363,15 +363,16 @@ START_TEST(lease_renewed_by_owner) {
         td_sleep_ms(100);
         ck_assert_int_eq(gpubuf_renew(c, "keep", 0, 0), 0);
     }
-    ck_assert_int_eq(gpubuf_renew(c, "keep", 0, 60000), 0);
+    ck_assert_int_eq(gpubuf_renew(c, "/host/keep", 0, 60000), 0); /* a qualified name */
     gpubuf_buffer_info info;
     gpubuf_buffer_meta *bm = calloc(1, sizeof(*bm));
-    ck_assert_int_eq(gpubuf_stat_ex(c, "keep", 0, &info, bm), 0);
+    ck_assert_int_eq(gpubuf_stat_ex(c, "keep", 0, NULL, &info, bm), 0);
     ck_assert_uint_gt(bm->lease_left_ms, 59000);
     ck_assert_uint_eq(bm->lease_ttl_ms, 60000);
     free(bm);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(s->leases_renewed, 9);
+    ck_assert_int_eq(gpubuf_renew(c, "/nopool/keep", 0, 1000), GPUBUF_ENOPOOL);
     ck_assert_uint_eq(s->leases_expired, 0);
     gpubuf_status_free(s);
     /* Renewing with a short lease makes it expire soon after. */

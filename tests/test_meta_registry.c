@@ -34,12 +34,20 @@ static void env_init(env *e) {
     ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
     ck_assert_int_eq(gd_pool_new("host", be, 64 * MIB, MIB, &e->slab_ids, &e->pool, &err), 0);
     gd_registry_init(&e->reg);
+    e->reg.default_pool = e->pool;
 }
 
 static void env_fini(env *e) {
     gd_registry_destroy(&e->reg);
     ck_assert_uint_eq(e->pool->used, 0);
     gd_pool_free(e->pool);
+}
+
+static int renew(env *e, gd_holder *h, const char *name, uint64_t id, uint64_t ttl_ms,
+                 gd_buf **ret) {
+    gd_target t = {.name = name, .id = id};
+    memset(&err, 0, sizeof(err));
+    return gd_registry_renew(&e->reg, h, &t, ttl_ms, ret, &err);
 }
 
 static int alloc_meta(env *e, gd_holder *h, uint64_t size, const char *name,
@@ -226,7 +234,7 @@ START_TEST(lease_heap_order) {
     /* Delete one, renew another far out. */
     ck_assert_int_eq(gd_registry_delete(&e.reg, h, "l0", 0, &err), 0);
     gd_buf *r;
-    ck_assert_int_eq(gd_registry_renew(&e.reg, h, "l1", 0, 100000, &r, &err), 0);
+    ck_assert_int_eq(renew(&e, h, "l1", 0, 100000, &r), 0);
     ck_assert_uint_eq(e.reg.leases_renewed, 1);
     ck_assert_uint_eq(e.reg.n_leases, N - 1);
     /* Expire in steps: each step takes exactly the due ones. */
@@ -268,7 +276,7 @@ START_TEST(lease_expiry_while_referenced) {
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "x"));
     ck_assert_int_eq(b->state, GPUBUF_STATE_DELETED);
     ck_assert_uint_eq(e.pool->used, used);
-    ck_assert_int_eq(gd_registry_renew(&e.reg, p, NULL, b->id, 0, &o, &err), -ENOENT);
+    ck_assert_int_eq(renew(&e, p, NULL, b->id, 0, &o), -ENOENT);
     ck_assert_int_eq(gd_registry_release(&e.reg, c, b->id, &err), 0);
     ck_assert_uint_eq(e.pool->used, 0);
     ck_assert_uint_eq(e.reg.n_buffers, 0);
@@ -298,16 +306,16 @@ START_TEST(renew_rules) {
     ck_assert_int_eq(alloc_meta(&e, a, 64, "r", NULL, &b), 0);
     ck_assert_int_eq(gd_registry_seal(&e.reg, a, b->id, &o, &err), 0);
     /* No lease yet: renewing needs a time to live, which gives one. */
-    ck_assert_int_eq(gd_registry_renew(&e.reg, a, "r", 0, 0, &o, &err), -EINVAL);
-    ck_assert_int_eq(gd_registry_renew(&e.reg, a, "r", 0, 5000, &o, &err), 0);
+    ck_assert_int_eq(renew(&e, a, "r", 0, 0, &o), -EINVAL);
+    ck_assert_int_eq(renew(&e, a, "r", 0, 5000, &o), 0);
     ck_assert_uint_eq(b->lease_ttl_ms, 5000);
-    ck_assert_int_eq(gd_registry_renew(&e.reg, a, "r", 0, 60001, &o, &err), -EINVAL);
+    ck_assert_int_eq(renew(&e, a, "r", 0, 60001, &o), -EINVAL);
     /* Another uid may not; root may. */
-    ck_assert_int_eq(gd_registry_renew(&e.reg, other, "r", 0, 5000, &o, &err), -EPERM);
+    ck_assert_int_eq(renew(&e, other, "r", 0, 5000, &o), -EPERM);
     ck_assert_ptr_nonnull(strstr(err.msg, "only its owner or root"));
-    ck_assert_int_eq(gd_registry_renew(&e.reg, root, NULL, b->id, 0, &o, &err), 0);
+    ck_assert_int_eq(renew(&e, root, NULL, b->id, 0, &o), 0);
     ck_assert_uint_eq(e.reg.leases_renewed, 2);
-    ck_assert_int_eq(gd_registry_renew(&e.reg, a, "nope", 0, 5000, &o, &err), -ENOENT);
+    ck_assert_int_eq(renew(&e, a, "nope", 0, 5000, &o), -ENOENT);
     gd_registry_holder_drop(&e.reg, a);
     gd_registry_holder_drop(&e.reg, other);
     gd_registry_holder_drop(&e.reg, root);

@@ -55,7 +55,7 @@ def publish(client, name, array, *, pool=None, ttl=None, user_data=None):
         buf.seal(sync=True)
     except BaseException:
         buf.release()
-        client.delete(name)
+        client.delete(name, pool=pool)
         raise
     return buf
 

@@ -167,12 +167,38 @@ static int timeout_ms_arg(PyObject *o) {
  * back to notice signals (KeyboardInterrupt) and close() from another thread. */
 #define WAIT_SLICE_MS 100
 
-/* What to open: a name, or (name NULL) an id; flags of gpubuf_open_ex(). */
+/* What to open: a name, or (name NULL) an id; the pool to look it up in,
+ * the expected owner and the flags (gpubuf_lookup). */
 typedef struct open_key {
     const char *name;
     uint64_t id;
-    unsigned flags;
+    gpubuf_lookup o;
 } open_key;
+
+/* The keyword arguments pool= (None or str) and owner= (None or a uid) into
+ * o. Returns 0, or -1 with an exception set. */
+static int lookup_args(PyObject *pool, PyObject *owner, gpubuf_lookup *o) {
+    if (pool != Py_None && !(o->pool = name_arg(pool, "pool")))
+        return -1;
+    if (owner != Py_None) {
+        unsigned long long uid;
+        if (!PyLong_Check(owner)) {
+            PyErr_Format(PyExc_TypeError, "owner must be a uid (int) or None, not %.100s",
+                         Py_TYPE(owner)->tp_name);
+            return -1;
+        }
+        uid = PyLong_AsUnsignedLongLong(owner); /* OverflowError when negative */
+        if (PyErr_Occurred())
+            return -1;
+        if (uid >= UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "owner must be a uid from 0 to 4294967294");
+            return -1;
+        }
+        o->flags |= GPUBUF_OPEN_OWNER;
+        o->owner_uid = (uint32_t)uid;
+    }
+    return 0;
+}
 
 static PyObject *client_open_common(GpubufClient *self, const open_key *key, int timeout_ms) {
     gpubuf_client *c = client_enter(self);
@@ -186,8 +212,10 @@ static PyObject *client_open_common(GpubufClient *self, const open_key *key, int
         int slice = timeout_ms;
         if (timeout_ms < 0 || timeout_ms > WAIT_SLICE_MS)
             slice = WAIT_SLICE_MS;
+        gpubuf_lookup o = key->o;
+        o.timeout_ms = slice;
         Py_BEGIN_ALLOW_THREADS
-            r = gpubuf_open_ex(c, key->name, key->id, slice, key->flags, &b);
+            r = gpubuf_open_with(c, key->name, key->id, &o, &b);
         Py_END_ALLOW_THREADS
         if (r != -ETIMEDOUT || slice == timeout_ms)
             break;
@@ -214,30 +242,33 @@ static PyObject *client_open_common(GpubufClient *self, const open_key *key, int
 }
 
 static PyObject *client_open(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"name", "timeout", "readonly", NULL};
-    PyObject *name, *timeout = Py_None;
+    static char *kwlist[] = {"name", "timeout", "readonly", "pool", "owner", NULL};
+    PyObject *name, *timeout = Py_None, *pool = Py_None, *owner = Py_None;
     open_key key = {0};
     int t, ro = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$p:open", kwlist, &name, &timeout, &ro))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pOO:open", kwlist, &name, &timeout, &ro,
+                                     &pool, &owner))
         return NULL;
-    if (!(key.name = name_arg(name, "name")) || (t = timeout_ms_arg(timeout)) == -2)
+    if (!(key.name = name_arg(name, "name")) || (t = timeout_ms_arg(timeout)) == -2 ||
+        lookup_args(pool, owner, &key.o) < 0)
         return NULL;
-    key.flags = ro ? GPUBUF_OPEN_READONLY : 0;
+    key.o.flags |= ro ? GPUBUF_OPEN_READONLY : 0;
     return client_open_common(self, &key, t);
 }
 
 static PyObject *client_open_id(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"id", "timeout", "readonly", NULL};
-    PyObject *id_o, *timeout = Py_None;
+    static char *kwlist[] = {"id", "timeout", "readonly", "pool", "owner", NULL};
+    PyObject *id_o, *timeout = Py_None, *pool = Py_None, *owner = Py_None;
     open_key key = {0};
     int t, ro = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O$p:open_id", kwlist, &PyLong_Type, &id_o,
-                                     &timeout, &ro))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O$pOO:open_id", kwlist, &PyLong_Type, &id_o,
+                                     &timeout, &ro, &pool, &owner))
         return NULL;
     key.id = PyLong_AsUnsignedLongLong(id_o); /* OverflowError when negative */
-    if (PyErr_Occurred() || (t = timeout_ms_arg(timeout)) == -2)
+    if (PyErr_Occurred() || (t = timeout_ms_arg(timeout)) == -2 ||
+        lookup_args(pool, owner, &key.o) < 0)
         return NULL;
-    key.flags = ro ? GPUBUF_OPEN_READONLY : 0;
+    key.o.flags |= ro ? GPUBUF_OPEN_READONLY : 0;
     return client_open_common(self, &key, t);
 }
 
@@ -339,30 +370,37 @@ static PyObject *client_alloc_meta(GpubufClient *self, PyObject *size_o, PyObjec
 struct target_args {
     const char *name; /* NULL: by id */
     uint64_t id;
+    gpubuf_lookup o;
     gpubuf_buffer_info info;
     gpubuf_buffer_meta *meta; /* stat: its metadata */
     uint64_t ttl_ms;          /* renew */
 };
 
-/* A buffer named by str or given by int id into t. 0, or -1 (exception set). */
-static int target_arg(PyObject *target, struct target_args *t) {
+/* delete() and stat(): (name_or_id, *, pool=None, owner=None) into t.
+ * Returns 0, or -1 with an exception set. */
+static int target_parse(PyObject *args, PyObject *kw, const char *fmt, struct target_args *t) {
+    static char *kwlist[] = {"name_or_id", "pool", "owner", NULL};
+    PyObject *target, *pool = Py_None, *owner = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &target, &pool, &owner))
+        return -1;
     if (PyLong_Check(target)) {
         t->id = PyLong_AsUnsignedLongLong(target);
-        return PyErr_Occurred() ? -1 : 0;
+        if (PyErr_Occurred())
+            return -1;
+    } else if (!(t->name = name_arg(target, "name"))) {
+        return -1;
     }
-    return (t->name = name_arg(target, "name")) ? 0 : -1;
+    return lookup_args(pool, owner, &t->o);
 }
 
 static int op_delete(gpubuf_client *c, void *arg) {
     struct target_args *t = arg;
-    return t->name ? gpubuf_delete(c, t->name) : gpubuf_delete_id(c, t->id);
+    return gpubuf_delete_with(c, t->name, t->id, &t->o);
 }
 
-static PyObject *client_delete(GpubufClient *self, PyObject *target) {
+static PyObject *client_delete(GpubufClient *self, PyObject *args, PyObject *kw) {
     struct target_args t = {0};
-    if (target_arg(target, &t) < 0)
-        return NULL;
-    if (client_run(self, op_delete, &t) < 0)
+    if (target_parse(args, kw, "O|$OO:delete", &t) < 0 || client_run(self, op_delete, &t) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -386,7 +424,7 @@ static int append_new(PyObject *list, PyObject *o) {
 
 static int op_stat(gpubuf_client *c, void *arg) {
     struct target_args *t = arg;
-    return gpubuf_stat_ex(c, t->name, t->id, &t->info, t->meta);
+    return gpubuf_stat_ex(c, t->name, t->id, &t->o, &t->info, t->meta);
 }
 
 /* Add the metadata keys to a buffer dict d (consumed; NULL passes through):
@@ -405,11 +443,11 @@ static PyObject *add_meta(PyObject *d, PyObject *layout, uint64_t lease_left_ms,
     return d;
 }
 
-static PyObject *client_stat(GpubufClient *self, PyObject *target) {
+static PyObject *client_stat(GpubufClient *self, PyObject *args, PyObject *kw) {
     struct target_args t = {0};
     const gpubuf_buffer_info *i = &t.info;
     PyObject *d;
-    if (target_arg(target, &t) < 0)
+    if (target_parse(args, kw, "O|$OO:stat", &t) < 0)
         return NULL;
     if (!(t.meta = PyMem_Malloc(sizeof(*t.meta))))
         return PyErr_NoMemory();
@@ -440,8 +478,13 @@ static PyObject *client_renew(GpubufClient *self, PyObject *args, PyObject *kw) 
     PyObject *target, *ttl = Py_None;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:renew", kwlist, &target, &ttl))
         return NULL;
-    if (target_arg(target, &t) < 0)
+    if (PyLong_Check(target)) {
+        t.id = PyLong_AsUnsignedLongLong(target);
+        if (PyErr_Occurred())
+            return NULL;
+    } else if (!(t.name = name_arg(target, "name"))) {
         return NULL;
+    }
     if (ttl != Py_None) {
         double s = PyFloat_AsDouble(ttl);
         if (s == -1.0 && PyErr_Occurred())
@@ -465,13 +508,18 @@ static PyObject *status_to_dict(const gpubuf_status *s) {
     for (size_t i = 0; i < s->n_pools; i++) {
         const gpubuf_pool_info *p = &s->pools[i];
         const char *kind = gpubuf_pool_kind_name(p->kind);
-        if (append_new(pools, Py_BuildValue("{sssssisssKsKsKsKsIsI}", "name", p->name, "kind", kind,
-                                            "device", p->device, "device_uuid", p->device_uuid,
-                                            "capacity", (unsigned long long)p->capacity, "used",
+        int is_default = s->default_pool && strcmp(s->default_pool, p->name) == 0;
+        const char *pubs = s->pool_publishers ? s->pool_publishers[i] : "";
+        if (append_new(pools, Py_BuildValue("{sssssisssKsKsKsKsIsIsOss}", "name", p->name, "kind",
+                                            kind, "device", p->device, "device_uuid",
+                                            p->device_uuid, "capacity",
+                                            (unsigned long long)p->capacity, "used",
                                             (unsigned long long)p->used, "reserved",
                                             (unsigned long long)p->reserved, "slab_size",
                                             (unsigned long long)p->slab_size, "slabs", p->slabs,
-                                            "buffers", p->buffers)) < 0)
+                                            "buffers", p->buffers, "default",
+                                            is_default ? Py_True : Py_False, "publishers",
+                                            pubs)) < 0)
             goto out;
     }
     for (size_t i = 0; i < s->n_buffers; i++) {
@@ -592,22 +640,27 @@ static PyMethodDef client_methods[] = {
      "exports (size defaults to the bytes it spans); user_data (at most 4096 bytes) travels "
      "with it; ttl (seconds) gives it a lease: the daemon deletes it then unless renewed."},
     {"open", (PyCFunction)(void (*)(void))client_open, METH_VARARGS | METH_KEYWORDS,
-     "open(name, timeout=None, *, readonly=False) -> Buffer\n\nOpen a sealed buffer by name "
-     "and take one reference. timeout: None or 0 fails at once (NotFoundError) when the name is "
-     "not published; seconds to wait for it (WaitTimeoutError); math.inf waits forever. "
-     "readonly: map it read-only (host and cuda-vmm pools; NotSupportedError on cuda-ipc)."},
+     "open(name, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen a "
+     "sealed buffer by name and take one reference. Names are per pool: the name is looked up "
+     "in pool, or in POOL for a name '/POOL/NAME', else in the daemon's default pool. "
+     "timeout: None or 0 fails at once (NotFoundError) when the name is not published; "
+     "seconds to wait for it (WaitTimeoutError); math.inf waits forever. readonly: map it "
+     "read-only (host and cuda-vmm pools; NotSupportedError on cuda-ipc). owner: the uid the "
+     "buffer must belong to (PermissionError otherwise)."},
     {"open_id", (PyCFunction)(void (*)(void))client_open_id, METH_VARARGS | METH_KEYWORDS,
-     "open_id(id, timeout=None, *, readonly=False) -> Buffer\n\nOpen a sealed buffer by its "
-     "id (see open)."},
-    {"delete", (PyCFunction)client_delete, METH_O,
-     "delete(name_or_id)\n\nUnpublish a buffer; its memory returns to the pool when the last "
-     "reference goes."},
-    {"stat", (PyCFunction)client_stat, METH_O,
-     "stat(name_or_id) -> dict\n\nDescribe a buffer without taking a reference, with its "
-     "layout (dict or None), user_data (bytes or None) and lease_left (seconds or None)."},
+     "open_id(id, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen "
+     "a sealed buffer by its id (see open; pool: the buffer must be in that pool)."},
+    {"delete", (PyCFunction)(void (*)(void))client_delete, METH_VARARGS | METH_KEYWORDS,
+     "delete(name_or_id, *, pool=None, owner=None)\n\nUnpublish a buffer (looked up as open "
+     "does); its memory returns to the pool when the last reference goes."},
+    {"stat", (PyCFunction)(void (*)(void))client_stat, METH_VARARGS | METH_KEYWORDS,
+     "stat(name_or_id, *, pool=None, owner=None) -> dict\n\nDescribe a buffer (looked up as "
+     "open does) without taking a reference, with its layout (dict or None), user_data "
+     "(bytes or None) and lease_left (seconds or None)."},
     {"renew", (PyCFunction)(void (*)(void))client_renew, METH_VARARGS | METH_KEYWORDS,
      "renew(name_or_id, ttl=None)\n\nRenew a buffer's lease: it expires ttl seconds from now "
-     "(None: its own time to live again). Its owner's uid or root only (PermissionError)."},
+     "(None: its own time to live again). By name ('NAME' or '/POOL/NAME') or id. Its "
+     "owner's uid or root only (PermissionError)."},
     {"status", (PyCFunction)client_status, METH_NOARGS,
      "status() -> dict\n\nA snapshot of the daemon: {'pools': [...], 'buffers': [...], "
      "'clients': [...], 'uptime_ms': int, 'version': str}."},
