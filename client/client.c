@@ -524,33 +524,7 @@ static void copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
 
 static int stat_with_call(gpubuf_client *c, const char *name, uint64_t id,
                           const gpubuf_lookup *opts, gpubuf_buffer_info *ret) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__StatRequest s = GPUBUF__STAT_REQUEST__INIT;
-    Gpubuf__Response *resp;
-    lookup l;
-    int fd, r;
-    if (!c || !ret)
-        return gpubuf__fail(-EINVAL, "a stat needs a connection and a place for the answer");
-    if ((r = lookup_make("stat", name, id, opts, GPUBUF_OPEN_OWNER, &l)) < 0)
-        return r;
-    s.target_case = lookup_fill(&l, &s.name, &s.buffer_id, &s.pool, &s.owner)
-                        ? GPUBUF__STAT_REQUEST__TARGET_NAME
-                        : GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
-    req.body_case = GPUBUF__REQUEST__BODY_STAT;
-    req.stat = &s;
-    pthread_mutex_lock(&c->lock);
-    r = gpubuf__rpc_locked(c, &req, &resp, &fd);
-    pthread_mutex_unlock(&c->lock);
-    if (r < 0)
-        return r;
-    if (fd >= 0)
-        close(fd);
-    if (resp->body_case == GPUBUF__RESPONSE__BODY_BUFFER)
-        copy_info(ret, resp->buffer);
-    else
-        r = GPUBUF_EPROTOCOL;
-    gpubuf__response__free_unpacked(resp, NULL);
-    return r;
+    return gpubuf__stat_meta(c, name, id, opts, ret, NULL); /* meta.c */
 }
 
 GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {

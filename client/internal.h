@@ -193,6 +193,10 @@ bool gpubuf__lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
                          Gpubuf__ExpectedOwner **owner);
 int gpubuf__seal_check(gpubuf_buffer **pb);
 void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m);
+/* A stat request (by name or id, looked up as o says) into ret, and the
+ * buffer's metadata into ret_meta when it is not NULL (meta.c). */
+int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *o,
+                      gpubuf_buffer_info *ret, gpubuf_buffer_meta *ret_meta);
 
 void gpubuf__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Set the message and return err. */

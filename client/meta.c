@@ -235,8 +235,8 @@ GPUBUF_EXTERN int gpubuf_renew(gpubuf_client *c, const char *name, uint64_t id, 
     return gpubuf__result(renew_call(c, name, id, ttl_ms));
 }
 
-static int stat_ex_call(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *o,
-                        gpubuf_buffer_info *ret, gpubuf_buffer_meta *ret_meta) {
+int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *o,
+                      gpubuf_buffer_info *ret, gpubuf_buffer_meta *ret_meta) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatRequest q = GPUBUF__STAT_REQUEST__INIT;
     Gpubuf__Response *resp;
@@ -244,7 +244,7 @@ static int stat_ex_call(gpubuf_client *c, const char *name, uint64_t id, const g
     lookup l;
     int r;
     if (!c || !ret)
-        return gpubuf__fail(-EINVAL, "gpubuf_stat_ex needs a connection and a place for the info");
+        return gpubuf__fail(-EINVAL, "a stat needs a connection and a place for the answer");
     if ((r = gpubuf__lookup_make("stat", name, id, o, GPUBUF_OPEN_OWNER, &l)) < 0)
         return r;
     q.target_case = gpubuf__lookup_fill(&l, &q.name, &q.buffer_id, &q.pool, &q.owner)
@@ -288,7 +288,7 @@ GPUBUF_EXTERN int gpubuf_stat_ex(gpubuf_client *c, const char *name, uint64_t id
                                  const gpubuf_lookup *o, gpubuf_buffer_info *ret,
                                  gpubuf_buffer_meta *ret_meta) {
     gpubuf__clear_error();
-    return gpubuf__result(stat_ex_call(c, name, id, o, ret, ret_meta));
+    return gpubuf__result(gpubuf__stat_meta(c, name, id, o, ret, ret_meta));
 }
 
 /* ---- status ------------------------------------------------------------------ */
