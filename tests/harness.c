@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -335,4 +336,29 @@ int td_count(const char *haystack, const char *needle) {
     for (const char *p = haystack; (p = strstr(p, needle)); p += strlen(needle))
         n++;
     return n;
+}
+
+void td_figure(const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof(line) - 2)
+        n = (int)sizeof(line) - 2;
+    line[n++] = '\n';
+    line[n] = '\0';
+    fputs(line, stdout);
+    fflush(stdout);
+    const char *path = getenv("GPUBUF_FIGURES");
+    if (!path || !*path)
+        return;
+    /* One write per line: tests running side by side do not mix lines. */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        (void)!write(fd, line, (size_t)n);
+        close(fd);
+    }
 }
