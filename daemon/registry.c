@@ -47,6 +47,7 @@ void gd_registry_init(gd_registry *r) {
 }
 
 static void waiter_unlink(gd_registry *r, gd_waiter *w);
+static void holder_cancel_waits(gd_registry *r, gd_holder *h);
 
 /* Answer the waiters for buffer id with err: it can never be sealed now. */
 static void fail_id_waiters(gd_registry *r, uint64_t id) {
@@ -146,33 +147,38 @@ static void holder_slab_put(gd_holder *h, uint64_t slab_id) {
 }
 
 /* The holder goes: unpin what it kept (after its references are dropped,
- * so that an emptied slab can go). */
-static void holder_slabs_clear(gd_holder *h) {
+ * so that an emptied slab can go), at most budget slabs; returns how many
+ * went. */
+static uint32_t holder_slabs_clear(gd_holder *h, uint32_t budget) {
     gd_holder_slab *hs, *tmp;
+    uint32_t done = 0;
     HASH_ITER(hh, h->slabs, hs, tmp) {
+        if (done == budget)
+            break;
+        done++;
         HASH_DEL(h->slabs, hs);
-        if (hs->kept)
+        if (hs->kept) {
             gd_pool_unpin(hs->slab->pool, hs->slab);
+            h->n_kept--;
+        }
         free(hs);
     }
-    h->n_kept = 0;
+    return done;
 }
 
 void gd_registry_destroy(gd_registry *r) {
     gd_holder *h, *htmp;
     gd_buf *b, *btmp;
+    while (gd_registry_reap(r, UINT32_MAX))
+        ;
     HASH_ITER(hh, r->holders, h, htmp) {
-        while (h->waiters) {
-            gd_waiter *w = h->waiters;
-            waiter_unlink(r, w);
-            w->cancel(w);
-        }
+        holder_cancel_waits(r, h);
         gd_ref *ref, *rtmp;
         HASH_ITER(hh, h->refs, ref, rtmp) {
             HASH_DEL(h->refs, ref);
             free(ref);
         }
-        holder_slabs_clear(h);
+        holder_slabs_clear(h, UINT32_MAX);
         HASH_DEL(r->holders, h);
         free(h);
     }
@@ -597,14 +603,22 @@ void gd_registry_unwait(gd_registry *r, gd_waiter *w) {
     waiter_unlink(r, w);
 }
 
-void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
-    gd_ref *ref, *rtmp;
+static void holder_cancel_waits(gd_registry *r, gd_holder *h) {
     while (h->waiters) {
         gd_waiter *w = h->waiters;
         waiter_unlink(r, w);
         w->cancel(w);
     }
+}
+
+/* Drop at most budget of h's references; returns how many went. */
+static uint32_t holder_drop_refs(gd_registry *r, gd_holder *h, uint32_t budget) {
+    gd_ref *ref, *rtmp;
+    uint32_t done = 0;
     HASH_ITER(hh, h->refs, ref, rtmp) {
+        if (done == budget)
+            break;
+        done++;
         gd_buf *b = gd_registry_find_id(r, ref->buffer_id);
         HASH_DEL(h->refs, ref);
         if (b) {
@@ -623,7 +637,35 @@ void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
         }
         free(ref);
     }
-    holder_slabs_clear(h);
+    return done;
+}
+
+void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
+    holder_cancel_waits(r, h);
+    holder_drop_refs(r, h, UINT32_MAX);
+    holder_slabs_clear(h, UINT32_MAX);
     HASH_DEL(r->holders, h);
     free(h);
+}
+
+void gd_registry_holder_leave(gd_registry *r, gd_holder *h) {
+    holder_cancel_waits(r, h);
+    HASH_DEL(r->holders, h);
+    DL_APPEND2(r->leaving, h, leave_prev, leave_next);
+}
+
+bool gd_registry_reap(gd_registry *r, uint32_t budget) {
+    while (r->leaving && budget > 0) {
+        gd_holder *h = r->leaving;
+        budget -= holder_drop_refs(r, h, budget);
+        /* Kept slabs are unpinned once the references are gone, so that an
+         * emptied slab can go. */
+        if (!h->refs)
+            budget -= holder_slabs_clear(h, budget);
+        if (h->refs || h->slabs)
+            break; /* the budget ran out */
+        DL_DELETE2(r->leaving, h, leave_prev, leave_next);
+        free(h);
+    }
+    return r->leaving != NULL;
 }

@@ -74,6 +74,7 @@ struct gd_holder {
     uint64_t owned_bytes;
     gd_waiter *waiters; /* this holder's pending waits */
     UT_hash_handle hh;
+    gd_holder *leave_prev, *leave_next; /* registry's leaving list (utlist DL) */
 };
 
 /* A pending open(). The caller embeds it and fills target and callbacks.
@@ -121,6 +122,9 @@ typedef struct gd_registry {
     gd_buf *by_name;
     gd_holder *holders;
     gd_waiter *waiters;
+    /* Holders whose client went, not in holders any more: their references
+     * go a bounded number per call of gd_registry_reap(). */
+    gd_holder *leaving;
     uint64_t next_buffer_id;
     uint64_t next_holder_id;
     uint32_t n_buffers;
@@ -136,6 +140,16 @@ gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gi
 /* The client went away: cancel its waits, drop all its references, delete
  * buffers it allocated and never sealed. */
 void gd_registry_holder_drop(gd_registry *r, gd_holder *h);
+/* The same, spread over time: the waits are cancelled and the holder is
+ * gone (its id finds nothing, its seal events die) at once; its references
+ * are dropped by gd_registry_reap(), so that a client holding a million of
+ * them does not stall the loop when it leaves. Until then its references
+ * still count on their buffers, and buffers it allocated and never sealed
+ * keep their names. */
+void gd_registry_holder_leave(gd_registry *r, gd_holder *h);
+/* Carry on dropping the references (and kept slabs) of leaving holders, at
+ * most budget of them. True while some are left. */
+bool gd_registry_reap(gd_registry *r, uint32_t budget);
 
 gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id);
 gd_buf *gd_registry_find_name(gd_registry *r, const char *name);

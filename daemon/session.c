@@ -761,9 +761,10 @@ void gd_session_free(gd_session *s) {
     if (!s)
         return;
     LOG_DEBUG("session %llu (pid %d) closed", (unsigned long long)s->holder->id, (int)s->pid);
-    /* Cancels the waits (their callbacks free them) and drops everything
-     * the client held. */
-    gd_registry_holder_drop(&s->ctx->reg, s->holder);
+    /* Cancels the waits (their callbacks free them) now; everything the
+     * client held is dropped by gd_registry_reap(), a bounded part per turn
+     * of the loop. */
+    gd_registry_holder_leave(&s->ctx->reg, s->holder);
     assert(s->n_waiters == 0);
     DL_DELETE(s->ctx->sessions, s);
     assert(s->ctx->n_sessions > 0);
