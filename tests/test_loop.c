@@ -326,11 +326,65 @@ START_TEST(bystander_is_served_while_a_fragmented_pool_is_worked) {
 }
 END_TEST
 
+/* Waiting opens that end at the same moment are answered over a few turns
+ * (GD_EXPIRIES_PER_TURN per turn), every one of them: 24 clients with 64
+ * waits each, all timing out together. */
+START_TEST(simultaneous_expiries_are_all_answered) {
+    enum { CLIENTS = 24, WAITS = 64 };
+    test_daemon d;
+    const char *args[] = {"--pool", "host=host,capacity=16M", NULL};
+    td_start(&d, args);
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
+    for (int i = 0; i < WAITS; i++) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+        o.name = "never";
+        o.timeout_ms = 500;
+        req.id = 100 + (uint64_t)i;
+        req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+        req.open = &o;
+        put_req(&buf, &len, &cap, &req);
+    }
+    int fds[CLIENTS];
+    for (int k = 0; k < CLIENTS; k++) {
+        fds[k] = raw_open(&d);
+        ck_assert_int_eq(gpubuf_wire_send_all(fds[k], buf, len, -1), 0);
+    }
+    ck_assert(td_wait_waiting_opens(&d, CLIENTS * WAITS, 10000));
+    double t0 = 0;
+    for (int k = 0; k < CLIENTS; k++) {
+        for (int i = 0; i < WAITS; i++) {
+            uint8_t *p;
+            int afd;
+            ssize_t n = gpubuf_wire_read_frame(fds[k], GPUBUF_WIRE_MAX_RESPONSE, &p, &afd);
+            if (t0 == 0)
+                t0 = now_ms();
+            ck_assert_msg(n > 0, "client %d: reply %d missing", k, i);
+            Gpubuf__Response *r = gpubuf__response__unpack(NULL, (size_t)n, p);
+            free(p);
+            ck_assert_ptr_nonnull(r);
+            ck_assert_int_eq(r->status, -ETIMEDOUT);
+            gpubuf__response__free_unpacked(r, NULL);
+        }
+        close(fds[k]);
+    }
+    td_figure("loop bounds: %d waiting opens timing out together: all answered, the last %.0f ms "
+              "after the first was read (at most %d per turn)",
+              CLIENTS * WAITS, now_ms() - t0, 256);
+    ck_assert(td_wait_waiting_opens(&d, 0, 5000));
+    free(buf);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 static Suite *loop_suite(void) {
     Suite *s = suite_create("loop");
     TCase *tc = tcase_create("bounded passes");
     tcase_set_timeout(tc, 110);
     tcase_add_test(tc, bystander_is_served_while_a_fragmented_pool_is_worked);
+    tcase_add_test(tc, simultaneous_expiries_are_all_answered);
     suite_add_tcase(s, tc);
     return s;
 }
