@@ -49,16 +49,63 @@ void gd_registry_init(gd_registry *r) {
 static void waiter_unlink(gd_registry *r, gd_waiter *w);
 static void holder_cancel_waits(gd_registry *r, gd_holder *h);
 
-/* Answer the waiters for buffer id with err: it can never be sealed now. */
-static void fail_id_waiters(gd_registry *r, uint64_t id) {
-    gd_waiter *w, *next;
-    DL_FOREACH_SAFE2(r->waiters, w, next, next) {
-        if (w->name || w->buffer_id != id)
-            continue;
+/* Answer the waiters for b's id: it can never be sealed now. */
+static void fail_id_waiters(gd_registry *r, gd_buf *b) {
+    while (b->id_waiters) {
+        gd_waiter *w = b->id_waiters;
         waiter_unlink(r, w);
         waiter_fail(w, -ENOENT, "buffer %llu was deleted before it was sealed",
-                    (unsigned long long)id);
+                    (unsigned long long)b->id);
     }
+}
+
+static void waiter_index(gd_registry *r, gd_waiter *w) {
+    w->knext = NULL;
+    w->kprev = w;
+    if (w->name) {
+        gd_waiter *head;
+        HASH_FIND(hh, r->name_waiters, w->name, strlen(w->name), head);
+        if (head)
+            DL_APPEND2(head, w, kprev, knext);
+        else
+            HASH_ADD_KEYPTR(hh, r->name_waiters, w->name, strlen(w->name), w);
+        w->indexed = true;
+        return;
+    }
+    /* A wait by id is for a buffer that exists (open only waits for an id
+     * in state ALLOCATED); one for no buffer can only time out. */
+    gd_buf *b = gd_registry_find_id(r, w->buffer_id);
+    if (b) {
+        DL_APPEND2(b->id_waiters, w, kprev, knext);
+        w->indexed = true;
+    }
+}
+
+static void waiter_unindex(gd_registry *r, gd_waiter *w) {
+    if (!w->indexed)
+        return;
+    w->indexed = false;
+    if (w->name) {
+        gd_waiter *head;
+        HASH_FIND(hh, r->name_waiters, w->name, strlen(w->name), head);
+        assert(head);
+        if (head == w) {
+            /* The next waiter of the name becomes the hash entry. */
+            HASH_DEL(r->name_waiters, w);
+            gd_waiter *rest = w->knext;
+            if (rest) {
+                rest->kprev = w->kprev;
+                HASH_ADD_KEYPTR(hh, r->name_waiters, rest->name, strlen(rest->name), rest);
+            }
+        } else {
+            DL_DELETE2(head, w, kprev, knext);
+        }
+    } else {
+        gd_buf *b = gd_registry_find_id(r, w->buffer_id);
+        assert(b);
+        DL_DELETE2(b->id_waiters, w, kprev, knext);
+    }
+    w->knext = w->kprev = NULL;
 }
 
 static gd_uid_usage *uid_usage(gd_registry *r, uid_t uid, bool create) {
@@ -95,8 +142,16 @@ static void uncharge(gd_registry *r, gd_buf *b) {
 
 static void buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
-    if (b->state != GPUBUF_STATE_SEALED)
-        fail_id_waiters(r, b->id);
+    if (b->state != GPUBUF_STATE_SEALED) {
+        fail_id_waiters(r, b);
+    } else {
+        /* Waiters a seal could not serve (out of memory) time out. */
+        while (b->id_waiters) {
+            gd_waiter *w = b->id_waiters;
+            DL_DELETE2(b->id_waiters, w, kprev, knext);
+            w->indexed = false;
+        }
+    }
     HASH_DELETE(hh_id, r->by_id, b);
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
@@ -117,6 +172,7 @@ static void buf_maybe_free(gd_registry *r, gd_buf *b) {
 
 static void waiter_unlink(gd_registry *r, gd_waiter *w) {
     assert(r->n_waiters > 0);
+    waiter_unindex(r, w);
     DL_DELETE2(r->waiters, w, prev, next);
     DL_DELETE2(w->holder->waiters, w, hprev, hnext);
     w->next = w->prev = w->hnext = w->hprev = NULL;
@@ -344,11 +400,6 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     return 0;
 }
 
-static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
-    if (w->name)
-        return b->name && strcmp(w->name, b->name) == 0;
-    return w->buffer_id == b->id;
-}
 
 int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd_err *err) {
     return gd_registry_seal_event(r, h, id, NULL, ret, err);
@@ -387,6 +438,36 @@ void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
     assert(ref->ro <= ref->count && h->n_ro_refs <= h->n_refs);
 }
 
+/* b was sealed: give waiter w its reference, or tell it why not. */
+static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
+    /* Refused before a reference is taken: a waiter of a pool it may not
+     * use, or one holding too many references, gets none. */
+    if (!gd_pool_allows(b->pool, w->holder->uid, w->holder->gid)) {
+        waiter_unlink(r, w);
+        waiter_fail(w, -EACCES, "uid %u may not use pool '%s'", (unsigned)w->holder->uid,
+                    b->pool->name);
+        return;
+    }
+    if (r->quota.refs_per_client && w->holder->n_refs >= r->quota.refs_per_client) {
+        waiter_unlink(r, w);
+        waiter_fail(w, -EDQUOT, "quota: this client holds too many references");
+        return;
+    }
+    gd_err ro = {0};
+    if (w->read_only && check_read_only(b->pool, &ro) < 0) {
+        waiter_unlink(r, w);
+        waiter_fail(w, ro.code, "%s", ro.msg);
+        return;
+    }
+    if (ref_add(w->holder, b) < 0)
+        return; /* out of memory: the waiter times out */
+    if (w->read_only)
+        gd_registry_ref_ro(w->holder, b->id, true);
+    waiter_unlink(r, w);
+    /* The callback may free w (but not other waiters). */
+    w->wake(w, b);
+}
+
 int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint8_t *event,
                            gd_buf **ret, gd_err *err) {
     gd_buf *b = gd_registry_find_id(r, id);
@@ -410,36 +491,16 @@ int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint
     }
     b->state = GPUBUF_STATE_SEALED;
     /* Wake waiters for this name or id. Each gets its own reference. */
-    gd_waiter *w, *next;
-    DL_FOREACH_SAFE2(r->waiters, w, next, next) {
-        if (!waiter_matches(w, b))
-            continue;
-        /* Refused before a reference is taken: a waiter of a pool it may
-         * not use, or one holding too many references, gets none. */
-        if (!gd_pool_allows(b->pool, w->holder->uid, w->holder->gid)) {
-            waiter_unlink(r, w);
-            waiter_fail(w, -EACCES, "uid %u may not use pool '%s'", (unsigned)w->holder->uid,
-                        b->pool->name);
-            continue;
-        }
-        if (r->quota.refs_per_client && w->holder->n_refs >= r->quota.refs_per_client) {
-            waiter_unlink(r, w);
-            waiter_fail(w, -EDQUOT, "quota: this client holds too many references");
-            continue;
-        }
-        gd_err ro = {0};
-        if (w->read_only && check_read_only(b->pool, &ro) < 0) {
-            waiter_unlink(r, w);
-            waiter_fail(w, ro.code, "%s", ro.msg);
-            continue;
-        }
-        if (ref_add(w->holder, b) < 0)
-            continue; /* out of memory: the waiter times out */
-        if (w->read_only)
-            gd_registry_ref_ro(w->holder, b->id, true);
-        waiter_unlink(r, w);
-        /* The callback may free w (but not other waiters). */
-        w->wake(w, b);
+    gd_waiter *w = NULL, *next;
+    if (b->name)
+        HASH_FIND(hh, r->name_waiters, b->name, strlen(b->name), w);
+    for (; w; w = next) {
+        next = w->knext;
+        wake(r, w, b);
+    }
+    for (w = b->id_waiters; w; w = next) {
+        next = w->knext;
+        wake(r, w, b);
     }
     *ret = b;
     return 0;
@@ -582,7 +643,7 @@ int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t 
                           "delete it",
                           (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid);
     if (b->state == GPUBUF_STATE_ALLOCATED)
-        fail_id_waiters(r, b->id);
+        fail_id_waiters(r, b);
     b->state = GPUBUF_STATE_DELETED;
     if (b->in_name_index) {
         HASH_DELETE(hh_name, r->by_name, b);
@@ -597,6 +658,7 @@ void gd_registry_wait(gd_registry *r, gd_waiter *w) {
     DL_PREPEND2(r->waiters, w, prev, next);
     DL_PREPEND2(w->holder->waiters, w, hprev, hnext);
     r->n_waiters++;
+    waiter_index(r, w);
 }
 
 void gd_registry_unwait(gd_registry *r, gd_waiter *w) {

@@ -33,6 +33,7 @@ struct gd_buf {
     bool has_event;        /* sealed on a stream: openers wait for event */
     uint64_t event_holder; /* the holder that recorded it (the event dies with it) */
     uint8_t event[GD_EVENT_HANDLE_SIZE];
+    gd_waiter *id_waiters; /* waits for this id (utlist DL on kprev/knext) */
     UT_hash_handle hh_id;
     UT_hash_handle hh_name;
 };
@@ -93,6 +94,13 @@ struct gd_waiter {
     void (*fail)(gd_waiter *w, const gd_err *err);
     gd_waiter *next, *prev;       /* registry list (utlist DL) */
     gd_waiter *hnext, *hprev;     /* holder list (utlist DL) */
+    /* The index a seal or a delete looks in, so that it visits the
+     * waiters of its name or id only: by name, the first waiter of a name
+     * is the entry of the registry's name_waiters hash and the others
+     * follow it on knext; by id, the buffer's id_waiters list. */
+    gd_waiter *knext, *kprev;
+    UT_hash_handle hh;
+    bool indexed;
 };
 
 /* What one uid owns (buffers outlive the client that made them). */
@@ -122,6 +130,7 @@ typedef struct gd_registry {
     gd_buf *by_name;
     gd_holder *holders;
     gd_waiter *waiters;
+    gd_waiter *name_waiters; /* by name: see gd_waiter.knext */
     /* Holders whose client went, not in holders any more: their references
      * go a bounded number per call of gd_registry_reap(). */
     gd_holder *leaving;
