@@ -338,6 +338,17 @@ int td_count(const char *haystack, const char *needle) {
     return n;
 }
 
+int td_raw_connect(const test_daemon *d, int timeout_s) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct timeval tv = {timeout_s, 0};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    memcpy(sa.sun_path, d->socket, strlen(d->socket) + 1);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
 void td_figure(const char *fmt, ...) {
     char line[1024];
     va_list ap;

@@ -37,13 +37,7 @@ static void stop_clean(void) {
 }
 
 static int raw_connect_to(const test_daemon *d) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    struct timeval tv = {5, 0};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    memcpy(sa.sun_path, d->socket, strlen(d->socket) + 1);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return fd;
+    return td_raw_connect(d, 5);
 }
 
 static int raw_connect(void) {

@@ -22,7 +22,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -87,12 +86,7 @@ static void put_release(uint8_t **buf, size_t *len, size_t *cap, uint64_t id, ui
 
 /* A raw connection that said hello. */
 static int raw_open(const test_daemon *d) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    struct timeval tv = {60, 0};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    memcpy(sa.sun_path, d->socket, strlen(d->socket) + 1);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    int fd = td_raw_connect(d, 60);
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__Hello h = GPUBUF__HELLO__INIT;
     h.min_version = h.max_version = 1;
