@@ -288,11 +288,12 @@ static void on_reap(uv_check_t *h) {
         gd_conn *c = srv->reap;
         LL_DELETE2(srv->reap, c, reap_next);
         if (budget == 0) {
-            /* The rest on the next turn: the list is a LIFO, so those left
-             * are put back in front of the ones stepped this turn. */
-            LL_CONCAT2(later, srv->reap, reap_next);
+            /* The rest on the next turn, before those stepped in this one,
+             * so that every departing connection gets its turn. */
+            LL_PREPEND2(srv->reap, c, reap_next);
+            LL_CONCAT2(srv->reap, later, reap_next);
+            later = srv->reap;
             srv->reap = NULL;
-            LL_PREPEND2(later, c, reap_next);
             break;
         }
         budget--;
