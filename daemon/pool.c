@@ -194,19 +194,19 @@ static gd_extent *slab_fit(gd_slab *s, uint64_t size, uint64_t align, uint64_t b
 }
 
 /* Place (size, align) at the start of e (after padding); the padding and the
- * tail stay free, the tail in spare when both remain (spare is consumed
- * then, and freed otherwise). */
+ * tail stay free, the tail in spare when both remain (spare, then not NULL,
+ * is consumed). */
 static void take(gd_slab *s, gd_extent *e, uint64_t size, uint64_t align, gd_extent *spare,
                  gd_block *ret) {
     uint64_t off = e->off, start = gpubuf_align_up(off, align);
     uint64_t pad = start - off;
     uint64_t tail = e->len - pad - size;
     if (pad && tail) {
+        assert(spare);
         ext_set(s, e, off, pad);
         spare->off = start + size;
         spare->len = tail;
         ext_insert(s, spare);
-        spare = NULL;
     } else if (pad) {
         ext_set(s, e, off, pad);
     } else if (tail) {
@@ -214,7 +214,6 @@ static void take(gd_slab *s, gd_extent *e, uint64_t size, uint64_t align, gd_ext
     } else {
         ext_remove(s, e);
     }
-    free(spare);
     s->used += size;
     s->blocks++;
     ret->slab = s;
@@ -290,10 +289,11 @@ static int alloc_prefer(gd_pool *p, uint64_t size, uint64_t align, gd_slab *cons
     }
     if (!best_e)
         best_e = RB_MIN(gd_extents_off, &best->free_off); /* a new slab: all free */
-    /* A block inside an extent leaves two: the node for the second is had
-     * before anything changes. */
-    gd_extent *spare = ext_new(0, 0);
-    if (!spare) {
+    /* A block inside an extent (padding before it, a tail after it) leaves
+     * two: the node for the second is had before anything changes. */
+    uint64_t pad = gpubuf_align_up(best_e->off, align) - best_e->off;
+    gd_extent *spare = NULL;
+    if (pad && best_e->len - pad > size && !(spare = ext_new(0, 0))) {
         if (best->blocks == 0 && best->pins == 0 &&
             (best->dedicated || has_other_spare(p, best)))
             slab_destroy(p, best);
