@@ -376,16 +376,29 @@ const gd_extent *gd_slab_free_next(const gd_extent *e) {
     return RB_NEXT(gd_extents_off, NULL, (gd_extent *)e);
 }
 
-bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid) {
-    if (uid == 0 || (p->n_allow_uids == 0 && p->n_allow_gids == 0))
+/* uid 0, everyone when both lists are empty, else those listed. */
+static bool id_lists_match(const uint32_t *uids, int n_uids, const uint32_t *gids, int n_gids,
+                           uint32_t uid, uint32_t gid) {
+    if (uid == 0 || (n_uids == 0 && n_gids == 0))
         return true;
-    for (int i = 0; i < p->n_allow_uids; i++)
-        if (p->allow_uids[i] == uid)
+    for (int i = 0; i < n_uids; i++)
+        if (uids[i] == uid)
             return true;
-    for (int i = 0; i < p->n_allow_gids; i++)
-        if (p->allow_gids[i] == gid)
+    for (int i = 0; i < n_gids; i++)
+        if (gids[i] == gid)
             return true;
     return false;
+}
+
+bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid) {
+    return id_lists_match(p->allow_uids, p->n_allow_uids, p->allow_gids, p->n_allow_gids, uid,
+                          gid);
+}
+
+bool gd_pool_may_publish(const gd_pool *p, uint32_t uid, uint32_t gid) {
+    return gd_pool_allows(p, uid, gid) &&
+           id_lists_match(p->publish_uids, p->n_publish_uids, p->publish_gids,
+                          p->n_publish_gids, uid, gid);
 }
 
 int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align, gd_slab *const *prefer,

@@ -67,6 +67,10 @@ typedef struct gd_pool {
      * both lists are empty, everyone who can connect. */
     uint32_t allow_uids[32], allow_gids[32];
     int n_allow_uids, n_allow_gids;
+    /* Who may give buffers names in this pool (publish_uids/publish_gids):
+     * uid 0, and when both lists are empty, everyone the pool allows. */
+    uint32_t publish_uids[32], publish_gids[32];
+    int n_publish_uids, n_publish_gids;
     /* Counters since the pool was made (status, metrics). */
     struct {
         uint64_t bytes_allocated, bytes_freed; /* block sizes, after alignment */
@@ -103,6 +107,10 @@ void gd_pool_unpin(gd_pool *p, gd_slab *s);
 
 /* May a client with these credentials use pool p? */
 bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid);
+
+/* May a client with these credentials name buffers in pool p (it must also
+ * be allowed in p)? */
+bool gd_pool_may_publish(const gd_pool *p, uint32_t uid, uint32_t gid);
 
 /* Largest free extent of the pool's existing slabs (for tests and status). */
 uint64_t gd_pool_largest_free(const gd_pool *p);

@@ -159,7 +159,7 @@ static void buf_free(gd_registry *r, gd_buf *b) {
     assert(r->n_buffers > 0 && b->refs == 0);
     r->n_buffers--;
     r->freed_buffers++;
-    free(b->name);
+    free(b->key);
     free(b);
 }
 
@@ -268,10 +268,34 @@ gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id) {
     return b;
 }
 
-gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
+/* The by-name index key of name in pool: "POOL\0NAME" into key (at least
+ * 2 * GPUBUF_NAME_MAX + 2 bytes); returns its length. */
+static size_t name_key(char *key, const gd_pool *pool, const char *name) {
+    size_t pl = strlen(pool->name), nl = strlen(name);
+    if (pl > GPUBUF_NAME_MAX)
+        pl = GPUBUF_NAME_MAX;
+    if (nl > GPUBUF_NAME_MAX)
+        nl = GPUBUF_NAME_MAX;
+    memcpy(key, pool->name, pl);
+    key[pl] = '\0';
+    memcpy(key + pl + 1, name, nl);
+    return pl + 1 + nl;
+}
+
+gd_buf *gd_registry_find_pool_name(gd_registry *r, const gd_pool *pool, const char *name) {
+    char key[2 * GPUBUF_NAME_MAX + 2];
     gd_buf *b;
-    HASH_FIND(hh_name, r->by_name, name, strlen(name), b);
+    if (!pool && !(pool = r->default_pool))
+        return NULL;
+    if (strlen(name) > GPUBUF_NAME_MAX)
+        return NULL;
+    size_t len = name_key(key, pool, name);
+    HASH_FIND(hh_name, r->by_name, key, len, b);
     return b;
+}
+
+gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
+    return gd_registry_find_pool_name(r, NULL, name);
 }
 
 static gd_ref *ref_find(gd_holder *h, uint64_t id) {
@@ -318,8 +342,17 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     }
     if ((rc = gd_registry_check_pool(h, pool, err)) < 0)
         return rc;
-    if (name && gd_registry_find_name(r, name))
-        return gd_err_set(err, -EEXIST, "a buffer named '%s' exists", name);
+    /* Refused before the name is looked up: who may not publish here
+     * learns nothing of the names taken. */
+    if (name && !gd_pool_may_publish(pool, h->uid, h->gid))
+        return gd_err_set(err, -EPERM,
+                          "uid %u may not give buffers names in pool '%s' (its publish_uids/"
+                          "publish_gids): allocate an anonymous buffer, or publish in a pool "
+                          "that lets it",
+                          (unsigned)h->uid, pool->name);
+    if (name && gd_registry_find_pool_name(r, pool, name))
+        return gd_err_set(err, -EEXIST, "a buffer named '%s' exists in pool '%s'", name,
+                          pool->name);
     if (size == 0)
         return gd_err_set(err, -EINVAL, "size 0: a buffer holds at least 1 byte");
     const gd_quota *q = &r->quota;
@@ -349,9 +382,16 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     b = calloc(1, sizeof(*b));
     if (!b)
         return gd_err_set(err, -ENOMEM, "out of memory");
-    if (name && !(b->name = strdup(name))) {
-        free(b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
+    if (name) {
+        char key[2 * GPUBUF_NAME_MAX + 2];
+        b->key_len = name_key(key, pool, name);
+        if (!(b->key = malloc(b->key_len + 1))) {
+            free(b);
+            return gd_err_set(err, -ENOMEM, "out of memory");
+        }
+        memcpy(b->key, key, b->key_len);
+        b->key[b->key_len] = '\0';
+        b->name = b->key + strlen(b->key) + 1;
     }
     gd_slab *prefer[GPUBUF_PREFER_SLABS];
     uint32_t n_prefer = 0;
@@ -366,7 +406,7 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     if (rc < 0) {
         if (err && !err->msg[0])
             gd_err_set(err, rc, "allocation failed");
-        free(b->name);
+        free(b->key);
         free(b);
         if (u->buffers == 0) {
             HASH_DEL(r->uids, u);
@@ -382,7 +422,7 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     b->owner_holder = h->id;
     HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
     if (b->name) {
-        HASH_ADD_KEYPTR(hh_name, r->by_name, b->name, strlen(b->name), b);
+        HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
         b->in_name_index = true;
     }
     r->n_buffers++;
@@ -400,6 +440,22 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     return 0;
 }
 
+static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
+    if (w->name)
+        return b->name && w->pool == b->pool && strcmp(w->name, b->name) == 0;
+    return w->buffer_id == b->id && (!w->pool || w->pool == b->pool);
+}
+
+/* The target names an owner and b has another: -EPERM, why in err. */
+static int check_owner(bool has_owner, uint32_t owner_uid, const gd_buf *b, gd_err *err) {
+    if (!has_owner || b->owner_uid == owner_uid)
+        return 0;
+    return gd_err_set(err, -EPERM,
+                      "buffer %llu ('%s' in pool '%s') belongs to uid %u, not to uid %u as "
+                      "asked: it is not the publisher's buffer",
+                      (unsigned long long)b->id, b->name ? b->name : "", b->pool->name,
+                      b->owner_uid, owner_uid);
+}
 
 int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd_err *err) {
     return gd_registry_seal_event(r, h, id, NULL, ret, err);
@@ -440,12 +496,22 @@ void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
 
 /* b was sealed: give waiter w its reference, or tell it why not. */
 static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
+    /* The index is by name or id alone: a name in another pool, or an id
+     * asked for in another pool, is not this buffer. */
+    if (!waiter_matches(w, b))
+        return;
     /* Refused before a reference is taken: a waiter of a pool it may not
      * use, or one holding too many references, gets none. */
     if (!gd_pool_allows(b->pool, w->holder->uid, w->holder->gid)) {
         waiter_unlink(r, w);
         waiter_fail(w, -EACCES, "uid %u may not use pool '%s'", (unsigned)w->holder->uid,
                     b->pool->name);
+        return;
+    }
+    gd_err own = {0};
+    if (check_owner(w->has_owner, w->owner_uid, b, &own) < 0) {
+        waiter_unlink(r, w);
+        waiter_fail(w, own.code, "%s", own.msg);
         return;
     }
     if (r->quota.refs_per_client && w->holder->n_refs >= r->quota.refs_per_client) {
@@ -513,25 +579,71 @@ int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id
 
 int gd_registry_open_mode(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
                           bool read_only, gd_buf **ret, bool *ret_waitable, gd_err *err) {
+    gd_target t = {.name = name, .id = id};
+    return gd_registry_open_target(r, h, &t, read_only, ret, ret_waitable, err);
+}
+
+/* Find what t names: 0 with *ret the buffer, or NULL when none is there
+ * (a name unknown in its pool, an unknown id, an id of another pool).
+ * Refuses a bad name, a missing default pool, a pool h may not use (when
+ * h is given: open), and another owner. */
+static int resolve(gd_registry *r, const gd_holder *h, const gd_target *t, gd_buf **ret,
+                   gd_err *err) {
+    gd_pool *pool = t->pool;
+    gd_buf *b;
+    int rc;
+    if (t->name) {
+        if ((rc = gd_registry_check_name(t->name, err)) < 0)
+            return rc;
+        if (!pool && !(pool = r->default_pool))
+            return gd_err_set(err, GPUBUF_ENOPOOL, "the daemon has no pools");
+        /* A pool this client may not use is not searched: the refusal
+         * does not depend on whether the name exists there. */
+        if (h && (rc = gd_registry_check_pool(h, pool, err)) < 0)
+            return rc;
+        b = gd_registry_find_pool_name(r, pool, t->name);
+    } else {
+        if (h && pool && (rc = gd_registry_check_pool(h, pool, err)) < 0)
+            return rc;
+        b = gd_registry_find_id(r, t->id);
+        if (b && pool && b->pool != pool)
+            b = NULL;
+        /* Refused before anything else: a buffer of a pool this client
+         * may not use is not opened (nor waited for), whatever its state. */
+        if (b && h && (rc = gd_registry_check_pool(h, b->pool, err)) < 0)
+            return rc;
+    }
+    if (b && (rc = check_owner(t->has_owner, t->owner_uid, b, err)) < 0)
+        return rc;
+    *ret = b;
+    return 0;
+}
+
+/* -ENOENT for a target that names nothing (live) in its pool. */
+static int not_found(gd_registry *r, const gd_target *t, gd_err *err) {
+    const gd_pool *pool = t->pool ? t->pool : r->default_pool;
+    if (t->name)
+        return gd_err_set(err, -ENOENT, "no buffer named '%s' in pool '%s'%s", t->name,
+                          pool ? pool->name : "", t->pool ? "" : " (the default pool)");
+    if (t->pool)
+        return gd_err_set(err, -ENOENT, "no buffer with id %llu in pool '%s'",
+                          (unsigned long long)t->id, t->pool->name);
+    return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)t->id);
+}
+
+int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
+                            gd_buf **ret, bool *ret_waitable, gd_err *err) {
     gd_buf *b;
     int rc;
     bool waitable = false;
-    if (name && (rc = gd_registry_check_name(name, err)) < 0)
-        return rc;
-    b = name ? gd_registry_find_name(r, name) : gd_registry_find_id(r, id);
-    /* Refused before anything else: a buffer of a pool this client may not
-     * use is not opened (nor waited for), whatever its state. */
-    if (b && (rc = gd_registry_check_pool(h, b->pool, err)) < 0)
+    if ((rc = resolve(r, h, t, &b, err)) < 0)
         return rc;
     if (b && read_only && (rc = check_read_only(b->pool, err)) < 0)
         return rc;
     if (!b) {
         /* Any name may still come; an unknown id never will. */
-        waitable = name != NULL;
-        if (name)
-            rc = gd_err_set(err, -ENOENT, "no buffer named '%s'", name);
-        else
-            rc = gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+        waitable = t->name != NULL;
+        rc = not_found(r, t, err);
     } else if (b->state == GPUBUF_STATE_DELETED) {
         rc = gd_err_set(err, -ENOENT, "buffer %llu was deleted", (unsigned long long)b->id);
     } else if (b->state != GPUBUF_STATE_SEALED) {
@@ -628,15 +740,46 @@ int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *er
 
 int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
                        gd_err *err) {
-    int rc;
-    if (name && (rc = gd_registry_check_name(name, err)) < 0)
+    gd_target t = {.name = name, .id = id};
+    return gd_registry_delete_target(r, h, &t, err);
+}
+
+int gd_registry_stat(gd_registry *r, const gd_target *t, gd_buf **ret, gd_err *err) {
+    gd_buf *b;
+    int rc = resolve(r, NULL, t, &b, err);
+    if (rc < 0)
         return rc;
-    gd_buf *b = name ? gd_registry_find_name(r, name) : gd_registry_find_id(r, id);
-    if (!b || b->state == GPUBUF_STATE_DELETED) {
-        if (name)
-            return gd_err_set(err, -ENOENT, "no buffer named '%s'", name);
-        return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+    if (!b)
+        return not_found(r, t, err);
+    *ret = b;
+    return 0;
+}
+
+void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *pools, int n,
+                            const gd_pool *searched, const char *name, gd_err *err) {
+    if (!searched)
+        searched = r->default_pool;
+    for (int i = 0; i < n && err; i++) {
+        gd_buf *b;
+        if (pools[i] == searched || !gd_pool_allows(pools[i], h->uid, h->gid) ||
+            !(b = gd_registry_find_pool_name(r, pools[i], name)))
+            continue;
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof(err->msg) - len,
+                 "; pool '%s' has a buffer of that name (of uid %u): name the pool, as "
+                 "'/%s/%s', if that is the one you want",
+                 pools[i]->name, b->owner_uid, pools[i]->name, name);
+        return;
     }
+}
+
+int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, gd_err *err) {
+    gd_buf *b;
+    int rc = resolve(r, NULL, t, &b, err);
+    if (rc < 0)
+        return rc;
+    if (!b || b->state == GPUBUF_STATE_DELETED)
+        return not_found(r, t, err);
     if (h->uid != 0 && h->uid != b->owner_uid)
         return gd_err_set(err, -EPERM,
                           "buffer %llu ('%s') belongs to uid %u: only its owner or root may "
@@ -655,6 +798,8 @@ int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t 
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w) {
     assert(w->holder && w->wake && w->cancel);
+    if (w->name && !w->pool)
+        w->pool = r->default_pool;
     DL_PREPEND2(r->waiters, w, prev, next);
     DL_PREPEND2(w->holder->waiters, w, hprev, hnext);
     r->n_waiters++;

@@ -133,9 +133,16 @@ gpubuf_status *td_status(const test_daemon *d) {
 }
 
 const gpubuf_status_buffer *td_find_buffer(const gpubuf_status *s, const char *name) {
-    for (size_t i = 0; i < s->n_buffers; i++)
-        if (strcmp(s->buffers[i].name, name) == 0)
-            return &s->buffers[i];
+    /* "/POOL/NAME": NAME in POOL; a plain name: the first of that name. */
+    const char *slash = name[0] == '/' ? strchr(name + 1, '/') : NULL;
+    size_t pl = slash ? (size_t)(slash - name - 1) : 0;
+    for (size_t i = 0; i < s->n_buffers; i++) {
+        const gpubuf_status_buffer *b = &s->buffers[i];
+        if (slash ? strcmp(b->name, slash + 1) == 0 && strlen(b->pool) == pl &&
+                        strncmp(b->pool, name + 1, pl) == 0
+                  : strcmp(b->name, name) == 0)
+            return b;
+    }
     return NULL;
 }
 

@@ -29,6 +29,7 @@ gpubuf_client *td_connect(const test_daemon *d);
 
 /* Status helpers (fresh connection each time). */
 gpubuf_status *td_status(const test_daemon *d);
+/* name: NAME (the first buffer of that name, in any pool) or /POOL/NAME. */
 const gpubuf_status_buffer *td_find_buffer(const gpubuf_status *s, const char *name);
 const gpubuf_pool_info *td_find_pool(const gpubuf_status *s, const char *name);
 /* Wait until the daemon lists exactly n clients (other than the asker). */

@@ -39,6 +39,7 @@ static void env_init_cap(env *e, uint64_t capacity) {
     ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
     ck_assert_int_eq(gd_pool_new("host", be, capacity, MIB, &e->slab_ids, &e->pool, &tr_err), 0);
     gd_registry_init(&e->reg);
+    e->reg.default_pool = e->pool;
 }
 
 static void env_init(env *e) {
@@ -1179,6 +1180,51 @@ START_TEST(test_destroy_empty_and_reinit) {
 }
 END_TEST
 
+/* ---- names per pool ---------------------------------------------------- */
+
+/* The same name in two pools: each pool's buffer is found in its own pool
+ * only, an unqualified lookup searches the default pool, and a waiter for a
+ * name in one pool is not woken by a seal in the other. */
+START_TEST(test_names_per_pool) {
+    env e;
+    gd_backend *be = NULL;
+    gd_pool *other;
+    env_init(&e);
+    ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
+    ck_assert_int_eq(gd_pool_new("other", be, 8 * MIB, MIB, &e.slab_ids, &other, &tr_err), 0);
+    gd_holder *a = holder(&e, UID_A), *b = holder(&e, UID_B);
+    gd_buf *x = NULL, *o = NULL;
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, b, other, 64, 0, "frames", &x, &tr_err), 0);
+    gd_buf *mine = publish(&e, a, 64, "frames"); /* the default pool: no EEXIST */
+    ck_assert_ptr_ne(mine, x);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "frames"), mine);
+    ck_assert_ptr_eq(gd_registry_find_pool_name(&e.reg, other, "frames"), x);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, b, other, 64, 0, "frames", &o, &tr_err), -EEXIST);
+    test_waiter t;
+    tw_wait(&e, &t, a, "late", 0);
+    ck_assert_ptr_eq(t.w.pool, e.pool); /* no pool named: the default */
+    gd_buf *l = NULL;
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, b, other, 64, 0, "late", &l, &tr_err), 0);
+    seal_ok(&e, b, l);
+    ck_assert_int_eq(t.woken, 0);
+    gd_buf *real = publish(&e, a, 64, "late");
+    ck_assert_int_eq(t.woken, 1);
+    ck_assert_ptr_eq(t.buf, real);
+    /* A target names its pool and owner. */
+    gd_target tg = {.pool = other, .name = "frames", .has_owner = true, .owner_uid = UID_A};
+    ck_assert_int_eq(gd_registry_open_target(&e.reg, a, &tg, false, &o, NULL, &tr_err), -EPERM);
+    tg.owner_uid = UID_B;
+    seal_ok(&e, b, x);
+    ck_assert_int_eq(gd_registry_open_target(&e.reg, a, &tg, false, &o, NULL, &tr_err), 0);
+    ck_assert_ptr_eq(o, x);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, x->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, real->id, &tr_err), 0);
+    env_fini(&e); /* frees every buffer, those of "other" too */
+    ck_assert_uint_eq(other->used, 0);
+    gd_pool_free(other);
+}
+END_TEST
+
 /* ---- main -------------------------------------------------------------- */
 
 /* ---- bounded work ---------------------------------------------------------- */
@@ -1327,6 +1373,7 @@ static Suite *registry_suite(void) {
     tcase_add_test(tc, test_wake_frees_waiter);
     tcase_add_test(tc, test_placement_prefers_held_slabs);
     tcase_add_test(tc, test_kept_slabs);
+    tcase_add_test(tc, test_names_per_pool);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("bounded");
