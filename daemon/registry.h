@@ -35,6 +35,7 @@ struct gd_buf {
     bool has_event;        /* sealed on a stream: openers wait for event */
     uint64_t event_holder; /* the holder that recorded it (the event dies with it) */
     uint8_t event[GD_EVENT_HANDLE_SIZE];
+    gd_waiter *id_waiters; /* waits for this id (utlist DL on kprev/knext) */
     UT_hash_handle hh_id;
     UT_hash_handle hh_name;
 };
@@ -76,6 +77,7 @@ struct gd_holder {
     uint64_t owned_bytes;
     gd_waiter *waiters; /* this holder's pending waits */
     UT_hash_handle hh;
+    gd_holder *leave_prev, *leave_next; /* registry's leaving list (utlist DL) */
 };
 
 /* A pending open(). The caller embeds it and fills target and callbacks.
@@ -97,6 +99,13 @@ struct gd_waiter {
     void (*fail)(gd_waiter *w, const gd_err *err);
     gd_waiter *next, *prev;       /* registry list (utlist DL) */
     gd_waiter *hnext, *hprev;     /* holder list (utlist DL) */
+    /* The index a seal or a delete looks in, so that it visits the
+     * waiters of its name or id only: by name, the first waiter of a name
+     * is the entry of the registry's name_waiters hash and the others
+     * follow it on knext; by id, the buffer's id_waiters list. */
+    gd_waiter *knext, *kprev;
+    UT_hash_handle hh;
+    bool indexed;
 };
 
 /* What one uid owns (buffers outlive the client that made them). */
@@ -129,6 +138,10 @@ typedef struct gd_registry {
     gd_buf *by_name;
     gd_holder *holders;
     gd_waiter *waiters;
+    gd_waiter *name_waiters; /* by name: see gd_waiter.knext */
+    /* Holders whose client went, not in holders any more: their references
+     * go a bounded number per call of gd_registry_reap(). */
+    gd_holder *leaving;
     uint64_t next_buffer_id;
     uint64_t next_holder_id;
     uint32_t n_buffers;
@@ -144,6 +157,16 @@ gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gi
 /* The client went away: cancel its waits, drop all its references, delete
  * buffers it allocated and never sealed. */
 void gd_registry_holder_drop(gd_registry *r, gd_holder *h);
+/* The same, spread over time: the waits are cancelled and the holder is
+ * gone (its id finds nothing, its seal events die) at once; its references
+ * are dropped by gd_registry_reap(), so that a client holding a million of
+ * them does not stall the loop when it leaves. Until then its references
+ * still count on their buffers, and buffers it allocated and never sealed
+ * keep their names. */
+void gd_registry_holder_leave(gd_registry *r, gd_holder *h);
+/* Carry on dropping the references (and kept slabs) of leaving holders, at
+ * most budget of them. True while some are left. */
+bool gd_registry_reap(gd_registry *r, uint32_t budget);
 
 gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id);
 /* By name in the default pool. */
