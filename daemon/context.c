@@ -73,7 +73,9 @@ int gd_context_pool(const gd_context *ctx, const char *name, gd_pool **ret, gd_e
 static void lease_timer_fire(uv_timer_t *t) {
     gd_context *ctx = t->data;
     ctx->lease_armed_ns = 0;
-    uint32_t n = gd_registry_expire(&ctx->reg, gpubuf_now_ns());
+    /* A bounded pass, like every pass of the loop: leases still due after
+     * GD_EXPIRIES_PER_TURN wait for the next turn (the timer re-arms at 0). */
+    uint32_t n = gd_registry_expire(&ctx->reg, gpubuf_now_ns(), GD_EXPIRIES_PER_TURN);
     if (n)
         LOG_INFO("%u lease(s) expired: their buffers were deleted", n);
     gd_context_leases_arm(ctx);

@@ -28,12 +28,19 @@ typedef struct gd_context {
     struct gd_session *sessions; /* utlist DL, kept by session.c */
     uint32_t n_sessions;
     gd_metrics metrics; /* counters since start (status) */
+    /* Waiting opens that timed out in the current turn of the loop (the
+     * turn known by its uv_now()): at most GD_EXPIRIES_PER_TURN are
+     * answered per turn, the others a turn later. */
+    uint64_t expiry_turn;
+    uint32_t expiries;
     /* The one lease timer: due at lease_armed_ns (0: not running), the
      * registry's earliest expiry or before. */
     uv_timer_t lease_timer;
     bool lease_timer_init;
     uint64_t lease_armed_ns;
 } gd_context;
+
+#define GD_EXPIRIES_PER_TURN 256u
 
 /* No pools, limits and quotas zero: the caller sets them (gd_config_defaults()
  * or a configuration). */

@@ -94,9 +94,9 @@ uint64_t gd_registry_lease_left_ms(const gd_buf *b, uint64_t now_ns) {
     return (b->lease_expires_ns - now_ns + NS_PER_MS - 1) / NS_PER_MS;
 }
 
-uint32_t gd_registry_expire(gd_registry *r, uint64_t now_ns) {
+uint32_t gd_registry_expire(gd_registry *r, uint64_t now_ns, uint32_t max) {
     uint32_t n = 0;
-    while (r->n_leases && r->leases[0]->lease_expires_ns <= now_ns) {
+    while (n < max && r->n_leases && r->leases[0]->lease_expires_ns <= now_ns) {
         gd_buf *b = r->leases[0];
         gd_lease_remove(r, b);
         r->leases_expired++;

@@ -47,17 +47,65 @@ void gd_registry_init(gd_registry *r) {
 }
 
 static void waiter_unlink(gd_registry *r, gd_waiter *w);
+static void holder_cancel_waits(gd_registry *r, gd_holder *h);
 
-/* Answer the waiters for buffer id with err: it can never be sealed now. */
-static void fail_id_waiters(gd_registry *r, uint64_t id) {
-    gd_waiter *w, *next;
-    DL_FOREACH_SAFE2(r->waiters, w, next, next) {
-        if (w->name || w->buffer_id != id)
-            continue;
+/* Answer the waiters for b's id: it can never be sealed now. */
+static void fail_id_waiters(gd_registry *r, gd_buf *b) {
+    while (b->id_waiters) {
+        gd_waiter *w = b->id_waiters;
         waiter_unlink(r, w);
         waiter_fail(w, -ENOENT, "buffer %llu was deleted before it was sealed",
-                    (unsigned long long)id);
+                    (unsigned long long)b->id);
     }
+}
+
+static void waiter_index(gd_registry *r, gd_waiter *w) {
+    w->knext = NULL;
+    w->kprev = w;
+    if (w->name) {
+        gd_waiter *head;
+        HASH_FIND(hh, r->name_waiters, w->name, strlen(w->name), head);
+        if (head)
+            DL_APPEND2(head, w, kprev, knext);
+        else
+            HASH_ADD_KEYPTR(hh, r->name_waiters, w->name, strlen(w->name), w);
+        w->indexed = true;
+        return;
+    }
+    /* A wait by id is for a buffer that exists (open only waits for an id
+     * in state ALLOCATED); one for no buffer can only time out. */
+    gd_buf *b = gd_registry_find_id(r, w->buffer_id);
+    if (b) {
+        DL_APPEND2(b->id_waiters, w, kprev, knext);
+        w->indexed = true;
+    }
+}
+
+static void waiter_unindex(gd_registry *r, gd_waiter *w) {
+    if (!w->indexed)
+        return;
+    w->indexed = false;
+    if (w->name) {
+        gd_waiter *head;
+        HASH_FIND(hh, r->name_waiters, w->name, strlen(w->name), head);
+        assert(head);
+        if (head == w) {
+            /* The next waiter of the name becomes the hash entry. */
+            HASH_DEL(r->name_waiters, w);
+            gd_waiter *rest = w->knext;
+            if (rest) {
+                rest->kprev = w->kprev;
+                HASH_ADD_KEYPTR(hh, r->name_waiters, rest->name, strlen(rest->name), rest);
+            }
+        } else {
+            DL_DELETE2(head, w, kprev, knext);
+        }
+    } else {
+        gd_buf *b = gd_registry_find_id(r, w->buffer_id);
+        assert(b);
+        DL_DELETE2(b->id_waiters, w, kprev, knext);
+    }
+    w->knext = w->kprev = NULL;
 }
 
 static gd_uid_usage *uid_usage(gd_registry *r, uid_t uid, bool create) {
@@ -96,8 +144,16 @@ static void buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
     gd_lease_remove(r, b);
     gd_meta_free(r, b);
-    if (b->state != GPUBUF_STATE_SEALED)
-        fail_id_waiters(r, b->id);
+    if (b->state != GPUBUF_STATE_SEALED) {
+        fail_id_waiters(r, b);
+    } else {
+        /* Waiters a seal could not serve (out of memory) time out. */
+        while (b->id_waiters) {
+            gd_waiter *w = b->id_waiters;
+            DL_DELETE2(b->id_waiters, w, kprev, knext);
+            w->indexed = false;
+        }
+    }
     HASH_DELETE(hh_id, r->by_id, b);
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
@@ -118,6 +174,7 @@ static void buf_maybe_free(gd_registry *r, gd_buf *b) {
 
 static void waiter_unlink(gd_registry *r, gd_waiter *w) {
     assert(r->n_waiters > 0);
+    waiter_unindex(r, w);
     DL_DELETE2(r->waiters, w, prev, next);
     DL_DELETE2(w->holder->waiters, w, hprev, hnext);
     w->next = w->prev = w->hnext = w->hprev = NULL;
@@ -148,33 +205,38 @@ static void holder_slab_put(gd_holder *h, uint64_t slab_id) {
 }
 
 /* The holder goes: unpin what it kept (after its references are dropped,
- * so that an emptied slab can go). */
-static void holder_slabs_clear(gd_holder *h) {
+ * so that an emptied slab can go), at most budget slabs; returns how many
+ * went. */
+static uint32_t holder_slabs_clear(gd_holder *h, uint32_t budget) {
     gd_holder_slab *hs, *tmp;
+    uint32_t done = 0;
     HASH_ITER(hh, h->slabs, hs, tmp) {
+        if (done == budget)
+            break;
+        done++;
         HASH_DEL(h->slabs, hs);
-        if (hs->kept)
+        if (hs->kept) {
             gd_pool_unpin(hs->slab->pool, hs->slab);
+            h->n_kept--;
+        }
         free(hs);
     }
-    h->n_kept = 0;
+    return done;
 }
 
 void gd_registry_destroy(gd_registry *r) {
     gd_holder *h, *htmp;
     gd_buf *b, *btmp;
+    while (gd_registry_reap(r, UINT32_MAX))
+        ;
     HASH_ITER(hh, r->holders, h, htmp) {
-        while (h->waiters) {
-            gd_waiter *w = h->waiters;
-            waiter_unlink(r, w);
-            w->cancel(w);
-        }
+        holder_cancel_waits(r, h);
         gd_ref *ref, *rtmp;
         HASH_ITER(hh, h->refs, ref, rtmp) {
             HASH_DEL(h->refs, ref);
             free(ref);
         }
-        holder_slabs_clear(h);
+        holder_slabs_clear(h, UINT32_MAX);
         HASH_DEL(r->holders, h);
         free(h);
     }
@@ -436,6 +498,46 @@ void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
     assert(ref->ro <= ref->count && h->n_ro_refs <= h->n_refs);
 }
 
+/* b was sealed: give waiter w its reference, or tell it why not. */
+static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
+    /* The index is by name or id alone: a name in another pool, or an id
+     * asked for in another pool, is not this buffer. */
+    if (!waiter_matches(w, b))
+        return;
+    /* Refused before a reference is taken: a waiter of a pool it may not
+     * use, or one holding too many references, gets none. */
+    if (!gd_pool_allows(b->pool, w->holder->uid, w->holder->gid)) {
+        waiter_unlink(r, w);
+        waiter_fail(w, -EACCES, "uid %u may not use pool '%s'", (unsigned)w->holder->uid,
+                    b->pool->name);
+        return;
+    }
+    gd_err own = {0};
+    if (check_owner(w->has_owner, w->owner_uid, b, &own) < 0) {
+        waiter_unlink(r, w);
+        waiter_fail(w, own.code, "%s", own.msg);
+        return;
+    }
+    if (r->quota.refs_per_client && w->holder->n_refs >= r->quota.refs_per_client) {
+        waiter_unlink(r, w);
+        waiter_fail(w, -EDQUOT, "quota: this client holds too many references");
+        return;
+    }
+    gd_err ro = {0};
+    if (w->read_only && check_read_only(b->pool, &ro) < 0) {
+        waiter_unlink(r, w);
+        waiter_fail(w, ro.code, "%s", ro.msg);
+        return;
+    }
+    if (ref_add(w->holder, b) < 0)
+        return; /* out of memory: the waiter times out */
+    if (w->read_only)
+        gd_registry_ref_ro(w->holder, b->id, true);
+    waiter_unlink(r, w);
+    /* The callback may free w (but not other waiters). */
+    w->wake(w, b);
+}
+
 int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint8_t *event,
                            gd_buf **ret, gd_err *err) {
     gd_buf *b = gd_registry_find_id(r, id);
@@ -459,42 +561,16 @@ int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint
     }
     b->state = GPUBUF_STATE_SEALED;
     /* Wake waiters for this name or id. Each gets its own reference. */
-    gd_waiter *w, *next;
-    DL_FOREACH_SAFE2(r->waiters, w, next, next) {
-        if (!waiter_matches(w, b))
-            continue;
-        /* Refused before a reference is taken: a waiter of a pool it may
-         * not use, or one holding too many references, gets none. */
-        if (!gd_pool_allows(b->pool, w->holder->uid, w->holder->gid)) {
-            waiter_unlink(r, w);
-            waiter_fail(w, -EACCES, "uid %u may not use pool '%s'", (unsigned)w->holder->uid,
-                        b->pool->name);
-            continue;
-        }
-        gd_err own = {0};
-        if (check_owner(w->has_owner, w->owner_uid, b, &own) < 0) {
-            waiter_unlink(r, w);
-            waiter_fail(w, own.code, "%s", own.msg);
-            continue;
-        }
-        if (r->quota.refs_per_client && w->holder->n_refs >= r->quota.refs_per_client) {
-            waiter_unlink(r, w);
-            waiter_fail(w, -EDQUOT, "quota: this client holds too many references");
-            continue;
-        }
-        gd_err ro = {0};
-        if (w->read_only && check_read_only(b->pool, &ro) < 0) {
-            waiter_unlink(r, w);
-            waiter_fail(w, ro.code, "%s", ro.msg);
-            continue;
-        }
-        if (ref_add(w->holder, b) < 0)
-            continue; /* out of memory: the waiter times out */
-        if (w->read_only)
-            gd_registry_ref_ro(w->holder, b->id, true);
-        waiter_unlink(r, w);
-        /* The callback may free w (but not other waiters). */
-        w->wake(w, b);
+    gd_waiter *w = NULL, *next;
+    if (b->name)
+        HASH_FIND(hh, r->name_waiters, b->name, strlen(b->name), w);
+    for (; w; w = next) {
+        next = w->knext;
+        wake(r, w, b);
+    }
+    for (w = b->id_waiters; w; w = next) {
+        next = w->knext;
+        wake(r, w, b);
     }
     *ret = b;
     return 0;
@@ -729,7 +805,7 @@ int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, 
 
 void gd_registry_unpublish(gd_registry *r, gd_buf *b) {
     if (b->state == GPUBUF_STATE_ALLOCATED)
-        fail_id_waiters(r, b->id);
+        fail_id_waiters(r, b);
     b->state = GPUBUF_STATE_DELETED;
     gd_lease_remove(r, b);
     if (b->in_name_index) {
@@ -746,20 +822,29 @@ void gd_registry_wait(gd_registry *r, gd_waiter *w) {
     DL_PREPEND2(r->waiters, w, prev, next);
     DL_PREPEND2(w->holder->waiters, w, hprev, hnext);
     r->n_waiters++;
+    waiter_index(r, w);
 }
 
 void gd_registry_unwait(gd_registry *r, gd_waiter *w) {
     waiter_unlink(r, w);
 }
 
-void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
-    gd_ref *ref, *rtmp;
+static void holder_cancel_waits(gd_registry *r, gd_holder *h) {
     while (h->waiters) {
         gd_waiter *w = h->waiters;
         waiter_unlink(r, w);
         w->cancel(w);
     }
+}
+
+/* Drop at most budget of h's references; returns how many went. */
+static uint32_t holder_drop_refs(gd_registry *r, gd_holder *h, uint32_t budget) {
+    gd_ref *ref, *rtmp;
+    uint32_t done = 0;
     HASH_ITER(hh, h->refs, ref, rtmp) {
+        if (done == budget)
+            break;
+        done++;
         gd_buf *b = gd_registry_find_id(r, ref->buffer_id);
         HASH_DEL(h->refs, ref);
         if (b) {
@@ -778,7 +863,35 @@ void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
         }
         free(ref);
     }
-    holder_slabs_clear(h);
+    return done;
+}
+
+void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
+    holder_cancel_waits(r, h);
+    holder_drop_refs(r, h, UINT32_MAX);
+    holder_slabs_clear(h, UINT32_MAX);
     HASH_DEL(r->holders, h);
     free(h);
+}
+
+void gd_registry_holder_leave(gd_registry *r, gd_holder *h) {
+    holder_cancel_waits(r, h);
+    HASH_DEL(r->holders, h);
+    DL_APPEND2(r->leaving, h, leave_prev, leave_next);
+}
+
+bool gd_registry_reap(gd_registry *r, uint32_t budget) {
+    while (r->leaving && budget > 0) {
+        gd_holder *h = r->leaving;
+        budget -= holder_drop_refs(r, h, budget);
+        /* Kept slabs are unpinned once the references are gone, so that an
+         * emptied slab can go. */
+        if (!h->refs)
+            budget -= holder_slabs_clear(h, budget);
+        if (h->refs || h->slabs)
+            break; /* the budget ran out */
+        DL_DELETE2(r->leaving, h, leave_prev, leave_next);
+        free(h);
+    }
+    return r->leaving != NULL;
 }

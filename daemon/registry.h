@@ -49,6 +49,7 @@ struct gd_buf {
     bool has_event;        /* sealed on a stream: openers wait for event */
     uint64_t event_holder; /* the holder that recorded it (the event dies with it) */
     uint8_t event[GD_EVENT_HANDLE_SIZE];
+    gd_waiter *id_waiters; /* waits for this id (utlist DL on kprev/knext) */
     gd_meta *meta;             /* NULL: no layout and no user bytes */
     uint64_t lease_expires_ns; /* gpubuf_now_ns() clock; 0: no lease */
     uint32_t lease_ttl_ms;
@@ -94,6 +95,7 @@ struct gd_holder {
     uint64_t owned_bytes;
     gd_waiter *waiters; /* this holder's pending waits */
     UT_hash_handle hh;
+    gd_holder *leave_prev, *leave_next; /* registry's leaving list (utlist DL) */
 };
 
 /* A pending open(). The caller embeds it and fills target and callbacks.
@@ -115,6 +117,13 @@ struct gd_waiter {
     void (*fail)(gd_waiter *w, const gd_err *err);
     gd_waiter *next, *prev;       /* registry list (utlist DL) */
     gd_waiter *hnext, *hprev;     /* holder list (utlist DL) */
+    /* The index a seal or a delete looks in, so that it visits the
+     * waiters of its name or id only: by name, the first waiter of a name
+     * is the entry of the registry's name_waiters hash and the others
+     * follow it on knext; by id, the buffer's id_waiters list. */
+    gd_waiter *knext, *kprev;
+    UT_hash_handle hh;
+    bool indexed;
 };
 
 /* What one uid owns (buffers outlive the client that made them). */
@@ -149,6 +158,10 @@ typedef struct gd_registry {
     gd_buf *by_name;
     gd_holder *holders;
     gd_waiter *waiters;
+    gd_waiter *name_waiters; /* by name: see gd_waiter.knext */
+    /* Holders whose client went, not in holders any more: their references
+     * go a bounded number per call of gd_registry_reap(). */
+    gd_holder *leaving;
     uint64_t next_buffer_id;
     uint64_t next_holder_id;
     uint32_t n_buffers;
@@ -172,6 +185,16 @@ gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gi
 /* The client went away: cancel its waits, drop all its references, delete
  * buffers it allocated and never sealed. */
 void gd_registry_holder_drop(gd_registry *r, gd_holder *h);
+/* The same, spread over time: the waits are cancelled and the holder is
+ * gone (its id finds nothing, its seal events die) at once; its references
+ * are dropped by gd_registry_reap(), so that a client holding a million of
+ * them does not stall the loop when it leaves. Until then its references
+ * still count on their buffers, and buffers it allocated and never sealed
+ * keep their names. */
+void gd_registry_holder_leave(gd_registry *r, gd_holder *h);
+/* Carry on dropping the references (and kept slabs) of leaving holders, at
+ * most budget of them. True while some are left. */
+bool gd_registry_reap(gd_registry *r, uint32_t budget);
 
 gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id);
 /* By name in the default pool. */
@@ -293,9 +316,10 @@ int gd_registry_seal_meta(gd_registry *r, gd_holder *h, uint64_t id, const uint8
  * lease or beyond max_lease_ms. */
 int gd_registry_renew(gd_registry *r, gd_holder *h, const gd_target *t, uint64_t ttl_ms,
                       gd_buf **ret, gd_err *err);
-/* Expire the leases due at now_ns: each buffer is deleted (its name goes)
- * and freed once nobody holds it. Returns how many expired. */
-uint32_t gd_registry_expire(gd_registry *r, uint64_t now_ns);
+/* Expire the leases due at now_ns, at most max of them (the earliest): each
+ * buffer is deleted (its name goes) and freed once nobody holds it. Returns
+ * how many expired. */
+uint32_t gd_registry_expire(gd_registry *r, uint64_t now_ns, uint32_t max);
 /* When the earliest lease expires (gpubuf_now_ns() clock); 0: no lease. */
 uint64_t gd_registry_next_expiry(const gd_registry *r);
 /* Milliseconds left of b's lease at now_ns, at least 1; 0: no lease. */

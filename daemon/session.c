@@ -237,6 +237,21 @@ static void waiter_fail(gd_waiter *w, const gd_err *err) {
 static void waiter_timeout(uv_timer_t *t) {
     session_waiter *sw = t->data;
     gd_context *ctx = sw->s->ctx;
+    /* Thousands of waits may end at the same moment: a turn of the loop
+     * answers a bounded number, the rest wait a millisecond more (a timer
+     * due now would run again in this very turn). */
+    uint64_t turn = uv_now(ctx->loop);
+    if (turn != ctx->expiry_turn) {
+        ctx->expiry_turn = turn;
+        ctx->expiries = 0;
+    }
+    if (ctx->expiries >= GD_EXPIRIES_PER_TURN) {
+        int r = uv_timer_start(&sw->timer, waiter_timeout, 1, 0);
+        assert(r == 0); /* fails only without a callback */
+        (void)r;
+        return;
+    }
+    ctx->expiries++;
     gd_err e = {.code = -ETIMEDOUT};
     gd_registry_unwait(&ctx->reg, &sw->w);
     if (sw->w.name) {
@@ -957,9 +972,10 @@ void gd_session_free(gd_session *s) {
     if (!s)
         return;
     LOG_DEBUG("session %llu (pid %d) closed", (unsigned long long)s->holder->id, (int)s->pid);
-    /* Cancels the waits (their callbacks free them) and drops everything
-     * the client held. */
-    gd_registry_holder_drop(&s->ctx->reg, s->holder);
+    /* Cancels the waits (their callbacks free them) now; everything the
+     * client held is dropped by gd_registry_reap(), a bounded part per turn
+     * of the loop. */
+    gd_registry_holder_leave(&s->ctx->reg, s->holder);
     assert(s->n_waiters == 0);
     DL_DELETE(s->ctx->sessions, s);
     assert(s->ctx->n_sessions > 0);

@@ -70,4 +70,13 @@ uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed);
  * device, at most max) and their UUIDs ("GPU-..."). */
 int td_probe_gpus(char uuids[][41], int max);
 
+/* A plain socket connected to d (no hello), whose reads give up after
+ * timeout_s seconds; for tests that speak the protocol themselves. */
+int td_raw_connect(const test_daemon *d, int timeout_s);
+
+/* A measured figure (a bound and what was seen): printed, and appended as
+ * one line to the file $GPUBUF_FIGURES names, if set, which scripts/test.sh
+ * prints after the suite. */
+void td_figure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
 #endif

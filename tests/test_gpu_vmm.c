@@ -203,7 +203,7 @@ START_TEST(vmm_stream_ordered_1gib) {
     pid_t cons[3];
     for (int i = 0; i < 3; i++)
         cons[i] = td_spawn(stream_consumer, &D, &j);
-    ck_assert(td_wait_clients(&D, 3, 10000));
+    ck_assert(td_wait_waiting_opens(&D, 3, 30000));
     pid_t prod = td_spawn(stream_producer, &D, &j);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(td_wait(cons[i]), 0);
@@ -223,7 +223,7 @@ START_TEST(ipc_stream_ordered_256mib) {
     story j = {.pool = "ipc", .name = "/ipc/iframe", .size = 256 * MiB, .seed = 33, .spin_us = 200000,
                .expect_event = true, .released_fd = -1};
     pid_t cons = td_spawn(stream_consumer, &D, &j);
-    ck_assert(td_wait_clients(&D, 1, 10000));
+    ck_assert(td_wait_waiting_opens(&D, 1, 30000));
     pid_t prod = td_spawn(stream_producer, &D, &j);
     ck_assert_int_eq(td_wait(cons), 0);
     ck_assert_int_eq(td_wait(prod), 0);

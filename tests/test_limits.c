@@ -441,8 +441,15 @@ START_TEST(chaos_kill_random_clients) {
     /* The spare slab keeps one memfd open. */
     ck_assert_msg(fds1 <= fds0 + 1, "fds %d -> %d", fds0, fds1);
     long rss1 = td_rss_kib(D.pid);
-    printf("chaos: %ld kills in %d s; fds %d -> %d; RSS %ld -> %ld KiB\n", kills, secs, fds0,
-           fds1, rss0, rss1);
+    td_figure("chaos: %ld kills in %d s; fds %d -> %d (bound +1); RSS %ld -> %ld KiB (bound "
+              "+8192 KiB%s)",
+              kills, secs, fds0, fds1, rss0, rss1,
+#ifdef __SANITIZE_ADDRESS__
+              ", not checked under AddressSanitizer"
+#else
+              ""
+#endif
+    );
 #ifndef __SANITIZE_ADDRESS__
     /* Heap pages the allocator keeps are not a leak; 8 MiB of slack. Under
      * AddressSanitizer the quarantine holds freed memory, so RSS says

@@ -237,14 +237,21 @@ START_TEST(lease_heap_order) {
     ck_assert_int_eq(renew(&e, h, "l1", 0, 100000, &r), 0);
     ck_assert_uint_eq(e.reg.leases_renewed, 1);
     ck_assert_uint_eq(e.reg.n_leases, N - 1);
+    /* A bounded pass takes at most its bound, the earliest first. */
+    uint64_t first = gd_registry_next_expiry(&e.reg);
+    ck_assert_uint_eq(gd_registry_expire(&e.reg, t0 + 1000 * MS, 0), 0);
+    ck_assert_uint_eq(gd_registry_next_expiry(&e.reg), first);
+    ck_assert_uint_eq(gd_registry_expire(&e.reg, t0 + 3000 * MS, 1), 1);
+    ck_assert_uint_ge(gd_registry_next_expiry(&e.reg), first);
+    ck_assert_uint_eq(e.reg.n_leases, N - 2);
     /* Expire in steps: each step takes exactly the due ones. */
     uint64_t prev = 0;
-    uint32_t total = 0;
+    uint32_t total = 1;
     for (uint64_t ms = 1000; ms <= 3000; ms += 100) {
         uint64_t next = gd_registry_next_expiry(&e.reg);
         ck_assert_uint_ge(next, prev);
         prev = next;
-        total += gd_registry_expire(&e.reg, t0 + ms * MS);
+        total += gd_registry_expire(&e.reg, t0 + ms * MS, UINT32_MAX);
         ck_assert(gd_registry_next_expiry(&e.reg) > t0 + ms * MS);
     }
     ck_assert_uint_eq(total, N - 2);
@@ -271,7 +278,7 @@ START_TEST(lease_expiry_while_referenced) {
     ck_assert_int_eq(gd_registry_release(&e.reg, p, b->id, &err), 0);
     ck_assert_int_eq(gd_registry_open(&e.reg, c, "x", 0, &o, NULL, &err), 0);
     uint64_t used = e.pool->used;
-    ck_assert_uint_eq(gd_registry_expire(&e.reg, gpubuf_now_ns() + 20 * MS), 1);
+    ck_assert_uint_eq(gd_registry_expire(&e.reg, gpubuf_now_ns() + 20 * MS, UINT32_MAX), 1);
     /* The name is gone, the memory stays with the reference. */
     ck_assert_ptr_null(gd_registry_find_name(&e.reg, "x"));
     ck_assert_int_eq(b->state, GPUBUF_STATE_DELETED);
@@ -282,7 +289,7 @@ START_TEST(lease_expiry_while_referenced) {
     ck_assert_uint_eq(e.reg.n_buffers, 0);
     /* An unsealed buffer expires too: its seal is then refused. */
     ck_assert_int_eq(alloc_meta(&e, p, 4096, "y", &m, &b), 0);
-    ck_assert_uint_eq(gd_registry_expire(&e.reg, gpubuf_now_ns() + 20 * MS), 1);
+    ck_assert_uint_eq(gd_registry_expire(&e.reg, gpubuf_now_ns() + 20 * MS, UINT32_MAX), 1);
     ck_assert_int_eq(gd_registry_seal(&e.reg, p, b->id, &o, &err), GPUBUF_ESTATE);
     gd_registry_holder_drop(&e.reg, p);
     gd_registry_holder_drop(&e.reg, c);

@@ -111,6 +111,10 @@ static void mc_forget(memconn *m) {
 
 static void mc_free(memconn *m) {
     gd_session_free(m->s);
+    /* What the daemon's loop does over its next turns: drop what the client
+     * held, a bounded part at a time. */
+    while (gd_registry_reap(&ctx.reg, 64))
+        ;
     mc_forget(m);
 }
 
