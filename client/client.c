@@ -150,6 +150,7 @@ static int connect_call(const char *path, gpubuf_client **ret) {
     c->session_id = resp->hello->session_id;
     if (resp->hello->max_request >= 256)
         c->max_request = resp->hello->max_request;
+    c->max_batch_items = resp->hello->max_batch_items;
     if (resp->hello->capabilities & GPUBUF_CAP_KEEP_MAPPED)
         c->keep_cap = resp->hello->max_kept_slabs < GPUBUF_KEEP_SLABS
                           ? resp->hello->max_kept_slabs
@@ -215,33 +216,40 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
         gpubuf__set_error("gpubufd described a buffer outside its slab");
         return GPUBUF_EPROTOCOL;
     }
-    b = calloc(1, sizeof(*b));
-    if (!b) {
-        if (fd >= 0)
-            close(fd);
-        return -ENOMEM;
-    }
     r = gpubuf__mapping_get(c, m->slab, fd, &map);
-    if (r < 0) {
-        free(b);
+    if (r < 0)
         return r;
-    }
+    r = gpubuf__view_new(c, map, m->buffer_id, m->offset, m->size, m->name, m->read_only,
+                         m->event_handle.len == sizeof(b->event_handle) ? m->event_handle.data
+                                                                        : NULL,
+                         ret);
+    if (r < 0)
+        gpubuf__mapping_put(c, map);
+    return r;
+}
+
+int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_t offset,
+                     uint64_t size, const char *name, bool read_only, const uint8_t *event,
+                     gpubuf_buffer **ret) {
+    gpubuf_buffer *b = calloc(1, sizeof(*b));
+    if (!b)
+        return -ENOMEM;
     atomic_init(&b->refs, 1);
     b->c = c;
     b->map = map;
-    b->id = m->buffer_id;
-    b->offset = m->offset;
-    b->size = m->size;
+    b->id = id;
+    b->offset = offset;
+    b->size = size;
     b->owns_ref = true;
-    b->read_only = m->read_only && map->read_only;
-    if (m->event_handle.len == sizeof(b->event_handle)) {
-        memcpy(b->event_handle, m->event_handle.data, sizeof(b->event_handle));
+    b->read_only = read_only && map->read_only;
+    if (event) {
+        memcpy(b->event_handle, event, sizeof(b->event_handle));
         b->has_event = true;
 #ifdef GPUBUF_HAVE_CUDA
         gpubuf__event_import(b);
 #endif
     }
-    snprintf(b->name, sizeof(b->name), "%s", m->name ? m->name : "");
+    snprintf(b->name, sizeof(b->name), "%s", name ? name : "");
     atomic_fetch_add(&c->refs, 1);
     *ret = b;
     return 0;
@@ -376,8 +384,7 @@ static int simple_request(gpubuf_client *c, Gpubuf__Request *req) {
     return r;
 }
 
-/* What the daemon could refuse, checked here. Returns the root view. */
-static int seal_check(gpubuf_buffer **pb) {
+int gpubuf__seal_check(gpubuf_buffer **pb) {
     gpubuf_buffer *b = *pb;
     while (b->parent) /* a slice seals the buffer it belongs to */
         b = b->parent;
@@ -403,7 +410,7 @@ static int seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_strea
         return gpubuf__fail(-EINVAL, "no buffer given (NULL) to seal");
     c = b->c;
     pthread_mutex_lock(&c->lock);
-    r = seal_check(&b);
+    r = gpubuf__seal_check(&b);
     if (r == 0 && on_stream) {
         r = gpubuf__record_event(c, b, stream, ev);
         if (r == 0) {

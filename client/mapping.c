@@ -228,6 +228,11 @@ void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell) {
     }
 }
 
+void gpubuf__mapping_hold(gpubuf_client *c, gpubuf_mapping *m) {
+    if (m->views++ == 0)
+        idle_unlink(c, m);
+}
+
 int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
                         gpubuf_mapping **ret) {
     gpubuf_mapping *m;
@@ -244,8 +249,7 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
     if (m) {
         if (fd >= 0)
             close(fd); /* already mapped: the fresh fd is not needed */
-        if (m->views++ == 0)
-            idle_unlink(c, m);
+        gpubuf__mapping_hold(c, m);
         *ret = m;
         return 0;
     }

@@ -22,11 +22,13 @@
  * the mark (a status of a large registry), so a client holds at most this
  * plus one reply in the daemon's memory. */
 #define OUT_HIGH_WATER (1u << 20)
-/* Backpressure on fds: while this many queued replies hold an fd (each a dup
+/* Backpressure on fds: while queued replies hold this many fds (each a dup
  * of a slab fd), no more requests are handled. A pass stops before a frame
- * once the mark is reached and a frame yields at most one fd, so requests
- * make the daemon hold at most this many fds for a connection; waiting opens
- * answered later add at most max_waiters_per_client (docs/security.md). */
+ * once the mark is reached and a frame yields at most the room left below
+ * it (gd_conn_fd_room(): one for a single request, up to
+ * GD_BATCH_REPLY_FDS for a batch), so requests make the daemon hold at most
+ * this many fds for a connection; waiting opens answered later add at most
+ * max_waiters_per_client (docs/security.md). */
 #define OUT_FDS_HIGH_WATER ((unsigned)GD_QUEUED_REPLY_FDS)
 /* Backpressure on the number of queued replies, far below
  * max_queued_replies: a pass adds at most one reply per frame and waiting
@@ -240,8 +242,8 @@ static void conn_free_out(gd_conn *c) {
     gd_outbuf *o, *tmp;
     DL_FOREACH_SAFE(c->out, o, tmp) {
         DL_DELETE(c->out, o);
-        if (o->fd >= 0)
-            close(o->fd);
+        for (int i = 0; i < o->n_fds; i++)
+            close(o->fds[i]);
         free(o);
     }
     assert(c->srv->out_bytes >= c->out_bytes);
@@ -589,30 +591,31 @@ static void update_poll(gd_conn *c) {
 }
 
 /* Write queued replies: up to 64 frames per sendmsg. A frame that carries
- * an fd starts its own sendmsg, so the fd rides on the frame's first byte. */
+ * fds starts its own sendmsg, so the fds ride on the frame's first byte. */
 static int flush_out(gd_conn *c) {
     while (c->out) {
         struct iovec iov[64];
-        int n_iov = 0, fd = -1;
+        int n_iov = 0, n_fds = 0;
         for (gd_outbuf *o = c->out; o && n_iov < 64; o = o->next) {
-            if (o != c->out && o->fd >= 0)
+            if (o != c->out && o->n_fds > 0)
                 break;
             if (o == c->out && o->off == 0)
-                fd = o->fd;
+                n_fds = o->n_fds;
             iov[n_iov].iov_base = o->data + o->off;
             iov[n_iov].iov_len = o->len - o->off;
             n_iov++;
         }
-        ssize_t n = gpubuf_wire_sendv(c->fd, iov, n_iov, fd);
+        ssize_t n = gpubuf_wire_sendv_fds(c->fd, iov, n_iov, c->out->fds, n_fds);
         if (n < 0)
             return n == -EAGAIN ? 0 : (int)n;
         while (n > 0) {
             gd_outbuf *o = c->out;
-            if (o->fd >= 0) {
-                close(o->fd);
-                o->fd = -1;
-                assert(c->out_fds > 0);
-                c->out_fds--;
+            if (o->n_fds > 0) {
+                for (int i = 0; i < o->n_fds; i++)
+                    close(o->fds[i]);
+                assert(c->out_fds >= (uint32_t)o->n_fds);
+                c->out_fds -= (uint32_t)o->n_fds;
+                o->n_fds = 0;
             }
             size_t left = o->len - o->off;
             if ((size_t)n < left) {
@@ -632,9 +635,20 @@ static int flush_out(gd_conn *c) {
     return 0;
 }
 
+unsigned gd_conn_fd_room(const gd_conn *c) {
+    return c->out_fds < OUT_FDS_HIGH_WATER ? OUT_FDS_HIGH_WATER - c->out_fds : 0;
+}
+
 int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int fd) {
+    return gd_conn_send_fds(c, plen, pack, msg, &fd, fd >= 0 ? 1 : 0, false);
+}
+
+int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, const int *fds,
+                     int n_fds, bool bounded) {
     gd_outbuf *o;
     bool was_empty = !c->out;
+    size_t data_len;
+    assert(n_fds >= 0 && n_fds <= (int)GPUBUF_WIRE_MAX_FDS);
     if (c->closing || c->peer_gone)
         return -ECONNRESET;
     if (c->out_frames >= c->srv->limits->max_queued_replies) {
@@ -648,30 +662,37 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
         conn_end(c, GD_CLOSE_ERROR);
         return -EMSGSIZE;
     }
-    if (plen > GD_SMALL_REPLY && fd < 0 &&
+    if (plen > GD_SMALL_REPLY && n_fds == 0 && !bounded &&
         c->srv->out_bytes + GPUBUF_WIRE_HEADER_SIZE + plen > c->srv->limits->max_reply_memory)
         return -EAGAIN; /* nothing queued: the caller answers with a small error */
-    o = malloc(sizeof(*o) + GPUBUF_WIRE_HEADER_SIZE + plen);
+    /* The fds live after the data, aligned. */
+    data_len = (GPUBUF_WIRE_HEADER_SIZE + plen + sizeof(int) - 1) / sizeof(int) * sizeof(int);
+    o = malloc(sizeof(*o) + data_len + (size_t)n_fds * sizeof(int));
     if (!o) {
         conn_end(c, GD_CLOSE_ERROR);
         return -ENOMEM;
     }
     o->off = 0;
     o->len = GPUBUF_WIRE_HEADER_SIZE + plen;
-    o->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
-    if (fd >= 0 && o->fd < 0) {
-        int e = errno;
-        LOG_ERR_LIMITED("pid %d: cannot duplicate the fd of a reply (%s); disconnecting",
-                        (int)c->pid, strerror(e));
-        free(o);
-        conn_end(c, GD_CLOSE_ERROR);
-        return -e;
+    o->fds = (int *)(void *)(o->data + data_len);
+    for (o->n_fds = 0; o->n_fds < n_fds; o->n_fds++) {
+        o->fds[o->n_fds] = fcntl(fds[o->n_fds], F_DUPFD_CLOEXEC, 0);
+        if (o->fds[o->n_fds] < 0) {
+            int e = errno;
+            LOG_ERR_LIMITED("pid %d: cannot duplicate the fd of a reply (%s); disconnecting",
+                            (int)c->pid, strerror(e));
+            for (int i = 0; i < o->n_fds; i++)
+                close(o->fds[i]);
+            free(o);
+            conn_end(c, GD_CLOSE_ERROR);
+            return -e;
+        }
     }
     gpubuf_wire_header_encode(o->data, (uint32_t)plen);
     pack(msg, o->data + GPUBUF_WIRE_HEADER_SIZE);
     DL_APPEND(c->out, o);
     c->out_frames++;
-    c->out_fds += o->fd >= 0;
+    c->out_fds += (uint32_t)o->n_fds;
     c->out_bytes += o->len;
     c->srv->out_bytes += o->len;
     if (was_empty && !c->corked) {

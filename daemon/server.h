@@ -53,7 +53,8 @@ typedef struct gd_server_callbacks {
 typedef struct gd_outbuf {
     struct gd_outbuf *next, *prev; /* utlist DL: the queue of replies */
     size_t len, off;
-    int fd; /* to send with the first byte, -1 when none; owned (dup) */
+    int n_fds; /* fds to send with the first byte (owned dups), 0 when none */
+    int *fds;  /* in the same allocation, after data */
     uint8_t data[];
 } gd_outbuf;
 
@@ -128,6 +129,14 @@ typedef void (*gd_pack_fn)(const void *msg, uint8_t *dst);
  * is taken. Returns 0, or a negative code when the connection is going or
  * had to be dropped (peer not reading, frame too large, out of memory). */
 int gd_conn_send(gd_conn *c, size_t len, gd_pack_fn pack, const void *msg, int fd);
+/* The same with n_fds fds (at most GPUBUF_WIRE_MAX_FDS; each dup'ed). bounded:
+ * the caller bounds the reply's size (a batch reply, GD_BATCH_REPLY_MAX), so
+ * it is queued like a small one even when max_reply_memory is full. */
+int gd_conn_send_fds(gd_conn *c, size_t len, gd_pack_fn pack, const void *msg, const int *fds,
+                     int n_fds, bool bounded);
+/* How many more fds the connection's queued replies may hold before its
+ * requests wait (at least 1 while one is being handled). */
+unsigned gd_conn_fd_room(const gd_conn *c);
 /* The handshake is done: the handshake deadline gives way to the frame one. */
 void gd_conn_ready(gd_conn *c);
 /* Schedule the connection's teardown; safe from any callback. */

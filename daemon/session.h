@@ -27,6 +27,13 @@ typedef struct gd_transport {
     void (*ready)(void *conn);
     /* True once the connection is going. */
     bool (*closing)(const void *conn);
+    /* send() with n_fds fds (at most GPUBUF_WIRE_MAX_FDS); bounded: the
+     * reply's size is bounded (a batch reply), queue it like a small one. */
+    int (*send_fds)(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                    const void *msg, const int *fds, int n_fds, bool bounded);
+    /* How many fds a reply may carry now without passing the connection's
+     * fd budget (at least 1 while a request is handled). */
+    unsigned (*fd_room)(const void *conn);
 } gd_transport;
 
 typedef struct gd_session {

@@ -19,8 +19,10 @@
 #define GPUBUF_WIRE_MAX_REQUEST (64u * 1024u)
 #define GPUBUF_WIRE_MAX_REQUEST_HARD (16u * 1024u * 1024u)
 #define GPUBUF_WIRE_MAX_RESPONSE (256u * 1024u * 1024u)
-/* Most fds accepted on one frame. */
-#define GPUBUF_WIRE_MAX_FDS 1
+/* Most fds one frame carries: one for a single reply, up to this many for
+ * a batch reply (one per slab it describes; the daemon's
+ * GD_BATCH_REPLY_FDS). */
+#define GPUBUF_WIRE_MAX_FDS 16
 
 /* Hello.capabilities bits. KEEP_MAPPED: the client may keep a slab mapped
  * after its last view goes (ReleaseRequest.keep_mapped) and says when it
@@ -63,6 +65,9 @@ ssize_t gpubuf_wire_send_some(int sock, const void *buf, size_t len, int fd);
  * Returns bytes sent or -errno. */
 struct iovec;
 ssize_t gpubuf_wire_sendv(int sock, const struct iovec *iov, int n_iov, int fd);
+/* The same with n_fds fds (at most GPUBUF_WIRE_MAX_FDS) on the first byte. */
+ssize_t gpubuf_wire_sendv_fds(int sock, const struct iovec *iov, int n_iov, const int *fds,
+                              int n_fds);
 
 /* One recvmsg(). Received fds are stored in fds (up to max_fds) and counted in
  * *n_fds; surplus fds are closed and *truncated set. Returns bytes read

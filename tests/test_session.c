@@ -28,7 +28,9 @@ typedef struct memconn {
     gd_session *s;
     Gpubuf__Response *replies[MAX_REPLIES];
     int fds[MAX_REPLIES];
+    int n_fds[MAX_REPLIES]; /* fds each reply carried (fds[] keeps the first) */
     int n;
+    unsigned fd_room; /* what the transport says it has room for (0: 16) */
     bool closed, ready;
 } memconn;
 
@@ -44,9 +46,28 @@ static int mc_send(void *conn, size_t len, void (*pack)(const void *msg, uint8_t
     m->replies[m->n] = gpubuf__response__unpack(NULL, len, buf);
     ck_assert_ptr_nonnull(m->replies[m->n]);
     m->fds[m->n] = fd >= 0 ? dup(fd) : -1;
+    m->n_fds[m->n] = fd >= 0;
     m->n++;
     free(buf);
     return 0;
+}
+
+static int mc_send_fds(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                       const void *msg, const int *fds, int n_fds, bool bounded) {
+    memconn *m = conn;
+    ck_assert_int_le(n_fds, GPUBUF_WIRE_MAX_FDS);
+    ck_assert_uint_le((unsigned)n_fds, m->fd_room ? m->fd_room : 16);
+    for (int i = 0; i < n_fds; i++)
+        ck_assert_int_ge(fds[i], 0);
+    int r = mc_send(conn, len, pack, msg, n_fds ? fds[0] : -1);
+    if (r == 0)
+        m->n_fds[m->n - 1] = n_fds;
+    return r;
+}
+
+static unsigned mc_fd_room(const void *conn) {
+    const memconn *m = conn;
+    return m->fd_room ? m->fd_room : 16;
 }
 
 static void mc_close(void *conn) {
@@ -61,7 +82,8 @@ static bool mc_closing(const void *conn) {
     return ((const memconn *)conn)->closed;
 }
 
-static const gd_transport mem_transport = {mc_send, mc_close, mc_ready, mc_closing};
+static const gd_transport mem_transport = {mc_send,    mc_close,    mc_ready,
+                                           mc_closing, mc_send_fds, mc_fd_room};
 
 static uv_loop_t loop;
 static gd_context ctx;
@@ -482,6 +504,231 @@ START_TEST(log_lines_are_rate_limited) {
 }
 END_TEST
 
+/* ---- batches ------------------------------------------------------------ */
+
+static const Gpubuf__BatchReply *batch_reply(const memconn *m, size_t n) {
+    const Gpubuf__Response *r = last(m);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->body_case, GPUBUF__RESPONSE__BODY_BATCH);
+    ck_assert_uint_eq(r->batch->n_status, n);
+    return r->batch;
+}
+
+/* The daemon's sentence for item i. */
+static const char *item_msg(const Gpubuf__BatchReply *br, uint32_t i) {
+    for (size_t k = 0; k < br->n_errors; k++)
+        if (br->errors[k]->item == i)
+            return br->errors[k]->message;
+    return "";
+}
+
+static const Gpubuf__BatchReply *batch_open(memconn *m, char **names, size_t n_names,
+                                            uint64_t *ids, size_t n_ids, uint64_t *mapped,
+                                            size_t n_mapped) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
+    q.n_names = n_names;
+    q.names = names;
+    q.n_buffer_ids = n_ids;
+    q.buffer_ids = ids;
+    q.n_mapped_slabs = n_mapped;
+    q.mapped_slabs = mapped;
+    req.id = 20;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
+    req.batch_open = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    return batch_reply(m, n_names + n_ids);
+}
+
+static const Gpubuf__Response *batch_state(memconn *m, Gpubuf__BatchStateOp op, char **names,
+                                           size_t n_names, uint64_t *ids, size_t n_ids) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchStateRequest q = GPUBUF__BATCH_STATE_REQUEST__INIT;
+    q.op = op;
+    q.n_names = n_names;
+    q.names = names;
+    q.n_buffer_ids = n_ids;
+    q.buffer_ids = ids;
+    req.id = 21;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_STATE;
+    req.batch_state = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    return last(m);
+}
+
+static const Gpubuf__Response *batch_release(memconn *m, uint64_t *ids, size_t n) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchReleaseRequest q = GPUBUF__BATCH_RELEASE_REQUEST__INIT;
+    q.n_buffer_ids = n;
+    q.buffer_ids = ids;
+    req.id = 22;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_RELEASE;
+    req.batch_release = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    return last(m);
+}
+
+static const Gpubuf__Response *batch_alloc(memconn *m, uint64_t size, size_t n, bool seal,
+                                           uint64_t *mapped, size_t n_mapped) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchAllocRequest q = GPUBUF__BATCH_ALLOC_REQUEST__INIT;
+    uint64_t sizes[64];
+    ck_assert_uint_le(n, 64);
+    for (size_t i = 0; i < n; i++)
+        sizes[i] = size;
+    q.n_sizes = n;
+    q.sizes = sizes;
+    q.seal = seal;
+    q.n_mapped_slabs = n_mapped;
+    q.mapped_slabs = mapped;
+    req.id = 23;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_ALLOC;
+    req.batch_alloc = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    return last(m);
+}
+
+START_TEST(batch_items_fail_independently) {
+    memconn a, b;
+    start(1000, &a, 1000, &b, 2000);
+    const Gpubuf__Response *r = alloc(&a, "x", 4096);
+    uint64_t x = r->buffer->buffer_id, xslab = r->buffer->slab_id;
+    seal(&a, x);
+    uint64_t y = alloc(&a, "y", 4096)->buffer->buffer_id; /* not sealed */
+    /* Found, missing, not sealed yet, a bad name; by id: found, unknown. */
+    char *names[] = {"x", "missing", "y", "bad name!"};
+    uint64_t ids[] = {x, 999999};
+    const Gpubuf__BatchReply *br = batch_open(&a, names, 4, ids, 2, NULL, 0);
+    ck_assert_int_eq(br->status[0], 0);
+    ck_assert_int_eq(br->status[1], -ENOENT);
+    ck_assert_ptr_nonnull(strstr(item_msg(br, 1), "missing"));
+    ck_assert_int_eq(br->status[2], -ENOENT);
+    ck_assert_int_eq(br->status[3], -EINVAL);
+    ck_assert_int_eq(br->status[4], 0);
+    ck_assert_int_eq(br->status[5], -ENOENT);
+    ck_assert_uint_eq(br->n_errors, 4);
+    ck_assert_uint_eq(br->buffer_id[0], x);
+    ck_assert_uint_eq(br->buffer_id[4], x);
+    ck_assert_uint_eq(br->slab_id[4], xslab);
+    ck_assert_uint_eq(br->buffer_id[1], 0);
+    /* Names: one per item, "" for failed ones. */
+    ck_assert_mem_eq(br->names.data, "x\0\0\0\0x\0\0", 8);
+    /* The slab is described once, with its fd. */
+    ck_assert_uint_eq(br->n_slabs, 1);
+    ck_assert_uint_eq(br->slabs[0]->slab_id, xslab);
+    ck_assert_int_eq(a.n_fds[a.n - 1], 1);
+    ck_assert_uint_eq(gd_registry_holder_count(a.s->holder, x), 3);
+    /* A slab the client says it maps travels no more. */
+    br = batch_open(&a, names, 1, NULL, 0, &xslab, 1);
+    ck_assert_int_eq(br->status[0], 0);
+    ck_assert_uint_eq(br->n_slabs, 0);
+    ck_assert_int_eq(a.n_fds[a.n - 1], 0);
+    /* No access to the pool. */
+    br = batch_open(&b, names, 1, NULL, 0, NULL, 0);
+    ck_assert_int_eq(br->status[0], -EACCES);
+    ck_assert_uint_eq(b.s->holder->n_refs, 0);
+    /* Seal: y once; twice and x are in the wrong state. */
+    uint64_t seal_ids[] = {y, y, x};
+    r = batch_state(&a, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_SEAL, NULL, 0, seal_ids, 3);
+    br = batch_reply(&a, 3);
+    ck_assert_int_eq(br->status[0], 0);
+    ck_assert_int_eq(br->status[1], GPUBUF_ESTATE);
+    ck_assert_int_eq(br->status[2], GPUBUF_ESTATE);
+    ck_assert_int_eq(gd_registry_find_id(&ctx.reg, y)->state, GPUBUF_STATE_SEALED);
+    /* Release: a holds x four times (alloc, three opens); the fifth fails. */
+    uint64_t rel[] = {x, x, x, x, x, 424242};
+    r = batch_release(&a, rel, 6);
+    br = batch_reply(&a, 6);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(br->status[i], 0);
+    ck_assert_int_eq(br->status[4], GPUBUF_ENOTHELD);
+    ck_assert_int_eq(br->status[5], GPUBUF_ENOTHELD);
+    ck_assert_uint_eq(gd_registry_holder_count(a.s->holder, x), 0);
+    ck_assert_uint_eq(gd_registry_find_id(&ctx.reg, x)->refs, 0);
+    /* Delete: b may not (another uid), a may; a missing name fails alone. */
+    char *del[] = {"x", "nope"};
+    batch_state(&b, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_DELETE, del, 1, NULL, 0);
+    ck_assert_int_eq(batch_reply(&b, 1)->status[0], -EPERM);
+    batch_state(&a, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_DELETE, del, 2, NULL, 0);
+    br = batch_reply(&a, 2);
+    ck_assert_int_eq(br->status[0], 0);
+    ck_assert_int_eq(br->status[1], -ENOENT);
+    ck_assert_ptr_null(gd_registry_find_name(&ctx.reg, "x"));
+    /* Items and their errors are counted by batch type. */
+    ck_assert_uint_eq(ctx.metrics.batch[GD_REQ_BATCH_OPEN - GD_REQ_BATCH_OPEN].items, 8);
+    ck_assert_uint_eq(ctx.metrics.batch[GD_REQ_BATCH_OPEN - GD_REQ_BATCH_OPEN].item_errors, 5);
+    ck_assert_uint_eq(ctx.metrics.req[GD_REQ_BATCH_RELEASE].requests, 1);
+    ck_assert_uint_eq(ctx.metrics.batch[GD_REQ_BATCH_RELEASE - GD_REQ_BATCH_OPEN].item_errors,
+                      2);
+    ck_assert_uint_eq(ctx.metrics.req[GD_REQ_BATCH_DELETE].requests, 2);
+    mc_forget(&a);
+    mc_forget(&b);
+    finish(&a, &b);
+}
+END_TEST
+
+START_TEST(oversize_and_malformed_batches_are_refused) {
+    memconn a;
+    start(0, &a, 1000, NULL, 0);
+    uint64_t *ids = calloc(GD_BATCH_MAX_ITEMS + 1, sizeof(*ids));
+    ck_assert_ptr_nonnull(ids);
+    const Gpubuf__Response *r = batch_release(&a, ids, GD_BATCH_MAX_ITEMS + 1);
+    ck_assert_int_eq(r->status, -E2BIG);
+    ck_assert_ptr_nonnull(strstr(r->message, "at most 4096 items"));
+    /* At the limit it is taken (each item fails alone: nothing is held). */
+    r = batch_release(&a, ids, GD_BATCH_MAX_ITEMS);
+    ck_assert_int_eq(batch_reply(&a, GD_BATCH_MAX_ITEMS)->status[0], GPUBUF_ENOTHELD);
+    free(ids);
+    r = batch_state(&a, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_UNSPECIFIED, NULL, 0, NULL, 0);
+    ck_assert_int_eq(r->status, -EINVAL);
+    char *names[] = {"a"};
+    r = batch_state(&a, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_SEAL, names, 1, NULL, 0);
+    ck_assert_int_eq(r->status, -EINVAL);
+    /* The hello says the limits. */
+    mc_forget(&a);
+    finish(&a, NULL);
+}
+END_TEST
+
+START_TEST(batch_reply_carries_at_most_its_fd_room) {
+    memconn a;
+    start(0, &a, 1000, NULL, 0);
+    /* 600 KiB buffers of a pool of 1 MiB slabs: one slab each. */
+    a.fd_room = 3;
+    const Gpubuf__Response *r = batch_alloc(&a, 600 * 1024, 6, true, NULL, 0);
+    const Gpubuf__BatchReply *br = batch_reply(&a, 6);
+    ck_assert_int_eq(r->fds, 3);
+    ck_assert_int_eq(a.n_fds[a.n - 1], 3);
+    ck_assert_uint_eq(br->n_slabs, 3);
+    uint64_t mapped[3];
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(br->status[i], 0);
+        ck_assert_uint_eq(br->state[i], GPUBUF_STATE_SEALED);
+        mapped[i] = br->slabs[i]->slab_id;
+    }
+    for (int i = 3; i < 6; i++) {
+        ck_assert_int_eq(br->status[i], -EAGAIN);
+        ck_assert_ptr_nonnull(strstr(item_msg(br, (uint32_t)i), "send the item again"));
+    }
+    /* The refused items left nothing behind. */
+    ck_assert_uint_eq(ctx.reg.n_buffers, 3);
+    ck_assert_uint_eq(a.s->holder->n_refs, 3);
+    /* Sent again, with the slabs mapped by now: they fit. */
+    a.fd_room = 0;
+    r = batch_alloc(&a, 600 * 1024, 3, true, mapped, 3);
+    br = batch_reply(&a, 3);
+    ck_assert_int_eq(r->fds, 3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(br->status[i], 0);
+        for (int k = 0; k < 3; k++)
+            ck_assert_uint_ne(br->slabs[i]->slab_id, mapped[k]);
+    }
+    ck_assert_uint_eq(ctx.reg.n_buffers, 6);
+    mc_forget(&a);
+    finish(&a, NULL);
+}
+END_TEST
+
 int main(void) {
     const TTest *tests[] = {
         first_request_must_be_hello,
@@ -498,6 +745,9 @@ int main(void) {
         status_lists_live_sessions_only,
         shutdown_says_why_and_closes,
         log_lines_are_rate_limited,
+        batch_items_fail_independently,
+        oversize_and_malformed_batches_are_refused,
+        batch_reply_carries_at_most_its_fd_room,
     };
     Suite *s = suite_create("session");
     TCase *t = tcase_create("inproc");
