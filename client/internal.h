@@ -150,6 +150,10 @@ void gpubuf__mapping_hold(gpubuf_client *c, gpubuf_mapping *m);
  * when the daemon allows it, else unmapped. Returns true when the release
  * that follows must ask the daemon to keep the slab (first keep). */
 bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m);
+/* The same; without evict no kept slab is unmapped to make room (its unmap
+ * would reach the daemon before the releases of a batch that pin the
+ * slabs kept meanwhile): the slab is unmapped instead. */
+bool gpubuf__mapping_put_ex(gpubuf_client *c, gpubuf_mapping *m, bool evict);
 /* Unmap the idle slabs (of CUDA pools only, if cuda_only), telling the daemon
  * when tell is set (lock held). */
 void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell);

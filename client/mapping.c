@@ -332,12 +332,16 @@ static void unmap(gpubuf_mapping *m) {
 }
 
 bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m) {
+    return gpubuf__mapping_put_ex(c, m, true);
+}
+
+bool gpubuf__mapping_put_ex(gpubuf_client *c, gpubuf_mapping *m, bool evict) {
     if (--m->views > 0)
         return false;
     if (m->keepable && !c->broken && (m->kept || c->keep_cap > 0)) {
         bool first = !m->kept;
         /* Room for one more kept slab: forget the least recently used. */
-        if (first && c->n_kept >= c->keep_cap && c->idle) {
+        if (evict && first && c->n_kept >= c->keep_cap && c->idle) {
             gpubuf_mapping *old = c->idle->idle_prev; /* the tail */
             idle_unlink(c, old);
             drop(c, old, true);
