@@ -3,7 +3,7 @@
 # anchor programs and gpubuf's benchmarks in the same run, and prints one
 # table of ratios against the anchors (bench/report.py).
 #
-#   bench/run.sh [--host] [--only base|vmm|base,vmm] [--out DIR]
+#   bench/run.sh [--host] [--only base|vmm|batch|...,...] [--out DIR]
 #
 # With a GPU (nvcc and a driver present): cuda-ipc pools, CUDA anchors
 # (ipc_bench.c), torch.multiprocessing anchor when python3 has torch.
@@ -14,12 +14,15 @@
 #   vmm   cuda-vmm pools, read-only opens, stream-ordered seal and hand-over,
 #         asynchronous and device-to-device copies (GPU only), with their
 #         anchors (vmm_bench.c, torch_event_bench.py) and the socket round trip
+#   batch single warm open and alloc + seal against the socket round trip,
+#         1,000 opens and releases in one call each, 16 processes doing
+#         batched alloc/seal/open/release/delete (host or cuda-ipc pools)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=gpu
 out=${TMPDIR:-/tmp}/gpubuf-bench
 groups=""
-usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|base,vmm] [--out DIR]" >&2; exit 2; }
+usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch[,...]] [--out DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --host) mode=host ;;
@@ -35,15 +38,18 @@ if [ $mode = gpu ] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/de
 fi
 base=0
 vmm=0
+batch=0
 for g in ${groups//,/ }; do
     case $g in
     base) base=1 ;;
     vmm) vmm=1 ;;
+    batch) batch=1 ;;
     *) usage ;;
     esac
 done
 if [ -z "$groups" ]; then
     base=1
+    batch=1
     [ $mode = gpu ] && vmm=1
 fi
 if [ $vmm = 1 ] && [ $mode = host ]; then
@@ -63,7 +69,7 @@ cmake --build "$build" -j"$jobs" >"$out/build.log"
 {
     echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "mode $mode"
-    echo "groups $([ $base = 1 ] && printf base)$([ $base = 1 ] && [ $vmm = 1 ] && printf ,)$([ $vmm = 1 ] && printf vmm)"
+    echo "groups $(g=(); [ $base = 1 ] && g+=(base); [ $vmm = 1 ] && g+=(vmm); [ $batch = 1 ] && g+=(batch); IFS=,; echo "${g[*]}")"
     echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
     echo "cores $(nproc)"
     [ $mode = gpu ] && echo "gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
@@ -128,6 +134,9 @@ if [ $base = 1 ]; then
     [ $mode = gpu ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && only=$only,peer
 fi
 [ $vmm = 1 ] && only=${only:+$only,}vmm
+# latency gives the single-request figures the batch rows compare with.
+[ $batch = 1 ] && [ $base = 0 ] && only=${only:+$only,}latency
+[ $batch = 1 ] && only=${only:+$only,}batch,batchmix
 # A failed phase still leaves the figures of the others for the report.
 bench_rc=0
 "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
