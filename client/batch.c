@@ -644,36 +644,38 @@ out:
 /* ---- public entry points ------------------------------------------------- */
 
 /* A batch call's result: a count of failed items keeps its message. */
-static int batch_result(int r) {
-    return r > 0 ? r : gpubuf__result(r);
-}
 
 GPUBUF_EXTERN int gpubuf_open_many(gpubuf_client *c, size_t n, const char *const *names,
                                    const uint64_t *ids, unsigned flags, gpubuf_buffer **ret,
                                    int *ret_status) {
     gpubuf__clear_error();
-    return batch_result(open_many_call(c, n, names, ids, flags, ret, ret_status));
+    int r = open_many_call(c, n, names, ids, flags, ret, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_alloc_many(gpubuf_client *c, const char *pool, size_t n,
                                     const uint64_t *sizes, const char *const *names,
                                     unsigned flags, gpubuf_buffer **ret, int *ret_status) {
     gpubuf__clear_error();
-    return batch_result(alloc_many_call(c, pool, n, sizes, names, flags, ret, ret_status));
+    int r = alloc_many_call(c, pool, n, sizes, names, flags, ret, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_seal_many(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
     gpubuf__clear_error();
-    return batch_result(seal_many_call(bufs, n, ret_status));
+    int r = seal_many_call(bufs, n, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_release_many(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
     gpubuf__clear_error();
-    return batch_result(release_many_call(bufs, n, ret_status));
+    int r = release_many_call(bufs, n, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_delete_many(gpubuf_client *c, size_t n, const char *const *names,
                                      const uint64_t *ids, int *ret_status) {
     gpubuf__clear_error();
-    return batch_result(delete_many_call(c, n, names, ids, ret_status));
+    int r = delete_many_call(c, n, names, ids, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
 }
