@@ -237,9 +237,12 @@ static void mixed_worker(int idx, double secs, int fd, int ready_fd, int go_fd) 
     gpubuf_disconnect(c);
 }
 
-static void throughput(void) {
+/* Run worker(i, secs, ...) in g_procs processes that start together; the
+ * sum of the operation counts they report. */
+typedef void (*worker_fn)(int idx, double secs, int fd, int ready_fd, int go_fd);
+
+static long run_workers(worker_fn worker, double secs) {
     int p[2], ready[2], go[2];
-    double secs = g_quick ? 1.0 : 3.0;
     if (pipe(p) < 0 || pipe(ready) < 0 || pipe(go) < 0)
         _exit(1);
     fflush(NULL);
@@ -247,7 +250,7 @@ static void throughput(void) {
     for (int i = 0; i < g_procs; i++) {
         kids[i] = fork();
         if (kids[i] == 0) {
-            mixed_worker(i, secs, p[1], ready[1], go[0]);
+            worker(i, secs, p[1], ready[1], go[0]);
             _exit(0);
         }
     }
@@ -256,7 +259,7 @@ static void throughput(void) {
     for (int i = 0; i < g_procs; i++) {
         char ch;
         if (read(ready[0], &ch, 1) != 1) {
-            fprintf(stderr, "throughput: a worker died before starting\n");
+            fprintf(stderr, "bench: a worker died before starting\n");
             _exit(1);
         }
     }
@@ -270,6 +273,18 @@ static void throughput(void) {
             total += ops;
         waitpid(kids[i], NULL, 0);
     }
+    free(kids);
+    close(p[0]);
+    close(p[1]);
+    close(ready[0]);
+    close(go[0]);
+    close(go[1]);
+    return total;
+}
+
+static void throughput(void) {
+    double secs = g_quick ? 1.0 : 3.0;
+    long total = run_workers(mixed_worker, secs);
     printf("gpubuf_mixed_ops_per_s_%dproc %.0f\n", g_procs, (double)total / secs);
 }
 
@@ -1337,7 +1352,7 @@ static void batch_phase(void) {
 /* One of g_procs processes: rounds of K anonymous buffers allocated and
  * sealed (one request), opened by id, deleted, and both views released,
  * each step one batch: 6 buffer operations per buffer, as in throughput. */
-static void batch_mixed_worker(double secs, int fd, int ready_fd, int go_fd) {
+static void batch_mixed_worker(int idx, double secs, int fd, int ready_fd, int go_fd) {
     enum { K = 256 };
     gpubuf_client *c = conn();
     uint64_t sizes[K], ids[K];
@@ -1373,37 +1388,8 @@ static void batch_mixed_worker(double secs, int fd, int ready_fd, int go_fd) {
 }
 
 static void batch_mixed(void) {
-    int p[2], ready[2], go[2];
     double secs = g_quick ? 1.0 : 3.0;
-    if (pipe(p) < 0 || pipe(ready) < 0 || pipe(go) < 0)
-        _exit(1);
-    fflush(NULL);
-    pid_t *kids = calloc((size_t)g_procs, sizeof(*kids));
-    for (int i = 0; i < g_procs; i++) {
-        kids[i] = fork();
-        if (kids[i] == 0) {
-            batch_mixed_worker(secs, p[1], ready[1], go[0]);
-            _exit(0);
-        }
-    }
-    close(ready[1]);
-    for (int i = 0; i < g_procs; i++) {
-        char ch;
-        if (read(ready[0], &ch, 1) != 1) {
-            fprintf(stderr, "batch mixed: a worker died before starting\n");
-            _exit(1);
-        }
-    }
-    for (int i = 0; i < g_procs; i++)
-        if (write(go[1], "g", 1) != 1)
-            _exit(1);
-    long total = 0;
-    for (int i = 0; i < g_procs; i++) {
-        long ops;
-        if (read(p[0], &ops, sizeof(ops)) == sizeof(ops))
-            total += ops;
-        waitpid(kids[i], NULL, 0);
-    }
+    long total = run_workers(batch_mixed_worker, secs);
     printf("batch_mixed_ops_per_s_%dproc %.0f\n", g_procs, (double)total / secs);
 }
 
