@@ -53,6 +53,8 @@ static void peer_left(gd_conn *c);
 static bool backlogged(const gd_conn *c);
 static bool has_complete_frame(const gd_conn *c);
 static void conn_free_out(gd_conn *c);
+static void update_poll(gd_conn *c);
+static void maybe_pend(gd_conn *c);
 static void conn_end(gd_conn *c, gd_close_reason why);
 static void refuse(gd_server *srv, int fd, gd_refusal why, uid_t uid, uint32_t limit);
 
@@ -238,6 +240,44 @@ int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode) {
     return r;
 }
 
+/* Queued replies were written or dropped: connections waiting for reply
+ * memory whose frame now fits go on, first come first (one that does not
+ * fit stops the rest, so a large batch is not passed over forever). */
+static void mem_wake(gd_server *srv) {
+    size_t sum = 0;
+    while (srv->mem_waiters) {
+        gd_conn *c = srv->mem_waiters;
+        size_t used = srv->out_bytes + sum;
+        if (used != 0 && used + c->mem_wait > srv->limits->max_reply_memory)
+            break;
+        sum += c->mem_wait;
+        DL_DELETE2(srv->mem_waiters, c, mw_prev, mw_next);
+        c->mem_wait = 0;
+        update_poll(c);
+        maybe_pend(c);
+    }
+}
+
+bool gd_conn_reply_room(gd_conn *c, size_t bound) {
+    gd_server *srv = c->srv;
+    if (c->closing || c->peer_gone || c->draining)
+        return true; /* its replies are dropped */
+    if (srv->out_bytes == 0 || srv->out_bytes + bound <= srv->limits->max_reply_memory)
+        return true;
+    if (!c->mem_wait) {
+        c->mem_wait = bound ? bound : 1;
+        DL_APPEND2(srv->mem_waiters, c, mw_prev, mw_next);
+    }
+    return false;
+}
+
+static void mem_unwait(gd_conn *c) {
+    if (c->mem_wait) {
+        DL_DELETE2(c->srv->mem_waiters, c, mw_prev, mw_next);
+        c->mem_wait = 0;
+    }
+}
+
 static void conn_free_out(gd_conn *c) {
     gd_outbuf *o, *tmp;
     DL_FOREACH_SAFE(c->out, o, tmp) {
@@ -250,7 +290,10 @@ static void conn_free_out(gd_conn *c) {
     c->srv->out_bytes -= c->out_bytes;
     c->out_frames = 0;
     c->out_fds = 0;
+    bool freed = c->out_bytes > 0;
     c->out_bytes = 0;
+    if (freed)
+        mem_wake(c->srv);
 }
 
 static void on_timer_closed(uv_handle_t *h) {
@@ -362,6 +405,7 @@ static void conn_end(gd_conn *c, gd_close_reason why) {
     if (c->closing)
         return;
     c->closing = true;
+    mem_unwait(c);
     uv_poll_stop(&c->poll);
     uv_timer_stop(&c->timer);
     LL_PREPEND2(c->srv->reap, c, reap_next);
@@ -567,7 +611,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
  * reads (a peer that reads is woken by its socket turning writable). One with
  * nothing queued is still served, so a bystander gets its answer. */
 static bool backlogged(const gd_conn *c) {
-    return c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER ||
+    return c->mem_wait || c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER ||
            c->out_frames >= OUT_FRAMES_HIGH_WATER ||
            (c->out_bytes && c->srv->out_bytes >= c->srv->limits->max_reply_memory);
 }
@@ -590,9 +634,19 @@ static void update_poll(gd_conn *c) {
     c->poll_events = want;
 }
 
+static int flush_some(gd_conn *c);
+
 /* Write queued replies: up to 64 frames per sendmsg. A frame that carries
  * fds starts its own sendmsg, so the fds ride on the frame's first byte. */
 static int flush_out(gd_conn *c) {
+    size_t before = c->out_bytes;
+    int r = flush_some(c);
+    if (c->out_bytes < before && c->srv->mem_waiters)
+        mem_wake(c->srv);
+    return r;
+}
+
+static int flush_some(gd_conn *c) {
     while (c->out) {
         struct iovec iov[64];
         int n_iov = 0, n_fds = 0;
@@ -721,6 +775,8 @@ static int process_frames(gd_conn *c, uint32_t limit) {
             peer_left(c);
         else
             update_poll(c);
+    } else if (c->mem_wait) {
+        update_poll(c); /* stop reading while the frame waits */
     }
     return c->closing ? -1 : r;
 }
@@ -743,7 +799,9 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
         }
         if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
             break;
-        c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length);
+        if (c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length) ==
+            -EAGAIN)
+            break; /* held back until the reply memory has room (mem_wait) */
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;
     }

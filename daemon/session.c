@@ -920,11 +920,13 @@ static void batch_reply_send(batch *bt, uint64_t id) {
     resp.fds = bt->n_fds;
     resp.body_case = GPUBUF__RESPONSE__BODY_BATCH;
     resp.batch = &br;
-    /* Bounded (GD_BATCH_MAX_ITEMS items of a few hundred bytes at most): it
-     * is queued even when max_reply_memory is full, so the references its
-     * items took always reach the client. */
-    s->io->send_fds(s->conn, gpubuf__response__get_packed_size(&resp), pack_response, &resp,
-                    bt->fds, (int)bt->n_fds, true);
+    /* At most gd_session_batch_reply_bound(n) bytes, for which the reply
+     * memory had room before the batch was handled (gd_session_frame): it
+     * is queued whatever the budget says now, so the references its items
+     * took always reach the client. */
+    size_t len = gpubuf__response__get_packed_size(&resp);
+    assert(len <= gd_session_batch_reply_bound(n));
+    s->io->send_fds(s->conn, len, pack_response, &resp, bt->fds, (int)bt->n_fds, true);
     batch_free(bt);
 }
 
@@ -1062,14 +1064,53 @@ static gd_req_type req_type(const Gpubuf__Request *req) {
     }
 }
 
-void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
+/* Bytes of one item in a batch reply at most: its status, buffer id, size,
+ * offset, slab id and state (varints), its name, its error (item number and
+ * sentence, each with its tag and length) and its seal event. */
+#define BATCH_ITEM_REPLY_MAX                                                                    \
+    (5u + 4u * 10u + 5u + (GPUBUF_NAME_MAX + 1u) + (3u + 6u + 3u + sizeof(((gd_err *)0)->msg)) + \
+     5u + GD_EVENT_HANDLE_SIZE)
+/* One Slab message at most (ids and sizes as varints, the 16-byte UUID, the
+ * 64-byte IPC handle, flags, tags and lengths), and the rest of a reply:
+ * the envelope, the column tags and lengths. */
+#define BATCH_SLAB_REPLY_MAX 160u
+#define BATCH_REPLY_FIXED 256u
+
+size_t gd_session_batch_reply_bound(size_t n) {
+    return BATCH_REPLY_FIXED + GD_BATCH_REPLY_FDS * BATCH_SLAB_REPLY_MAX +
+           n * BATCH_ITEM_REPLY_MAX;
+}
+
+/* The items of a batch request (0 for any other request). */
+static size_t batch_items(const Gpubuf__Request *req) {
+    switch (req->body_case) {
+    case GPUBUF__REQUEST__BODY_BATCH_OPEN:
+        return req->batch_open->n_names + req->batch_open->n_buffer_ids;
+    case GPUBUF__REQUEST__BODY_BATCH_RELEASE: return req->batch_release->n_buffer_ids;
+    case GPUBUF__REQUEST__BODY_BATCH_ALLOC: return req->batch_alloc->n_sizes;
+    case GPUBUF__REQUEST__BODY_BATCH_STATE:
+        return req->batch_state->n_names + req->batch_state->n_buffer_ids;
+    default: return 0;
+    }
+}
+
+int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     Gpubuf__Request *req = gpubuf__request__unpack(NULL, len, payload);
     if (!req) {
         LOG_WARN_LIMITED("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid,
                          len);
         reply_error(s, 0, GPUBUF_EPROTOCOL, "request does not decode as gpubuf.Request");
         session_close(s, GD_END_PROTOCOL);
-        return;
+        return 0;
+    }
+    /* A batch starts only when its largest reply fits in the daemon's reply
+     * memory: its items take references, and their reply must then be
+     * queued whatever else waits. Too many items: the small error below. */
+    size_t items = batch_items(req);
+    if (items && items <= GD_BATCH_MAX_ITEMS && s->hello_done && s->io->reply_room &&
+        !s->io->reply_room(s->conn, gd_session_batch_reply_bound(items))) {
+        gpubuf__request__free_unpacked(req, NULL);
+        return -EAGAIN;
     }
     if (!s->hello_done && req->body_case != GPUBUF__REQUEST__BODY_HELLO) {
         reply_error(s, req->id, GPUBUF_EPROTOCOL, "the first request must be hello");
@@ -1113,6 +1154,7 @@ void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     gd_metrics_request(&s->ctx->metrics, type, gpubuf_now_ns() - t0);
 out:
     gpubuf__request__free_unpacked(req, NULL);
+    return 0;
 }
 
 void gd_session_bad_frame(gd_session *s, int err) {

@@ -31,6 +31,9 @@ typedef struct memconn {
     int n_fds[MAX_REPLIES]; /* fds each reply carried (fds[] keeps the first) */
     int n;
     unsigned fd_room; /* what the transport says it has room for (0: 16) */
+    bool room_limited; /* reply_room says yes only for bounds up to room */
+    size_t room, asked; /* asked: the last bound reply_room was asked for */
+    int frame_rc;      /* what gd_session_frame returned last */
     bool closed, ready;
 } memconn;
 
@@ -60,9 +63,20 @@ static int mc_send_fds(void *conn, size_t len, void (*pack)(const void *msg, uin
     for (int i = 0; i < n_fds; i++)
         ck_assert_int_ge(fds[i], 0);
     int r = mc_send(conn, len, pack, msg, n_fds ? fds[0] : -1);
-    if (r == 0)
+    if (r == 0) {
+        const Gpubuf__Response *resp = m->replies[m->n - 1];
         m->n_fds[m->n - 1] = n_fds;
+        /* A batch reply never passes the bound its room was asked for. */
+        if (bounded && resp->body_case == GPUBUF__RESPONSE__BODY_BATCH)
+            ck_assert_uint_le(len, gd_session_batch_reply_bound(resp->batch->n_status));
+    }
     return r;
+}
+
+static bool mc_reply_room(void *conn, size_t bound) {
+    memconn *m = conn;
+    m->asked = bound;
+    return !m->room_limited || bound <= m->room;
 }
 
 static unsigned mc_fd_room(const void *conn) {
@@ -82,8 +96,8 @@ static bool mc_closing(const void *conn) {
     return ((const memconn *)conn)->closed;
 }
 
-static const gd_transport mem_transport = {mc_send,    mc_close,    mc_ready,
-                                           mc_closing, mc_send_fds, mc_fd_room};
+static const gd_transport mem_transport = {mc_send,     mc_close,   mc_ready,     mc_closing,
+                                           mc_send_fds, mc_fd_room, mc_reply_room};
 
 static uv_loop_t loop;
 static gd_context ctx;
@@ -140,7 +154,7 @@ static int mc_request(memconn *m, Gpubuf__Request *req) {
     int before = m->n;
     ck_assert_ptr_nonnull(buf);
     gpubuf__request__pack(req, buf);
-    gd_session_frame(m->s, buf, len);
+    m->frame_rc = gd_session_frame(m->s, buf, len);
     free(buf);
     return m->n - before;
 }
@@ -729,6 +743,74 @@ START_TEST(batch_reply_carries_at_most_its_fd_room) {
 }
 END_TEST
 
+/* A batch whose largest reply the reply memory has no room for is left
+ * unhandled (no reference taken, no reply) and handled whole once there is
+ * room; replies with the longest names and sentences stay within the bound
+ * (mc_send_fds checks every batch reply against it). */
+START_TEST(batch_waits_for_reply_memory) {
+    memconn a;
+    char longname[GPUBUF_NAME_MAX + 1], missing[GPUBUF_NAME_MAX + 1];
+    start(0, &a, 1000, NULL, 0);
+    memset(longname, 'n', GPUBUF_NAME_MAX);
+    longname[GPUBUF_NAME_MAX] = 0;
+    memcpy(missing, longname, sizeof(missing));
+    missing[0] = 'm';
+    const Gpubuf__Response *r = alloc(&a, longname, 4096);
+    uint64_t x = r->buffer->buffer_id;
+    seal(&a, x);
+    /* Room for a reply of 7 items, not 8. */
+    a.room_limited = true;
+    a.room = gd_session_batch_reply_bound(7);
+    ck_assert_uint_gt(gd_session_batch_reply_bound(8), a.room);
+    uint64_t ids[8];
+    char *names[8];
+    for (int i = 0; i < 8; i++) {
+        ids[i] = x;
+        names[i] = i % 2 ? longname : missing;
+    }
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
+    q.n_names = 8;
+    q.names = names;
+    req.id = 30;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
+    req.batch_open = &q;
+    ck_assert_int_eq(mc_request(&a, &req), 0);
+    ck_assert_int_eq(a.frame_rc, -EAGAIN);
+    ck_assert_uint_eq(a.asked, gd_session_batch_reply_bound(8));
+    ck_assert_uint_eq(a.s->holder->n_refs, 1); /* the allocation's only */
+    /* Single requests and smaller batches go on meanwhile. */
+    const Gpubuf__BatchReply *br = batch_open(&a, NULL, 0, ids, 7, NULL, 0);
+    ck_assert_int_eq(a.frame_rc, 0);
+    for (int i = 0; i < 7; i++)
+        ck_assert_int_eq(br->status[i], 0);
+    ck_assert_uint_eq(a.s->holder->n_refs, 8);
+    /* Room now: the same frame is handled, longest names and errors. */
+    a.room = gd_session_batch_reply_bound(8);
+    ck_assert_int_eq(mc_request(&a, &req), 1);
+    ck_assert_int_eq(a.frame_rc, 0);
+    br = batch_reply(&a, 8);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(br->status[i], i % 2 ? 0 : -ENOENT);
+    ck_assert_uint_eq(br->n_errors, 4);
+    ck_assert_uint_eq(a.s->holder->n_refs, 12);
+    /* A batch of more items than allowed is refused whatever the room. */
+    a.room = 0;
+    uint64_t many[GD_BATCH_MAX_ITEMS + 1];
+    for (size_t i = 0; i <= GD_BATCH_MAX_ITEMS; i++)
+        many[i] = x;
+    Gpubuf__BatchReleaseRequest rq = GPUBUF__BATCH_RELEASE_REQUEST__INIT;
+    rq.n_buffer_ids = GD_BATCH_MAX_ITEMS + 1;
+    rq.buffer_ids = many;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_RELEASE;
+    req.batch_release = &rq;
+    ck_assert_int_eq(mc_request(&a, &req), 1);
+    ck_assert_int_eq(last(&a)->status, -E2BIG);
+    mc_forget(&a);
+    finish(&a, NULL);
+}
+END_TEST
+
 int main(void) {
     const TTest *tests[] = {
         first_request_must_be_hello,
@@ -748,6 +830,7 @@ int main(void) {
         batch_items_fail_independently,
         oversize_and_malformed_batches_are_refused,
         batch_reply_carries_at_most_its_fd_room,
+        batch_waits_for_reply_memory,
     };
     Suite *s = suite_create("session");
     TCase *t = tcase_create("inproc");
