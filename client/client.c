@@ -134,7 +134,7 @@ static int connect_call(const char *path, gpubuf_client **ret) {
     hello.min_version = GPUBUF_PROTOCOL_VERSION;
     hello.max_version = GPUBUF_PROTOCOL_VERSION;
     hello.client_name = name;
-    hello.capabilities = GPUBUF_CAP_KEEP_MAPPED;
+    hello.capabilities = GPUBUF_CAP_KEEP_MAPPED | GPUBUF_CAP_SLAB_ONCE;
     req.body_case = GPUBUF__REQUEST__BODY_HELLO;
     req.hello = &hello;
     r = gpubuf__rpc_locked(c, &req, &resp, &rfd);

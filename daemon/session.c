@@ -116,19 +116,27 @@ static void fill_buffer(buffer_msg *m, const gd_buf *b) {
     m->buf.slab = &m->slab;
 }
 
+/* Does the client map b's slab in mode ro already, apart from the reference
+ * just taken (GPUBUF_CAP_SLAB_ONCE)? Then the reply needs no fd or handle. */
+static bool client_maps(gd_session *s, const gd_buf *b, bool ro) {
+    return (s->caps & GPUBUF_CAP_SLAB_ONCE) && gd_registry_slab_mapped(s->holder, b, ro);
+}
+
 /* Reply with a buffer. map_fd (alloc and open, which take a reference): how
- * to map it, the slab's fd or IPC handle, and the seal event. Otherwise
- * (seal, stat) no handle: nothing is handed out without a reference.
- * ro_fd >= 0: a read-only open, with the fd to send instead of the slab's. */
-static void reply_buffer_fd(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd, int ro_fd) {
+ * to map it, the slab's fd or IPC handle unless the client maps the slab
+ * already, and the seal event. Otherwise (seal, stat) no handle: nothing is
+ * handed out without a reference. ro: a read-only open, whose fd is ro_fd. */
+static void reply_buffer_mode(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd, bool ro,
+                              int ro_fd) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
-    bool ro = ro_fd >= 0;
+    bool send_map = map_fd && !client_maps(s, b, ro);
     fill_buffer(&m, b);
-    if (!map_fd) {
+    if (!send_map) {
         m.slab.ipc_handle.len = 0;
         m.slab.ipc_handle.data = NULL;
-    } else {
+    }
+    if (map_fd) {
         const uint8_t *ev = gd_registry_event(&s->ctx->reg, b);
         if (ev) {
             m.buf.event_handle.data = (uint8_t *)ev;
@@ -140,7 +148,7 @@ static void reply_buffer_fd(gd_session *s, uint64_t id, const gd_buf *b, bool ma
     m.buf.read_only = ro;
     if (map_fd)
         gd_metrics_handed(&s->ctx->metrics, s->holder, b);
-    int fd = map_fd ? (ro ? ro_fd : b->blk.slab->exp.fd) : -1;
+    int fd = send_map ? (ro ? ro_fd : b->blk.slab->exp.fd) : -1;
     resp.id = id;
     resp.fds = fd >= 0 ? 1 : 0;
     resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
@@ -149,7 +157,7 @@ static void reply_buffer_fd(gd_session *s, uint64_t id, const gd_buf *b, bool ma
 }
 
 static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd) {
-    reply_buffer_fd(s, id, b, map_fd, -1);
+    reply_buffer_mode(s, id, b, map_fd, false, -1);
 }
 
 /* Give back the reference an open took (read-only if read_only): its reply
@@ -167,8 +175,8 @@ static void open_undo(gd_session *s, const gd_buf *b, bool read_only) {
 static void reply_open(gd_session *s, uint64_t id, gd_buf *b, bool read_only) {
     gd_err err = {0};
     int fd = -1, r;
-    if (!read_only) {
-        reply_buffer(s, id, b, true);
+    if (!read_only || client_maps(s, b, true)) {
+        reply_buffer_mode(s, id, b, true, read_only, -1);
         return;
     }
     r = gd_backend_export_ro(b->pool->be, &b->blk.slab->exp, &fd, &err);
@@ -177,7 +185,7 @@ static void reply_open(gd_session *s, uint64_t id, gd_buf *b, bool read_only) {
         reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
-    reply_buffer_fd(s, id, b, true, fd);
+    reply_buffer_mode(s, id, b, true, true, fd);
 }
 
 /* A waiting open's late error reply, counted as an open's. */
@@ -268,6 +276,7 @@ static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
         s->holder->kept_cap = s->ctx->reg.quota.kept_slabs_per_client;
         hr.max_kept_slabs = s->holder->kept_cap;
     }
+    s->caps |= h->capabilities & GPUBUF_CAP_SLAB_ONCE;
     hr.capabilities = s->caps;
     hr.max_batch_items = GD_BATCH_MAX_ITEMS;
     hr.max_batch_slabs = GD_BATCH_REPLY_FDS;

@@ -28,6 +28,13 @@
  * after its last view goes (ReleaseRequest.keep_mapped) and says when it
  * unmaps it (UnmapRequest); the daemon does not free such a slab meanwhile. */
 #define GPUBUF_CAP_KEEP_MAPPED 1u
+/* SLAB_ONCE: a single alloc or open reply carries the slab's fd or IPC
+ * handle only when the connection does not map the slab in that mode
+ * already (it holds no other reference of that mode in it and keeps it not
+ * mapped); the client maps a slab while it holds a reference in it and
+ * unmaps it before sending the release of the last one (docs/protocol.md,
+ * "Slabs sent once"). */
+#define GPUBUF_CAP_SLAB_ONCE 2u
 
 typedef struct gpubuf_frame_header {
     uint32_t magic;

@@ -21,7 +21,7 @@
 #include "check_main.h"
 
 #define MIB (1024ull * 1024ull)
-#define MAX_REPLIES 16
+#define MAX_REPLIES 64
 
 /* One in-memory connection: the replies the session sent, in order. */
 typedef struct memconn {
@@ -811,6 +811,126 @@ START_TEST(batch_waits_for_reply_memory) {
 }
 END_TEST
 
+/* ---- slabs sent once (GPUBUF_CAP_SLAB_ONCE) ------------------------------ */
+
+static void hello_caps(memconn *m, uint64_t caps) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+    h.min_version = h.max_version = GPUBUF_PROTOCOL_VERSION;
+    h.capabilities = caps;
+    req.id = 1;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    ck_assert_int_eq(last(m)->status, 0);
+    ck_assert_uint_eq(last(m)->hello->capabilities, caps);
+}
+
+/* Open name (read-only if ro); the reply must succeed. Returns whether it
+ * carried the slab's fd (checked against Response.fds). */
+static bool open_fd(memconn *m, const char *name, bool ro) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__OpenRequest q = GPUBUF__OPEN_REQUEST__INIT;
+    q.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    q.name = (char *)name;
+    q.read_only = ro;
+    req.id = 12;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    const Gpubuf__Response *r = last(m);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->fds, m->fds[m->n - 1] >= 0 ? 1 : 0);
+    ck_assert(r->buffer->read_only == ro && r->buffer->slab->read_only == ro);
+    return r->fds == 1;
+}
+
+static void release_ref(memconn *m, uint64_t id, bool ro, bool keep) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__ReleaseRequest q = GPUBUF__RELEASE_REQUEST__INIT;
+    q.buffer_id = id;
+    q.read_only = ro;
+    q.keep_mapped = keep;
+    req.id = 13;
+    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    req.release = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    ck_assert_int_eq(last(m)->status, 0);
+}
+
+/* With SLAB_ONCE, an alloc or open reply carries the slab's fd only when
+ * the connection holds no other reference of the same mode in that slab
+ * and does not keep it mapped; without it, every such reply does. */
+START_TEST(slab_fd_is_sent_only_when_not_mapped) {
+    memconn a, b, old;
+    ctx_init(0);
+    mc_open(&a, 1000);
+    hello_caps(&a, GPUBUF_CAP_SLAB_ONCE | GPUBUF_CAP_KEEP_MAPPED);
+    mc_open(&b, 1000);
+    hello_caps(&b, GPUBUF_CAP_SLAB_ONCE);
+    mc_open(&old, 1000);
+    hello_caps(&old, 0);
+    /* a: the first allocation in a slab brings its fd, the second not. */
+    const Gpubuf__Response *r = alloc(&a, "x", 4096);
+    ck_assert_int_eq(r->fds, 1);
+    uint64_t x = r->buffer->buffer_id, slab = r->buffer->slab_id;
+    seal(&a, x);
+    r = alloc(&a, "y", 4096);
+    ck_assert_uint_eq(r->buffer->slab_id, slab);
+    ck_assert_int_eq(r->fds, 0);
+    ck_assert_int_eq(r->buffer->slab->ipc_handle.len, 0);
+    uint64_t y = r->buffer->buffer_id;
+    seal(&a, y);
+    /* b: first open of the slab with its fd; while it holds that, none. */
+    ck_assert(open_fd(&b, "x", false));
+    ck_assert(!open_fd(&b, "x", false));
+    ck_assert(!open_fd(&b, "y", false));
+    /* Read-only is another mapping: its own fd once. */
+    ck_assert(open_fd(&b, "y", true));
+    ck_assert(!open_fd(&b, "x", true));
+    /* All read-write references go: the next read-write open maps again,
+     * while the read-only ones still need no fd. */
+    release_ref(&b, x, false, false);
+    release_ref(&b, x, false, false);
+    release_ref(&b, y, false, false);
+    ck_assert(open_fd(&b, "y", false));
+    release_ref(&b, y, false, false);
+    release_ref(&b, y, true, false);
+    ck_assert(!open_fd(&b, "y", true));
+    release_ref(&b, x, true, false);
+    release_ref(&b, y, true, false);
+    ck_assert(open_fd(&b, "x", true));
+    release_ref(&b, x, true, false);
+    ck_assert_uint_eq(b.s->holder->n_refs, 0);
+    /* a keeps the slab mapped after its last reference: no fd then, until
+     * it says it unmapped it. */
+    release_ref(&a, x, false, false);
+    release_ref(&a, y, false, true);
+    ck_assert_uint_eq(a.s->holder->n_kept, 1);
+    ck_assert(!open_fd(&a, "x", false));
+    release_ref(&a, x, false, true);
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__UnmapRequest u = GPUBUF__UNMAP_REQUEST__INIT;
+    u.slab_id = slab;
+    req.id = 14;
+    req.body_case = GPUBUF__REQUEST__BODY_UNMAP;
+    req.unmap = &u;
+    ck_assert_int_eq(mc_request(&a, &req), 1);
+    ck_assert_int_eq(last(&a)->status, 0);
+    ck_assert(open_fd(&a, "x", false));
+    /* A client without the capability gets the fd every time. */
+    ck_assert(open_fd(&old, "x", false));
+    ck_assert(open_fd(&old, "x", false));
+    ck_assert(open_fd(&old, "y", true));
+    ck_assert(open_fd(&old, "y", true));
+    mc_forget(&a);
+    mc_forget(&b);
+    mc_forget(&old);
+    mc_free(&old);
+    finish(&a, &b);
+}
+END_TEST
+
 int main(void) {
     const TTest *tests[] = {
         first_request_must_be_hello,
@@ -831,6 +951,7 @@ int main(void) {
         oversize_and_malformed_batches_are_refused,
         batch_reply_carries_at_most_its_fd_room,
         batch_waits_for_reply_memory,
+        slab_fd_is_sent_only_when_not_mapped,
     };
     Suite *s = suite_create("session");
     TCase *t = tcase_create("inproc");
