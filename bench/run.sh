@@ -3,8 +3,12 @@
 # anchor programs and gpubuf's benchmarks in the same run, and prints one
 # table of ratios against the anchors (bench/report.py).
 #
-#   bench/run.sh [--host] [--only base|vmm|batch|...,...] [--out DIR]
+#   bench/run.sh [--host] [--only base|vmm|batch|...,...] [--out DIR] [--trace]
 #
+# --trace: the daemon and the benchmark record a timestamp at each step of
+# every request (GPUBUF_TRACE_TIMING=1, files in DIR/trace), and the report
+# ends with the median of each step of a warm open and of an alloc
+# (bench/trace_timing.py): for machines without perf or strace.
 # With a GPU (nvcc and a driver present): cuda-ipc pools, CUDA anchors
 # (ipc_bench.c), torch.multiprocessing anchor when python3 has torch.
 # With --host or without a GPU: host pools and the socket anchors only.
@@ -22,10 +26,12 @@ cd "$(dirname "$0")/.."
 mode=gpu
 out=${TMPDIR:-/tmp}/gpubuf-bench
 groups=""
-usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch[,...]] [--out DIR]" >&2; exit 2; }
+trace=0
+usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch[,...]] [--out DIR] [--trace]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --host) mode=host ;;
+    --trace) trace=1 ;;
     --out) [ $# -ge 2 ] || usage; out=$2; shift ;;
     --only) [ $# -ge 2 ] || usage; groups=$2; shift ;;
     *) usage ;;
@@ -113,6 +119,11 @@ fi
 kind=host
 [ $mode = gpu ] && kind=cuda-ipc
 
+if [ $trace = 1 ]; then
+    rm -rf "$out/trace"
+    mkdir -p "$out/trace"
+    export GPUBUF_TRACE_TIMING=1 GPUBUF_TRACE_DIR=$out/trace
+fi
 # gpubuf, on its own socket.
 sock=$out/gpubufd.sock
 rm -f "$sock"
@@ -161,6 +172,13 @@ wait $daemon || true
 trap - EXIT
 python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" "$out/python.txt" |
     tee "$out/report.md"
+if [ $trace = 1 ]; then
+    for t in open alloc; do
+        echo
+        echo "Timestamp trace, $t (bench/trace_timing.py):"
+        python3 bench/trace_timing.py --type $t "$out"/trace/gpubuf-trace-*.txt || true
+    done | tee -a "$out/report.md"
+fi
 if [ $bench_rc != 0 ]; then
     echo "bench/run.sh: gpubuf_bench failed (exit status $bench_rc): see its messages above" >&2
     exit $bench_rc

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "trace.h"
 #include "util.h"
 #include "wire.h"
 
@@ -171,6 +172,7 @@ void gpubuf__client_unref(gpubuf_client *c) {
     c->cap_events = 0;
 #endif
     gpubuf__mapping_clear(c);
+    gpubuf_trace_dump(); /* GPUBUF_TRACE_TIMING: this process's records so far */
     for (int i = 0; i < c->n_rfds; i++)
         close(c->rfds[i]);
     free(c->rbuf);
@@ -269,6 +271,8 @@ static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer 
             r = make_view(c, resp->buffer, fd, ret);
             if (r < 0) /* mapping failed: give the reference back */
                 gpubuf__send_release(c, resp->buffer->buffer_id, false, resp->buffer->read_only);
+            else
+                gpubuf_trace(c->session_id, req->id, -1, GPUBUF_TRACE_C_MAPPED, 0);
         }
         gpubuf__response__free_unpacked(resp, NULL);
     }

@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "trace.h"
+#include "util.h"
 #include "wire.h"
 
 static _Thread_local char tl_error[512];
@@ -99,6 +101,7 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
         return GPUBUF_EDISCONNECTED;
     }
     req->id = ++c->next_id;
+    uint64_t t_encode = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     plen = gpubuf__request__get_packed_size(req);
     if (plen > c->max_request) {
         gpubuf__set_error("request of %zu bytes exceeds the daemon's limit of %u", plen,
@@ -113,6 +116,10 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
     gpubuf_wire_header_encode(frame, (uint32_t)plen);
     gpubuf__request__pack(req, frame + GPUBUF_WIRE_HEADER_SIZE);
     r = gpubuf_wire_send_all(c->fd, frame, plen + GPUBUF_WIRE_HEADER_SIZE, -1);
+    if (t_encode) {
+        gpubuf_trace(c->session_id, req->id, -1, GPUBUF_TRACE_C_ENCODE, t_encode);
+        gpubuf_trace(c->session_id, req->id, -1, GPUBUF_TRACE_C_SENT, 0);
+    }
     if (frame != stackbuf)
         free(frame);
     if (r < 0) {
@@ -181,8 +188,13 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n
     while (c->rlen - c->rpos - GPUBUF_WIRE_HEADER_SIZE < h.length)
         if ((r = fill_rbuf(c, GPUBUF_WIRE_HEADER_SIZE + h.length)) < 0)
             goto broken;
+    uint64_t t_wake = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     Gpubuf__Response *resp =
         gpubuf__response__unpack(NULL, h.length, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE);
+    if (t_wake && resp) {
+        gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_WAKE, t_wake);
+        gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_DECODED, 0);
+    }
     c->rpos += GPUBUF_WIRE_HEADER_SIZE + h.length;
     if (c->rpos == c->rlen && c->rcap > (1u << 20)) {
         /* A large reply (a status) is done: give its room back. */

@@ -14,6 +14,8 @@
 
 #include "gpubuf/gpubuf.h"
 #include "log.h"
+#include "trace.h"
+#include "util.h"
 #include "wire.h"
 
 #define READ_CHUNK (64u * 1024u)
@@ -678,6 +680,9 @@ static int flush_some(gd_conn *c) {
             }
             n -= (ssize_t)left;
             DL_DELETE(c->out, o);
+            if (o->trace_request)
+                gpubuf_trace(o->trace_session, o->trace_request, o->trace_type,
+                             GPUBUF_TRACE_D_WRITTEN, 0);
             assert(c->out_frames > 0 && c->out_bytes >= o->len);
             c->out_frames--;
             c->out_bytes -= o->len;
@@ -744,6 +749,11 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     }
     gpubuf_wire_header_encode(o->data, (uint32_t)plen);
     pack(msg, o->data + GPUBUF_WIRE_HEADER_SIZE);
+    o->trace_request = 0;
+    if (gpubuf_trace_on() &&
+        gpubuf_trace_tag(&o->trace_session, &o->trace_request, &o->trace_type))
+        gpubuf_trace(o->trace_session, o->trace_request, o->trace_type, GPUBUF_TRACE_D_ENCODED,
+                     0);
     DL_APPEND(c->out, o);
     c->out_frames++;
     c->out_fds += (uint32_t)o->n_fds;
@@ -863,6 +873,7 @@ static ssize_t read_in(gd_conn *c, size_t max) {
 static void on_conn_io(uv_poll_t *h, int status, int events) {
     gd_conn *c = h->data;
     gd_server *srv = c->srv;
+    uint64_t woke = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     if (c->closing)
         return;
     if (status < 0) {
@@ -889,6 +900,8 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
         return;
     }
     ssize_t n = read_in(c, SIZE_MAX);
+    if (woke)
+        gpubuf_trace_stash(woke, gpubuf_now_ns());
     if (n == -EAGAIN)
         return;
     if (n == 0) {

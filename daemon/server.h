@@ -58,6 +58,8 @@ typedef struct gd_outbuf {
     struct gd_outbuf *next, *prev; /* utlist DL: the queue of replies */
     size_t len, off;
     int n_fds; /* fds to send with the first byte (owned dups), 0 when none */
+    uint64_t trace_session, trace_request; /* GPUBUF_TRACE_TIMING: whose reply (0: none) */
+    int trace_type;
     int *fds;  /* in the same allocation, after data */
     uint8_t data[];
 } gd_outbuf;

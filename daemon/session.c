@@ -10,6 +10,7 @@
 
 #include "gpubuf.pb-c.h"
 #include "log.h"
+#include "trace.h"
 #include "util.h"
 #include "wire.h"
 
@@ -44,7 +45,14 @@ static void pack_response(const void *msg, uint8_t *dst) {
 static void send_response(gd_session *s, const Gpubuf__Response *resp, int fd) {
     if (resp->status < 0)
         gd_metrics_error(&s->ctx->metrics, s->cur_type, resp->status);
+    bool trace = gpubuf_trace_on() && resp->id;
+    if (trace) {
+        gpubuf_trace(s->holder->id, resp->id, s->cur_type, GPUBUF_TRACE_D_HANDLED, 0);
+        gpubuf_trace_set_tag(s->holder->id, resp->id, s->cur_type);
+    }
     int r = s->io->send(s->conn, gpubuf__response__get_packed_size(resp), pack_response, resp, fd);
+    if (trace)
+        gpubuf_trace_set_tag(0, 0, -1);
     if (r == -EAGAIN && resp->status >= 0) {
         Gpubuf__Response e = GPUBUF__RESPONSE__INIT;
         e.id = resp->id;
@@ -1138,6 +1146,13 @@ int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     }
     gd_req_type type = req_type(req);
     uint64_t t0 = gpubuf_now_ns();
+    if (gpubuf_trace_on()) {
+        uint64_t woke, read;
+        gpubuf_trace_stashed(&woke, &read);
+        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_WAKE, woke);
+        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_READ, read);
+        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_DECODED, t0);
+    }
     s->cur_type = (int)type;
     switch (req->body_case) {
     case GPUBUF__REQUEST__BODY_HELLO: do_hello(s, req->id, req->hello); break;
