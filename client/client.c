@@ -540,6 +540,7 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
         free((void *)s->counters.pools);
         free((void *)s->counters.refused);
         free((void *)s->counters.disconnects);
+        free((void *)s->counters.batches);
         if (s->reserved_)
             gpubuf__response__free_unpacked(s->reserved_, NULL);
         free(s);
@@ -644,6 +645,21 @@ static int copy_counters(gpubuf_counters *o, const Gpubuf__Counters *m) {
     return 0;
 }
 
+/* The batch item counters of a status reply; type strings point into it. */
+static int copy_batches(gpubuf_counters *o, const Gpubuf__StatusReply *st) {
+    gpubuf_batch_counters *b = calloc(st->n_batches + 1, sizeof(*b));
+    if (!b)
+        return -ENOMEM;
+    for (size_t i = 0; i < st->n_batches; i++) {
+        b[i].type = st->batches[i]->type ? st->batches[i]->type : "";
+        b[i].items = st->batches[i]->items;
+        b[i].item_errors = st->batches[i]->item_errors;
+    }
+    o->batches = b;
+    o->n_batches = st->n_batches;
+    return 0;
+}
+
 static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
@@ -744,7 +760,8 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
         snprintf(o->name, sizeof(o->name), "%s", x->name ? x->name : "");
     }
     s->n_clients = st->n_clients;
-    if (st->counters && copy_counters(&s->counters, st->counters) < 0) {
+    if ((st->counters && copy_counters(&s->counters, st->counters) < 0) ||
+        copy_batches(&s->counters, st) < 0) {
         gpubuf_status_free(s); /* resp is not attached yet */
         gpubuf__response__free_unpacked(resp, NULL);
         return -ENOMEM;

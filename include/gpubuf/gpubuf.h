@@ -166,6 +166,13 @@ typedef struct gpubuf_named_counter {
     uint64_t count;
 } gpubuf_named_counter;
 
+/** Items of batch requests of one type (gpubuf_counters.batches). */
+typedef struct gpubuf_batch_counters {
+    const char *type; /**< "batch_open", "batch_release", "batch_alloc", "batch_seal", "batch_delete" */
+    uint64_t items;       /**< items handled (Counters.requests counts the requests) */
+    uint64_t item_errors; /**< of them, items that failed */
+} gpubuf_batch_counters;
+
 /** What one pool did since the daemon started (gpubuf_counters). */
 typedef struct gpubuf_pool_counters {
     const char *pool;
@@ -195,6 +202,8 @@ typedef struct gpubuf_counters {
     uint64_t slab_imports;                   /**< slabs handed to a client that did not map them */
     uint64_t connections;                    /**< connections accepted */
     uint64_t open_timeouts;                  /**< waiting opens that expired */
+    size_t n_batches;                        /**< 0 from a daemon without batches */
+    const gpubuf_batch_counters *batches;    /**< items of batch requests, by type */
 } gpubuf_counters;
 
 /** A snapshot of the daemon (gpubuf_status). Free with gpubuf_status_free(). */
