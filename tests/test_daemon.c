@@ -1208,33 +1208,59 @@ static void send_opens(int fd, int n, const char *name) {
     free(buf);
 }
 
+/* Start a daemon whose RSS a test measures. Under AddressSanitizer freed
+ * memory waits in a quarantine (256 MiB) that RSS would count: the daemon
+ * runs without one (no effect on a build without the sanitizer). */
+static void td_start_for_rss(test_daemon *d, const char *const *args);
+
+/* n connections to d that each send the frame per_hog times (as far as the
+ * socket takes it) and never read: hogs[0..n). */
+static void start_hogs(const test_daemon *d, int *hogs, int n, int per_hog, const uint8_t *frame,
+                       size_t len) {
+    for (int i = 0; i < n; i++) {
+        hogs[i] = raw_connect_to(d);
+        raw_hello(hogs[i]);
+        fcntl(hogs[i], F_SETFL, O_NONBLOCK);
+        for (int k = 0; k < per_hog; k++)
+            if (send(hogs[i], frame, len, MSG_NOSIGNAL) < 0)
+                break;
+    }
+}
+
+/* A daemon with max_reply_memory = 16M and a host pool of 4 MiB slabs,
+ * started for RSS measurements. */
+static void start_reply_budget(test_daemon *d) {
+    char conf[160];
+    snprintf(conf, sizeof(conf), "%s/replies.conf", D.dir);
+    ck_assert_int_eq(write_file(conf, "[daemon]\nmax_reply_memory = 16M\n\n[pool:host]\n"
+                                      "kind = host\ncapacity = 256M\nslab_size = 4M\n"),
+                     0);
+    const char *args[] = {"--config", conf, NULL};
+    td_start_for_rss(d, args);
+}
+
+static void td_start_for_rss(test_daemon *d, const char *const *args) {
+    const char *asan = getenv("ASAN_OPTIONS");
+    char *saved = asan ? strdup(asan) : NULL, opts[512];
+    snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0",
+             asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    td_start(d, args);
+    if (saved)
+        setenv("ASAN_OPTIONS", saved, 1);
+    else
+        unsetenv("ASAN_OPTIONS");
+    free(saved);
+}
+
 /* Many connections that each ask for a large status and never read: the
  * replies queued for all of them together stay within max_reply_memory
  * (docs/security.md, "Reply memory"); a status that does not fit is refused
  * with EAGAIN, and answered in full again once the memory is freed. */
 START_TEST(reply_memory_is_bounded_across_connections) {
     enum { BUDGET_MIB = 16, SLACK_MIB = 12, HOGS = 80, PER_HOG = 4, BUFFERS = 4000 };
-    char conf[160];
     test_daemon d2;
-    snprintf(conf, sizeof(conf), "%s/replies.conf", D.dir);
-    ck_assert_int_eq(write_file(conf, "[daemon]\nmax_reply_memory = 16M\n\n[pool:host]\n"
-                                      "kind = host\ncapacity = 256M\nslab_size = 4M\n"),
-                     0);
-    const char *args[] = {"--config", conf, NULL};
-    /* Under AddressSanitizer freed memory waits in a quarantine (256 MiB)
-     * that RSS would count: the daemon runs without one (no effect on a
-     * build without the sanitizer). */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char *saved = asan ? strdup(asan) : NULL, opts[512];
-    snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0",
-             asan ? asan : "", asan && *asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
-    td_start(&d2, args);
-    if (saved)
-        setenv("ASAN_OPTIONS", saved, 1);
-    else
-        unsetenv("ASAN_OPTIONS");
-    free(saved);
+    start_reply_budget(&d2);
     /* 4000 buffers with 240-byte names: one status reply is about 1.2 MiB. */
     gpubuf_client *c = publish_long_names_on(&d2, BUFFERS);
     int probe = raw_connect_to(&d2);
@@ -1246,14 +1272,7 @@ START_TEST(reply_memory_is_bounded_across_connections) {
     uint8_t frame[64];
     size_t n = status_frame(frame);
     int hogs[HOGS];
-    for (int i = 0; i < HOGS; i++) {
-        hogs[i] = raw_connect_to(&d2);
-        raw_hello(hogs[i]);
-        fcntl(hogs[i], F_SETFL, O_NONBLOCK);
-        for (int k = 0; k < PER_HOG; k++)
-            if (send(hogs[i], frame, n, MSG_NOSIGNAL) < 0)
-                break;
-    }
+    start_hogs(&d2, hogs, HOGS, PER_HOG, frame, n);
     /* The bystander asks after them all: it is answered (EAGAIN while the
      * memory is full), and a small request is served at once. */
     ck_assert_int_eq(gpubuf_wire_send_all(probe, frame, n, -1), 0);
@@ -1320,25 +1339,8 @@ static uint8_t *batch_open_frame(uint64_t request_id, const uint64_t *ids, int n
  * and every batch handled reaches its client with its references. */
 START_TEST(batch_reply_memory_is_bounded_across_connections) {
     enum { BUDGET_MIB = 16, SLACK_MIB = 12, HOGS = 80, PER_HOG = 4, ITEMS = 4096, BUFFERS = 64 };
-    char conf[160];
     test_daemon d2;
-    snprintf(conf, sizeof(conf), "%s/batches.conf", D.dir);
-    ck_assert_int_eq(write_file(conf, "[daemon]\nmax_reply_memory = 16M\n\n[pool:host]\n"
-                                      "kind = host\ncapacity = 256M\nslab_size = 4M\n"),
-                     0);
-    const char *args[] = {"--config", conf, NULL};
-    /* As above: no quarantine for RSS to count under AddressSanitizer. */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char *saved = asan ? strdup(asan) : NULL, opts[512];
-    snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0",
-             asan ? asan : "", asan && *asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
-    td_start(&d2, args);
-    if (saved)
-        setenv("ASAN_OPTIONS", saved, 1);
-    else
-        unsetenv("ASAN_OPTIONS");
-    free(saved);
+    start_reply_budget(&d2);
     /* 64 buffers with 240-byte names: a batch opening 4096 of them has a
      * reply of about 1 MiB. */
     gpubuf_client *c = publish_long_names_on(&d2, BUFFERS);
@@ -1356,14 +1358,7 @@ START_TEST(batch_reply_memory_is_bounded_across_connections) {
     raw_hello(probe);
     long before = td_rss_kib(d2.pid);
     int hogs[HOGS];
-    for (int i = 0; i < HOGS; i++) {
-        hogs[i] = raw_connect_to(&d2);
-        raw_hello(hogs[i]);
-        fcntl(hogs[i], F_SETFL, O_NONBLOCK);
-        for (int k = 0; k < PER_HOG; k++)
-            if (send(hogs[i], frame, n, MSG_NOSIGNAL) < 0)
-                break;
-    }
+    start_hogs(&d2, hogs, HOGS, PER_HOG, frame, n);
     /* A single request of a bystander is served meanwhile. */
     gpubuf_buffer_info info;
     ck_assert_int_eq(gpubuf_stat(c, "nothing", &info), -ENOENT);
