@@ -143,13 +143,14 @@ START_TEST(partial_failures_inside_a_batch) {
     ck_assert_int_eq(st[2], -EEXIST);
     ck_assert_int_eq(gpubuf_seal(al[0]), GPUBUF_ESTATE); /* sealed in the same request */
     /* No such pool: the whole batch is refused. */
-    ck_assert_int_eq(gpubuf_alloc_many(p, "nopool", 3, sizes, an, 0, al, st), GPUBUF_ENOPOOL);
+    gpubuf_buffer *none[3];
+    ck_assert_int_eq(gpubuf_alloc_many(p, "nopool", 3, sizes, an, 0, none, st), GPUBUF_ENOPOOL);
     /* Delete: one missing. */
     const char *dn[] = {"pc", "gone"};
     ck_assert_int_eq(gpubuf_delete_many(p, 2, dn, NULL, st), 1);
     ck_assert_int_eq(st[1], -ENOENT);
-    gpubuf_buffer *rel[] = {got[0], got[4], NULL, a, b};
-    ck_assert_int_eq(gpubuf_release_many(rel, 5, NULL), 0);
+    gpubuf_buffer *rel[] = {got[0], got[4], NULL, a, b, al[0]};
+    ck_assert_int_eq(gpubuf_release_many(rel, 6, NULL), 0);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(td_find_buffer(s, "pa")->refs, 0);
     ck_assert_uint_eq(td_find_buffer(s, "pb")->refs, 0);
