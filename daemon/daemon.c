@@ -11,6 +11,19 @@ static int conn_send(void *conn, size_t len, void (*pack)(const void *msg, uint8
     return gd_conn_send(conn, len, pack, msg, fd);
 }
 
+static int conn_send_fds(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                         const void *msg, const int *fds, int n_fds, bool bounded) {
+    return gd_conn_send_fds(conn, len, pack, msg, fds, n_fds, bounded);
+}
+
+static unsigned conn_fd_room(const void *conn) {
+    return gd_conn_fd_room(conn);
+}
+
+static bool conn_reply_room(void *conn, size_t bound) {
+    return gd_conn_reply_room(conn, bound);
+}
+
 static void conn_close(void *conn) {
     gd_conn_close(conn);
 }
@@ -28,6 +41,9 @@ static const gd_transport conn_transport = {
     .close = conn_close,
     .ready = conn_ready,
     .closing = conn_closing,
+    .send_fds = conn_send_fds,
+    .fd_room = conn_fd_room,
+    .reply_room = conn_reply_room,
 };
 
 static void *on_open(void *data, gd_conn *c, pid_t pid, uid_t uid, gid_t gid) {
@@ -35,8 +51,8 @@ static void *on_open(void *data, gd_conn *c, pid_t pid, uid_t uid, gid_t gid) {
     return gd_session_new(&d->ctx, &conn_transport, c, pid, uid, gid);
 }
 
-static void on_frame(void *user, const uint8_t *payload, size_t len) {
-    gd_session_frame(user, payload, len);
+static int on_frame(void *user, const uint8_t *payload, size_t len) {
+    return gd_session_frame(user, payload, len);
 }
 
 static void on_bad_frame(void *user, int err) {

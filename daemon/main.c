@@ -20,6 +20,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
+#include "trace.h"
 #include "pool.h"
 #include "util.h"
 #include "wire.h"
@@ -477,6 +478,7 @@ int main(int argc, char **argv) {
     if (rc == 0)
         LOG_INFO("stopped");
     gd_daemon_destroy(&g_d);
+    gpubuf_trace_dump(); /* GPUBUF_TRACE_TIMING */
     /* Every handle is closed by now; one left open is a bug. */
     if ((r = uv_loop_close(loop)) < 0)
         LOG_WARN("event loop closed with handles left: %s", uv_strerror(r));
