@@ -328,21 +328,25 @@ static int listen_socket(const gd_config *cfg) {
     }
     if ((r = ensure_dir_of(cfg->socket_path)) < 0)
         LOG_WARN("cannot create the directory of %s: %s", cfg->socket_path, strerror(-r));
-    r = gd_server_listen_path(&g_d.srv, cfg->socket_path, (mode_t)cfg->socket_mode);
+    gid_t gid = (gid_t)-1;
+    if (cfg->socket_group[0]) {
+        struct group *g = getgrnam(cfg->socket_group);
+        if (!g) {
+            LOG_ERR("cannot give %s to group %s: no such group", cfg->socket_path,
+                    cfg->socket_group);
+            return -EPERM;
+        }
+        gid = g->gr_gid;
+    }
+    r = gd_server_listen_path(&g_d.srv, cfg->socket_path, (mode_t)cfg->socket_mode, gid);
     if (r < 0) {
         LOG_ERR("cannot listen on %s: %s", cfg->socket_path,
                 r == -EADDRINUSE ? "another gpubufd is running there"
                 : r == -EEXIST   ? "a file that is not a socket is in the way"
-                                 : strerror(-r));
+                : r == -EPERM && gid != (gid_t)-1
+                    ? "cannot give the socket to its group (socket_group)"
+                    : strerror(-r));
         return r;
-    }
-    if (cfg->socket_group[0]) {
-        struct group *g = getgrnam(cfg->socket_group);
-        if (!g || chown(cfg->socket_path, (uid_t)-1, g->gr_gid) < 0) {
-            LOG_ERR("cannot give %s to group %s: %s", cfg->socket_path, cfg->socket_group,
-                    g ? strerror(errno) : "no such group");
-            return -EPERM;
-        }
     }
     LOG_INFO("listening on %s", cfg->socket_path);
     return 0;

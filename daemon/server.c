@@ -210,8 +210,9 @@ int gd_server_listen_fd(gd_server *srv, int fd) {
     return uv_poll_start(&srv->listen_poll, UV_READABLE, on_listen);
 }
 
-int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode) {
+int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode, gid_t gid) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    char tmp[sizeof(sa.sun_path)];
     int fd, r;
     if (!path || !*path || strlen(path) >= sizeof(sa.sun_path))
         return -ENAMETOOLONG;
@@ -226,19 +227,30 @@ int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode) {
     }
     close(fd);
     struct stat st;
-    if (lstat(path, &st) == 0) {
-        if (!S_ISSOCK(st.st_mode))
-            return -EEXIST; /* never remove anything but a stale socket */
+    if (lstat(path, &st) == 0 && !S_ISSOCK(st.st_mode))
+        return -EEXIST; /* never remove anything but a stale socket */
+    /* Bound, owned and listening under a name of its own first, then renamed
+     * over the path in one step: a client that finds the path can connect
+     * (no window between bind and listen, or before the group is set). */
+    int n = snprintf(tmp, sizeof(tmp), "%s.%ld", path, (long)getpid());
+    bool direct = n < 0 || (size_t)n >= sizeof(tmp);
+    if (!direct)
+        strcpy(sa.sun_path, tmp);
+    else
         unlink(path);
-    }
+    unlink(sa.sun_path);
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return -errno;
     mode_t old = umask(0177);
     r = bind(fd, (struct sockaddr *)&sa, sizeof(sa));
     umask(old);
-    if (r < 0 || chmod(path, mode) < 0 || listen(fd, 512) < 0) {
+    if (r < 0 || chmod(sa.sun_path, mode) < 0 ||
+        (gid != (gid_t)-1 && chown(sa.sun_path, (uid_t)-1, gid) < 0) || listen(fd, 512) < 0 ||
+        (!direct && rename(tmp, path) < 0)) {
         r = -errno;
+        if (r != -EADDRINUSE)
+            unlink(sa.sun_path);
         close(fd);
         return r;
     }

@@ -129,9 +129,11 @@ struct gd_server {
 /* Initialise srv on loop. limits must outlive the server. */
 int gd_server_init(gd_server *srv, uv_loop_t *loop, const gd_limits *limits,
                    const gd_server_callbacks *cb, void *data);
-/* Listen on an already bound and listening fd (systemd), or bind path. */
+/* Listen on an already bound and listening fd (systemd), or bind path with
+ * mode and (gid not (gid_t)-1) group gid: the path appears already
+ * listening (bound under a name of its own, renamed over path). */
 int gd_server_listen_fd(gd_server *srv, int fd);
-int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode);
+int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode, gid_t gid);
 /* Close every connection and the listener; the loop then runs out. */
 void gd_server_stop(gd_server *srv);
 /* After the loop ran out (or when it never ran): free what is left. */

@@ -40,7 +40,7 @@ static void setup(void) {
         gd_context_add_pool(&d.ctx, pool) < 0)
         abort();
     snprintf(sock_path, sizeof(sock_path), "/tmp/gpubuf-fuzz-%d.sock", (int)getpid());
-    if (gd_server_listen_path(&d.srv, sock_path, 0600) < 0)
+    if (gd_server_listen_path(&d.srv, sock_path, 0600, (gid_t)-1) < 0)
         abort();
 }
 
