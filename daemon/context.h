@@ -27,6 +27,12 @@ typedef struct gd_context {
     struct gd_session *sessions; /* utlist DL, kept by session.c */
     uint32_t n_sessions;
     gd_metrics metrics; /* counters since start (status) */
+    struct gd_state *state;     /* the kept state (state.c); NULL: not kept */
+    uint32_t restarts;          /* starts over a kept state, ever */
+    uint32_t restored_buffers;  /* buffers this start restored */
+    /* A successor asks for everything (gpubufd --takeover), from pid: hand
+     * it over to the socket at path and stop. Set by main(); NULL: refused. */
+    int (*takeover)(struct gd_context *ctx, pid_t pid, const char *path, gd_err *err);
 } gd_context;
 
 /* No pools, limits and quotas zero: the caller sets them (gd_config_defaults()

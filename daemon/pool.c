@@ -35,6 +35,8 @@ int gd_pool_new(const char *name, gd_backend *be, uint64_t capacity, uint64_t sl
 }
 
 static void slab_destroy(gd_pool *p, gd_slab *s) {
+    if (p->slab_hook)
+        p->slab_hook(p->slab_hook_arg, s, false);
     DL_DELETE(p->slabs, s);
     p->be->ops->slab_destroy(p->be, s->priv, &s->exp);
     p->reserved -= s->size;
@@ -70,6 +72,7 @@ static int extents_reserve(gd_slab *s, uint32_t n) {
 }
 
 static bool has_other_spare(const gd_pool *p, const gd_slab *self);
+static void take(gd_slab *s, uint32_t i, uint64_t size, uint64_t align, gd_block *ret);
 
 /* Give back an empty regular slab (the spare), if any. */
 static bool drop_spare(gd_pool *p) {
@@ -125,8 +128,93 @@ static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret,
     p->reserved += size;
     p->n_slabs++;
     p->stats.slabs_created++;
+    if (p->slab_hook)
+        p->slab_hook(p->slab_hook_arg, s, true);
     *ret = s;
     return 0;
+}
+
+int gd_pool_adopt_slab(gd_pool *p, uint64_t id, uint64_t size, bool dedicated, int fd,
+                       gd_slab **ret, gd_err *err) {
+    gd_slab *s;
+    int r;
+    if (!p->be->ops->slab_adopt)
+        return gd_err_set(err, -EOPNOTSUPP, "%s memory does not outlive the daemon",
+                          gpubuf_pool_kind_name(p->be->kind));
+    if (size == 0 || size % p->be->granularity || size > p->capacity ||
+        p->reserved > p->capacity - size)
+        return gd_err_set(err, GPUBUF_EPOOLFULL, "a slab of %llu bytes does not fit the pool",
+                          (unsigned long long)size);
+    for (s = p->slabs; s; s = s->next)
+        if (s->id == id)
+            return gd_err_set(err, -EEXIST, "slab %llu twice", (unsigned long long)id);
+    s = calloc(1, sizeof(*s));
+    if (!s || extents_reserve(s, 8) < 0) {
+        free(s);
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    }
+    r = p->be->ops->slab_adopt(p->be, fd, size, &s->priv, &s->exp, err);
+    if (r < 0) {
+        free(s->free);
+        free(s);
+        return r;
+    }
+    s->id = id;
+    if (id > *p->next_slab_id)
+        *p->next_slab_id = id;
+    s->size = size;
+    s->dedicated = dedicated;
+    s->pool = p;
+    s->free[0] = (gd_extent){0, size};
+    s->n_free = 1;
+    DL_APPEND(p->slabs, s);
+    p->reserved += size;
+    p->n_slabs++;
+    if (p->slab_hook)
+        p->slab_hook(p->slab_hook_arg, s, true);
+    *ret = s;
+    return 0;
+}
+
+int gd_pool_claim(gd_pool *p, gd_slab *s, uint64_t offset, uint64_t size, gd_block *ret,
+                  gd_err *err) {
+    if (size == 0 || offset > s->size || size > s->size - offset)
+        return gd_err_set(err, -EINVAL, "block [%llu, +%llu) outside slab %llu",
+                          (unsigned long long)offset, (unsigned long long)size,
+                          (unsigned long long)s->id);
+    for (uint32_t i = 0; i < s->n_free; i++) {
+        gd_extent e = s->free[i];
+        if (e.off > offset)
+            break;
+        if (offset - e.off <= e.len && size <= e.len - (offset - e.off)) {
+            if (extents_reserve(s, s->n_free + 1) < 0)
+                return gd_err_set(err, -ENOMEM, "out of memory");
+            /* take() carves [align_up(e.off), +size): give it the exact start. */
+            uint64_t pad = offset - e.off;
+            if (pad) {
+                memmove(&s->free[i + 1], &s->free[i], (s->n_free - i) * sizeof(*s->free));
+                s->free[i] = (gd_extent){e.off, pad};
+                s->free[i + 1] = (gd_extent){offset, e.len - pad};
+                s->n_free++;
+                i++;
+            }
+            take(s, i, size, 1, ret);
+            p->used += size;
+            p->n_blocks++;
+            return 0;
+        }
+    }
+    return gd_err_set(err, -EINVAL, "block [%llu, +%llu) of slab %llu overlaps another",
+                      (unsigned long long)offset, (unsigned long long)size,
+                      (unsigned long long)s->id);
+}
+
+void gd_pool_trim(gd_pool *p) {
+    gd_slab *s, *tmp;
+    DL_FOREACH_SAFE(p->slabs, s, tmp) {
+        if (s->blocks == 0 && s->pins == 0 && (s->dedicated || has_other_spare(p, s)))
+            slab_destroy(p, s);
+    }
 }
 
 /* Cost of placing (size, align) in extent e; UINT64_MAX when it does not fit. */

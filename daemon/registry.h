@@ -30,6 +30,7 @@ struct gd_buf {
     uint64_t owner_holder; /* holder id of the creator */
     uint64_t charged;      /* bytes charged to the owner's quotas */
     bool in_name_index;
+    bool restored;         /* came back from the saved state at a restart */
     bool has_event;        /* sealed on a stream: openers wait for event */
     uint64_t event_holder; /* the holder that recorded it (the event dies with it) */
     uint8_t event[GD_EVENT_HANDLE_SIZE];
@@ -73,8 +74,22 @@ struct gd_holder {
     uint32_t n_owned;     /* live buffers this client allocated */
     uint64_t owned_bytes;
     gd_waiter *waiters; /* this holder's pending waits */
+    /* Restored from the saved state: its client has not come back (resumed)
+     * since the restart; dropped when it does not within resume_timeout. */
+    bool detached;
+    uint64_t detached_ns; /* when the restart made it so (gpubuf_now_ns) */
     UT_hash_handle hh;
 };
+
+/* What the registry reports as it changes, so that the daemon's saved state
+ * (state.c) follows every change as it happens. Each is optional. */
+typedef struct gd_registry_hooks {
+    void (*buf)(void *arg, const gd_buf *b); /* created, or its state, event changed */
+    void (*buf_gone)(void *arg, uint64_t id);
+    void (*ref)(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t count, uint32_t ro);
+    void (*holder)(void *arg, const gd_holder *h);
+    void (*holder_gone)(void *arg, uint64_t id);
+} gd_registry_hooks;
 
 /* A pending open(). The caller embeds it and fills target and callbacks.
  * wake(): the buffer was sealed and a reference was taken for the holder.
@@ -126,6 +141,9 @@ typedef struct gd_registry {
     uint32_t n_buffers;
     uint32_t n_waiters;
     uint64_t freed_buffers; /* counters for status/metrics */
+    const gd_registry_hooks *hooks; /* NULL: none */
+    void *hooks_arg;
+    uint32_t n_detached; /* holders with detached set */
 } gd_registry;
 
 void gd_registry_init(gd_registry *r);
@@ -192,6 +210,34 @@ int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *er
 /* Unpublish by name or id: the owner's uid or root only (-EPERM). */
 int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
                        gd_err *err);
+
+/* Restore (state.c): a detached holder of a previous run, with its id. */
+gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, uid_t uid,
+                                      gid_t gid);
+/* Restore a buffer in block blk of pool (taken from the pool already), with
+ * its id, name, state and owner; charged to the owner (holder owner_holder
+ * when restored before it, and its uid). -EEXIST for a taken id or name. */
+int gd_registry_restore_buf(gd_registry *r, const gd_buf *tmpl, gd_buf **ret, gd_err *err);
+/* Restore count references (ro of them read-only) of holder h to b. */
+int gd_registry_restore_ref(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t count,
+                            uint32_t ro);
+/* The restore is complete: free the buffers nothing can reach (no
+ * reference and not named and sealed). */
+void gd_registry_restore_done(gd_registry *r);
+/* A client takes up detached holder h again, holding the references in
+ * held (n entries: buffer id, count, read-only count): h's references are
+ * cut down to those; the ids of held buffers h has no reference to are
+ * written to lost (at most n), their number returned. held is sorted by
+ * gd_held_cmp. */
+typedef struct gd_held {
+    uint64_t buffer_id;
+    uint32_t count, ro;
+} gd_held;
+size_t gd_registry_resume(gd_registry *r, gd_holder *h, const gd_held *held, size_t n,
+                          uint64_t *lost);
+/* Order of held entries (by buffer id, no id twice): gd_registry_resume()
+ * wants them sorted so. */
+int gd_held_cmp(const void *a, const void *b);
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w);
 /* Remove a waiter without calling back (timeout, reply already sent). */
