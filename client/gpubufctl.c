@@ -90,7 +90,7 @@ static char *put_u64(char *out, uint64_t v) {
 /* Buffers can number 100k: each is formatted by hand into one line buffer
  * (printf took a third of gpubufctl's time at 100k buffers). Names are at
  * most 255 bytes and escaping at most sextuples them. */
-static void put_buffer_json(const gpubuf_status_buffer *b) {
+static void put_buffer_json(const gpubuf_status_buffer *b, bool restored) {
     char line[4096], *o = line;
     o = put_u64(put_text(o, "{\"id\":"), b->id);
     o = put_json_string(put_text(o, ",\"name\":"), b->name);
@@ -101,11 +101,13 @@ static void put_buffer_json(const gpubuf_status_buffer *b) {
     o = put_u64(put_text(o, ",\"owner_uid\":"), b->owner_uid);
     o = put_u64(put_text(o, ",\"slab\":"), b->slab_id);
     o = put_u64(put_text(o, ",\"offset\":"), b->offset);
+    if (restored)
+        o = put_text(o, ",\"restored\":true");
     *o++ = '}';
     fwrite(line, 1, (size_t)(o - line), stdout);
 }
 
-static json_object *buffer_json(const gpubuf_status_buffer *b) {
+static json_object *buffer_json(const gpubuf_status_buffer *b, bool restored) {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "id", json_object_new_uint64(b->id));
     json_object_object_add(o, "name", json_object_new_string(shown(b->name)));
@@ -116,10 +118,12 @@ static json_object *buffer_json(const gpubuf_status_buffer *b) {
     json_object_object_add(o, "owner_uid", json_object_new_int64(b->owner_uid));
     json_object_object_add(o, "slab", json_object_new_uint64(b->slab_id));
     json_object_object_add(o, "offset", json_object_new_uint64(b->offset));
+    if (restored)
+        json_object_object_add(o, "restored", json_object_new_boolean(1));
     return o;
 }
 
-static json_object *client_json(const gpubuf_client_info *c) {
+static json_object *client_json(const gpubuf_client_info *c, bool detached) {
     {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "session", json_object_new_uint64(c->session_id));
@@ -132,6 +136,8 @@ static json_object *client_json(const gpubuf_client_info *c) {
         json_object_object_add(o, "kept_slabs", json_object_new_int64(c->kept_slabs));
         json_object_object_add(o, "read_only_references",
                                json_object_new_int64(c->read_only_references));
+        if (detached)
+            json_object_object_add(o, "detached", json_object_new_boolean(1));
         return o;
     }
 }
@@ -164,26 +170,30 @@ static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
         printf("\"version\":");
         emit(json_object_new_string(shown(s->version)), flags);
         printf(",\"uptime_ms\":%llu", (unsigned long long)s->uptime_ms);
+        printf(",\"restarts\":%u,\"restored_buffers\":%u", s->restarts, s->restored_buffers);
         first = false;
     }
     if (all || !strcmp(cmd, "pools"))
         EMIT_ARRAY("pools", s->n_pools, pool_json(&s->pools[i_]));
     if (all || !strcmp(cmd, "buffers")) {
         if (pretty) {
-            EMIT_ARRAY("buffers", s->n_buffers, buffer_json(&s->buffers[i_]));
+            EMIT_ARRAY("buffers", s->n_buffers,
+                       buffer_json(&s->buffers[i_],
+                                   s->buffer_restored && s->buffer_restored[i_]));
         } else {
             printf("%s\"buffers\":[", first ? "" : ",");
             first = false;
             for (size_t i = 0; i < s->n_buffers; i++) {
                 if (i)
                     putchar(',');
-                put_buffer_json(&s->buffers[i]);
+                put_buffer_json(&s->buffers[i], s->buffer_restored && s->buffer_restored[i]);
             }
             putchar(']');
         }
     }
     if (all || !strcmp(cmd, "clients"))
-        EMIT_ARRAY("clients", s->n_clients, client_json(&s->clients[i_]));
+        EMIT_ARRAY("clients", s->n_clients,
+                   client_json(&s->clients[i_], s->client_detached && s->client_detached[i_]));
     puts("}");
 }
 
@@ -207,16 +217,27 @@ static void print_pools(const gpubuf_status *s) {
     }
 }
 
+/* ", restarted N time(s), M buffer(s) restored" after a restart, else "". */
+static const char *restarted(const gpubuf_status *s) {
+    static char buf[96];
+    if (!s->restarts)
+        return "";
+    snprintf(buf, sizeof(buf), ", restarted %u time(s), %u buffer(s) restored", s->restarts,
+             s->restored_buffers);
+    return buf;
+}
+
 static void print_buffers(const gpubuf_status *s) {
     char a[32];
     printf("%-8s %-24s %-10s %11s %-10s %5s %6s\n", "ID", "NAME", "POOL", "SIZE", "STATE", "REFS",
            "SLAB");
     for (size_t i = 0; i < s->n_buffers; i++) {
         const gpubuf_status_buffer *b = &s->buffers[i];
-        printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu\n", (unsigned long long)b->id,
+        printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu%s\n", (unsigned long long)b->id,
                b->name[0] ? shown(b->name) : "(anonymous)", shown(b->pool),
                gpubuf_format_size(b->size, a, sizeof(a)), gpubuf_state_name(b->state), b->refs,
-               (unsigned long long)b->slab_id);
+               (unsigned long long)b->slab_id,
+               s->buffer_restored && s->buffer_restored[i] ? "  restored" : "");
     }
 }
 
@@ -225,8 +246,10 @@ static void print_clients(const gpubuf_status *s) {
            "READ-ONLY", "BUFFERS");
     for (size_t i = 0; i < s->n_clients; i++) {
         const gpubuf_client_info *c = &s->clients[i];
+        bool det = s->client_detached && s->client_detached[i];
         printf("%-8llu %-8d %-6u %-16s %10u %9u %8u\n", (unsigned long long)c->session_id, c->pid,
-               c->uid, shown(c->name), c->references, c->read_only_references, c->buffers_held);
+               c->uid, det ? "(not resumed)" : shown(c->name), c->references,
+               c->read_only_references, c->buffers_held);
     }
 }
 
@@ -407,6 +430,11 @@ static void print_metrics(const gpubuf_status *s) {
     printf("gpubuf_clients %zu\n", s->n_clients);
     family("gpubuf_uptime_seconds", "gauge", "Seconds since gpubufd started.");
     printf("gpubuf_uptime_seconds %.3f\n", (double)s->uptime_ms / 1000.0);
+    family("gpubuf_restarts_total", "counter",
+           "Times gpubufd restarted over the state it kept (buffers survived).");
+    printf("gpubuf_restarts_total %u\n", s->restarts);
+    family("gpubuf_restored_buffers", "gauge", "Buffers the last start of gpubufd restored.");
+    printf("gpubuf_restored_buffers %u\n", s->restored_buffers);
     if (s->counters.present)
         print_counters(&s->counters);
 }
@@ -430,6 +458,8 @@ static void apply_filters(gpubuf_status *s, const filters *f) {
             (f->name_prefix && strncmp(b->name, f->name_prefix, strlen(f->name_prefix))) ||
             (f->state && strcmp(gpubuf_state_name(b->state), f->state)))
             continue;
+        if (s->buffer_restored) /* the library's array: kept in step */
+            ((uint8_t *)s->buffer_restored)[n] = s->buffer_restored[i];
         s->buffers[n++] = *b;
     }
     s->n_buffers = n;
@@ -438,6 +468,8 @@ static void apply_filters(gpubuf_status *s, const filters *f) {
         const gpubuf_client_info *c = &s->clients[i];
         if ((f->pid >= 0 && c->pid != f->pid) || (f->uid >= 0 && (long)c->uid != f->uid))
             continue;
+        if (s->client_detached)
+            ((uint8_t *)s->client_detached)[n] = s->client_detached[i];
         s->clients[n++] = *c;
     }
     s->n_clients = n;
@@ -580,8 +612,8 @@ static int show(gpubuf_client *c, view *v, const filters *f) {
             print_rates(&v->rt, s);
         }
         if (all)
-            printf("gpubufd %s, up %llu s\n\n", shown(s->version),
-                   (unsigned long long)(s->uptime_ms / 1000));
+            printf("gpubufd %s, up %llu s%s\n\n", shown(s->version),
+                   (unsigned long long)(s->uptime_ms / 1000), restarted(s));
         if (all || !strcmp(cmd, "pools"))
             print_pools(s);
         if (all)
