@@ -224,13 +224,15 @@ static void settle_async(gpubuf_client *c, Gpubuf__Response *resp, int fd) {
     gpubuf__response__free_unpacked(resp, NULL);
 }
 
+static int after_loss(gpubuf_client *c, int r);
+
 int gpubuf__drain_locked(gpubuf_client *c) {
     while (c->pending > 0) {
         Gpubuf__Response *resp;
         int fd, r = read_reply(c, &resp, &fd);
         if (r < 0) {
-            c->pending = 0;
-            return r;
+            c->pending = 0; /* gone with the connection */
+            return after_loss(c, r);
         }
         if (resp->id == 0 && resp->status < 0) {
             /* Connection-level error (shutdown, bad frame): the stream ends. */
@@ -240,7 +242,7 @@ int gpubuf__drain_locked(gpubuf_client *c) {
             gpubuf__response__free_unpacked(resp, NULL);
             if (fd >= 0)
                 close(fd);
-            return r;
+            return after_loss(c, r);
         }
         settle_async(c, resp, fd);
     }
@@ -249,8 +251,11 @@ int gpubuf__drain_locked(gpubuf_client *c) {
 
 int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req) {
     int r = send_request(c, req);
-    if (r < 0)
-        return r;
+    if (r < 0) {
+        r = after_loss(c, r);
+        /* A release is done by the resume: it claims only live views. */
+        return r == -ECONNRESET && req->body_case == GPUBUF__REQUEST__BODY_RELEASE ? 0 : r;
+    }
     c->pending++;
     if (c->pending >= GPUBUF_MAX_PENDING)
         return gpubuf__drain_locked(c);
