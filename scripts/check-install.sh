@@ -179,6 +179,13 @@ if command -v systemd-analyze >/dev/null; then
         fail "systemd-analyze verify reported the lines above"
     fi
     echo "   gpubufd.socket, gpubufd.service, gpubuf-metrics.service, gpubuf-metrics.timer: ok"
+    # Restart survival needs the fd store: the verified unit must ask for one
+    # (and systemd-analyze verify above accepted the key).
+    store=$(sed -n 's/^FileDescriptorStoreMax=\([0-9]*\)$/\1/p' \
+        "$prefix/lib/systemd/system/gpubufd.service")
+    [ -n "$store" ] && [ "$store" -gt 0 ] ||
+        fail "gpubufd.service has no FileDescriptorStoreMax= above 0"
+    echo "   gpubufd.service: FileDescriptorStoreMax=$store"
     step "systemd-analyze security --offline=true gpubufd.service (at most $max_exposure)"
     unit=$prefix/lib/systemd/system/gpubufd.service
     SYSTEMD_LOG_LEVEL=err systemd-analyze security --offline=true --no-pager "$unit" \
