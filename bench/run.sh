@@ -3,7 +3,7 @@
 # anchor programs and gpubuf's benchmarks in the same run, and prints one
 # table of ratios against the anchors (bench/report.py).
 #
-#   bench/run.sh [--host] [--only base|vmm|base,vmm] [--out DIR]
+#   bench/run.sh [--host] [--only base|vmm|restart|base,vmm,restart] [--out DIR]
 #
 # With a GPU (nvcc and a driver present): cuda-ipc pools, CUDA anchors
 # (ipc_bench.c), torch.multiprocessing anchor when python3 has torch.
@@ -14,12 +14,15 @@
 #   vmm   cuda-vmm pools, read-only opens, stream-ordered seal and hand-over,
 #         asynchronous and device-to-device copies (GPU only), with their
 #         anchors (vmm_bench.c, torch_event_bench.py) and the socket round trip
+#   restart  recovery time of gpubufd --takeover (start to serving) for 100k
+#         buffers of a host pool (and of a cuda-vmm pool with a GPU), against a
+#         fresh start; printed on its own (bench/restart_bench.c)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=gpu
 out=${TMPDIR:-/tmp}/gpubuf-bench
 groups=""
-usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|base,vmm] [--out DIR]" >&2; exit 2; }
+usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|restart|base,vmm,restart] [--out DIR]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --host) mode=host ;;
@@ -35,10 +38,12 @@ if [ $mode = gpu ] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/de
 fi
 base=0
 vmm=0
+restart=0
 for g in ${groups//,/ }; do
     case $g in
     base) base=1 ;;
     vmm) vmm=1 ;;
+    restart) restart=1 ;;
     *) usage ;;
     esac
 done
@@ -70,6 +75,21 @@ cmake --build "$build" -j"$jobs" >"$out/build.log"
 } >"$out/machine.txt"
 
 phase "built"
+if [ $restart = 1 ]; then
+    # Recovery time: a successor taking over 100k buffers, on host pools and,
+    # with a GPU, on a cuda-vmm pool; each on its own socket.
+    : >"$out/restart.txt"
+    "$build/bench/gpubuf_restart_bench" --gpubufd "$build/daemon/gpubufd" \
+        --socket "$out/restart-host.sock" --pool "bench=host,capacity=2G" --buffers 100000 |
+        tee -a "$out/restart.txt"
+    if [ $mode = gpu ]; then
+        "$build/bench/gpubuf_restart_bench" --gpubufd "$build/daemon/gpubufd" \
+            --socket "$out/restart-vmm.sock" --pool "bench=cuda-vmm,device=0,capacity=8G" \
+            --buffers 100000 | tee -a "$out/restart.txt"
+    fi
+    phase "restart benchmark done"
+    [ $base = 0 ] && [ $vmm = 0 ] && exit 0
+fi
 # Anchors, measured in this run. The single-client echo floor is the socket
 # round trip of both groups.
 cc -O2 -o "$out/echo_floor" bench/anchors/echo_floor.c

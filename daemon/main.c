@@ -413,18 +413,43 @@ static int takeover_rpc(int sock, Gpubuf__Request *req, char *why, size_t n_why)
     return r;
 }
 
-/* Receive the batches: "name\n" per fd, fds by SCM_RIGHTS; "END\n" last. */
+/* One message of a takeover: its text and up to HANDOVER_BATCH fds. */
+static ssize_t recv_batch(int sock, char *text, size_t cap, int *fds, int *n_fds) {
+    struct iovec iov = {.iov_base = text, .iov_len = cap};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * HANDOVER_BATCH)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = sizeof(u.buf)};
+    ssize_t got;
+    *n_fds = 0;
+    do
+        got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); got >= 0 && c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k && *n_fds < HANDOVER_BATCH; i++)
+            memcpy(&fds[(*n_fds)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+    if (got < 0)
+        return -errno;
+    return (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) ? -EPROTO : got;
+}
+
+/* Receive the batches (a SOCK_SEQPACKET connection: one message each):
+ * "name\n" per fd, the fds by SCM_RIGHTS; "END\n" last. */
 static int takeover_receive(int conn) {
     for (;;) {
         char text[HANDOVER_BATCH * 64 + 8];
         int fds[HANDOVER_BATCH], n_fds = 0;
-        bool trunc = false;
         struct pollfd pfd = {.fd = conn, .events = POLLIN};
         if (poll(&pfd, 1, TAKEOVER_TIMEOUT_MS) <= 0)
             return -ETIMEDOUT;
-        ssize_t got = gpubuf_wire_recv(conn, text, sizeof(text) - 1, fds, HANDOVER_BATCH, &n_fds,
-                                       &trunc);
-        if (got <= 0 || trunc) {
+        ssize_t got = recv_batch(conn, text, sizeof(text) - 1, fds, &n_fds);
+        if (got <= 0) {
             for (int i = 0; i < n_fds; i++)
                 close(fds[i]);
             return got < 0 ? (int)got : -EPROTO;
@@ -460,7 +485,7 @@ static int takeover(const char *socket_path) {
         return r;
     }
     unlink(path);
-    lsock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    lsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
     sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
     mode_t old = umask(0177);
     r = lsock < 0 || sock < 0 || bind(lsock, (struct sockaddr *)&own, sizeof(own)) < 0 ||
@@ -586,7 +611,7 @@ static void on_handover(uv_timer_t *t) {
     uv_close((uv_handle_t *)t, NULL);
     g_handover_pending = false;
     if ((r = unix_addr(&sa, g_handover_path)) < 0 ||
-        (sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0)) < 0 ||
+        (sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0 ||
         connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
         LOG_ERR("takeover: cannot connect to %s: %s; serving on", g_handover_path,
                 strerror(errno));

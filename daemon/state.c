@@ -896,10 +896,15 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
         ctx->pools[i]->slab_hook_arg = st;
     }
     /* A fresh snapshot of what was restored, then the journal follows it. */
+    uint64_t t0 = gpubuf_now_ns();
     if (compact(st) < 0) {
         gd_state_free(st);
         return gd_err_set(err, -EIO, "cannot write the state memfd");
     }
+    LOG_INFO("saved state: a snapshot of %llu bytes written in %.1f ms%s",
+             (unsigned long long)st->slots[st->active].len,
+             (double)(gpubuf_now_ns() - t0) / 1e6,
+             fdstore ? "; kept in the service manager's fd store" : "");
     ctx->reg.hooks = &hooks;
     ctx->reg.hooks_arg = st;
     ctx->state = st;
