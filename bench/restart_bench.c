@@ -70,20 +70,32 @@ static bool logged(const char *what) {
     return found;
 }
 
-/* The restore time the successor logged ("... in T ms"), or -1. */
-static double logged_restore_ms(void) {
+/* The number the log writes after `after` on the first (or the last) line
+ * with `key` (e.g. "restart 1: restored", " in "), or -1. */
+static double logged_figure(const char *key, const char *after, bool last) {
     FILE *f = fopen(g_log, "r");
     char line[1024];
-    double ms = -1;
-    while (f && fgets(line, sizeof(line), f)) {
-        const char *p = strstr(line, "restart 1: restored");
-        const char *in = p ? strstr(p, " in ") : NULL;
-        if (in)
-            ms = strtod(in + 4, NULL);
+    double v = -1;
+    while (f && (last || v < 0) && fgets(line, sizeof(line), f)) {
+        const char *p = strstr(line, key);
+        const char *at = p ? strstr(p, after) : NULL;
+        if (at)
+            v = strtod(at + strlen(after), NULL);
     }
     if (f)
         fclose(f);
-    return ms;
+    return v;
+}
+
+static pid_t g_old, g_succ;
+
+static int fail(const char *why) {
+    fprintf(stderr, "restart_bench: %s (see %s)\n", why, g_log);
+    if (g_old > 0)
+        kill(g_old, SIGKILL);
+    if (g_succ > 0)
+        kill(g_succ, SIGKILL);
+    return 1;
 }
 
 int main(int argc, char **argv) {
@@ -124,29 +136,23 @@ int main(int argc, char **argv) {
 
     /* Anchor: a fresh start to serving. */
     double t0 = now_ms();
-    pid_t old = spawn(false);
+    pid_t old = g_old = spawn(false);
     while (serves(NULL) < 0)
-        if (now_ms() - t0 > 30000 || waitpid(old, NULL, WNOHANG) == old) {
-            fprintf(stderr, "restart_bench: gpubufd did not start (see %s)\n", g_log);
-            return 1;
-        }
+        if (now_ms() - t0 > 30000 || waitpid(old, NULL, WNOHANG) == old)
+            return fail("gpubufd did not start");
     double fresh = now_ms() - t0;
 
     /* N named buffers, sealed, no reference held. */
     gpubuf_client *c = NULL;
-    if (gpubuf_connect(g_socket, &c) < 0) {
-        fprintf(stderr, "restart_bench: %s\n", gpubuf_last_error_message());
-        return 1;
-    }
+    if (gpubuf_connect(g_socket, &c) < 0)
+        return fail(gpubuf_last_error_message());
     t0 = now_ms();
     for (long i = 0; i < n; i++) {
         char name[64];
         gpubuf_buffer *b = NULL;
         snprintf(name, sizeof(name), "r/%ld", i);
-        if (gpubuf_alloc(c, g_pool_name, (uint64_t)size, name, &b) < 0 || gpubuf_seal(b) < 0) {
-            fprintf(stderr, "restart_bench: buffer %ld: %s\n", i, gpubuf_last_error_message());
-            return 1;
-        }
+        if (gpubuf_alloc(c, g_pool_name, (uint64_t)size, name, &b) < 0 || gpubuf_seal(b) < 0)
+            return fail(gpubuf_last_error_message());
         gpubuf_release(b);
     }
     gpubuf_flush(c);
@@ -159,21 +165,17 @@ int main(int argc, char **argv) {
     char last[64];
     snprintf(last, sizeof(last), "r/%ld", n - 1);
     t0 = now_ms();
-    pid_t succ = spawn(true);
+    pid_t succ = g_succ = spawn(true);
     while (!logged("listening on the socket passed by the previous gpubufd")) {
-        if (now_ms() - t0 > 60000 || waitpid(succ, NULL, WNOHANG) == succ) {
-            fprintf(stderr, "restart_bench: the takeover did not serve (see %s)\n", g_log);
-            kill(old, SIGKILL);
-            return 1;
-        }
+        if (now_ms() - t0 > 60000 || waitpid(succ, NULL, WNOHANG) == succ)
+            return fail("the takeover did not serve");
         usleep(200);
     }
     double took = now_ms() - t0;
     waitpid(old, NULL, 0);
-    if (serves(last) != 0) {
-        fprintf(stderr, "restart_bench: %s is not served after the takeover\n", last);
-        return 1;
-    }
+    g_old = 0;
+    if (serves(last) != 0)
+        return fail("the last buffer is not served after the takeover");
     gpubuf_status *st = NULL;
     c = NULL;
     long restored = -1;
@@ -183,14 +185,21 @@ int main(int argc, char **argv) {
     gpubuf_disconnect(c);
     kill(succ, SIGTERM);
     waitpid(succ, NULL, 0);
-    if (restored != n) {
-        fprintf(stderr, "restart_bench: %ld buffers restored, %ld expected\n", restored, n);
-        return 1;
-    }
+    g_succ = 0;
+    if (restored != n)
+        return fail("not every buffer was restored");
     printf("restart_%s_buffers %ld\n", kind, n);
     printf("restart_%s_fresh_start_ms %.1f\n", kind, fresh);
     printf("restart_%s_takeover_to_serving_ms %.1f\n", kind, took);
-    printf("restart_%s_restore_logged_ms %.1f\n", kind, logged_restore_ms());
+    printf("restart_%s_restore_logged_ms %.1f\n", kind, logged_figure("restart 1: restored", " in ", false));
+    printf("restart_%s_snapshot_write_ms %.1f\n", kind,
+           logged_figure("saved state: a snapshot of", " written in ", true));
+    printf("restart_%s_snapshot_bytes %.0f\n", kind,
+           logged_figure("saved state: a snapshot of", "a snapshot of ", true));
+    printf("restart_%s_records_replayed %.0f\n", kind,
+           logged_figure("restart 1: restored", "from ", false));
+    printf("restart_%s_journal_record_us %.2f\n", kind,
+           logged_figure("journal record(s)", "record(s), ", false));
     printf("restart_%s_ratio_to_fresh %.1f\n", kind, took / fresh);
     printf("restart_%s_alloc_seal_us %.2f\n", kind, fill * 1e3 / (double)n);
     unlink(g_log);
