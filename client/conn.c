@@ -294,6 +294,12 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
     char name[64];
     int rfd, r;
     size_t n = resume ? HASH_COUNT(c->held) : 0, i = 0;
+    /* A HeldRef packs into at most 24 bytes: the claims that fit in one
+     * request of the daemon's max_request go; views beyond them lose their
+     * reference (docs/client-api.md, "Restart"). */
+    size_t fit = c->max_request > 512 ? (c->max_request - 512) / 24 : 0;
+    if (n > fit)
+        n = fit;
     snprintf(name, sizeof(name), "%s", program_invocation_short_name);
     hello.min_version = GPUBUF_PROTOCOL_VERSION;
     hello.max_version = GPUBUF_PROTOCOL_VERSION;
@@ -317,6 +323,7 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
         hello.resume_session = c->session_id;
         hello.n_held = i;
         hello.held = pheld;
+        /* Those not claimed are lost: dropped below with the daemon's list. */
     }
     req.body_case = GPUBUF__REQUEST__BODY_HELLO;
     req.hello = &hello;
@@ -345,8 +352,9 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
         /* Views of buffers the daemon no longer has for us stay mapped,
          * but hold nothing: their release is not sent. */
         gpubuf_held *h, *tmp;
+        size_t seen = 0;
         HASH_ITER(hh, c->held, h, tmp) {
-            bool lost = !hr->resumed;
+            bool lost = !hr->resumed || seen++ >= i;
             for (size_t k = 0; k < hr->n_lost && !lost; k++)
                 lost = hr->lost[k] == h->id;
             if (lost) {

@@ -1179,6 +1179,135 @@ START_TEST(test_destroy_empty_and_reinit) {
 }
 END_TEST
 
+
+/* ---- restart: restore, resume ------------------------------------------ */
+
+/* What a restore rebuilds: a detached holder with its id, a named sealed
+ * buffer charged to its owner, references; a duplicate id or name is
+ * refused; unreachable buffers go at the end. Then the holder's client
+ * resumes it claiming fewer references than it had, and one buffer it no
+ * longer holds is reported lost. */
+START_TEST(test_restore_and_resume) {
+    env e;
+    gd_buf t, *b = NULL, *anon = NULL, *x = NULL;
+    gd_block blk, blk2, blk3;
+    env_init(&e);
+    gd_holder *h = gd_registry_restore_holder(&e.reg, 7, 4242, UID_A, UID_A);
+    ck_assert_ptr_nonnull(h);
+    ck_assert(h->detached);
+    ck_assert_uint_eq(e.reg.n_detached, 1);
+    ck_assert_ptr_null(gd_registry_restore_holder(&e.reg, 7, 1, UID_A, UID_A));
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk, &tr_err), 0);
+    memset(&t, 0, sizeof(t));
+    t.id = 40;
+    t.name = (char *)"kept";
+    t.pool = e.pool;
+    t.blk = blk;
+    t.size = 4000;
+    t.state = GPUBUF_STATE_SEALED;
+    t.owner_uid = UID_A;
+    t.owner_holder = 7;
+    t.charged = blk.size;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &b, &tr_err), 0);
+    ck_assert_uint_eq(h->n_owned, 1);
+    /* Same id, or same name: refused. */
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk2, &tr_err), 0);
+    t.blk = blk2;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &x, &tr_err), -EEXIST);
+    t.id = 41;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &x, &tr_err), -EEXIST);
+    /* An anonymous sealed buffer nobody references: freed at the end. */
+    t.name = NULL;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &anon, &tr_err), 0);
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk3, &tr_err), 0);
+    t.id = 42;
+    t.blk = blk3;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &x, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_restore_ref(&e.reg, h, b, 3, 1), 0);
+    ck_assert_int_eq(gd_registry_restore_ref(&e.reg, h, x, 1, 0), 0);
+    gd_registry_restore_done(&e.reg);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, 41));
+    ck_assert_uint_eq(e.reg.n_buffers, 2);
+    ck_assert_uint_eq(b->refs, 3);
+    ck_assert_uint_eq(h->n_ro_refs, 1);
+    /* New ids continue after the restored ones. */
+    ck_assert_uint_ge(e.reg.next_buffer_id, 42);
+    ck_assert_uint_ge(e.reg.next_holder_id, 7);
+    /* The client claims 2 of "kept" (none read-only), nothing of 42, and
+     * buffer 99 it does not hold. */
+    gd_held held[] = {{40, 2, 0}, {99, 1, 0}};
+    uint64_t lost[2];
+    ck_assert_uint_eq(gd_registry_resume(&e.reg, h, held, 2, lost), 1);
+    ck_assert_uint_eq(lost[0], 99);
+    ck_assert(!h->detached);
+    ck_assert_uint_eq(e.reg.n_detached, 0);
+    ck_assert_uint_eq(gd_registry_holder_count(h, 40), 2);
+    ck_assert_uint_eq(h->n_ro_refs, 0);
+    ck_assert_uint_eq(b->refs, 2);
+    /* 42 was anonymous: its last reference went with the resume. */
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, 42));
+    ck_assert_uint_eq(h->n_refs, 2);
+    gd_registry_holder_drop(&e.reg, h);
+    ck_assert_uint_eq(b->refs, 0);
+    ck_assert_ptr_nonnull(gd_registry_find_name(&e.reg, "kept")); /* named, sealed: stays */
+    env_fini(&e);
+}
+END_TEST
+
+/* Every change reaches the hooks, in an order a replay can follow: the
+ * buffer before references to it, the holder's end first. */
+static int hook_log[64], hook_n;
+static void hk_buf(void *a, const gd_buf *b) {
+    (void)a;
+    (void)b;
+    hook_log[hook_n++ % 64] = 1;
+}
+static void hk_gone(void *a, uint64_t id) {
+    (void)a;
+    (void)id;
+    hook_log[hook_n++ % 64] = 2;
+}
+static void hk_ref(void *a, const gd_holder *h, uint64_t id, uint32_t count, uint32_t ro) {
+    (void)a;
+    (void)h;
+    (void)id;
+    (void)ro;
+    hook_log[hook_n++ % 64] = count ? 3 : 4;
+}
+static void hk_holder(void *a, const gd_holder *h) {
+    (void)a;
+    (void)h;
+    hook_log[hook_n++ % 64] = 5;
+}
+static void hk_holder_gone(void *a, uint64_t id) {
+    (void)a;
+    (void)id;
+    hook_log[hook_n++ % 64] = 6;
+}
+
+START_TEST(test_hooks_follow_changes) {
+    static const gd_registry_hooks hk = {hk_buf, hk_gone, hk_ref, hk_holder, hk_holder_gone};
+    env e;
+    gd_buf *b;
+    env_init(&e);
+    e.reg.hooks = &hk;
+    hook_n = 0;
+    gd_holder *h = holder(&e, UID_A);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 100, 0, "h", &b, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, h, b->id, &b, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, b->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h, "h", 0, &tr_err), 0);
+    gd_registry_holder_drop(&e.reg, h);
+    /* holder, alloc (buffer, ref), seal, release (ref 0), delete (buffer, gone), holder gone */
+    int want[] = {5, 1, 3, 1, 4, 1, 2, 6};
+    ck_assert_int_eq(hook_n, 8);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(hook_log[i], want[i]);
+    e.reg.hooks = NULL;
+    env_fini(&e);
+}
+END_TEST
+
 /* ---- main -------------------------------------------------------------- */
 
 static Suite *registry_suite(void) {
@@ -1216,6 +1345,8 @@ static Suite *registry_suite(void) {
     tcase_add_test(tc, test_wake_frees_waiter);
     tcase_add_test(tc, test_placement_prefers_held_slabs);
     tcase_add_test(tc, test_kept_slabs);
+    tcase_add_test(tc, test_restore_and_resume);
+    tcase_add_test(tc, test_hooks_follow_changes);
     suite_add_tcase(s, tc);
     return s;
 }
