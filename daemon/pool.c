@@ -84,6 +84,32 @@ static bool drop_spare(gd_pool *p) {
     return false;
 }
 
+/* A slab not yet backed: room for its free list. NULL when out of memory. */
+static gd_slab *slab_new(void) {
+    gd_slab *s = calloc(1, sizeof(*s));
+    if (s && extents_reserve(s, 8) < 0) {
+        free(s);
+        s = NULL;
+    }
+    return s;
+}
+
+/* The backed slab s joins p: wholly free, counted, told to the hook. */
+static gd_slab *slab_link(gd_pool *p, gd_slab *s, uint64_t id, uint64_t size, bool dedicated) {
+    s->id = id;
+    s->size = size;
+    s->dedicated = dedicated;
+    s->pool = p;
+    s->free[0] = (gd_extent){0, size};
+    s->n_free = 1;
+    DL_PREPEND(p->slabs, s);
+    p->reserved += size;
+    p->n_slabs++;
+    if (p->slab_hook)
+        p->slab_hook(p->slab_hook_arg, s, true);
+    return s;
+}
+
 static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret, gd_err *err) {
     gd_slab *s;
     int r;
@@ -107,30 +133,16 @@ static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret,
                           p->name, gpubuf_format_size(p->reserved, used, sizeof(used)),
                           gpubuf_format_size(p->capacity, cap, sizeof(cap)),
                           gpubuf_format_size(size, want, sizeof(want)));
-    s = calloc(1, sizeof(*s));
-    if (!s || extents_reserve(s, 8) < 0) {
-        free(s);
+    if (!(s = slab_new()))
         return gd_err_set(err, -ENOMEM, "out of memory");
-    }
     r = p->be->ops->slab_create(p->be, size, &s->priv, &s->exp, err);
     if (r < 0) {
         free(s->free);
         free(s);
         return r;
     }
-    s->id = ++*p->next_slab_id;
-    s->size = size;
-    s->dedicated = dedicated;
-    s->pool = p;
-    s->free[0] = (gd_extent){0, size};
-    s->n_free = 1;
-    DL_PREPEND(p->slabs, s);
-    p->reserved += size;
-    p->n_slabs++;
     p->stats.slabs_created++;
-    if (p->slab_hook)
-        p->slab_hook(p->slab_hook_arg, s, true);
-    *ret = s;
+    *ret = slab_link(p, s, ++*p->next_slab_id, size, dedicated);
     return 0;
 }
 
@@ -148,31 +160,17 @@ int gd_pool_adopt_slab(gd_pool *p, uint64_t id, uint64_t size, bool dedicated, i
     for (s = p->slabs; s; s = s->next)
         if (s->id == id)
             return gd_err_set(err, -EEXIST, "slab %llu twice", (unsigned long long)id);
-    s = calloc(1, sizeof(*s));
-    if (!s || extents_reserve(s, 8) < 0) {
-        free(s);
+    if (!(s = slab_new()))
         return gd_err_set(err, -ENOMEM, "out of memory");
-    }
     r = p->be->ops->slab_adopt(p->be, fd, size, &s->priv, &s->exp, err);
     if (r < 0) {
         free(s->free);
         free(s);
         return r;
     }
-    s->id = id;
     if (id > *p->next_slab_id)
         *p->next_slab_id = id;
-    s->size = size;
-    s->dedicated = dedicated;
-    s->pool = p;
-    s->free[0] = (gd_extent){0, size};
-    s->n_free = 1;
-    DL_APPEND(p->slabs, s);
-    p->reserved += size;
-    p->n_slabs++;
-    if (p->slab_hook)
-        p->slab_hook(p->slab_hook_arg, s, true);
-    *ret = s;
+    *ret = slab_link(p, s, id, size, dedicated);
     return 0;
 }
 

@@ -220,48 +220,52 @@ static void counters_msg(Gpubuf__StateCounters *m, const gd_context *ctx) {
     m->restarts = ctx->restarts;
 }
 
+/* A record of one message m of kind what. */
+static Gpubuf__StateRecord record(Gpubuf__StateRecord__RecCase what, void *m) {
+    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
+    rec.rec_case = what;
+    switch (what) {
+    case GPUBUF__STATE_RECORD__REC_SLAB: rec.slab = m; break;
+    case GPUBUF__STATE_RECORD__REC_BUFFER: rec.buffer = m; break;
+    case GPUBUF__STATE_RECORD__REC_SESSION: rec.session = m; break;
+    case GPUBUF__STATE_RECORD__REC_REF: rec.ref = m; break;
+    case GPUBUF__STATE_RECORD__REC_COUNTERS: rec.counters = m; break;
+    default: break;
+    }
+    return rec;
+}
+
+static void put_msg(obuf *o, Gpubuf__StateRecord__RecCase what, void *m) {
+    Gpubuf__StateRecord rec = record(what, m);
+    put_record(o, &rec);
+}
+
 /* The whole registry as records: counters, slabs, sessions, buffers, refs. */
 static void snapshot(const gd_context *ctx, obuf *o) {
-    Gpubuf__StateRecord rec;
     Gpubuf__StateCounters c;
     counters_msg(&c, ctx);
-    gpubuf__state_record__init(&rec);
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_COUNTERS;
-    rec.counters = &c;
-    put_record(o, &rec);
+    put_msg(o, GPUBUF__STATE_RECORD__REC_COUNTERS, &c);
     for (int i = 0; i < ctx->n_pools; i++)
         for (gd_slab *s = ctx->pools[i]->slabs; s; s = s->next) {
             Gpubuf__StateSlab m;
             slab_msg(&m, s);
-            gpubuf__state_record__init(&rec);
-            rec.rec_case = GPUBUF__STATE_RECORD__REC_SLAB;
-            rec.slab = &m;
-            put_record(o, &rec);
+            put_msg(o, GPUBUF__STATE_RECORD__REC_SLAB, &m);
         }
     for (const gd_holder *h = ctx->reg.holders; h; h = h->hh.next) {
         Gpubuf__StateSession m;
         holder_msg(&m, h);
-        gpubuf__state_record__init(&rec);
-        rec.rec_case = GPUBUF__STATE_RECORD__REC_SESSION;
-        rec.session = &m;
-        put_record(o, &rec);
+        put_msg(o, GPUBUF__STATE_RECORD__REC_SESSION, &m);
     }
     for (const gd_buf *b = ctx->reg.by_id; b; b = b->hh_id.next) {
         Gpubuf__StateBuffer m;
         buf_msg(&m, b);
-        gpubuf__state_record__init(&rec);
-        rec.rec_case = GPUBUF__STATE_RECORD__REC_BUFFER;
-        rec.buffer = &m;
-        put_record(o, &rec);
+        put_msg(o, GPUBUF__STATE_RECORD__REC_BUFFER, &m);
     }
     for (const gd_holder *h = ctx->reg.holders; h; h = h->hh.next)
         for (const gd_ref *r = h->refs; r; r = r->hh.next) {
             Gpubuf__StateRef m;
             ref_msg(&m, h->id, r->buffer_id, r->count, r->ro);
-            gpubuf__state_record__init(&rec);
-            rec.rec_case = GPUBUF__STATE_RECORD__REC_REF;
-            rec.ref = &m;
-            put_record(o, &rec);
+            put_msg(o, GPUBUF__STATE_RECORD__REC_REF, &m);
         }
 }
 
@@ -328,13 +332,15 @@ static void append(gd_state *st, const Gpubuf__StateRecord *rec) {
         compact(st);
 }
 
+static void append_msg(gd_state *st, Gpubuf__StateRecord__RecCase what, void *m) {
+    Gpubuf__StateRecord rec = record(what, m);
+    append(st, &rec);
+}
+
 static void hook_buf(void *arg, const gd_buf *b) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateBuffer m;
     buf_msg(&m, b);
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_BUFFER;
-    rec.buffer = &m;
-    append(arg, &rec);
+    append_msg(arg, GPUBUF__STATE_RECORD__REC_BUFFER, &m);
 }
 
 static void hook_id(gd_state *st, Gpubuf__StateRecord__RecCase what, uint64_t id) {
@@ -355,21 +361,15 @@ static void hook_buf_gone(void *arg, uint64_t id) {
 
 static void hook_ref(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t count,
                      uint32_t ro) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateRef m;
     ref_msg(&m, h->id, buffer_id, count, ro);
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_REF;
-    rec.ref = &m;
-    append(arg, &rec);
+    append_msg(arg, GPUBUF__STATE_RECORD__REC_REF, &m);
 }
 
 static void hook_holder(void *arg, const gd_holder *h) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateSession m;
     holder_msg(&m, h);
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_SESSION;
-    rec.session = &m;
-    append(arg, &rec);
+    append_msg(arg, GPUBUF__STATE_RECORD__REC_SESSION, &m);
 }
 
 static void hook_holder_gone(void *arg, uint64_t id) {
@@ -387,12 +387,9 @@ static void hook_slab(void *arg, const gd_slab *s, bool created) {
         return;
     slab_name(name, sizeof(name), s->id);
     if (created) {
-        Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
         Gpubuf__StateSlab m;
         slab_msg(&m, s);
-        rec.rec_case = GPUBUF__STATE_RECORD__REC_SLAB;
-        rec.slab = &m;
-        append(st, &rec);
+        append_msg(st, GPUBUF__STATE_RECORD__REC_SLAB, &m);
         gd_state_store_fd(st, name, s->exp.fd);
     } else {
         hook_id(st, GPUBUF__STATE_RECORD__REC_SLAB_GONE, s->id);
@@ -411,78 +408,119 @@ static const gd_registry_hooks hooks = {
 /* ---- reading ----------------------------------------------------------- */
 
 /* The saved state replayed: the last record of each id wins. */
-typedef struct r_slab {
-    uint64_t id;
-    Gpubuf__StateSlab *m;
-    UT_hash_handle hh;
-} r_slab;
-
-typedef struct r_buf {
-    uint64_t id;
-    Gpubuf__StateBuffer *m;
-    UT_hash_handle hh;
-} r_buf;
-
 typedef struct r_ref {
     uint64_t buffer;
     uint32_t count, ro;
     UT_hash_handle hh;
 } r_ref;
 
-typedef struct r_session {
+/* A slab, a buffer or a session, with its last record (a StateSlab,
+ * StateBuffer or StateSession) and, for sessions, their references. */
+typedef struct r_entry {
     uint64_t id;
-    Gpubuf__StateSession *m;
+    ProtobufCMessage *m;
     r_ref *refs;
     UT_hash_handle hh;
-} r_session;
+} r_entry;
 
 typedef struct replay {
-    r_slab *slabs;
-    r_buf *bufs;
-    r_session *sessions;
+    r_entry *slabs, *bufs, *sessions;
     Gpubuf__StateCounters counters;
     uint64_t max_buffer, max_session, max_slab;
     uint64_t records, bad;
 } replay;
 
-static void session_refs_free(r_session *s) {
+#define SLAB_OF(e) ((Gpubuf__StateSlab *)(e)->m)
+#define BUF_OF(e) ((Gpubuf__StateBuffer *)(e)->m)
+#define SESSION_OF(e) ((Gpubuf__StateSession *)(e)->m)
+
+static void entry_free(r_entry **table, r_entry *e) {
     r_ref *r, *tmp;
-    HASH_ITER(hh, s->refs, r, tmp) {
-        HASH_DEL(s->refs, r);
+    HASH_DEL(*table, e);
+    HASH_ITER(hh, e->refs, r, tmp) {
+        HASH_DEL(e->refs, r);
         free(r);
+    }
+    protobuf_c_message_free_unpacked(e->m, NULL);
+    free(e);
+}
+
+static void table_free(r_entry **table) {
+    r_entry *e, *tmp;
+    HASH_ITER(hh, *table, e, tmp) {
+        entry_free(table, e);
     }
 }
 
 static void replay_free(replay *rp) {
-    r_slab *s, *stmp;
-    r_buf *b, *btmp;
-    r_session *x, *xtmp;
-    HASH_ITER(hh, rp->slabs, s, stmp) {
-        HASH_DEL(rp->slabs, s);
-        gpubuf__state_slab__free_unpacked(s->m, NULL);
-        free(s);
-    }
-    HASH_ITER(hh, rp->bufs, b, btmp) {
-        HASH_DEL(rp->bufs, b);
-        gpubuf__state_buffer__free_unpacked(b->m, NULL);
-        free(b);
-    }
-    HASH_ITER(hh, rp->sessions, x, xtmp) {
-        HASH_DEL(rp->sessions, x);
-        session_refs_free(x);
-        gpubuf__state_session__free_unpacked(x->m, NULL);
-        free(x);
-    }
+    table_free(&rp->slabs);
+    table_free(&rp->bufs);
+    table_free(&rp->sessions);
 }
 
 static uint64_t umax(uint64_t a, uint64_t b) {
     return a > b ? a : b;
 }
 
-/* Apply one record; false when out of memory. The record's submessage
- * moves into rp (rec->... set NULL). */
+/* The record *m of id replaces the entry's (it moves into the table: *m
+ * becomes NULL). False when out of memory. */
+static bool upsert(r_entry **table, uint64_t id, uint64_t *max, void *mp) {
+    ProtobufCMessage **m = mp;
+    r_entry *e;
+    *max = umax(*max, id);
+    HASH_FIND(hh, *table, &id, sizeof(id), e);
+    if (!e) {
+        if (!(e = calloc(1, sizeof(*e))))
+            return false;
+        e->id = id;
+        HASH_ADD(hh, *table, id, sizeof(e->id), e);
+    } else {
+        protobuf_c_message_free_unpacked(e->m, NULL);
+    }
+    e->m = *m;
+    *m = NULL;
+    return true;
+}
+
+static void remove_id(r_entry **table, uint64_t id, uint64_t *max) {
+    r_entry *e;
+    if (max)
+        *max = umax(*max, id);
+    HASH_FIND(hh, *table, &id, sizeof(id), e);
+    if (e)
+        entry_free(table, e);
+}
+
+/* A session's count of references to one buffer (0: none). */
+static bool set_ref(replay *rp, const Gpubuf__StateRef *m) {
+    r_entry *x;
+    r_ref *r;
+    HASH_FIND(hh, rp->sessions, &m->session, sizeof(m->session), x);
+    if (!x) {
+        rp->bad++;
+        return true;
+    }
+    HASH_FIND(hh, x->refs, &m->buffer, sizeof(m->buffer), r);
+    if (m->count == 0) {
+        if (r) {
+            HASH_DEL(x->refs, r);
+            free(r);
+        }
+        return true;
+    }
+    if (!r) {
+        if (!(r = calloc(1, sizeof(*r))))
+            return false;
+        r->buffer = m->buffer;
+        HASH_ADD(hh, x->refs, buffer, sizeof(r->buffer), r);
+    }
+    r->count = m->count;
+    r->ro = m->read_only < m->count ? m->read_only : m->count;
+    return true;
+}
+
+/* Apply one record; false when out of memory. */
 static bool apply(replay *rp, Gpubuf__StateRecord *rec) {
-    uint64_t id;
     switch (rec->rec_case) {
     case GPUBUF__STATE_RECORD__REC_COUNTERS:
         rp->counters.next_buffer_id = rec->counters->next_buffer_id;
@@ -490,120 +528,23 @@ static bool apply(replay *rp, Gpubuf__StateRecord *rec) {
         rp->counters.next_slab_id = rec->counters->next_slab_id;
         rp->counters.restarts = rec->counters->restarts;
         return true;
-    case GPUBUF__STATE_RECORD__REC_SLAB: {
-        r_slab *s;
-        id = rec->slab->id;
-        rp->max_slab = umax(rp->max_slab, id);
-        HASH_FIND(hh, rp->slabs, &id, sizeof(id), s);
-        if (!s) {
-            if (!(s = calloc(1, sizeof(*s))))
-                return false;
-            s->id = id;
-            HASH_ADD(hh, rp->slabs, id, sizeof(s->id), s);
-        } else {
-            gpubuf__state_slab__free_unpacked(s->m, NULL);
-        }
-        s->m = rec->slab;
-        rec->slab = NULL;
+    case GPUBUF__STATE_RECORD__REC_SLAB:
+        return upsert(&rp->slabs, rec->slab->id, &rp->max_slab, &rec->slab);
+    case GPUBUF__STATE_RECORD__REC_SLAB_GONE:
+        remove_id(&rp->slabs, rec->slab_gone, &rp->max_slab);
         return true;
-    }
-    case GPUBUF__STATE_RECORD__REC_SLAB_GONE: {
-        r_slab *s;
-        id = rec->slab_gone;
-        rp->max_slab = umax(rp->max_slab, id);
-        HASH_FIND(hh, rp->slabs, &id, sizeof(id), s);
-        if (s) {
-            HASH_DEL(rp->slabs, s);
-            gpubuf__state_slab__free_unpacked(s->m, NULL);
-            free(s);
-        }
+    case GPUBUF__STATE_RECORD__REC_BUFFER:
+        return upsert(&rp->bufs, rec->buffer->id, &rp->max_buffer, &rec->buffer);
+    case GPUBUF__STATE_RECORD__REC_BUFFER_GONE:
+        remove_id(&rp->bufs, rec->buffer_gone, &rp->max_buffer);
         return true;
-    }
-    case GPUBUF__STATE_RECORD__REC_BUFFER: {
-        r_buf *b;
-        id = rec->buffer->id;
-        rp->max_buffer = umax(rp->max_buffer, id);
-        HASH_FIND(hh, rp->bufs, &id, sizeof(id), b);
-        if (!b) {
-            if (!(b = calloc(1, sizeof(*b))))
-                return false;
-            b->id = id;
-            HASH_ADD(hh, rp->bufs, id, sizeof(b->id), b);
-        } else {
-            gpubuf__state_buffer__free_unpacked(b->m, NULL);
-        }
-        b->m = rec->buffer;
-        rec->buffer = NULL;
+    case GPUBUF__STATE_RECORD__REC_SESSION:
+        return upsert(&rp->sessions, rec->session->id, &rp->max_session, &rec->session);
+    case GPUBUF__STATE_RECORD__REC_SESSION_GONE:
+        remove_id(&rp->sessions, rec->session_gone, &rp->max_session);
         return true;
-    }
-    case GPUBUF__STATE_RECORD__REC_BUFFER_GONE: {
-        r_buf *b;
-        id = rec->buffer_gone;
-        HASH_FIND(hh, rp->bufs, &id, sizeof(id), b);
-        if (b) {
-            HASH_DEL(rp->bufs, b);
-            gpubuf__state_buffer__free_unpacked(b->m, NULL);
-            free(b);
-        }
-        return true;
-    }
-    case GPUBUF__STATE_RECORD__REC_SESSION: {
-        r_session *x;
-        id = rec->session->id;
-        rp->max_session = umax(rp->max_session, id);
-        HASH_FIND(hh, rp->sessions, &id, sizeof(id), x);
-        if (!x) {
-            if (!(x = calloc(1, sizeof(*x))))
-                return false;
-            x->id = id;
-            HASH_ADD(hh, rp->sessions, id, sizeof(x->id), x);
-        } else {
-            gpubuf__state_session__free_unpacked(x->m, NULL);
-        }
-        x->m = rec->session;
-        rec->session = NULL;
-        return true;
-    }
-    case GPUBUF__STATE_RECORD__REC_SESSION_GONE: {
-        r_session *x;
-        id = rec->session_gone;
-        rp->max_session = umax(rp->max_session, id);
-        HASH_FIND(hh, rp->sessions, &id, sizeof(id), x);
-        if (x) {
-            HASH_DEL(rp->sessions, x);
-            session_refs_free(x);
-            gpubuf__state_session__free_unpacked(x->m, NULL);
-            free(x);
-        }
-        return true;
-    }
-    case GPUBUF__STATE_RECORD__REC_REF: {
-        r_session *x;
-        r_ref *r;
-        const Gpubuf__StateRef *m = rec->ref;
-        HASH_FIND(hh, rp->sessions, &m->session, sizeof(m->session), x);
-        if (!x) {
-            rp->bad++;
-            return true;
-        }
-        HASH_FIND(hh, x->refs, &m->buffer, sizeof(m->buffer), r);
-        if (m->count == 0) {
-            if (r) {
-                HASH_DEL(x->refs, r);
-                free(r);
-            }
-            return true;
-        }
-        if (!r) {
-            if (!(r = calloc(1, sizeof(*r))))
-                return false;
-            r->buffer = m->buffer;
-            HASH_ADD(hh, x->refs, buffer, sizeof(r->buffer), r);
-        }
-        r->count = m->count;
-        r->ro = m->read_only < m->count ? m->read_only : m->count;
-        return true;
-    }
+    case GPUBUF__STATE_RECORD__REC_REF:
+        return set_ref(rp, rec->ref);
     default:
         rp->bad++;
         return true;
@@ -667,25 +608,26 @@ static gd_kept_fd *kept_find(gd_kept_fd *kept, size_t n, const char *name) {
 }
 
 static void restore_slabs(gd_state *st, replay *rp, gd_kept_fd *kept, size_t n, restore_log *lg) {
-    r_slab *s, *tmp;
-    HASH_ITER(hh, rp->slabs, s, tmp) {
+    r_entry *e, *tmp;
+    HASH_ITER(hh, rp->slabs, e, tmp) {
+        const Gpubuf__StateSlab *s = SLAB_OF(e);
         char name[64];
         gd_err err = {0};
         gd_slab *slab;
         slab_name(name, sizeof(name), s->id);
         gd_kept_fd *k = kept_find(kept, n, name);
-        gd_pool *pool = gd_context_find_pool(st->ctx, s->m->pool);
+        gd_pool *pool = gd_context_find_pool(st->ctx, s->pool);
         int r = -ENOENT;
         if (!k)
             gd_err_set(&err, -ENOENT, "its fd was not kept");
         else if (!pool)
-            gd_err_set(&err, -ENOENT, "no pool '%s' configured now", s->m->pool);
-        else if ((r = gd_pool_adopt_slab(pool, s->id, s->m->size, s->m->dedicated, k->fd, &slab,
+            gd_err_set(&err, -ENOENT, "no pool '%s' configured now", s->pool);
+        else if ((r = gd_pool_adopt_slab(pool, s->id, s->size, s->dedicated, k->fd, &slab,
                                          &err)) == 0)
             k->fd = -1; /* the pool's now */
         if (r < 0) {
             LOG_WARN_LIMITED("restore: dropped slab %llu of pool '%s' (%llu bytes): %s",
-                     (unsigned long long)s->id, s->m->pool, (unsigned long long)s->m->size,
+                     (unsigned long long)s->id, s->pool, (unsigned long long)s->size,
                      err.msg);
             lg->slabs_dropped++;
         } else {
@@ -704,9 +646,9 @@ static gd_slab *find_slab(gd_context *ctx, uint64_t id) {
 
 static void restore_bufs(gd_state *st, replay *rp, restore_log *lg) {
     gd_context *ctx = st->ctx;
-    r_buf *rb, *tmp;
+    r_entry *rb, *tmp;
     HASH_ITER(hh, rp->bufs, rb, tmp) {
-        const Gpubuf__StateBuffer *m = rb->m;
+        const Gpubuf__StateBuffer *m = BUF_OF(rb);
         gd_err err = {0};
         gd_buf t, *b;
         memset(&t, 0, sizeof(t));
@@ -759,11 +701,12 @@ static void restore(gd_state *st, replay *rp, gd_kept_fd *kept, size_t n) {
     uint64_t t0 = gpubuf_now_ns();
     restore_slabs(st, rp, kept, n, &lg);
     /* Holders first (owners get charged), their references after the buffers. */
-    r_session *x, *xtmp;
+    r_entry *x, *xtmp;
     HASH_ITER(hh, rp->sessions, x, xtmp) {
+        const Gpubuf__StateSession *m = SESSION_OF(x);
         if (x->refs)
-            gd_registry_restore_holder(&ctx->reg, x->id, (pid_t)x->m->pid, (uid_t)x->m->uid,
-                                       (gid_t)x->m->gid);
+            gd_registry_restore_holder(&ctx->reg, x->id, (pid_t)m->pid, (uid_t)m->uid,
+                                       (gid_t)m->gid);
     }
     restore_bufs(st, rp, &lg);
     HASH_ITER(hh, rp->sessions, x, xtmp) {

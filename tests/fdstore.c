@@ -198,6 +198,18 @@ int fsd_fd(const fake_sd *m, const char *name) {
     return i >= 0 ? m->fds[i] : -1;
 }
 
+void fsd_delete_last(fake_sd *m, const char *name, const char *pool) {
+    gpubuf_client *c = td_connect(&m->d);
+    ck_assert_int_eq(gpubuf_delete(c, name), 0);
+    gpubuf_disconnect(c);
+    gpubuf_status *s = td_status(&m->d);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(td_find_pool(s, pool)->used, 0);
+    gpubuf_status_free(s);
+    fsd_wait(m, "FDSTOREREMOVE=1", 2000);
+    ck_assert_int_eq(fsd_count(m, "slab-"), 0);
+}
+
 void fsd_cleanup(fake_sd *m) {
     if (m->d.pid > 0)
         fsd_kill(m, SIGKILL);
@@ -209,4 +221,53 @@ void fsd_cleanup(fake_sd *m) {
     unlink(m->notify);
     unlink(m->d.socket);
     rmdir(m->d.dir);
+}
+
+static int read_loop(const test_daemon *d, void *arg) {
+    reader *k = arg;
+    gpubuf_client *c = NULL;
+    gpubuf_buffer *b = NULL;
+    long passes = 0, resets = 0;
+    close(k->ready[0]);
+    close(k->stop[1]);
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, k->name, 10000, &b) < 0 ||
+        write(k->ready[1], "r", 1) != 1)
+        return 2;
+    for (;;) {
+        struct pollfd pf = {.fd = k->stop[0], .events = POLLIN};
+        if (poll(&pf, 1, 0) > 0)
+            break;
+        if (k->verify(b, k->arg) != 0)
+            return 1;
+        passes++;
+        gpubuf_buffer_info info;
+        int r = gpubuf_stat(c, k->name, &info);
+        if (r == -ECONNRESET)
+            resets++;
+        else if (r < 0 || info.refs < 1) {
+            fprintf(stderr, "reader: stat: %s (%s)\n", gpubuf_strerror(r),
+                    gpubuf_last_error_message());
+            return 3;
+        }
+    }
+    fprintf(stderr, "reader: %ld passes, %ld reconnects seen\n", passes, resets);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
+    return passes > 0 ? 0 : 4;
+}
+
+void reader_start(reader *k, const test_daemon *d) {
+    char x;
+    ck_assert_int_eq(pipe2(k->ready, O_CLOEXEC), 0);
+    ck_assert_int_eq(pipe2(k->stop, O_CLOEXEC), 0);
+    k->pid = td_spawn(read_loop, d, k);
+    close(k->ready[1]);
+    close(k->stop[0]);
+    ck_assert_int_eq(read(k->ready[0], &x, 1), 1);
+    close(k->ready[0]);
+}
+
+int reader_stop(reader *k) {
+    close(k->stop[1]);
+    return td_wait(k->pid);
 }

@@ -38,7 +38,28 @@ int fsd_kill(fake_sd *m, int sig);
 int fsd_count(const fake_sd *m, const char *prefix);
 /* The stored fd named name, or -1. */
 int fsd_fd(const fake_sd *m, const char *name);
+/* Delete buffer `name` (the last in the daemon): no buffer and no bytes in
+ * `pool` are left, and the store lets its slab go. */
+void fsd_delete_last(fake_sd *m, const char *name, const char *pool);
 /* Stop the daemon if it runs, close the store, remove the directory. */
 void fsd_cleanup(fake_sd *m);
+
+/* A reader for restart tests: a child process that opens `name`, checks
+ * its contents with verify() over and over and stats it (which reconnects
+ * after a restart), until reader_stop(). */
+typedef struct reader {
+    int ready[2], stop[2];
+    pid_t pid;
+    const char *name;
+    /* 0 when b's contents are right. */
+    int (*verify)(const gpubuf_buffer *b, void *arg);
+    void *arg;
+} reader;
+
+/* Start it and wait until it holds its view (aborts the test on failure). */
+void reader_start(reader *k, const test_daemon *d);
+/* Stop it: its exit code (0: every pass matched; 1: a mismatch; 2: the
+ * open failed; 3: a request failed other than with -ECONNRESET; 4: no pass). */
+int reader_stop(reader *k);
 
 #endif

@@ -5,7 +5,6 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -451,56 +450,26 @@ END_TEST
 #define RESTART_SIZE (256 * MiB)
 #define RESTART_SEED 11u
 
-typedef struct vmm_reader {
-    int ready[2], stop[2];
-} vmm_reader;
-
-/* Open "vr", then verify it on the GPU over and over (and stat it, which
- * reconnects after a restart) until stop is readable. Exit 0: every pass
- * matched. */
-static int vmm_read_loop(const test_daemon *d, void *arg) {
-    vmm_reader *k = arg;
-    gpubuf_client *c = NULL;
-    gpubuf_buffer *b = NULL;
-    long passes = 0, resets = 0;
-    close(k->ready[0]);
-    close(k->stop[1]);
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, "vr", 10000, &b) < 0)
-        return 2;
-    if (gpubuf_buffer_pool_kind(b) != GPUBUF_POOL_CUDA_VMM || write(k->ready[1], "r", 1) != 1)
-        return 2;
-    for (;;) {
-        struct pollfd pf = {.fd = k->stop[0], .events = POLLIN};
-        if (poll(&pf, 1, 0) > 0)
-            break;
-        uint64_t bad = 1;
-        if (gpubuf_pattern_verify_device(0, gpubuf_buffer_device_ptr(b), RESTART_SIZE,
-                                         RESTART_SEED, &bad) < 0 || bad)
-            return 1;
-        passes++;
-        gpubuf_buffer_info info;
-        int r = gpubuf_stat(c, "vr", &info);
-        if (r == -ECONNRESET)
-            resets++;
-        else if (r < 0 || info.refs < 1)
-            return 3;
-    }
-    printf("vmm reader: %ld passes on the GPU, %ld reconnects seen\n", passes, resets);
-    fflush(stdout);
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
-    return passes > 0 ? 0 : 4;
+/* The reader's check: every word on the GPU. */
+static int verify_on_gpu(const gpubuf_buffer *b, void *arg) {
+    uint64_t bad = 1;
+    (void)arg;
+    if (gpubuf_buffer_pool_kind(b) != GPUBUF_POOL_CUDA_VMM ||
+        gpubuf_pattern_verify_device(0, gpubuf_buffer_device_ptr(b), RESTART_SIZE, RESTART_SEED,
+                                     &bad) < 0)
+        return -1;
+    return bad != 0;
 }
 
 /* The reader's session back with its reference, the daemon's books right. */
-static void vmm_check_resumed(const test_daemon *d, pid_t reader, uint32_t restarts) {
+static void vmm_check_resumed(const test_daemon *d, pid_t reader_pid, uint32_t restarts) {
     bool ok = false;
     for (int t = 0; t < 20000 && !ok; t += 20) {
         gpubuf_status *s = td_status(d);
         const gpubuf_status_buffer *b = td_find_buffer(s, "vr");
         bool det = false, found = false;
         for (size_t i = 0; i < s->n_clients; i++)
-            if (s->clients[i].pid == reader) {
+            if (s->clients[i].pid == reader_pid) {
                 found = s->clients[i].references == 1;
                 det = s->client_detached && s->client_detached[i];
             }
@@ -530,7 +499,7 @@ START_TEST(vmm_restart_keeps_buffer) {
                                        "--pool", "ipc=cuda-ipc,device=0,capacity=4G,slab=64M",
                                        NULL};
     fake_sd m;
-    vmm_reader k;
+    reader k = {.name = "vr", .verify = verify_on_gpu};
     char seed[16];
     fsd_init(&m);
     fsd_start(&m, args);
@@ -546,37 +515,21 @@ START_TEST(vmm_restart_keeps_buffer) {
     for (int t = 0; t < 100 && fsd_count(&m, "slab-") < 1; t++)
         fsd_wait(&m, NULL, 20);
     ck_assert_int_eq(fsd_count(&m, "slab-"), 1); /* the vmm slab; cuda-ipc has no fd */
-    ck_assert_int_eq(pipe2(k.ready, O_CLOEXEC), 0);
-    ck_assert_int_eq(pipe2(k.stop, O_CLOEXEC), 0);
-    pid_t reader = td_spawn(vmm_read_loop, &m.d, &k);
-    char x;
-    close(k.ready[1]);
-    close(k.stop[0]);
-    ck_assert_int_eq(read(k.ready[0], &x, 1), 1);
-    close(k.ready[0]);
+    reader_start(&k, &m.d);
     int fds_before = td_count_fds(m.d.pid);
 
     ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
     fsd_start(&m, args);
-    vmm_check_resumed(&m.d, reader, 1);
+    vmm_check_resumed(&m.d, k.pid, 1);
     ck_assert_int_eq(fsd_kill(&m, SIGTERM), 0);
     fsd_start(&m, args);
-    vmm_check_resumed(&m.d, reader, 2);
+    vmm_check_resumed(&m.d, k.pid, 2);
 
-    close(k.stop[1]);
-    ck_assert_int_eq(td_wait(reader), 0);
+    ck_assert_int_eq(reader_stop(&k), 0);
     ck_assert(td_wait_refs(&m.d, "vr", 0, 5000));
     ck_assert_int_eq(td_run(cons), 0);
     ck_assert_int_le(td_count_fds(m.d.pid), fds_before + 1);
-    gpubuf_client *c = td_connect(&m.d);
-    ck_assert_int_eq(gpubuf_delete(c, "vr"), 0);
-    gpubuf_disconnect(c);
-    gpubuf_status *s = td_status(&m.d);
-    ck_assert_uint_eq(s->n_buffers, 0);
-    ck_assert_uint_eq(td_find_pool(s, "vmm")->used, 0);
-    gpubuf_status_free(s);
-    fsd_wait(&m, "FDSTOREREMOVE=1", 2000);
-    ck_assert_int_eq(fsd_count(&m, "slab-"), 0);
+    fsd_delete_last(&m, "vr", "vmm");
     ck_assert_int_eq(fsd_kill(&m, SIGTERM), 0);
     fsd_cleanup(&m);
 }

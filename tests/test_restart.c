@@ -7,7 +7,6 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,63 +34,16 @@ static void produce(const test_daemon *d, const char *name, uint64_t size, uint3
     gpubuf_disconnect(c);
 }
 
-/* The consumer: open "big", say so on ready, then verify its contents
- * over and over (and stat it, which reconnects after a restart) until
- * stop is readable. Exit 0: every pass matched; 1: a mismatch; 2: the open
- * failed; 3: a request failed other than with -ECONNRESET; 4: no pass. */
-typedef struct consumer {
-    int ready[2], stop[2];
-    pid_t pid;
-} consumer;
-
-static int consume(const test_daemon *d, void *arg) {
-    consumer *k = arg;
-    gpubuf_client *c = NULL;
-    gpubuf_buffer *b = NULL;
-    long passes = 0, resets = 0;
-    close(k->ready[0]);
-    close(k->stop[1]);
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, "big", 5000, &b) < 0)
-        return 2;
-    const void *p = gpubuf_buffer_host_ptr(b);
-    if (write(k->ready[1], "r", 1) != 1)
-        return 2;
-    for (;;) {
-        struct pollfd pf = {.fd = k->stop[0], .events = POLLIN};
-        if (poll(&pf, 1, 0) > 0)
-            break;
-        if (td_mismatches(p, BIG, SEED) != 0)
-            return 1;
-        passes++;
-        gpubuf_buffer_info info;
-        int r = gpubuf_stat(c, "big", &info);
-        if (r == -ECONNRESET)
-            resets++;
-        else if (r < 0 || info.refs < 1) {
-            fprintf(stderr, "consumer: stat: %s (%s)\n", gpubuf_strerror(r), gpubuf_last_error_message());
-            return 3;
-        }
-    }
-    fprintf(stderr, "consumer: %ld passes, %ld reconnects seen\n", passes, resets);
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
-    return passes > 0 ? 0 : 4;
+static int verify_big(const gpubuf_buffer *b, void *arg) {
+    (void)arg;
+    return td_mismatches(gpubuf_buffer_host_ptr(b), BIG, SEED) != 0;
 }
 
-static void consumer_start(consumer *k, const test_daemon *d) {
-    char x;
-    ck_assert_int_eq(pipe2(k->ready, O_CLOEXEC), 0);
-    ck_assert_int_eq(pipe2(k->stop, O_CLOEXEC), 0);
-    k->pid = td_spawn(consume, d, k);
-    close(k->ready[1]);
-    close(k->stop[0]);
-    ck_assert_int_eq(read(k->ready[0], &x, 1), 1);
-    close(k->ready[0]);
-}
-
-static int consumer_stop(consumer *k) {
-    close(k->stop[1]);
-    return td_wait(k->pid);
+static void consumer_start(reader *k, const test_daemon *d) {
+    memset(k, 0, sizeof(*k));
+    k->name = "big";
+    k->verify = verify_big;
+    reader_start(k, d);
 }
 
 /* The client with this pid in a status, or NULL. */
@@ -148,7 +100,7 @@ static void check_contents(const test_daemon *d) {
 
 START_TEST(sigkill_and_sigterm_keep_the_buffer) {
     fake_sd m;
-    consumer k;
+    reader k;
     fsd_init(&m);
     fsd_start(&m, k_pool);
     produce(&m.d, "big", BIG, SEED);
@@ -171,7 +123,7 @@ START_TEST(sigkill_and_sigterm_keep_the_buffer) {
     check_resumed(&m.d, k.pid, 2);
     ck_assert_int_eq(fsd_count(&m, "slab-"), 1);
 
-    ck_assert_int_eq(consumer_stop(&k), 0);
+    ck_assert_int_eq(reader_stop(&k), 0);
     ck_assert(td_wait_refs(&m.d, "big", 0, 5000));
     /* No fd more than before the restarts (the consumer's connection gone,
      * a status connection may still be closing): every kept fd has one
@@ -179,15 +131,7 @@ START_TEST(sigkill_and_sigterm_keep_the_buffer) {
     ck_assert_int_le(td_count_fds(m.d.pid), fds_before + 1);
     check_contents(&m.d);
     /* Deleted, its memory goes, and the store lets the slab go too. */
-    gpubuf_client *c = td_connect(&m.d);
-    ck_assert_int_eq(gpubuf_delete(c, "big"), 0);
-    gpubuf_disconnect(c);
-    gpubuf_status *s = td_status(&m.d);
-    ck_assert_uint_eq(s->n_buffers, 0);
-    ck_assert_uint_eq(td_find_pool(s, "host")->used, 0);
-    gpubuf_status_free(s);
-    fsd_wait(&m, "FDSTOREREMOVE=1", 2000);
-    ck_assert_int_eq(fsd_count(&m, "slab-"), 0);
+    fsd_delete_last(&m, "big", "host");
     fsd_cleanup(&m);
 }
 END_TEST
@@ -276,7 +220,7 @@ END_TEST
  * session carries on in the successor. */
 START_TEST(takeover_keeps_the_buffer) {
     test_daemon d;
-    consumer k;
+    reader k;
     td_start(&d, k_pool);
     produce(&d, "big", BIG, SEED);
     consumer_start(&k, &d);
@@ -294,7 +238,7 @@ START_TEST(takeover_keeps_the_buffer) {
     ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
     d.pid = succ;
     check_resumed(&d, k.pid, 1);
-    ck_assert_int_eq(consumer_stop(&k), 0);
+    ck_assert_int_eq(reader_stop(&k), 0);
     ck_assert(td_wait_refs(&d, "big", 0, 5000));
     check_contents(&d);
     /* A second takeover by a process of the same uid works as well; an
