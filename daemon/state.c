@@ -841,8 +841,6 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
             LOG_NOTICE("pool '%s' is cuda-ipc: its memory dies with gpubufd, a restart frees "
                        "every buffer in it (cuda-vmm pools survive restarts)",
                        ctx->pools[i]->name);
-        ctx->pools[i]->slab_hook = hook_slab;
-        ctx->pools[i]->slab_hook_arg = st;
     }
     /* A fresh snapshot of what was restored, then the journal follows it. */
     uint64_t t0 = gpubuf_now_ns();
@@ -854,7 +852,12 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
              (unsigned long long)st->slots[st->active].len,
              (double)(gpubuf_now_ns() - t0) / 1e6,
              fdstore ? "; kept in the service manager's fd store" : "");
-    ctx->reg.hooks = getenv("WT14_NOHOOK") ? NULL : &hooks;
+    /* From now on every change is journalled. */
+    for (int i = 0; i < ctx->n_pools; i++) {
+        ctx->pools[i]->slab_hook = hook_slab;
+        ctx->pools[i]->slab_hook_arg = st;
+    }
+    ctx->reg.hooks = &hooks;
     ctx->reg.hooks_arg = st;
     ctx->state = st;
     gd_state_store_fd(st, "state-0", st->slots[0].fd);
