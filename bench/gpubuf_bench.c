@@ -73,6 +73,26 @@ static gpubuf_client *conn(void) {
     return c;
 }
 
+/* Names are per pool: the phases on --pool open their buffers by plain
+ * names, which the daemon looks up in its default (first) pool; the other
+ * pools' phases use /POOL/NAME. 0, or -1 with a message. */
+static int check_default_pool(void) {
+    gpubuf_client *c = conn();
+    gpubuf_status *s;
+    CHECK(gpubuf_status_get(c, &s));
+    int r = 0;
+    if (s->default_pool[0] && strcmp(s->default_pool, g_pool) != 0) {
+        fprintf(stderr,
+                "bench: --pool %s is not the daemon's default pool '%s': give that pool first "
+                "to gpubufd, or --pool %s\n",
+                g_pool, s->default_pool, s->default_pool);
+        r = -1;
+    }
+    gpubuf_status_free(s);
+    gpubuf_disconnect(c);
+    return r;
+}
+
 static int run_child(void (*fn)(void)) {
     double t0 = now_us();
     fflush(NULL);
@@ -152,10 +172,10 @@ static void latency(void) {
  * pool has 2 MiB slabs and every buffer fills one. */
 static void cold_setup(void) {
     gpubuf_client *c = conn();
-    char name[64];
+    char name[GPUBUF_NAME_MAX + 1];
     for (int i = 0; i < 220; i++) {
         gpubuf_buffer *b;
-        snprintf(name, sizeof(name), "cold/%d", i);
+        snprintf(name, sizeof(name), "/%s/cold/%d", g_cold_pool, i);
         CHECK(gpubuf_alloc(c, g_cold_pool, 2 << 20, name, &b));
         CHECK(gpubuf_seal(b));
         gpubuf_release(b);
@@ -167,9 +187,9 @@ static void cold_open(void) {
     gpubuf_client *c = conn();
     gpubuf_buffer *b[220];
     double t[220];
-    char name[64];
+    char name[GPUBUF_NAME_MAX + 1];
     for (int i = 0; i < 220; i++) {
-        snprintf(name, sizeof(name), "cold/%d", i);
+        snprintf(name, sizeof(name), "/%s/cold/%d", g_cold_pool, i);
         double a = now_us();
         CHECK(gpubuf_open(c, name, 0, &b[i]));
         t[i] = now_us() - a;
@@ -561,7 +581,7 @@ static void vmm_cold_setup(void) {
     cold_counts(slab, &warm, &measured);
     for (int i = 0; i < 2 * (warm + measured); i++) {
         gpubuf_buffer *b;
-        snprintf(name, sizeof(name), "vcold/%s/%d", g_phase_pool, i);
+        snprintf(name, sizeof(name), "/%s/vcold/%d", g_phase_pool, i);
         CHECK(gpubuf_alloc(c, g_phase_pool, slab, name, &b));
         CHECK(gpubuf_seal(b));
         CHECK(gpubuf_release(b));
@@ -584,7 +604,7 @@ static void vmm_cold_open(void) {
         _exit(1);
     for (int i = 0; i < n; i++) {
         int r_o = ro_turn(i);
-        snprintf(name, sizeof(name), "vcold/%s/%d", g_phase_pool, i);
+        snprintf(name, sizeof(name), "/%s/vcold/%d", g_phase_pool, i);
         double a = now_us();
         CHECK(gpubuf_open_ex(c, name, 0, 0, r_o ? GPUBUF_OPEN_READONLY : 0, &b[i]));
         volatile uint64_t addr = gpubuf_buffer_device_ptr(b[i]);
@@ -608,7 +628,7 @@ static void vmm_cold_open(void) {
     report(key, ro, nro);
     for (int i = 0; i < n; i++) {
         CHECK(gpubuf_release(b[i]));
-        snprintf(name, sizeof(name), "vcold/%s/%d", g_phase_pool, i);
+        snprintf(name, sizeof(name), "/%s/vcold/%d", g_phase_pool, i);
         CHECK(gpubuf_delete(c, name));
     }
     CHECK(gpubuf_flush(c));
@@ -633,9 +653,9 @@ static void vmm_warm_setup(void) {
         for (int i = -1; i < WARM_BUFS; i++) {
             gpubuf_buffer *b;
             if (i < 0)
-                snprintf(name, sizeof(name), "vwarm/%s/keep", pools[p]);
+                snprintf(name, sizeof(name), "/%s/vwarm/keep", pools[p]);
             else
-                snprintf(name, sizeof(name), "vwarm/%s/%d", pools[p], i);
+                snprintf(name, sizeof(name), "/%s/vwarm/%d", pools[p], i);
             CHECK(gpubuf_alloc(c, pools[p], 1 << 20, name, &b));
             CHECK(gpubuf_seal(b));
             CHECK(gpubuf_release(b));
@@ -659,7 +679,7 @@ typedef struct warm_variant {
 static void warm_prepare(gpubuf_client *c, warm_variant *v, int total) {
     gpubuf_buffer_info ki, bi;
     char name[128];
-    snprintf(name, sizeof(name), "vwarm/%s/keep", v->pool);
+    snprintf(name, sizeof(name), "/%s/vwarm/keep", v->pool);
     CHECK(gpubuf_open_ex(c, name, 0, 0, v->flags, &v->keep));
     if (gpubuf_buffer_pool_kind(v->keep) != v->kind) {
         fprintf(stderr, "bench: pool '%s' is not of the kind %s needs\n", v->pool, v->key);
@@ -668,13 +688,13 @@ static void warm_prepare(gpubuf_client *c, warm_variant *v, int total) {
     CHECK(gpubuf_stat(c, name, &ki));
     v->n = 0;
     for (int i = 0; i < WARM_BUFS; i++) {
-        snprintf(name, sizeof(name), "vwarm/%s/%d", v->pool, i);
+        snprintf(name, sizeof(name), "/%s/vwarm/%d", v->pool, i);
         CHECK(gpubuf_stat(c, name, &bi));
         if (bi.slab_id == ki.slab_id)
             snprintf(v->names[v->n++], sizeof(v->names[0]), "%s", name);
     }
     if (v->n == 0) /* none shares it: open the kept buffer itself again */
-        snprintf(v->names[v->n++], sizeof(v->names[0]), "vwarm/%s/keep", v->pool);
+        snprintf(v->names[v->n++], sizeof(v->names[0]), "/%s/vwarm/keep", v->pool);
     printf("%s_buffers_in_kept_slab %d\n", v->key, v->n);
     v->t = calloc((size_t)total, sizeof(double));
     if (!v->t)
@@ -714,9 +734,9 @@ static void vmm_warm_open(void) {
         char name[128];
         for (int i = -1; i < WARM_BUFS; i++) {
             if (i < 0)
-                snprintf(name, sizeof(name), "vwarm/%s/keep", v[k].pool);
+                snprintf(name, sizeof(name), "/%s/vwarm/keep", v[k].pool);
             else
-                snprintf(name, sizeof(name), "vwarm/%s/%d", v[k].pool, i);
+                snprintf(name, sizeof(name), "/%s/vwarm/%d", v[k].pool, i);
             CHECK(gpubuf_delete(c, name));
         }
     }
@@ -809,7 +829,7 @@ static void handover_consumer(int n, int ready_fd, int done_fd) {
         uint64_t pend = 0, cst = 0;
         CUdeviceptr out = stamps + (CUdeviceptr)i * 8;
         void *args[] = {&out};
-        snprintf(name, sizeof(name), "ho/%s/%d", g_phase_label, i);
+        snprintf(name, sizeof(name), "/%s/ho/%s/%d", g_phase_pool, g_phase_label, i);
         if (write(ready_fd, "r", 1) != 1)
             _exit(1);
         CHECK(gpubuf_open(c, name, 10000, &b));
@@ -865,7 +885,7 @@ static void handover_phase(void) {
     gpu_open(&g, 1);
     for (int i = 0; i < n; i++) {
         gpubuf_buffer *b;
-        snprintf(name, sizeof(name), "ho/%s/%d", g_phase_label, i);
+        snprintf(name, sizeof(name), "/%s/ho/%s/%d", g_phase_pool, g_phase_label, i);
         CHECK(gpubuf_alloc(c, g_phase_pool, 4096, name, &b));
         expect_device0(b);
         CUdeviceptr p = (CUdeviceptr)gpubuf_buffer_device_ptr(b);
@@ -1298,6 +1318,8 @@ int main(int argc, char **argv) {
         }
     }
     setvbuf(stdout, NULL, _IOLBF, 0);
+    if (check_default_pool() < 0)
+        return 1;
     if (want("latency") && run_child(latency))
         return 1;
     if (want("cold") && (run_child(cold_setup) || run_child(cold_open)))

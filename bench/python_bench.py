@@ -73,7 +73,7 @@ def bench_open(sock, pool, n, host):
         t = []
         for i in range(n + WARM):
             a = now()
-            b = c.open(names[i % live])
+            b = c.open(names[i % live], pool=pool)  # names are per pool
             b.address
             t.append((now() - a) / 1e3)
             b.release()
@@ -82,14 +82,14 @@ def bench_open(sock, pool, n, host):
             t = []
             for i in range(n + WARM):
                 a = now()
-                b = c.open(names[i % live])
+                b = c.open(names[i % live], pool=pool)  # names are per pool
                 x = from_dlpack(b)
                 t.append((now() - a) / 1e3)
                 del x
                 b.release()
             report(f"py_open_from_dlpack_{fw}", t[WARM:])
             # The framework's own share: from_dlpack of a buffer already open.
-            b = c.open(names[0])
+            b = c.open(names[0], pool=pool)
             t = []
             for i in range(n + WARM):
                 a = now()
@@ -99,18 +99,18 @@ def bench_open(sock, pool, n, host):
             b.release()
             report(f"py_from_dlpack_only_{fw}", t[WARM:])
         for name in names:
-            c.delete(name)
+            c.delete(name, pool=pool)
         keep.release()
-        c.delete("pybench/keep")
+        c.delete("pybench/keep", pool=pool)
         c.flush()
 
 
-def consumer(sock, n, conn):
+def consumer(sock, pool, n, conn):
     import torch
     with gpubuf.Client(sock) as c:
         conn.send_bytes(b"ready")
         for i in range(n):
-            b = c.open(f"pyhand/{i}", timeout=math.inf)
+            b = c.open(f"pyhand/{i}", timeout=math.inf, pool=pool)
             t = torch.from_dlpack(b).view(torch.float32)
             s = float(t[0].item())  # touch the data, as the anchor does
             del t
@@ -123,7 +123,7 @@ def bench_handover(sock, pool, n):
     now = time.perf_counter_ns
     ctx = mp.get_context("spawn")  # CUDA does not survive fork
     here, there = ctx.Pipe()
-    p = ctx.Process(target=consumer, args=(sock, n + 20, there))
+    p = ctx.Process(target=consumer, args=(sock, pool, n + 20, there))
     p.start()
     assert here.recv_bytes() == b"ready"
     seal_to_ack, incl_alloc = [], []
@@ -144,7 +144,7 @@ def bench_handover(sock, pool, n):
             incl_alloc.append((end - a0) / 1e3)
             del t
             b.release()
-            c.delete(name)
+            c.delete(name, pool=pool)
         c.flush()
     p.join(30)
     report("py_handover_1MiB_fresh_tensor", seal_to_ack[20:])

@@ -268,6 +268,54 @@ static int name_check(const char *name) {
     return r;
 }
 
+/* What open, stat and delete name: the plain name and the pool it is looked
+ * up in, the expected owner. */
+typedef struct lookup {
+    const char *name; /* NULL: by id */
+    uint64_t id;
+    char pool[GPUBUF_NAME_MAX + 1]; /* "" : the default pool (any pool by id) */
+    bool has_owner;
+    Gpubuf__ExpectedOwner owner;
+} lookup;
+
+/* Split a name ("NAME" or "/POOL/NAME") and merge o's pool and owner into l;
+ * allowed: the flags the call takes. 0, or -EINVAL / -ENAMETOOLONG with the
+ * reason set. */
+static int lookup_make(const char *what, const char *name, uint64_t id, const gpubuf_lookup *o,
+                       unsigned allowed, lookup *l) {
+    static const gpubuf_lookup none;
+    char msg[512];
+    int r;
+    if (!o)
+        o = &none;
+    memset(l, 0, sizeof(*l));
+    gpubuf__expected_owner__init(&l->owner);
+    if (o->flags & ~allowed)
+        return gpubuf__fail(-EINVAL, "%s: unknown flags 0x%x", what, o->flags & ~allowed);
+    if (name) {
+        if ((r = gpubuf_name_split(name, l->pool, &l->name, msg, sizeof(msg))) < 0)
+            return gpubuf__fail(r, "%s", msg);
+        if ((r = name_check(l->name)) < 0)
+            return r;
+    }
+    l->id = id;
+    if (o->pool && *o->pool) {
+        if (l->pool[0] && strcmp(l->pool, o->pool) != 0)
+            return gpubuf__fail(-EINVAL,
+                                "%s: '%s' names pool '%s' but pool '%s' was given: name one pool",
+                                what, name, l->pool, o->pool);
+        if (strlen(o->pool) > GPUBUF_NAME_MAX)
+            return gpubuf__fail(-ENAMETOOLONG, "%s: a pool name is at most %d bytes", what,
+                                GPUBUF_NAME_MAX);
+        snprintf(l->pool, sizeof(l->pool), "%s", o->pool);
+    }
+    if (o->flags & GPUBUF_OPEN_OWNER) {
+        l->has_owner = true;
+        l->owner.uid = o->owner_uid;
+    }
+    return 0;
+}
+
 static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
                       gpubuf_buffer **ret) {
     int r;
@@ -277,8 +325,14 @@ static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const c
         return gpubuf__fail(-EINVAL, "gpubuf_alloc needs a connection and a place for the view");
     if (size == 0)
         return gpubuf__fail(-EINVAL, "size 0: a buffer holds at least 1 byte");
-    if (name && *name && (r = name_check(name)) < 0)
-        return r;
+    lookup l = {0};
+    if (name && *name) {
+        gpubuf_lookup o = {.pool = pool};
+        if ((r = lookup_make("alloc", name, 0, &o, 0, &l)) < 0)
+            return r;
+        pool = l.pool;
+        name = l.name;
+    }
     a.pool = (char *)(pool ? pool : "");
     a.size = size;
     a.name = (char *)(name ? name : "");
@@ -292,64 +346,52 @@ static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const c
     return r;
 }
 
-static int open_call(gpubuf_client *c, const char *name, int timeout_ms, gpubuf_buffer **ret) {
-    int r;
+/* The target, pool and owner of an open, stat or delete request from l
+ * (name and id are one protobuf oneof: only one is written). Returns true
+ * for a target by name. */
+static bool lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
+                        Gpubuf__ExpectedOwner **owner) {
+    if (l->name)
+        *name = (char *)l->name;
+    else
+        *id = l->id;
+    *pool = l->pool;
+    *owner = l->has_owner ? &l->owner : NULL;
+    return l->name != NULL;
+}
+
+static int open_with_call(gpubuf_client *c, const char *name, uint64_t id,
+                          const gpubuf_lookup *opts, gpubuf_buffer **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
-    if (!c || !name || !ret)
-        return -EINVAL;
-    if ((r = name_check(name)) < 0)
+    lookup l;
+    int r;
+    if (!c || !ret)
+        return gpubuf__fail(-EINVAL, "an open needs a connection and a place for the view");
+    r = lookup_make("open", name, id, opts, GPUBUF_OPEN_READONLY | GPUBUF_OPEN_OWNER, &l);
+    if (r < 0)
         return r;
-    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
-    o.name = (char *)name;
-    o.timeout_ms = timeout_ms;
+    o.target_case = lookup_fill(&l, &o.name, &o.buffer_id, &o.pool, &o.owner)
+                        ? GPUBUF__OPEN_REQUEST__TARGET_NAME
+                        : GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
+    o.timeout_ms = opts ? opts->timeout_ms : 0;
+    o.read_only = opts && (opts->flags & GPUBUF_OPEN_READONLY);
     req.body_case = GPUBUF__REQUEST__BODY_OPEN;
     req.open = &o;
     return buffer_request(c, &req, ret);
 }
 
-static int open_ex_call(gpubuf_client *c, const char *name, uint64_t id, int timeout_ms,
-                        unsigned flags, gpubuf_buffer **ret) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
-    int r;
-    if (!c || !ret)
-        return gpubuf__fail(-EINVAL, "gpubuf_open_ex needs a connection and a place for the view");
-    if (flags & ~(unsigned)GPUBUF_OPEN_READONLY) {
-        gpubuf__set_error("unknown open flags 0x%x", flags & ~(unsigned)GPUBUF_OPEN_READONLY);
-        return -EINVAL;
-    }
-    if (name) {
-        if ((r = name_check(name)) < 0)
-            return r;
-        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
-        o.name = (char *)name;
-    } else {
-        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
-        o.buffer_id = id;
-    }
-    o.timeout_ms = timeout_ms;
-    o.read_only = (flags & GPUBUF_OPEN_READONLY) != 0;
-    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    req.open = &o;
-    return buffer_request(c, &req, ret);
+static int open_call(gpubuf_client *c, const char *name, uint64_t id, int timeout_ms,
+                     unsigned flags, gpubuf_buffer **ret) {
+    gpubuf_lookup o = {.flags = flags, .timeout_ms = timeout_ms};
+    if (flags & ~(unsigned)GPUBUF_OPEN_READONLY) /* the owner goes with gpubuf_open_with */
+        return gpubuf__fail(-EINVAL, "unknown open flags 0x%x",
+                            flags & ~(unsigned)GPUBUF_OPEN_READONLY);
+    return open_with_call(c, name, id, &o, ret);
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_read_only(const gpubuf_buffer *b) {
     return b && b->map->read_only ? 1 : 0;
-}
-
-static int open_id_call(gpubuf_client *c, uint64_t id, int timeout_ms, gpubuf_buffer **ret) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
-    if (!c || !ret)
-        return -EINVAL;
-    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
-    o.buffer_id = id;
-    o.timeout_ms = timeout_ms;
-    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    req.open = &o;
-    return buffer_request(c, &req, ret);
 }
 
 /* A request whose reply carries no body we need. */
@@ -442,28 +484,19 @@ GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b) {
     return gpubuf__result(seal(b, true, NULL, false));
 }
 
-static int delete_call(gpubuf_client *c, const char *name) {
+static int delete_with_call(gpubuf_client *c, const char *name, uint64_t id,
+                            const gpubuf_lookup *opts) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
+    lookup l;
     int r;
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
-    if (!c || !name)
-        return -EINVAL;
-    if ((r = name_check(name)) < 0)
-        return r;
-    d.target_case = GPUBUF__DELETE_REQUEST__TARGET_NAME;
-    d.name = (char *)name;
-    req.body_case = GPUBUF__REQUEST__BODY_DELETE;
-    req.delete_ = &d;
-    return simple_request(c, &req);
-}
-
-static int delete_id_call(gpubuf_client *c, uint64_t id) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
     if (!c)
-        return -EINVAL;
-    d.target_case = GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID;
-    d.buffer_id = id;
+        return gpubuf__fail(-EINVAL, "a delete needs a connection");
+    if ((r = lookup_make("delete", name, id, opts, GPUBUF_OPEN_OWNER, &l)) < 0)
+        return r;
+    d.target_case = lookup_fill(&l, &d.name, &d.buffer_id, &d.pool, &d.owner)
+                        ? GPUBUF__DELETE_REQUEST__TARGET_NAME
+                        : GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID;
     req.body_case = GPUBUF__REQUEST__BODY_DELETE;
     req.delete_ = &d;
     return simple_request(c, &req);
@@ -482,17 +515,20 @@ static void copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
     o->slab_id = m->slab_id;
 }
 
-static int stat_call(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret) {
+static int stat_with_call(gpubuf_client *c, const char *name, uint64_t id,
+                          const gpubuf_lookup *opts, gpubuf_buffer_info *ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatRequest s = GPUBUF__STAT_REQUEST__INIT;
     Gpubuf__Response *resp;
+    lookup l;
     int fd, r;
-    if (!c || !name || !ret)
-        return -EINVAL;
-    if ((r = name_check(name)) < 0)
+    if (!c || !ret)
+        return gpubuf__fail(-EINVAL, "a stat needs a connection and a place for the answer");
+    if ((r = lookup_make("stat", name, id, opts, GPUBUF_OPEN_OWNER, &l)) < 0)
         return r;
-    s.target_case = GPUBUF__STAT_REQUEST__TARGET_NAME;
-    s.name = (char *)name;
+    s.target_case = lookup_fill(&l, &s.name, &s.buffer_id, &s.pool, &s.owner)
+                        ? GPUBUF__STAT_REQUEST__TARGET_NAME
+                        : GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
     req.body_case = GPUBUF__REQUEST__BODY_STAT;
     req.stat = &s;
     pthread_mutex_lock(&c->lock);
@@ -515,6 +551,7 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
         free(s->pools);
         free(s->buffers);
         free(s->clients);
+        free((void *)s->pool_publishers);
         free((void *)s->buffer_restored);
         free((void *)s->client_detached);
         free((void *)s->counters.requests);
@@ -661,8 +698,9 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
         s->pools = calloc(st->n_pools + 1, sizeof(*s->pools));
         s->buffers = calloc(n_buffers + 1, sizeof(*s->buffers));
         s->clients = calloc(st->n_clients + 1, sizeof(*s->clients));
+        s->pool_publishers = calloc(st->n_pools + 1, sizeof(*s->pool_publishers));
     }
-    if (!s || !s->pools || !s->buffers || !s->clients) {
+    if (!s || !s->pools || !s->buffers || !s->clients || !s->pool_publishers) {
         gpubuf_status_free(s); /* resp is not attached yet */
         gpubuf__response__free_unpacked(resp, NULL);
         return -ENOMEM;
@@ -681,7 +719,13 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
         o->slab_size = p->slab_size;
         o->slabs = p->slabs;
         o->buffers = p->buffers;
+        /* Strings in the reply, which the snapshot keeps. */
+        ((const char **)s->pool_publishers)[i] = p->publishers ? p->publishers : "";
+        if (p->default_pool)
+            s->default_pool = p->name;
     }
+    if (!s->default_pool)
+        s->default_pool = "";
     s->n_pools = st->n_pools;
     /* Buffer strings point into the reply, which the snapshot keeps. */
     const char *name = col ? (const char *)col->names.data : NULL;
@@ -896,34 +940,64 @@ GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size
 GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms,
                               gpubuf_buffer **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(open_call(c, name, timeout_ms, ret));
+    if (!name) {
+        gpubuf__set_error("gpubuf_open needs a name (gpubuf_open_id opens by id)");
+        return -EINVAL;
+    }
+    return gpubuf__result(open_call(c, name, 0, timeout_ms, 0, ret));
 }
 
 GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id, int timeout_ms,
                                  unsigned flags, gpubuf_buffer **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(open_ex_call(c, name, id, timeout_ms, flags, ret));
+    return gpubuf__result(open_call(c, name, id, timeout_ms, flags, ret));
 }
 
 GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
                                  gpubuf_buffer **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(open_id_call(c, id, timeout_ms, ret));
+    return gpubuf__result(open_call(c, NULL, id, timeout_ms, 0, ret));
 }
 
 GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {
     gpubuf__clear_error();
-    return gpubuf__result(delete_call(c, name));
+    if (!name) {
+        gpubuf__set_error("gpubuf_delete needs a name (gpubuf_delete_id deletes by id)");
+        return -EINVAL;
+    }
+    return gpubuf__result(delete_with_call(c, name, 0, NULL));
 }
 
 GPUBUF_EXTERN int gpubuf_delete_id(gpubuf_client *c, uint64_t id) {
     gpubuf__clear_error();
-    return gpubuf__result(delete_id_call(c, id));
+    return gpubuf__result(delete_with_call(c, NULL, id, NULL));
 }
 
 GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret) {
     gpubuf__clear_error();
-    return gpubuf__result(stat_call(c, name, ret));
+    if (!name) {
+        gpubuf__set_error("gpubuf_stat needs a name");
+        return -EINVAL;
+    }
+    return gpubuf__result(stat_with_call(c, name, 0, NULL, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_open_with(gpubuf_client *c, const char *name, uint64_t id,
+                                   const gpubuf_lookup *o, gpubuf_buffer **ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(open_with_call(c, name, id, o, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_stat_with(gpubuf_client *c, const char *name, uint64_t id,
+                                   const gpubuf_lookup *o, gpubuf_buffer_info *ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(stat_with_call(c, name, id, o, ret));
+}
+
+GPUBUF_EXTERN int gpubuf_delete_with(gpubuf_client *c, const char *name, uint64_t id,
+                                     const gpubuf_lookup *o) {
+    gpubuf__clear_error();
+    return gpubuf__result(delete_with_call(c, name, id, o));
 }
 
 GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {

@@ -28,7 +28,8 @@ static const char *shown(const char *str) {
     return out;
 }
 
-static json_object *pool_json(const gpubuf_pool_info *p) {
+static json_object *pool_json(const gpubuf_status *s, size_t i) {
+    const gpubuf_pool_info *p = &s->pools[i];
     {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "name", json_object_new_string(shown(p->name)));
@@ -42,6 +43,12 @@ static json_object *pool_json(const gpubuf_pool_info *p) {
         json_object_object_add(o, "slabs", json_object_new_int64(p->slabs));
         json_object_object_add(o, "slab_size", json_object_new_uint64(p->slab_size));
         json_object_object_add(o, "buffers", json_object_new_int64(p->buffers));
+        json_object_object_add(o, "default",
+                               json_object_new_boolean(s->default_pool &&
+                                                       !strcmp(s->default_pool, p->name)));
+        json_object_object_add(
+            o, "publishers",
+            json_object_new_string(s->pool_publishers ? shown(s->pool_publishers[i]) : ""));
         return o;
     }
 }
@@ -174,7 +181,7 @@ static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
         first = false;
     }
     if (all || !strcmp(cmd, "pools"))
-        EMIT_ARRAY("pools", s->n_pools, pool_json(&s->pools[i_]));
+        EMIT_ARRAY("pools", s->n_pools, pool_json(s, i_));
     if (all || !strcmp(cmd, "buffers")) {
         if (pretty) {
             EMIT_ARRAY("buffers", s->n_buffers,
@@ -215,6 +222,15 @@ static void print_pools(const gpubuf_status *s) {
                p->device_uuid[0] ? shown(p->device_uuid) : "-");
         (void)d;
     }
+    /* Names are per pool: say where a name without a pool is looked up,
+     * and which pools let only some uids name buffers. */
+    if (s->default_pool && s->default_pool[0])
+        printf("names without a pool (not /POOL/NAME) are looked up in pool '%s'\n",
+               shown(s->default_pool));
+    for (size_t i = 0; s->pool_publishers && i < s->n_pools; i++)
+        if (s->pool_publishers[i][0])
+            printf("pool '%s': only %s (and root) may name buffers\n", shown(s->pools[i].name),
+                   shown(s->pool_publishers[i]));
 }
 
 /* ", restarted N time(s), M buffer(s) restored" after a restart, else "". */
@@ -229,14 +245,14 @@ static const char *restarted(const gpubuf_status *s) {
 
 static void print_buffers(const gpubuf_status *s) {
     char a[32];
-    printf("%-8s %-24s %-10s %11s %-10s %5s %6s\n", "ID", "NAME", "POOL", "SIZE", "STATE", "REFS",
-           "SLAB");
+    printf("%-8s %-24s %-10s %11s %-10s %5s %6s %6s\n", "ID", "NAME", "POOL", "SIZE", "STATE",
+           "REFS", "SLAB", "OWNER");
     for (size_t i = 0; i < s->n_buffers; i++) {
         const gpubuf_status_buffer *b = &s->buffers[i];
-        printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu%s\n", (unsigned long long)b->id,
+        printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu %6u%s\n", (unsigned long long)b->id,
                b->name[0] ? shown(b->name) : "(anonymous)", shown(b->pool),
                gpubuf_format_size(b->size, a, sizeof(a)), gpubuf_state_name(b->state), b->refs,
-               (unsigned long long)b->slab_id,
+               (unsigned long long)b->slab_id, b->owner_uid,
                s->buffer_restored && s->buffer_restored[i] ? "  restored" : "");
     }
 }
@@ -485,7 +501,8 @@ static void usage(FILE *f) {
             "  clients            connected clients only\n"
             "  metrics            Prometheus text format (for node-exporter's textfile\n"
             "                     collector)\n"
-            "  delete NAME...     unpublish buffers by name (--id: by id); only the owner\n"
+            "  delete NAME...     unpublish buffers by name (NAME in the default pool or\n"
+            "                     --pool, /POOL/NAME in POOL; --id: by id); only the owner\n"
             "                     or root may\n\n"
             "Options:\n"
             "  -s, --socket PATH   daemon socket (default $GPUBUF_SOCKET or %s)\n"
@@ -632,7 +649,9 @@ static int show(gpubuf_client *c, view *v, const filters *f) {
 
 /* delete NAME... or delete --id ID...: every target is tried; exit 4 when
  * one fails. */
-static int delete_targets(gpubuf_client *c, char **targets, int n, bool by_id) {
+static int delete_targets(gpubuf_client *c, char **targets, int n, bool by_id,
+                          const char *pool) {
+    gpubuf_lookup o = {.pool = pool};
     int rc = 0;
     for (int i = 0; i < n; i++) {
         const char *t = targets[i];
@@ -645,9 +664,9 @@ static int delete_targets(gpubuf_client *c, char **targets, int n, bool by_id) {
                 usage_error("bad buffer id '%s': give the number from the ID column of "
                             "'gpubufctl buffers'",
                             t);
-            r = gpubuf_delete_id(c, id);
+            r = gpubuf_delete_with(c, NULL, id, &o);
         } else {
-            r = gpubuf_delete(c, t);
+            r = gpubuf_delete_with(c, t, 0, &o);
         }
         if (r == 0) {
             printf("deleted %s%s\n", by_id ? "buffer " : "", t);
@@ -784,7 +803,7 @@ int main(int argc, char **argv) {
         return EXIT_NO_DAEMON;
     }
     if (del) {
-        r = delete_targets(c, argv + optind, argc - optind, by_id);
+        r = delete_targets(c, argv + optind, argc - optind, by_id, f.pool);
         gpubuf_disconnect(c);
         return r;
     }

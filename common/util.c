@@ -134,6 +134,35 @@ int gpubuf_name_check(const char *name, size_t len, char *msg, size_t msg_len) {
     return -EINVAL;
 }
 
+int gpubuf_name_split(const char *in, char pool[GPUBUF_NAME_MAX + 1], const char **ret_name,
+                      char *msg, size_t msg_len) {
+    pool[0] = '\0';
+    if (in[0] != '/') {
+        *ret_name = in;
+        return 0;
+    }
+    const char *slash = strchr(in + 1, '/');
+    size_t pl = slash ? (size_t)(slash - in - 1) : 0;
+    if (!slash || pl == 0 || !slash[1]) {
+        /* "/x", "//x", "/x/": the rule for plain names, then the form. */
+        size_t n = 0;
+        if (gpubuf_name_check(in, strlen(in), msg, msg_len) < 0)
+            n = strlen(msg);
+        snprintf(msg + n, msg_len - n, "%s'/POOL/NAME' names buffer NAME of pool POOL",
+                 n ? "; " : "");
+        return -EINVAL;
+    }
+    if (pl > GPUBUF_NAME_MAX) {
+        snprintf(msg, msg_len, "the pool name of '%.64s...' is longer than %d bytes", in,
+                 GPUBUF_NAME_MAX);
+        return -ENAMETOOLONG;
+    }
+    memcpy(pool, in + 1, pl);
+    pool[pl] = '\0';
+    *ret_name = slash + 1;
+    return 0;
+}
+
 /* Length of the UTF-8 character at s (at most n bytes), or 0 when s does not
  * start a valid one: no overlong forms, no surrogates, nothing above U+10FFFF. */
 static size_t utf8_char_len(const unsigned char *s, size_t n, uint32_t *cp) {

@@ -36,6 +36,14 @@ bool gpubuf_name_valid(const char *name, size_t len);
  * in msg that says which rule the name breaks and how to fix it. */
 int gpubuf_name_check(const char *name, size_t len, char *msg, size_t msg_len);
 
+/* A buffer name as clients write it: NAME (a buffer of the default pool, or
+ * of the pool given apart) or the qualified form /POOL/NAME (no plain name
+ * starts with '/', no pool name holds one). Returns 0 with *ret_name the
+ * plain name and pool filled ("" for a plain name); -EINVAL or -ENAMETOOLONG
+ * with a sentence in msg for a qualified name without a pool or a name. */
+int gpubuf_name_split(const char *in, char pool[GPUBUF_NAME_MAX + 1], const char **ret_name,
+                      char *msg, size_t msg_len);
+
 /* Copy in_len bytes of untrusted text into out as printable, valid UTF-8:
  * each byte of an invalid sequence, of a control character (C0, DEL, C1, NUL
  * included) or of a bidirectional formatting mark becomes "\xNN". Cut to

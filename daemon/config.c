@@ -149,6 +149,16 @@ static int parse_gids(const key_def *k, const char *val, void *dst, gd_err *err)
     return parse_ids(val, true, p->allow_gids, &p->n_allow_gids, err);
 }
 
+static int parse_publish_uids(const key_def *k, const char *val, void *dst, gd_err *err) {
+    gd_pool_spec *p = (gd_pool_spec *)((char *)dst - k->offset);
+    return parse_ids(val, false, p->publish_uids, &p->n_publish_uids, err);
+}
+
+static int parse_publish_gids(const key_def *k, const char *val, void *dst, gd_err *err) {
+    gd_pool_spec *p = (gd_pool_spec *)((char *)dst - k->offset);
+    return parse_ids(val, true, p->publish_gids, &p->n_publish_gids, err);
+}
+
 #define CFG(f) offsetof(gd_config, f)
 #define POOL(f) offsetof(gd_pool_spec, f)
 
@@ -199,6 +209,10 @@ static const key_def pool_keys[] = {
      " (e.g. 64M; at most 1024T)", false},
     {"allow_uids", "allow_users", parse_uids, 0, 0, 0, POOL(allow_uids), NULL, NULL, false},
     {"allow_gids", "allow_groups", parse_gids, 0, 0, 0, POOL(allow_gids), NULL, NULL, false},
+    {"publish_uids", "publish_users", parse_publish_uids, 0, 0, 0, POOL(publish_uids), NULL, NULL,
+     false},
+    {"publish_gids", "publish_groups", parse_publish_gids, 0, 0, 0, POOL(publish_gids), NULL,
+     NULL, false},
 };
 
 #define N_KEYS(t) (sizeof(t) / sizeof((t)[0]))
@@ -247,6 +261,15 @@ int gd_config_set(gd_config *c, const char *key, const char *val, gd_err *err) {
 gd_pool_spec *gd_config_pool(gd_config *c, const char *name, gd_err *err) {
     if (!gpubuf_name_valid(name, strlen(name))) {
         gd_err_set(err, -EINVAL, "invalid pool name '%s'", name);
+        return NULL;
+    }
+    if (strchr(name, '/')) {
+        /* Clients name a buffer of a pool as /POOL/NAME: the pool's name
+         * ends at the first '/'. */
+        gd_err_set(err, -EINVAL,
+                   "invalid pool name '%s': a pool name may not contain '/' (clients write "
+                   "/POOL/NAME for a buffer of a pool)",
+                   name);
         return NULL;
     }
     for (int i = 0; i < c->n_pools; i++)

@@ -30,6 +30,9 @@ typedef struct gd_pool_spec {
     uint64_t slab_size; /* 0: the default */
     uint32_t allow_uids[GD_ALLOW_MAX], allow_gids[GD_ALLOW_MAX];
     int n_allow_uids, n_allow_gids;
+    /* Who may name buffers in the pool (empty: everyone allowed in it). */
+    uint32_t publish_uids[GD_ALLOW_MAX], publish_gids[GD_ALLOW_MAX];
+    int n_publish_uids, n_publish_gids;
 } gd_pool_spec;
 
 typedef struct gd_config {

@@ -21,6 +21,10 @@ int gd_context_add_pool(gd_context *ctx, gd_pool *pool) {
         return -EEXIST;
     pool->next_slab_id = &ctx->slab_ids;
     ctx->pools[ctx->n_pools++] = pool;
+    /* The first pool is the default one: of allocations, and of names
+     * given without a pool. */
+    if (!ctx->reg.default_pool)
+        ctx->reg.default_pool = pool;
     return 0;
 }
 

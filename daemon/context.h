@@ -27,6 +27,11 @@ typedef struct gd_context {
     struct gd_session *sessions; /* utlist DL, kept by session.c */
     uint32_t n_sessions;
     gd_metrics metrics; /* counters since start (status) */
+    /* Waiting opens that timed out in the current turn of the loop (the
+     * turn known by its uv_now()): at most GD_EXPIRIES_PER_TURN are
+     * answered per turn, the others a turn later. */
+    uint64_t expiry_turn;
+    uint32_t expiries;
     struct gd_state *state;     /* the kept state (state.c); NULL: not kept */
     uint32_t restarts;          /* starts over a kept state, ever */
     uint32_t restored_buffers;  /* buffers this start restored */
@@ -34,6 +39,8 @@ typedef struct gd_context {
      * it over to the socket at path and stop. Set by main(); NULL: refused. */
     int (*takeover)(struct gd_context *ctx, pid_t pid, const char *path, gd_err *err);
 } gd_context;
+
+#define GD_EXPIRIES_PER_TURN 256u
 
 /* No pools, limits and quotas zero: the caller sets them (gd_config_defaults()
  * or a configuration). */

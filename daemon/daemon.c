@@ -69,12 +69,22 @@ static size_t on_refuse(void *data, gd_refusal why, uid_t uid, uint32_t limit, u
     return gd_session_refusal(&d->ctx, why, uid, limit, payload, cap);
 }
 
+/* References of departed clients, dropped a bounded number per turn of the
+ * loop (docs/architecture.md). */
+#define RELEASES_PER_TURN 1024u
+
+static bool on_work(void *data) {
+    gd_daemon *d = data;
+    return gd_registry_reap(&d->ctx.reg, RELEASES_PER_TURN);
+}
+
 static const gd_server_callbacks callbacks = {
     .on_open = on_open,
     .on_frame = on_frame,
     .on_bad_frame = on_bad_frame,
     .on_close = on_close,
     .on_refuse = on_refuse,
+    .on_work = on_work,
 };
 
 int gd_daemon_init(gd_daemon *d, uv_loop_t *loop) {

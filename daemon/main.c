@@ -81,6 +81,10 @@ static int create_pool(gd_context *ctx, const gd_pool_spec *ps, gd_err *err) {
     memcpy(pool->allow_gids, ps->allow_gids, sizeof(pool->allow_gids));
     pool->n_allow_uids = ps->n_allow_uids;
     pool->n_allow_gids = ps->n_allow_gids;
+    memcpy(pool->publish_uids, ps->publish_uids, sizeof(pool->publish_uids));
+    memcpy(pool->publish_gids, ps->publish_gids, sizeof(pool->publish_gids));
+    pool->n_publish_uids = ps->n_publish_uids;
+    pool->n_publish_gids = ps->n_publish_gids;
     if ((r = gd_context_add_pool(ctx, pool)) < 0) {
         gd_pool_free(pool);
         return gd_err_set(err, r, "defined twice");

@@ -9,6 +9,55 @@
 
 #include "util.h"
 
+/* Candidates of the right length looked at for an alignment that the
+ * smallest does not meet, before taking the smallest extent that surely
+ * fits: a bound on the work, not on the fit. */
+#define FIT_PROBES 8
+
+static int cmp_off(const gd_extent *a, const gd_extent *b) {
+    return a->off < b->off ? -1 : a->off > b->off;
+}
+
+static int cmp_len(const gd_extent *a, const gd_extent *b) {
+    if (a->len != b->len)
+        return a->len < b->len ? -1 : 1;
+    return cmp_off(a, b);
+}
+
+RB_GENERATE_INTERNAL(gd_extents_off, gd_extent, by_off, cmp_off, static __attribute__((unused)))
+RB_GENERATE_INTERNAL(gd_extents_len, gd_extent, by_len, cmp_len, static __attribute__((unused)))
+
+static void ext_insert(gd_slab *s, gd_extent *e) {
+    RB_INSERT(gd_extents_off, &s->free_off, e);
+    RB_INSERT(gd_extents_len, &s->free_len, e);
+    s->n_free++;
+}
+
+static void ext_remove(gd_slab *s, gd_extent *e) {
+    RB_REMOVE(gd_extents_off, &s->free_off, e);
+    RB_REMOVE(gd_extents_len, &s->free_len, e);
+    s->n_free--;
+    free(e);
+}
+
+/* Move or resize e within its place in offset order: only its place by
+ * length changes. */
+static void ext_set(gd_slab *s, gd_extent *e, uint64_t off, uint64_t len) {
+    RB_REMOVE(gd_extents_len, &s->free_len, e);
+    e->off = off;
+    e->len = len;
+    RB_INSERT(gd_extents_len, &s->free_len, e);
+}
+
+static gd_extent *ext_new(uint64_t off, uint64_t len) {
+    gd_extent *e = calloc(1, sizeof(*e));
+    if (e) {
+        e->off = off;
+        e->len = len;
+    }
+    return e;
+}
+
 int gd_pool_new(const char *name, gd_backend *be, uint64_t capacity, uint64_t slab_size,
                 uint64_t *slab_id_counter, gd_pool **ret, gd_err *err) {
     gd_pool *p;
@@ -42,7 +91,9 @@ static void slab_destroy(gd_pool *p, gd_slab *s) {
     p->reserved -= s->size;
     p->n_slabs--;
     p->stats.slabs_destroyed++;
-    free(s->free);
+    gd_extent *e, *tmp;
+    RB_FOREACH_SAFE(e, gd_extents_off, &s->free_off, tmp)
+        free(e);
     free(s);
 }
 
@@ -57,22 +108,9 @@ gd_pool *gd_pool_free(gd_pool *p) {
     return NULL;
 }
 
-static int extents_reserve(gd_slab *s, uint32_t n) {
-    if (n <= s->cap_free)
-        return 0;
-    uint32_t cap = s->cap_free ? s->cap_free * 2 : 8;
-    while (cap < n)
-        cap *= 2;
-    gd_extent *e = realloc(s->free, cap * sizeof(*e));
-    if (!e)
-        return -ENOMEM;
-    s->free = e;
-    s->cap_free = cap;
-    return 0;
-}
-
 static bool has_other_spare(const gd_pool *p, const gd_slab *self);
-static void take(gd_slab *s, uint32_t i, uint64_t size, uint64_t align, gd_block *ret);
+static void take(gd_slab *s, gd_extent *e, uint64_t size, uint64_t align, gd_extent *spare,
+                 gd_block *ret);
 
 /* Give back an empty regular slab (the spare), if any. */
 static bool drop_spare(gd_pool *p) {
@@ -84,24 +122,35 @@ static bool drop_spare(gd_pool *p) {
     return false;
 }
 
-/* A slab not yet backed: room for its free list. NULL when out of memory. */
-static gd_slab *slab_new(void) {
+/* A slab of size bytes not yet backed, wholly free. NULL when out of memory. */
+static gd_slab *slab_new(uint64_t size) {
     gd_slab *s = calloc(1, sizeof(*s));
-    if (s && extents_reserve(s, 8) < 0) {
+    gd_extent *whole = ext_new(0, size);
+    if (!s || !whole) {
         free(s);
-        s = NULL;
+        free(whole);
+        return NULL;
     }
+    RB_INIT(&s->free_off);
+    RB_INIT(&s->free_len);
+    ext_insert(s, whole);
     return s;
 }
 
-/* The backed slab s joins p: wholly free, counted, told to the hook. */
+/* A slab whose backend refused it. */
+static void slab_unbacked_free(gd_slab *s) {
+    gd_extent *e, *tmp;
+    RB_FOREACH_SAFE(e, gd_extents_off, &s->free_off, tmp)
+        free(e);
+    free(s);
+}
+
+/* The backed slab s joins p: counted, told to the hook. */
 static gd_slab *slab_link(gd_pool *p, gd_slab *s, uint64_t id, uint64_t size, bool dedicated) {
     s->id = id;
     s->size = size;
     s->dedicated = dedicated;
     s->pool = p;
-    s->free[0] = (gd_extent){0, size};
-    s->n_free = 1;
     DL_PREPEND(p->slabs, s);
     p->reserved += size;
     p->n_slabs++;
@@ -133,12 +182,11 @@ static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret,
                           p->name, gpubuf_format_size(p->reserved, used, sizeof(used)),
                           gpubuf_format_size(p->capacity, cap, sizeof(cap)),
                           gpubuf_format_size(size, want, sizeof(want)));
-    if (!(s = slab_new()))
+    if (!(s = slab_new(size)))
         return gd_err_set(err, -ENOMEM, "out of memory");
     r = p->be->ops->slab_create(p->be, size, &s->priv, &s->exp, err);
     if (r < 0) {
-        free(s->free);
-        free(s);
+        slab_unbacked_free(s);
         return r;
     }
     p->stats.slabs_created++;
@@ -160,12 +208,11 @@ int gd_pool_adopt_slab(gd_pool *p, uint64_t id, uint64_t size, bool dedicated, i
     for (s = p->slabs; s; s = s->next)
         if (s->id == id)
             return gd_err_set(err, -EEXIST, "slab %llu twice", (unsigned long long)id);
-    if (!(s = slab_new()))
+    if (!(s = slab_new(size)))
         return gd_err_set(err, -ENOMEM, "out of memory");
     r = p->be->ops->slab_adopt(p->be, fd, size, &s->priv, &s->exp, err);
     if (r < 0) {
-        free(s->free);
-        free(s);
+        slab_unbacked_free(s);
         return r;
     }
     if (id > *p->next_slab_id)
@@ -176,35 +223,32 @@ int gd_pool_adopt_slab(gd_pool *p, uint64_t id, uint64_t size, bool dedicated, i
 
 int gd_pool_claim(gd_pool *p, gd_slab *s, uint64_t offset, uint64_t size, gd_block *ret,
                   gd_err *err) {
-    if (size == 0 || offset > s->size || size > s->size - offset)
+    if (size == 0 || offset >= s->size || size > s->size - offset)
         return gd_err_set(err, -EINVAL, "block [%llu, +%llu) outside slab %llu",
                           (unsigned long long)offset, (unsigned long long)size,
                           (unsigned long long)s->id);
-    for (uint32_t i = 0; i < s->n_free; i++) {
-        gd_extent e = s->free[i];
-        if (e.off > offset)
-            break;
-        if (offset - e.off <= e.len && size <= e.len - (offset - e.off)) {
-            if (extents_reserve(s, s->n_free + 1) < 0)
-                return gd_err_set(err, -ENOMEM, "out of memory");
-            /* take() carves [align_up(e.off), +size): give it the exact start. */
-            uint64_t pad = offset - e.off;
-            if (pad) {
-                memmove(&s->free[i + 1], &s->free[i], (s->n_free - i) * sizeof(*s->free));
-                s->free[i] = (gd_extent){e.off, pad};
-                s->free[i + 1] = (gd_extent){offset, e.len - pad};
-                s->n_free++;
-                i++;
-            }
-            take(s, i, size, 1, ret);
-            p->used += size;
-            p->n_blocks++;
-            return 0;
-        }
+    /* The last free extent that starts at or before offset. */
+    gd_extent key = {.off = offset + 1};
+    gd_extent *e = RB_NFIND(gd_extents_off, &s->free_off, &key);
+    e = e ? RB_PREV(gd_extents_off, &s->free_off, e) : RB_MAX(gd_extents_off, &s->free_off);
+    if (!e || offset - e->off >= e->len || size > e->len - (offset - e->off))
+        return gd_err_set(err, -EINVAL, "block [%llu, +%llu) of slab %llu overlaps another",
+                          (unsigned long long)offset, (unsigned long long)size,
+                          (unsigned long long)s->id);
+    uint64_t pad = offset - e->off;
+    if (pad) {
+        /* Split before the block: take() then carves from the block's start. */
+        gd_extent *rest = ext_new(offset, e->len - pad);
+        if (!rest)
+            return gd_err_set(err, -ENOMEM, "out of memory");
+        ext_set(s, e, e->off, pad);
+        ext_insert(s, rest);
+        e = rest;
     }
-    return gd_err_set(err, -EINVAL, "block [%llu, +%llu) of slab %llu overlaps another",
-                      (unsigned long long)offset, (unsigned long long)size,
-                      (unsigned long long)s->id);
+    take(s, e, size, 1, NULL, ret);
+    p->used += size;
+    p->n_blocks++;
+    return 0;
 }
 
 void gd_pool_trim(gd_pool *p) {
@@ -215,34 +259,50 @@ void gd_pool_trim(gd_pool *p) {
     }
 }
 
-/* Cost of placing (size, align) in extent e; UINT64_MAX when it does not fit. */
-static uint64_t fit_waste(const gd_extent *e, uint64_t size, uint64_t align) {
-    uint64_t start = gpubuf_align_up(e->off, align);
-    uint64_t pad = start - e->off;
-    if (pad > e->len || e->len - pad < size)
-        return UINT64_MAX;
-    return e->len - size;
+static bool fits(const gd_extent *e, uint64_t size, uint64_t align) {
+    uint64_t pad = gpubuf_align_up(e->off, align) - e->off;
+    return pad <= e->len && e->len - pad >= size;
 }
 
-static void take(gd_slab *s, uint32_t i, uint64_t size, uint64_t align, gd_block *ret) {
-    gd_extent e = s->free[i];
-    uint64_t start = gpubuf_align_up(e.off, align);
-    uint64_t pad = start - e.off;
-    uint64_t tail = e.len - pad - size;
-    /* Padding before the block stays free, and so does the tail. */
+/* The smallest free extent of s that takes (size, align), or NULL. Offsets
+ * are multiples of the backend's alignment base, so an extent of size +
+ * align - base bytes or more always fits; smaller ones may not, and at most
+ * FIT_PROBES of them are tried: O(log n) in the slab's free extents. */
+static gd_extent *slab_fit(gd_slab *s, uint64_t size, uint64_t align, uint64_t base) {
+    gd_extent key = {.off = 0, .len = size};
+    gd_extent *e = RB_NFIND(gd_extents_len, &s->free_len, &key);
+    for (int k = 0; e && k < FIT_PROBES; k++, e = RB_NEXT(gd_extents_len, &s->free_len, e))
+        if (fits(e, size, align))
+            return e;
+    if (!e)
+        return NULL;
+    key.len = size + (align - base);
+    if (e->len < key.len)
+        e = RB_NFIND(gd_extents_len, &s->free_len, &key);
+    assert(!e || fits(e, size, align));
+    return e;
+}
+
+/* Place (size, align) at the start of e (after padding); the padding and the
+ * tail stay free, the tail in spare when both remain (spare, then not NULL,
+ * is consumed). */
+static void take(gd_slab *s, gd_extent *e, uint64_t size, uint64_t align, gd_extent *spare,
+                 gd_block *ret) {
+    uint64_t off = e->off, start = gpubuf_align_up(off, align);
+    uint64_t pad = start - off;
+    uint64_t tail = e->len - pad - size;
     if (pad && tail) {
-        /* Room was reserved by the caller. */
-        memmove(&s->free[i + 2], &s->free[i + 1], (s->n_free - i - 1) * sizeof(*s->free));
-        s->free[i] = (gd_extent){e.off, pad};
-        s->free[i + 1] = (gd_extent){start + size, tail};
-        s->n_free++;
+        assert(spare);
+        ext_set(s, e, off, pad);
+        spare->off = start + size;
+        spare->len = tail;
+        ext_insert(s, spare);
     } else if (pad) {
-        s->free[i] = (gd_extent){e.off, pad};
+        ext_set(s, e, off, pad);
     } else if (tail) {
-        s->free[i] = (gd_extent){start + size, tail};
+        ext_set(s, e, start + size, tail);
     } else {
-        memmove(&s->free[i], &s->free[i + 1], (s->n_free - i - 1) * sizeof(*s->free));
-        s->n_free--;
+        ext_remove(s, e);
     }
     s->used += size;
     s->blocks++;
@@ -251,21 +311,16 @@ static void take(gd_slab *s, uint32_t i, uint64_t size, uint64_t align, gd_block
     ret->size = size;
 }
 
-/* Best fit of (size, align) in slab s, improving on *best_waste; true on an
- * exact fit. */
-static bool fit_in(gd_slab *s, uint64_t size, uint64_t align, gd_slab **best,
-                   uint32_t *best_i, uint64_t *best_waste) {
-    for (uint32_t i = 0; i < s->n_free; i++) {
-        uint64_t w = fit_waste(&s->free[i], size, align);
-        if (w < *best_waste) {
-            *best_waste = w;
-            *best = s;
-            *best_i = i;
-            if (w == 0)
-                return true;
-        }
-    }
-    return false;
+/* Best fit of (size, align) in slab s, improving on *best; true on an exact
+ * fit. */
+static bool fit_in(gd_slab *s, uint64_t size, uint64_t align, uint64_t base, gd_slab **best,
+                   gd_extent **best_e) {
+    gd_extent *e = slab_fit(s, size, align, base);
+    if (!e || (*best_e && e->len >= (*best_e)->len))
+        return false;
+    *best = s;
+    *best_e = e;
+    return e->len == size;
 }
 
 int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret, gd_err *err) {
@@ -275,8 +330,8 @@ int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret, gd_e
 static int alloc_prefer(gd_pool *p, uint64_t size, uint64_t align, gd_slab *const *prefer,
                         uint32_t n_prefer, gd_block *ret, gd_err *err) {
     gd_slab *best = NULL, *s;
-    uint32_t best_i = 0;
-    uint64_t best_waste = UINT64_MAX;
+    gd_extent *best_e = NULL;
+    uint64_t base = p->be->alignment;
     int r;
     if (align == 0)
         align = p->be->alignment;
@@ -304,16 +359,15 @@ static int alloc_prefer(gd_pool *p, uint64_t size, uint64_t align, gd_slab *cons
         if (r < 0)
             return r;
         best = s;
-        best_i = 0;
     } else {
         /* The caller's slabs first: best fit among them, if any has room. */
         for (uint32_t k = 0; k < n_prefer; k++) {
             if (prefer[k]->pool == p && !prefer[k]->dedicated &&
-                fit_in(prefer[k], size, align, &best, &best_i, &best_waste))
+                fit_in(prefer[k], size, align, base, &best, &best_e))
                 break;
         }
         for (s = best ? NULL : p->slabs; s; s = s->next) {
-            if (!s->dedicated && fit_in(s, size, align, &best, &best_i, &best_waste))
+            if (!s->dedicated && fit_in(s, size, align, base, &best, &best_e))
                 break;
         }
         if (!best) {
@@ -321,16 +375,21 @@ static int alloc_prefer(gd_pool *p, uint64_t size, uint64_t align, gd_slab *cons
             if (r < 0)
                 return r;
             best = s;
-            best_i = 0;
         }
     }
-    if (extents_reserve(best, best->n_free + 1) < 0) {
+    if (!best_e)
+        best_e = RB_MIN(gd_extents_off, &best->free_off); /* a new slab: all free */
+    /* A block inside an extent (padding before it, a tail after it) leaves
+     * two: the node for the second is had before anything changes. */
+    uint64_t pad = gpubuf_align_up(best_e->off, align) - best_e->off;
+    gd_extent *spare = NULL;
+    if (pad && best_e->len - pad > size && !(spare = ext_new(0, 0))) {
         if (best->blocks == 0 && best->pins == 0 &&
             (best->dedicated || has_other_spare(p, best)))
             slab_destroy(p, best);
         return gd_err_set(err, -ENOMEM, "out of memory");
     }
-    take(best, best_i, size, align, ret);
+    take(best, best_e, size, align, spare, ret);
     p->used += size;
     p->stats.bytes_allocated += size;
     p->n_blocks++;
@@ -347,34 +406,27 @@ static bool has_other_spare(const gd_pool *p, const gd_slab *self) {
 void gd_pool_release(gd_pool *p, const gd_block *b) {
     gd_slab *s = b->slab;
     uint64_t off = b->offset, len = b->size;
-    uint32_t lo = 0, hi = s->n_free;
-    /* Find the first extent after the block. */
-    while (lo < hi) {
-        uint32_t mid = (lo + hi) / 2;
-        if (s->free[mid].off < off)
-            lo = mid + 1;
-        else
-            hi = mid;
-    }
-    bool merge_prev = lo > 0 && s->free[lo - 1].off + s->free[lo - 1].len == off;
-    bool merge_next = lo < s->n_free && off + len == s->free[lo].off;
+    gd_extent key = {.off = off};
+    gd_extent *next = RB_NFIND(gd_extents_off, &s->free_off, &key);
+    gd_extent *prev = next ? RB_PREV(gd_extents_off, &s->free_off, next)
+                           : RB_MAX(gd_extents_off, &s->free_off);
+    bool merge_prev = prev && prev->off + prev->len == off;
+    bool merge_next = next && off + len == next->off;
     if (merge_prev && merge_next) {
-        s->free[lo - 1].len += len + s->free[lo].len;
-        memmove(&s->free[lo], &s->free[lo + 1], (s->n_free - lo - 1) * sizeof(*s->free));
-        s->n_free--;
+        uint64_t total = prev->len + len + next->len;
+        ext_remove(s, next);
+        ext_set(s, prev, prev->off, total);
     } else if (merge_prev) {
-        s->free[lo - 1].len += len;
+        ext_set(s, prev, prev->off, prev->len + len);
     } else if (merge_next) {
-        s->free[lo].off = off;
-        s->free[lo].len += len;
+        ext_set(s, next, off, next->len + len);
     } else {
-        /* Growing a small array only fails when the process is out of
-         * memory; the free list cannot stay consistent without it. */
-        if (extents_reserve(s, s->n_free + 1) < 0)
+        /* A small allocation fails only when the process is out of memory;
+         * the free space cannot stay consistent without it. */
+        gd_extent *e = ext_new(off, len);
+        if (!e)
             abort();
-        memmove(&s->free[lo + 1], &s->free[lo], (s->n_free - lo) * sizeof(*s->free));
-        s->free[lo] = (gd_extent){off, len};
-        s->n_free++;
+        ext_insert(s, e);
     }
     assert(s->blocks > 0 && s->used >= len && p->used >= len && p->n_blocks > 0);
     s->used -= len;
@@ -398,23 +450,45 @@ void gd_pool_unpin(gd_pool *p, gd_slab *s) {
 
 uint64_t gd_pool_largest_free(const gd_pool *p) {
     uint64_t m = 0;
-    for (const gd_slab *s = p->slabs; s; s = s->next)
-        for (uint32_t i = 0; i < s->n_free; i++)
-            if (s->free[i].len > m)
-                m = s->free[i].len;
+    for (const gd_slab *s = p->slabs; s; s = s->next) {
+        const gd_extent *e = RB_MAX(gd_extents_len, (struct gd_extents_len *)&s->free_len);
+        if (e && e->len > m)
+            m = e->len;
+    }
     return m;
 }
 
-bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid) {
-    if (uid == 0 || (p->n_allow_uids == 0 && p->n_allow_gids == 0))
+const gd_extent *gd_slab_free_first(const gd_slab *s) {
+    return RB_MIN(gd_extents_off, (struct gd_extents_off *)&s->free_off);
+}
+
+const gd_extent *gd_slab_free_next(const gd_extent *e) {
+    return RB_NEXT(gd_extents_off, NULL, (gd_extent *)e);
+}
+
+/* uid 0, everyone when both lists are empty, else those listed. */
+static bool id_lists_match(const uint32_t *uids, int n_uids, const uint32_t *gids, int n_gids,
+                           uint32_t uid, uint32_t gid) {
+    if (uid == 0 || (n_uids == 0 && n_gids == 0))
         return true;
-    for (int i = 0; i < p->n_allow_uids; i++)
-        if (p->allow_uids[i] == uid)
+    for (int i = 0; i < n_uids; i++)
+        if (uids[i] == uid)
             return true;
-    for (int i = 0; i < p->n_allow_gids; i++)
-        if (p->allow_gids[i] == gid)
+    for (int i = 0; i < n_gids; i++)
+        if (gids[i] == gid)
             return true;
     return false;
+}
+
+bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid) {
+    return id_lists_match(p->allow_uids, p->n_allow_uids, p->allow_gids, p->n_allow_gids, uid,
+                          gid);
+}
+
+bool gd_pool_may_publish(const gd_pool *p, uint32_t uid, uint32_t gid) {
+    return gd_pool_allows(p, uid, gid) &&
+           id_lists_match(p->publish_uids, p->n_publish_uids, p->publish_gids,
+                          p->n_publish_gids, uid, gid);
 }
 
 int gd_pool_alloc_prefer(gd_pool *p, uint64_t size, uint64_t align, gd_slab *const *prefer,

@@ -2,9 +2,12 @@
  *
  * Regular slabs have the pool's slab size; a request larger than that gets a
  * dedicated slab of its own (rounded to the backend's granularity). Inside a
- * slab, free space is a sorted array of extents: allocation is best fit over
- * all slabs (or first over the slabs a client already maps, see
- * gd_pool_alloc_prefer), free coalesces with both neighbours. The pool grows slab by slab
+ * slab, free extents sit in two red-black trees, one ordered by offset (to
+ * coalesce with both neighbours on free) and one by (length, offset) (best
+ * fit): allocating and freeing cost O(log n) in the slab's free extents (times
+ * the number of slabs, which the capacity bounds), never a scan of them.
+ * Allocation is best fit over all slabs (or first over the slabs a client
+ * already maps, see gd_pool_alloc_prefer). The pool grows slab by slab
  * until its capacity; an empty regular slab is kept as a spare only if no
  * other spare exists, so bytes go back to the backend. Pure bookkeeping apart
  * from the backend calls: unit-tested on the host backend. */
@@ -14,11 +17,18 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include <bsd/sys/tree.h>
+
 #include "backend.h"
 
+/* One free extent of a slab, in both of the slab's trees. */
 typedef struct gd_extent {
     uint64_t off, len;
+    RB_ENTRY(gd_extent) by_off;
+    RB_ENTRY(gd_extent) by_len;
 } gd_extent;
+RB_HEAD(gd_extents_off, gd_extent);
+RB_HEAD(gd_extents_len, gd_extent);
 
 typedef struct gd_slab {
     uint64_t id;
@@ -29,8 +39,9 @@ typedef struct gd_slab {
     bool dedicated;
     void *priv;
     gd_slab_export exp;
-    gd_extent *free; /* sorted by offset, never adjacent */
-    uint32_t n_free, cap_free;
+    struct gd_extents_off free_off; /* free extents, never adjacent */
+    struct gd_extents_len free_len; /* the same by (length, offset) */
+    uint32_t n_free;
     struct gd_pool *pool;
     struct gd_slab *next, *prev; /* utlist DL: the pool's slabs */
 } gd_slab;
@@ -56,6 +67,10 @@ typedef struct gd_pool {
      * both lists are empty, everyone who can connect. */
     uint32_t allow_uids[32], allow_gids[32];
     int n_allow_uids, n_allow_gids;
+    /* Who may give buffers names in this pool (publish_uids/publish_gids):
+     * uid 0, and when both lists are empty, everyone the pool allows. */
+    uint32_t publish_uids[32], publish_gids[32];
+    int n_publish_uids, n_publish_gids;
     /* Told of each slab made (created) and given back (!created): the
      * daemon's saved state keeps the slabs' fds (state.c). Optional. */
     void (*slab_hook)(void *arg, const gd_slab *s, bool created);
@@ -111,7 +126,16 @@ void gd_pool_trim(gd_pool *p);
 /* May a client with these credentials use pool p? */
 bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid);
 
+/* May a client with these credentials name buffers in pool p (it must also
+ * be allowed in p)? */
+bool gd_pool_may_publish(const gd_pool *p, uint32_t uid, uint32_t gid);
+
 /* Largest free extent of the pool's existing slabs (for tests and status). */
 uint64_t gd_pool_largest_free(const gd_pool *p);
+
+/* The free extents of slab s in offset order: the first (NULL when none),
+ * and the one after e (NULL after the last). */
+const gd_extent *gd_slab_free_first(const gd_slab *s);
+const gd_extent *gd_slab_free_next(const gd_extent *e);
 
 #endif

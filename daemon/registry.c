@@ -54,17 +54,65 @@ void gd_registry_init(gd_registry *r) {
 }
 
 static void waiter_unlink(gd_registry *r, gd_waiter *w);
+static void holder_cancel_waits(gd_registry *r, gd_holder *h);
 
-/* Answer the waiters for buffer id with err: it can never be sealed now. */
-static void fail_id_waiters(gd_registry *r, uint64_t id) {
-    gd_waiter *w, *next;
-    DL_FOREACH_SAFE2(r->waiters, w, next, next) {
-        if (w->name || w->buffer_id != id)
-            continue;
+/* Answer the waiters for b's id: it can never be sealed now. */
+static void fail_id_waiters(gd_registry *r, gd_buf *b) {
+    while (b->id_waiters) {
+        gd_waiter *w = b->id_waiters;
         waiter_unlink(r, w);
         waiter_fail(w, -ENOENT, "buffer %llu was deleted before it was sealed",
-                    (unsigned long long)id);
+                    (unsigned long long)b->id);
     }
+}
+
+static void waiter_index(gd_registry *r, gd_waiter *w) {
+    w->knext = NULL;
+    w->kprev = w;
+    if (w->name) {
+        gd_waiter *head;
+        HASH_FIND(hh, r->name_waiters, w->name, strlen(w->name), head);
+        if (head)
+            DL_APPEND2(head, w, kprev, knext);
+        else
+            HASH_ADD_KEYPTR(hh, r->name_waiters, w->name, strlen(w->name), w);
+        w->indexed = true;
+        return;
+    }
+    /* A wait by id is for a buffer that exists (open only waits for an id
+     * in state ALLOCATED); one for no buffer can only time out. */
+    gd_buf *b = gd_registry_find_id(r, w->buffer_id);
+    if (b) {
+        DL_APPEND2(b->id_waiters, w, kprev, knext);
+        w->indexed = true;
+    }
+}
+
+static void waiter_unindex(gd_registry *r, gd_waiter *w) {
+    if (!w->indexed)
+        return;
+    w->indexed = false;
+    if (w->name) {
+        gd_waiter *head;
+        HASH_FIND(hh, r->name_waiters, w->name, strlen(w->name), head);
+        assert(head);
+        if (head == w) {
+            /* The next waiter of the name becomes the hash entry. */
+            HASH_DEL(r->name_waiters, w);
+            gd_waiter *rest = w->knext;
+            if (rest) {
+                rest->kprev = w->kprev;
+                HASH_ADD_KEYPTR(hh, r->name_waiters, rest->name, strlen(rest->name), rest);
+            }
+        } else {
+            DL_DELETE2(head, w, kprev, knext);
+        }
+    } else {
+        gd_buf *b = gd_registry_find_id(r, w->buffer_id);
+        assert(b);
+        DL_DELETE2(b->id_waiters, w, kprev, knext);
+    }
+    w->knext = w->kprev = NULL;
 }
 
 static gd_uid_usage *uid_usage(gd_registry *r, uid_t uid, bool create) {
@@ -101,8 +149,16 @@ static void uncharge(gd_registry *r, gd_buf *b) {
 
 static void buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
-    if (b->state != GPUBUF_STATE_SEALED)
-        fail_id_waiters(r, b->id);
+    if (b->state != GPUBUF_STATE_SEALED) {
+        fail_id_waiters(r, b);
+    } else {
+        /* Waiters a seal could not serve (out of memory) time out. */
+        while (b->id_waiters) {
+            gd_waiter *w = b->id_waiters;
+            DL_DELETE2(b->id_waiters, w, kprev, knext);
+            w->indexed = false;
+        }
+    }
     HASH_DELETE(hh_id, r->by_id, b);
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
@@ -111,7 +167,7 @@ static void buf_free(gd_registry *r, gd_buf *b) {
     assert(r->n_buffers > 0 && b->refs == 0);
     r->n_buffers--;
     r->freed_buffers++;
-    free(b->name);
+    free(b->key);
     free(b);
 }
 
@@ -124,6 +180,7 @@ static void buf_maybe_free(gd_registry *r, gd_buf *b) {
 
 static void waiter_unlink(gd_registry *r, gd_waiter *w) {
     assert(r->n_waiters > 0);
+    waiter_unindex(r, w);
     DL_DELETE2(r->waiters, w, prev, next);
     DL_DELETE2(w->holder->waiters, w, hprev, hnext);
     w->next = w->prev = w->hnext = w->hprev = NULL;
@@ -154,33 +211,38 @@ static void holder_slab_put(gd_holder *h, uint64_t slab_id) {
 }
 
 /* The holder goes: unpin what it kept (after its references are dropped,
- * so that an emptied slab can go). */
-static void holder_slabs_clear(gd_holder *h) {
+ * so that an emptied slab can go), at most budget slabs; returns how many
+ * went. */
+static uint32_t holder_slabs_clear(gd_holder *h, uint32_t budget) {
     gd_holder_slab *hs, *tmp;
+    uint32_t done = 0;
     HASH_ITER(hh, h->slabs, hs, tmp) {
+        if (done == budget)
+            break;
+        done++;
         HASH_DEL(h->slabs, hs);
-        if (hs->kept)
+        if (hs->kept) {
             gd_pool_unpin(hs->slab->pool, hs->slab);
+            h->n_kept--;
+        }
         free(hs);
     }
-    h->n_kept = 0;
+    return done;
 }
 
 void gd_registry_destroy(gd_registry *r) {
     gd_holder *h, *htmp;
     gd_buf *b, *btmp;
+    while (gd_registry_reap(r, UINT32_MAX))
+        ;
     HASH_ITER(hh, r->holders, h, htmp) {
-        while (h->waiters) {
-            gd_waiter *w = h->waiters;
-            waiter_unlink(r, w);
-            w->cancel(w);
-        }
+        holder_cancel_waits(r, h);
         gd_ref *ref, *rtmp;
         HASH_ITER(hh, h->refs, ref, rtmp) {
             HASH_DEL(h->refs, ref);
             free(ref);
         }
-        holder_slabs_clear(h);
+        holder_slabs_clear(h, UINT32_MAX);
         HASH_DEL(r->holders, h);
         free(h);
     }
@@ -223,10 +285,34 @@ gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id) {
     return b;
 }
 
-gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
+/* The by-name index key of name in pool: "POOL\0NAME" into key (at least
+ * 2 * GPUBUF_NAME_MAX + 2 bytes); returns its length. */
+static size_t name_key(char *key, const gd_pool *pool, const char *name) {
+    size_t pl = strlen(pool->name), nl = strlen(name);
+    if (pl > GPUBUF_NAME_MAX)
+        pl = GPUBUF_NAME_MAX;
+    if (nl > GPUBUF_NAME_MAX)
+        nl = GPUBUF_NAME_MAX;
+    memcpy(key, pool->name, pl);
+    key[pl] = '\0';
+    memcpy(key + pl + 1, name, nl);
+    return pl + 1 + nl;
+}
+
+gd_buf *gd_registry_find_pool_name(gd_registry *r, const gd_pool *pool, const char *name) {
+    char key[2 * GPUBUF_NAME_MAX + 2];
     gd_buf *b;
-    HASH_FIND(hh_name, r->by_name, name, strlen(name), b);
+    if (!pool && !(pool = r->default_pool))
+        return NULL;
+    if (strlen(name) > GPUBUF_NAME_MAX)
+        return NULL;
+    size_t len = name_key(key, pool, name);
+    HASH_FIND(hh_name, r->by_name, key, len, b);
     return b;
+}
+
+gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
+    return gd_registry_find_pool_name(r, NULL, name);
 }
 
 static gd_ref *ref_find(gd_holder *h, uint64_t id) {
@@ -274,8 +360,17 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     }
     if ((rc = gd_registry_check_pool(h, pool, err)) < 0)
         return rc;
-    if (name && gd_registry_find_name(r, name))
-        return gd_err_set(err, -EEXIST, "a buffer named '%s' exists", name);
+    /* Refused before the name is looked up: who may not publish here
+     * learns nothing of the names taken. */
+    if (name && !gd_pool_may_publish(pool, h->uid, h->gid))
+        return gd_err_set(err, -EPERM,
+                          "uid %u may not give buffers names in pool '%s' (its publish_uids/"
+                          "publish_gids): allocate an anonymous buffer, or publish in a pool "
+                          "that lets it",
+                          (unsigned)h->uid, pool->name);
+    if (name && gd_registry_find_pool_name(r, pool, name))
+        return gd_err_set(err, -EEXIST, "a buffer named '%s' exists in pool '%s'", name,
+                          pool->name);
     if (size == 0)
         return gd_err_set(err, -EINVAL, "size 0: a buffer holds at least 1 byte");
     const gd_quota *q = &r->quota;
@@ -305,9 +400,16 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     b = calloc(1, sizeof(*b));
     if (!b)
         return gd_err_set(err, -ENOMEM, "out of memory");
-    if (name && !(b->name = strdup(name))) {
-        free(b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
+    if (name) {
+        char key[2 * GPUBUF_NAME_MAX + 2];
+        b->key_len = name_key(key, pool, name);
+        if (!(b->key = malloc(b->key_len + 1))) {
+            free(b);
+            return gd_err_set(err, -ENOMEM, "out of memory");
+        }
+        memcpy(b->key, key, b->key_len);
+        b->key[b->key_len] = '\0';
+        b->name = b->key + strlen(b->key) + 1;
     }
     gd_slab *prefer[GPUBUF_PREFER_SLABS];
     uint32_t n_prefer = 0;
@@ -322,7 +424,7 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     if (rc < 0) {
         if (err && !err->msg[0])
             gd_err_set(err, rc, "allocation failed");
-        free(b->name);
+        free(b->key);
         free(b);
         if (u->buffers == 0) {
             HASH_DEL(r->uids, u);
@@ -338,7 +440,7 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     b->owner_holder = h->id;
     HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
     if (b->name) {
-        HASH_ADD_KEYPTR(hh_name, r->by_name, b->name, strlen(b->name), b);
+        HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
         b->in_name_index = true;
     }
     r->n_buffers++;
@@ -359,8 +461,19 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
 
 static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
     if (w->name)
-        return b->name && strcmp(w->name, b->name) == 0;
-    return w->buffer_id == b->id;
+        return b->name && w->pool == b->pool && strcmp(w->name, b->name) == 0;
+    return w->buffer_id == b->id && (!w->pool || w->pool == b->pool);
+}
+
+/* The target names an owner and b has another: -EPERM, why in err. */
+static int check_owner(bool has_owner, uint32_t owner_uid, const gd_buf *b, gd_err *err) {
+    if (!has_owner || b->owner_uid == owner_uid)
+        return 0;
+    return gd_err_set(err, -EPERM,
+                      "buffer %llu ('%s' in pool '%s') belongs to uid %u, not to uid %u as "
+                      "asked: it is not the publisher's buffer",
+                      (unsigned long long)b->id, b->name ? b->name : "", b->pool->name,
+                      b->owner_uid, owner_uid);
 }
 
 int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd_err *err) {
@@ -400,6 +513,46 @@ void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
     assert(ref->ro <= ref->count && h->n_ro_refs <= h->n_refs);
 }
 
+/* b was sealed: give waiter w its reference, or tell it why not. */
+static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
+    /* The index is by name or id alone: a name in another pool, or an id
+     * asked for in another pool, is not this buffer. */
+    if (!waiter_matches(w, b))
+        return;
+    /* Refused before a reference is taken: a waiter of a pool it may not
+     * use, or one holding too many references, gets none. */
+    if (!gd_pool_allows(b->pool, w->holder->uid, w->holder->gid)) {
+        waiter_unlink(r, w);
+        waiter_fail(w, -EACCES, "uid %u may not use pool '%s'", (unsigned)w->holder->uid,
+                    b->pool->name);
+        return;
+    }
+    gd_err own = {0};
+    if (check_owner(w->has_owner, w->owner_uid, b, &own) < 0) {
+        waiter_unlink(r, w);
+        waiter_fail(w, own.code, "%s", own.msg);
+        return;
+    }
+    if (r->quota.refs_per_client && w->holder->n_refs >= r->quota.refs_per_client) {
+        waiter_unlink(r, w);
+        waiter_fail(w, -EDQUOT, "quota: this client holds too many references");
+        return;
+    }
+    gd_err ro = {0};
+    if (w->read_only && check_read_only(b->pool, &ro) < 0) {
+        waiter_unlink(r, w);
+        waiter_fail(w, ro.code, "%s", ro.msg);
+        return;
+    }
+    if (ref_add(r, w->holder, b) < 0)
+        return; /* out of memory: the waiter times out */
+    if (w->read_only)
+        gd_registry_ref_ro(w->holder, b->id, true);
+    waiter_unlink(r, w);
+    /* The callback may free w (but not other waiters). */
+    w->wake(w, b);
+}
+
 int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint8_t *event,
                            gd_buf **ret, gd_err *err) {
     gd_buf *b = gd_registry_find_id(r, id);
@@ -424,36 +577,16 @@ int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint
     b->state = GPUBUF_STATE_SEALED;
     HOOK(r, buf, b);
     /* Wake waiters for this name or id. Each gets its own reference. */
-    gd_waiter *w, *next;
-    DL_FOREACH_SAFE2(r->waiters, w, next, next) {
-        if (!waiter_matches(w, b))
-            continue;
-        /* Refused before a reference is taken: a waiter of a pool it may
-         * not use, or one holding too many references, gets none. */
-        if (!gd_pool_allows(b->pool, w->holder->uid, w->holder->gid)) {
-            waiter_unlink(r, w);
-            waiter_fail(w, -EACCES, "uid %u may not use pool '%s'", (unsigned)w->holder->uid,
-                        b->pool->name);
-            continue;
-        }
-        if (r->quota.refs_per_client && w->holder->n_refs >= r->quota.refs_per_client) {
-            waiter_unlink(r, w);
-            waiter_fail(w, -EDQUOT, "quota: this client holds too many references");
-            continue;
-        }
-        gd_err ro = {0};
-        if (w->read_only && check_read_only(b->pool, &ro) < 0) {
-            waiter_unlink(r, w);
-            waiter_fail(w, ro.code, "%s", ro.msg);
-            continue;
-        }
-        if (ref_add(r, w->holder, b) < 0)
-            continue; /* out of memory: the waiter times out */
-        if (w->read_only)
-            gd_registry_ref_ro(w->holder, b->id, true);
-        waiter_unlink(r, w);
-        /* The callback may free w (but not other waiters). */
-        w->wake(w, b);
+    gd_waiter *w = NULL, *next;
+    if (b->name)
+        HASH_FIND(hh, r->name_waiters, b->name, strlen(b->name), w);
+    for (; w; w = next) {
+        next = w->knext;
+        wake(r, w, b);
+    }
+    for (w = b->id_waiters; w; w = next) {
+        next = w->knext;
+        wake(r, w, b);
     }
     *ret = b;
     return 0;
@@ -466,25 +599,71 @@ int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id
 
 int gd_registry_open_mode(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
                           bool read_only, gd_buf **ret, bool *ret_waitable, gd_err *err) {
+    gd_target t = {.name = name, .id = id};
+    return gd_registry_open_target(r, h, &t, read_only, ret, ret_waitable, err);
+}
+
+/* Find what t names: 0 with *ret the buffer, or NULL when none is there
+ * (a name unknown in its pool, an unknown id, an id of another pool).
+ * Refuses a bad name, a missing default pool, a pool h may not use (when
+ * h is given: open), and another owner. */
+static int resolve(gd_registry *r, const gd_holder *h, const gd_target *t, gd_buf **ret,
+                   gd_err *err) {
+    gd_pool *pool = t->pool;
+    gd_buf *b;
+    int rc;
+    if (t->name) {
+        if ((rc = gd_registry_check_name(t->name, err)) < 0)
+            return rc;
+        if (!pool && !(pool = r->default_pool))
+            return gd_err_set(err, GPUBUF_ENOPOOL, "the daemon has no pools");
+        /* A pool this client may not use is not searched: the refusal
+         * does not depend on whether the name exists there. */
+        if (h && (rc = gd_registry_check_pool(h, pool, err)) < 0)
+            return rc;
+        b = gd_registry_find_pool_name(r, pool, t->name);
+    } else {
+        if (h && pool && (rc = gd_registry_check_pool(h, pool, err)) < 0)
+            return rc;
+        b = gd_registry_find_id(r, t->id);
+        if (b && pool && b->pool != pool)
+            b = NULL;
+        /* Refused before anything else: a buffer of a pool this client
+         * may not use is not opened (nor waited for), whatever its state. */
+        if (b && h && (rc = gd_registry_check_pool(h, b->pool, err)) < 0)
+            return rc;
+    }
+    if (b && (rc = check_owner(t->has_owner, t->owner_uid, b, err)) < 0)
+        return rc;
+    *ret = b;
+    return 0;
+}
+
+/* -ENOENT for a target that names nothing (live) in its pool. */
+static int not_found(gd_registry *r, const gd_target *t, gd_err *err) {
+    const gd_pool *pool = t->pool ? t->pool : r->default_pool;
+    if (t->name)
+        return gd_err_set(err, -ENOENT, "no buffer named '%s' in pool '%s'%s", t->name,
+                          pool ? pool->name : "", t->pool ? "" : " (the default pool)");
+    if (t->pool)
+        return gd_err_set(err, -ENOENT, "no buffer with id %llu in pool '%s'",
+                          (unsigned long long)t->id, t->pool->name);
+    return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)t->id);
+}
+
+int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
+                            gd_buf **ret, bool *ret_waitable, gd_err *err) {
     gd_buf *b;
     int rc;
     bool waitable = false;
-    if (name && (rc = gd_registry_check_name(name, err)) < 0)
-        return rc;
-    b = name ? gd_registry_find_name(r, name) : gd_registry_find_id(r, id);
-    /* Refused before anything else: a buffer of a pool this client may not
-     * use is not opened (nor waited for), whatever its state. */
-    if (b && (rc = gd_registry_check_pool(h, b->pool, err)) < 0)
+    if ((rc = resolve(r, h, t, &b, err)) < 0)
         return rc;
     if (b && read_only && (rc = check_read_only(b->pool, err)) < 0)
         return rc;
     if (!b) {
         /* Any name may still come; an unknown id never will. */
-        waitable = name != NULL;
-        if (name)
-            rc = gd_err_set(err, -ENOENT, "no buffer named '%s'", name);
-        else
-            rc = gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+        waitable = t->name != NULL;
+        rc = not_found(r, t, err);
     } else if (b->state == GPUBUF_STATE_DELETED) {
         rc = gd_err_set(err, -ENOENT, "buffer %llu was deleted", (unsigned long long)b->id);
     } else if (b->state != GPUBUF_STATE_SEALED) {
@@ -583,22 +762,53 @@ int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *er
 
 int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
                        gd_err *err) {
-    int rc;
-    if (name && (rc = gd_registry_check_name(name, err)) < 0)
+    gd_target t = {.name = name, .id = id};
+    return gd_registry_delete_target(r, h, &t, err);
+}
+
+int gd_registry_stat(gd_registry *r, const gd_target *t, gd_buf **ret, gd_err *err) {
+    gd_buf *b;
+    int rc = resolve(r, NULL, t, &b, err);
+    if (rc < 0)
         return rc;
-    gd_buf *b = name ? gd_registry_find_name(r, name) : gd_registry_find_id(r, id);
-    if (!b || b->state == GPUBUF_STATE_DELETED) {
-        if (name)
-            return gd_err_set(err, -ENOENT, "no buffer named '%s'", name);
-        return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)id);
+    if (!b)
+        return not_found(r, t, err);
+    *ret = b;
+    return 0;
+}
+
+void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *pools, int n,
+                            const gd_pool *searched, const char *name, gd_err *err) {
+    if (!searched)
+        searched = r->default_pool;
+    for (int i = 0; i < n && err; i++) {
+        gd_buf *b;
+        if (pools[i] == searched || !gd_pool_allows(pools[i], h->uid, h->gid) ||
+            !(b = gd_registry_find_pool_name(r, pools[i], name)))
+            continue;
+        size_t len = strlen(err->msg);
+        snprintf(err->msg + len, sizeof(err->msg) - len,
+                 "; pool '%s' has a buffer of that name (of uid %u): name the pool, as "
+                 "'/%s/%s', if that is the one you want",
+                 pools[i]->name, b->owner_uid, pools[i]->name, name);
+        return;
     }
+}
+
+int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, gd_err *err) {
+    gd_buf *b;
+    int rc = resolve(r, NULL, t, &b, err);
+    if (rc < 0)
+        return rc;
+    if (!b || b->state == GPUBUF_STATE_DELETED)
+        return not_found(r, t, err);
     if (h->uid != 0 && h->uid != b->owner_uid)
         return gd_err_set(err, -EPERM,
                           "buffer %llu ('%s') belongs to uid %u: only its owner or root may "
                           "delete it",
                           (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid);
     if (b->state == GPUBUF_STATE_ALLOCATED)
-        fail_id_waiters(r, b->id);
+        fail_id_waiters(r, b);
     b->state = GPUBUF_STATE_DELETED;
     if (b->in_name_index) {
         HASH_DELETE(hh_name, r->by_name, b);
@@ -611,29 +821,34 @@ int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t 
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w) {
     assert(w->holder && w->wake && w->cancel);
+    if (w->name && !w->pool)
+        w->pool = r->default_pool;
     DL_PREPEND2(r->waiters, w, prev, next);
     DL_PREPEND2(w->holder->waiters, w, hprev, hnext);
     r->n_waiters++;
+    waiter_index(r, w);
 }
 
 void gd_registry_unwait(gd_registry *r, gd_waiter *w) {
     waiter_unlink(r, w);
 }
 
-void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
-    gd_ref *ref, *rtmp;
-    /* First: a saved state replayed to here has no reference of h left. */
-    HOOK(r, holder_gone, h->id);
-    if (h->detached) {
-        assert(r->n_detached > 0);
-        r->n_detached--;
-    }
+static void holder_cancel_waits(gd_registry *r, gd_holder *h) {
     while (h->waiters) {
         gd_waiter *w = h->waiters;
         waiter_unlink(r, w);
         w->cancel(w);
     }
+}
+
+/* Drop at most budget of h's references; returns how many went. */
+static uint32_t holder_drop_refs(gd_registry *r, gd_holder *h, uint32_t budget) {
+    gd_ref *ref, *rtmp;
+    uint32_t done = 0;
     HASH_ITER(hh, h->refs, ref, rtmp) {
+        if (done == budget)
+            break;
+        done++;
         gd_buf *b = gd_registry_find_id(r, ref->buffer_id);
         HASH_DEL(h->refs, ref);
         if (b) {
@@ -653,9 +868,50 @@ void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
         }
         free(ref);
     }
-    holder_slabs_clear(h);
+    return done;
+}
+
+/* h goes: first of all, a saved state replayed to here has no reference of
+ * h left (its references are dropped after, maybe over several turns). */
+static void holder_gone(gd_registry *r, gd_holder *h) {
+    HOOK(r, holder_gone, h->id);
+    if (h->detached) {
+        assert(r->n_detached > 0);
+        r->n_detached--;
+        h->detached = false;
+    }
+}
+
+void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
+    holder_gone(r, h);
+    holder_cancel_waits(r, h);
+    holder_drop_refs(r, h, UINT32_MAX);
+    holder_slabs_clear(h, UINT32_MAX);
     HASH_DEL(r->holders, h);
     free(h);
+}
+
+void gd_registry_holder_leave(gd_registry *r, gd_holder *h) {
+    holder_gone(r, h);
+    holder_cancel_waits(r, h);
+    HASH_DEL(r->holders, h);
+    DL_APPEND2(r->leaving, h, leave_prev, leave_next);
+}
+
+bool gd_registry_reap(gd_registry *r, uint32_t budget) {
+    while (r->leaving && budget > 0) {
+        gd_holder *h = r->leaving;
+        budget -= holder_drop_refs(r, h, budget);
+        /* Kept slabs are unpinned once the references are gone, so that an
+         * emptied slab can go. */
+        if (!h->refs)
+            budget -= holder_slabs_clear(h, budget);
+        if (h->refs || h->slabs)
+            break; /* the budget ran out */
+        DL_DELETE2(r->leaving, h, leave_prev, leave_next);
+        free(h);
+    }
+    return r->leaving != NULL;
 }
 
 gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, uid_t uid,
@@ -679,24 +935,37 @@ int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_er
     if (t->name && (gd_registry_check_name(t->name, err) < 0))
         return -EINVAL;
     bool named = t->name && t->state != GPUBUF_STATE_DELETED;
-    if (named && gd_registry_find_name(r, t->name))
-        return gd_err_set(err, -EEXIST, "name '%s' twice", t->name);
+    if (named && gd_registry_find_pool_name(r, t->pool, t->name))
+        return gd_err_set(err, -EEXIST, "name '%s' twice in pool '%s'", t->name, t->pool->name);
     gd_uid_usage *u = uid_usage(r, (uid_t)t->owner_uid, true);
     gd_buf *b = calloc(1, sizeof(*b));
-    if (!u || !b || (t->name && !(b->name = strdup(t->name)))) {
+    if (!u || !b) {
         free(b);
         return gd_err_set(err, -ENOMEM, "out of memory");
     }
-    char *name = b->name;
     *b = *t;
-    b->name = name;
+    b->key = NULL;
+    b->name = NULL;
+    if (t->name) {
+        /* The name index's key, as gd_registry_alloc() makes it. */
+        char key[2 * GPUBUF_NAME_MAX + 2];
+        b->key_len = name_key(key, t->pool, t->name);
+        if (!(b->key = malloc(b->key_len + 1))) {
+            free(b);
+            return gd_err_set(err, -ENOMEM, "out of memory");
+        }
+        memcpy(b->key, key, b->key_len);
+        b->key[b->key_len] = '\0';
+        b->name = b->key + strlen(b->key) + 1;
+    }
     b->refs = 0;
     b->in_name_index = false;
+    b->id_waiters = NULL;
     memset(&b->hh_id, 0, sizeof(b->hh_id));
     memset(&b->hh_name, 0, sizeof(b->hh_name));
     HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
     if (named) {
-        HASH_ADD_KEYPTR(hh_name, r->by_name, b->name, strlen(b->name), b);
+        HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
         b->in_name_index = true;
     }
     r->n_buffers++;

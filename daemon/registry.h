@@ -20,7 +20,9 @@ typedef struct gd_waiter gd_waiter;
 
 struct gd_buf {
     uint64_t id;
-    char *name; /* NULL when anonymous */
+    char *name; /* NULL when anonymous; points into key */
+    char *key;  /* by-name index key "POOL\0NAME" (names are per pool) */
+    size_t key_len;
     gd_pool *pool;
     gd_block blk;
     uint64_t size; /* as requested */
@@ -34,6 +36,7 @@ struct gd_buf {
     bool has_event;        /* sealed on a stream: openers wait for event */
     uint64_t event_holder; /* the holder that recorded it (the event dies with it) */
     uint8_t event[GD_EVENT_HANDLE_SIZE];
+    gd_waiter *id_waiters; /* waits for this id (utlist DL on kprev/knext) */
     UT_hash_handle hh_id;
     UT_hash_handle hh_name;
 };
@@ -79,6 +82,7 @@ struct gd_holder {
     bool detached;
     uint64_t detached_ns; /* when the restart made it so (gpubuf_now_ns) */
     UT_hash_handle hh;
+    gd_holder *leave_prev, *leave_next; /* registry's leaving list (utlist DL) */
 };
 
 /* What the registry reports as it changes, so that the daemon's saved state
@@ -100,13 +104,23 @@ typedef struct gd_registry_hooks {
 struct gd_waiter {
     gd_holder *holder;
     char *name;           /* target name, or NULL for by-id */
+    gd_pool *pool;        /* the pool of name (NULL: the registry's default pool) */
     uint64_t buffer_id;
+    bool has_owner;       /* the buffer must belong to owner_uid */
+    uint32_t owner_uid;
     bool read_only;       /* a read-only open: its reference is marked so */
     void (*wake)(gd_waiter *w, gd_buf *b);
     void (*cancel)(gd_waiter *w); /* holder dropped */
     void (*fail)(gd_waiter *w, const gd_err *err);
     gd_waiter *next, *prev;       /* registry list (utlist DL) */
     gd_waiter *hnext, *hprev;     /* holder list (utlist DL) */
+    /* The index a seal or a delete looks in, so that it visits the
+     * waiters of its name or id only: by name, the first waiter of a name
+     * is the entry of the registry's name_waiters hash and the others
+     * follow it on knext; by id, the buffer's id_waiters list. */
+    gd_waiter *knext, *kprev;
+    UT_hash_handle hh;
+    bool indexed;
 };
 
 /* What one uid owns (buffers outlive the client that made them). */
@@ -131,11 +145,18 @@ typedef struct gd_quota {
 
 typedef struct gd_registry {
     gd_quota quota;
+    /* Names are per pool: a name given without a pool is looked up here
+     * (the daemon's first pool). */
+    gd_pool *default_pool;
     gd_uid_usage *uids;
     gd_buf *by_id;
     gd_buf *by_name;
     gd_holder *holders;
     gd_waiter *waiters;
+    gd_waiter *name_waiters; /* by name: see gd_waiter.knext */
+    /* Holders whose client went, not in holders any more: their references
+     * go a bounded number per call of gd_registry_reap(). */
+    gd_holder *leaving;
     uint64_t next_buffer_id;
     uint64_t next_holder_id;
     uint32_t n_buffers;
@@ -154,9 +175,22 @@ gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gi
 /* The client went away: cancel its waits, drop all its references, delete
  * buffers it allocated and never sealed. */
 void gd_registry_holder_drop(gd_registry *r, gd_holder *h);
+/* The same, spread over time: the waits are cancelled and the holder is
+ * gone (its id finds nothing, its seal events die) at once; its references
+ * are dropped by gd_registry_reap(), so that a client holding a million of
+ * them does not stall the loop when it leaves. Until then its references
+ * still count on their buffers, and buffers it allocated and never sealed
+ * keep their names. */
+void gd_registry_holder_leave(gd_registry *r, gd_holder *h);
+/* Carry on dropping the references (and kept slabs) of leaving holders, at
+ * most budget of them. True while some are left. */
+bool gd_registry_reap(gd_registry *r, uint32_t budget);
 
 gd_buf *gd_registry_find_id(gd_registry *r, uint64_t id);
+/* By name in the default pool. */
 gd_buf *gd_registry_find_name(gd_registry *r, const char *name);
+/* By name in pool (NULL: the default pool). */
+gd_buf *gd_registry_find_pool_name(gd_registry *r, const gd_pool *pool, const char *name);
 uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id);
 
 /* The registry is the one place that decides names and access. Every call
@@ -185,6 +219,18 @@ const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b);
 /* Mark one of the holder's references to id as read-only (after an open), or
  * unmark one (before releasing a read-only reference). */
 void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add);
+/* What an open, stat or delete names: a buffer by name (name not NULL) in
+ * one pool, or by id. pool NULL: the default pool for a name, any pool for an
+ * id (else the buffer must be in pool). With has_owner, the buffer must
+ * belong to owner_uid (-EPERM otherwise, whatever its state). */
+typedef struct gd_target {
+    gd_pool *pool;
+    const char *name;
+    uint64_t id;
+    bool has_owner;
+    uint32_t owner_uid;
+} gd_target;
+
 /* Take a reference to a sealed buffer, by name (when name is not NULL) or
  * id, in one lookup. -EACCES for a buffer of a pool h may not use, whatever
  * its state. -ENOENT when the name/id is unknown or not sealed yet; then
@@ -197,6 +243,12 @@ int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id
  * reference is marked read-only (gd_holder.n_ro_refs). */
 int gd_registry_open_mode(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
                           bool read_only, gd_buf **ret, bool *ret_waitable, gd_err *err);
+/* The same for a target: -EACCES first when h may not use the pool of a name
+ * (whether or not the name exists there), -EPERM for another owner. */
+int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
+                            gd_buf **ret, bool *ret_waitable, gd_err *err);
+/* Describe a target without a reference: -ENOENT, -EPERM (owner). */
+int gd_registry_stat(gd_registry *r, const gd_target *t, gd_buf **ret, gd_err *err);
 int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err);
 /* Release; with keep, the holder also keeps the buffer's slab mapped: the
  * slab stays (pinned) until gd_registry_unmap() or the holder goes.
@@ -210,6 +262,12 @@ int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *er
 /* Unpublish by name or id: the owner's uid or root only (-EPERM). */
 int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
                        gd_err *err);
+int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, gd_err *err);
+/* After -ENOENT for name in pool searched: when another of the n pools that
+ * h may use has a live buffer of that name, append where to err's sentence
+ * (a consumer that forgot to name the pool learns which one to name). */
+void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *pools, int n,
+                            const gd_pool *searched, const char *name, gd_err *err);
 
 /* Restore (state.c): a detached holder of a previous run, with its id. */
 gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, uid_t uid,

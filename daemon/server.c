@@ -35,6 +35,10 @@
 #define OUT_FRAMES_HIGH_WATER 1024u
 /* What the final drain of a departed client reads at most. */
 #define DRAIN_MAX (4u << 20)
+/* Work of the reaper per turn of the loop, in frames of departed clients
+ * applied plus connections closed: however many clients leave at once, a
+ * turn does at most this much of it (docs/architecture.md). */
+#define REAP_PER_TURN 128u
 /* Out of fds with no spare to refuse a connection with: listening pauses
  * this long instead of waking the loop for a connection it cannot take. */
 #define ACCEPT_PAUSE_MS 100u
@@ -102,9 +106,11 @@ static void kick(gd_server *srv) {
  * release written just before exit() must not be lost, also when its
  * unread replies held back its requests. Its replies go nowhere (the queue
  * is dropped first). Runs at reaping time, for connections whose peer left,
- * frames_per_wakeup requests per turn of the loop so the loop stays
- * responsive. Returns true when nothing is left to handle. */
-static bool drain_step(gd_conn *c) {
+ * at most frames_per_wakeup requests per turn of the loop and no more than
+ * *turn_left (the reaper's budget for the turn, decreased by the frames
+ * handled) so the loop stays responsive. Returns true when nothing is left
+ * to handle. */
+static bool drain_step(gd_conn *c, uint32_t *turn_left) {
     if (!c->draining) {
         /* Only what the socket held when the drain starts, at most
          * DRAIN_MAX: a peer that keeps writing cannot hold the
@@ -116,7 +122,8 @@ static bool drain_step(gd_conn *c) {
         c->draining = true;
         conn_free_out(c);
     }
-    uint32_t budget = c->srv->limits->frames_per_wakeup;
+    uint32_t limit = c->srv->limits->frames_per_wakeup;
+    uint32_t budget = limit < *turn_left ? limit : *turn_left;
     bool done = false;
     c->reaping = true;
     c->closing = false;
@@ -127,6 +134,7 @@ static bool drain_step(gd_conn *c) {
             break;
         }
         budget -= (uint32_t)n;
+        *turn_left -= (uint32_t)n;
         if (has_complete_frame(c))
             break; /* the rest on the next turn */
         if (c->drain_left == 0 || !grow_in(c) || c->closing || c->in_cap == c->in_len) {
@@ -275,21 +283,33 @@ static void close_loop_handles(gd_server *srv) {
 static void on_reap(uv_check_t *h) {
     gd_server *srv = h->data;
     gd_conn *later = NULL; /* still draining: back on the list for the next turn */
+    uint32_t budget = REAP_PER_TURN;
     while (srv->reap) {
         gd_conn *c = srv->reap;
         LL_DELETE2(srv->reap, c, reap_next);
+        if (budget == 0) {
+            /* The rest on the next turn, before those stepped in this one,
+             * so that every departing connection gets its turn. */
+            LL_PREPEND2(srv->reap, c, reap_next);
+            LL_CONCAT2(srv->reap, later, reap_next);
+            later = srv->reap;
+            srv->reap = NULL;
+            break;
+        }
+        budget--;
         if (c->pending) {
             LL_DELETE2(srv->pending, c, pending_next);
             c->pending = false;
         }
         /* A connection its user refused has no user to tell. */
         if (c->user) {
-            if (c->peer_gone && !drain_step(c)) {
+            if (c->peer_gone && !drain_step(c, &budget)) {
                 LL_PREPEND2(later, c, reap_next);
                 continue;
             }
             srv->cb.on_close(c->user, c->why != GD_CLOSE_NONE ? c->why : GD_CLOSE_ERROR);
             c->user = NULL;
+            srv->work = srv->cb.on_work != NULL;
         }
         conn_free_out(c);
         DL_DELETE(srv->conns, c);
@@ -297,6 +317,8 @@ static void on_reap(uv_check_t *h) {
         srv->n_conns--;
         uv_close((uv_handle_t *)&c->poll, on_conn_closed);
     }
+    if (srv->work)
+        kick(srv); /* on_work runs from the idle handle */
     if (later) {
         srv->reap = later; /* the check handle and the idle one stay active */
         return;
@@ -325,6 +347,17 @@ static void maybe_pend(gd_conn *c) {
     kick(c->srv);
 }
 
+/* After a bounded batch of frames: come back for the rest, or, once a peer
+ * that closed its side has all its frames answered, let it go. */
+static void after_frames(gd_conn *c) {
+    if (c->eof && !has_complete_frame(c)) {
+        peer_left(c);
+        return;
+    }
+    maybe_pend(c);
+    arm_timer(c);
+}
+
 static void on_kick(uv_idle_t *h) {
     gd_server *srv = h->data;
     gd_conn *list = srv->pending;
@@ -334,14 +367,14 @@ static void on_kick(uv_idle_t *h) {
         list = c->pending_next;
         c->pending_next = NULL;
         c->pending = false;
-        if (process_frames(c, srv->limits->frames_per_wakeup) >= 0) {
-            maybe_pend(c);
-            arm_timer(c);
-        }
+        if (process_frames(c, srv->limits->frames_per_wakeup) >= 0)
+            after_frames(c);
     }
+    if (srv->work)
+        srv->work = srv->cb.on_work(srv->data);
     /* Stay active while connections wait to be reaped: the check handle that
      * reaps them runs only if the poll does not block. */
-    if (!srv->pending && !srv->reap)
+    if (!srv->pending && !srv->reap && !srv->work)
         uv_idle_stop(&srv->kick);
 }
 
@@ -576,7 +609,7 @@ static bool backlogged(const gd_conn *c) {
 static void update_poll(gd_conn *c) {
     if (c->closing)
         return;
-    int want = (backlogged(c) ? 0 : UV_READABLE) | (c->out ? UV_WRITABLE : 0);
+    int want = (backlogged(c) || c->eof ? 0 : UV_READABLE) | (c->out ? UV_WRITABLE : 0);
     if (want == c->poll_events)
         return;
     int r = uv_poll_start(&c->poll, want, on_conn_io);
@@ -798,7 +831,7 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
         update_poll(c);
         maybe_pend(c); /* frames held back while replies were backlogged */
     }
-    if (!(events & UV_READABLE) || backlogged(c) || c->closing)
+    if (!(events & UV_READABLE) || backlogged(c) || c->closing || c->eof)
         return;
     /* Frames left over from the previous wake-up go first. */
     if (process_frames(c, srv->limits->frames_per_wakeup) < 0)
@@ -813,9 +846,12 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
     if (n == -EAGAIN)
         return;
     if (n == 0) {
-        /* The peer is done sending: answer what it sent before going. */
-        process_frames(c, UINT32_MAX);
-        peer_left(c);
+        /* The peer is done sending: answer what it sent before going, a
+         * bounded batch per turn like any other frames. */
+        c->eof = true;
+        update_poll(c);
+        if (!c->closing && process_frames(c, srv->limits->frames_per_wakeup) >= 0)
+            after_frames(c);
         return;
     }
     if (n < 0) {

@@ -48,6 +48,10 @@ typedef struct gd_server_callbacks {
      * it at once and closes the connection. Optional. */
     size_t (*on_refuse)(void *data, gd_refusal why, uid_t uid, uint32_t limit, uint8_t *payload,
                         size_t cap);
+    /* After connections closed (on_close): the user's deferred work, one
+     * bounded step per turn of the loop; return true while some is left.
+     * Optional. */
+    bool (*on_work)(void *data);
 } gd_server_callbacks;
 
 typedef struct gd_outbuf {
@@ -73,6 +77,8 @@ struct gd_conn {
     bool reaping;   /* a step of the final drain of what it sent before going runs */
     bool draining;  /* the final drain started: replies dropped, drain_left set */
     bool pending;   /* on the server's pending list */
+    bool eof;       /* the peer closed its side: the frames it sent are handled,
+                       a bounded number per turn, and answered, then it goes */
     gd_close_reason why; /* the first reason it was closed for */
     uint8_t *in;
     size_t in_len, in_cap;
@@ -107,6 +113,7 @@ struct gd_server {
     uint32_t n_conns;
     size_t out_bytes; /* queued reply bytes of all connections (max_reply_memory) */
     bool stopping;
+    bool work; /* cb.on_work has work left */
 };
 
 /* Initialise srv on loop. limits must outlive the server. */

@@ -209,15 +209,35 @@ static void waiter_fail(gd_waiter *w, const gd_err *err) {
 
 static void waiter_timeout(uv_timer_t *t) {
     session_waiter *sw = t->data;
-    char msg[GPUBUF_NAME_MAX + 64];
-    gd_registry_unwait(&sw->s->ctx->reg, &sw->w);
-    if (sw->w.name)
-        snprintf(msg, sizeof(msg), "timed out waiting for '%s' to be sealed", sw->w.name);
-    else
-        snprintf(msg, sizeof(msg), "timed out waiting for buffer %llu to be sealed",
+    gd_context *ctx = sw->s->ctx;
+    /* Thousands of waits may end at the same moment: a turn of the loop
+     * answers a bounded number, the rest wait a millisecond more (a timer
+     * due now would run again in this very turn). */
+    uint64_t turn = uv_now(ctx->loop);
+    if (turn != ctx->expiry_turn) {
+        ctx->expiry_turn = turn;
+        ctx->expiries = 0;
+    }
+    if (ctx->expiries >= GD_EXPIRIES_PER_TURN) {
+        int r = uv_timer_start(&sw->timer, waiter_timeout, 1, 0);
+        assert(r == 0); /* fails only without a callback */
+        (void)r;
+        return;
+    }
+    ctx->expiries++;
+    gd_err e = {.code = -ETIMEDOUT};
+    gd_registry_unwait(&ctx->reg, &sw->w);
+    if (sw->w.name) {
+        snprintf(e.msg, sizeof(e.msg), "timed out waiting for '%s' in pool '%s' to be sealed",
+                 sw->w.name, sw->w.pool->name);
+        gd_registry_hint_pools(&ctx->reg, sw->w.holder, ctx->pools, ctx->n_pools, sw->w.pool,
+                               sw->w.name, &e);
+    } else {
+        snprintf(e.msg, sizeof(e.msg), "timed out waiting for buffer %llu to be sealed",
                  (unsigned long long)sw->w.buffer_id);
-    sw->s->ctx->metrics.open_timeouts++;
-    reply_open_error(sw, -ETIMEDOUT, msg);
+    }
+    ctx->metrics.open_timeouts++;
+    reply_open_error(sw, -ETIMEDOUT, e.msg);
     free(sw->w.name);
     waiter_dispose(sw);
 }
@@ -323,7 +343,7 @@ static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) 
         r = gd_registry_alloc(&s->ctx->reg, s->holder, pool, a->size, a->alignment, a->name, &b,
                               &err);
     if (r < 0) {
-        if (r != -EEXIST && r != -EACCES && r != GPUBUF_ENOPOOL)
+        if (r != -EEXIST && r != -EACCES && r != -EPERM && r != GPUBUF_ENOPOOL)
             LOG_LIMITED(GPUBUF_LOG_INFO, "pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
                         (unsigned long long)a->size, pool->name, gd_err_msg(&err, r));
         reply_error(s, id, r, gd_err_msg(&err, r));
@@ -351,32 +371,61 @@ static void do_seal(gd_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
     reply_buffer(s, id, b, false);
 }
 
+/* The target of an open, stat or delete: a name or id, the pool the
+ * request names (empty: none) and the owner it expects. 0, or an error
+ * (GPUBUF_ENOPOOL) with its sentence in err. */
+static int request_target(gd_session *s, bool by_name, const char *name, uint64_t bid,
+                          const char *pool, bool has_owner, uint32_t owner_uid, gd_target *t,
+                          gd_err *err) {
+    memset(t, 0, sizeof(*t));
+    if (by_name)
+        t->name = name;
+    else
+        t->id = bid;
+    t->has_owner = has_owner;
+    t->owner_uid = owner_uid;
+    if (pool && *pool)
+        return gd_context_pool(s->ctx, pool, &t->pool, err);
+    return 0;
+}
+
+/* Reply with err; a name not found in its pool says which other pool the
+ * client may use has it. */
+static void reply_target_error(gd_session *s, uint64_t id, const gd_target *t, int r,
+                               gd_err *err) {
+    if (r == -ENOENT && t->name)
+        gd_registry_hint_pools(&s->ctx->reg, s->holder, s->ctx->pools, s->ctx->n_pools, t->pool,
+                               t->name, err);
+    reply_error(s, id, r, gd_err_msg(err, r));
+}
+
 static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     gd_registry *reg = &s->ctx->reg;
     gd_err err = {0};
-    const char *name = NULL;
-    uint64_t bid = 0;
+    gd_target t;
     bool waitable = false;
     gd_buf *b;
     int r;
-    if (q->target_case == GPUBUF__OPEN_REQUEST__TARGET_NAME) {
-        name = q->name;
-    } else if (q->target_case == GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID) {
-        bid = q->buffer_id;
-    } else {
+    if (q->target_case != GPUBUF__OPEN_REQUEST__TARGET_NAME &&
+        q->target_case != GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID) {
         reply_error(s, id, -EINVAL, "open needs a name or a buffer id");
         return;
     }
-    r = gd_registry_open_mode(reg, s->holder, name, bid, q->read_only, &b, &waitable, &err);
+    r = request_target(s, q->target_case == GPUBUF__OPEN_REQUEST__TARGET_NAME, q->name,
+                       q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t, &err);
+    if (r == 0)
+        r = gd_registry_open_target(reg, s->holder, &t, q->read_only, &b, &waitable, &err);
     if (r == 0) {
         reply_open(s, id, b, q->read_only);
         return;
     }
     /* Wait only for something that can still be sealed. */
     if (r != -ENOENT || q->timeout_ms == 0 || !waitable) {
-        reply_error(s, id, r, gd_err_msg(&err, r));
+        reply_target_error(s, id, &t, r, &err);
         return;
     }
+    const char *name = t.name;
+    uint64_t bid = t.id;
     if (s->n_waiters >= s->ctx->limits.max_waiters_per_client) {
         reply_error(s, id, -EAGAIN, "too many pending opens on this connection");
         return;
@@ -391,6 +440,9 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     sw->request_id = id;
     sw->w.holder = s->holder;
     sw->w.buffer_id = bid;
+    sw->w.pool = t.pool;
+    sw->w.has_owner = t.has_owner;
+    sw->w.owner_uid = t.owner_uid;
     sw->w.read_only = q->read_only;
     sw->w.wake = waiter_wake;
     sw->w.cancel = waiter_cancel;
@@ -443,17 +495,19 @@ static void do_unmap(gd_session *s, uint64_t id, const Gpubuf__UnmapRequest *q) 
 
 static void do_delete(gd_session *s, uint64_t id, const Gpubuf__DeleteRequest *q) {
     gd_err err = {0};
-    const char *name = NULL;
+    gd_target t;
     int r;
-    if (q->target_case == GPUBUF__DELETE_REQUEST__TARGET_NAME) {
-        name = q->name;
-    } else if (q->target_case != GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID) {
+    if (q->target_case != GPUBUF__DELETE_REQUEST__TARGET_NAME &&
+        q->target_case != GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID) {
         reply_error(s, id, -EINVAL, "delete needs a name or a buffer id");
         return;
     }
-    r = gd_registry_delete(&s->ctx->reg, s->holder, name, q->buffer_id, &err);
+    r = request_target(s, q->target_case == GPUBUF__DELETE_REQUEST__TARGET_NAME, q->name,
+                       q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t, &err);
+    if (r == 0)
+        r = gd_registry_delete_target(&s->ctx->reg, s->holder, &t, &err);
     if (r < 0) {
-        reply_error(s, id, r, gd_err_msg(&err, r));
+        reply_target_error(s, id, &t, r, &err);
         return;
     }
     reply_error(s, id, 0, "");
@@ -462,21 +516,19 @@ static void do_delete(gd_session *s, uint64_t id, const Gpubuf__DeleteRequest *q
 static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
     gd_buf *b = NULL;
     gd_err err = {0};
+    gd_target t;
     int r;
-    if (q->target_case == GPUBUF__STAT_REQUEST__TARGET_NAME) {
-        if ((r = gd_registry_check_name(q->name, &err)) < 0) {
-            reply_error(s, id, r, err.msg);
-            return;
-        }
-        b = gd_registry_find_name(&s->ctx->reg, q->name);
-    } else if (q->target_case == GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID) {
-        b = gd_registry_find_id(&s->ctx->reg, q->buffer_id);
-    } else {
+    if (q->target_case != GPUBUF__STAT_REQUEST__TARGET_NAME &&
+        q->target_case != GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID) {
         reply_error(s, id, -EINVAL, "stat needs a name or a buffer id");
         return;
     }
-    if (!b) {
-        reply_error(s, id, -ENOENT, "no such buffer");
+    r = request_target(s, q->target_case == GPUBUF__STAT_REQUEST__TARGET_NAME, q->name,
+                       q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t, &err);
+    if (r == 0)
+        r = gd_registry_stat(&s->ctx->reg, &t, &b, &err);
+    if (r < 0) {
+        reply_target_error(s, id, &t, r, &err);
         return;
     }
     /* Like status, stat takes no reference and so hands out no handle. */
@@ -631,6 +683,21 @@ static void fill_counters(gd_context *ctx, counters_msg *o) {
     c->open_timeouts = m->open_timeouts;
 }
 
+/* A pool's publish rule as status shows it: "uid 1000, gid 27" ("" when
+ * everyone the pool allows may publish; uid 0 always may). */
+static void format_publishers(const gd_pool *p, char *out, size_t n) {
+    size_t len = 0;
+    out[0] = '\0';
+    for (int i = 0; i < p->n_publish_uids + p->n_publish_gids && len < n; i++) {
+        bool gid = i >= p->n_publish_uids;
+        uint32_t v = gid ? p->publish_gids[i - p->n_publish_uids] : p->publish_uids[i];
+        len += (size_t)snprintf(out + len, n - len, "%s%s %u", i ? ", " : "", gid ? "gid" : "uid",
+                                (unsigned)v);
+    }
+}
+
+#define PUBLISHERS_TEXT 1024 /* 64 entries of at most 16 bytes */
+
 static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q) {
     gd_context *ctx = s->ctx;
     gd_registry *reg = &ctx->reg;
@@ -647,8 +714,9 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
     Gpubuf__ClientStatus *cl = calloc(n_cl + 1, sizeof(*cl));
     Gpubuf__ClientStatus **pcl = calloc(n_cl + 1, sizeof(*pcl));
     counters_msg *counters = malloc(sizeof(*counters));
+    char(*pubs)[PUBLISHERS_TEXT] = calloc((size_t)ctx->n_pools + 1, sizeof(*pubs));
     size_t i = 0;
-    if (!pools || !ppools || !bufs || !pbufs || !cl || !pcl || !counters ||
+    if (!pools || !ppools || !bufs || !pbufs || !cl || !pcl || !counters || !pubs ||
         (columnar && !fill_columns(ctx, &cols))) {
         reply_error(s, id, -ENOMEM, "out of memory");
         goto out;
@@ -669,6 +737,9 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
         pools[p].slabs = pool->n_slabs;
         pools[p].slab_size = pool->slab_size;
         pools[p].buffers = pool->n_blocks;
+        pools[p].default_pool = pool == reg->default_pool;
+        format_publishers(pool, pubs[p], sizeof(pubs[p]));
+        pools[p].publishers = pubs[p];
         ppools[p] = &pools[p];
     }
     st.n_pools = (size_t)ctx->n_pools;
@@ -741,6 +812,7 @@ out:
     free(cl);
     free(pcl);
     free(counters);
+    free(pubs);
 }
 
 /* gpubufd --takeover asks for everything: the daemon's own uid or root. */
@@ -872,9 +944,10 @@ void gd_session_free(gd_session *s) {
     if (!s)
         return;
     LOG_DEBUG("session %llu (pid %d) closed", (unsigned long long)s->holder->id, (int)s->pid);
-    /* Cancels the waits (their callbacks free them) and drops everything
-     * the client held. */
-    gd_registry_holder_drop(&s->ctx->reg, s->holder);
+    /* Cancels the waits (their callbacks free them) now; everything the
+     * client held is dropped by gd_registry_reap(), a bounded part per turn
+     * of the loop. */
+    gd_registry_holder_leave(&s->ctx->reg, s->holder);
     assert(s->n_waiters == 0);
     DL_DELETE(s->ctx->sessions, s);
     assert(s->ctx->n_sessions > 0);

@@ -38,7 +38,8 @@ int main(int argc, char **argv) {
         case 'D': device = atoi(optarg); break;
         default:
             fprintf(stderr, "Usage: gpubuf-consumer [--socket P] [--name N] [--timeout MS] "
-                            "[--seed S] [--hold SECONDS] [--delete] [--device GPU]\n");
+                            "[--seed S] [--hold SECONDS] [--delete] [--device GPU]\n"
+                            "N: a name in the daemon's default pool, or /POOL/NAME\n");
             return opt == 'h' ? 0 : 2;
         }
     }

@@ -12,10 +12,16 @@ cuda_opt=()
 # The Python package with Debian's interpreter (python3 on PATH may be another).
 py_opt=(-DGPUBUF_WITH_PYTHON=ON -DPython3_EXECUTABLE="${GPUBUF_PYTHON:-/usr/bin/python3}")
 run_suite() {
-    local dir=$1; shift
+    local dir=$1 rc=0; shift
     cmake -S . -B "$dir" -G Ninja -DGPUBUF_WERROR=ON "${cuda_opt[@]}" "$@" ${GPUBUF_CMAKE_ARGS:-} >/dev/null
     cmake --build "$dir" -j"$jobs"
-    ctest --test-dir "$dir" --output-on-failure -j"$jobs"
+    # The tests add what they measure (bounds, bystander latencies, fds, RSS)
+    # to figures.txt; printed after the suite, passed or not.
+    rm -f "$dir/figures.txt"
+    ctest --test-dir "$dir" --output-on-failure -j"$jobs" || rc=$?
+    echo "== figures ($dir)"
+    if [ -s "$dir/figures.txt" ]; then sort "$dir/figures.txt"; else echo "(none)"; fi
+    return "$rc"
 }
 echo "== build and test (RelWithDebInfo, -Werror)"
 run_suite build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo "${py_opt[@]}"

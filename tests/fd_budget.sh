@@ -16,6 +16,8 @@ cleanup() {
 }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; [ -f "$work/log" ] && sed 's/^/   log: /' "$work/log"; exit 1; }
+# A measured figure: printed, and added to $GPUBUF_FIGURES (scripts/test.sh).
+figure() { echo "   $*"; [ -z "${GPUBUF_FIGURES:-}" ] || echo "fd_budget: $*" >>"$GPUBUF_FIGURES"; }
 expect() { # expect FILE TEXT: TEXT is in FILE
     grep -qF -- "$2" "$1" || { sed 's/^/   | /' "$1"; fail "expected '$2' in $(basename "$1")"; }
 }
@@ -73,7 +75,8 @@ expect "$work/log" "fd budget: RLIMIT_NOFILE 1024, raised from 512; 34 reserved,
 expect "$work/log" "serving at most max_clients 7, max_clients_per_uid 7"
 soft=$(awk '/Max open files/ {print $4}' "/proc/$daemon/limits")
 [ "$soft" = 1024 ] || fail "the soft fd limit of gpubufd is $soft, expected 1024"
-echo "   /proc/$daemon/limits: soft fd limit $soft"
+figure "under soft 512, hard 1024: $(grep -m1 -o 'fd budget: .*' "$work/log"); soft fd limit \
+now $soft"
 
 echo "-- it serves: status, a producer and a consumer"
 "$gpubufctl" --socket "$sock" status >/dev/null || fail "gpubufctl status exited $?"

@@ -37,6 +37,14 @@ python3 - "$daemon" "$sock" "$gpubufctl" "$work/log" "$work/watch" <<'PY' || fai
 import os, resource, socket, subprocess, sys, time
 pid, path, ctl, log, watch = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]
 
+def figure(line):
+    """A measured figure: printed, and added to $GPUBUF_FIGURES (scripts/test.sh)."""
+    print("   " + line)
+    figures = os.environ.get("GPUBUF_FIGURES")
+    if figures:
+        with open(figures, "a") as f:
+            f.write("fd_exhaustion: " + line + "\n")
+
 def fds():
     return len(os.listdir(f"/proc/{pid}/fd"))
 
@@ -78,7 +86,7 @@ snap0, c0, w0 = snapshots(), cpu_ticks(), time.monotonic()
 time.sleep(1.0)
 c1, w1 = cpu_ticks(), time.monotonic()
 cpu = (c1 - c0) / tick / (w1 - w0) * 100
-print(f"   CPU of gpubufd over {w1 - w0:.2f} s out of fds: {cpu:.1f} % of one core")
+figure(f"CPU of gpubufd over {w1 - w0:.2f} s out of fds: {cpu:.1f} % of one core (bound 25 %)")
 
 # A fresh client while the fds are all taken: an answer, not a hang.
 t = time.monotonic()
@@ -88,15 +96,16 @@ try:
     fresh = (r.returncode, r.stderr.strip()[:200])
 except subprocess.TimeoutExpired:
     fresh = (None, "no answer in 5 s (hangs)")
-print(f"   fresh gpubufctl status out of fds: rc {fresh[0]} in {time.monotonic() - t:.2f} s: {fresh[1]}")
+figure(f"fresh gpubufctl status out of fds: rc {fresh[0]} in {time.monotonic() - t:.2f} s: {fresh[1]}")
 
 time.sleep(max(0.0, 2.0 - (time.monotonic() - t0)))
 log_bytes = os.path.getsize(log) - log0
-print(f"   log written over {time.monotonic() - t0:.2f} s out of fds: {log_bytes} bytes")
+figure(f"log written over {time.monotonic() - t0:.2f} s out of fds: {log_bytes} bytes "
+       "(bound 20000)")
 snap1 = snapshots()
 time.sleep(0.6)
 snap2 = snapshots()
-print(f"   the connected client's status snapshots: {snap1 - snap0} while out of fds, "
+figure(f"the connected client's status snapshots: {snap1 - snap0} while out of fds, "
       f"{snap2 - snap1} in the next 0.6 s")
 
 told = 0
@@ -106,7 +115,7 @@ for s in extra:
         told += b"out of file descriptors" in s.recv(4096)
     except OSError:
         pass
-print(f"   {told} of 40 extra connections were told 'out of file descriptors'")
+figure(f"{told} of 40 extra connections were told 'out of file descriptors'")
 
 ok = True
 def check(cond, what):

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,9 +133,16 @@ gpubuf_status *td_status(const test_daemon *d) {
 }
 
 const gpubuf_status_buffer *td_find_buffer(const gpubuf_status *s, const char *name) {
-    for (size_t i = 0; i < s->n_buffers; i++)
-        if (strcmp(s->buffers[i].name, name) == 0)
-            return &s->buffers[i];
+    /* "/POOL/NAME": NAME in POOL; a plain name: the first of that name. */
+    const char *slash = name[0] == '/' ? strchr(name + 1, '/') : NULL;
+    size_t pl = slash ? (size_t)(slash - name - 1) : 0;
+    for (size_t i = 0; i < s->n_buffers; i++) {
+        const gpubuf_status_buffer *b = &s->buffers[i];
+        if (slash ? strcmp(b->name, slash + 1) == 0 && strlen(b->pool) == pl &&
+                        strncmp(b->pool, name + 1, pl) == 0
+                  : strcmp(b->name, name) == 0)
+            return b;
+    }
     return NULL;
 }
 
@@ -335,4 +343,40 @@ int td_count(const char *haystack, const char *needle) {
     for (const char *p = haystack; (p = strstr(p, needle)); p += strlen(needle))
         n++;
     return n;
+}
+
+int td_raw_connect(const test_daemon *d, int timeout_s) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    struct timeval tv = {timeout_s, 0};
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    ck_assert_int_ge(fd, 0);
+    memcpy(sa.sun_path, d->socket, strlen(d->socket) + 1);
+    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    return fd;
+}
+
+void td_figure(const char *fmt, ...) {
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof(line) - 1, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n > sizeof(line) - 2)
+        n = (int)sizeof(line) - 2;
+    line[n++] = '\n';
+    line[n] = '\0';
+    fputs(line, stdout);
+    fflush(stdout);
+    const char *path = getenv("GPUBUF_FIGURES");
+    if (!path || !*path)
+        return;
+    /* One write per line: tests running side by side do not mix lines. */
+    int fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
+    if (fd >= 0) {
+        (void)!write(fd, line, (size_t)n);
+        close(fd);
+    }
 }

@@ -29,6 +29,7 @@ gpubuf_client *td_connect(const test_daemon *d);
 
 /* Status helpers (fresh connection each time). */
 gpubuf_status *td_status(const test_daemon *d);
+/* name: NAME (the first buffer of that name, in any pool) or /POOL/NAME. */
 const gpubuf_status_buffer *td_find_buffer(const gpubuf_status *s, const char *name);
 const gpubuf_pool_info *td_find_pool(const gpubuf_status *s, const char *name);
 /* Wait until the daemon lists exactly n clients (other than the asker). */
@@ -68,5 +69,14 @@ uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed);
  * the caller never initialises CUDA: their number (0 without driver or
  * device, at most max) and their UUIDs ("GPU-..."). */
 int td_probe_gpus(char uuids[][41], int max);
+
+/* A plain socket connected to d (no hello), whose reads give up after
+ * timeout_s seconds; for tests that speak the protocol themselves. */
+int td_raw_connect(const test_daemon *d, int timeout_s);
+
+/* A measured figure (a bound and what was seen): printed, and appended as
+ * one line to the file $GPUBUF_FIGURES names, if set, which scripts/test.sh
+ * prints after the suite. */
+void td_figure(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

@@ -538,13 +538,13 @@ START_TEST(kept_slabs_pinned_reused_evicted) {
     ck_assert_int_eq(gpubuf_alloc(b, "tiny", 768 << 10, "kb", &bb), 0);
     ck_assert_int_eq(gpubuf_seal(ba), 0);
     ck_assert_int_eq(gpubuf_seal(bb), 0);
-    ck_assert_int_eq(gpubuf_stat(a, "ka", &ia), 0);
-    ck_assert_int_eq(gpubuf_stat(a, "kb", &ib), 0);
+    ck_assert_int_eq(gpubuf_stat(a, "/tiny/ka", &ia), 0);
+    ck_assert_int_eq(gpubuf_stat(a, "/tiny/kb", &ib), 0);
     ck_assert_uint_ne(ia.slab_id, ib.slab_id);
     ck_assert_int_eq(gpubuf_release(ba), 0);
     ck_assert_int_eq(gpubuf_release(bb), 0);
-    ck_assert_int_eq(gpubuf_delete(a, "ka"), 0);
-    ck_assert_int_eq(gpubuf_delete(b, "kb"), 0);
+    ck_assert_int_eq(gpubuf_delete(a, "/tiny/ka"), 0);
+    ck_assert_int_eq(gpubuf_delete(b, "/tiny/kb"), 0);
     ck_assert_int_eq(gpubuf_flush(a), 0);
     ck_assert_int_eq(gpubuf_flush(b), 0);
     /* Both slabs are empty; an empty slab beyond the spare would go, but
@@ -561,7 +561,7 @@ START_TEST(kept_slabs_pinned_reused_evicted) {
     /* a's next buffer goes to the slab it keeps: no new mapping. */
     void *old_base = (void *)(uintptr_t)a->idle->base;
     ck_assert_int_eq(gpubuf_alloc(a, "tiny", 4096, "ka2", &ba), 0);
-    ck_assert_int_eq(gpubuf_stat(a, "ka2", &ia), 0);
+    ck_assert_int_eq(gpubuf_stat(a, "/tiny/ka2", &ia), 0);
     ck_assert_uint_eq(ia.slab_id, a->maps->slab_id);
     ck_assert_ptr_eq((void *)(uintptr_t)ba->map->base, old_base);
     ck_assert_uint_eq(a->n_idle, 0);
@@ -590,7 +590,7 @@ START_TEST(kept_slabs_pinned_reused_evicted) {
     ck_assert_uint_le(td_find_pool(s, "host")->slabs, GPUBUF_KEEP_SLABS + 1);
     gpubuf_status_free(s);
     gpubuf_disconnect(x);
-    gpubuf_delete(a, "ka2");
+    gpubuf_delete(a, "/tiny/ka2");
     gpubuf_disconnect(a);
     ck_assert(td_wait_clients(&D, 0, 2000));
     s = td_status(&D);

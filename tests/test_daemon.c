@@ -37,13 +37,7 @@ static void stop_clean(void) {
 }
 
 static int raw_connect_to(const test_daemon *d) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    struct timeval tv = {5, 0};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    memcpy(sa.sun_path, d->socket, strlen(d->socket) + 1);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-    return fd;
+    return td_raw_connect(d, 5);
 }
 
 static int raw_connect(void) {
@@ -1266,11 +1260,11 @@ START_TEST(reply_memory_is_bounded_across_connections) {
     gpubuf__response__free_unpacked(r, NULL);
     long after = td_rss_kib(d2.pid);
     long bound = (BUDGET_MIB + SLACK_MIB) * 1024L;
-    printf("reply_memory_is_bounded_across_connections: %d connections x %d unread statuses of "
-           "%zu bytes: daemon RSS %ld -> %ld KiB (+%ld KiB, bound +%ld KiB = max_reply_memory "
-           "%d MiB + %d MiB); bystander's status: %d\n",
-           HOGS, PER_HOG, reply, before, after, after - before, bound, BUDGET_MIB, SLACK_MIB, bystander);
-    fflush(stdout);
+    td_figure("reply_memory_is_bounded_across_connections: %d connections x %d unread statuses of "
+              "%zu bytes: daemon RSS %ld -> %ld KiB (+%ld KiB, bound +%ld KiB = max_reply_memory "
+              "%d MiB + %d MiB); bystander's status: %d",
+              HOGS, PER_HOG, reply, before, after, after - before, bound, BUDGET_MIB, SLACK_MIB,
+              bystander);
     ck_assert_msg(after - before < bound, "daemon RSS %ld -> %ld KiB", before, after);
     gpubuf_buffer_info info;
     ck_assert_int_eq(gpubuf_stat(c, "nothing", &info), -ENOENT);
@@ -1335,10 +1329,9 @@ START_TEST(fds_held_per_client_are_bounded) {
         int now = td_count_fds(D.pid) - before;
         held = now > held ? now : held;
     }
-    printf("fds_held_per_client_are_bounded: the daemon holds %d fds for a client with %d "
-           "unread fd-carrying replies (bound %d)\n",
-           held, N, FDS_PER_CLIENT);
-    fflush(stdout);
+    td_figure("fds_held_per_client_are_bounded: the daemon holds %d fds for a client with %d "
+              "unread fd-carrying replies (bound %d)",
+              held, N, FDS_PER_CLIENT);
     ck_assert_msg(held <= FDS_PER_CLIENT, "%d fds held for one client", held);
     /* Held back, not cut off: every open is answered once it reads. */
     ck_assert_int_eq(read_open_replies(fd, 0, N), N);
@@ -1413,10 +1406,9 @@ START_TEST(pipelining_reader_is_never_cut_off) {
         ck_assert_int_eq(r->status, -ENOENT);
         gpubuf__response__free_unpacked(r, NULL);
     }
-    printf("pipelining_reader_is_never_cut_off: %d opens and %d stats answered; at most %d fds "
-           "held for the client (bound %d)\n",
-           OPENS, STATS, held, FDS_PER_CLIENT);
-    fflush(stdout);
+    td_figure("pipelining_reader_is_never_cut_off: %d opens and %d stats answered; at most %d fds "
+              "held for the client (bound %d)",
+              OPENS, STATS, held, FDS_PER_CLIENT);
     ck_assert_int_le(held, FDS_PER_CLIENT);
     ck_assert_int_eq(td_wait(p), 0);
     close(fd);

@@ -518,14 +518,16 @@ END_TEST
  * and the other way round. */
 START_TEST(cross_device_1gib) {
     peer_job a = {.device = 1, .memory_device = 0, .size = 1 * GiB, .seed = 21, .name = "x01"};
-    peer_job b = {.device = 0, .memory_device = 1, .size = 256 * MiB, .seed = 22, .name = "x10"};
+    /* Names are per pool: gpu1 is not the default pool (gpu0). */
+    peer_job b = {.device = 0, .memory_device = 1, .size = 256 * MiB, .seed = 22,
+                  .name = "/gpu1/x10"};
     ck_assert_int_eq(td_wait(td_spawn(produce_on, &D, &a)), 0);
     ck_assert_int_eq(td_wait(td_spawn(consume_on, &D, &a)), 0);
     ck_assert_int_eq(td_wait(td_spawn(produce_on, &D, &b)), 0);
     ck_assert_int_eq(td_wait(td_spawn(consume_on, &D, &b)), 0);
     gpubuf_client *c = td_connect(&D);
     ck_assert_int_eq(gpubuf_delete(c, "x01"), 0);
-    ck_assert_int_eq(gpubuf_delete(c, "x10"), 0);
+    ck_assert_int_eq(gpubuf_delete(c, "/gpu1/x10"), 0);
     gpubuf_disconnect(c);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(s->n_buffers, 0);

@@ -206,7 +206,7 @@ START_TEST(vmm_stream_ordered_1gib) {
     pid_t cons[3];
     for (int i = 0; i < 3; i++)
         cons[i] = td_spawn(stream_consumer, &D, &j);
-    ck_assert(td_wait_clients(&D, 3, 10000));
+    ck_assert(td_wait_waiting_opens(&D, 3, 30000));
     pid_t prod = td_spawn(stream_producer, &D, &j);
     for (int i = 0; i < 3; i++)
         ck_assert_int_eq(td_wait(cons[i]), 0);
@@ -222,14 +222,15 @@ END_TEST
 /* The same hand-over on a cuda-ipc pool, with the per-thread default stream
  * on the consumer side. */
 START_TEST(ipc_stream_ordered_256mib) {
-    story j = {.pool = "ipc", .name = "iframe", .size = 256 * MiB, .seed = 33, .spin_us = 200000,
+    /* Names are per pool: "ipc" is not the default pool ("vmm"). */
+    story j = {.pool = "ipc", .name = "/ipc/iframe", .size = 256 * MiB, .seed = 33, .spin_us = 200000,
                .expect_event = true, .released_fd = -1};
     pid_t cons = td_spawn(stream_consumer, &D, &j);
-    ck_assert(td_wait_clients(&D, 1, 10000));
+    ck_assert(td_wait_waiting_opens(&D, 1, 30000));
     pid_t prod = td_spawn(stream_producer, &D, &j);
     ck_assert_int_eq(td_wait(cons), 0);
     ck_assert_int_eq(td_wait(prod), 0);
-    delete_name("iframe");
+    delete_name("/ipc/iframe");
     expect_empty();
 }
 END_TEST
@@ -318,14 +319,14 @@ static int ipc_read_only_refused(const test_daemon *d, void *arg) {
     if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "ipc", 1 * MiB, "ipc1", &b) < 0 ||
         gpubuf_seal_sync(b) < 0)
         return 1;
-    int r = gpubuf_open_ex(c, "ipc1", 0, 0, GPUBUF_OPEN_READONLY, &o);
+    int r = gpubuf_open_ex(c, "/ipc/ipc1", 0, 0, GPUBUF_OPEN_READONLY, &o);
     printf("read-only open on cuda-ipc: %s: %s\n", gpubuf_err_name(r),
            gpubuf_last_error_message());
     fflush(stdout);
     if (r != -EOPNOTSUPP || !strstr(gpubuf_last_error_message(), "cuda-vmm"))
         return 2;
     gpubuf_release(b);
-    return gpubuf_delete(c, "ipc1") < 0 ? 3 : 0;
+    return gpubuf_delete(c, "/ipc/ipc1") < 0 ? 3 : 0;
 }
 
 START_TEST(vmm_read_only_faults_alone) {
@@ -434,13 +435,13 @@ static int peer_consume(const test_daemon *d, void *arg) {
 
 START_TEST(vmm_peer_access) {
     peer a = {.pool = "vmm0", .name = "p0", .device = 1, .seed = 61};
-    peer b = {.pool = "vmm1", .name = "p1", .device = 0, .seed = 62};
+    peer b = {.pool = "vmm1", .name = "/vmm1/p1", .device = 0, .seed = 62};
     ck_assert_int_eq(td_wait(td_spawn(peer_produce, &D, &a)), 0);
     ck_assert_int_eq(td_wait(td_spawn(peer_consume, &D, &a)), 0);
     ck_assert_int_eq(td_wait(td_spawn(peer_produce, &D, &b)), 0);
     ck_assert_int_eq(td_wait(td_spawn(peer_consume, &D, &b)), 0);
     delete_name("p0");
-    delete_name("p1");
+    delete_name("/vmm1/p1");
     expect_empty();
 }
 END_TEST

@@ -39,6 +39,7 @@ static void env_init_cap(env *e, uint64_t capacity) {
     ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
     ck_assert_int_eq(gd_pool_new("host", be, capacity, MIB, &e->slab_ids, &e->pool, &tr_err), 0);
     gd_registry_init(&e->reg);
+    e->reg.default_pool = e->pool;
 }
 
 static void env_init(env *e) {
@@ -1179,6 +1180,161 @@ START_TEST(test_destroy_empty_and_reinit) {
 }
 END_TEST
 
+/* ---- names per pool ---------------------------------------------------- */
+
+/* The same name in two pools: each pool's buffer is found in its own pool
+ * only, an unqualified lookup searches the default pool, and a waiter for a
+ * name in one pool is not woken by a seal in the other. */
+START_TEST(test_names_per_pool) {
+    env e;
+    gd_backend *be = NULL;
+    gd_pool *other;
+    env_init(&e);
+    ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
+    ck_assert_int_eq(gd_pool_new("other", be, 8 * MIB, MIB, &e.slab_ids, &other, &tr_err), 0);
+    gd_holder *a = holder(&e, UID_A), *b = holder(&e, UID_B);
+    gd_buf *x = NULL, *o = NULL;
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, b, other, 64, 0, "frames", &x, &tr_err), 0);
+    gd_buf *mine = publish(&e, a, 64, "frames"); /* the default pool: no EEXIST */
+    ck_assert_ptr_ne(mine, x);
+    ck_assert_ptr_eq(gd_registry_find_name(&e.reg, "frames"), mine);
+    ck_assert_ptr_eq(gd_registry_find_pool_name(&e.reg, other, "frames"), x);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, b, other, 64, 0, "frames", &o, &tr_err), -EEXIST);
+    test_waiter t;
+    tw_wait(&e, &t, a, "late", 0);
+    ck_assert_ptr_eq(t.w.pool, e.pool); /* no pool named: the default */
+    gd_buf *l = NULL;
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, b, other, 64, 0, "late", &l, &tr_err), 0);
+    seal_ok(&e, b, l);
+    ck_assert_int_eq(t.woken, 0);
+    gd_buf *real = publish(&e, a, 64, "late");
+    ck_assert_int_eq(t.woken, 1);
+    ck_assert_ptr_eq(t.buf, real);
+    /* A target names its pool and owner. */
+    gd_target tg = {.pool = other, .name = "frames", .has_owner = true, .owner_uid = UID_A};
+    ck_assert_int_eq(gd_registry_open_target(&e.reg, a, &tg, false, &o, NULL, &tr_err), -EPERM);
+    tg.owner_uid = UID_B;
+    seal_ok(&e, b, x);
+    ck_assert_int_eq(gd_registry_open_target(&e.reg, a, &tg, false, &o, NULL, &tr_err), 0);
+    ck_assert_ptr_eq(o, x);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, x->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, a, real->id, &tr_err), 0);
+    env_fini(&e); /* frees every buffer, those of "other" too */
+    ck_assert_uint_eq(other->used, 0);
+    gd_pool_free(other);
+}
+END_TEST
+
+/* ---- bounded work ---------------------------------------------------------- */
+
+/* Waiters are indexed by name and id: a seal or a delete reaches exactly
+ * the waiters of its name or id among many others, in the order they came,
+ * and the index follows every unlink (the first waiter of a name going
+ * first, or one in the middle). */
+START_TEST(test_waiters_indexed) {
+    enum { N = 300 };
+    env e;
+    env_init_cap(&e, 64 * MIB);
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    test_waiter *tw = calloc(4 * N, sizeof(*tw));
+    gd_buf **bufs = calloc(N, sizeof(*bufs));
+    ck_assert_ptr_nonnull(tw);
+    ck_assert_ptr_nonnull(bufs);
+    char name[32];
+    for (int i = 0; i < N; i++) {
+        snprintf(name, sizeof(name), "n%d", i);
+        bufs[i] = alloc_ok(&e, h1, 64, name);
+        tw_wait(&e, &tw[i], h2, name, 0);             /* by name */
+        tw_wait(&e, &tw[N + i], h2, name, 0);         /* the same name again */
+        tw_wait(&e, &tw[2 * N + i], h2, NULL, bufs[i]->id); /* by id */
+        snprintf(name, sizeof(name), "never%d", i);
+        tw_wait(&e, &tw[3 * N + i], h2, name, 0);     /* a name nobody seals */
+    }
+    ck_assert_uint_eq(e.reg.n_waiters, 4 * N);
+    /* The first waiter of n1 goes: the second is still reached. */
+    gd_registry_unwait(&e.reg, &tw[1].w);
+    /* The second waiter of n2 goes: the first still is. */
+    gd_registry_unwait(&e.reg, &tw[N + 2].w);
+    for (int i = 0; i < N; i++) {
+        if (i % 2 == 0) {
+            seal_ok(&e, h1, bufs[i]);
+            ck_assert_int_eq(tw[i].woken, i == 1 ? 0 : 1);
+            ck_assert_int_eq(tw[N + i].woken, i == 2 ? 0 : 1);
+            ck_assert_int_eq(tw[2 * N + i].woken, 1);
+            ck_assert_ptr_eq(tw[2 * N + i].buf, bufs[i]);
+        } else {
+            /* Deleted before it was sealed: its id waiter is told, its name
+             * waiters wait on (a buffer of that name may come). */
+            ck_assert_int_eq(gd_registry_delete(&e.reg, h1, NULL, bufs[i]->id, &tr_err), 0);
+            ck_assert_int_eq(tw[2 * N + i].cancelled, 1);
+            ck_assert_int_eq(tw[i].woken + tw[N + i].woken, 0);
+        }
+        for (int j = i + 1; j < N; j++)
+            if (tw[j].woken || tw[N + j].woken || tw[2 * N + j].woken || tw[2 * N + j].cancelled)
+                ck_abort_msg("waiters of buffer %d reached when buffer %d changed", j, i);
+    }
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(tw[3 * N + i].woken + tw[3 * N + i].cancelled, 0);
+    /* Left: the names of the deleted buffers (two each, one for n1) and the
+     * names never sealed. */
+    ck_assert_uint_eq(e.reg.n_waiters, N / 2 * 2 - 1 + N);
+    /* A new buffer of an odd name wakes both its waiters. */
+    gd_buf *again = alloc_ok(&e, h1, 64, "n3");
+    seal_ok(&e, h1, again);
+    ck_assert_int_eq(tw[3].woken, 1);
+    ck_assert_int_eq(tw[N + 3].woken, 1);
+    gd_registry_holder_drop(&e.reg, h2);
+    ck_assert_uint_eq(e.reg.n_waiters, 0);
+    ck_assert_ptr_null(e.reg.name_waiters);
+    free(tw);
+    free(bufs);
+    env_fini(&e);
+}
+END_TEST
+
+/* A leaving holder's references go a bounded number per gd_registry_reap()
+ * call; when done, the buffers it alone held and those it never sealed are
+ * freed, and the others keep their other references. */
+START_TEST(test_holder_leave_spread) {
+    enum { N = 1000, BUDGET = 64 };
+    env e;
+    env_init_cap(&e, 64 * MIB);
+    gd_holder *h1 = holder(&e, UID_A), *h2 = holder(&e, UID_B);
+    gd_buf *shared = alloc_ok(&e, h2, 64, "shared");
+    seal_ok(&e, h2, shared);
+    gd_buf *open = NULL;
+    ck_assert_int_eq(gd_registry_open(&e.reg, h1, "shared", 0, &open, NULL, &tr_err), 0);
+    for (int i = 0; i < N; i++)
+        alloc_ok(&e, h1, 64, NULL); /* never sealed */
+    test_waiter w;
+    tw_wait(&e, &w, h1, "later", 0);
+    ck_assert_uint_eq(e.reg.n_buffers, N + 1);
+    uint64_t id1 = h1->id;
+    gd_registry_holder_leave(&e.reg, h1);
+    /* At once: its waits are cancelled, and it is no holder any more. */
+    ck_assert_int_eq(w.cancelled, 1);
+    ck_assert_uint_eq(e.reg.n_waiters, 0);
+    gd_holder *found;
+    HASH_FIND(hh, e.reg.holders, &id1, sizeof(id1), found);
+    ck_assert_ptr_null(found);
+    int calls = 1;
+    uint32_t before = e.reg.n_buffers;
+    while (gd_registry_reap(&e.reg, BUDGET)) {
+        /* Each call drops at most BUDGET references. */
+        ck_assert_uint_le(before - e.reg.n_buffers, BUDGET);
+        before = e.reg.n_buffers;
+        calls++;
+    }
+    ck_assert_int_ge(calls, (N + 1) / BUDGET);
+    ck_assert_ptr_null(e.reg.leaving);
+    ck_assert_uint_eq(e.reg.n_buffers, 1);
+    ck_assert_uint_eq(shared->refs, 1);
+    ck_assert_uint_eq(e.pool->n_blocks, 1);
+    ck_assert(!gd_registry_reap(&e.reg, BUDGET));
+    gd_registry_holder_drop(&e.reg, h2);
+    env_fini(&e);
+}
+END_TEST
 
 /* ---- restart: restore, resume ------------------------------------------ */
 
@@ -1345,6 +1501,12 @@ static Suite *registry_suite(void) {
     tcase_add_test(tc, test_wake_frees_waiter);
     tcase_add_test(tc, test_placement_prefers_held_slabs);
     tcase_add_test(tc, test_kept_slabs);
+    tcase_add_test(tc, test_names_per_pool);
+    suite_add_tcase(s, tc);
+
+    tc = tcase_create("bounded");
+    tcase_add_test(tc, test_waiters_indexed);
+    tcase_add_test(tc, test_holder_leave_spread);
     tcase_add_test(tc, test_restore_and_resume);
     tcase_add_test(tc, test_hooks_follow_changes);
     suite_add_tcase(s, tc);

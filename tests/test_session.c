@@ -66,22 +66,32 @@ static const gd_transport mem_transport = {mc_send, mc_close, mc_ready, mc_closi
 static uv_loop_t loop;
 static gd_context ctx;
 
-/* A context with one host pool "h" (1 MiB slabs, 8 MiB) whose access list
- * is allow_uid (0: everyone). */
-static void ctx_init(uint32_t allow_uid) {
+/* Add a host pool (1 MiB slabs, 8 MiB) to ctx whose access list is
+ * allow_uid and whose publishers are publish_uid (0: everyone). */
+static void add_pool(const char *name, uint32_t allow_uid, uint32_t publish_uid) {
     gd_backend *be;
     gd_pool *pool;
-    gd_log_level = -1; /* quiet */
-    ck_assert_int_eq(uv_loop_init(&loop), 0);
-    gd_context_init(&ctx, &loop);
-    gd_config_defaults(&ctx.limits, &ctx.reg.quota);
     ck_assert_int_eq(gd_backend_host_new(&be, NULL), 0);
-    ck_assert_int_eq(gd_pool_new("h", be, 8 * MIB, MIB, &ctx.slab_ids, &pool, NULL), 0);
+    ck_assert_int_eq(gd_pool_new(name, be, 8 * MIB, MIB, &ctx.slab_ids, &pool, NULL), 0);
     if (allow_uid) {
         pool->allow_uids[0] = allow_uid;
         pool->n_allow_uids = 1;
     }
+    if (publish_uid) {
+        pool->publish_uids[0] = publish_uid;
+        pool->n_publish_uids = 1;
+    }
     ck_assert_int_eq(gd_context_add_pool(&ctx, pool), 0);
+}
+
+/* A context with one host pool "h" whose access list is allow_uid (0:
+ * everyone). */
+static void ctx_init(uint32_t allow_uid) {
+    gd_log_level = -1; /* quiet */
+    ck_assert_int_eq(uv_loop_init(&loop), 0);
+    gd_context_init(&ctx, &loop);
+    gd_config_defaults(&ctx.limits, &ctx.reg.quota);
+    add_pool("h", allow_uid, 0);
 }
 
 static void mc_open(memconn *m, uid_t uid) {
@@ -101,6 +111,10 @@ static void mc_forget(memconn *m) {
 
 static void mc_free(memconn *m) {
     gd_session_free(m->s);
+    /* What the daemon's loop does over its next turns: drop what the client
+     * held, a bounded part at a time. */
+    while (gd_registry_reap(&ctx.reg, 64))
+        ;
     mc_forget(m);
 }
 
@@ -165,16 +179,24 @@ static void finish(memconn *a, memconn *b) {
     ctx_fini();
 }
 
-static const Gpubuf__Response *alloc(memconn *m, const char *name, uint64_t size) {
+/* Allocate size bytes named name (NULL: anonymous) in pool ("": the
+ * default pool); the reply. */
+static const Gpubuf__Response *alloc_in(memconn *m, const char *pool, const char *name,
+                                        uint64_t size) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = size;
+    a.pool = (char *)pool;
     a.name = (char *)(name ? name : "");
     req.id = 10;
     req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
     req.alloc = &a;
     ck_assert_int_eq(mc_request(m, &req), 1);
     return last(m);
+}
+
+static const Gpubuf__Response *alloc(memconn *m, const char *name, uint64_t size) {
+    return alloc_in(m, "", name, size);
 }
 
 static void seal(memconn *m, uint64_t id) {
@@ -384,19 +406,21 @@ START_TEST(pool_access_is_refused_with_reason) {
     start(1000, &owner, 1000, &other, 2000);
     ck_assert_int_eq(alloc(&other, "mine", 64)->status, -EACCES);
     ck_assert_ptr_nonnull(strstr(last(&other)->message, "may not use pool 'h'"));
-    /* A waiting open for a name the owner seals later. */
-    ck_assert_int_eq(open_name(&other, "later", -1), 0);
-    ck_assert_uint_eq(ctx.reg.n_waiters, 1);
+    /* A waiting open of a name in a pool it may not use is refused at
+     * once, before the name is looked up: it never waits there. */
+    ck_assert_int_eq(open_name(&other, "later", -1), 1);
+    ck_assert_int_eq(last(&other)->status, -EACCES);
+    ck_assert_ptr_nonnull(strstr(last(&other)->message, "may not use pool 'h'"));
+    ck_assert_uint_eq(ctx.reg.n_waiters, 0);
     const Gpubuf__Response *r = alloc(&owner, "later", 64);
     ck_assert_int_eq(r->status, 0);
     uint64_t id = r->buffer->buffer_id;
-    /* Refused before it is sealed too: the buffer's pool decides. */
+    /* Refused before it is sealed too, and by id: the buffer's pool decides. */
     ck_assert_int_eq(open_name(&other, "later", 0), 1);
     ck_assert_int_eq(last(&other)->status, -EACCES);
     int before = other.n;
     seal(&owner, id);
-    ck_assert_int_eq(other.n, before + 1);
-    ck_assert_int_eq(last(&other)->status, -EACCES);
+    ck_assert_int_eq(other.n, before);
     ck_assert_uint_eq(other.s->holder->n_refs, 0);
     ck_assert_uint_eq(gd_registry_find_id(&ctx.reg, id)->refs, 1);
     ck_assert_uint_eq(ctx.reg.n_waiters, 0);
@@ -482,6 +506,218 @@ START_TEST(log_lines_are_rate_limited) {
 }
 END_TEST
 
+/* ---- names per pool ------------------------------------------------------ */
+
+/* The squatting scenario of issue 11: the default pool "h" only TRUSTED
+ * (and root) may use; "pub" is open to every uid, and with only_trusted
+ * only TRUSTED may give buffers names there. */
+#define TRUSTED 1000
+#define SQUATTER 2000
+
+static void ctx_init_pub(bool only_trusted) {
+    ctx_init(TRUSTED);
+    add_pool("pub", 0, only_trusted ? TRUSTED : 0);
+}
+
+static memconn *session_of(memconn *m, uid_t uid) {
+    mc_open(m, uid);
+    hello(m);
+    return m;
+}
+
+/* A sealed buffer of m named name in pool ("" : the default); its id. */
+static uint64_t publish_in(memconn *m, const char *pool, const char *name) {
+    const Gpubuf__Response *r = alloc_in(m, pool, name, 64);
+    ck_assert_msg(r->status == 0, "alloc %s in '%s': %s", name, pool, r->message);
+    uint64_t id = r->buffer->buffer_id;
+    seal(m, id);
+    ck_assert_int_eq(last(m)->status, 0);
+    return id;
+}
+
+/* Open, stat or delete (body) name in pool ("": none named), expecting
+ * owner when owner >= 0; returns the number of replies (0: an open waits). */
+static int lookup(memconn *m, Gpubuf__Request__BodyCase body, const char *pool, const char *name,
+                  long owner, int timeout_ms) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
+    Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
+    Gpubuf__ExpectedOwner eo = GPUBUF__EXPECTED_OWNER__INIT;
+    eo.uid = (uint32_t)owner;
+    Gpubuf__ExpectedOwner *pe = owner >= 0 ? &eo : NULL;
+    req.id = 21;
+    req.body_case = body;
+    if (body == GPUBUF__REQUEST__BODY_OPEN) {
+        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+        o.name = (char *)name;
+        o.pool = (char *)pool;
+        o.owner = pe;
+        o.timeout_ms = timeout_ms;
+        req.open = &o;
+    } else if (body == GPUBUF__REQUEST__BODY_STAT) {
+        st.target_case = GPUBUF__STAT_REQUEST__TARGET_NAME;
+        st.name = (char *)name;
+        st.pool = (char *)pool;
+        st.owner = pe;
+        req.stat = &st;
+    } else {
+        d.target_case = GPUBUF__DELETE_REQUEST__TARGET_NAME;
+        d.name = (char *)name;
+        d.pool = (char *)pool;
+        d.owner = pe;
+        req.delete_ = &d;
+    }
+    return mc_request(m, &req);
+}
+
+#define OPEN GPUBUF__REQUEST__BODY_OPEN
+#define STAT GPUBUF__REQUEST__BODY_STAT
+#define DELETE GPUBUF__REQUEST__BODY_DELETE
+
+static bool has(const Gpubuf__Response *r, const char *text) {
+    return r->message && strstr(r->message, text);
+}
+
+/* A uid allowed only in "pub" publishes "frames" and "late" first: the
+ * trusted producer still publishes "frames" in its own (default) pool, and
+ * the trusted consumer's unqualified opens, waiting ones included, only ever
+ * get the trusted buffers. */
+START_TEST(names_cannot_be_squatted_across_pools) {
+    memconn squatter, producer, consumer;
+    ctx_init_pub(false);
+    session_of(&squatter, SQUATTER);
+    session_of(&producer, TRUSTED);
+    session_of(&consumer, TRUSTED);
+    uint64_t fake = publish_in(&squatter, "pub", "frames");
+    /* The squatter cannot reach the default pool at all. */
+    ck_assert_int_eq(alloc_in(&squatter, "", "frames2", 64)->status, -EACCES);
+    ck_assert_int_eq(lookup(&squatter, OPEN, "", "anything", -1, -1), 1);
+    ck_assert_int_eq(last(&squatter)->status, -EACCES);
+    /* Not published in the default pool yet: not found, and the message
+     * says where a buffer of that name is (and whose). */
+    ck_assert_int_eq(lookup(&consumer, OPEN, "", "frames", -1, 0), 1);
+    ck_assert_int_eq(last(&consumer)->status, -ENOENT);
+    ck_assert(has(last(&consumer), "in pool 'h' (the default pool)"));
+    ck_assert(has(last(&consumer), "'/pub/frames'"));
+    ck_assert(has(last(&consumer), "of uid 2000"));
+    /* The trusted producer is not blocked by the other pool's name. */
+    const Gpubuf__Response *r = alloc_in(&producer, "", "frames", 64);
+    ck_assert_msg(r->status == 0, "%s", r->message);
+    uint64_t real = r->buffer->buffer_id;
+    ck_assert_uint_ne(real, fake);
+    /* A second "frames" in the same pool is still refused. */
+    ck_assert_int_eq(alloc_in(&producer, "h", "frames", 64)->status, -EEXIST);
+    ck_assert(has(last(&producer), "exists in pool 'h'"));
+    /* A waiting open of "frames" is not answered with the squatter's. */
+    ck_assert_int_eq(lookup(&consumer, OPEN, "", "frames", -1, -1), 0);
+    seal(&producer, real);
+    ck_assert_int_eq(last(&consumer)->status, 0);
+    ck_assert_uint_eq(last(&consumer)->buffer->buffer_id, real);
+    ck_assert_str_eq(last(&consumer)->buffer->pool, "h");
+    /* A name the squatter publishes first while the consumer waits. */
+    ck_assert_int_eq(lookup(&consumer, OPEN, "", "late", -1, -1), 0);
+    int before = consumer.n;
+    publish_in(&squatter, "pub", "late");
+    ck_assert_int_eq(consumer.n, before); /* still waiting */
+    uint64_t late = publish_in(&producer, "", "late");
+    ck_assert_int_eq(consumer.n, before + 1);
+    ck_assert_uint_eq(last(&consumer)->buffer->buffer_id, late);
+    /* Naming the pool finds the other one; stat and delete look in one pool. */
+    ck_assert_int_eq(lookup(&consumer, OPEN, "pub", "frames", -1, 0), 1);
+    ck_assert_uint_eq(last(&consumer)->buffer->buffer_id, fake);
+    ck_assert_int_eq(lookup(&consumer, STAT, "", "frames", -1, 0), 1);
+    ck_assert_uint_eq(last(&consumer)->buffer->buffer_id, real);
+    ck_assert_int_eq(lookup(&consumer, OPEN, "nosuch", "frames", -1, 0), 1);
+    ck_assert_int_eq(last(&consumer)->status, GPUBUF_ENOPOOL);
+    ck_assert_int_eq(lookup(&squatter, DELETE, "", "frames", -1, 0), 1);
+    ck_assert_int_eq(last(&squatter)->status, -EPERM); /* root's, not its own */
+    ck_assert_int_eq(lookup(&squatter, DELETE, "pub", "frames", -1, 0), 1);
+    ck_assert_int_eq(last(&squatter)->status, 0);
+    ck_assert_ptr_nonnull(gd_registry_find_name(&ctx.reg, "frames"));
+    mc_free(&consumer);
+    mc_free(&producer);
+    finish(&squatter, NULL);
+}
+END_TEST
+
+/* publish_uids: only the listed uids (and root) give buffers names in
+ * "pub"; anyone the pool allows may still allocate anonymous buffers. */
+START_TEST(publishers_rule_refuses_with_reason) {
+    memconn squatter, producer;
+    ctx_init_pub(true);
+    session_of(&squatter, SQUATTER);
+    session_of(&producer, TRUSTED);
+    ck_assert_int_eq(alloc_in(&squatter, "pub", "frames", 64)->status, -EPERM);
+    ck_assert(has(last(&squatter), "uid 2000 may not give buffers names in pool 'pub'"));
+    ck_assert_int_eq(alloc_in(&squatter, "pub", NULL, 64)->status, 0);
+    publish_in(&producer, "pub", "frames");
+    /* Before the name is looked up: the refusal does not say it is taken. */
+    ck_assert_int_eq(alloc_in(&squatter, "pub", "frames", 64)->status, -EPERM);
+    memconn root;
+    session_of(&root, 0);
+    publish_in(&root, "pub", "root-frames");
+    /* Status shows the rule and the default pool. */
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatusRequest sq = GPUBUF__STATUS_REQUEST__INIT;
+    req.id = 30;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &sq;
+    ck_assert_int_eq(mc_request(&root, &req), 1);
+    const Gpubuf__StatusReply *st = last(&root)->status_reply;
+    ck_assert_uint_eq(st->n_pools, 2);
+    ck_assert(st->pools[0]->default_pool && !st->pools[1]->default_pool);
+    ck_assert_str_eq(st->pools[0]->publishers, "");
+    ck_assert_str_eq(st->pools[1]->publishers, "uid 1000");
+    mc_free(&root);
+    mc_free(&producer);
+    finish(&squatter, NULL);
+}
+END_TEST
+
+/* An open, stat or delete that names the owner it expects is refused
+ * (-EPERM, with the owner in the sentence) for another uid's buffer; a
+ * waiting open is refused when such a buffer is sealed under its name. */
+START_TEST(expected_owner_mismatch_is_refused) {
+    memconn squatter, producer, consumer;
+    ctx_init_pub(false);
+    session_of(&squatter, SQUATTER);
+    session_of(&producer, TRUSTED);
+    session_of(&consumer, TRUSTED);
+    publish_in(&squatter, "pub", "frames");
+    uint64_t mine = publish_in(&producer, "pub", "mine");
+    for (int body = 0; body < 3; body++) {
+        Gpubuf__Request__BodyCase b = body == 0 ? OPEN : body == 1 ? STAT : DELETE;
+        ck_assert_int_eq(lookup(&consumer, b, "pub", "frames", TRUSTED, 0), 1);
+        ck_assert_int_eq(last(&consumer)->status, -EPERM);
+        ck_assert(has(last(&consumer), "belongs to uid 2000, not to uid 1000"));
+    }
+    ck_assert_uint_eq(consumer.s->holder->n_refs, 0);
+    ck_assert_int_eq(lookup(&consumer, OPEN, "pub", "mine", TRUSTED, 0), 1);
+    ck_assert_uint_eq(last(&consumer)->buffer->buffer_id, mine);
+    /* Owner 0 is an owner too (not "none"). */
+    ck_assert_int_eq(lookup(&consumer, OPEN, "pub", "mine", 0, 0), 1);
+    ck_assert_int_eq(last(&consumer)->status, -EPERM);
+    /* Waiting: the squatter's seal fails the wait at once. */
+    ck_assert_int_eq(lookup(&consumer, OPEN, "pub", "w", TRUSTED, -1), 0);
+    const Gpubuf__Response *r = alloc_in(&squatter, "pub", "w", 64);
+    uint64_t w = r->buffer->buffer_id;
+    /* Allocated, not sealed: a new open with the owner is refused at once. */
+    ck_assert_int_eq(lookup(&producer, OPEN, "pub", "w", TRUSTED, -1), 1);
+    ck_assert_int_eq(last(&producer)->status, -EPERM);
+    int before = consumer.n;
+    seal(&squatter, w);
+    ck_assert_int_eq(consumer.n, before + 1);
+    ck_assert_int_eq(last(&consumer)->status, -EPERM);
+    ck_assert(has(last(&consumer), "belongs to uid 2000"));
+    ck_assert_uint_eq(ctx.reg.n_waiters, 0);
+    ck_assert_uint_eq(consumer.s->holder->n_refs, 1); /* "mine" only */
+    mc_free(&consumer);
+    mc_free(&producer);
+    finish(&squatter, NULL);
+}
+END_TEST
+
 int main(void) {
     const TTest *tests[] = {
         first_request_must_be_hello,
@@ -498,6 +734,9 @@ int main(void) {
         status_lists_live_sessions_only,
         shutdown_says_why_and_closes,
         log_lines_are_rate_limited,
+        names_cannot_be_squatted_across_pools,
+        publishers_rule_refuses_with_reason,
+        expected_owner_mismatch_is_refused,
     };
     Suite *s = suite_create("session");
     TCase *t = tcase_create("inproc");

@@ -564,7 +564,9 @@ START_TEST(bash_completion) {
     td_start(&d, args);
     gpubuf_client *c = td_connect(&d);
     gpubuf_buffer *b;
+    gpubuf_buffer *b0;
     ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frame/1", &b), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "frame/0", &b0), 0);
     char *out = complete(&d, "gpubufctl de");
     ck_assert_str_eq(out, "delete\n");
     free(out);
@@ -577,14 +579,83 @@ START_TEST(bash_completion) {
     out = complete(&d, "gpubufctl --pool \"\"");
     ck_assert_str_eq(out, "gpu0\nstaging\n");
     free(out);
+    /* Names are per pool: a plain name for the default pool's buffers,
+     * /POOL/NAME for every buffer. */
     out = complete(&d, "gpubufctl delete fr");
-    ck_assert_str_eq(out, "frame/1\n");
+    ck_assert_str_eq(out, "frame/0\n");
+    free(out);
+    out = complete(&d, "gpubufctl delete /st");
+    ck_assert_str_eq(out, "/staging/frame/1\n");
     free(out);
     out = complete(&d, "gpubufctl --json \"\"");
     must_contain(out, "buffers\n");
     must_contain(out, "metrics\n");
     free(out);
     gpubuf_release(b);
+    gpubuf_release(b0);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* Names are per pool: gpubufctl shows the pool and owner of each name and
+ * where plain names are looked up; delete takes /POOL/NAME or --pool. */
+START_TEST(gpubufctl_names_per_pool) {
+    test_daemon d;
+    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
+    td_start(&d, args);
+    gpubuf_client *c = td_connect(&d);
+    gpubuf_buffer *a, *b, *x;
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "frames", &a), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frames", &b), 0);
+    /* The qualified form names the pool too, and must agree with it. */
+    ck_assert_int_eq(gpubuf_alloc(c, "gpu0", 4096, "/staging/x", &x), -EINVAL);
+    ck_assert_message_has("'/staging/x'", "pool 'staging'", "'gpu0'");
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "/staging/x", &x), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "/nosuch/x", &x), GPUBUF_ENOPOOL);
+    ck_assert_int_eq(gpubuf_seal_sync(a), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(b), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(x), 0);
+    gpubuf_release(a);
+    gpubuf_release(b);
+    gpubuf_release(x);
+    int code;
+    char *out = ctl(&d, "pools", &code);
+    ck_assert_int_eq(code, 0);
+    must_contain(out, "names without a pool (not /POOL/NAME) are looked up in pool 'gpu0'");
+    free(out);
+    out = ctl(&d, "buffers", &code);
+    must_contain(out, "OWNER");
+    ck_assert_int_eq(td_count(out, "frames "), 2);
+    free(out);
+    out = ctl(&d, "--json pools", &code);
+    must_contain(out, "\"default\":true");
+    must_contain(out, "\"publishers\":\"\"");
+    free(out);
+    /* A malformed qualified name is refused before the daemon sees it. */
+    out = ctl(&d, "delete /staging", &code);
+    ck_assert_int_eq(code, 4);
+    must_contain(out, "'/POOL/NAME' names buffer NAME of pool POOL");
+    free(out);
+    out = ctl(&d, "delete /staging/frames", &code);
+    ck_assert_msg(code == 0, "%s", out);
+    must_contain(out, "deleted /staging/frames");
+    free(out);
+    out = ctl(&d, "--pool staging delete frames", &code);
+    ck_assert_int_eq(code, 4);
+    must_contain(out, "no buffer named 'frames' in pool 'staging'");
+    free(out);
+    out = ctl(&d, "--pool staging delete x", &code);
+    ck_assert_msg(code == 0, "%s", out);
+    free(out);
+    gpubuf_status *s = td_status(&d);
+    ck_assert_ptr_nonnull(td_find_buffer(s, "/gpu0/frames"));
+    ck_assert_ptr_null(td_find_buffer(s, "/staging/frames"));
+    ck_assert_ptr_null(td_find_buffer(s, "x"));
+    gpubuf_status_free(s);
+    out = ctl(&d, "delete frames", &code);
+    ck_assert_msg(code == 0, "%s", out);
+    free(out);
     gpubuf_disconnect(c);
     ck_assert_int_eq(td_stop(&d), 0);
 }
@@ -767,6 +838,7 @@ int main(void) {
     tcase_add_test(g, gpubufctl_watch_redraws_in_place_on_a_terminal);
     tcase_add_test(g, gpubufctl_output_replaces_the_file);
     tcase_add_test(g, bash_completion);
+    tcase_add_test(g, gpubufctl_names_per_pool);
     suite_add_tcase(s, g);
     TCase *k = tcase_create("counters");
     tcase_add_checked_fixture(k, mkdir_tmp, rm_tmp);

@@ -11,10 +11,19 @@ _gpubufctl_query() {
         --socket=*) sock=(--socket "${COMP_WORDS[i]#--socket=}") ;;
         esac
     done
+    # Rows of the pools table have a kind in their second column (the lines
+    # below it name the default pool and the publish rules).
+    local pools
+    pools=$(gpubufctl "${sock[@]}" pools 2>/dev/null)
     if [[ $1 == pools ]]; then
-        gpubufctl "${sock[@]}" pools 2>/dev/null | awk 'NR > 1 { print $1 }'
+        awk 'NR > 1 && $2 ~ /^(host|cuda-ipc|cuda-vmm)$/ { print $1 }' <<<"$pools"
     else
-        gpubufctl "${sock[@]}" buffers 2>/dev/null | awk 'NR > 1 && $2 != "(anonymous)" { print $2 }'
+        # Names are per pool: /POOL/NAME for every buffer, and NAME alone
+        # for those of the default pool (where a plain name is looked up).
+        local def
+        def=$(sed -n "s/^names without a pool .* in pool '\(.*\)'\$/\1/p" <<<"$pools")
+        gpubufctl "${sock[@]}" buffers 2>/dev/null |
+            awk -v def="$def" 'NR > 1 && $2 != "(anonymous)" { print "/" $3 "/" $2; if ($3 == def) print $2 }'
     fi
 }
 

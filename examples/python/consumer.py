@@ -16,7 +16,8 @@ from producer import pattern
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--name", required=True)
+    p.add_argument("--name", required=True,
+                   help="NAME in the daemon's default pool, or /POOL/NAME (names are per pool)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for the name")
     p.add_argument("--socket", default=None)
     p.add_argument("--delete", action="store_true", help="unpublish the buffer afterwards")

@@ -75,7 +75,31 @@ enum gpubuf_open_flag {
      * a kernel that writes faults in this process alone). cuda-ipc memory
      * cannot be mapped read-only: such opens fail with -EOPNOTSUPP. */
     GPUBUF_OPEN_READONLY = 1u << 0,
+    /** gpubuf_lookup.owner_uid is set: the buffer must belong to that uid
+     * (gpubuf_open_with(), gpubuf_stat_with(), gpubuf_delete_with()). */
+    GPUBUF_OPEN_OWNER = 1u << 1,
 };
+
+/**
+ * Where a name is looked up, and whose buffer it must be: the options of
+ * gpubuf_open_with(), gpubuf_stat_with() and gpubuf_delete_with().
+ * Zero-initialise it, then set what you need; NULL means all zero.
+ *
+ * Names are per pool. A name is looked up in ONE pool: pool when set, else
+ * the pool of a qualified name "/POOL/NAME", else the daemon's default pool
+ * (its first). Only the uids a pool allows (and, when the pool restricts
+ * them, its publishers) can give a buffer a name there, so a consumer that
+ * names the pool, or the owner, of the buffer it expects cannot be handed
+ * another user's buffer (see docs/security.md, "Names").
+ */
+typedef struct gpubuf_lookup {
+    const char *pool;   /**< NULL: from the name, else the default pool. With a
+                             qualified name, both must agree (-EINVAL). */
+    unsigned flags;     /**< GPUBUF_OPEN_READONLY (opens), GPUBUF_OPEN_OWNER */
+    uint32_t owner_uid; /**< with GPUBUF_OPEN_OWNER: the expected owner (-EPERM
+                             when the buffer belongs to another uid) */
+    int timeout_ms;     /**< opens: as in gpubuf_open() */
+} gpubuf_lookup;
 
 /** A CUDA stream (CUstream, cudaStream_t), declared without cuda.h. */
 typedef struct CUstream_st *gpubuf_stream;
@@ -211,6 +235,13 @@ typedef struct gpubuf_status {
     /** Counters (added after 0.1.0 at the end: the library allocates this
      * struct, so programs built against the older header keep working). */
     gpubuf_counters counters;
+    /** Names: the pool names without a pool are looked up in ("" from
+     * daemons before per-pool names), and per pool (n_pools entries, in the
+     * order of pools) who may give buffers names there: "" for everyone the
+     * pool allows, else "uid 1000, gid 27" (uid 0 always may). Added at the
+     * end like counters. */
+    const char *default_pool;
+    const char *const *pool_publishers;
     /** Restart survival (added after 0.2: at the end, as above). */
     uint32_t restarts;         /**< times gpubufd restarted over its kept state */
     uint32_t restored_buffers; /**< buffers its last start restored */
@@ -264,7 +295,12 @@ GPUBUF_EXTERN const char *gpubuf_last_error_message(void);
  * \param pool  pool name, or NULL for the daemon's default pool.
  * \param name  name to publish under when sealed, or NULL for an anonymous
  *              buffer (opened by id; freed when its last reference goes).
- * \retval -EEXIST the name is taken; GPUBUF_EPOOLFULL; GPUBUF_ENOPOOL; -EINVAL.
+ *              Names are per pool: the name is taken in the pool allocated
+ *              from. A qualified name "/POOL/NAME" names the pool too (pool
+ *              then NULL or the same).
+ * \retval -EEXIST the name is taken in that pool; -EPERM this uid may not
+ *         name buffers in the pool (its publish_uids/publish_gids);
+ *         GPUBUF_EPOOLFULL; GPUBUF_ENOPOOL; -EINVAL.
  */
 GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size,
                                const char *name, gpubuf_buffer **ret);
@@ -294,7 +330,9 @@ GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b);
 GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c);
 
 /**
- * Open a sealed buffer by name and take one reference.
+ * Open a sealed buffer by name and take one reference. The name is looked
+ * up in the daemon's default pool, or in POOL for a qualified name
+ * "/POOL/NAME" (see gpubuf_open_with()).
  * \param timeout_ms  0: fail at once with -ENOENT if the name is not published;
  *                    > 0: wait up to that long (-ETIMEDOUT); < 0: wait forever.
  * A waiting open occupies its connection until it returns: other threads'
@@ -383,15 +421,41 @@ GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b);
 /** Take one more local reference to the same view. \return b. */
 GPUBUF_EXTERN gpubuf_buffer *gpubuf_buffer_ref(gpubuf_buffer *b);
 
-/** Unpublish a buffer by name. Its memory returns to the pool when the last
- * reference goes. Only the owner or root may delete (-EPERM). */
+/** Unpublish a buffer by name (NAME in the default pool, or "/POOL/NAME").
+ * Its memory returns to the pool when the last reference goes. Only the owner
+ * or root may delete (-EPERM). */
 GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name);
 
 /** Unpublish a buffer by id (see gpubuf_delete). */
 GPUBUF_EXTERN int gpubuf_delete_id(gpubuf_client *c, uint64_t id);
 
-/** Describe a buffer by name without taking a reference. */
+/** Describe a buffer by name (NAME in the default pool, or "/POOL/NAME")
+ * without taking a reference. */
 GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret);
+
+/**
+ * Open a sealed buffer by name (in one pool, see gpubuf_lookup) or, when
+ * name is NULL, by id (in o->pool when set). o may be NULL. A waiting open
+ * (timeout_ms != 0) waits in that pool alone, and fails with -EPERM when a
+ * buffer of another owner than the expected one is sealed under the name.
+ * \retval -EPERM the buffer belongs to another uid than o->owner_uid;
+ *         -EACCES this uid may not use the pool; GPUBUF_ENOPOOL no such pool;
+ *         -ENOENT / -ETIMEDOUT as gpubuf_open(); -EINVAL unknown flags, a
+ *         malformed qualified name, or a pool that differs from the name's.
+ */
+GPUBUF_EXTERN int gpubuf_open_with(gpubuf_client *c, const char *name, uint64_t id,
+                                   const gpubuf_lookup *o, gpubuf_buffer **ret);
+
+/** Describe a buffer by name or (name NULL) id, looked up as
+ * gpubuf_open_with() does (flags: GPUBUF_OPEN_OWNER only). */
+GPUBUF_EXTERN int gpubuf_stat_with(gpubuf_client *c, const char *name, uint64_t id,
+                                   const gpubuf_lookup *o, gpubuf_buffer_info *ret);
+
+/** Unpublish a buffer by name or (name NULL) id, looked up as
+ * gpubuf_open_with() does (flags: GPUBUF_OPEN_OWNER only). Only the owner or
+ * root may delete (-EPERM). */
+GPUBUF_EXTERN int gpubuf_delete_with(gpubuf_client *c, const char *name, uint64_t id,
+                                     const gpubuf_lookup *o);
 
 /**
  * How long this connection keeps trying to reconnect after gpubufd went away

@@ -165,12 +165,38 @@ static int timeout_ms_arg(PyObject *o) {
  * back to notice signals (KeyboardInterrupt) and close() from another thread. */
 #define WAIT_SLICE_MS 100
 
-/* What to open: a name, or (name NULL) an id; flags of gpubuf_open_ex(). */
+/* What to open: a name, or (name NULL) an id; the pool to look it up in,
+ * the expected owner and the flags (gpubuf_lookup). */
 typedef struct open_key {
     const char *name;
     uint64_t id;
-    unsigned flags;
+    gpubuf_lookup o;
 } open_key;
+
+/* The keyword arguments pool= (None or str) and owner= (None or a uid) into
+ * o. Returns 0, or -1 with an exception set. */
+static int lookup_args(PyObject *pool, PyObject *owner, gpubuf_lookup *o) {
+    if (pool != Py_None && !(o->pool = name_arg(pool, "pool")))
+        return -1;
+    if (owner != Py_None) {
+        unsigned long long uid;
+        if (!PyLong_Check(owner)) {
+            PyErr_Format(PyExc_TypeError, "owner must be a uid (int) or None, not %.100s",
+                         Py_TYPE(owner)->tp_name);
+            return -1;
+        }
+        uid = PyLong_AsUnsignedLongLong(owner); /* OverflowError when negative */
+        if (PyErr_Occurred())
+            return -1;
+        if (uid >= UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "owner must be a uid from 0 to 4294967294");
+            return -1;
+        }
+        o->flags |= GPUBUF_OPEN_OWNER;
+        o->owner_uid = (uint32_t)uid;
+    }
+    return 0;
+}
 
 static PyObject *client_open_common(GpubufClient *self, const open_key *key, int timeout_ms) {
     gpubuf_client *c = client_enter(self);
@@ -184,8 +210,10 @@ static PyObject *client_open_common(GpubufClient *self, const open_key *key, int
         int slice = timeout_ms;
         if (timeout_ms < 0 || timeout_ms > WAIT_SLICE_MS)
             slice = WAIT_SLICE_MS;
+        gpubuf_lookup o = key->o;
+        o.timeout_ms = slice;
         Py_BEGIN_ALLOW_THREADS
-            r = gpubuf_open_ex(c, key->name, key->id, slice, key->flags, &b);
+            r = gpubuf_open_with(c, key->name, key->id, &o, &b);
         Py_END_ALLOW_THREADS
         if (r != -ETIMEDOUT || slice == timeout_ms)
             break;
@@ -212,30 +240,33 @@ static PyObject *client_open_common(GpubufClient *self, const open_key *key, int
 }
 
 static PyObject *client_open(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"name", "timeout", "readonly", NULL};
-    PyObject *name, *timeout = Py_None;
+    static char *kwlist[] = {"name", "timeout", "readonly", "pool", "owner", NULL};
+    PyObject *name, *timeout = Py_None, *pool = Py_None, *owner = Py_None;
     open_key key = {0};
     int t, ro = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$p:open", kwlist, &name, &timeout, &ro))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pOO:open", kwlist, &name, &timeout, &ro,
+                                     &pool, &owner))
         return NULL;
-    if (!(key.name = name_arg(name, "name")) || (t = timeout_ms_arg(timeout)) == -2)
+    if (!(key.name = name_arg(name, "name")) || (t = timeout_ms_arg(timeout)) == -2 ||
+        lookup_args(pool, owner, &key.o) < 0)
         return NULL;
-    key.flags = ro ? GPUBUF_OPEN_READONLY : 0;
+    key.o.flags |= ro ? GPUBUF_OPEN_READONLY : 0;
     return client_open_common(self, &key, t);
 }
 
 static PyObject *client_open_id(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"id", "timeout", "readonly", NULL};
-    PyObject *id_o, *timeout = Py_None;
+    static char *kwlist[] = {"id", "timeout", "readonly", "pool", "owner", NULL};
+    PyObject *id_o, *timeout = Py_None, *pool = Py_None, *owner = Py_None;
     open_key key = {0};
     int t, ro = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O$p:open_id", kwlist, &PyLong_Type, &id_o,
-                                     &timeout, &ro))
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O$pOO:open_id", kwlist, &PyLong_Type, &id_o,
+                                     &timeout, &ro, &pool, &owner))
         return NULL;
     key.id = PyLong_AsUnsignedLongLong(id_o); /* OverflowError when negative */
-    if (PyErr_Occurred() || (t = timeout_ms_arg(timeout)) == -2)
+    if (PyErr_Occurred() || (t = timeout_ms_arg(timeout)) == -2 ||
+        lookup_args(pool, owner, &key.o) < 0)
         return NULL;
-    key.flags = ro ? GPUBUF_OPEN_READONLY : 0;
+    key.o.flags |= ro ? GPUBUF_OPEN_READONLY : 0;
     return client_open_common(self, &key, t);
 }
 
@@ -285,24 +316,35 @@ static PyObject *client_alloc(GpubufClient *self, PyObject *args, PyObject *kw) 
 struct target_args {
     const char *name; /* NULL: by id */
     uint64_t id;
+    gpubuf_lookup o;
     gpubuf_buffer_info info;
 };
 
-static int op_delete(gpubuf_client *c, void *arg) {
-    struct target_args *t = arg;
-    return t->name ? gpubuf_delete(c, t->name) : gpubuf_delete_id(c, t->id);
+/* delete() and stat(): (name_or_id, *, pool=None, owner=None) into t.
+ * Returns 0, or -1 with an exception set. */
+static int target_parse(PyObject *args, PyObject *kw, const char *fmt, struct target_args *t) {
+    static char *kwlist[] = {"name_or_id", "pool", "owner", NULL};
+    PyObject *target, *pool = Py_None, *owner = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &target, &pool, &owner))
+        return -1;
+    if (PyLong_Check(target)) {
+        t->id = PyLong_AsUnsignedLongLong(target);
+        if (PyErr_Occurred())
+            return -1;
+    } else if (!(t->name = name_arg(target, "name"))) {
+        return -1;
+    }
+    return lookup_args(pool, owner, &t->o);
 }
 
-static PyObject *client_delete(GpubufClient *self, PyObject *target) {
+static int op_delete(gpubuf_client *c, void *arg) {
+    struct target_args *t = arg;
+    return gpubuf_delete_with(c, t->name, t->id, &t->o);
+}
+
+static PyObject *client_delete(GpubufClient *self, PyObject *args, PyObject *kw) {
     struct target_args t = {0};
-    if (PyLong_Check(target)) {
-        t.id = PyLong_AsUnsignedLongLong(target);
-        if (PyErr_Occurred())
-            return NULL;
-    } else if (!(t.name = name_arg(target, "name"))) {
-        return NULL;
-    }
-    if (client_run(self, op_delete, &t) < 0)
+    if (target_parse(args, kw, "O|$OO:delete", &t) < 0 || client_run(self, op_delete, &t) < 0)
         return NULL;
     Py_RETURN_NONE;
 }
@@ -326,13 +368,13 @@ static int append_new(PyObject *list, PyObject *o) {
 
 static int op_stat(gpubuf_client *c, void *arg) {
     struct target_args *t = arg;
-    return gpubuf_stat(c, t->name, &t->info);
+    return gpubuf_stat_with(c, t->name, t->id, &t->o, &t->info);
 }
 
-static PyObject *client_stat(GpubufClient *self, PyObject *name) {
+static PyObject *client_stat(GpubufClient *self, PyObject *args, PyObject *kw) {
     struct target_args t = {0};
     const gpubuf_buffer_info *i = &t.info;
-    if (!(t.name = name_arg(name, "name")) || client_run(self, op_stat, &t) < 0)
+    if (target_parse(args, kw, "O|$OO:stat", &t) < 0 || client_run(self, op_stat, &t) < 0)
         return NULL;
     return buffer_dict(i->id, i->name, i->pool, i->size, i->state, i->refs, i->owner_uid,
                        i->slab_id, i->offset);
@@ -345,13 +387,18 @@ static PyObject *status_to_dict(const gpubuf_status *s) {
     for (size_t i = 0; i < s->n_pools; i++) {
         const gpubuf_pool_info *p = &s->pools[i];
         const char *kind = gpubuf_pool_kind_name(p->kind);
-        if (append_new(pools, Py_BuildValue("{sssssisssKsKsKsKsIsI}", "name", p->name, "kind", kind,
-                                            "device", p->device, "device_uuid", p->device_uuid,
-                                            "capacity", (unsigned long long)p->capacity, "used",
+        int is_default = s->default_pool && strcmp(s->default_pool, p->name) == 0;
+        const char *pubs = s->pool_publishers ? s->pool_publishers[i] : "";
+        if (append_new(pools, Py_BuildValue("{sssssisssKsKsKsKsIsIsOss}", "name", p->name, "kind",
+                                            kind, "device", p->device, "device_uuid",
+                                            p->device_uuid, "capacity",
+                                            (unsigned long long)p->capacity, "used",
                                             (unsigned long long)p->used, "reserved",
                                             (unsigned long long)p->reserved, "slab_size",
                                             (unsigned long long)p->slab_size, "slabs", p->slabs,
-                                            "buffers", p->buffers)) < 0)
+                                            "buffers", p->buffers, "default",
+                                            is_default ? Py_True : Py_False, "publishers",
+                                            pubs)) < 0)
             goto out;
     }
     for (size_t i = 0; i < s->n_buffers; i++) {
@@ -445,18 +492,22 @@ static PyMethodDef client_methods[] = {
      "pool unless pool names one). The new buffer is writable; seal() publishes it under "
      "name. name=None makes an anonymous buffer, opened by id."},
     {"open", (PyCFunction)(void (*)(void))client_open, METH_VARARGS | METH_KEYWORDS,
-     "open(name, timeout=None, *, readonly=False) -> Buffer\n\nOpen a sealed buffer by name "
-     "and take one reference. timeout: None or 0 fails at once (NotFoundError) when the name is "
-     "not published; seconds to wait for it (WaitTimeoutError); math.inf waits forever. "
-     "readonly: map it read-only (host and cuda-vmm pools; NotSupportedError on cuda-ipc)."},
+     "open(name, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen a "
+     "sealed buffer by name and take one reference. Names are per pool: the name is looked up "
+     "in pool, or in POOL for a name '/POOL/NAME', else in the daemon's default pool. "
+     "timeout: None or 0 fails at once (NotFoundError) when the name is not published; "
+     "seconds to wait for it (WaitTimeoutError); math.inf waits forever. readonly: map it "
+     "read-only (host and cuda-vmm pools; NotSupportedError on cuda-ipc). owner: the uid the "
+     "buffer must belong to (PermissionError otherwise)."},
     {"open_id", (PyCFunction)(void (*)(void))client_open_id, METH_VARARGS | METH_KEYWORDS,
-     "open_id(id, timeout=None, *, readonly=False) -> Buffer\n\nOpen a sealed buffer by its "
-     "id (see open)."},
-    {"delete", (PyCFunction)client_delete, METH_O,
-     "delete(name_or_id)\n\nUnpublish a buffer; its memory returns to the pool when the last "
-     "reference goes."},
-    {"stat", (PyCFunction)client_stat, METH_O,
-     "stat(name) -> dict\n\nDescribe a buffer without taking a reference."},
+     "open_id(id, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen "
+     "a sealed buffer by its id (see open; pool: the buffer must be in that pool)."},
+    {"delete", (PyCFunction)(void (*)(void))client_delete, METH_VARARGS | METH_KEYWORDS,
+     "delete(name_or_id, *, pool=None, owner=None)\n\nUnpublish a buffer (looked up as open "
+     "does); its memory returns to the pool when the last reference goes."},
+    {"stat", (PyCFunction)(void (*)(void))client_stat, METH_VARARGS | METH_KEYWORDS,
+     "stat(name_or_id, *, pool=None, owner=None) -> dict\n\nDescribe a buffer (looked up as "
+     "open does) without taking a reference."},
     {"status", (PyCFunction)client_status, METH_NOARGS,
      "status() -> dict\n\nA snapshot of the daemon: {'pools': [...], 'buffers': [...], "
      "'clients': [...], 'uptime_ms': int, 'version': str}."},

@@ -160,7 +160,7 @@ def consume_stream(c, name, n):
 
     torch.cuda.init()
     print("waiting", flush=True)
-    buf = c.open(name, timeout=60, readonly=True)
+    buf = c.open(name, timeout=60, readonly=True, pool="vmm")  # names are per pool
     assert buf.read_only and buf.pool_kind == "cuda-vmm"
     with torch.cuda.device(buf.device):
         t = torch.from_dlpack(buf.as_array("float32"))

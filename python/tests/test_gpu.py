@@ -106,5 +106,5 @@ def test_stream_ordered_hand_over_read_only(gpu_daemon):
     assert r.returncode == 0 and "kernel running" in r.stdout, r.stdout
     assert cons.returncode == 0 and "ok stream" in out, out
     with gpubuf.Client(gpu_daemon.socket) as c:
-        assert c.stat("gpu/stream")["refs"] == 0
-        c.delete("gpu/stream")
+        assert c.stat("gpu/stream", pool="vmm")["refs"] == 0
+        c.delete("/vmm/gpu/stream")

@@ -1,5 +1,6 @@
 """The gpubuf package on host pools: API, zero-copy exports, lifetimes."""
 import gc
+import os
 import time
 
 import numpy as np
@@ -371,3 +372,62 @@ def test_read_only_open(client, daemon):
     b.release()
     client.delete("t/ro")
     client.delete("t/ro2")
+
+
+def test_names_are_per_pool(client, daemon):
+    """Names are per pool: "host" (the default pool) and "tiny" each hold a
+    buffer named t/same. A lookup searches one pool: pool=, or POOL of
+    "/POOL/NAME", else the default; owner= refuses another uid's buffer."""
+    me = os.getuid()
+    a = client.alloc(64, name="t/same")
+    a.copy_from_host(b"dflt")
+    a.seal(sync=True)
+    b = client.alloc(64, name="t/same", pool="tiny")
+    b.copy_from_host(b"tiny")
+    b.seal(sync=True)
+    assert a.id != b.id
+    with gpubuf.Client(daemon.socket) as other:
+        for kw, want, text in (({}, a, b"dflt"), ({"pool": "tiny"}, b, b"tiny"),
+                               ({"pool": "host", "owner": me}, a, b"dflt")):
+            with other.open("t/same", **kw) as o:
+                assert o.id == want.id
+                with memoryview(o) as m:
+                    assert bytes(m[:4]) == text
+        with other.open("/tiny/t/same", owner=me) as o:
+            assert o.id == b.id
+        assert other.stat("t/same")["pool"] == "host"
+        assert other.stat("t/same", pool="tiny")["id"] == b.id
+        assert other.stat("/tiny/t/same", owner=me)["owner_uid"] == me
+        assert other.stat(b.id, pool="tiny")["name"] == "t/same"
+        with pytest.raises(gpubuf.NotFoundError):
+            other.stat(b.id, pool="host")  # an id of another pool
+        with pytest.raises(gpubuf.PermissionDeniedError, match=f"belongs to uid {me}, not to uid"):
+            other.open("t/same", owner=me + 1)
+        with pytest.raises(gpubuf.PermissionDeniedError):
+            other.open_id(b.id, owner=me + 1)
+        with pytest.raises(gpubuf.PermissionDeniedError):
+            other.stat("/tiny/t/same", owner=me + 1)
+        with pytest.raises(gpubuf.PermissionDeniedError):
+            other.delete("t/same", pool="tiny", owner=me + 1)
+        with pytest.raises(gpubuf.InvalidArgumentError, match="but pool 'host' was given"):
+            other.open("/tiny/t/same", pool="host")
+        with pytest.raises(gpubuf.NoPoolError):
+            other.open("t/same", pool="nosuch")
+        with pytest.raises(TypeError, match="owner must be a uid"):
+            other.open("t/same", owner="root")
+        with pytest.raises(ValueError, match="owner must be a uid"):
+            other.open("t/same", owner=1 << 32)
+    c = client.alloc(64, name="t/only-tiny", pool="tiny")
+    c.seal(sync=True)
+    # Not in the default pool: the error says which pool has it.
+    with pytest.raises(gpubuf.NotFoundError, match="'/tiny/t/only-tiny'"):
+        client.open("t/only-tiny")
+    pools = {p["name"]: p for p in client.status()["pools"]}
+    assert pools["host"]["default"] and not pools["tiny"]["default"]
+    assert pools["host"]["publishers"] == "" and pools["tiny"]["publishers"] == ""
+    for v in (a, b, c):
+        v.release()
+    client.delete("t/same")
+    client.delete("t/same", pool="tiny", owner=me)
+    client.delete("/tiny/t/only-tiny")
+    assert not [x for x in client.status()["buffers"] if x["name"].startswith("t/")]

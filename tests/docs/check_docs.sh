@@ -42,6 +42,7 @@ declare -A value=(
     [max_kept_slabs_per_client]=2 [max_reply_memory]=64M [resume_timeout_ms]=5000
     [kind]=host [device]=0 [capacity]=64M [slab_size]=16M [slab]=16M
     [allow_users]=root [allow_uids]=0 [allow_groups]=root [allow_gids]=0
+    [publish_users]=root [publish_uids]=0 [publish_groups]=root [publish_gids]=0
 )
 section=
 keys=()
