@@ -299,6 +299,18 @@ static size_t name_key(char *key, const gd_pool *pool, const char *name) {
     return pl + 1 + nl;
 }
 
+/* b's name in pool: its index key "POOL\0NAME", name pointing into it. */
+static int buf_name(gd_buf *b, const gd_pool *pool, const char *name) {
+    char key[2 * GPUBUF_NAME_MAX + 2];
+    b->key_len = name_key(key, pool, name);
+    if (!(b->key = malloc(b->key_len + 1)))
+        return -ENOMEM;
+    memcpy(b->key, key, b->key_len);
+    b->key[b->key_len] = '\0';
+    b->name = b->key + strlen(b->key) + 1;
+    return 0;
+}
+
 gd_buf *gd_registry_find_pool_name(gd_registry *r, const gd_pool *pool, const char *name) {
     char key[2 * GPUBUF_NAME_MAX + 2];
     gd_buf *b;
@@ -400,16 +412,9 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     b = calloc(1, sizeof(*b));
     if (!b)
         return gd_err_set(err, -ENOMEM, "out of memory");
-    if (name) {
-        char key[2 * GPUBUF_NAME_MAX + 2];
-        b->key_len = name_key(key, pool, name);
-        if (!(b->key = malloc(b->key_len + 1))) {
-            free(b);
-            return gd_err_set(err, -ENOMEM, "out of memory");
-        }
-        memcpy(b->key, key, b->key_len);
-        b->key[b->key_len] = '\0';
-        b->name = b->key + strlen(b->key) + 1;
+    if (name && buf_name(b, pool, name) < 0) {
+        free(b);
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
     gd_slab *prefer[GPUBUF_PREFER_SLABS];
     uint32_t n_prefer = 0;
@@ -946,17 +951,9 @@ int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_er
     *b = *t;
     b->key = NULL;
     b->name = NULL;
-    if (t->name) {
-        /* The name index's key, as gd_registry_alloc() makes it. */
-        char key[2 * GPUBUF_NAME_MAX + 2];
-        b->key_len = name_key(key, t->pool, t->name);
-        if (!(b->key = malloc(b->key_len + 1))) {
-            free(b);
-            return gd_err_set(err, -ENOMEM, "out of memory");
-        }
-        memcpy(b->key, key, b->key_len);
-        b->key[b->key_len] = '\0';
-        b->name = b->key + strlen(b->key) + 1;
+    if (t->name && buf_name(b, t->pool, t->name) < 0) {
+        free(b);
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
     b->refs = 0;
     b->in_name_index = false;
