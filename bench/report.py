@@ -203,6 +203,25 @@ if mism is not None:
     row("device-to-device copies checked word by word", mism, "mismatches", "both destinations",
         "0", mism == 0)
 
+# Batches (bench/run.sh --only batch): 1,000 opens and releases in one call
+# each, against single warm opens of the same buffers in the same phase.
+# The latency phase's warm open, or the batch phase's own single opens.
+single = g.get("gpubuf_open_warm_median_us") or g.get("batch_single_open_median_us")
+for way in ("open", "release"):
+    per_s = g.get(f"batch_{way}_buffers_per_s")
+    if per_s and single:
+        x = per_s / (1e6 / single)
+        row(f"batch {way}, 1,000 sealed buffers of mapped slabs in one call", per_s / 1e6,
+            "M buffers/s", f"{x:.1f} × single warm opens ({single:.1f} µs each)",
+            "≥ 1 M/s and ≥ 20 ×", per_s >= 1e6 and x >= 20)
+for k, v in g.items():
+    if k.startswith("batch_mixed_ops_per_s_"):
+        procs = k.rsplit("_", 1)[1]
+        mixed = g.get(f"gpubuf_mixed_ops_per_s_{procs}")
+        ratio = f"{v / mixed:.1f} × single requests ({mixed / 1e6:.2f} M/s)" if mixed else "-"
+        row(f"batched alloc+seal/open/delete/release, {procs.replace('proc', '')} processes",
+            v / 1e6, "M ops/s", ratio, "≥ 5 M/s", v >= 5e6)
+
 print("```")
 print(machine.strip())
 print("```")

@@ -3,8 +3,12 @@
 # anchor programs and gpubuf's benchmarks in the same run, and prints one
 # table of ratios against the anchors (bench/report.py).
 #
-#   bench/run.sh [--host] [--only base|vmm|restart|base,vmm,restart] [--out DIR]
+#   bench/run.sh [--host] [--only base|vmm|batch|restart[,...]] [--out DIR] [--trace]
 #
+# --trace: the daemon and the benchmark record a timestamp at each step of
+# every request (GPUBUF_TRACE_TIMING=1, files in DIR/trace), and the report
+# ends with the median of each step of a warm open and of an alloc
+# (bench/trace_timing.py): for machines without perf or strace.
 # With a GPU (nvcc and a driver present): cuda-ipc pools, CUDA anchors
 # (ipc_bench.c), torch.multiprocessing anchor when python3 has torch.
 # With --host or without a GPU: host pools and the socket anchors only.
@@ -14,6 +18,9 @@
 #   vmm   cuda-vmm pools, read-only opens, stream-ordered seal and hand-over,
 #         asynchronous and device-to-device copies (GPU only), with their
 #         anchors (vmm_bench.c, torch_event_bench.py) and the socket round trip
+#   batch single warm open and alloc + seal against the socket round trip,
+#         1,000 opens and releases in one call each, 16 processes doing
+#         batched alloc/seal/open/release/delete (host or cuda-ipc pools)
 #   restart  recovery time of gpubufd --takeover (start to serving) for 100k
 #         buffers of a host pool (and of a cuda-vmm pool with a GPU), against a
 #         fresh start; printed on its own (bench/restart_bench.c)
@@ -22,10 +29,12 @@ cd "$(dirname "$0")/.."
 mode=gpu
 out=${TMPDIR:-/tmp}/gpubuf-bench
 groups=""
-usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|restart|base,vmm,restart] [--out DIR]" >&2; exit 2; }
+trace=0
+usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch|restart[,...]] [--out DIR] [--trace]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --host) mode=host ;;
+    --trace) trace=1 ;;
     --out) [ $# -ge 2 ] || usage; out=$2; shift ;;
     --only) [ $# -ge 2 ] || usage; groups=$2; shift ;;
     *) usage ;;
@@ -39,16 +48,19 @@ fi
 base=0
 vmm=0
 restart=0
+batch=0
 for g in ${groups//,/ }; do
     case $g in
     base) base=1 ;;
     vmm) vmm=1 ;;
     restart) restart=1 ;;
+    batch) batch=1 ;;
     *) usage ;;
     esac
 done
 if [ -z "$groups" ]; then
     base=1
+    batch=1
     [ $mode = gpu ] && vmm=1
 fi
 if [ $vmm = 1 ] && [ $mode = host ]; then
@@ -68,7 +80,7 @@ cmake --build "$build" -j"$jobs" >"$out/build.log"
 {
     echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "mode $mode"
-    echo "groups $([ $base = 1 ] && printf base)$([ $base = 1 ] && [ $vmm = 1 ] && printf ,)$([ $vmm = 1 ] && printf vmm)"
+    echo "groups $(g=(); [ $base = 1 ] && g+=(base); [ $vmm = 1 ] && g+=(vmm); [ $batch = 1 ] && g+=(batch); IFS=,; echo "${g[*]}")"
     echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
     echo "cores $(nproc)"
     [ $mode = gpu ] && echo "gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
@@ -88,7 +100,7 @@ if [ $restart = 1 ]; then
             --buffers 100000 | tee -a "$out/restart.txt"
     fi
     phase "restart benchmark done"
-    [ $base = 0 ] && [ $vmm = 0 ] && exit 0
+    [ $base = 0 ] && [ $vmm = 0 ] && [ $batch = 0 ] && exit 0
 fi
 # Anchors, measured in this run. The single-client echo floor is the socket
 # round trip of both groups.
@@ -127,6 +139,11 @@ fi
 kind=host
 [ $mode = gpu ] && kind=cuda-ipc
 
+if [ $trace = 1 ]; then
+    rm -rf "$out/trace"
+    mkdir -p "$out/trace"
+    export GPUBUF_TRACE_TIMING=1 GPUBUF_TRACE_DIR=$out/trace
+fi
 # gpubuf, on its own socket.
 sock=$out/gpubufd.sock
 rm -f "$sock"
@@ -148,6 +165,9 @@ if [ $base = 1 ]; then
     [ $mode = gpu ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && only=$only,peer
 fi
 [ $vmm = 1 ] && only=${only:+$only,}vmm
+# latency gives the single-request figures the batch rows compare with.
+[ $batch = 1 ] && [ $base = 0 ] && only=${only:+$only,}latency
+[ $batch = 1 ] && only=${only:+$only,}batch,batchmix
 # A failed phase still leaves the figures of the others for the report.
 bench_rc=0
 "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
@@ -172,6 +192,13 @@ wait $daemon || true
 trap - EXIT
 python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" "$out/python.txt" |
     tee "$out/report.md"
+if [ $trace = 1 ]; then
+    for t in open alloc; do
+        echo
+        echo "Timestamp trace, $t (bench/trace_timing.py):"
+        python3 bench/trace_timing.py --type $t "$out"/trace/gpubuf-trace-*.txt || true
+    done | tee -a "$out/report.md"
+fi
 if [ $bench_rc != 0 ]; then
     echo "bench/run.sh: gpubuf_bench failed (exit status $bench_rc): see its messages above" >&2
     exit $bench_rc

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "trace.h"
 #include "util.h"
 #include "wire.h"
 
@@ -159,6 +160,7 @@ void gpubuf__client_unref(gpubuf_client *c) {
         HASH_DEL(c->held, hd);
         free(hd);
     }
+    gpubuf_trace_dump(); /* GPUBUF_TRACE_TIMING: this process's records so far */
     for (int i = 0; i < c->n_rfds; i++)
         close(c->rfds[i]);
     free(c->rbuf);
@@ -205,33 +207,40 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
         gpubuf__set_error("gpubufd described a buffer outside its slab");
         return GPUBUF_EPROTOCOL;
     }
-    b = calloc(1, sizeof(*b));
-    if (!b) {
-        if (fd >= 0)
-            close(fd);
-        return -ENOMEM;
-    }
     r = gpubuf__mapping_get(c, m->slab, fd, &map);
-    if (r < 0) {
-        free(b);
+    if (r < 0)
         return r;
-    }
+    r = gpubuf__view_new(c, map, m->buffer_id, m->offset, m->size, m->name, m->read_only,
+                         m->event_handle.len == sizeof(b->event_handle) ? m->event_handle.data
+                                                                        : NULL,
+                         ret);
+    if (r < 0)
+        gpubuf__mapping_put(c, map);
+    return r;
+}
+
+int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_t offset,
+                     uint64_t size, const char *name, bool read_only, const uint8_t *event,
+                     gpubuf_buffer **ret) {
+    gpubuf_buffer *b = calloc(1, sizeof(*b));
+    if (!b)
+        return -ENOMEM;
     atomic_init(&b->refs, 1);
     b->c = c;
     b->map = map;
-    b->id = m->buffer_id;
-    b->offset = m->offset;
-    b->size = m->size;
+    b->id = id;
+    b->offset = offset;
+    b->size = size;
     b->owns_ref = true;
-    b->read_only = m->read_only && map->read_only;
-    if (m->event_handle.len == sizeof(b->event_handle)) {
-        memcpy(b->event_handle, m->event_handle.data, sizeof(b->event_handle));
+    b->read_only = read_only && map->read_only;
+    if (event) {
+        memcpy(b->event_handle, event, sizeof(b->event_handle));
         b->has_event = true;
 #ifdef GPUBUF_HAVE_CUDA
         gpubuf__event_import(b);
 #endif
     }
-    snprintf(b->name, sizeof(b->name), "%s", m->name ? m->name : "");
+    snprintf(b->name, sizeof(b->name), "%s", name ? name : "");
     gpubuf__held(c, b->id, b->read_only, true);
     atomic_fetch_add(&c->refs, 1);
     *ret = b;
@@ -252,6 +261,8 @@ static int buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer 
             r = make_view(c, resp->buffer, fd, ret);
             if (r < 0) /* mapping failed: give the reference back */
                 gpubuf__send_release(c, resp->buffer->buffer_id, false, resp->buffer->read_only);
+            else
+                gpubuf_trace(c->session_id, req->id, -1, GPUBUF_TRACE_C_MAPPED, 0);
         }
         gpubuf__response__free_unpacked(resp, NULL);
     }
@@ -409,8 +420,7 @@ static int simple_request(gpubuf_client *c, Gpubuf__Request *req) {
     return r;
 }
 
-/* What the daemon could refuse, checked here. Returns the root view. */
-static int seal_check(gpubuf_buffer **pb) {
+int gpubuf__seal_check(gpubuf_buffer **pb) {
     gpubuf_buffer *b = *pb;
     while (b->parent) /* a slice seals the buffer it belongs to */
         b = b->parent;
@@ -436,7 +446,7 @@ static int seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_strea
         return gpubuf__fail(-EINVAL, "no buffer given (NULL) to seal");
     c = b->c;
     pthread_mutex_lock(&c->lock);
-    r = seal_check(&b);
+    r = gpubuf__seal_check(&b);
     if (r == 0 && on_stream) {
         r = gpubuf__record_event(c, b, stream, ev);
         if (r == 0) {
@@ -559,6 +569,7 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
         free((void *)s->counters.pools);
         free((void *)s->counters.refused);
         free((void *)s->counters.disconnects);
+        free((void *)s->counters.batches);
         if (s->reserved_)
             gpubuf__response__free_unpacked(s->reserved_, NULL);
         free(s);
@@ -660,6 +671,21 @@ static int copy_counters(gpubuf_counters *o, const Gpubuf__Counters *m) {
     o->slab_imports = m->slab_imports;
     o->connections = m->connections;
     o->open_timeouts = m->open_timeouts;
+    return 0;
+}
+
+/* The batch item counters of a status reply; type strings point into it. */
+static int copy_batches(gpubuf_counters *o, const Gpubuf__StatusReply *st) {
+    gpubuf_batch_counters *b = calloc(st->n_batches + 1, sizeof(*b));
+    if (!b)
+        return -ENOMEM;
+    for (size_t i = 0; i < st->n_batches; i++) {
+        b[i].type = st->batches[i]->type ? st->batches[i]->type : "";
+        b[i].items = st->batches[i]->items;
+        b[i].item_errors = st->batches[i]->item_errors;
+    }
+    o->batches = b;
+    o->n_batches = st->n_batches;
     return 0;
 }
 
@@ -790,8 +816,8 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
         gpubuf__response__free_unpacked(resp, NULL);
         return -ENOMEM;
     }
-    if (st->counters && copy_counters(&s->counters, st->counters) < 0) {
-        gpubuf_status_free(s); /* resp is not attached yet */
+    if ((st->counters && copy_counters(&s->counters, st->counters) < 0) ||
+        copy_batches(&s->counters, st) < 0) {        gpubuf_status_free(s); /* resp is not attached yet */
         gpubuf__response__free_unpacked(resp, NULL);
         return -ENOMEM;
     }

@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "trace.h"
+#include "util.h"
 #include "wire.h"
 
 static _Thread_local char tl_error[512];
@@ -52,8 +54,15 @@ int gpubuf__result(int r) {
  * replies: bounds what the daemon queues for a client that never reads. */
 #define GPUBUF_MAX_PENDING 64
 
-static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd);
-static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *ret_fd);
+static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds);
+
+/* Close the fds a reply brought. */
+static void close_fds(const int *fds, int n) {
+    for (int i = 0; i < n; i++)
+        close(fds[i]);
+}
+static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *ret_fds,
+               int *ret_n_fds);
 
 /* The daemon closed the connection: it may have said why first (a refused
  * connection, a shutdown) in a connection-level error frame (id 0). True
@@ -63,11 +72,11 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
 static bool goodbye(gpubuf_client *c, int *ret_err) {
     struct pollfd p = {.fd = c->fd, .events = POLLIN};
     Gpubuf__Response *resp;
-    int fd;
+    int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
     bool said = false;
     if (poll(&p, 1, 100) <= 0)
         return false;
-    if (read_reply(c, &resp, &fd) < 0)
+    if (read_reply(c, &resp, fds, &n_fds) < 0)
         return false;
     if (resp->id == 0 && resp->status < 0) {
         const char *why =
@@ -81,8 +90,7 @@ static bool goodbye(gpubuf_client *c, int *ret_err) {
         }
         said = true;
     }
-    if (fd >= 0)
-        close(fd);
+    close_fds(fds, n_fds);
     gpubuf__response__free_unpacked(resp, NULL);
     return said;
 }
@@ -97,6 +105,7 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
         return GPUBUF_EDISCONNECTED;
     }
     req->id = ++c->next_id;
+    uint64_t t_encode = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     plen = gpubuf__request__get_packed_size(req);
     if (plen > c->max_request) {
         gpubuf__set_error("request of %zu bytes exceeds the daemon's limit of %u", plen,
@@ -111,6 +120,10 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
     gpubuf_wire_header_encode(frame, (uint32_t)plen);
     gpubuf__request__pack(req, frame + GPUBUF_WIRE_HEADER_SIZE);
     r = gpubuf_wire_send_all(c->fd, frame, plen + GPUBUF_WIRE_HEADER_SIZE, -1);
+    if (t_encode) {
+        gpubuf_trace(c->session_id, req->id, -1, GPUBUF_TRACE_C_ENCODE, t_encode);
+        gpubuf_trace(c->session_id, req->id, -1, GPUBUF_TRACE_C_SENT, 0);
+    }
     if (frame != stackbuf)
         free(frame);
     if (r < 0) {
@@ -164,9 +177,10 @@ static int fill_rbuf(gpubuf_client *c, size_t need) {
     return 0;
 }
 
-/* Read one reply frame. Frames are cut from the read-ahead buffer; an fd is
- * claimed by the frame that says it carries one (fds arrive in order). */
-static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd) {
+/* Read one reply frame. Frames are cut from the read-ahead buffer; fds are
+ * claimed by the frame that says it carries them (fds arrive in order):
+ * fds[0..*n_fds). */
+static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds) {
     gpubuf_frame_header h;
     int r;
     while (c->rlen - c->rpos < GPUBUF_WIRE_HEADER_SIZE)
@@ -178,8 +192,13 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd) {
     while (c->rlen - c->rpos - GPUBUF_WIRE_HEADER_SIZE < h.length)
         if ((r = fill_rbuf(c, GPUBUF_WIRE_HEADER_SIZE + h.length)) < 0)
             goto broken;
+    uint64_t t_wake = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     Gpubuf__Response *resp =
         gpubuf__response__unpack(NULL, h.length, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE);
+    if (t_wake && resp) {
+        gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_WAKE, t_wake);
+        gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_DECODED, 0);
+    }
     c->rpos += GPUBUF_WIRE_HEADER_SIZE + h.length;
     if (c->rpos == c->rlen && c->rcap > (1u << 20)) {
         /* A large reply (a status) is done: give its room back. */
@@ -191,20 +210,22 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *ret_fd) {
         r = GPUBUF_EPROTOCOL;
         goto broken;
     }
-    *ret_fd = -1;
+    *n_fds = 0;
     if (resp->id > c->acked_id)
         c->acked_id = resp->id;
     if (resp->fds > 0) {
-        /* The fd travels on this frame's first byte: it has been received
+        /* The fds travel on this frame's first byte: they have been received
          * by the time the frame is complete. */
-        if (resp->fds != 1 || c->n_rfds == 0) {
+        if (resp->fds > GPUBUF_WIRE_MAX_FDS || (int)resp->fds > c->n_rfds) {
             gpubuf__response__free_unpacked(resp, NULL);
             r = GPUBUF_EPROTOCOL;
             goto broken;
         }
-        *ret_fd = c->rfds[0];
-        memmove(c->rfds, c->rfds + 1, (size_t)(c->n_rfds - 1) * sizeof(int));
-        c->n_rfds--;
+        int k = (int)resp->fds;
+        memcpy(fds, c->rfds, (size_t)k * sizeof(int));
+        memmove(c->rfds, c->rfds + k, (size_t)(c->n_rfds - k) * sizeof(int));
+        c->n_rfds -= k;
+        *n_fds = k;
     }
     *ret = resp;
     return 0;
@@ -215,9 +236,8 @@ broken:
 }
 
 /* Account for the reply of an asynchronous request. */
-static void settle_async(gpubuf_client *c, Gpubuf__Response *resp, int fd) {
-    if (fd >= 0)
-        close(fd);
+static void settle_async(gpubuf_client *c, Gpubuf__Response *resp, const int *fds, int n_fds) {
+    close_fds(fds, n_fds);
     if (resp->status < 0 && c->async_error == 0)
         c->async_error = resp->status;
     c->pending--;
@@ -229,7 +249,8 @@ static int after_loss(gpubuf_client *c, int r);
 int gpubuf__drain_locked(gpubuf_client *c) {
     while (c->pending > 0) {
         Gpubuf__Response *resp;
-        int fd, r = read_reply(c, &resp, &fd);
+        int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
+        int r = read_reply(c, &resp, fds, &n_fds);
         if (r < 0) {
             c->pending = 0; /* gone with the connection */
             return after_loss(c, r);
@@ -240,11 +261,10 @@ int gpubuf__drain_locked(gpubuf_client *c) {
             c->pending = 0;
             r = resp->status;
             gpubuf__response__free_unpacked(resp, NULL);
-            if (fd >= 0)
-                close(fd);
+            close_fds(fds, n_fds);
             return after_loss(c, r);
         }
-        settle_async(c, resp, fd);
+        settle_async(c, resp, fds, n_fds);
     }
     return 0;
 }
@@ -304,7 +324,7 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
     hello.min_version = GPUBUF_PROTOCOL_VERSION;
     hello.max_version = GPUBUF_PROTOCOL_VERSION;
     hello.client_name = name;
-    hello.capabilities = GPUBUF_CAP_KEEP_MAPPED;
+    hello.capabilities = GPUBUF_CAP_KEEP_MAPPED | GPUBUF_CAP_SLAB_ONCE;
     if (resume) {
         held = calloc(n + 1, sizeof(*held));
         pheld = calloc(n + 1, sizeof(*pheld));
@@ -344,6 +364,7 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
     c->session_id = hr->session_id;
     if (hr->max_request >= 256)
         c->max_request = hr->max_request;
+    c->max_batch_items = hr->max_batch_items;
     c->keep_cap = 0;
     if (hr->capabilities & GPUBUF_CAP_KEEP_MAPPED)
         c->keep_cap = hr->max_kept_slabs < GPUBUF_KEEP_SLABS ? hr->max_kept_slabs
@@ -449,17 +470,18 @@ static int after_loss(gpubuf_client *c, int r) {
     return -ECONNRESET;
 }
 
-int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
-                       int *ret_fd) {
-    int r = rpc(c, req, ret, ret_fd);
+int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                           int *ret_fds, int *ret_n_fds) {
+    int r = rpc(c, req, ret, ret_fds, ret_n_fds);
     return r < 0 ? after_loss(c, r) : r;
 }
 
-static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *ret_fd) {
+static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *ret_fds,
+               int *ret_n_fds) {
     Gpubuf__Response *resp;
-    int r, fd = -1;
+    int r, fds[GPUBUF_WIRE_MAX_FDS], n_fds = 0;
 
-    *ret_fd = -1;
+    *ret_n_fds = 0;
     /* A connection lost earlier (an asynchronous request found it gone). */
     if (c->broken && !c->in_hello && !c->closing && c->reconnect_ms > 0 && c->session_id &&
         reconnect(c) < 0) {
@@ -471,17 +493,16 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
         return r;
     /* Replies come in request order: first those of asynchronous requests. */
     for (;;) {
-        r = read_reply(c, &resp, &fd);
+        r = read_reply(c, &resp, fds, &n_fds);
         if (r < 0)
             return r;
         if (resp->id == req->id || resp->id == 0 || c->pending == 0)
             break;
-        settle_async(c, resp, fd);
+        settle_async(c, resp, fds, n_fds);
     }
     if (resp->id != req->id && resp->id != 0) {
         gpubuf__response__free_unpacked(resp, NULL);
-        if (fd >= 0)
-            close(fd);
+        close_fds(fds, n_fds);
         c->broken = true;
         gpubuf__set_error("gpubufd sent an unexpected reply");
         return GPUBUF_EPROTOCOL;
@@ -496,12 +517,32 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
         gpubuf__set_error("%s", resp->message && *resp->message ? resp->message
                                                                   : gpubuf_strerror(r));
         gpubuf__response__free_unpacked(resp, NULL);
-        if (fd >= 0)
-            close(fd);
+        close_fds(fds, n_fds);
         return r;
     }
     tl_error[0] = '\0';
     *ret = resp;
-    *ret_fd = fd;
+    memcpy(ret_fds, fds, (size_t)n_fds * sizeof(int));
+    *ret_n_fds = n_fds;
+    return 0;
+}
+
+int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                       int *ret_fd) {
+    int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
+    int r = gpubuf__rpc_fds_locked(c, req, ret, fds, &n_fds);
+    *ret_fd = -1;
+    if (r < 0)
+        return r;
+    if (n_fds > 1) {
+        /* A single request's reply carries one fd at most. */
+        close_fds(fds, n_fds);
+        gpubuf__response__free_unpacked(*ret, NULL);
+        c->broken = true;
+        gpubuf__set_error("gpubufd sent %d fds with a reply that carries one at most", n_fds);
+        return GPUBUF_EPROTOCOL;
+    }
+    if (n_fds == 1)
+        *ret_fd = fds[0];
     return 0;
 }

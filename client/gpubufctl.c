@@ -130,6 +130,14 @@ static json_object *buffer_json(const gpubuf_status_buffer *b, bool restored) {
     return o;
 }
 
+static json_object *batch_json(const gpubuf_batch_counters *b) {
+    json_object *o = json_object_new_object();
+    json_object_object_add(o, "type", json_object_new_string(shown(b->type)));
+    json_object_object_add(o, "items", json_object_new_uint64(b->items));
+    json_object_object_add(o, "item_errors", json_object_new_uint64(b->item_errors));
+    return o;
+}
+
 static json_object *client_json(const gpubuf_client_info *c, bool detached) {
     {
         json_object *o = json_object_new_object();
@@ -201,6 +209,8 @@ static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
     if (all || !strcmp(cmd, "clients"))
         EMIT_ARRAY("clients", s->n_clients,
                    client_json(&s->clients[i_], s->client_detached && s->client_detached[i_]));
+    if (all)
+        EMIT_ARRAY("batches", s->counters.n_batches, batch_json(&s->counters.batches[i_]));
     puts("}");
 }
 
@@ -399,6 +409,38 @@ static void print_counters(const gpubuf_counters *k) {
     print_named("gpubuf_disconnects_total", "reason", "Sessions ended, by reason.", k->disconnects,
                 k->n_disconnects);
     print_one("gpubuf_open_timeouts_total", "Waiting opens that expired.", k->open_timeouts);
+    for (int errors = 0; errors <= 1 && k->n_batches; errors++) {
+        const char *name = errors ? "gpubuf_batch_item_errors_total" : "gpubuf_batch_items_total";
+        family(name, "counter",
+               errors ? "Items of batch requests that failed, by batch type."
+                      : "Items of batch requests handled, by batch type.");
+        for (size_t i = 0; i < k->n_batches; i++) {
+            printf("%s{", name);
+            put_label("type", k->batches[i].type, true);
+            printf("} %llu\n", (unsigned long long)(errors ? k->batches[i].item_errors
+                                                           : k->batches[i].items));
+        }
+    }
+}
+
+/* "batch items: open 1000 (2 failed), release 998, ..." when any came. */
+static void print_batches(const gpubuf_counters *k) {
+    uint64_t any = 0;
+    for (size_t i = 0; i < k->n_batches; i++)
+        any += k->batches[i].items;
+    if (!any)
+        return;
+    printf("batch items:");
+    for (size_t i = 0; i < k->n_batches; i++) {
+        const gpubuf_batch_counters *b = &k->batches[i];
+        const char *t = shown(b->type);
+        if (!strncmp(t, "batch_", 6))
+            t += 6;
+        printf("%s %s %llu", i ? "," : "", t, (unsigned long long)b->items);
+        if (b->item_errors)
+            printf(" (%llu failed)", (unsigned long long)b->item_errors);
+    }
+    putchar('\n');
 }
 
 static void print_metrics(const gpubuf_status *s) {
@@ -628,9 +670,12 @@ static int show(gpubuf_client *c, view *v, const filters *f) {
             printf("%s%s  ", v->redraw ? "" : "--- ", when);
             print_rates(&v->rt, s);
         }
-        if (all)
-            printf("gpubufd %s, up %llu s%s\n\n", shown(s->version),
+        if (all) {
+            printf("gpubufd %s, up %llu s%s\n", shown(s->version),
                    (unsigned long long)(s->uptime_ms / 1000), restarted(s));
+            print_batches(&s->counters);
+            putchar('\n');
+        }
         if (all || !strcmp(cmd, "pools"))
             print_pools(s);
         if (all)

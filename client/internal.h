@@ -12,6 +12,7 @@
 #include "cuda_driver.h"
 #include "gpubuf.pb-c.h"
 #include "gpubuf/gpubuf.h"
+#include "wire.h"
 
 #define GPUBUF_MAX_DEVICES 64
 /* Slabs a connection keeps mapped after their last view goes (fewer if the
@@ -68,13 +69,16 @@ struct gpubuf_client {
     uint64_t acked_id;   /* id of the last reply read: the daemon applied every request up to it */
     uint64_t session_id;
     uint32_t max_request;
+    uint32_t max_batch_items; /* HelloReply: 0 when the daemon has no batches */
     bool broken;         /* the stream is out of sync or closed */
     uint32_t pending;    /* asynchronous requests (seal, release) not yet answered */
     /* Reply bytes read ahead: one recvmsg often brings several replies. */
     uint8_t *rbuf;
     size_t rpos, rlen, rcap;
-    /* fds received but not yet claimed by their frame, in stream order. */
-    int rfds[8];
+    /* fds received but not yet claimed by their frame, in stream order: one
+     * recvmsg brings those of one frame at most, and a frame's are claimed
+     * before those of the second frame after it arrive. */
+    int rfds[2 * GPUBUF_WIRE_MAX_FDS];
     int n_rfds;
     int async_error;     /* first error an asynchronous request got, 0 if none */
     gpubuf_mapping *maps;
@@ -133,6 +137,22 @@ struct gpubuf_buffer {
 int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                        int *ret_fd);
 
+/* The same for a reply that may carry several fds (a batch reply):
+ * ret_fds[0..*ret_n_fds), at most GPUBUF_WIRE_MAX_FDS. */
+int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                           int *ret_fds, int *ret_n_fds);
+
+/* A new root view of buffer id at offset (size bytes) of map, which gives
+ * it one view count (lock held). */
+int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_t offset,
+                     uint64_t size, const char *name, bool read_only, const uint8_t *event,
+                     gpubuf_buffer **ret);
+
+/* What the daemon could refuse a seal of b for, checked here: 0, GPUBUF_ESTATE
+ * or -EPERM with a message. *pb becomes the root view (a slice seals the
+ * buffer it belongs to). */
+int gpubuf__seal_check(gpubuf_buffer **pb);
+
 /* Send req without waiting for its reply (lock held). Replies to such
  * requests are read, in order, before the reply of the next synchronous
  * request, or by gpubuf_flush(). */
@@ -143,10 +163,16 @@ int gpubuf__drain_locked(gpubuf_client *c);
 /* Map (or find) the slab described by msg; takes one view count. Consumes fd. */
 int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
                         gpubuf_mapping **ret);
+/* One more view count of a mapping of the cache (lock held). */
+void gpubuf__mapping_hold(gpubuf_client *c, gpubuf_mapping *m);
 /* Drop one view count (lock held). At zero the slab is kept mapped (idle)
  * when the daemon allows it, else unmapped. Returns true when the release
  * that follows must ask the daemon to keep the slab (first keep). */
 bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m);
+/* The same; without evict no kept slab is unmapped to make room (its unmap
+ * would reach the daemon before the releases of a batch that pin the
+ * slabs kept meanwhile): the slab is unmapped instead. */
+bool gpubuf__mapping_put_ex(gpubuf_client *c, gpubuf_mapping *m, bool evict);
 /* Unmap the idle slabs (of CUDA pools only, if cuda_only), telling the daemon
  * when tell is set (lock held). */
 void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell);

@@ -228,6 +228,11 @@ void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell) {
     }
 }
 
+void gpubuf__mapping_hold(gpubuf_client *c, gpubuf_mapping *m) {
+    if (m->views++ == 0)
+        idle_unlink(c, m);
+}
+
 int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
                         gpubuf_mapping **ret) {
     gpubuf_mapping *m;
@@ -244,8 +249,7 @@ int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
     if (m) {
         if (fd >= 0)
             close(fd); /* already mapped: the fresh fd is not needed */
-        if (m->views++ == 0)
-            idle_unlink(c, m);
+        gpubuf__mapping_hold(c, m);
         *ret = m;
         return 0;
     }
@@ -328,12 +332,16 @@ static void unmap(gpubuf_mapping *m) {
 }
 
 bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m) {
+    return gpubuf__mapping_put_ex(c, m, true);
+}
+
+bool gpubuf__mapping_put_ex(gpubuf_client *c, gpubuf_mapping *m, bool evict) {
     if (--m->views > 0)
         return false;
     if (m->keepable && !c->broken && (m->kept || c->keep_cap > 0)) {
         bool first = !m->kept;
         /* Room for one more kept slab: forget the least recently used. */
-        if (first && c->n_kept >= c->keep_cap && c->idle) {
+        if (evict && first && c->n_kept >= c->keep_cap && c->idle) {
             gpubuf_mapping *old = c->idle->idle_prev; /* the tail */
             idle_unlink(c, old);
             drop(c, old, true);

@@ -38,6 +38,10 @@ typedef struct gd_context {
     /* A successor asks for everything (gpubufd --takeover), from pid: hand
      * it over to the socket at path and stop. Set by main(); NULL: refused. */
     int (*takeover)(struct gd_context *ctx, pid_t pid, const char *path, gd_err *err);
+    /* Holders were queued to leave (gd_registry_holder_leave) outside a
+     * connection's close: have the loop drop their references, a bounded
+     * part per turn. Set by gd_daemon_init(); NULL: nobody reaps. */
+    void (*want_work)(struct gd_context *ctx);
 } gd_context;
 
 #define GD_EXPIRIES_PER_TURN 256u

@@ -1,5 +1,6 @@
 #include "daemon.h"
 
+#include <stddef.h>
 #include <utlist.h>
 
 #include "config.h"
@@ -9,6 +10,19 @@
 static int conn_send(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
                      const void *msg, int fd) {
     return gd_conn_send(conn, len, pack, msg, fd);
+}
+
+static int conn_send_fds(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                         const void *msg, const int *fds, int n_fds, bool bounded) {
+    return gd_conn_send_fds(conn, len, pack, msg, fds, n_fds, bounded);
+}
+
+static unsigned conn_fd_room(const void *conn) {
+    return gd_conn_fd_room(conn);
+}
+
+static bool conn_reply_room(void *conn, size_t bound) {
+    return gd_conn_reply_room(conn, bound);
 }
 
 static void conn_close(void *conn) {
@@ -28,6 +42,9 @@ static const gd_transport conn_transport = {
     .close = conn_close,
     .ready = conn_ready,
     .closing = conn_closing,
+    .send_fds = conn_send_fds,
+    .fd_room = conn_fd_room,
+    .reply_room = conn_reply_room,
 };
 
 static void *on_open(void *data, gd_conn *c, pid_t pid, uid_t uid, gid_t gid) {
@@ -35,8 +52,8 @@ static void *on_open(void *data, gd_conn *c, pid_t pid, uid_t uid, gid_t gid) {
     return gd_session_new(&d->ctx, &conn_transport, c, pid, uid, gid);
 }
 
-static void on_frame(void *user, const uint8_t *payload, size_t len) {
-    gd_session_frame(user, payload, len);
+static int on_frame(void *user, const uint8_t *payload, size_t len) {
+    return gd_session_frame(user, payload, len);
 }
 
 static void on_bad_frame(void *user, int err) {
@@ -87,8 +104,14 @@ static const gd_server_callbacks callbacks = {
     .on_work = on_work,
 };
 
+static void want_work(gd_context *ctx) {
+    gd_daemon *d = (gd_daemon *)(void *)((char *)ctx - offsetof(gd_daemon, ctx));
+    gd_server_want_work(&d->srv);
+}
+
 int gd_daemon_init(gd_daemon *d, uv_loop_t *loop) {
     gd_context_init(&d->ctx, loop);
+    d->ctx.want_work = want_work;
     gd_config_defaults(&d->ctx.limits, &d->ctx.reg.quota);
     return gd_server_init(&d->srv, loop, &d->ctx.limits, &callbacks, d);
 }

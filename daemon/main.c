@@ -24,6 +24,7 @@
 #include "daemon.h"
 #include "log.h"
 #include "gpubuf.pb-c.h"
+#include "trace.h"
 #include "pool.h"
 #include "state.h"
 #include "util.h"
@@ -897,6 +898,7 @@ int main(int argc, char **argv) {
         LOG_INFO("stopped");
     gd_daemon_destroy(&g_d);
     gd_state_free(g_d.ctx.state);
+    gpubuf_trace_dump(); /* GPUBUF_TRACE_TIMING */
     /* Every handle is closed by now; one left open is a bug. */
     if ((r = uv_loop_close(loop)) < 0)
         LOG_WARN("event loop closed with handles left: %s", uv_strerror(r));

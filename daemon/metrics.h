@@ -24,8 +24,15 @@ typedef enum gd_req_type {
     GD_REQ_STAT,
     GD_REQ_STATUS,
     GD_REQ_OTHER,
+    GD_REQ_BATCH_OPEN, /* batches: one request, many items (batch_items counts them) */
+    GD_REQ_BATCH_RELEASE,
+    GD_REQ_BATCH_ALLOC,
+    GD_REQ_BATCH_SEAL,
+    GD_REQ_BATCH_DELETE,
     GD_REQ_TYPES
 } gd_req_type;
+
+#define GD_BATCH_TYPES (GD_REQ_TYPES - GD_REQ_BATCH_OPEN)
 
 /* Why a session ended, as status reports it. */
 typedef enum gd_end_reason {
@@ -58,6 +65,9 @@ typedef struct gd_metrics {
     uint64_t slab_imports;
     uint64_t connections;
     uint64_t open_timeouts;
+    struct {
+        uint64_t items, item_errors;
+    } batch[GD_BATCH_TYPES]; /* by type - GD_REQ_BATCH_OPEN */
     uint64_t refused[GD_REFUSALS];
     uint64_t ended[GD_END_REASONS];
 } gd_metrics;

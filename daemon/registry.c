@@ -187,18 +187,18 @@ static void waiter_unlink(gd_registry *r, gd_waiter *w) {
     r->n_waiters--;
 }
 
-static int holder_slab_get(gd_holder *h, gd_slab *slab) {
+static gd_holder_slab *holder_slab_get(gd_holder *h, gd_slab *slab) {
     gd_holder_slab *hs;
     HASH_FIND(hh, h->slabs, &slab->id, sizeof(slab->id), hs);
     if (!hs) {
         if (!(hs = calloc(1, sizeof(*hs))))
-            return -ENOMEM;
+            return NULL;
         hs->slab_id = slab->id;
         hs->slab = slab;
         HASH_ADD(hh, h->slabs, slab_id, sizeof(hs->slab_id), hs);
     }
     hs->buffers++;
-    return 0;
+    return hs;
 }
 
 static void holder_slab_put(gd_holder *h, uint64_t slab_id) {
@@ -343,7 +343,8 @@ static int ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
     if (h->n_refs == UINT32_MAX || b->refs == UINT32_MAX)
         return -EOVERFLOW;
     if (!ref) {
-        if (holder_slab_get(h, b->blk.slab) < 0)
+        gd_holder_slab *hs = holder_slab_get(h, b->blk.slab);
+        if (!hs)
             return -ENOMEM;
         ref = calloc(1, sizeof(*ref));
         if (!ref) {
@@ -351,9 +352,11 @@ static int ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
             return -ENOMEM;
         }
         ref->buffer_id = b->id;
+        ref->hs = hs;
         HASH_ADD(hh, h->refs, buffer_id, sizeof(ref->buffer_id), ref);
     }
     ref->count++;
+    ref->hs->refs++;
     h->n_refs++;
     b->refs++;
     HOOK(r, ref, h, b->id, ref->count, ref->ro);
@@ -496,6 +499,18 @@ static int check_read_only(const gd_pool *pool, gd_err *err) {
                       pool->name);
 }
 
+bool gd_registry_slab_mapped(gd_holder *h, const gd_buf *b, bool ro) {
+    gd_holder_slab *hs;
+    uint64_t sid = b->blk.slab->id;
+    HASH_FIND(hh, h->slabs, &sid, sizeof(sid), hs);
+    if (!hs)
+        return false;
+    assert(hs->ro <= hs->refs);
+    if (ro)
+        return hs->ro > 1;
+    return hs->refs - hs->ro > 1 || hs->kept;
+}
+
 const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b) {
     gd_holder *h;
     if (!b->has_event)
@@ -510,9 +525,11 @@ void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
         return;
     if (add && ref->ro < ref->count) {
         ref->ro++;
+        ref->hs->ro++;
         h->n_ro_refs++;
     } else if (!add && ref->ro > 0) {
         ref->ro--;
+        ref->hs->ro--;
         h->n_ro_refs--;
     }
     assert(ref->ro <= ref->count && h->n_ro_refs <= h->n_refs);
@@ -725,8 +742,10 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
     assert(ref->count > 0 && h->n_refs > 0);
     if (ref->ro > ref->count - 1) { /* the last one goes: so do its marks */
         ref->ro--;
+        ref->hs->ro--;
         h->n_ro_refs--;
     }
+    ref->hs->refs--;
     uint32_t left = --ref->count, left_ro = ref->ro;
     if (left == 0) {
         HASH_DEL(h->refs, ref);

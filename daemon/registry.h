@@ -41,14 +41,6 @@ struct gd_buf {
     UT_hash_handle hh_name;
 };
 
-/* One (holder, buffer) reference count. */
-typedef struct gd_ref {
-    uint64_t buffer_id;
-    uint32_t count;
-    uint32_t ro; /* of count, references opened read-only */
-    UT_hash_handle hh;
-} gd_ref;
-
 /* A slab in which a holder references buffers, or which it keeps mapped:
  * its process has the slab mapped, so the holder's next allocations are
  * placed there first. */
@@ -56,9 +48,20 @@ typedef struct gd_holder_slab {
     uint64_t slab_id;
     gd_slab *slab;
     uint32_t buffers; /* distinct buffers referenced in it */
+    uint32_t refs;    /* references to those buffers */
+    uint32_t ro;      /* of refs, those opened read-only */
     bool kept;        /* pinned: the client keeps it mapped (KEEP_MAPPED) */
     UT_hash_handle hh;
 } gd_holder_slab;
+
+/* One (holder, buffer) reference count. */
+typedef struct gd_ref {
+    uint64_t buffer_id;
+    uint32_t count;
+    uint32_t ro; /* of count, references opened read-only */
+    gd_holder_slab *hs; /* the buffer's slab in the holder's slabs */
+    UT_hash_handle hh;
+} gd_ref;
 
 /* Slabs offered to the pool per allocation, at most. */
 #define GPUBUF_PREFER_SLABS 16
@@ -216,6 +219,14 @@ int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint
  * reference to it, else NULL: a producer's CUDA events die with its process,
  * and its library destroys one (once completed) after its last view went. */
 const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b);
+/* Does the holder's client map b's slab read-only (ro) or read-write,
+ * apart from the reference to b it just took: does it hold another
+ * reference of that mode to a buffer of the slab, or (read-write) keep the
+ * slab mapped? A client maps a slab while it holds a reference in it and
+ * unmaps it before it sends the release of the last one (its requests
+ * reach the daemon in order), so the answer is true only while it maps it
+ * (docs/protocol.md, "Slabs sent once"). */
+bool gd_registry_slab_mapped(gd_holder *h, const gd_buf *b, bool ro);
 /* Mark one of the holder's references to id as read-only (after an open), or
  * unmark one (before releasing a read-only reference). */
 void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add);

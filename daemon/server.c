@@ -14,6 +14,8 @@
 
 #include "gpubuf/gpubuf.h"
 #include "log.h"
+#include "trace.h"
+#include "util.h"
 #include "wire.h"
 
 #define READ_CHUNK (64u * 1024u)
@@ -22,11 +24,13 @@
  * the mark (a status of a large registry), so a client holds at most this
  * plus one reply in the daemon's memory. */
 #define OUT_HIGH_WATER (1u << 20)
-/* Backpressure on fds: while this many queued replies hold an fd (each a dup
+/* Backpressure on fds: while queued replies hold this many fds (each a dup
  * of a slab fd), no more requests are handled. A pass stops before a frame
- * once the mark is reached and a frame yields at most one fd, so requests
- * make the daemon hold at most this many fds for a connection; waiting opens
- * answered later add at most max_waiters_per_client (docs/security.md). */
+ * once the mark is reached and a frame yields at most the room left below
+ * it (gd_conn_fd_room(): one for a single request, up to
+ * GD_BATCH_REPLY_FDS for a batch), so requests make the daemon hold at most
+ * this many fds for a connection; waiting opens answered later add at most
+ * max_waiters_per_client (docs/security.md). */
 #define OUT_FDS_HIGH_WATER ((unsigned)GD_QUEUED_REPLY_FDS)
 /* Backpressure on the number of queued replies, far below
  * max_queued_replies: a pass adds at most one reply per frame and waiting
@@ -55,6 +59,8 @@ static void peer_left(gd_conn *c);
 static bool backlogged(const gd_conn *c);
 static bool has_complete_frame(const gd_conn *c);
 static void conn_free_out(gd_conn *c);
+static void update_poll(gd_conn *c);
+static void maybe_pend(gd_conn *c);
 static void conn_end(gd_conn *c, gd_close_reason why);
 static void refuse(gd_server *srv, int fd, gd_refusal why, uid_t uid, uint32_t limit);
 
@@ -244,19 +250,60 @@ int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode) {
     return r;
 }
 
+/* Queued replies were written or dropped: connections waiting for reply
+ * memory whose frame now fits go on, first come first (one that does not
+ * fit stops the rest, so a large batch is not passed over forever). */
+static void mem_wake(gd_server *srv) {
+    size_t sum = 0;
+    while (srv->mem_waiters) {
+        gd_conn *c = srv->mem_waiters;
+        size_t used = srv->out_bytes + sum;
+        if (used != 0 && used + c->mem_wait > srv->limits->max_reply_memory)
+            break;
+        sum += c->mem_wait;
+        DL_DELETE2(srv->mem_waiters, c, mw_prev, mw_next);
+        c->mem_wait = 0;
+        update_poll(c);
+        maybe_pend(c);
+    }
+}
+
+bool gd_conn_reply_room(gd_conn *c, size_t bound) {
+    gd_server *srv = c->srv;
+    if (c->closing || c->peer_gone || c->draining)
+        return true; /* its replies are dropped */
+    if (srv->out_bytes == 0 || srv->out_bytes + bound <= srv->limits->max_reply_memory)
+        return true;
+    if (!c->mem_wait) {
+        c->mem_wait = bound ? bound : 1;
+        DL_APPEND2(srv->mem_waiters, c, mw_prev, mw_next);
+    }
+    return false;
+}
+
+static void mem_unwait(gd_conn *c) {
+    if (c->mem_wait) {
+        DL_DELETE2(c->srv->mem_waiters, c, mw_prev, mw_next);
+        c->mem_wait = 0;
+    }
+}
+
 static void conn_free_out(gd_conn *c) {
     gd_outbuf *o, *tmp;
     DL_FOREACH_SAFE(c->out, o, tmp) {
         DL_DELETE(c->out, o);
-        if (o->fd >= 0)
-            close(o->fd);
+        for (int i = 0; i < o->n_fds; i++)
+            close(o->fds[i]);
         free(o);
     }
     assert(c->srv->out_bytes >= c->out_bytes);
     c->srv->out_bytes -= c->out_bytes;
     c->out_frames = 0;
     c->out_fds = 0;
+    bool freed = c->out_bytes > 0;
     c->out_bytes = 0;
+    if (freed)
+        mem_wake(c->srv);
 }
 
 static void on_timer_closed(uv_handle_t *h) {
@@ -378,6 +425,13 @@ static void on_kick(uv_idle_t *h) {
         uv_idle_stop(&srv->kick);
 }
 
+void gd_server_want_work(gd_server *srv) {
+    if (!srv->cb.on_work || srv->stopping)
+        return;
+    srv->work = true;
+    kick(srv);
+}
+
 void gd_conn_close(gd_conn *c) {
     conn_end(c, GD_CLOSE_BY_USER);
 }
@@ -393,6 +447,7 @@ static void conn_end(gd_conn *c, gd_close_reason why) {
     if (c->closing)
         return;
     c->closing = true;
+    mem_unwait(c);
     uv_poll_stop(&c->poll);
     uv_timer_stop(&c->timer);
     LL_PREPEND2(c->srv->reap, c, reap_next);
@@ -598,7 +653,7 @@ static void on_listen(uv_poll_t *h, int status, int events) {
  * reads (a peer that reads is woken by its socket turning writable). One with
  * nothing queued is still served, so a bystander gets its answer. */
 static bool backlogged(const gd_conn *c) {
-    return c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER ||
+    return c->mem_wait || c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER ||
            c->out_frames >= OUT_FRAMES_HIGH_WATER ||
            (c->out_bytes && c->srv->out_bytes >= c->srv->limits->max_reply_memory);
 }
@@ -621,31 +676,42 @@ static void update_poll(gd_conn *c) {
     c->poll_events = want;
 }
 
+static int flush_some(gd_conn *c);
+
 /* Write queued replies: up to 64 frames per sendmsg. A frame that carries
- * an fd starts its own sendmsg, so the fd rides on the frame's first byte. */
+ * fds starts its own sendmsg, so the fds ride on the frame's first byte. */
 static int flush_out(gd_conn *c) {
+    size_t before = c->out_bytes;
+    int r = flush_some(c);
+    if (c->out_bytes < before && c->srv->mem_waiters)
+        mem_wake(c->srv);
+    return r;
+}
+
+static int flush_some(gd_conn *c) {
     while (c->out) {
         struct iovec iov[64];
-        int n_iov = 0, fd = -1;
+        int n_iov = 0, n_fds = 0;
         for (gd_outbuf *o = c->out; o && n_iov < 64; o = o->next) {
-            if (o != c->out && o->fd >= 0)
+            if (o != c->out && o->n_fds > 0)
                 break;
             if (o == c->out && o->off == 0)
-                fd = o->fd;
+                n_fds = o->n_fds;
             iov[n_iov].iov_base = o->data + o->off;
             iov[n_iov].iov_len = o->len - o->off;
             n_iov++;
         }
-        ssize_t n = gpubuf_wire_sendv(c->fd, iov, n_iov, fd);
+        ssize_t n = gpubuf_wire_sendv_fds(c->fd, iov, n_iov, c->out->fds, n_fds);
         if (n < 0)
             return n == -EAGAIN ? 0 : (int)n;
         while (n > 0) {
             gd_outbuf *o = c->out;
-            if (o->fd >= 0) {
-                close(o->fd);
-                o->fd = -1;
-                assert(c->out_fds > 0);
-                c->out_fds--;
+            if (o->n_fds > 0) {
+                for (int i = 0; i < o->n_fds; i++)
+                    close(o->fds[i]);
+                assert(c->out_fds >= (uint32_t)o->n_fds);
+                c->out_fds -= (uint32_t)o->n_fds;
+                o->n_fds = 0;
             }
             size_t left = o->len - o->off;
             if ((size_t)n < left) {
@@ -654,6 +720,9 @@ static int flush_out(gd_conn *c) {
             }
             n -= (ssize_t)left;
             DL_DELETE(c->out, o);
+            if (o->trace_request)
+                gpubuf_trace(o->trace_session, o->trace_request, o->trace_type,
+                             GPUBUF_TRACE_D_WRITTEN, 0);
             assert(c->out_frames > 0 && c->out_bytes >= o->len);
             c->out_frames--;
             c->out_bytes -= o->len;
@@ -665,9 +734,20 @@ static int flush_out(gd_conn *c) {
     return 0;
 }
 
+unsigned gd_conn_fd_room(const gd_conn *c) {
+    return c->out_fds < OUT_FDS_HIGH_WATER ? OUT_FDS_HIGH_WATER - c->out_fds : 0;
+}
+
 int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int fd) {
+    return gd_conn_send_fds(c, plen, pack, msg, &fd, fd >= 0 ? 1 : 0, false);
+}
+
+int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, const int *fds,
+                     int n_fds, bool bounded) {
     gd_outbuf *o;
     bool was_empty = !c->out;
+    size_t data_len;
+    assert(n_fds >= 0 && n_fds <= (int)GPUBUF_WIRE_MAX_FDS);
     if (c->closing || c->peer_gone)
         return -ECONNRESET;
     if (c->out_frames >= c->srv->limits->max_queued_replies) {
@@ -681,30 +761,42 @@ int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int 
         conn_end(c, GD_CLOSE_ERROR);
         return -EMSGSIZE;
     }
-    if (plen > GD_SMALL_REPLY && fd < 0 &&
+    if (plen > GD_SMALL_REPLY && n_fds == 0 && !bounded &&
         c->srv->out_bytes + GPUBUF_WIRE_HEADER_SIZE + plen > c->srv->limits->max_reply_memory)
         return -EAGAIN; /* nothing queued: the caller answers with a small error */
-    o = malloc(sizeof(*o) + GPUBUF_WIRE_HEADER_SIZE + plen);
+    /* The fds live after the data, aligned. */
+    data_len = (GPUBUF_WIRE_HEADER_SIZE + plen + sizeof(int) - 1) / sizeof(int) * sizeof(int);
+    o = malloc(sizeof(*o) + data_len + (size_t)n_fds * sizeof(int));
     if (!o) {
         conn_end(c, GD_CLOSE_ERROR);
         return -ENOMEM;
     }
     o->off = 0;
     o->len = GPUBUF_WIRE_HEADER_SIZE + plen;
-    o->fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
-    if (fd >= 0 && o->fd < 0) {
-        int e = errno;
-        LOG_ERR_LIMITED("pid %d: cannot duplicate the fd of a reply (%s); disconnecting",
-                        (int)c->pid, strerror(e));
-        free(o);
-        conn_end(c, GD_CLOSE_ERROR);
-        return -e;
+    o->fds = (int *)(void *)(o->data + data_len);
+    for (o->n_fds = 0; o->n_fds < n_fds; o->n_fds++) {
+        o->fds[o->n_fds] = fcntl(fds[o->n_fds], F_DUPFD_CLOEXEC, 0);
+        if (o->fds[o->n_fds] < 0) {
+            int e = errno;
+            LOG_ERR_LIMITED("pid %d: cannot duplicate the fd of a reply (%s); disconnecting",
+                            (int)c->pid, strerror(e));
+            for (int i = 0; i < o->n_fds; i++)
+                close(o->fds[i]);
+            free(o);
+            conn_end(c, GD_CLOSE_ERROR);
+            return -e;
+        }
     }
     gpubuf_wire_header_encode(o->data, (uint32_t)plen);
     pack(msg, o->data + GPUBUF_WIRE_HEADER_SIZE);
+    o->trace_request = 0;
+    if (gpubuf_trace_on() &&
+        gpubuf_trace_tag(&o->trace_session, &o->trace_request, &o->trace_type))
+        gpubuf_trace(o->trace_session, o->trace_request, o->trace_type, GPUBUF_TRACE_D_ENCODED,
+                     0);
     DL_APPEND(c->out, o);
     c->out_frames++;
-    c->out_fds += o->fd >= 0;
+    c->out_fds += (uint32_t)o->n_fds;
     c->out_bytes += o->len;
     c->srv->out_bytes += o->len;
     if (was_empty && !c->corked) {
@@ -733,6 +825,8 @@ static int process_frames(gd_conn *c, uint32_t limit) {
             peer_left(c);
         else
             update_poll(c);
+    } else if (c->mem_wait) {
+        update_poll(c); /* stop reading while the frame waits */
     }
     return c->closing ? -1 : r;
 }
@@ -755,7 +849,9 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
         }
         if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
             break;
-        c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length);
+        if (c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length) ==
+            -EAGAIN)
+            break; /* held back until the reply memory has room (mem_wait) */
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;
     }
@@ -817,6 +913,7 @@ static ssize_t read_in(gd_conn *c, size_t max) {
 static void on_conn_io(uv_poll_t *h, int status, int events) {
     gd_conn *c = h->data;
     gd_server *srv = c->srv;
+    uint64_t woke = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     if (c->closing)
         return;
     if (status < 0) {
@@ -843,6 +940,8 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
         return;
     }
     ssize_t n = read_in(c, SIZE_MAX);
+    if (woke)
+        gpubuf_trace_stash(woke, gpubuf_now_ns());
     if (n == -EAGAIN)
         return;
     if (n == 0) {

@@ -34,8 +34,12 @@ typedef struct gd_server_callbacks {
     /* A peer connected (credentials from SO_PEERCRED). Return the
      * connection's user pointer, or NULL to refuse it (it is closed). */
     void *(*on_open)(void *data, gd_conn *c, pid_t pid, uid_t uid, gid_t gid);
-    /* One whole frame: its payload (the header is checked and stripped). */
-    void (*on_frame)(void *user, const uint8_t *payload, size_t len);
+    /* One whole frame: its payload (the header is checked and stripped).
+     * Returns 0 when it was handled, or -EAGAIN when it was not because
+     * gd_conn_reply_room() said no: the frame stays, the connection reads
+     * and handles nothing more until the reply memory has room, then the
+     * frame is handed up again. */
+    int (*on_frame)(void *user, const uint8_t *payload, size_t len);
     /* A bad frame header (-EMSGSIZE: too long, GPUBUF_EPROTOCOL: magic,
      * version or flags): the last chance to say why; the connection closes. */
     void (*on_bad_frame)(void *user, int err);
@@ -57,7 +61,10 @@ typedef struct gd_server_callbacks {
 typedef struct gd_outbuf {
     struct gd_outbuf *next, *prev; /* utlist DL: the queue of replies */
     size_t len, off;
-    int fd; /* to send with the first byte, -1 when none; owned (dup) */
+    int n_fds; /* fds to send with the first byte (owned dups), 0 when none */
+    uint64_t trace_session, trace_request; /* GPUBUF_TRACE_TIMING: whose reply (0: none) */
+    int trace_type;
+    int *fds;  /* in the same allocation, after data */
     uint8_t data[];
 } gd_outbuf;
 
@@ -88,6 +95,8 @@ struct gd_conn {
     uint32_t out_fds;    /* queued replies that still hold their fd (a dup) */
     size_t out_bytes;
     size_t drain_left; /* bytes the final drain may still read */
+    size_t mem_wait;   /* reply bytes a held-back frame needs (gd_conn_reply_room), 0: none */
+    gd_conn *mw_next, *mw_prev; /* utlist DL: the server's mem_waiters, first come first */
     gd_conn *next, *prev;   /* utlist DL: the server's connections */
     gd_conn *reap_next;     /* utlist LL: closed, waiting for the reaper */
     gd_conn *pending_next;  /* utlist LL: frames left after the per-wake-up cap */
@@ -112,6 +121,7 @@ struct gd_server {
     gd_conn *reap;
     uint32_t n_conns;
     size_t out_bytes; /* queued reply bytes of all connections (max_reply_memory) */
+    gd_conn *mem_waiters; /* connections whose next frame waits for reply memory */
     bool stopping;
     bool work; /* cb.on_work has work left */
 };
@@ -124,6 +134,8 @@ int gd_server_listen_fd(gd_server *srv, int fd);
 int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode);
 /* Close every connection and the listener; the loop then runs out. */
 void gd_server_stop(gd_server *srv);
+/* Run on_work at the next turns of the loop until it says it is done. */
+void gd_server_want_work(gd_server *srv);
 /* After the loop ran out (or when it never ran): free what is left. */
 void gd_server_destroy(gd_server *srv);
 
@@ -135,6 +147,23 @@ typedef void (*gd_pack_fn)(const void *msg, uint8_t *dst);
  * is taken. Returns 0, or a negative code when the connection is going or
  * had to be dropped (peer not reading, frame too large, out of memory). */
 int gd_conn_send(gd_conn *c, size_t len, gd_pack_fn pack, const void *msg, int fd);
+/* The same with n_fds fds (at most GPUBUF_WIRE_MAX_FDS; each dup'ed). bounded:
+ * the caller made sure the reply memory had room for it (a batch reply,
+ * gd_conn_reply_room()), so it is queued like a small one whatever the
+ * budget says now. */
+int gd_conn_send_fds(gd_conn *c, size_t len, gd_pack_fn pack, const void *msg, const int *fds,
+                     int n_fds, bool bounded);
+/* May the frame being handled queue a reply of up to bound bytes (a batch
+ * reply, whose items take references that must reach the client)? True
+ * when the replies queued for all connections plus bound stay within
+ * max_reply_memory, when nothing at all is queued (one reply larger than
+ * the budget), or when the connection's replies go nowhere (its peer left).
+ * False otherwise: the connection waits (the caller's on_frame returns
+ * -EAGAIN) until enough queued replies are written or dropped. */
+bool gd_conn_reply_room(gd_conn *c, size_t bound);
+/* How many more fds the connection's queued replies may hold before its
+ * requests wait (at least 1 while one is being handled). */
+unsigned gd_conn_fd_room(const gd_conn *c);
 /* The handshake is done: the handshake deadline gives way to the frame one. */
 void gd_conn_ready(gd_conn *c);
 /* Schedule the connection's teardown; safe from any callback. */

@@ -11,6 +11,7 @@
 
 #include "gpubuf.pb-c.h"
 #include "log.h"
+#include "trace.h"
 #include "util.h"
 #include "wire.h"
 
@@ -45,7 +46,14 @@ static void pack_response(const void *msg, uint8_t *dst) {
 static void send_response(gd_session *s, const Gpubuf__Response *resp, int fd) {
     if (resp->status < 0)
         gd_metrics_error(&s->ctx->metrics, s->cur_type, resp->status);
+    bool trace = gpubuf_trace_on() && resp->id;
+    if (trace) {
+        gpubuf_trace(s->holder->id, resp->id, s->cur_type, GPUBUF_TRACE_D_HANDLED, 0);
+        gpubuf_trace_set_tag(s->holder->id, resp->id, s->cur_type);
+    }
     int r = s->io->send(s->conn, gpubuf__response__get_packed_size(resp), pack_response, resp, fd);
+    if (trace)
+        gpubuf_trace_set_tag(0, 0, -1);
     if (r == -EAGAIN && resp->status >= 0) {
         Gpubuf__Response e = GPUBUF__RESPONSE__INIT;
         e.id = resp->id;
@@ -76,11 +84,35 @@ typedef struct buffer_msg {
     Gpubuf__Slab slab;
 } buffer_msg;
 
-static void fill_buffer(buffer_msg *m, const gd_buf *b) {
+/* How to map b's slab: its description, with the IPC handle if it has one. */
+static void fill_slab(Gpubuf__Slab *m, const gd_buf *b) {
     gd_slab *sl = b->blk.slab;
     gd_backend *be = b->pool->be;
+    gpubuf__slab__init(m);
+    m->slab_id = sl->id;
+    m->kind = (Gpubuf__PoolKind)be->kind;
+    m->device = be->device;
+    m->size = sl->size;
+    if (be->has_uuid) {
+        m->device_uuid.data = be->uuid;
+        m->device_uuid.len = 16;
+    }
+    if (sl->exp.has_ipc_handle) {
+        m->ipc_handle.data = sl->exp.ipc_handle;
+        m->ipc_handle.len = GPUBUF_IPC_HANDLE_SIZE;
+    }
+}
+
+/* May this session keep b's slab mapped after its last view (not for
+ * read-only mappings: the daemon pins slabs, not modes)? */
+static bool slab_keepable(const gd_session *s, const gd_buf *b, bool ro) {
+    return !ro && (s->caps & GPUBUF_CAP_KEEP_MAPPED) && !b->blk.slab->dedicated;
+}
+
+static void fill_buffer(buffer_msg *m, const gd_buf *b) {
+    gd_slab *sl = b->blk.slab;
     gpubuf__buffer__init(&m->buf);
-    gpubuf__slab__init(&m->slab);
+    fill_slab(&m->slab, b);
     m->buf.buffer_id = b->id;
     m->buf.name = b->name ? b->name : (char *)"";
     m->buf.pool = b->pool->name;
@@ -92,47 +124,41 @@ static void fill_buffer(buffer_msg *m, const gd_buf *b) {
     m->buf.slab_id = sl->id;
     m->buf.restored = b->restored;
     m->buf.slab = &m->slab;
-    m->slab.slab_id = sl->id;
-    m->slab.kind = (Gpubuf__PoolKind)be->kind;
-    m->slab.device = be->device;
-    m->slab.size = sl->size;
-    if (be->has_uuid) {
-        m->slab.device_uuid.data = be->uuid;
-        m->slab.device_uuid.len = 16;
-    }
-    if (sl->exp.has_ipc_handle) {
-        m->slab.ipc_handle.data = sl->exp.ipc_handle;
-        m->slab.ipc_handle.len = GPUBUF_IPC_HANDLE_SIZE;
-    }
+}
+
+/* Does the client map b's slab in mode ro already, apart from the reference
+ * just taken (GPUBUF_CAP_SLAB_ONCE)? Then the reply needs no fd or handle. */
+static bool client_maps(gd_session *s, const gd_buf *b, bool ro) {
+    return (s->caps & GPUBUF_CAP_SLAB_ONCE) && gd_registry_slab_mapped(s->holder, b, ro);
 }
 
 /* Reply with a buffer. map_fd (alloc and open, which take a reference): how
- * to map it, the slab's fd or IPC handle, and the seal event. Otherwise
- * (seal, stat) no handle: nothing is handed out without a reference.
- * ro_fd >= 0: a read-only open, with the fd to send instead of the slab's. */
-static void reply_buffer_fd(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd, int ro_fd) {
+ * to map it, the slab's fd or IPC handle unless the client maps the slab
+ * already, and the seal event. Otherwise (seal, stat) no handle: nothing is
+ * handed out without a reference. ro: a read-only open, whose fd is ro_fd. */
+static void reply_buffer_mode(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd, bool ro,
+                              int ro_fd) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
-    bool ro = ro_fd >= 0;
+    bool send_map = map_fd && !client_maps(s, b, ro);
     fill_buffer(&m, b);
-    if (!map_fd) {
+    if (!send_map) {
         m.slab.ipc_handle.len = 0;
         m.slab.ipc_handle.data = NULL;
-    } else {
+    }
+    if (map_fd) {
         const uint8_t *ev = gd_registry_event(&s->ctx->reg, b);
         if (ev) {
             m.buf.event_handle.data = (uint8_t *)ev;
             m.buf.event_handle.len = GD_EVENT_HANDLE_SIZE;
         }
     }
-    /* Read-only mappings are never kept: the daemon pins slabs, not modes. */
-    m.slab.keepable = map_fd && !ro && (s->caps & GPUBUF_CAP_KEEP_MAPPED) &&
-                      !b->blk.slab->dedicated;
+    m.slab.keepable = map_fd && slab_keepable(s, b, ro);
     m.slab.read_only = ro;
     m.buf.read_only = ro;
     if (map_fd)
         gd_metrics_handed(&s->ctx->metrics, s->holder, b);
-    int fd = map_fd ? (ro ? ro_fd : b->blk.slab->exp.fd) : -1;
+    int fd = send_map ? (ro ? ro_fd : b->blk.slab->exp.fd) : -1;
     resp.id = id;
     resp.fds = fd >= 0 ? 1 : 0;
     resp.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
@@ -141,7 +167,16 @@ static void reply_buffer_fd(gd_session *s, uint64_t id, const gd_buf *b, bool ma
 }
 
 static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd) {
-    reply_buffer_fd(s, id, b, map_fd, -1);
+    reply_buffer_mode(s, id, b, map_fd, false, -1);
+}
+
+/* Give back the reference an open took (read-only if read_only): its reply
+ * could not be made. */
+static void open_undo(gd_session *s, const gd_buf *b, bool read_only) {
+    uint64_t bid = b->id;
+    if (read_only)
+        gd_registry_ref_ro(s->holder, bid, false);
+    gd_registry_release(&s->ctx->reg, s->holder, bid, NULL);
 }
 
 /* Reply to an open that took a reference to b (read-only if read_only, which
@@ -150,18 +185,17 @@ static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b, bool map_f
 static void reply_open(gd_session *s, uint64_t id, gd_buf *b, bool read_only) {
     gd_err err = {0};
     int fd = -1, r;
-    if (!read_only) {
-        reply_buffer(s, id, b, true);
+    if (!read_only || client_maps(s, b, true)) {
+        reply_buffer_mode(s, id, b, true, read_only, -1);
         return;
     }
     r = gd_backend_export_ro(b->pool->be, &b->blk.slab->exp, &fd, &err);
     if (r < 0) {
-        gd_registry_ref_ro(s->holder, b->id, false);
-        gd_registry_release(&s->ctx->reg, s->holder, b->id, NULL);
+        open_undo(s, b, true);
         reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
-    reply_buffer_fd(s, id, b, true, fd);
+    reply_buffer_mode(s, id, b, true, true, fd);
 }
 
 /* A waiting open's late error reply, counted as an open's. */
@@ -326,12 +360,26 @@ static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
         s->holder->kept_cap = s->ctx->reg.quota.kept_slabs_per_client;
         hr.max_kept_slabs = s->holder->kept_cap;
     }
+    s->caps |= h->capabilities & GPUBUF_CAP_SLAB_ONCE;
     hr.capabilities = s->caps;
+    hr.max_batch_items = GD_BATCH_MAX_ITEMS;
+    hr.max_batch_slabs = GD_BATCH_REPLY_FDS;
     resp.id = id;
     resp.body_case = GPUBUF__RESPONSE__BODY_HELLO;
     resp.hello = &hr;
     send_response(s, &resp, -1);
     free(lost);
+}
+
+/* Allocate one buffer from pool (alloc and batch alloc); failures the
+ * operator should see are logged. */
+static int alloc_one(gd_session *s, gd_pool *pool, uint64_t size, uint32_t alignment,
+                     const char *name, gd_buf **ret, gd_err *err) {
+    int r = gd_registry_alloc(&s->ctx->reg, s->holder, pool, size, alignment, name, ret, err);
+    if (r < 0 && r != -EEXIST && r != -EACCES && r != -EPERM && r != GPUBUF_ENOPOOL)
+        LOG_LIMITED(GPUBUF_LOG_INFO, "pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
+                    (unsigned long long)size, pool->name, gd_err_msg(err, r));
+    return r;
 }
 
 static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) {
@@ -340,12 +388,8 @@ static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) 
     gd_buf *b;
     int r = gd_context_pool(s->ctx, a->pool, &pool, &err);
     if (r == 0)
-        r = gd_registry_alloc(&s->ctx->reg, s->holder, pool, a->size, a->alignment, a->name, &b,
-                              &err);
+        r = alloc_one(s, pool, a->size, a->alignment, a->name, &b, &err);
     if (r < 0) {
-        if (r != -EEXIST && r != -EACCES && r != -EPERM && r != GPUBUF_ENOPOOL)
-            LOG_LIMITED(GPUBUF_LOG_INFO, "pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
-                        (unsigned long long)a->size, pool->name, gd_err_msg(&err, r));
         reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
@@ -466,25 +510,22 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     gd_registry_wait(reg, &sw->w);
 }
 
-static void do_release(gd_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
-    bool keep = q->keep_mapped;
+/* Release one reference (release and batch release). */
+static int release_one(gd_session *s, uint64_t bid, bool keep, bool read_only, gd_err *err) {
+    if (read_only)
+        gd_registry_ref_ro(s->holder, bid, false);
     if (keep && !(s->caps & GPUBUF_CAP_KEEP_MAPPED)) {
         /* Still release: the reference is not the client's to keep. */
-        if (q->read_only)
-            gd_registry_ref_ro(s->holder, q->buffer_id, false);
-        gd_registry_release(&s->ctx->reg, s->holder, q->buffer_id, NULL);
-        reply_error(s, id, GPUBUF_EPROTOCOL, "keep_mapped without the KEEP_MAPPED capability");
-        return;
+        gd_registry_release(&s->ctx->reg, s->holder, bid, NULL);
+        return gd_err_set(err, GPUBUF_EPROTOCOL, "keep_mapped without the KEEP_MAPPED capability");
     }
+    return gd_registry_release_keep(&s->ctx->reg, s->holder, bid, keep, err);
+}
+
+static void do_release(gd_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
     gd_err err = {0};
-    if (q->read_only)
-        gd_registry_ref_ro(s->holder, q->buffer_id, false);
-    int r = gd_registry_release_keep(&s->ctx->reg, s->holder, q->buffer_id, keep, &err);
-    if (r < 0) {
-        reply_error(s, id, r, gd_err_msg(&err, r));
-        return;
-    }
-    reply_error(s, id, 0, "");
+    int r = release_one(s, q->buffer_id, q->keep_mapped, q->read_only, &err);
+    reply_error(s, id, r, r < 0 ? gd_err_msg(&err, r) : "");
 }
 
 static void do_unmap(gd_session *s, uint64_t id, const Gpubuf__UnmapRequest *q) {
@@ -621,8 +662,8 @@ static void fill_counters(gd_context *ctx, counters_msg *o) {
     size_t n = 0;
     gpubuf__counters__init(c);
     for (int t = 0; t < GD_REQ_TYPES; t++) {
-        /* "other" is left out while nothing of that type came. */
-        if (t == GD_REQ_OTHER && m->req[t].requests == 0)
+        /* "other" and the batches are left out while nothing of that type came. */
+        if (t >= GD_REQ_OTHER && m->req[t].requests == 0)
             continue;
         Gpubuf__RequestCounters *r = &o->rq[n];
         gpubuf__request_counters__init(r);
@@ -715,6 +756,7 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
     Gpubuf__ClientStatus **pcl = calloc(n_cl + 1, sizeof(*pcl));
     counters_msg *counters = malloc(sizeof(*counters));
     char(*pubs)[PUBLISHERS_TEXT] = calloc((size_t)ctx->n_pools + 1, sizeof(*pubs));
+    Gpubuf__BatchCounters bc[GD_BATCH_TYPES], *pbc[GD_BATCH_TYPES];
     size_t i = 0;
     if (!pools || !ppools || !bufs || !pbufs || !cl || !pcl || !counters || !pubs ||
         (columnar && !fill_columns(ctx, &cols))) {
@@ -797,6 +839,15 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
     st.clients = pcl;
     fill_counters(ctx, counters);
     st.counters = &counters->c;
+    for (int t = 0; t < GD_BATCH_TYPES; t++) {
+        gpubuf__batch_counters__init(&bc[t]);
+        bc[t].type = (char *)gd_metrics_type_names[GD_REQ_BATCH_OPEN + t];
+        bc[t].items = ctx->metrics.batch[t].items;
+        bc[t].item_errors = ctx->metrics.batch[t].item_errors;
+        pbc[t] = &bc[t];
+    }
+    st.n_batches = GD_BATCH_TYPES;
+    st.batches = pbc;
     st.uptime_ms = (gpubuf_now_ns() - ctx->started_ns) / 1000000u;
     st.version = (char *)GPUBUF_VERSION_STRING;
     resp.id = id;
@@ -841,7 +892,376 @@ static void do_takeover(gd_session *s, uint64_t id, const Gpubuf__TakeoverReques
     send_response(s, &resp, -1);
 }
 
-static gd_req_type req_type(Gpubuf__Request__BodyCase body) {
+/* ---- Batches: many items in one request, one reply with a result per item
+ * (docs/protocol.md, "Batches"). Each item runs the single request's code
+ * path; a failed item changes nothing and the others go on. */
+
+/* One batch reply being built: element i of each array is item i. */
+typedef struct batch {
+    gd_session *s;
+    gd_req_type type;
+    size_t n;               /* items */
+    bool buffers;           /* open, alloc: the items' buffers are described */
+    bool read_only;         /* open: read-only references and mappings */
+    int32_t *status;
+    uint64_t *ids, *sizes, *offsets, *slab_ids;
+    uint32_t *states;
+    uint8_t *names;         /* NUL-terminated names, back to back */
+    size_t names_len, names_cap;
+    Gpubuf__BatchItemError *errs;
+    Gpubuf__BatchItemError **perrs;
+    size_t n_errs;
+    uint32_t *ev_items;
+    uint8_t *events;        /* GD_EVENT_HANDLE_SIZE per entry of ev_items */
+    size_t n_ev;
+    uint64_t *mapped;       /* the client's mapped slabs, sorted */
+    size_t n_mapped;
+    Gpubuf__Slab slabs[GD_BATCH_REPLY_FDS];
+    Gpubuf__Slab *pslabs[GD_BATCH_REPLY_FDS];
+    int fds[GD_BATCH_REPLY_FDS];
+    unsigned n_slabs, n_fds, max_slabs;
+} batch;
+
+static int u64_cmp(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void batch_free(batch *bt) {
+    for (size_t i = 0; i < bt->n_errs; i++)
+        free(bt->errs[i].message);
+    free(bt->ids); /* the block of the per-item arrays */
+    free(bt->names);
+    free(bt->errs);
+    free(bt->perrs);
+    free(bt->events);
+    free(bt->mapped);
+}
+
+/* Start a batch of n items; false (and an error reply) when it is refused
+ * whole: too many items, or out of memory. */
+static bool batch_init(batch *bt, gd_session *s, uint64_t id, gd_req_type type, size_t n,
+                       bool buffers, const uint64_t *mapped, size_t n_mapped) {
+    memset(bt, 0, sizeof(*bt));
+    bt->s = s;
+    bt->type = type;
+    bt->n = n;
+    bt->buffers = buffers;
+    if (n > GD_BATCH_MAX_ITEMS) {
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "a batch holds at most %u items (HelloReply.max_batch_items); this one has %zu: "
+                 "split it",
+                 (unsigned)GD_BATCH_MAX_ITEMS, n);
+        reply_error(s, id, -E2BIG, msg);
+        return false;
+    }
+    if (n_mapped > GD_BATCH_MAX_ITEMS * 4u) {
+        reply_error(s, id, -E2BIG, "a batch lists at most 16384 mapped slabs");
+        return false;
+    }
+    /* One block for the per-item arrays: status, 4 x u64, state, event item. */
+    size_t per = sizeof(int32_t) + 4 * sizeof(uint64_t) + 2 * sizeof(uint32_t);
+    uint8_t *p = calloc(n + 1, per);
+    bt->names_cap = buffers ? (n + 1) * (GPUBUF_NAME_MAX + 1) : 1;
+    bt->names = malloc(bt->names_cap);
+    bt->errs = calloc(n + 1, sizeof(*bt->errs));
+    bt->perrs = calloc(n + 1, sizeof(*bt->perrs));
+    bt->mapped = n_mapped ? malloc(n_mapped * sizeof(uint64_t)) : NULL;
+    if (!p || !bt->names || !bt->errs || !bt->perrs || (n_mapped && !bt->mapped)) {
+        free(p);
+        batch_free(bt);
+        reply_error(s, id, -ENOMEM, "out of memory");
+        return false;
+    }
+    bt->ids = (uint64_t *)(void *)p;
+    bt->sizes = bt->ids + (n + 1);
+    bt->offsets = bt->sizes + (n + 1);
+    bt->slab_ids = bt->offsets + (n + 1);
+    bt->status = (int32_t *)(void *)(bt->slab_ids + (n + 1));
+    bt->states = (uint32_t *)(void *)(bt->status + (n + 1));
+    bt->ev_items = bt->states + (n + 1);
+    if (n_mapped) {
+        memcpy(bt->mapped, mapped, n_mapped * sizeof(uint64_t));
+        qsort(bt->mapped, n_mapped, sizeof(uint64_t), u64_cmp);
+    }
+    bt->n_mapped = n_mapped;
+    /* Never more fds than the connection's budget has room for. */
+    unsigned room = s->io->fd_room ? s->io->fd_room(s->conn) : 1;
+    bt->max_slabs = room < GD_BATCH_REPLY_FDS ? (room ? room : 1) : GD_BATCH_REPLY_FDS;
+    return true;
+}
+
+/* Append an item's name (or "") to the names column (room for the longest
+ * name of every item was made at the start). */
+static void batch_name(batch *bt, const char *name) {
+    size_t len = name ? strlen(name) : 0;
+    assert(bt->names_len + len + 1 <= bt->names_cap);
+    memcpy(bt->names + bt->names_len, name ? name : "", len);
+    bt->names[bt->names_len + len] = 0;
+    bt->names_len += len + 1;
+}
+
+/* Item i failed with r and err's sentence. */
+static void batch_fail(batch *bt, size_t i, int r, const gd_err *err) {
+    Gpubuf__BatchItemError *e = &bt->errs[bt->n_errs];
+    bt->status[i] = r;
+    if (bt->buffers)
+        batch_name(bt, "");
+    gpubuf__batch_item_error__init(e);
+    e->item = (uint32_t)i;
+    /* Without memory for the sentence, the code alone says it. */
+    if ((e->message = strdup(gd_err_msg(err, r)))) {
+        bt->perrs[bt->n_errs] = e;
+        bt->n_errs++;
+    }
+    gd_metrics_error(&bt->s->ctx->metrics, -1, r);
+    bt->s->ctx->metrics.batch[bt->type - GD_REQ_BATCH_OPEN].item_errors++;
+}
+
+/* Describe b's slab in the reply unless the client maps it already or the
+ * reply does: 0, -EAGAIN when the reply has no room for another slab, or
+ * the error of making a read-only fd. */
+static int batch_slab(batch *bt, gd_buf *b, gd_err *err) {
+    gd_slab *sl = b->blk.slab;
+    uint64_t sid = sl->id;
+    int fd = -1, r;
+    if (bt->n_mapped && bsearch(&sid, bt->mapped, bt->n_mapped, sizeof(sid), u64_cmp))
+        return 0;
+    for (unsigned k = 0; k < bt->n_slabs; k++)
+        if (bt->slabs[k].slab_id == sid)
+            return 0;
+    if (bt->n_slabs >= bt->max_slabs)
+        return gd_err_set(err, -EAGAIN,
+                          "this reply describes its limit of %u new slabs; send the item again "
+                          "(after mapping those)",
+                          bt->max_slabs);
+    if (bt->read_only) {
+        if ((r = gd_backend_export_ro(b->pool->be, &sl->exp, &fd, err)) < 0)
+            return r;
+    } else {
+        fd = sl->exp.fd;
+    }
+    Gpubuf__Slab *m = &bt->slabs[bt->n_slabs];
+    fill_slab(m, b);
+    m->keepable = slab_keepable(bt->s, b, bt->read_only);
+    m->read_only = bt->read_only;
+    bt->pslabs[bt->n_slabs++] = m;
+    if (fd >= 0)
+        bt->fds[bt->n_fds++] = fd;
+    bt->s->ctx->metrics.slab_imports++;
+    return 0;
+}
+
+/* Item i succeeded; b (NULL for release, seal, delete) is its buffer. */
+static void batch_ok(batch *bt, size_t i, const gd_buf *b) {
+    bt->status[i] = 0;
+    if (!bt->buffers || !b)
+        return;
+    bt->ids[i] = b->id;
+    bt->sizes[i] = b->size;
+    bt->offsets[i] = b->blk.offset;
+    bt->slab_ids[i] = b->blk.slab->id;
+    bt->states[i] = (uint32_t)b->state;
+    batch_name(bt, b->name);
+}
+
+/* Item i took a reference to b (open, alloc): describe its slab and its seal
+ * event. False when the slab does not fit (the caller undoes the item). */
+static bool batch_buffer(batch *bt, size_t i, gd_buf *b, gd_err *err, int *ret) {
+    int r = batch_slab(bt, b, err);
+    if (r < 0) {
+        *ret = r;
+        return false;
+    }
+    const uint8_t *ev = gd_registry_event(&bt->s->ctx->reg, b);
+    if (ev) {
+        if (!bt->events && !(bt->events = malloc((bt->n + 1) * GD_EVENT_HANDLE_SIZE))) {
+            *ret = gd_err_set(err, -ENOMEM, "out of memory");
+            return false;
+        }
+        bt->ev_items[bt->n_ev] = (uint32_t)i;
+        memcpy(bt->events + bt->n_ev * GD_EVENT_HANDLE_SIZE, ev, GD_EVENT_HANDLE_SIZE);
+        bt->n_ev++;
+    }
+    batch_ok(bt, i, b);
+    return true;
+}
+
+/* Send the reply and free the batch. */
+static void batch_reply_send(batch *bt, uint64_t id) {
+    gd_session *s = bt->s;
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    Gpubuf__BatchReply br = GPUBUF__BATCH_REPLY__INIT;
+    size_t n = bt->n;
+    br.n_status = n;
+    br.status = bt->status;
+    br.n_errors = bt->n_errs;
+    br.errors = bt->perrs;
+    if (bt->buffers) {
+        br.n_buffer_id = br.n_size = br.n_offset = br.n_slab_id = br.n_state = n;
+        br.buffer_id = bt->ids;
+        br.size = bt->sizes;
+        br.offset = bt->offsets;
+        br.slab_id = bt->slab_ids;
+        br.state = bt->states;
+        br.names.data = bt->names;
+        br.names.len = bt->names_len;
+        br.n_slabs = bt->n_slabs;
+        br.slabs = bt->pslabs;
+        br.n_event_items = bt->n_ev;
+        br.event_items = bt->ev_items;
+        br.events.data = bt->events;
+        br.events.len = bt->n_ev * GD_EVENT_HANDLE_SIZE;
+    }
+    s->ctx->metrics.batch[bt->type - GD_REQ_BATCH_OPEN].items += n;
+    resp.id = id;
+    resp.fds = bt->n_fds;
+    resp.body_case = GPUBUF__RESPONSE__BODY_BATCH;
+    resp.batch = &br;
+    /* At most gd_session_batch_reply_bound(n) bytes, for which the reply
+     * memory had room before the batch was handled (gd_session_frame): it
+     * is queued whatever the budget says now, so the references its items
+     * took always reach the client. */
+    size_t len = gpubuf__response__get_packed_size(&resp);
+    assert(len <= gd_session_batch_reply_bound(n));
+    s->io->send_fds(s->conn, len, pack_response, &resp, bt->fds, (int)bt->n_fds, true);
+    batch_free(bt);
+}
+
+/* A batch item's target: a name, plain (the default pool) or qualified
+ * (/POOL/NAME), or an id (any pool); the same lookup as a single request's. */
+static int batch_target(gd_session *s, const char *name, uint64_t bid, gd_target *t,
+                        gd_err *err) {
+    char pool[GPUBUF_NAME_MAX + 1];
+    const char *plain = name;
+    if (name) {
+        int r = gpubuf_name_split(name, pool, &plain, err->msg, sizeof(err->msg));
+        if (r < 0)
+            return r;
+    }
+    return request_target(s, name != NULL, plain, bid, name ? pool : NULL, false, 0, t, err);
+}
+
+static void do_batch_open(gd_session *s, uint64_t id, const Gpubuf__BatchOpenRequest *q) {
+    gd_registry *reg = &s->ctx->reg;
+    batch bt;
+    size_t n = q->n_names + q->n_buffer_ids;
+    if (!batch_init(&bt, s, id, GD_REQ_BATCH_OPEN, n, true, q->mapped_slabs, q->n_mapped_slabs))
+        return;
+    bt.read_only = q->read_only;
+    for (size_t i = 0; i < n; i++) {
+        gd_err err = {0};
+        gd_buf *b;
+        bool by_name = i < q->n_names;
+        gd_target t;
+        int r = batch_target(s, by_name ? q->names[i] : NULL,
+                             by_name ? 0 : q->buffer_ids[i - q->n_names], &t, &err);
+        if (r == 0)
+            r = gd_registry_open_target(reg, s->holder, &t, q->read_only, &b, NULL, &err);
+        if (r == 0 && !batch_buffer(&bt, i, b, &err, &r))
+            open_undo(s, b, q->read_only);
+        if (r < 0)
+            batch_fail(&bt, i, r, &err);
+    }
+    batch_reply_send(&bt, id);
+}
+
+static void do_batch_release(gd_session *s, uint64_t id, const Gpubuf__BatchReleaseRequest *q) {
+    batch bt;
+    size_t n = q->n_buffer_ids;
+    if ((q->n_keep_mapped && q->n_keep_mapped != n) || (q->n_read_only && q->n_read_only != n)) {
+        reply_error(s, id, -EINVAL,
+                    "keep_mapped and read_only have no entry or one per buffer id");
+        return;
+    }
+    if (!batch_init(&bt, s, id, GD_REQ_BATCH_RELEASE, n, false, NULL, 0))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        gd_err err = {0};
+        int r = release_one(s, q->buffer_ids[i], q->n_keep_mapped && q->keep_mapped[i],
+                            q->n_read_only && q->read_only[i], &err);
+        if (r < 0)
+            batch_fail(&bt, i, r, &err);
+        else
+            batch_ok(&bt, i, NULL);
+    }
+    batch_reply_send(&bt, id);
+}
+
+static void do_batch_alloc(gd_session *s, uint64_t id, const Gpubuf__BatchAllocRequest *q) {
+    gd_registry *reg = &s->ctx->reg;
+    gd_err perr = {0};
+    gd_pool *pool;
+    batch bt;
+    size_t n = q->n_sizes;
+    if (q->n_names && q->n_names != n) {
+        reply_error(s, id, -EINVAL, "names has no entry or one per size");
+        return;
+    }
+    int r = gd_context_pool(s->ctx, q->pool, &pool, &perr);
+    if (r < 0) {
+        reply_error(s, id, r, gd_err_msg(&perr, r));
+        return;
+    }
+    if (!batch_init(&bt, s, id, GD_REQ_BATCH_ALLOC, n, true, q->mapped_slabs, q->n_mapped_slabs))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        gd_err err = {0};
+        gd_buf *b;
+        r = alloc_one(s, pool, q->sizes[i], q->alignment, q->n_names ? q->names[i] : NULL, &b,
+                      &err);
+        if (r == 0 && q->seal)
+            r = gd_registry_seal_event(reg, s->holder, b->id, NULL, &b, &err);
+        if (r == 0 && !batch_buffer(&bt, i, b, &err, &r)) {
+            /* Not handed out: the buffer goes again. */
+            uint64_t bid = b->id;
+            gd_registry_delete(reg, s->holder, NULL, bid, NULL);
+            gd_registry_release(reg, s->holder, bid, NULL);
+        }
+        if (r < 0)
+            batch_fail(&bt, i, r, &err);
+    }
+    batch_reply_send(&bt, id);
+}
+
+static void do_batch_state(gd_session *s, uint64_t id, const Gpubuf__BatchStateRequest *q) {
+    gd_registry *reg = &s->ctx->reg;
+    bool seal = q->op == GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_SEAL;
+    size_t n = q->n_names + q->n_buffer_ids;
+    batch bt;
+    if (!seal && q->op != GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_DELETE) {
+        reply_error(s, id, -EINVAL, "a batch state request needs op seal or delete");
+        return;
+    }
+    if (seal && q->n_names) {
+        reply_error(s, id, -EINVAL, "a batch seal takes buffer ids only");
+        return;
+    }
+    if (!batch_init(&bt, s, id, seal ? GD_REQ_BATCH_SEAL : GD_REQ_BATCH_DELETE, n, false, NULL,
+                    0))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        gd_err err = {0};
+        gd_buf *b;
+        bool by_name = i < q->n_names;
+        uint64_t bid = by_name ? 0 : q->buffer_ids[i - q->n_names];
+        gd_target t;
+        int r;
+        if (seal)
+            r = gd_registry_seal_event(reg, s->holder, bid, NULL, &b, &err);
+        else if ((r = batch_target(s, by_name ? q->names[i] : NULL, bid, &t, &err)) == 0)
+            r = gd_registry_delete_target(reg, s->holder, &t, &err);
+        if (r < 0)
+            batch_fail(&bt, i, r, &err);
+        else
+            batch_ok(&bt, i, NULL);
+    }
+    batch_reply_send(&bt, id);
+}
+
+static gd_req_type req_type(const Gpubuf__Request *req) {
+    Gpubuf__Request__BodyCase body = req->body_case;
     switch (body) {
     case GPUBUF__REQUEST__BODY_HELLO: return GD_REQ_HELLO;
     case GPUBUF__REQUEST__BODY_ALLOC: return GD_REQ_ALLOC;
@@ -852,18 +1272,64 @@ static gd_req_type req_type(Gpubuf__Request__BodyCase body) {
     case GPUBUF__REQUEST__BODY_DELETE: return GD_REQ_DELETE;
     case GPUBUF__REQUEST__BODY_STAT: return GD_REQ_STAT;
     case GPUBUF__REQUEST__BODY_STATUS: return GD_REQ_STATUS;
+    case GPUBUF__REQUEST__BODY_BATCH_OPEN: return GD_REQ_BATCH_OPEN;
+    case GPUBUF__REQUEST__BODY_BATCH_RELEASE: return GD_REQ_BATCH_RELEASE;
+    case GPUBUF__REQUEST__BODY_BATCH_ALLOC: return GD_REQ_BATCH_ALLOC;
+    case GPUBUF__REQUEST__BODY_BATCH_STATE:
+        return req->batch_state->op == GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_SEAL
+                   ? GD_REQ_BATCH_SEAL
+                   : GD_REQ_BATCH_DELETE;
     default: return GD_REQ_OTHER;
     }
 }
 
-void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
+/* Bytes of one item in a batch reply at most: its status, buffer id, size,
+ * offset, slab id and state (varints), its name, its error (item number and
+ * sentence, each with its tag and length) and its seal event. */
+#define BATCH_ITEM_REPLY_MAX                                                                    \
+    (5u + 4u * 10u + 5u + (GPUBUF_NAME_MAX + 1u) + (3u + 6u + 3u + sizeof(((gd_err *)0)->msg)) + \
+     5u + GD_EVENT_HANDLE_SIZE)
+/* One Slab message at most (ids and sizes as varints, the 16-byte UUID, the
+ * 64-byte IPC handle, flags, tags and lengths), and the rest of a reply:
+ * the envelope, the column tags and lengths. */
+#define BATCH_SLAB_REPLY_MAX 160u
+#define BATCH_REPLY_FIXED 256u
+
+size_t gd_session_batch_reply_bound(size_t n) {
+    return BATCH_REPLY_FIXED + GD_BATCH_REPLY_FDS * BATCH_SLAB_REPLY_MAX +
+           n * BATCH_ITEM_REPLY_MAX;
+}
+
+/* The items of a batch request (0 for any other request). */
+static size_t batch_items(const Gpubuf__Request *req) {
+    switch (req->body_case) {
+    case GPUBUF__REQUEST__BODY_BATCH_OPEN:
+        return req->batch_open->n_names + req->batch_open->n_buffer_ids;
+    case GPUBUF__REQUEST__BODY_BATCH_RELEASE: return req->batch_release->n_buffer_ids;
+    case GPUBUF__REQUEST__BODY_BATCH_ALLOC: return req->batch_alloc->n_sizes;
+    case GPUBUF__REQUEST__BODY_BATCH_STATE:
+        return req->batch_state->n_names + req->batch_state->n_buffer_ids;
+    default: return 0;
+    }
+}
+
+int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     Gpubuf__Request *req = gpubuf__request__unpack(NULL, len, payload);
     if (!req) {
         LOG_WARN_LIMITED("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid,
                          len);
         reply_error(s, 0, GPUBUF_EPROTOCOL, "request does not decode as gpubuf.Request");
         session_close(s, GD_END_PROTOCOL);
-        return;
+        return 0;
+    }
+    /* A batch starts only when its largest reply fits in the daemon's reply
+     * memory: its items take references, and their reply must then be
+     * queued whatever else waits. Too many items: the small error below. */
+    size_t items = batch_items(req);
+    if (items && items <= GD_BATCH_MAX_ITEMS && s->hello_done && s->io->reply_room &&
+        !s->io->reply_room(s->conn, gd_session_batch_reply_bound(items))) {
+        gpubuf__request__free_unpacked(req, NULL);
+        return -EAGAIN;
     }
     if (!s->hello_done && req->body_case != GPUBUF__REQUEST__BODY_HELLO) {
         reply_error(s, req->id, GPUBUF_EPROTOCOL, "the first request must be hello");
@@ -880,8 +1346,15 @@ void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
             session_close(s, GD_END_PROTOCOL);
         goto out;
     }
-    gd_req_type type = req_type(req->body_case);
+    gd_req_type type = req_type(req);
     uint64_t t0 = gpubuf_now_ns();
+    if (gpubuf_trace_on()) {
+        uint64_t woke, read;
+        gpubuf_trace_stashed(&woke, &read);
+        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_WAKE, woke);
+        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_READ, read);
+        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_DECODED, t0);
+    }
     s->cur_type = (int)type;
     switch (req->body_case) {
     case GPUBUF__REQUEST__BODY_HELLO: do_hello(s, req->id, req->hello); break;
@@ -893,6 +1366,12 @@ void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     case GPUBUF__REQUEST__BODY_DELETE: do_delete(s, req->id, req->delete_); break;
     case GPUBUF__REQUEST__BODY_STAT: do_stat(s, req->id, req->stat); break;
     case GPUBUF__REQUEST__BODY_STATUS: do_status(s, req->id, req->status); break;
+    case GPUBUF__REQUEST__BODY_BATCH_OPEN: do_batch_open(s, req->id, req->batch_open); break;
+    case GPUBUF__REQUEST__BODY_BATCH_RELEASE:
+        do_batch_release(s, req->id, req->batch_release);
+        break;
+    case GPUBUF__REQUEST__BODY_BATCH_ALLOC: do_batch_alloc(s, req->id, req->batch_alloc); break;
+    case GPUBUF__REQUEST__BODY_BATCH_STATE: do_batch_state(s, req->id, req->batch_state); break;
     case GPUBUF__REQUEST__BODY_TAKEOVER: do_takeover(s, req->id, req->takeover); break;
     default:
         reply_error(s, req->id, -ENOTSUP, "unknown request type");
@@ -902,6 +1381,7 @@ void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     gd_metrics_request(&s->ctx->metrics, type, gpubuf_now_ns() - t0);
 out:
     gpubuf__request__free_unpacked(req, NULL);
+    return 0;
 }
 
 void gd_session_bad_frame(gd_session *s, int err) {

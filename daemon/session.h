@@ -27,6 +27,17 @@ typedef struct gd_transport {
     void (*ready)(void *conn);
     /* True once the connection is going. */
     bool (*closing)(const void *conn);
+    /* send() with n_fds fds (at most GPUBUF_WIRE_MAX_FDS); bounded: the
+     * reply's size is bounded (a batch reply), queue it like a small one. */
+    int (*send_fds)(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                    const void *msg, const int *fds, int n_fds, bool bounded);
+    /* How many fds a reply may carry now without passing the connection's
+     * fd budget (at least 1 while a request is handled). */
+    unsigned (*fd_room)(const void *conn);
+    /* May the request being handled queue a reply of up to bound bytes?
+     * When not, the request is left unhandled (gd_session_frame() returns
+     * -EAGAIN) and the transport hands it again later. NULL: always. */
+    bool (*reply_room)(void *conn, size_t bound);
 } gd_transport;
 
 typedef struct gd_session {
@@ -49,8 +60,13 @@ typedef struct gd_session {
 /* A new session for a peer with these credentials: NULL when out of memory. */
 gd_session *gd_session_new(gd_context *ctx, const gd_transport *io, void *conn, pid_t pid,
                            uid_t uid, gid_t gid);
-/* Handle one request frame's payload. */
-void gd_session_frame(gd_session *s, const uint8_t *payload, size_t len);
+/* Handle one request frame's payload. Returns 0, or -EAGAIN when it was
+ * left unhandled because the transport has no room for its reply yet (a
+ * batch: see gd_transport.reply_room); hand the same frame again later. */
+int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len);
+/* The largest reply a batch of n items can get (about 2.5 MiB for
+ * GD_BATCH_MAX_ITEMS items). */
+size_t gd_session_batch_reply_bound(size_t n);
 /* The transport got a bad frame header (err): say why before it closes. */
 void gd_session_bad_frame(gd_session *s, int err);
 /* The daemon stops: tell the client and disconnect. */

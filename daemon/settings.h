@@ -27,6 +27,14 @@ typedef struct gd_limits {
 #define GD_QUEUED_REPLY_FDS 64
 #define GD_MAX_WAITERS_PER_CLIENT 64
 #define GD_FDS_PER_CLIENT (1 + GD_QUEUED_REPLY_FDS + GD_MAX_WAITERS_PER_CLIENT)
+/* Batches (docs/protocol.md): items per request, and the slabs (each with
+ * its fd on host and cuda-vmm pools) one reply describes at most. A batch
+ * reply also carries no more fds than the connection's room below
+ * GD_QUEUED_REPLY_FDS (at least 1 while its requests are handled), so the
+ * budget above holds; an item whose slab does not fit fails with EAGAIN
+ * and is sent again (the library does). */
+#define GD_BATCH_MAX_ITEMS 4096
+#define GD_BATCH_REPLY_FDS 16
 
 /* Replies larger than this (a status of a large registry; every other reply
  * is a few hundred bytes: one buffer, or an error) are refused with EAGAIN

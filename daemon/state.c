@@ -786,9 +786,13 @@ uint32_t gd_state_expire(gd_state *st) {
                    "reference(s)",
                    (unsigned long long)h->id, (int)h->pid, st->ctx->limits.resume_timeout_ms,
                    h->n_refs);
-        gd_registry_holder_drop(reg, h);
+        /* Gone from the saved state now; its references go a bounded part
+         * per turn of the loop, like a departed client's. */
+        gd_registry_holder_leave(reg, h);
         n++;
     }
+    if (n && st->ctx->want_work)
+        st->ctx->want_work(st->ctx);
     return n;
 }
 

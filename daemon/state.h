@@ -43,7 +43,9 @@ size_t gd_state_fds(gd_state *st, gd_kept_fd **ret);
 /* Hand fd to the service manager under name (no-op without fdstore). */
 void gd_state_store_fd(gd_state *st, const char *name, int fd);
 /* Drop the detached sessions older than the resume timeout now (also run
- * from a timer). Returns how many went. */
+ * from a timer): they leave the registry and the saved state at once, their
+ * references go through gd_registry_reap() (ctx->want_work), a bounded
+ * number per turn of the loop. Returns how many went. */
 uint32_t gd_state_expire(gd_state *st);
 /* Bytes of the active state memfd, and the records written since start
  * (status, benchmarks). */

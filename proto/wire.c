@@ -55,20 +55,27 @@ ssize_t gpubuf_wire_send_some(int sock, const void *buf, size_t len, int fd) {
 }
 
 ssize_t gpubuf_wire_sendv(int sock, const struct iovec *iov, int n_iov, int fd) {
+    return gpubuf_wire_sendv_fds(sock, iov, n_iov, &fd, fd >= 0 ? 1 : 0);
+}
+
+ssize_t gpubuf_wire_sendv_fds(int sock, const struct iovec *iov, int n_iov, const int *fds,
+                              int n_fds) {
     union {
-        char buf[CMSG_SPACE(sizeof(int))];
+        char buf[CMSG_SPACE(sizeof(int) * GPUBUF_WIRE_MAX_FDS)];
         struct cmsghdr align;
     } u;
     struct msghdr msg = {.msg_iov = (struct iovec *)iov, .msg_iovlen = (size_t)n_iov};
-    if (fd >= 0) {
+    if (n_fds < 0 || n_fds > (int)GPUBUF_WIRE_MAX_FDS)
+        return -EINVAL;
+    if (n_fds > 0) {
         memset(&u, 0, sizeof(u));
         msg.msg_control = u.buf;
-        msg.msg_controllen = sizeof(u.buf);
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n_fds);
         struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
         c->cmsg_level = SOL_SOCKET;
         c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int));
-        memcpy(CMSG_DATA(c), &fd, sizeof(int));
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n_fds);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)n_fds);
     }
     for (;;) {
         ssize_t n = sendmsg(sock, &msg, MSG_NOSIGNAL);
@@ -96,7 +103,7 @@ ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int *fds, int max_fds,
                          bool *truncated) {
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     union {
-        char buf[CMSG_SPACE(sizeof(int) * 8)];
+        char buf[CMSG_SPACE(sizeof(int) * GPUBUF_WIRE_MAX_FDS)];
         struct cmsghdr align;
     } u;
     struct msghdr msg = {.msg_iov = &iov,

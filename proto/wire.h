@@ -19,13 +19,22 @@
 #define GPUBUF_WIRE_MAX_REQUEST (64u * 1024u)
 #define GPUBUF_WIRE_MAX_REQUEST_HARD (16u * 1024u * 1024u)
 #define GPUBUF_WIRE_MAX_RESPONSE (256u * 1024u * 1024u)
-/* Most fds accepted on one frame. */
-#define GPUBUF_WIRE_MAX_FDS 1
+/* Most fds one frame carries: one for a single reply, up to this many for
+ * a batch reply (one per slab it describes; the daemon's
+ * GD_BATCH_REPLY_FDS). */
+#define GPUBUF_WIRE_MAX_FDS 16
 
 /* Hello.capabilities bits. KEEP_MAPPED: the client may keep a slab mapped
  * after its last view goes (ReleaseRequest.keep_mapped) and says when it
  * unmaps it (UnmapRequest); the daemon does not free such a slab meanwhile. */
 #define GPUBUF_CAP_KEEP_MAPPED 1u
+/* SLAB_ONCE: a single alloc or open reply carries the slab's fd or IPC
+ * handle only when the connection does not map the slab in that mode
+ * already (it holds no other reference of that mode in it and keeps it not
+ * mapped); the client maps a slab while it holds a reference in it and
+ * unmaps it before sending the release of the last one (docs/protocol.md,
+ * "Slabs sent once"). */
+#define GPUBUF_CAP_SLAB_ONCE 2u
 
 typedef struct gpubuf_frame_header {
     uint32_t magic;
@@ -63,6 +72,9 @@ ssize_t gpubuf_wire_send_some(int sock, const void *buf, size_t len, int fd);
  * Returns bytes sent or -errno. */
 struct iovec;
 ssize_t gpubuf_wire_sendv(int sock, const struct iovec *iov, int n_iov, int fd);
+/* The same with n_fds fds (at most GPUBUF_WIRE_MAX_FDS) on the first byte. */
+ssize_t gpubuf_wire_sendv_fds(int sock, const struct iovec *iov, int n_iov, const int *fds,
+                              int n_fds);
 
 /* One recvmsg(). Received fds are stored in fds (up to max_fds) and counted in
  * *n_fds; surplus fds are closed and *truncated set. Returns bytes read

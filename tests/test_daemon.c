@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <json-c/json.h>
 #include <locale.h>
 #include <signal.h>
@@ -1201,33 +1202,59 @@ static void send_opens(int fd, int n, const char *name) {
     free(buf);
 }
 
+/* Start a daemon whose RSS a test measures. Under AddressSanitizer freed
+ * memory waits in a quarantine (256 MiB) that RSS would count: the daemon
+ * runs without one (no effect on a build without the sanitizer). */
+static void td_start_for_rss(test_daemon *d, const char *const *args);
+
+/* n connections to d that each send the frame per_hog times (as far as the
+ * socket takes it) and never read: hogs[0..n). */
+static void start_hogs(const test_daemon *d, int *hogs, int n, int per_hog, const uint8_t *frame,
+                       size_t len) {
+    for (int i = 0; i < n; i++) {
+        hogs[i] = raw_connect_to(d);
+        raw_hello(hogs[i]);
+        fcntl(hogs[i], F_SETFL, O_NONBLOCK);
+        for (int k = 0; k < per_hog; k++)
+            if (send(hogs[i], frame, len, MSG_NOSIGNAL) < 0)
+                break;
+    }
+}
+
+/* A daemon with max_reply_memory = 16M and a host pool of 4 MiB slabs,
+ * started for RSS measurements. */
+static void start_reply_budget(test_daemon *d) {
+    char conf[160];
+    snprintf(conf, sizeof(conf), "%s/replies.conf", D.dir);
+    ck_assert_int_eq(write_file(conf, "[daemon]\nmax_reply_memory = 16M\n\n[pool:host]\n"
+                                      "kind = host\ncapacity = 256M\nslab_size = 4M\n"),
+                     0);
+    const char *args[] = {"--config", conf, NULL};
+    td_start_for_rss(d, args);
+}
+
+static void td_start_for_rss(test_daemon *d, const char *const *args) {
+    const char *asan = getenv("ASAN_OPTIONS");
+    char *saved = asan ? strdup(asan) : NULL, opts[512];
+    snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0",
+             asan ? asan : "", asan && *asan ? ":" : "");
+    setenv("ASAN_OPTIONS", opts, 1);
+    td_start(d, args);
+    if (saved)
+        setenv("ASAN_OPTIONS", saved, 1);
+    else
+        unsetenv("ASAN_OPTIONS");
+    free(saved);
+}
+
 /* Many connections that each ask for a large status and never read: the
  * replies queued for all of them together stay within max_reply_memory
  * (docs/security.md, "Reply memory"); a status that does not fit is refused
  * with EAGAIN, and answered in full again once the memory is freed. */
 START_TEST(reply_memory_is_bounded_across_connections) {
     enum { BUDGET_MIB = 16, SLACK_MIB = 12, HOGS = 80, PER_HOG = 4, BUFFERS = 4000 };
-    char conf[160];
     test_daemon d2;
-    snprintf(conf, sizeof(conf), "%s/replies.conf", D.dir);
-    ck_assert_int_eq(write_file(conf, "[daemon]\nmax_reply_memory = 16M\n\n[pool:host]\n"
-                                      "kind = host\ncapacity = 256M\nslab_size = 4M\n"),
-                     0);
-    const char *args[] = {"--config", conf, NULL};
-    /* Under AddressSanitizer freed memory waits in a quarantine (256 MiB)
-     * that RSS would count: the daemon runs without one (no effect on a
-     * build without the sanitizer). */
-    const char *asan = getenv("ASAN_OPTIONS");
-    char *saved = asan ? strdup(asan) : NULL, opts[512];
-    snprintf(opts, sizeof(opts), "%s%squarantine_size_mb=0:thread_local_quarantine_size_kb=0",
-             asan ? asan : "", asan && *asan ? ":" : "");
-    setenv("ASAN_OPTIONS", opts, 1);
-    td_start(&d2, args);
-    if (saved)
-        setenv("ASAN_OPTIONS", saved, 1);
-    else
-        unsetenv("ASAN_OPTIONS");
-    free(saved);
+    start_reply_budget(&d2);
     /* 4000 buffers with 240-byte names: one status reply is about 1.2 MiB. */
     gpubuf_client *c = publish_long_names_on(&d2, BUFFERS);
     int probe = raw_connect_to(&d2);
@@ -1239,14 +1266,7 @@ START_TEST(reply_memory_is_bounded_across_connections) {
     uint8_t frame[64];
     size_t n = status_frame(frame);
     int hogs[HOGS];
-    for (int i = 0; i < HOGS; i++) {
-        hogs[i] = raw_connect_to(&d2);
-        raw_hello(hogs[i]);
-        fcntl(hogs[i], F_SETFL, O_NONBLOCK);
-        for (int k = 0; k < PER_HOG; k++)
-            if (send(hogs[i], frame, n, MSG_NOSIGNAL) < 0)
-                break;
-    }
+    start_hogs(&d2, hogs, HOGS, PER_HOG, frame, n);
     /* The bystander asks after them all: it is answered (EAGAIN while the
      * memory is full), and a small request is served at once. */
     ck_assert_int_eq(gpubuf_wire_send_all(probe, frame, n, -1), 0);
@@ -1276,6 +1296,109 @@ START_TEST(reply_memory_is_bounded_across_connections) {
     ck_assert_uint_eq(full->status_reply->n_buffers, BUFFERS);
     gpubuf__response__free_unpacked(full, NULL);
     close(probe);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d2), 0);
+}
+END_TEST
+
+/* One framed batch open of n buffer ids (ids[i % n_ids]) at out (malloc'ed);
+ * returns its length. */
+static uint8_t *batch_open_frame(uint64_t request_id, const uint64_t *ids, int n_ids, int n,
+                                 size_t *ret_len) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
+    uint64_t *all = malloc((size_t)n * sizeof(*all));
+    ck_assert_ptr_nonnull(all);
+    for (int i = 0; i < n; i++)
+        all[i] = ids[i % n_ids];
+    q.n_buffer_ids = (size_t)n;
+    q.buffer_ids = all;
+    req.id = request_id;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
+    req.batch_open = &q;
+    size_t len = gpubuf__request__get_packed_size(&req);
+    uint8_t *buf = malloc(GPUBUF_WIRE_HEADER_SIZE + len);
+    ck_assert_ptr_nonnull(buf);
+    gpubuf__request__pack(&req, buf + GPUBUF_WIRE_HEADER_SIZE);
+    gpubuf_wire_header_encode(buf, (uint32_t)len);
+    free(all);
+    *ret_len = GPUBUF_WIRE_HEADER_SIZE + len;
+    return buf;
+}
+
+/* Many connections that send batches and never read their replies: a batch
+ * is handled only when the daemon's reply memory has room for its largest
+ * reply (the connection waits meanwhile), so the replies queued for all of
+ * them stay within max_reply_memory (docs/security.md, "Reply memory"),
+ * and every batch handled reaches its client with its references. */
+START_TEST(batch_reply_memory_is_bounded_across_connections) {
+    enum { BUDGET_MIB = 16, SLACK_MIB = 12, HOGS = 80, PER_HOG = 4, ITEMS = 4096, BUFFERS = 64 };
+    test_daemon d2;
+    start_reply_budget(&d2);
+    /* 64 buffers with 240-byte names: a batch opening 4096 of them has a
+     * reply of about 1 MiB. */
+    gpubuf_client *c = publish_long_names_on(&d2, BUFFERS);
+    uint64_t ids[BUFFERS];
+    char name[300];
+    for (int i = 0; i < BUFFERS; i++) {
+        gpubuf_buffer_info info;
+        snprintf(name, sizeof(name), "%0240d", i);
+        ck_assert_int_eq(gpubuf_stat(c, name, &info), 0);
+        ids[i] = info.id;
+    }
+    size_t n;
+    uint8_t *frame = batch_open_frame(40, ids, BUFFERS, ITEMS, &n);
+    int probe = raw_connect_to(&d2);
+    raw_hello(probe);
+    long before = td_rss_kib(d2.pid);
+    int hogs[HOGS];
+    start_hogs(&d2, hogs, HOGS, PER_HOG, frame, n);
+    /* A single request of a bystander is served meanwhile. */
+    gpubuf_buffer_info info;
+    ck_assert_int_eq(gpubuf_stat(c, "nothing", &info), -ENOENT);
+    usleep(300 * 1000);
+    long after = td_rss_kib(d2.pid);
+    /* The bystander's batch waits for room: no answer while the memory is
+     * full of unread replies. */
+    ck_assert_int_eq(gpubuf_wire_send_all(probe, frame, n, -1), 0);
+    struct pollfd p = {.fd = probe, .events = POLLIN};
+    int early = poll(&p, 1, 300);
+    long bound = (BUDGET_MIB + SLACK_MIB) * 1024L;
+    printf("batch_reply_memory_is_bounded_across_connections: %d connections x %d unread "
+           "batches of %d opens: daemon RSS %ld -> %ld KiB (+%ld KiB, bound +%ld KiB = "
+           "max_reply_memory %d MiB + %d MiB); bystander's batch answered at once: %s\n",
+           HOGS, PER_HOG, ITEMS, before, after, after - before, bound, BUDGET_MIB, SLACK_MIB,
+           early > 0 ? "yes" : "no");
+    fflush(stdout);
+    ck_assert_msg(after - before < bound, "daemon RSS %ld -> %ld KiB", before, after);
+    ck_assert_int_eq(early, 0);
+    /* The other hogs go; the first reads: each of its batches was handled
+     * whole, every item with its reference. */
+    for (int i = 1; i < HOGS; i++)
+        close(hogs[i]);
+    fcntl(hogs[0], F_SETFL, 0);
+    for (int k = 0; k < PER_HOG; k++) {
+        Gpubuf__Response *r = raw_recv(hogs[0], NULL);
+        ck_assert_ptr_nonnull(r);
+        ck_assert_int_eq(r->status, 0);
+        ck_assert_int_eq(r->body_case, GPUBUF__RESPONSE__BODY_BATCH);
+        ck_assert_uint_eq(r->batch->n_status, ITEMS);
+        for (int i = 0; i < ITEMS; i++)
+            ck_assert_int_eq(r->batch->status[i], 0);
+        gpubuf__response__free_unpacked(r, NULL);
+    }
+    /* ... and the bystander's batch is answered. */
+    Gpubuf__Response *r = raw_recv(probe, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->batch->n_status, ITEMS);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert(td_wait_clients(&d2, 3, 10000)); /* c, probe and hogs[0] */
+    ck_assert_int_eq(gpubuf_stat(c, name, &info), 0);
+    ck_assert_uint_eq(info.refs, (PER_HOG + 1) * ITEMS / BUFFERS);
+    close(hogs[0]);
+    close(probe);
+    free(frame);
     gpubuf_disconnect(c);
     ck_assert_int_eq(td_stop(&d2), 0);
 }
@@ -1648,6 +1771,7 @@ int main(void) {
     tcase_add_test(t, requests_before_hangup_are_answered);
     tcase_add_test(t, big_replies_unread_stay_bounded);
     tcase_add_test(t, reply_memory_is_bounded_across_connections);
+    tcase_add_test(t, batch_reply_memory_is_bounded_across_connections);
     tcase_add_test(t, departed_writer_cannot_hold_the_loop);
     tcase_add_test(t, second_daemon_refuses_live_socket);
     tcase_add_test(t, reader_that_never_reads_is_held_back);

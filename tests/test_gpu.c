@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "cuda_driver.h"
+#include "gpu_batch.h"
 #include "harness.h"
 #include "internal.h"
 #include "pattern.h"
@@ -537,6 +538,12 @@ START_TEST(cross_device_1gib) {
 }
 END_TEST
 
+/* Batches on a cuda-ipc pool: slabs travel as IPC handles, once each. */
+START_TEST(ipc_batches_open_alloc_release) {
+    gpu_batch_story(&D, "gpu0", false);
+}
+END_TEST
+
 int main(void) {
     g_ngpus = td_probe_gpus(g_uuid, 8);
     if (g_ngpus < 1) {
@@ -555,6 +562,7 @@ int main(void) {
     tcase_add_test(t, cuda_out_of_memory);
     tcase_add_test(t, sigterm_with_gpu_clients);
     tcase_add_test(t, set_device_same_gpu);
+    tcase_add_test(t, ipc_batches_open_alloc_release);
     suite_add_tcase(s, t);
     if (g_ngpus >= 2) {
         TCase *m = tcase_create("multi-gpu");

@@ -15,6 +15,7 @@
 #include "cuda_driver.h"
 #include "check_main.h"
 #include "fdstore.h"
+#include "gpu_batch.h"
 #include "harness.h"
 #include "internal.h"
 #include "pattern.h"
@@ -536,6 +537,13 @@ START_TEST(vmm_restart_keeps_buffer) {
 }
 END_TEST
 
+/* Batches on a cuda-vmm pool: slabs travel as fds, once each; read-only
+ * batches map each slab read-only once more. */
+START_TEST(vmm_batches_open_alloc_release) {
+    gpu_batch_story(&D, "vmm", true);
+}
+END_TEST
+
 int main(void) {
     g_ngpus = td_probe_gpus(g_uuid, 8);
     if (g_ngpus < 1) {
@@ -552,6 +560,7 @@ int main(void) {
     tcase_add_test(t, vmm_release_while_kernel_runs);
     tcase_add_test(t, vmm_read_only_faults_alone);
     tcase_add_test(t, vmm_stream_copies);
+    tcase_add_test(t, vmm_batches_open_alloc_release);
     suite_add_tcase(s, t);
     if (g_ngpus >= 2) {
         TCase *m = tcase_create("cuda-vmm-peer");

@@ -7,6 +7,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +18,7 @@
 #include "check_main.h"
 #include "fdstore.h"
 #include "harness.h"
+#include "internal.h"
 
 #define BIG (256ull << 20)
 #define SEED 0x5eed
@@ -247,6 +249,197 @@ START_TEST(takeover_keeps_the_buffer) {
 }
 END_TEST
 
+/* Open `name` on c's connection the way the library does, without making a
+ * view: true when the reply carried the slab's fd (SLAB_ONCE leaves it out
+ * when the connection maps the slab in that mode already). The reference
+ * the open took is given back. */
+static bool open_brings_fd(gpubuf_client *c, const char *name, bool read_only) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    Gpubuf__Response *resp = NULL;
+    int fd = -1, r;
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = (char *)name;
+    o.read_only = read_only;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &o;
+    pthread_mutex_lock(&c->lock);
+    r = gpubuf__rpc_locked(c, &req, &resp, &fd);
+    if (r == 0) {
+        ck_assert_ptr_nonnull(resp->buffer);
+        gpubuf__send_release(c, resp->buffer->buffer_id, false, read_only);
+        gpubuf__drain_locked(c);
+        gpubuf__response__free_unpacked(resp, NULL);
+    }
+    pthread_mutex_unlock(&c->lock);
+    ck_assert_msg(r == 0, "open '%s': %d", name, r);
+    if (fd >= 0)
+        close(fd);
+    return fd >= 0;
+}
+
+/* The first call after the daemon came back reconnects and resumes: it
+ * answers -ECONNRESET (it was sent to the old daemon) or succeeds. */
+static void resume(gpubuf_client *c, const char *name) {
+    gpubuf_buffer_info info;
+    int r = gpubuf_stat(c, name, &info);
+    if (r == -ECONNRESET)
+        r = gpubuf_stat(c, name, &info);
+    ck_assert_msg(r == 0, "stat after the restart: %d (%s)", r, gpubuf_last_error_message());
+}
+
+/* SLAB_ONCE over a restart: the references restored from the saved state
+ * and cut down at the resume count per slab and mode like any other. A
+ * client that still maps the slab opens another buffer of it without an
+ * fd and its view reads right; one whose view went while the daemon was
+ * down (so it no longer maps the slab) gets the fd again; read-only is
+ * counted apart. */
+START_TEST(slab_once_after_resume) {
+    fake_sd m;
+    fsd_init(&m);
+    fsd_start(&m, k_pool);
+    produce(&m.d, "a", 1 << 20, 1);
+    produce(&m.d, "b", 1 << 20, 2);
+    produce(&m.d, "c", 1 << 20, 3);
+    gpubuf_status *s = td_status(&m.d);
+    uint64_t slab = td_find_buffer(s, "a")->slab_id;
+    ck_assert_uint_eq(td_find_buffer(s, "b")->slab_id, slab);
+    ck_assert_uint_eq(td_find_buffer(s, "c")->slab_id, slab);
+    gpubuf_status_free(s);
+    gpubuf_client *c1 = td_connect(&m.d), *c2 = td_connect(&m.d);
+    gpubuf_buffer *va = NULL, *va2 = NULL, *vb = NULL, *vc = NULL;
+    ck_assert_int_eq(gpubuf_open(c1, "a", 0, &va), 0);
+    ck_assert_int_eq(gpubuf_open(c2, "a", 0, &va2), 0);
+    ck_assert(!open_brings_fd(c1, "b", false)); /* before the restart too */
+
+    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
+    /* c2's view goes while no daemon runs: it unmaps the slab, and its
+     * resume will not claim the reference. (Reconnecting is off for that
+     * call: the kept listening socket would take the connection, and the
+     * hello would wait for a daemon this thread starts only afterwards.) */
+    ck_assert_int_eq(gpubuf_set_reconnect(c2, 0), 0);
+    gpubuf_release(va2);
+    ck_assert_int_eq(gpubuf_set_reconnect(c2, 10000), 0);
+    fsd_start(&m, k_pool);
+    resume(c1, "a");
+    resume(c2, "a");
+    ck_assert(td_wait_refs(&m.d, "a", 1, 5000));
+
+    /* c1 maps the slab read-write (its view of a, restored and resumed). */
+    ck_assert(!open_brings_fd(c1, "b", false));
+    ck_assert(open_brings_fd(c1, "b", true)); /* not read-only */
+    ck_assert_int_eq(gpubuf_open(c1, "b", 0, &vb), 0);
+    ck_assert_uint_eq(td_mismatches(gpubuf_buffer_host_ptr(vb), 1 << 20, 2), 0);
+    ck_assert_uint_eq(td_mismatches(gpubuf_buffer_host_ptr(va), 1 << 20, 1), 0);
+    /* c2 no longer maps it: the fd comes, and its view reads right. */
+    ck_assert(open_brings_fd(c2, "c", false));
+    ck_assert_int_eq(gpubuf_open(c2, "c", 0, &vc), 0);
+    ck_assert_uint_eq(td_mismatches(gpubuf_buffer_host_ptr(vc), 1 << 20, 3), 0);
+    ck_assert(!open_brings_fd(c2, "b", false));
+
+    gpubuf_release(va);
+    gpubuf_release(vb);
+    gpubuf_release(vc);
+    gpubuf_disconnect(c1);
+    gpubuf_disconnect(c2);
+    ck_assert(td_wait_refs(&m.d, "a", 0, 5000));
+    ck_assert(td_wait_refs(&m.d, "b", 0, 5000));
+    ck_assert(td_wait_refs(&m.d, "c", 0, 5000));
+    fsd_cleanup(&m);
+}
+END_TEST
+
+#define NB 100
+#define NB_SIZE 4096u
+
+/* Batches and a SIGKILL: every change a batch made (allocs, seals,
+ * releases, deletes, opens) is in the saved state; a batch sent to the
+ * daemon that went fails with -ECONNRESET and is not resent; a session
+ * that does not come back loses its references after resume_timeout_ms
+ * (dropped by the loop's reaper). */
+START_TEST(batch_changes_survive_sigkill) {
+    fake_sd m;
+    char conf[256], names[NB][16];
+    const char *pn[NB];
+    uint64_t sizes[NB];
+    gpubuf_buffer *v[NB] = {0}, *w[NB] = {0}, *y[10] = {0};
+    int st[NB];
+    fsd_init(&m);
+    snprintf(conf, sizeof(conf), "%s/gpubuf.conf", m.d.dir);
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("[daemon]\nresume_timeout_ms = 300\n", f);
+    fclose(f);
+    const char *args[] = {"--pool", "host=host,capacity=1G", "--config", conf, NULL};
+    fsd_start(&m, args);
+    for (int i = 0; i < NB; i++) {
+        snprintf(names[i], sizeof(names[i]), "n%d", i);
+        pn[i] = names[i];
+        sizes[i] = NB_SIZE;
+    }
+    gpubuf_client *c = td_connect(&m.d), *d = td_connect(&m.d), *e = td_connect(&m.d);
+    ck_assert_int_eq(gpubuf_set_reconnect(d, 0), 0);
+    ck_assert_int_eq(gpubuf_alloc_many(c, "host", NB, sizes, pn, 0, v, st), 0);
+    for (int i = 0; i < NB; i++)
+        td_fill(gpubuf_buffer_host_ptr(v[i]), NB_SIZE, 100u + (uint32_t)i);
+    ck_assert_int_eq(gpubuf_seal_many(v, NB, st), 0);
+    /* c keeps n0..n49; d opens n0..n19; n90..n99 are deleted. */
+    ck_assert_int_eq(gpubuf_release_many(v + 50, NB - 50, st), 0);
+    ck_assert_int_eq(gpubuf_delete_many(c, 10, pn + 90, NULL, st), 0);
+    ck_assert_int_eq(gpubuf_open_many(d, 20, pn, NULL, 0, w, st), 0);
+    ck_assert_int_eq(gpubuf_open_many(e, 10, pn + 60, NULL, 0, y, st), 0);
+    ck_assert(td_wait_refs(&m.d, "n0", 2, 5000));
+
+    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
+    fsd_start(&m, args);
+    gpubuf_status *s = td_status(&m.d);
+    ck_assert_uint_eq(s->n_buffers, 90);
+    ck_assert_uint_eq(s->restored_buffers, 90);
+    for (int i = 0; i < 90; i++) {
+        const gpubuf_status_buffer *b = td_find_buffer(s, names[i]);
+        ck_assert_msg(b != NULL, "%s not restored", names[i]);
+        ck_assert_int_eq(b->state, GPUBUF_STATE_SEALED);
+        ck_assert_uint_eq(b->refs, i < 20 ? 2 : i < 50 || (i >= 60 && i < 70) ? 1 : 0);
+    }
+    ck_assert_ptr_null(td_find_buffer(s, "n90"));
+    gpubuf_status_free(s);
+
+    /* A batch sent to the daemon that went: -ECONNRESET, nothing done;
+     * sent again it works, and the resumed views kept their contents. */
+    gpubuf_buffer *x[10] = {0};
+    ck_assert_int_eq(gpubuf_open_many(c, 10, pn + 50, NULL, 0, x, st), -ECONNRESET);
+    for (int i = 0; i < 10; i++)
+        ck_assert_ptr_null(x[i]);
+    ck_assert_int_eq(gpubuf_open_many(c, 10, pn + 50, NULL, 0, x, st), 0);
+    for (int i = 0; i < 10; i++)
+        ck_assert_uint_eq(td_mismatches(gpubuf_buffer_host_ptr(x[i]), NB_SIZE, 150u + (uint32_t)i),
+                          0);
+    for (int i = 0; i < 50; i++)
+        ck_assert_uint_eq(td_mismatches(gpubuf_buffer_host_ptr(v[i]), NB_SIZE, 100u + (uint32_t)i),
+                          0);
+    /* A batch release that finds the daemon gone is done by the resume. */
+    ck_assert_int_eq(gpubuf_release_many(y, 10, st), 0);
+    ck_assert(td_wait_refs(&m.d, "n60", 0, 5000));
+    ck_assert(td_wait_refs(&m.d, "n69", 0, 5000));
+    gpubuf_disconnect(e);
+    /* d did not come back: its references go after resume_timeout_ms. */
+    ck_assert(td_wait_refs(&m.d, "n19", 1, 5000));
+    ck_assert(td_wait_refs(&m.d, "n0", 1, 5000));
+    s = td_status(&m.d);
+    ck_assert_ptr_null(s->client_detached);
+    ck_assert_uint_eq(td_find_buffer(s, "n50")->refs, 1);
+    gpubuf_status_free(s);
+
+    ck_assert_int_eq(gpubuf_release_many(x, 10, st), 0);
+    ck_assert_int_eq(gpubuf_release_many(v, 50, st), 0);
+    ck_assert_int_eq(gpubuf_release_many(w, 20, st), GPUBUF_EDISCONNECTED);
+    gpubuf_disconnect(c);
+    gpubuf_disconnect(d);
+    ck_assert(td_wait_refs(&m.d, "n0", 0, 5000));
+    fsd_cleanup(&m);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("restart");
     TCase *t = tcase_create("restart");
@@ -254,6 +447,8 @@ static Suite *suite(void) {
     tcase_add_test(t, sigkill_and_sigterm_keep_the_buffer);
     tcase_add_test(t, sessions_not_resumed_are_released);
     tcase_add_test(t, bad_state_is_dropped);
+    tcase_add_test(t, slab_once_after_resume);
+    tcase_add_test(t, batch_changes_survive_sigkill);
     suite_add_tcase(s, t);
     t = tcase_create("takeover");
     tcase_set_timeout(t, 60);

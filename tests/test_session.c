@@ -21,14 +21,19 @@
 #include "check_main.h"
 
 #define MIB (1024ull * 1024ull)
-#define MAX_REPLIES 16
+#define MAX_REPLIES 64
 
 /* One in-memory connection: the replies the session sent, in order. */
 typedef struct memconn {
     gd_session *s;
     Gpubuf__Response *replies[MAX_REPLIES];
     int fds[MAX_REPLIES];
+    int n_fds[MAX_REPLIES]; /* fds each reply carried (fds[] keeps the first) */
     int n;
+    unsigned fd_room; /* what the transport says it has room for (0: 16) */
+    bool room_limited; /* reply_room says yes only for bounds up to room */
+    size_t room, asked; /* asked: the last bound reply_room was asked for */
+    int frame_rc;      /* what gd_session_frame returned last */
     bool closed, ready;
 } memconn;
 
@@ -44,9 +49,39 @@ static int mc_send(void *conn, size_t len, void (*pack)(const void *msg, uint8_t
     m->replies[m->n] = gpubuf__response__unpack(NULL, len, buf);
     ck_assert_ptr_nonnull(m->replies[m->n]);
     m->fds[m->n] = fd >= 0 ? dup(fd) : -1;
+    m->n_fds[m->n] = fd >= 0;
     m->n++;
     free(buf);
     return 0;
+}
+
+static int mc_send_fds(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                       const void *msg, const int *fds, int n_fds, bool bounded) {
+    memconn *m = conn;
+    ck_assert_int_le(n_fds, GPUBUF_WIRE_MAX_FDS);
+    ck_assert_uint_le((unsigned)n_fds, m->fd_room ? m->fd_room : 16);
+    for (int i = 0; i < n_fds; i++)
+        ck_assert_int_ge(fds[i], 0);
+    int r = mc_send(conn, len, pack, msg, n_fds ? fds[0] : -1);
+    if (r == 0) {
+        const Gpubuf__Response *resp = m->replies[m->n - 1];
+        m->n_fds[m->n - 1] = n_fds;
+        /* A batch reply never passes the bound its room was asked for. */
+        if (bounded && resp->body_case == GPUBUF__RESPONSE__BODY_BATCH)
+            ck_assert_uint_le(len, gd_session_batch_reply_bound(resp->batch->n_status));
+    }
+    return r;
+}
+
+static bool mc_reply_room(void *conn, size_t bound) {
+    memconn *m = conn;
+    m->asked = bound;
+    return !m->room_limited || bound <= m->room;
+}
+
+static unsigned mc_fd_room(const void *conn) {
+    const memconn *m = conn;
+    return m->fd_room ? m->fd_room : 16;
 }
 
 static void mc_close(void *conn) {
@@ -61,7 +96,8 @@ static bool mc_closing(const void *conn) {
     return ((const memconn *)conn)->closed;
 }
 
-static const gd_transport mem_transport = {mc_send, mc_close, mc_ready, mc_closing};
+static const gd_transport mem_transport = {mc_send,     mc_close,   mc_ready,     mc_closing,
+                                           mc_send_fds, mc_fd_room, mc_reply_room};
 
 static uv_loop_t loop;
 static gd_context ctx;
@@ -132,7 +168,7 @@ static int mc_request(memconn *m, Gpubuf__Request *req) {
     int before = m->n;
     ck_assert_ptr_nonnull(buf);
     gpubuf__request__pack(req, buf);
-    gd_session_frame(m->s, buf, len);
+    m->frame_rc = gd_session_frame(m->s, buf, len);
     free(buf);
     return m->n - before;
 }
@@ -718,6 +754,419 @@ START_TEST(expected_owner_mismatch_is_refused) {
 }
 END_TEST
 
+/* ---- batches ------------------------------------------------------------ */
+
+static const Gpubuf__BatchReply *batch_reply(const memconn *m, size_t n) {
+    const Gpubuf__Response *r = last(m);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->body_case, GPUBUF__RESPONSE__BODY_BATCH);
+    ck_assert_uint_eq(r->batch->n_status, n);
+    return r->batch;
+}
+
+/* The daemon's sentence for item i. */
+static const char *item_msg(const Gpubuf__BatchReply *br, uint32_t i) {
+    for (size_t k = 0; k < br->n_errors; k++)
+        if (br->errors[k]->item == i)
+            return br->errors[k]->message;
+    return "";
+}
+
+static const Gpubuf__BatchReply *batch_open(memconn *m, char **names, size_t n_names,
+                                            uint64_t *ids, size_t n_ids, uint64_t *mapped,
+                                            size_t n_mapped) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
+    q.n_names = n_names;
+    q.names = names;
+    q.n_buffer_ids = n_ids;
+    q.buffer_ids = ids;
+    q.n_mapped_slabs = n_mapped;
+    q.mapped_slabs = mapped;
+    req.id = 20;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
+    req.batch_open = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    return batch_reply(m, n_names + n_ids);
+}
+
+static const Gpubuf__Response *batch_state(memconn *m, Gpubuf__BatchStateOp op, char **names,
+                                           size_t n_names, uint64_t *ids, size_t n_ids) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchStateRequest q = GPUBUF__BATCH_STATE_REQUEST__INIT;
+    q.op = op;
+    q.n_names = n_names;
+    q.names = names;
+    q.n_buffer_ids = n_ids;
+    q.buffer_ids = ids;
+    req.id = 21;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_STATE;
+    req.batch_state = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    return last(m);
+}
+
+static const Gpubuf__Response *batch_release(memconn *m, uint64_t *ids, size_t n) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchReleaseRequest q = GPUBUF__BATCH_RELEASE_REQUEST__INIT;
+    q.n_buffer_ids = n;
+    q.buffer_ids = ids;
+    req.id = 22;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_RELEASE;
+    req.batch_release = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    return last(m);
+}
+
+static const Gpubuf__Response *batch_alloc(memconn *m, uint64_t size, size_t n, bool seal,
+                                           uint64_t *mapped, size_t n_mapped) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchAllocRequest q = GPUBUF__BATCH_ALLOC_REQUEST__INIT;
+    uint64_t sizes[64];
+    ck_assert_uint_le(n, 64);
+    for (size_t i = 0; i < n; i++)
+        sizes[i] = size;
+    q.n_sizes = n;
+    q.sizes = sizes;
+    q.seal = seal;
+    q.n_mapped_slabs = n_mapped;
+    q.mapped_slabs = mapped;
+    req.id = 23;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_ALLOC;
+    req.batch_alloc = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    return last(m);
+}
+
+START_TEST(batch_items_fail_independently) {
+    memconn a, b;
+    start(1000, &a, 1000, &b, 2000);
+    const Gpubuf__Response *r = alloc(&a, "x", 4096);
+    uint64_t x = r->buffer->buffer_id, xslab = r->buffer->slab_id;
+    seal(&a, x);
+    uint64_t y = alloc(&a, "y", 4096)->buffer->buffer_id; /* not sealed */
+    /* Found, missing, not sealed yet, a bad name; by id: found, unknown. */
+    char *names[] = {"x", "missing", "y", "bad name!"};
+    uint64_t ids[] = {x, 999999};
+    const Gpubuf__BatchReply *br = batch_open(&a, names, 4, ids, 2, NULL, 0);
+    ck_assert_int_eq(br->status[0], 0);
+    ck_assert_int_eq(br->status[1], -ENOENT);
+    ck_assert_ptr_nonnull(strstr(item_msg(br, 1), "missing"));
+    ck_assert_int_eq(br->status[2], -ENOENT);
+    ck_assert_int_eq(br->status[3], -EINVAL);
+    ck_assert_int_eq(br->status[4], 0);
+    ck_assert_int_eq(br->status[5], -ENOENT);
+    ck_assert_uint_eq(br->n_errors, 4);
+    ck_assert_uint_eq(br->buffer_id[0], x);
+    ck_assert_uint_eq(br->buffer_id[4], x);
+    ck_assert_uint_eq(br->slab_id[4], xslab);
+    ck_assert_uint_eq(br->buffer_id[1], 0);
+    /* Names: one per item, "" for failed ones. */
+    ck_assert_mem_eq(br->names.data, "x\0\0\0\0x\0\0", 8);
+    /* The slab is described once, with its fd. */
+    ck_assert_uint_eq(br->n_slabs, 1);
+    ck_assert_uint_eq(br->slabs[0]->slab_id, xslab);
+    ck_assert_int_eq(a.n_fds[a.n - 1], 1);
+    ck_assert_uint_eq(gd_registry_holder_count(a.s->holder, x), 3);
+    /* A slab the client says it maps travels no more. */
+    br = batch_open(&a, names, 1, NULL, 0, &xslab, 1);
+    ck_assert_int_eq(br->status[0], 0);
+    ck_assert_uint_eq(br->n_slabs, 0);
+    ck_assert_int_eq(a.n_fds[a.n - 1], 0);
+    /* No access to the pool. */
+    br = batch_open(&b, names, 1, NULL, 0, NULL, 0);
+    ck_assert_int_eq(br->status[0], -EACCES);
+    ck_assert_uint_eq(b.s->holder->n_refs, 0);
+    /* Seal: y once; twice and x are in the wrong state. */
+    uint64_t seal_ids[] = {y, y, x};
+    r = batch_state(&a, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_SEAL, NULL, 0, seal_ids, 3);
+    br = batch_reply(&a, 3);
+    ck_assert_int_eq(br->status[0], 0);
+    ck_assert_int_eq(br->status[1], GPUBUF_ESTATE);
+    ck_assert_int_eq(br->status[2], GPUBUF_ESTATE);
+    ck_assert_int_eq(gd_registry_find_id(&ctx.reg, y)->state, GPUBUF_STATE_SEALED);
+    /* Release: a holds x four times (alloc, three opens); the fifth fails. */
+    uint64_t rel[] = {x, x, x, x, x, 424242};
+    r = batch_release(&a, rel, 6);
+    br = batch_reply(&a, 6);
+    for (int i = 0; i < 4; i++)
+        ck_assert_int_eq(br->status[i], 0);
+    ck_assert_int_eq(br->status[4], GPUBUF_ENOTHELD);
+    ck_assert_int_eq(br->status[5], GPUBUF_ENOTHELD);
+    ck_assert_uint_eq(gd_registry_holder_count(a.s->holder, x), 0);
+    ck_assert_uint_eq(gd_registry_find_id(&ctx.reg, x)->refs, 0);
+    /* Delete: b may not (another uid), a may; a missing name fails alone. */
+    char *del[] = {"x", "nope"};
+    batch_state(&b, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_DELETE, del, 1, NULL, 0);
+    ck_assert_int_eq(batch_reply(&b, 1)->status[0], -EPERM);
+    batch_state(&a, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_DELETE, del, 2, NULL, 0);
+    br = batch_reply(&a, 2);
+    ck_assert_int_eq(br->status[0], 0);
+    ck_assert_int_eq(br->status[1], -ENOENT);
+    ck_assert_ptr_null(gd_registry_find_name(&ctx.reg, "x"));
+    /* Items and their errors are counted by batch type. */
+    ck_assert_uint_eq(ctx.metrics.batch[GD_REQ_BATCH_OPEN - GD_REQ_BATCH_OPEN].items, 8);
+    ck_assert_uint_eq(ctx.metrics.batch[GD_REQ_BATCH_OPEN - GD_REQ_BATCH_OPEN].item_errors, 5);
+    ck_assert_uint_eq(ctx.metrics.req[GD_REQ_BATCH_RELEASE].requests, 1);
+    ck_assert_uint_eq(ctx.metrics.batch[GD_REQ_BATCH_RELEASE - GD_REQ_BATCH_OPEN].item_errors,
+                      2);
+    ck_assert_uint_eq(ctx.metrics.req[GD_REQ_BATCH_DELETE].requests, 2);
+    mc_forget(&a);
+    mc_forget(&b);
+    finish(&a, &b);
+}
+END_TEST
+
+START_TEST(oversize_and_malformed_batches_are_refused) {
+    memconn a;
+    start(0, &a, 1000, NULL, 0);
+    uint64_t *ids = calloc(GD_BATCH_MAX_ITEMS + 1, sizeof(*ids));
+    ck_assert_ptr_nonnull(ids);
+    const Gpubuf__Response *r = batch_release(&a, ids, GD_BATCH_MAX_ITEMS + 1);
+    ck_assert_int_eq(r->status, -E2BIG);
+    ck_assert_ptr_nonnull(strstr(r->message, "at most 4096 items"));
+    /* At the limit it is taken (each item fails alone: nothing is held). */
+    r = batch_release(&a, ids, GD_BATCH_MAX_ITEMS);
+    ck_assert_int_eq(batch_reply(&a, GD_BATCH_MAX_ITEMS)->status[0], GPUBUF_ENOTHELD);
+    free(ids);
+    r = batch_state(&a, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_UNSPECIFIED, NULL, 0, NULL, 0);
+    ck_assert_int_eq(r->status, -EINVAL);
+    char *names[] = {"a"};
+    r = batch_state(&a, GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_SEAL, names, 1, NULL, 0);
+    ck_assert_int_eq(r->status, -EINVAL);
+    /* The hello says the limits. */
+    mc_forget(&a);
+    finish(&a, NULL);
+}
+END_TEST
+
+START_TEST(batch_reply_carries_at_most_its_fd_room) {
+    memconn a;
+    start(0, &a, 1000, NULL, 0);
+    /* 600 KiB buffers of a pool of 1 MiB slabs: one slab each. */
+    a.fd_room = 3;
+    const Gpubuf__Response *r = batch_alloc(&a, 600 * 1024, 6, true, NULL, 0);
+    const Gpubuf__BatchReply *br = batch_reply(&a, 6);
+    ck_assert_int_eq(r->fds, 3);
+    ck_assert_int_eq(a.n_fds[a.n - 1], 3);
+    ck_assert_uint_eq(br->n_slabs, 3);
+    uint64_t mapped[3];
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(br->status[i], 0);
+        ck_assert_uint_eq(br->state[i], GPUBUF_STATE_SEALED);
+        mapped[i] = br->slabs[i]->slab_id;
+    }
+    for (int i = 3; i < 6; i++) {
+        ck_assert_int_eq(br->status[i], -EAGAIN);
+        ck_assert_ptr_nonnull(strstr(item_msg(br, (uint32_t)i), "send the item again"));
+    }
+    /* The refused items left nothing behind. */
+    ck_assert_uint_eq(ctx.reg.n_buffers, 3);
+    ck_assert_uint_eq(a.s->holder->n_refs, 3);
+    /* Sent again, with the slabs mapped by now: they fit. */
+    a.fd_room = 0;
+    r = batch_alloc(&a, 600 * 1024, 3, true, mapped, 3);
+    br = batch_reply(&a, 3);
+    ck_assert_int_eq(r->fds, 3);
+    for (int i = 0; i < 3; i++) {
+        ck_assert_int_eq(br->status[i], 0);
+        for (int k = 0; k < 3; k++)
+            ck_assert_uint_ne(br->slabs[i]->slab_id, mapped[k]);
+    }
+    ck_assert_uint_eq(ctx.reg.n_buffers, 6);
+    mc_forget(&a);
+    finish(&a, NULL);
+}
+END_TEST
+
+/* A batch whose largest reply the reply memory has no room for is left
+ * unhandled (no reference taken, no reply) and handled whole once there is
+ * room; replies with the longest names and sentences stay within the bound
+ * (mc_send_fds checks every batch reply against it). */
+START_TEST(batch_waits_for_reply_memory) {
+    memconn a;
+    char longname[GPUBUF_NAME_MAX + 1], missing[GPUBUF_NAME_MAX + 1];
+    start(0, &a, 1000, NULL, 0);
+    memset(longname, 'n', GPUBUF_NAME_MAX);
+    longname[GPUBUF_NAME_MAX] = 0;
+    memcpy(missing, longname, sizeof(missing));
+    missing[0] = 'm';
+    const Gpubuf__Response *r = alloc(&a, longname, 4096);
+    uint64_t x = r->buffer->buffer_id;
+    seal(&a, x);
+    /* Room for a reply of 7 items, not 8. */
+    a.room_limited = true;
+    a.room = gd_session_batch_reply_bound(7);
+    ck_assert_uint_gt(gd_session_batch_reply_bound(8), a.room);
+    uint64_t ids[8];
+    char *names[8];
+    for (int i = 0; i < 8; i++) {
+        ids[i] = x;
+        names[i] = i % 2 ? longname : missing;
+    }
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
+    q.n_names = 8;
+    q.names = names;
+    req.id = 30;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
+    req.batch_open = &q;
+    ck_assert_int_eq(mc_request(&a, &req), 0);
+    ck_assert_int_eq(a.frame_rc, -EAGAIN);
+    ck_assert_uint_eq(a.asked, gd_session_batch_reply_bound(8));
+    ck_assert_uint_eq(a.s->holder->n_refs, 1); /* the allocation's only */
+    /* Single requests and smaller batches go on meanwhile. */
+    const Gpubuf__BatchReply *br = batch_open(&a, NULL, 0, ids, 7, NULL, 0);
+    ck_assert_int_eq(a.frame_rc, 0);
+    for (int i = 0; i < 7; i++)
+        ck_assert_int_eq(br->status[i], 0);
+    ck_assert_uint_eq(a.s->holder->n_refs, 8);
+    /* Room now: the same frame is handled, longest names and errors. */
+    a.room = gd_session_batch_reply_bound(8);
+    ck_assert_int_eq(mc_request(&a, &req), 1);
+    ck_assert_int_eq(a.frame_rc, 0);
+    br = batch_reply(&a, 8);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(br->status[i], i % 2 ? 0 : -ENOENT);
+    ck_assert_uint_eq(br->n_errors, 4);
+    ck_assert_uint_eq(a.s->holder->n_refs, 12);
+    /* A batch of more items than allowed is refused whatever the room. */
+    a.room = 0;
+    uint64_t many[GD_BATCH_MAX_ITEMS + 1];
+    for (size_t i = 0; i <= GD_BATCH_MAX_ITEMS; i++)
+        many[i] = x;
+    Gpubuf__BatchReleaseRequest rq = GPUBUF__BATCH_RELEASE_REQUEST__INIT;
+    rq.n_buffer_ids = GD_BATCH_MAX_ITEMS + 1;
+    rq.buffer_ids = many;
+    req.body_case = GPUBUF__REQUEST__BODY_BATCH_RELEASE;
+    req.batch_release = &rq;
+    ck_assert_int_eq(mc_request(&a, &req), 1);
+    ck_assert_int_eq(last(&a)->status, -E2BIG);
+    mc_forget(&a);
+    finish(&a, NULL);
+}
+END_TEST
+
+/* ---- slabs sent once (GPUBUF_CAP_SLAB_ONCE) ------------------------------ */
+
+static void hello_caps(memconn *m, uint64_t caps) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+    h.min_version = h.max_version = GPUBUF_PROTOCOL_VERSION;
+    h.capabilities = caps;
+    req.id = 1;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &h;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    ck_assert_int_eq(last(m)->status, 0);
+    ck_assert_uint_eq(last(m)->hello->capabilities, caps);
+}
+
+/* Open name (read-only if ro); the reply must succeed. Returns whether it
+ * carried the slab's fd (checked against Response.fds). */
+static bool open_fd(memconn *m, const char *name, bool ro) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__OpenRequest q = GPUBUF__OPEN_REQUEST__INIT;
+    q.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    q.name = (char *)name;
+    q.read_only = ro;
+    req.id = 12;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    const Gpubuf__Response *r = last(m);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->fds, m->fds[m->n - 1] >= 0 ? 1 : 0);
+    ck_assert(r->buffer->read_only == ro && r->buffer->slab->read_only == ro);
+    return r->fds == 1;
+}
+
+static void release_ref(memconn *m, uint64_t id, bool ro, bool keep) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__ReleaseRequest q = GPUBUF__RELEASE_REQUEST__INIT;
+    q.buffer_id = id;
+    q.read_only = ro;
+    q.keep_mapped = keep;
+    req.id = 13;
+    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    req.release = &q;
+    ck_assert_int_eq(mc_request(m, &req), 1);
+    ck_assert_int_eq(last(m)->status, 0);
+}
+
+/* With SLAB_ONCE, an alloc or open reply carries the slab's fd only when
+ * the connection holds no other reference of the same mode in that slab
+ * and does not keep it mapped; without it, every such reply does. */
+START_TEST(slab_fd_is_sent_only_when_not_mapped) {
+    memconn a, b, old;
+    ctx_init(0);
+    mc_open(&a, 1000);
+    hello_caps(&a, GPUBUF_CAP_SLAB_ONCE | GPUBUF_CAP_KEEP_MAPPED);
+    mc_open(&b, 1000);
+    hello_caps(&b, GPUBUF_CAP_SLAB_ONCE);
+    mc_open(&old, 1000);
+    hello_caps(&old, 0);
+    /* a: the first allocation in a slab brings its fd, the second not. */
+    const Gpubuf__Response *r = alloc(&a, "x", 4096);
+    ck_assert_int_eq(r->fds, 1);
+    uint64_t x = r->buffer->buffer_id, slab = r->buffer->slab_id;
+    seal(&a, x);
+    r = alloc(&a, "y", 4096);
+    ck_assert_uint_eq(r->buffer->slab_id, slab);
+    ck_assert_int_eq(r->fds, 0);
+    ck_assert_int_eq(r->buffer->slab->ipc_handle.len, 0);
+    uint64_t y = r->buffer->buffer_id;
+    seal(&a, y);
+    /* b: first open of the slab with its fd; while it holds that, none. */
+    ck_assert(open_fd(&b, "x", false));
+    ck_assert(!open_fd(&b, "x", false));
+    ck_assert(!open_fd(&b, "y", false));
+    /* Read-only is another mapping: its own fd once. */
+    ck_assert(open_fd(&b, "y", true));
+    ck_assert(!open_fd(&b, "x", true));
+    /* All read-write references go: the next read-write open maps again,
+     * while the read-only ones still need no fd. */
+    release_ref(&b, x, false, false);
+    release_ref(&b, x, false, false);
+    release_ref(&b, y, false, false);
+    ck_assert(open_fd(&b, "y", false));
+    release_ref(&b, y, false, false);
+    release_ref(&b, y, true, false);
+    ck_assert(!open_fd(&b, "y", true));
+    release_ref(&b, x, true, false);
+    release_ref(&b, y, true, false);
+    ck_assert(open_fd(&b, "x", true));
+    release_ref(&b, x, true, false);
+    ck_assert_uint_eq(b.s->holder->n_refs, 0);
+    /* a keeps the slab mapped after its last reference: no fd then, until
+     * it says it unmapped it. */
+    release_ref(&a, x, false, false);
+    release_ref(&a, y, false, true);
+    ck_assert_uint_eq(a.s->holder->n_kept, 1);
+    ck_assert(!open_fd(&a, "x", false));
+    release_ref(&a, x, false, true);
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__UnmapRequest u = GPUBUF__UNMAP_REQUEST__INIT;
+    u.slab_id = slab;
+    req.id = 14;
+    req.body_case = GPUBUF__REQUEST__BODY_UNMAP;
+    req.unmap = &u;
+    ck_assert_int_eq(mc_request(&a, &req), 1);
+    ck_assert_int_eq(last(&a)->status, 0);
+    ck_assert(open_fd(&a, "x", false));
+    /* A client without the capability gets the fd every time. */
+    ck_assert(open_fd(&old, "x", false));
+    ck_assert(open_fd(&old, "x", false));
+    ck_assert(open_fd(&old, "y", true));
+    ck_assert(open_fd(&old, "y", true));
+    mc_forget(&a);
+    mc_forget(&b);
+    mc_forget(&old);
+    mc_free(&old);
+    finish(&a, &b);
+}
+END_TEST
+
 int main(void) {
     const TTest *tests[] = {
         first_request_must_be_hello,
@@ -737,6 +1186,11 @@ int main(void) {
         names_cannot_be_squatted_across_pools,
         publishers_rule_refuses_with_reason,
         expected_owner_mismatch_is_refused,
+        batch_items_fail_independently,
+        oversize_and_malformed_batches_are_refused,
+        batch_reply_carries_at_most_its_fd_room,
+        batch_waits_for_reply_memory,
+        slab_fd_is_sent_only_when_not_mapped,
     };
     Suite *s = suite_create("session");
     TCase *t = tcase_create("inproc");

@@ -815,6 +815,67 @@ START_TEST(counters_of_refusals) {
 }
 END_TEST
 
+/* The items of batch requests, per batch type, through the library's
+ * status and gpubufctl (table, JSON, metrics). */
+START_TEST(batch_counters_are_shown) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=64M,slab=16M", NULL};
+    td_start(&d, args);
+    gpubuf_client *c = td_connect(&d);
+    enum { N = 5 };
+    uint64_t sizes[N];
+    gpubuf_buffer *b[N], *o[N + 1];
+    int st[N + 1];
+    for (int i = 0; i < N; i++)
+        sizes[i] = 4096;
+    ck_assert_int_eq(gpubuf_alloc_many(c, "p", N, sizes, NULL, GPUBUF_ALLOC_SEAL, b, st), 0);
+    uint64_t ids[N + 1];
+    for (int i = 0; i < N; i++)
+        ids[i] = gpubuf_buffer_id(b[i]);
+    ids[N] = 999999; /* unknown: one item fails */
+    ck_assert_int_eq(gpubuf_open_many(c, N + 1, NULL, ids, 0, o, st), 1);
+    ck_assert_int_eq(st[N], -ENOENT);
+    ck_assert_int_eq(gpubuf_release_many(o, N, st), 0);
+    ck_assert_int_eq(gpubuf_release_many(b, N, st), 0);
+    gpubuf_status *s = td_status(&d);
+    const gpubuf_counters *k = &s->counters;
+    ck_assert_uint_eq(k->n_batches, 5);
+    uint64_t items[5] = {0}, errors[5] = {0};
+    static const char *const types[5] = {"batch_open", "batch_release", "batch_alloc",
+                                         "batch_seal", "batch_delete"};
+    for (size_t i = 0; i < k->n_batches; i++)
+        for (int t = 0; t < 5; t++)
+            if (!strcmp(k->batches[i].type, types[t])) {
+                items[t] = k->batches[i].items;
+                errors[t] = k->batches[i].item_errors;
+            }
+    ck_assert_uint_eq(items[0], N + 1);
+    ck_assert_uint_eq(errors[0], 1);
+    ck_assert_uint_eq(items[1], 2 * N);
+    ck_assert_uint_eq(errors[1], 0);
+    ck_assert_uint_eq(items[2], N);
+    gpubuf_status_free(s);
+    int code;
+    char *out = ctl(&d, "metrics", &code);
+    ck_assert_int_eq(code, 0);
+    must_contain(out, "# TYPE gpubuf_batch_items_total counter\n");
+    must_contain(out, "gpubuf_batch_items_total{type=\"batch_open\"} 6\n");
+    must_contain(out, "gpubuf_batch_item_errors_total{type=\"batch_open\"} 1\n");
+    must_contain(out, "gpubuf_batch_items_total{type=\"batch_release\"} 10\n");
+    free(out);
+    out = ctl(&d, "--json status", &code);
+    ck_assert_int_eq(code, 0);
+    must_contain(out, "\"batches\":[{\"type\":\"batch_open\",\"items\":6,\"item_errors\":1}");
+    free(out);
+    out = ctl(&d, "status", &code);
+    ck_assert_int_eq(code, 0);
+    must_contain(out, "batch items: open 6 (1 failed), release 10, alloc 5, seal 0, delete 0\n");
+    free(out);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("usability");
     TCase *m = tcase_create("messages");
@@ -845,6 +906,7 @@ int main(void) {
     tcase_set_timeout(k, 60);
     tcase_add_test(k, counters_move_with_requests);
     tcase_add_test(k, counters_of_refusals);
+    tcase_add_test(k, batch_counters_are_shown);
     suite_add_tcase(s, k);
     return run_suite(s);
 }

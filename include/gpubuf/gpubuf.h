@@ -190,6 +190,13 @@ typedef struct gpubuf_named_counter {
     uint64_t count;
 } gpubuf_named_counter;
 
+/** Items of batch requests of one type (gpubuf_counters.batches). */
+typedef struct gpubuf_batch_counters {
+    const char *type; /**< "batch_open", "batch_release", "batch_alloc", "batch_seal", "batch_delete" */
+    uint64_t items;       /**< items handled (Counters.requests counts the requests) */
+    uint64_t item_errors; /**< of them, items that failed */
+} gpubuf_batch_counters;
+
 /** What one pool did since the daemon started (gpubuf_counters). */
 typedef struct gpubuf_pool_counters {
     const char *pool;
@@ -219,6 +226,8 @@ typedef struct gpubuf_counters {
     uint64_t slab_imports;                   /**< slabs handed to a client that did not map them */
     uint64_t connections;                    /**< connections accepted */
     uint64_t open_timeouts;                  /**< waiting opens that expired */
+    size_t n_batches;                        /**< 0 from a daemon without batches */
+    const gpubuf_batch_counters *batches;    /**< items of batch requests, by type */
 } gpubuf_counters;
 
 /** A snapshot of the daemon (gpubuf_status). Free with gpubuf_status_free(). */
@@ -545,6 +554,49 @@ GPUBUF_EXTERN int gpubuf_buffer_copy_from_host_async(gpubuf_buffer *b, uint64_t 
 GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
                                      const gpubuf_buffer *src, uint64_t src_offset,
                                      uint64_t length, gpubuf_stream stream);
+
+/* ---- batches --------------------------------------------------------------
+ * Many items in one round trip (docs/client-api.md, "Batches"). Each item
+ * succeeds or fails on its own, as the single call would; ret_status[i]
+ * (optional, may be NULL) receives item i's result, 0 or a negative code.
+ * The calls return the number of items that failed (0: all succeeded; the
+ * thread's error message then describes the first of them), or a negative
+ * code when the batch as a whole was refused (nothing was done). Longer
+ * batches than the daemon takes in one request are split by the library. */
+
+/** Flags of gpubuf_alloc_many(). */
+enum gpubuf_alloc_flag {
+    /** Seal each buffer in the same request (it can no longer be written by
+     * a producer that needs a seal event: use gpubuf_seal_stream then). */
+    GPUBUF_ALLOC_SEAL = 1u << 0,
+};
+
+/** Open n sealed buffers, by names[i] (when names is not NULL) or else by
+ * ids[i]. No waiting: an item not sealed yet fails with -ENOENT. ret[i]
+ * becomes a root view (NULL for a failed item). flags: GPUBUF_OPEN_READONLY. */
+GPUBUF_EXTERN int gpubuf_open_many(gpubuf_client *c, size_t n, const char *const *names,
+                                   const uint64_t *ids, unsigned flags, gpubuf_buffer **ret,
+                                   int *ret_status);
+
+/** Allocate n buffers of sizes[i] bytes from pool (NULL: the default), named
+ * names[i] (names NULL, or an entry NULL or "": anonymous). flags:
+ * GPUBUF_ALLOC_SEAL. */
+GPUBUF_EXTERN int gpubuf_alloc_many(gpubuf_client *c, const char *pool, size_t n,
+                                    const uint64_t *sizes, const char *const *names,
+                                    unsigned flags, gpubuf_buffer **ret, int *ret_status);
+
+/** Seal n buffers this connection allocated (as gpubuf_seal_sync). */
+GPUBUF_EXTERN int gpubuf_seal_many(gpubuf_buffer *const *bufs, size_t n, int *ret_status);
+
+/** Release n views (as gpubuf_release; NULL entries are skipped): the
+ * daemon references of those that were the last view of their buffer go in
+ * one request, answered before the call returns. All views go, whatever
+ * the result. All must be of one connection. */
+GPUBUF_EXTERN int gpubuf_release_many(gpubuf_buffer *const *bufs, size_t n, int *ret_status);
+
+/** Unpublish n buffers, by names[i] (when names is not NULL) or else ids[i]. */
+GPUBUF_EXTERN int gpubuf_delete_many(gpubuf_client *c, size_t n, const char *const *names,
+                                     const uint64_t *ids, int *ret_status);
 
 #ifdef __cplusplus
 }

@@ -431,3 +431,34 @@ def test_names_are_per_pool(client, daemon):
     client.delete("t/same", pool="tiny", owner=me)
     client.delete("/tiny/t/only-tiny")
     assert not [x for x in client.status()["buffers"] if x["name"].startswith("t/")]
+
+
+def test_batches_partial_failures_and_refs(client, daemon):
+    names = [f"bt/{i}" for i in range(300)]
+    made = client.alloc_many([64 + i for i in range(300)], names=names, seal=True)
+    assert all(isinstance(b, gpubuf.Buffer) for b in made)
+    assert [b.size for b in made[:3]] == [64, 65, 66]
+    made[7].copy_from_host(b"seven")
+    with gpubuf.Client(daemon.socket) as other:
+        got = other.open_many(names + ["bt/missing", "bad name"])
+        assert all(isinstance(b, gpubuf.Buffer) for b in got[:300])
+        assert isinstance(got[300], FileNotFoundError) and isinstance(got[300], gpubuf.Error)
+        assert isinstance(got[301], gpubuf.Error)
+        assert got[7].to_pybytes()[:5] == b"seven" and got[7].name == "bt/7"
+        by_id = other.open_many([made[0].id, made[1].id], readonly=True)
+        assert [b.id for b in by_id] == [made[0].id, made[1].id]
+        assert buffer_refs(client, "bt/0") == 3
+        other.release_many(got[:300] + by_id)
+        assert all(b.released for b in got[:300])
+        assert buffer_refs(client, "bt/0") == 1
+    # A taken name fails alone.
+    again = client.alloc_many([10, 10], names=["bt/0", "bt/new"])
+    assert isinstance(again[0], FileExistsError) and isinstance(again[1], gpubuf.Buffer)
+    client.release_many(made + [again[1]])
+    assert buffer_refs(client, "bt/0") == 0
+    # bt/new was never sealed: its last reference freed it.
+    res = client.delete_many(names + ["bt/new", "bt/never"])
+    assert res[:300] == [None] * 300
+    assert all(isinstance(e, FileNotFoundError) for e in res[300:])
+    with pytest.raises(TypeError):
+        client.release_many([1, 2])

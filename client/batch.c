@@ -1,0 +1,694 @@
+/* libgpubuf-client: batches. Many items per request and one reply with a
+ * result per item (docs/protocol.md, "Batches"); long batches are split to
+ * fit the daemon's limits, and items whose slab did not fit in a reply
+ * (EAGAIN) are sent again once the slabs that did are mapped. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "util.h"
+
+/* Request bytes kept free for the fixed fields of a batch request. */
+#define BATCH_OVERHEAD 256u
+
+/* One batch call's bookkeeping: item results and the first failure. */
+typedef struct batch_call {
+    gpubuf_client *c;
+    size_t n;
+    int *status; /* the caller's array, or ours */
+    int failed;
+    char first[384]; /* the message of the first failed item */
+} batch_call;
+
+static int call_init(batch_call *bc, gpubuf_client *c, size_t n, int *ret_status) {
+    memset(bc, 0, sizeof(*bc));
+    bc->c = c;
+    bc->n = n;
+    bc->status = ret_status ? ret_status : calloc(n + 1, sizeof(int));
+    if (!bc->status)
+        return -ENOMEM;
+    memset(bc->status, 0, n * sizeof(int));
+    return 0;
+}
+
+/* Item i failed with r (msg: the daemon's sentence, or NULL). */
+static void call_fail(batch_call *bc, size_t i, int r, const char *msg) {
+    if (bc->status[i] < 0)
+        return; /* refused here already (seal: sent as buffer 0) */
+    bc->status[i] = r;
+    if (bc->failed++ == 0)
+        snprintf(bc->first, sizeof(bc->first), "item %zu: %s", i,
+                 msg && *msg ? msg : gpubuf_strerror(r));
+}
+
+/* The end of the batch call: the number of failed items, or err. */
+static int call_end(batch_call *bc, int *ret_status, int err) {
+    if (bc->status != ret_status)
+        free(bc->status);
+    if (err < 0)
+        return err;
+    if (bc->failed)
+        gpubuf__set_error("%d of %zu items failed; the first: %s", bc->failed, bc->n, bc->first);
+    return bc->failed;
+}
+
+/* The daemon's sentence for item i of br, or NULL. */
+static const char *item_message(const Gpubuf__BatchReply *br, size_t i) {
+    for (size_t k = 0; k < br->n_errors; k++)
+        if (br->errors[k]->item == i)
+            return br->errors[k]->message;
+    return NULL;
+}
+
+/* How many of the items idx[0..n) (or 0..n without idx) fit one request
+ * from the start: at most the daemon's item limit and its request bytes,
+ * reserve bytes taken by other fields. At least one. */
+static size_t chunk_len(const gpubuf_client *c, const size_t *idx, size_t n,
+                        const char *const *names, size_t reserve) {
+    size_t k = 0, bytes = BATCH_OVERHEAD + reserve;
+    while (k < n && k < c->max_batch_items) {
+        size_t i = idx ? idx[k] : k;
+        size_t b = (names && names[i] ? strlen(names[i]) + 3 : 0) + 12;
+        if (k > 0 && bytes + b > c->max_request)
+            break;
+        bytes += b;
+        k++;
+    }
+    return k;
+}
+
+/* The slabs this connection maps in mode read_only, for the daemon to leave
+ * out of a reply (none if the list would take more than a quarter of a
+ * request: then every slab comes again, which is correct, only slower). */
+static uint64_t *mapped_slabs(gpubuf_client *c, bool read_only, size_t *ret_n) {
+    gpubuf_mapping *m, *tmp;
+    uint64_t *ids;
+    size_t n = 0;
+    *ret_n = 0;
+    if (c->n_maps == 0 || (size_t)c->n_maps * 11 > c->max_request / 4)
+        return NULL;
+    if (!(ids = malloc(c->n_maps * sizeof(*ids))))
+        return NULL;
+    HASH_ITER(hh, c->maps, m, tmp) {
+        if (m->read_only == read_only)
+            ids[n++] = m->slab_id;
+    }
+    *ret_n = n;
+    return ids;
+}
+
+static int batch_rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *fds,
+                     int *n_fds, size_t n) {
+    int r = gpubuf__rpc_fds_locked(c, req, ret, fds, n_fds);
+    if (r < 0)
+        return r;
+    const Gpubuf__BatchReply *br = (*ret)->batch;
+    if ((*ret)->body_case != GPUBUF__RESPONSE__BODY_BATCH || br->n_status != n) {
+        for (int i = 0; i < *n_fds; i++)
+            close(fds[i]);
+        gpubuf__response__free_unpacked(*ret, NULL);
+        c->broken = true;
+        return gpubuf__fail(GPUBUF_EPROTOCOL, "gpubufd answered a batch of %zu items with %zu "
+                                              "results",
+                            n, br ? br->n_status : 0);
+    }
+    return 0;
+}
+
+/* Views for the items of an open or alloc reply: item k of the reply is
+ * item idx[k] of the call. New slabs are mapped with their fds (which are
+ * consumed). An item whose view cannot be made gives its reference back.
+ * *ret_retry receives the items that failed with EAGAIN, to send again. */
+static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *fds, int n_fds,
+                      const size_t *idx, size_t n, bool read_only, gpubuf_buffer **ret,
+                      size_t *retry, size_t *ret_n_retry) {
+    gpubuf_client *c = bc->c;
+    int slab_fd[GPUBUF_WIRE_MAX_FDS];
+    size_t used = 0, names_pos = 0, ev = 0, n_retry = 0;
+    int f = 0, r = 0;
+    bool columns = br->n_buffer_id == n && br->n_size == n && br->n_offset == n &&
+                   br->n_slab_id == n && br->n_slabs <= GPUBUF_WIRE_MAX_FDS &&
+                   br->events.len == br->n_event_items * 64;
+    /* Host and cuda-vmm slabs carry an fd, in the order of slabs. */
+    for (size_t s = 0; columns && s < br->n_slabs; s++) {
+        int kind = br->slabs[s]->kind;
+        slab_fd[s] = -1;
+        if (kind == GPUBUF_POOL_HOST || kind == GPUBUF_POOL_CUDA_VMM) {
+            if (f >= n_fds)
+                columns = false;
+            else
+                slab_fd[s] = fds[f++];
+        }
+    }
+    if (!columns || f != n_fds) {
+        for (int i = 0; i < n_fds; i++)
+            close(fds[i]);
+        c->broken = true;
+        return gpubuf__fail(GPUBUF_EPROTOCOL, "gpubufd sent a malformed batch reply");
+    }
+    for (size_t k = 0; k < n; k++) {
+        size_t i = idx[k];
+        const char *name = (const char *)br->names.data + names_pos;
+        size_t left = br->names.len - names_pos;
+        size_t len = left ? strnlen(name, left) : 0;
+        if (len < left)
+            names_pos += len + 1;
+        else
+            name = "";
+        const uint8_t *event = NULL;
+        if (ev < br->n_event_items && br->event_items[ev] == k)
+            event = br->events.data + 64 * ev++;
+        if (br->status[k] < 0) {
+            if (br->status[k] == -EAGAIN)
+                retry[n_retry++] = i;
+            else
+                call_fail(bc, i, br->status[k], item_message(br, k));
+            continue;
+        }
+        uint64_t key = br->slab_id[k] * 2 + (read_only ? 1 : 0);
+        gpubuf_mapping *m;
+        HASH_FIND(hh, c->maps, &key, sizeof(key), m);
+        if (m) {
+            gpubuf__mapping_hold(c, m);
+        } else {
+            size_t s = 0;
+            while (s < br->n_slabs && br->slabs[s]->slab_id != br->slab_id[k])
+                s++;
+            if (s == br->n_slabs) {
+                r = gpubuf__fail(GPUBUF_EPROTOCOL,
+                                 "gpubufd did not describe slab %llu, which this connection "
+                                 "does not map",
+                                 (unsigned long long)br->slab_id[k]);
+            } else {
+                r = gpubuf__mapping_get(c, br->slabs[s], slab_fd[s], &m);
+                slab_fd[s] = -1; /* consumed */
+                used++;
+            }
+        }
+        if (r == 0 && (br->offset[k] > m->size || br->size[k] > m->size - br->offset[k])) {
+            gpubuf__mapping_put(c, m);
+            r = gpubuf__fail(GPUBUF_EPROTOCOL, "gpubufd described a buffer outside its slab");
+        }
+        if (r == 0) {
+            r = gpubuf__view_new(c, m, br->buffer_id[k], br->offset[k], br->size[k], name,
+                                 read_only, event, &ret[i]);
+            if (r < 0)
+                gpubuf__mapping_put(c, m);
+        }
+        if (r < 0) {
+            /* Not usable here: the reference the daemon took goes back. */
+            if (!c->broken)
+                gpubuf__send_release(c, br->buffer_id[k], false, read_only);
+            call_fail(bc, i, r, gpubuf_last_error_message());
+            r = 0;
+        }
+    }
+    for (size_t s = 0; s < br->n_slabs; s++)
+        if (slab_fd[s] >= 0)
+            close(slab_fd[s]);
+    *ret_n_retry = n_retry;
+    (void)used;
+    return 0;
+}
+
+/* An open or alloc batch: send the items listed in idx (n of them), make
+ * views, send those that got EAGAIN again while replies bring slabs. The
+ * request is built by build(req, idx, n, mapped, n_mapped, arg). */
+typedef void (*build_fn)(Gpubuf__Request *req, const size_t *idx, size_t n, uint64_t *mapped,
+                         size_t n_mapped, void *arg, void *scratch);
+
+static int views_batch(batch_call *bc, size_t *idx, size_t n, bool read_only, build_fn build,
+                       void *arg, void *scratch, gpubuf_buffer **ret) {
+    gpubuf_client *c = bc->c;
+    size_t *retry = malloc((n + 1) * sizeof(*retry));
+    int r = 0;
+    if (!retry)
+        return -ENOMEM;
+    while (n > 0) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__Response *resp;
+        int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
+        size_t n_mapped, n_retry = 0;
+        uint64_t *mapped = mapped_slabs(c, read_only, &n_mapped);
+        build(&req, idx, n, mapped, n_mapped, arg, scratch);
+        r = batch_rpc(c, &req, &resp, fds, &n_fds, n);
+        free(mapped);
+        if (r < 0)
+            break;
+        size_t slabs = resp->batch->n_slabs;
+        r = make_views(bc, resp->batch, fds, n_fds, idx, n, read_only, ret, retry, &n_retry);
+        gpubuf__response__free_unpacked(resp, NULL);
+        if (r < 0)
+            break;
+        if (n_retry && slabs == 0) {
+            /* No progress: say so rather than loop. */
+            for (size_t k = 0; k < n_retry; k++)
+                call_fail(bc, retry[k], -EAGAIN, "gpubufd had no room for this item's slab");
+            n_retry = 0;
+        }
+        memcpy(idx, retry, n_retry * sizeof(*idx));
+        n = n_retry;
+    }
+    free(retry);
+    return r;
+}
+
+/* ---- open ---------------------------------------------------------------- */
+
+typedef struct open_args {
+    const char *const *names;
+    const uint64_t *ids;
+    bool read_only;
+} open_args;
+
+typedef struct open_scratch {
+    Gpubuf__BatchOpenRequest o;
+    char **names;
+    uint64_t *ids;
+} open_scratch;
+
+static void build_open(Gpubuf__Request *req, const size_t *idx, size_t n, uint64_t *mapped,
+                       size_t n_mapped, void *arg, void *scratch) {
+    const open_args *a = arg;
+    open_scratch *sc = scratch;
+    gpubuf__batch_open_request__init(&sc->o);
+    for (size_t k = 0; k < n; k++) {
+        if (a->names)
+            sc->names[k] = (char *)a->names[idx[k]];
+        else
+            sc->ids[k] = a->ids[idx[k]];
+    }
+    if (a->names) {
+        sc->o.n_names = n;
+        sc->o.names = sc->names;
+    } else {
+        sc->o.n_buffer_ids = n;
+        sc->o.buffer_ids = sc->ids;
+    }
+    sc->o.read_only = a->read_only;
+    sc->o.n_mapped_slabs = n_mapped;
+    sc->o.mapped_slabs = mapped;
+    req->body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
+    req->batch_open = &sc->o;
+}
+
+/* The checks every batch of n items on c needs; 0 or an error. */
+static int batch_check(gpubuf_client *c, size_t n, const void *ret, const char *what) {
+    if (!c || (n && !ret))
+        return gpubuf__fail(-EINVAL, "%s needs a connection and its items", what);
+    if (c->max_batch_items == 0)
+        return gpubuf__fail(-EOPNOTSUPP, "this gpubufd takes no batches (it is older)");
+    return 0;
+}
+
+/* Send the items of a call in chunks; views_batch or run(chunk) per chunk. */
+/* An item's name: plain (the default pool) or qualified (/POOL/NAME); the
+ * daemon splits it as it splits a single request's. */
+static int item_name_check(const char *name, char *msg, size_t msg_len) {
+    char pool[GPUBUF_NAME_MAX + 1];
+    const char *plain;
+    int r = gpubuf_name_split(name, pool, &plain, msg, msg_len);
+    return r < 0 ? r : gpubuf_name_check(plain, strlen(plain), msg, msg_len);
+}
+
+static int open_many_call(gpubuf_client *c, size_t n, const char *const *names,
+                          const uint64_t *ids, unsigned flags, gpubuf_buffer **ret,
+                          int *ret_status) {
+    batch_call bc;
+    open_args a = {names, ids, (flags & GPUBUF_OPEN_READONLY) != 0};
+    open_scratch sc = {0};
+    size_t *idx;
+    int r = batch_check(c, n, ret, "gpubuf_open_many");
+    if (r < 0)
+        return r;
+    if (!names && !ids && n)
+        return gpubuf__fail(-EINVAL, "gpubuf_open_many needs names or ids");
+    if (flags & ~(unsigned)GPUBUF_OPEN_READONLY)
+        return gpubuf__fail(-EINVAL, "unknown open flags 0x%x", flags);
+    if ((r = call_init(&bc, c, n, ret_status)) < 0)
+        return r;
+    memset(ret, 0, n * sizeof(*ret));
+    idx = malloc((n + 1) * sizeof(*idx));
+    sc.names = malloc((n + 1) * sizeof(*sc.names));
+    sc.ids = malloc((n + 1) * sizeof(*sc.ids));
+    if (!idx || !sc.names || !sc.ids)
+        r = -ENOMEM;
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        idx[i] = i;
+        char msg[256];
+        int e;
+        if (names && (!names[i] || (e = item_name_check(names[i], msg, sizeof(msg))) < 0)) {
+            call_fail(&bc, i, names[i] ? e : -EINVAL, names[i] ? msg : "no name (NULL)");
+            idx[i] = SIZE_MAX;
+        }
+    }
+    size_t n_valid = 0;
+    for (size_t i = 0; r == 0 && i < n; i++)
+        if (idx[i] != SIZE_MAX)
+            idx[n_valid++] = idx[i];
+    pthread_mutex_lock(&c->lock);
+    for (size_t from = 0, k; r == 0 && from < n_valid; from += k) {
+        k = chunk_len(c, idx + from, n_valid - from, names, (size_t)c->n_maps * 11);
+        r = views_batch(&bc, idx + from, k, a.read_only, build_open, &a, &sc, ret);
+    }
+    pthread_mutex_unlock(&c->lock);
+    free(idx);
+    free(sc.names);
+    free(sc.ids);
+    return call_end(&bc, ret_status, r);
+}
+
+/* ---- alloc --------------------------------------------------------------- */
+
+typedef struct alloc_args {
+    const char *pool;
+    const uint64_t *sizes;
+    const char *const *names;
+    bool seal;
+} alloc_args;
+
+typedef struct alloc_scratch {
+    Gpubuf__BatchAllocRequest a;
+    char **names;
+    uint64_t *sizes;
+} alloc_scratch;
+
+static void build_alloc(Gpubuf__Request *req, const size_t *idx, size_t n, uint64_t *mapped,
+                        size_t n_mapped, void *arg, void *scratch) {
+    const alloc_args *a = arg;
+    alloc_scratch *sc = scratch;
+    gpubuf__batch_alloc_request__init(&sc->a);
+    for (size_t k = 0; k < n; k++) {
+        sc->sizes[k] = a->sizes[idx[k]];
+        if (a->names)
+            sc->names[k] = (char *)(a->names[idx[k]] ? a->names[idx[k]] : "");
+    }
+    sc->a.pool = (char *)(a->pool ? a->pool : "");
+    sc->a.n_sizes = n;
+    sc->a.sizes = sc->sizes;
+    if (a->names) {
+        sc->a.n_names = n;
+        sc->a.names = sc->names;
+    }
+    sc->a.seal = a->seal;
+    sc->a.n_mapped_slabs = n_mapped;
+    sc->a.mapped_slabs = mapped;
+    req->body_case = GPUBUF__REQUEST__BODY_BATCH_ALLOC;
+    req->batch_alloc = &sc->a;
+}
+
+static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const uint64_t *sizes,
+                           const char *const *names, unsigned flags, gpubuf_buffer **ret,
+                           int *ret_status) {
+    batch_call bc;
+    alloc_args a = {pool, sizes, names, (flags & GPUBUF_ALLOC_SEAL) != 0};
+    alloc_scratch sc = {0};
+    size_t *idx, n_valid = 0;
+    int r = batch_check(c, n, ret, "gpubuf_alloc_many");
+    if (r < 0)
+        return r;
+    if (n && !sizes)
+        return gpubuf__fail(-EINVAL, "gpubuf_alloc_many needs sizes");
+    if (flags & ~(unsigned)GPUBUF_ALLOC_SEAL)
+        return gpubuf__fail(-EINVAL, "unknown alloc flags 0x%x", flags);
+    if ((r = call_init(&bc, c, n, ret_status)) < 0)
+        return r;
+    memset(ret, 0, n * sizeof(*ret));
+    idx = malloc((n + 1) * sizeof(*idx));
+    sc.names = malloc((n + 1) * sizeof(*sc.names));
+    sc.sizes = malloc((n + 1) * sizeof(*sc.sizes));
+    if (!idx || !sc.names || !sc.sizes)
+        r = -ENOMEM;
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        char msg[256];
+        int e = 0;
+        if (sizes[i] == 0)
+            call_fail(&bc, i, -EINVAL, "size 0: a buffer holds at least 1 byte");
+        else if (names && names[i] && *names[i] &&
+                 (e = gpubuf_name_check(names[i], strlen(names[i]), msg, sizeof(msg))) < 0)
+            call_fail(&bc, i, e, msg);
+        else
+            idx[n_valid++] = i;
+    }
+    pthread_mutex_lock(&c->lock);
+    for (size_t from = 0, k; r == 0 && from < n_valid; from += k) {
+        k = chunk_len(c, idx + from, n_valid - from, names,
+                      (size_t)c->n_maps * 11 + (pool ? strlen(pool) : 0));
+        r = views_batch(&bc, idx + from, k, false, build_alloc, &a, &sc, ret);
+    }
+    pthread_mutex_unlock(&c->lock);
+    for (size_t i = 0; i < n; i++)
+        if (ret[i]) {
+            ret[i]->allocated = true;
+            ret[i]->sealable = !a.seal;
+        }
+    free(idx);
+    free(sc.names);
+    free(sc.sizes);
+    return call_end(&bc, ret_status, r);
+}
+
+/* ---- seal, delete, release: results without buffers --------------------- */
+
+/* Send a request built for items [from, from + n) and record their results. */
+static int results_rpc(batch_call *bc, Gpubuf__Request *req, size_t from, size_t n) {
+    Gpubuf__Response *resp;
+    int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
+    int r = batch_rpc(bc->c, req, &resp, fds, &n_fds, n);
+    if (r < 0)
+        return r;
+    for (int i = 0; i < n_fds; i++)
+        close(fds[i]);
+    for (size_t k = 0; k < n; k++)
+        if (resp->batch->status[k] < 0)
+            call_fail(bc, from + k, resp->batch->status[k], item_message(resp->batch, k));
+    gpubuf__response__free_unpacked(resp, NULL);
+    return 0;
+}
+
+static int seal_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
+    gpubuf_client *c = NULL;
+    batch_call bc;
+    uint64_t *ids;
+    gpubuf_buffer **roots;
+    int r;
+    for (size_t i = 0; i < n && !c; i++)
+        c = bufs && bufs[i] ? bufs[i]->c : NULL;
+    if (n && !c)
+        return gpubuf__fail(-EINVAL, "gpubuf_seal_many needs buffers");
+    if (!c)
+        return 0;
+    if ((r = batch_check(c, n, bufs, "gpubuf_seal_many")) < 0 ||
+        (r = call_init(&bc, c, n, ret_status)) < 0)
+        return r;
+    ids = malloc((n + 1) * sizeof(*ids));
+    roots = malloc((n + 1) * sizeof(*roots));
+    if (!ids || !roots)
+        r = -ENOMEM;
+    pthread_mutex_lock(&c->lock);
+    for (size_t i = 0; r == 0 && i < n; i++) {
+        roots[i] = bufs[i];
+        ids[i] = 0; /* no buffer 0: an item refused here fails at the daemon too */
+        int e = bufs[i] ? (bufs[i]->c == c ? gpubuf__seal_check(&roots[i]) : -EINVAL) : -EINVAL;
+        if (e < 0)
+            call_fail(&bc, i, e, bufs[i] && bufs[i]->c == c ? gpubuf_last_error_message()
+                                                             : "not a buffer of this connection");
+        else
+            ids[i] = roots[i]->id;
+    }
+    for (size_t from = 0, k; r == 0 && from < n; from += k) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__BatchStateRequest q = GPUBUF__BATCH_STATE_REQUEST__INIT;
+        k = chunk_len(c, NULL, n - from, NULL, 0);
+        q.op = GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_SEAL;
+        q.n_buffer_ids = k;
+        q.buffer_ids = ids + from;
+        req.body_case = GPUBUF__REQUEST__BODY_BATCH_STATE;
+        req.batch_state = &q;
+        r = results_rpc(&bc, &req, from, k);
+    }
+    for (size_t i = 0; r == 0 && i < n; i++)
+        if (bc.status[i] == 0)
+            roots[i]->sealable = false;
+    pthread_mutex_unlock(&c->lock);
+    free(ids);
+    free(roots);
+    return call_end(&bc, ret_status, r);
+}
+
+static int delete_many_call(gpubuf_client *c, size_t n, const char *const *names,
+                            const uint64_t *ids, int *ret_status) {
+    batch_call bc;
+    int r = batch_check(c, n, names ? (const void *)names : (const void *)ids,
+                        "gpubuf_delete_many");
+    if (r < 0 || (r = call_init(&bc, c, n, ret_status)) < 0)
+        return r;
+    pthread_mutex_lock(&c->lock);
+    for (size_t from = 0, k; r == 0 && from < n; from += k) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__BatchStateRequest q = GPUBUF__BATCH_STATE_REQUEST__INIT;
+        k = chunk_len(c, NULL, n - from, names ? names + from : NULL, 0);
+        q.op = GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_DELETE;
+        if (names) {
+            q.n_names = k;
+            q.names = (char **)(names + from);
+        } else {
+            q.n_buffer_ids = k;
+            q.buffer_ids = (uint64_t *)(ids + from);
+        }
+        req.body_case = GPUBUF__REQUEST__BODY_BATCH_STATE;
+        req.batch_state = &q;
+        r = results_rpc(&bc, &req, from, k);
+    }
+    pthread_mutex_unlock(&c->lock);
+    return call_end(&bc, ret_status, r);
+}
+
+/* A view gpubuf_release_many releases in its batch: a root view without a
+ * CUDA seal event (those take gpubuf_release's path, which waits for it). */
+static bool batchable(const gpubuf_buffer *b) {
+#ifdef GPUBUF_HAVE_CUDA
+    if (b->event || b->own_event)
+        return false;
+#endif
+    return !b->parent && b->owns_ref && b->map;
+}
+
+static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
+    gpubuf_client *c = NULL;
+    batch_call bc;
+    gpubuf_buffer **last;
+    uint64_t *ids;
+    protobuf_c_boolean *keep, *ro;
+    size_t n_last = 0, *item;
+    int r;
+    for (size_t i = 0; bufs && i < n; i++) {
+        if (!bufs[i])
+            continue;
+        if (!c)
+            c = bufs[i]->c;
+        else if (bufs[i]->c != c)
+            return gpubuf__fail(-EINVAL, "gpubuf_release_many: item %zu is a view of another "
+                                         "connection than item 0's",
+                                i);
+    }
+    if (!c)
+        return 0;
+    if ((r = call_init(&bc, c, n, ret_status)) < 0)
+        return r;
+    last = malloc((n + 1) * sizeof(*last));
+    ids = malloc((n + 1) * sizeof(*ids));
+    item = malloc((n + 1) * sizeof(*item));
+    keep = malloc((n + 1) * sizeof(*keep));
+    ro = malloc((n + 1) * sizeof(*ro));
+    if (!last || !ids || !item || !keep || !ro) {
+        /* Still release every view, one by one. */
+        for (size_t i = 0; i < n; i++)
+            if (bufs[i])
+                gpubuf_release(bufs[i]);
+        r = -ENOMEM;
+        goto out;
+    }
+    for (size_t i = 0; i < n; i++) {
+        gpubuf_buffer *b = bufs[i];
+        if (!b)
+            continue;
+        if (!batchable(b)) {
+            int e = gpubuf_release(b);
+            if (e < 0)
+                call_fail(&bc, i, e, gpubuf_last_error_message());
+        } else if (atomic_fetch_sub(&b->refs, 1) == 1) {
+            item[n_last] = i;
+            last[n_last++] = b;
+        }
+    }
+    pthread_mutex_lock(&c->lock);
+    /* Unmap (or keep) first, as gpubuf_release does, then release. */
+    for (size_t k = 0; k < n_last; k++) {
+        ids[k] = last[k]->id;
+        ro[k] = last[k]->read_only;
+        keep[k] = gpubuf__mapping_put_ex(c, last[k]->map, false);
+        gpubuf__held(c, ids[k], ro[k], false); /* a resume no longer claims it */
+    }
+    for (size_t from = 0, k; !c->broken && r == 0 && from < n_last; from += k) {
+        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+        Gpubuf__BatchReleaseRequest q = GPUBUF__BATCH_RELEASE_REQUEST__INIT;
+        Gpubuf__Response *resp;
+        int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
+        k = chunk_len(c, NULL, n_last - from, NULL, 0);
+        q.n_buffer_ids = q.n_keep_mapped = q.n_read_only = k;
+        q.buffer_ids = ids + from;
+        q.keep_mapped = keep + from;
+        q.read_only = ro + from;
+        req.body_case = GPUBUF__REQUEST__BODY_BATCH_RELEASE;
+        req.batch_release = &q;
+        r = batch_rpc(c, &req, &resp, fds, &n_fds, k);
+        if (r < 0)
+            break;
+        for (int f = 0; f < n_fds; f++)
+            close(fds[f]);
+        for (size_t j = 0; j < k; j++)
+            if (resp->batch->status[j] < 0)
+                call_fail(&bc, item[from + j], resp->batch->status[j],
+                          item_message(resp->batch, j));
+        gpubuf__response__free_unpacked(resp, NULL);
+    }
+    /* Lost with the connection, reconnected: the resume released every
+     * reference no view claims, these too (as gpubuf_release()). */
+    if (r == -ECONNRESET)
+        r = 0;
+    pthread_mutex_unlock(&c->lock);
+    for (size_t k = 0; k < n_last; k++) {
+        free(last[k]);
+        gpubuf__client_unref(c);
+    }
+out:
+    free(last);
+    free(ids);
+    free(item);
+    free(keep);
+    free(ro);
+    return call_end(&bc, ret_status, r);
+}
+
+/* ---- public entry points ------------------------------------------------- */
+
+/* A batch call's result: a count of failed items keeps its message. */
+
+GPUBUF_EXTERN int gpubuf_open_many(gpubuf_client *c, size_t n, const char *const *names,
+                                   const uint64_t *ids, unsigned flags, gpubuf_buffer **ret,
+                                   int *ret_status) {
+    gpubuf__clear_error();
+    int r = open_many_call(c, n, names, ids, flags, ret, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
+}
+
+GPUBUF_EXTERN int gpubuf_alloc_many(gpubuf_client *c, const char *pool, size_t n,
+                                    const uint64_t *sizes, const char *const *names,
+                                    unsigned flags, gpubuf_buffer **ret, int *ret_status) {
+    gpubuf__clear_error();
+    int r = alloc_many_call(c, pool, n, sizes, names, flags, ret, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
+}
+
+GPUBUF_EXTERN int gpubuf_seal_many(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
+    gpubuf__clear_error();
+    int r = seal_many_call(bufs, n, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
+}
+
+GPUBUF_EXTERN int gpubuf_release_many(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
+    gpubuf__clear_error();
+    int r = release_many_call(bufs, n, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
+}
+
+GPUBUF_EXTERN int gpubuf_delete_many(gpubuf_client *c, size_t n, const char *const *names,
+                                     const uint64_t *ids, int *ret_status) {
+    gpubuf__clear_error();
+    int r = delete_many_call(c, n, names, ids, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
+}
