@@ -1386,6 +1386,7 @@ START_TEST(test_restore_and_resume) {
     ck_assert_uint_eq(e.reg.n_buffers, 2);
     ck_assert_uint_eq(b->refs, 3);
     ck_assert_uint_eq(h->n_ro_refs, 1);
+    ck_assert(gd_registry_slab_mapped(h, b, false)); /* restored through ref_add */
     /* New ids continue after the restored ones. */
     ck_assert_uint_ge(e.reg.next_buffer_id, 42);
     ck_assert_uint_ge(e.reg.next_holder_id, 7);
@@ -1403,6 +1404,13 @@ START_TEST(test_restore_and_resume) {
     /* 42 was anonymous: its last reference went with the resume. */
     ck_assert_ptr_null(gd_registry_find_id(&e.reg, 42));
     ck_assert_uint_eq(h->n_refs, 2);
+    /* The per-slab counts that SLAB_ONCE reads follow the restored
+     * references and the resume: two read-write references left in b's
+     * slab, none read-only; one released, the other is the only one. */
+    ck_assert(gd_registry_slab_mapped(h, b, false));
+    ck_assert(!gd_registry_slab_mapped(h, b, true));
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, 40, &tr_err), 0);
+    ck_assert(!gd_registry_slab_mapped(h, b, false));
     gd_registry_holder_drop(&e.reg, h);
     ck_assert_uint_eq(b->refs, 0);
     ck_assert_ptr_nonnull(gd_registry_find_name(&e.reg, "kept")); /* named, sealed: stays */
