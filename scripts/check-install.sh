@@ -131,7 +131,12 @@ step "installed programs against the installed daemon"
 sock=$work/run/gpubufd.sock
 "$prefix/sbin/gpubufd" --socket "$sock" --pool host=host,capacity=64M --log-level warning &
 daemon=$!
-for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+# The socket file appears at bind(), a moment before listen(): wait for a
+# connection that works, not for the file (a loaded machine widens the gap).
+for _ in $(seq 200); do
+    "$prefix/bin/gpubufctl" --socket "$sock" pools >/dev/null 2>&1 && break
+    sleep 0.05
+done
 [ -S "$sock" ] || fail "installed gpubufd did not listen on $sock"
 "$prefix/bin/gpubufctl" --socket "$sock" pools >/dev/null || fail "installed gpubufctl exited $?"
 GPUBUF_SOCKET=$sock "$prefix/bin/gpubuf-producer" --name check --size 1M >/dev/null ||
