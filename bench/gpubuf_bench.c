@@ -3,7 +3,7 @@
  *
  *   gpubuf_bench --socket PATH [--pool NAME] [--cold-pool NAME] [--procs N]
  *                [--only latency,cold,throughput,bandwidth,peer,crash,scale,
- *                        vmm-cold,vmm-warm,seal-stream,handover,copies] [--quick]
+ *                        vmm-cold,vmm-warm,seal-stream,handover,copies,meta] [--quick]
  *                [--vmm-pool NAME] [--vmm-cold-pools NAME,NAME]
  *                [--daemon-pid PID] [--ctl PATH-TO-GPUBUFCTL]
  *
@@ -1276,9 +1276,77 @@ static long daemon_rss_kib(void) {
     return tu_rss_kib(g_daemon_pid);
 }
 
+/* ---- meta: array metadata and leases at 100k buffers ---------------------- */
+
+enum { META_N = 100000 };
+
+/* META_N named 1 KiB buffers prefix/i, each (with_meta) a float32 [16,16]
+ * layout and a 1-hour lease, no user bytes; sealed and released. */
+static void meta_fill(const char *prefix, int with_meta) {
+    gpubuf_client *c = conn();
+    gpubuf_buffer *b;
+    gpubuf_layout l;
+    memset(&l, 0, sizeof(l));
+    l.dtype = (gpubuf_dtype){.code = 2, .bits = 32, .lanes = 1};
+    l.ndim = 2;
+    l.shape[0] = l.shape[1] = 16;
+    gpubuf_meta m = {.layout = &l, .ttl_ms = 3600 * 1000};
+    char name[64];
+    for (int i = 0; i < META_N; i++) {
+        snprintf(name, sizeof(name), "%s/%d", prefix, i);
+        CHECK(gpubuf_alloc_ex(c, g_pool, 1024, name, with_meta ? &m : NULL, &b));
+        CHECK(gpubuf_seal(b));
+        CHECK(gpubuf_release(b));
+    }
+    CHECK(gpubuf_flush(c));
+    gpubuf_disconnect(c);
+}
+
+static void meta_fill_with(void) {
+    meta_fill("meta/lay", 1);
+}
+
+static void meta_fill_plain(void) {
+    meta_fill("meta/plain", 0);
+}
+
+static void meta_delete(void) {
+    gpubuf_client *c = conn();
+    char name[64];
+    for (int i = 0; i < META_N; i++) {
+        snprintf(name, sizeof(name), "meta/lay/%d", i);
+        CHECK(gpubuf_delete(c, name));
+    }
+    gpubuf_disconnect(c);
+}
+
+static const char *g_meta_label;
+
+/* gpubuf_status_get() (request, columns, unpack) 11 times; the median, and
+ * that the snapshot has the metadata it should. */
+static void meta_status(void) {
+    gpubuf_client *c = conn();
+    double t[11];
+    size_t with = 0;
+    for (int i = 0; i < 11; i++) {
+        gpubuf_status *s;
+        double a = now_us();
+        CHECK(gpubuf_status_get(c, &s));
+        t[i] = now_us() - a;
+        with = 0;
+        for (size_t k = 0; k < s->n_buffers; k++)
+            with += s->buffer_meta[k].has_layout && s->buffer_meta[k].lease_left_ms > 0;
+        gpubuf_status_free(s);
+    }
+    qsort(t, 11, sizeof(double), cmpd);
+    printf("meta_status_%s_ms_median %.2f\n", g_meta_label, t[5] / 1000.0);
+    printf("meta_status_%s_buffers_with_layout_and_lease %zu\n", g_meta_label, with);
+    gpubuf_disconnect(c);
+}
+
 /* Wall time of `gpubufctl --json status` (fork, exec, connect, status,
- * JSON out), output discarded. */
-static void status_json_time(void) {
+ * JSON out, output discarded): the median of 11 runs, printed under key. */
+static void ctl_json_time(const char *key) {
     double t[11];
     if (!g_ctl)
         return;
@@ -1301,7 +1369,30 @@ static void status_json_time(void) {
         }
     }
     qsort(t, 11, sizeof(double), cmpd);
-    printf("scale_status_json_ms_median %.2f\n", t[5] / 1000.0);
+    printf("%s %.2f\n", key, t[5] / 1000.0);
+}
+
+/* 100k buffers with a layout and a lease: the daemon's RSS growth per buffer
+ * and the time of a status; then the same for 100k buffers without
+ * metadata (after the first are deleted), the anchor of the status time. */
+static int meta_phase(void) {
+    long rss0 = daemon_rss_kib();
+    if (run_child(meta_fill_with))
+        return 1;
+    long rss1 = daemon_rss_kib();
+    printf("meta_daemon_rss_per_buffer_layout_lease_bytes %.1f\n",
+           (double)(rss1 - rss0) * 1024.0 / META_N);
+    g_meta_label = "100k_layout_lease";
+    if (run_child(meta_status))
+        return 1;
+    ctl_json_time("meta_status_json_100k_layout_lease_ms_median");
+    if (run_child(meta_delete) || run_child(meta_fill_plain))
+        return 1;
+    g_meta_label = "100k_plain";
+    if (run_child(meta_status))
+        return 1;
+    ctl_json_time("meta_status_json_100k_plain_ms_median");
+    return 0;
 }
 
 /* ---- batches (--only batch) --------------------------------------------- */
@@ -1476,7 +1567,7 @@ int main(int argc, char **argv) {
             return 1;
         printf("scale_clients_connected %d\n", held);
         int r = run_child(op_latency_100k);
-        status_json_time();
+        ctl_json_time("scale_status_json_ms_median");
         printf("scale_daemon_rss_total_kib %ld\n", daemon_rss_kib());
         kill(holder, SIGKILL);
         waitpid(holder, NULL, 0);
@@ -1487,5 +1578,7 @@ int main(int argc, char **argv) {
         return 1;
     if (want("batchmix"))
         batch_mixed();
+    if (want("meta") && meta_phase())
+        return 1;
     return vmm_failed ? 1 : 0;
 }

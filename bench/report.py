@@ -107,6 +107,21 @@ if st is not None:
 rss = g.get("scale_daemon_rss_per_live_buffer_bytes")
 if rss is not None:
     row("daemon RSS per live buffer", rss, "B", "RSS growth over 100k buffers / 100k", "≤ 1 KiB", rss <= 1024)
+mst, mpl = g.get("meta_status_100k_layout_lease_ms_median"), g.get("meta_status_100k_plain_ms_median")
+if mst is not None:
+    row("status (library) at 100k buffers with layout + lease", mst, "ms",
+        f"{mst / mpl:.2f} × the same without metadata ({mpl:.1f} ms)" if mpl else "request to snapshot",
+        "≤ 100 ms", mst <= 100)
+mjs, mjp = (g.get("meta_status_json_100k_layout_lease_ms_median"),
+            g.get("meta_status_json_100k_plain_ms_median"))
+if mjs is not None:
+    row("gpubufctl status --json at 100k buffers with layout + lease", mjs, "ms",
+        f"{mjs / mjp:.2f} × without metadata ({mjp:.1f} ms); wall time incl. exec" if mjp
+        else "wall time incl. exec", "≤ 100 ms", mjs <= 100)
+mrss = g.get("meta_daemon_rss_per_buffer_layout_lease_bytes")
+if mrss is not None:
+    row("daemon RSS per buffer with a 2-D layout and a lease (no user bytes)", mrss, "B",
+        "RSS growth over 100k buffers / 100k", "≤ 1 KiB", mrss <= 1024)
 cr = g.get("crash_cleanup_after_close_median_us")
 if cr is not None:
     row("crash cleanup: SIGKILL -> references released", cr / 1000, "ms",

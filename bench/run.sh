@@ -3,7 +3,7 @@
 # anchor programs and gpubuf's benchmarks in the same run, and prints one
 # table of ratios against the anchors (bench/report.py).
 #
-#   bench/run.sh [--host] [--only base|vmm|batch|restart[,...]] [--out DIR] [--trace]
+#   bench/run.sh [--host] [--only base|vmm|batch|meta|restart[,...]] [--out DIR] [--trace]
 #
 # --trace: the daemon and the benchmark record a timestamp at each step of
 # every request (GPUBUF_TRACE_TIMING=1, files in DIR/trace), and the report
@@ -24,13 +24,15 @@
 #   restart  recovery time of gpubufd --takeover (start to serving) for 100k
 #         buffers of a host pool (and of a cuda-vmm pool with a GPU), against a
 #         fresh start; printed on its own (bench/restart_bench.c)
+#   meta  array metadata and leases: status and daemon memory at 100k buffers
+#         with a layout and a lease (works with --host)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=gpu
 out=${TMPDIR:-/tmp}/gpubuf-bench
 groups=""
 trace=0
-usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch|restart[,...]] [--out DIR] [--trace]" >&2; exit 2; }
+usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch|meta|restart[,...]] [--out DIR] [--trace]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --host) mode=host ;;
@@ -49,18 +51,21 @@ base=0
 vmm=0
 restart=0
 batch=0
+meta=0
 for g in ${groups//,/ }; do
     case $g in
     base) base=1 ;;
     vmm) vmm=1 ;;
     restart) restart=1 ;;
     batch) batch=1 ;;
+    meta) meta=1 ;;
     *) usage ;;
     esac
 done
 if [ -z "$groups" ]; then
     base=1
     batch=1
+    meta=1
     [ $mode = gpu ] && vmm=1
 fi
 if [ $vmm = 1 ] && [ $mode = host ]; then
@@ -80,7 +85,7 @@ cmake --build "$build" -j"$jobs" >"$out/build.log"
 {
     echo "date $(date -u +%Y-%m-%dT%H:%MZ)"
     echo "mode $mode"
-    echo "groups $(g=(); [ $base = 1 ] && g+=(base); [ $vmm = 1 ] && g+=(vmm); [ $batch = 1 ] && g+=(batch); IFS=,; echo "${g[*]}")"
+    echo "groups $(g=(); [ $base = 1 ] && g+=(base); [ $vmm = 1 ] && g+=(vmm); [ $batch = 1 ] && g+=(batch); [ $meta = 1 ] && g+=(meta); IFS=,; echo "${g[*]}")"
     echo "cpu $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs)"
     echo "cores $(nproc)"
     [ $mode = gpu ] && echo "gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -1)"
@@ -100,7 +105,7 @@ if [ $restart = 1 ]; then
             --buffers 100000 | tee -a "$out/restart.txt"
     fi
     phase "restart benchmark done"
-    [ $base = 0 ] && [ $vmm = 0 ] && [ $batch = 0 ] && exit 0
+    [ $base = 0 ] && [ $vmm = 0 ] && [ $batch = 0 ] && [ $meta = 0 ] && exit 0
 fi
 # Anchors, measured in this run. The single-client echo floor is the socket
 # round trip of both groups.
@@ -168,6 +173,7 @@ fi
 # latency gives the single-request figures the batch rows compare with.
 [ $batch = 1 ] && [ $base = 0 ] && only=${only:+$only,}latency
 [ $batch = 1 ] && only=${only:+$only,}batch,batchmix
+[ $meta = 1 ] && only=${only:+$only,}meta
 # A failed phase still leaves the figures of the others for the report.
 bench_rc=0
 "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \

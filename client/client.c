@@ -207,16 +207,31 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
         gpubuf__set_error("gpubufd described a buffer outside its slab");
         return GPUBUF_EPROTOCOL;
     }
-    r = gpubuf__mapping_get(c, m->slab, fd, &map);
-    if (r < 0)
+    /* The layout and user bytes first: a malformed one maps nothing. */
+    gpubuf_buffer meta = {0};
+    if ((m->layout || m->user_data.len) && (r = gpubuf__view_meta(&meta, m)) < 0) {
+        if (fd >= 0)
+            close(fd);
+        gpubuf__view_meta_free(&meta);
         return r;
-    r = gpubuf__view_new(c, map, m->buffer_id, m->offset, m->size, m->name, m->read_only,
-                         m->event_handle.len == sizeof(b->event_handle) ? m->event_handle.data
-                                                                        : NULL,
-                         ret);
-    if (r < 0)
-        gpubuf__mapping_put(c, map);
-    return r;
+    }
+    r = gpubuf__mapping_get(c, m->slab, fd, &map);
+    if (r == 0) {
+        r = gpubuf__view_new(c, map, m->buffer_id, m->offset, m->size, m->name, m->read_only,
+                             m->event_handle.len == sizeof(b->event_handle) ? m->event_handle.data
+                                                                            : NULL,
+                             ret);
+        if (r < 0)
+            gpubuf__mapping_put(c, map);
+    }
+    if (r < 0) {
+        gpubuf__view_meta_free(&meta);
+        return r;
+    }
+    (*ret)->layout = meta.layout;
+    (*ret)->user = meta.user;
+    (*ret)->user_len = meta.user_len;
+    return 0;
 }
 
 int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_t offset,
@@ -278,16 +293,6 @@ static int name_check(const char *name) {
         gpubuf__set_error("%s", msg);
     return r;
 }
-
-/* What open, stat and delete name: the plain name and the pool it is looked
- * up in, the expected owner. */
-typedef struct lookup {
-    const char *name; /* NULL: by id */
-    uint64_t id;
-    char pool[GPUBUF_NAME_MAX + 1]; /* "" : the default pool (any pool by id) */
-    bool has_owner;
-    Gpubuf__ExpectedOwner owner;
-} lookup;
 
 /* Split a name ("NAME" or "/POOL/NAME") and merge o's pool and owner into l;
  * allowed: the flags the call takes. 0, or -EINVAL / -ENAMETOOLONG with the
@@ -527,33 +532,7 @@ static void copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
 
 static int stat_with_call(gpubuf_client *c, const char *name, uint64_t id,
                           const gpubuf_lookup *opts, gpubuf_buffer_info *ret) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__StatRequest s = GPUBUF__STAT_REQUEST__INIT;
-    Gpubuf__Response *resp;
-    lookup l;
-    int fd, r;
-    if (!c || !ret)
-        return gpubuf__fail(-EINVAL, "a stat needs a connection and a place for the answer");
-    if ((r = lookup_make("stat", name, id, opts, GPUBUF_OPEN_OWNER, &l)) < 0)
-        return r;
-    s.target_case = lookup_fill(&l, &s.name, &s.buffer_id, &s.pool, &s.owner)
-                        ? GPUBUF__STAT_REQUEST__TARGET_NAME
-                        : GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
-    req.body_case = GPUBUF__REQUEST__BODY_STAT;
-    req.stat = &s;
-    pthread_mutex_lock(&c->lock);
-    r = gpubuf__rpc_locked(c, &req, &resp, &fd);
-    pthread_mutex_unlock(&c->lock);
-    if (r < 0)
-        return r;
-    if (fd >= 0)
-        close(fd);
-    if (resp->body_case == GPUBUF__RESPONSE__BODY_BUFFER)
-        copy_info(ret, resp->buffer);
-    else
-        r = GPUBUF_EPROTOCOL;
-    gpubuf__response__free_unpacked(resp, NULL);
-    return r;
+    return gpubuf__stat_meta(c, name, id, opts, ret, NULL); /* meta.c */
 }
 
 GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
@@ -564,6 +543,7 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
         free((void *)s->pool_publishers);
         free((void *)s->buffer_restored);
         free((void *)s->client_detached);
+        free(s->buffer_meta);
         free((void *)s->counters.requests);
         free((void *)s->counters.errors);
         free((void *)s->counters.pools);
@@ -714,7 +694,8 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
     Gpubuf__StatusReply *st = resp->status_reply;
     const Gpubuf__BufferColumns *col = st->buffer_columns;
     size_t n_buffers = col ? col->n_id : st->n_buffers;
-    if ((col && !columns_ok(col, st->n_pools)) || !names_ok(st)) {
+    if ((col && (!columns_ok(col, st->n_pools) || !gpubuf__meta_columns_ok(col, col->n_id))) ||
+        !names_ok(st)) {
         gpubuf__set_error("gpubufd sent inconsistent status columns or overlong names");
         gpubuf__response__free_unpacked(resp, NULL);
         return GPUBUF_EPROTOCOL;
@@ -821,6 +802,11 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
         gpubuf__response__free_unpacked(resp, NULL);
         return -ENOMEM;
     }
+    if (gpubuf__status_meta(s, st, col) < 0) {
+        gpubuf_status_free(s); /* resp is not attached yet */
+        gpubuf__response__free_unpacked(resp, NULL);
+        return -ENOMEM;
+    }
     s->uptime_ms = st->uptime_ms;
     snprintf(s->version, sizeof(s->version), "%s", st->version ? st->version : "");
     s->reserved_ = resp;
@@ -876,6 +862,7 @@ static int release_call(gpubuf_buffer *b) {
             pthread_mutex_unlock(&c->lock);
             gpubuf__client_unref(c);
         }
+        gpubuf__view_meta_free(b);
         free(b);
         b = parent; /* a slice held one reference to its parent */
     }
@@ -1040,4 +1027,25 @@ GPUBUF_EXTERN int gpubuf_buffer_slice(gpubuf_buffer *b, uint64_t offset, uint64_
                                       gpubuf_buffer **ret) {
     gpubuf__clear_error();
     return gpubuf__result(buffer_slice_call(b, offset, length, ret));
+}
+
+/* ---- steps shared with meta.c ------------------------------------------- */
+
+int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret) {
+    return buffer_request(c, req, ret);
+}
+
+
+void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
+    copy_info(o, m);
+}
+
+int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const gpubuf_lookup *o,
+                        unsigned allowed, lookup *l) {
+    return lookup_make(what, name, id, o, allowed, l);
+}
+
+bool gpubuf__lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
+                         Gpubuf__ExpectedOwner **owner) {
+    return lookup_fill(l, name, id, pool, owner);
 }

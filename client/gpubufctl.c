@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "gpubuf/gpubuf.h"
+#include "layout.h"
 #include "util.h"
 
 enum { EXIT_USAGE = 2, EXIT_NO_DAEMON = 3, EXIT_REQUEST = 4 };
@@ -97,8 +98,62 @@ static char *put_u64(char *out, uint64_t v) {
 /* Buffers can number 100k: each is formatted by hand into one line buffer
  * (printf took a third of gpubufctl's time at 100k buffers). Names are at
  * most 255 bytes and escaping at most sextuples them. */
-static void put_buffer_json(const gpubuf_status_buffer *b, bool restored) {
-    char line[4096], *o = line;
+/* "12.3s", "4m05s", "2h03m", "3d04h": what is left of a lease. */
+static const char *format_left(uint64_t ms, char *out, size_t len) {
+    uint64_t s = ms / 1000;
+    if (ms < 60000)
+        snprintf(out, len, "%.1fs", (double)ms / 1000.0);
+    else if (s < 3600)
+        snprintf(out, len, "%llum%02llus", (unsigned long long)(s / 60),
+                 (unsigned long long)(s % 60));
+    else if (s < 86400)
+        snprintf(out, len, "%lluh%02llum", (unsigned long long)(s / 3600),
+                 (unsigned long long)(s / 60 % 60));
+    else
+        snprintf(out, len, "%llud%02lluh", (unsigned long long)(s / 86400),
+                 (unsigned long long)(s / 3600 % 24));
+    return out;
+}
+
+/* The metadata keys of a buffer in JSON, present only when it has them:
+ * "dtype" (its name), "dtype_code", "dtype_bits", "dtype_lanes", "shape",
+ * "user_bytes", "lease_left_ms". */
+static char *put_meta_json(char *o, const gpubuf_status_meta *m) {
+    if (!m)
+        return o;
+    if (m->has_layout) {
+        /* One name per dtype: the buffers of a snapshot mostly share a few. */
+        static char name[32];
+        static gpubuf_dtype last = {0, 0, 0};
+        if (!name[0] || memcmp(&last, &m->dtype, sizeof(last))) {
+            gpubuf_dtype_name(m->dtype, name, sizeof(name));
+            last = m->dtype;
+        }
+        o = put_text(put_text(put_text(o, ",\"dtype\":\""), name), "\"");
+        o = put_u64(put_text(o, ",\"dtype_code\":"), m->dtype.code);
+        o = put_u64(put_text(o, ",\"dtype_bits\":"), m->dtype.bits);
+        o = put_u64(put_text(o, ",\"dtype_lanes\":"), m->dtype.lanes);
+        o = put_text(o, ",\"shape\":[");
+        for (uint32_t k = 0; k < m->ndim; k++) {
+            if (k)
+                *o++ = ',';
+            if (m->shape[k] < 0) /* the daemon never sends one; print it as it is */
+                *o++ = '-';
+            o = put_u64(o, m->shape[k] < 0 ? (uint64_t)0 - (uint64_t)m->shape[k]
+                                           : (uint64_t)m->shape[k]);
+        }
+        *o++ = ']';
+    }
+    if (m->user_size)
+        o = put_u64(put_text(o, ",\"user_bytes\":"), m->user_size);
+    if (m->lease_left_ms)
+        o = put_u64(put_text(o, ",\"lease_left_ms\":"), m->lease_left_ms);
+    return o;
+}
+
+static void put_buffer_json(const gpubuf_status_buffer *b, const gpubuf_status_meta *m,
+                            bool restored) {
+    char line[4096 + 32 * 21 + 256], *o = line;
     o = put_u64(put_text(o, "{\"id\":"), b->id);
     o = put_json_string(put_text(o, ",\"name\":"), b->name);
     o = put_json_string(put_text(o, ",\"pool\":"), b->pool);
@@ -110,11 +165,13 @@ static void put_buffer_json(const gpubuf_status_buffer *b, bool restored) {
     o = put_u64(put_text(o, ",\"offset\":"), b->offset);
     if (restored)
         o = put_text(o, ",\"restored\":true");
+    o = put_meta_json(o, m);
     *o++ = '}';
     fwrite(line, 1, (size_t)(o - line), stdout);
 }
 
-static json_object *buffer_json(const gpubuf_status_buffer *b, bool restored) {
+static json_object *buffer_json(const gpubuf_status_buffer *b, const gpubuf_status_meta *m,
+                                bool restored) {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "id", json_object_new_uint64(b->id));
     json_object_object_add(o, "name", json_object_new_string(shown(b->name)));
@@ -127,6 +184,22 @@ static json_object *buffer_json(const gpubuf_status_buffer *b, bool restored) {
     json_object_object_add(o, "offset", json_object_new_uint64(b->offset));
     if (restored)
         json_object_object_add(o, "restored", json_object_new_boolean(1));
+    if (m && m->has_layout) { /* the keys of put_meta_json() */
+        char name[32];
+        json_object *shape = json_object_new_array();
+        gpubuf_dtype_name(m->dtype, name, sizeof(name));
+        json_object_object_add(o, "dtype", json_object_new_string(name));
+        json_object_object_add(o, "dtype_code", json_object_new_int(m->dtype.code));
+        json_object_object_add(o, "dtype_bits", json_object_new_int(m->dtype.bits));
+        json_object_object_add(o, "dtype_lanes", json_object_new_int(m->dtype.lanes));
+        for (uint32_t k = 0; k < m->ndim; k++)
+            json_object_array_add(shape, json_object_new_int64(m->shape[k]));
+        json_object_object_add(o, "shape", shape);
+    }
+    if (m && m->user_size)
+        json_object_object_add(o, "user_bytes", json_object_new_int64(m->user_size));
+    if (m && m->lease_left_ms)
+        json_object_object_add(o, "lease_left_ms", json_object_new_uint64(m->lease_left_ms));
     return o;
 }
 
@@ -193,7 +266,7 @@ static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
     if (all || !strcmp(cmd, "buffers")) {
         if (pretty) {
             EMIT_ARRAY("buffers", s->n_buffers,
-                       buffer_json(&s->buffers[i_],
+                       buffer_json(&s->buffers[i_], s->buffer_meta ? &s->buffer_meta[i_] : NULL,
                                    s->buffer_restored && s->buffer_restored[i_]));
         } else {
             printf("%s\"buffers\":[", first ? "" : ",");
@@ -201,7 +274,8 @@ static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
             for (size_t i = 0; i < s->n_buffers; i++) {
                 if (i)
                     putchar(',');
-                put_buffer_json(&s->buffers[i], s->buffer_restored && s->buffer_restored[i]);
+                put_buffer_json(&s->buffers[i], s->buffer_meta ? &s->buffer_meta[i] : NULL,
+                                s->buffer_restored && s->buffer_restored[i]);
             }
             putchar(']');
         }
@@ -254,16 +328,25 @@ static const char *restarted(const gpubuf_status *s) {
 }
 
 static void print_buffers(const gpubuf_status *s) {
-    char a[32];
-    printf("%-8s %-24s %-10s %11s %-10s %5s %6s %6s\n", "ID", "NAME", "POOL", "SIZE", "STATE",
-           "REFS", "SLAB", "OWNER");
+    char a[32], lay[48], left[32];
+    printf("%-8s %-24s %-10s %11s %-10s %5s %6s %6s %-20s %s\n", "ID", "NAME", "POOL", "SIZE",
+           "STATE", "REFS", "SLAB", "OWNER", "LAYOUT", "LEASE");
     for (size_t i = 0; i < s->n_buffers; i++) {
         const gpubuf_status_buffer *b = &s->buffers[i];
-        printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu %6u%s\n", (unsigned long long)b->id,
-               b->name[0] ? shown(b->name) : "(anonymous)", shown(b->pool),
-               gpubuf_format_size(b->size, a, sizeof(a)), gpubuf_state_name(b->state), b->refs,
-               (unsigned long long)b->slab_id, b->owner_uid,
-               s->buffer_restored && s->buffer_restored[i] ? "  restored" : "");
+        const gpubuf_status_meta *m = s->buffer_meta ? &s->buffer_meta[i] : NULL;
+        if (m && m->has_layout)
+            gpubuf_layout_format(m->dtype, m->ndim, m->shape, lay, sizeof(lay));
+        else
+            snprintf(lay, sizeof(lay), "-");
+        if (m && m->lease_left_ms)
+            format_left(m->lease_left_ms, left, sizeof(left));
+        else
+            snprintf(left, sizeof(left), "-");
+        printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu %6u %-20s %s%s\n",
+               (unsigned long long)b->id, b->name[0] ? shown(b->name) : "(anonymous)",
+               shown(b->pool), gpubuf_format_size(b->size, a, sizeof(a)),
+               gpubuf_state_name(b->state), b->refs, (unsigned long long)b->slab_id, b->owner_uid,
+               lay, left, s->buffer_restored && s->buffer_restored[i] ? "  restored" : "");
     }
 }
 
@@ -443,6 +526,26 @@ static void print_batches(const gpubuf_counters *k) {
     putchar('\n');
 }
 
+/* Leases: how many, the soonest expiry, and the counters. */
+static void print_leases(const gpubuf_status *s) {
+    uint64_t soonest = 0;
+    if (!s->max_lease_ms) /* an older daemon: no leases */
+        return;
+    for (size_t i = 0; s->buffer_meta && i < s->n_buffers; i++) {
+        uint64_t left = s->buffer_meta[i].lease_left_ms;
+        if (left && (!soonest || left < soonest))
+            soonest = left;
+    }
+    family("gpubuf_leases", "gauge", "Buffers with a lease.");
+    printf("gpubuf_leases %u\n", s->leases_active);
+    family("gpubuf_lease_soonest_expiry_seconds", "gauge",
+           "Seconds until the next lease expires (0: no lease).");
+    printf("gpubuf_lease_soonest_expiry_seconds %.3f\n", (double)soonest / 1000.0);
+    print_one("gpubuf_leases_expired_total", "Leases that expired (their buffers were deleted).",
+              s->leases_expired);
+    print_one("gpubuf_leases_renewed_total", "Lease renewals.", s->leases_renewed);
+}
+
 static void print_metrics(const gpubuf_status *s) {
     static const struct {
         const char *name, *help;
@@ -495,6 +598,7 @@ static void print_metrics(const gpubuf_status *s) {
     printf("gpubuf_restored_buffers %u\n", s->restored_buffers);
     if (s->counters.present)
         print_counters(&s->counters);
+    print_leases(s);
 }
 
 typedef struct filters {
@@ -518,6 +622,8 @@ static void apply_filters(gpubuf_status *s, const filters *f) {
             continue;
         if (s->buffer_restored) /* the library's array: kept in step */
             ((uint8_t *)s->buffer_restored)[n] = s->buffer_restored[i];
+        if (s->buffer_meta)
+            s->buffer_meta[n] = s->buffer_meta[i];
         s->buffers[n++] = *b;
     }
     s->n_buffers = n;

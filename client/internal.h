@@ -130,6 +130,9 @@ struct gpubuf_buffer {
     CUevent own_event;     /* the event this connection sealed it with (in c->events) */
 #endif
     char name[GPUBUF_NAME_MAX + 1];
+    gpubuf_layout *layout; /* root views: the buffer's layout, NULL if none (meta.c) */
+    uint8_t *user;         /* root views: its user bytes, NULL if none */
+    size_t user_len;
 };
 
 /* Send req and wait for its response (lock held by the caller).
@@ -210,6 +213,40 @@ int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream strea
 int gpubuf__hello_locked(gpubuf_client *c, bool resume);
 /* A root view took (add) or gave back (!add) one reference to id (lock held). */
 void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add);
+/* Metadata (meta.c). The layout and user bytes of the Buffer reply m on the
+ * new root view b: -ENOMEM, or GPUBUF_EPROTOCOL for a malformed layout. */
+int gpubuf__view_meta(gpubuf_buffer *b, const Gpubuf__Buffer *m);
+/* Free what gpubuf__view_meta() attached. */
+void gpubuf__view_meta_free(gpubuf_buffer *b);
+/* The metadata columns of a status reply are consistent with its n buffers. */
+bool gpubuf__meta_columns_ok(const Gpubuf__BufferColumns *c, size_t n);
+/* Fill s->buffer_meta and the lease counters from st (columns col, or the
+ * buffers of st when col is NULL). -ENOMEM. */
+int gpubuf__status_meta(gpubuf_status *s, const Gpubuf__StatusReply *st,
+                        const Gpubuf__BufferColumns *col);
+/* client.c's steps for meta.c: a request answered with a Buffer that becomes
+ * a root view, the name lookup. */
+int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret);
+/* What open, stat, delete and renew name: the plain name and the pool it is
+ * looked up in, the expected owner (client.c). */
+typedef struct lookup {
+    const char *name; /* NULL: by id */
+    uint64_t id;
+    char pool[GPUBUF_NAME_MAX + 1]; /* "" : the default pool (any pool by id) */
+    bool has_owner;
+    Gpubuf__ExpectedOwner owner;
+} lookup;
+/* Split a name ("NAME" or "/POOL/NAME") and merge o into l (client.c's
+ * lookup_make); fill a request's target from it (lookup_fill). */
+int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const gpubuf_lookup *o,
+                        unsigned allowed, lookup *l);
+bool gpubuf__lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
+                         Gpubuf__ExpectedOwner **owner);
+void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m);
+/* A stat request (by name or id, looked up as o says) into ret, and the
+ * buffer's metadata into ret_meta when it is not NULL (meta.c). */
+int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *o,
+                      gpubuf_buffer_info *ret, gpubuf_buffer_meta *ret_meta);
 
 void gpubuf__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Set the message and return err. */

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "log.h"
 #include "util.h"
 
 void gd_context_init(gd_context *ctx, uv_loop_t *loop) {
@@ -69,8 +70,46 @@ int gd_context_pool(const gd_context *ctx, const char *name, gd_pool **ret, gd_e
     return 0;
 }
 
+static void lease_timer_fire(uv_timer_t *t) {
+    gd_context *ctx = t->data;
+    ctx->lease_armed_ns = 0;
+    /* A bounded pass, like every pass of the loop: leases still due after
+     * GD_EXPIRIES_PER_TURN wait for the next turn (the timer re-arms at 0). */
+    uint32_t n = gd_registry_expire(&ctx->reg, gpubuf_now_ns(), GD_EXPIRIES_PER_TURN);
+    if (n)
+        LOG_INFO("%u lease(s) expired: their buffers were deleted", n);
+    gd_context_leases_arm(ctx);
+}
+
+void gd_context_leases_arm(gd_context *ctx) {
+    uint64_t next = gd_registry_next_expiry(&ctx->reg), now;
+    if (!next || !ctx->loop || (ctx->lease_armed_ns && ctx->lease_armed_ns <= next))
+        return;
+    if (!ctx->lease_timer_init) {
+        if (uv_timer_init(ctx->loop, &ctx->lease_timer) < 0)
+            return;
+        ctx->lease_timer.data = ctx;
+        ctx->lease_timer_init = true;
+    }
+    if (uv_is_closing((uv_handle_t *)&ctx->lease_timer))
+        return;
+    now = gpubuf_now_ns();
+    /* Rounded up: a timer that fires early finds nothing due and re-arms. */
+    uint64_t ms = next > now ? (next - now + 999999) / 1000000 : 0;
+    uv_update_time(ctx->loop);
+    if (uv_timer_start(&ctx->lease_timer, lease_timer_fire, ms, 0) == 0)
+        ctx->lease_armed_ns = next;
+}
+
+void gd_context_stop(gd_context *ctx) {
+    if (ctx->lease_timer_init && !uv_is_closing((uv_handle_t *)&ctx->lease_timer))
+        uv_close((uv_handle_t *)&ctx->lease_timer, NULL);
+    ctx->lease_armed_ns = 0;
+}
+
 void gd_context_destroy(gd_context *ctx) {
     assert(!ctx->sessions && ctx->n_sessions == 0);
+    gd_context_stop(ctx);
     gd_registry_destroy(&ctx->reg);
     for (int i = 0; i < ctx->n_pools; i++)
         ctx->pools[i] = gd_pool_free(ctx->pools[i]);

@@ -4,6 +4,7 @@
 #ifndef GPUBUFD_CONTEXT_H
 #define GPUBUFD_CONTEXT_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <uv.h>
 
@@ -42,6 +43,11 @@ typedef struct gd_context {
      * connection's close: have the loop drop their references, a bounded
      * part per turn. Set by gd_daemon_init(); NULL: nobody reaps. */
     void (*want_work)(struct gd_context *ctx);
+    /* The one lease timer: due at lease_armed_ns (0: not running), the
+     * registry's earliest expiry or before. */
+    uv_timer_t lease_timer;
+    bool lease_timer_init;
+    uint64_t lease_armed_ns;
 } gd_context;
 
 #define GD_EXPIRIES_PER_TURN 256u
@@ -56,6 +62,11 @@ gd_pool *gd_context_find_pool(const gd_context *ctx, const char *name);
 /* The pool named name, or the first pool for NULL or "": GPUBUF_ENOPOOL
  * with a sentence in err when there is none. */
 int gd_context_pool(const gd_context *ctx, const char *name, gd_pool **ret, gd_err *err);
+/* Run the lease timer for the registry's earliest lease, if it is not set
+ * for that time or earlier already (after an alloc, seal or renew). */
+void gd_context_leases_arm(gd_context *ctx);
+/* Close the lease timer (the daemon stops; the loop runs out). */
+void gd_context_stop(gd_context *ctx);
 /* Free the registry (every buffer goes back to its pool) and the pools.
  * No session may be left. */
 void gd_context_destroy(gd_context *ctx);

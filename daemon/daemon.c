@@ -121,6 +121,7 @@ void gd_daemon_stop(gd_daemon *d) {
     if (!d->srv.stopping)
         DL_FOREACH(d->ctx.sessions, s)
             gd_session_shutdown(s);
+    gd_context_stop(&d->ctx);
     gd_server_stop(&d->srv);
 }
 

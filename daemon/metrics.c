@@ -3,8 +3,9 @@
 
 const char *const gd_metrics_type_names[GD_REQ_TYPES] = {
     "hello",         "alloc",         "seal",        "open",        "release",
-    "unmap",         "delete",        "stat",        "status",      "other",
-    "batch_open",    "batch_release", "batch_alloc", "batch_seal",  "batch_delete"};
+    "unmap",         "delete",        "stat",        "status",      "renew",
+    "other",         "batch_open",    "batch_release", "batch_alloc", "batch_seal",
+    "batch_delete"};
 const char *const gd_metrics_end_names[GD_END_REASONS] = {
     "none", "closed", "protocol", "timeout", "backlog", "shutdown", "other"};
 const char *const gd_metrics_refusal_names[GD_REFUSALS] = {"max_clients", "max_clients_per_uid",

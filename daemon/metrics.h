@@ -23,6 +23,7 @@ typedef enum gd_req_type {
     GD_REQ_DELETE,
     GD_REQ_STAT,
     GD_REQ_STATUS,
+    GD_REQ_RENEW,
     GD_REQ_OTHER,
     GD_REQ_BATCH_OPEN, /* batches: one request, many items (batch_items counts them) */
     GD_REQ_BATCH_RELEASE,

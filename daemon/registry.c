@@ -149,6 +149,8 @@ static void uncharge(gd_registry *r, gd_buf *b) {
 
 static void buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
+    gd_lease_remove(r, b);
+    gd_meta_free(r, b);
     if (b->state != GPUBUF_STATE_SEALED) {
         fail_id_waiters(r, b);
     } else {
@@ -251,6 +253,8 @@ void gd_registry_destroy(gd_registry *r) {
         buf_free(r, b);
     }
     HASH_CLEAR(hh_name, r->by_name);
+    free(r->leases);
+    r->leases = NULL;
     gd_uid_usage *u, *utmp;
     HASH_ITER(hh, r->uids, u, utmp) {
         HASH_DEL(r->uids, u);
@@ -819,7 +823,8 @@ void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *
     }
 }
 
-int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, gd_err *err) {
+int gd_registry_find_owned(gd_registry *r, gd_holder *h, const gd_target *t, const char *what,
+                           gd_buf **ret, gd_err *err) {
     gd_buf *b;
     int rc = resolve(r, NULL, t, &b, err);
     if (rc < 0)
@@ -829,18 +834,32 @@ int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, 
     if (h->uid != 0 && h->uid != b->owner_uid)
         return gd_err_set(err, -EPERM,
                           "buffer %llu ('%s') belongs to uid %u: only its owner or root may "
-                          "delete it",
-                          (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid);
+                          "%s",
+                          (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid, what);
+    *ret = b;
+    return 0;
+}
+
+int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, gd_err *err) {
+    gd_buf *b;
+    int rc = gd_registry_find_owned(r, h, t, "delete it", &b, err);
+    if (rc < 0)
+        return rc;
+    gd_registry_unpublish(r, b);
+    return 0;
+}
+
+void gd_registry_unpublish(gd_registry *r, gd_buf *b) {
     if (b->state == GPUBUF_STATE_ALLOCATED)
         fail_id_waiters(r, b);
     b->state = GPUBUF_STATE_DELETED;
+    gd_lease_remove(r, b);
     if (b->in_name_index) {
         HASH_DELETE(hh_name, r->by_name, b);
         b->in_name_index = false;
     }
     HOOK(r, buf, b);
     buf_maybe_free(r, b);
-    return 0;
 }
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w) {

@@ -10,11 +10,25 @@
 #include <uthash.h>
 
 #include "error.h"
+#include "gpubuf/gpubuf.h"
 #include "pool.h"
 
 #define GD_EVENT_HANDLE_SIZE 64 /* sizeof(CUipcEventHandle) */
 
 typedef struct gd_buf gd_buf;
+
+/* What a buffer carries besides its bytes (lease aside): its array layout
+ * and user bytes, in one allocation made only for buffers that have any. */
+typedef struct gd_meta {
+    gpubuf_dtype dtype;
+    uint8_t ndim;
+    bool has_layout;
+    bool has_strides;
+    uint32_t user_len;
+    uint64_t byte_offset;
+    /* shape[ndim], then strides[ndim] when has_strides, then user bytes */
+    int64_t dims[];
+} gd_meta;
 typedef struct gd_holder gd_holder;
 typedef struct gd_waiter gd_waiter;
 
@@ -37,6 +51,10 @@ struct gd_buf {
     uint64_t event_holder; /* the holder that recorded it (the event dies with it) */
     uint8_t event[GD_EVENT_HANDLE_SIZE];
     gd_waiter *id_waiters; /* waits for this id (utlist DL on kprev/knext) */
+    gd_meta *meta;             /* NULL: no layout and no user bytes */
+    uint64_t lease_expires_ns; /* gpubuf_now_ns() clock; 0: no lease */
+    uint32_t lease_ttl_ms;
+    uint32_t lease_slot;       /* index + 1 in the registry's lease heap, 0: not in it */
     UT_hash_handle hh_id;
     UT_hash_handle hh_name;
 };
@@ -144,6 +162,8 @@ typedef struct gd_quota {
     /* Slabs a client may keep mapped, fixed for a session at its hello (a
      * reload must not strand slabs a client already maps); 0: none. */
     uint32_t kept_slabs_per_client;
+    /* Longest lease time to live, ms; 0: up to UINT32_MAX. */
+    uint32_t max_lease_ms;
 } gd_quota;
 
 typedef struct gd_registry {
@@ -168,6 +188,14 @@ typedef struct gd_registry {
     const gd_registry_hooks *hooks; /* NULL: none */
     void *hooks_arg;
     uint32_t n_detached; /* holders with detached set */
+    /* Leases: a binary min-heap of the buffers with one, by expiry. */
+    gd_buf **leases;
+    uint32_t n_leases, cap_leases;
+    uint64_t leases_expired, leases_renewed;
+    /* Buffers with a layout, their dimensions, buffers with user bytes: the
+     * sizes of the status's metadata columns. */
+    uint32_t n_layouts, n_user_meta;
+    uint64_t layout_dims;
 } gd_registry;
 
 void gd_registry_init(gd_registry *r);
@@ -307,6 +335,55 @@ size_t gd_registry_resume(gd_registry *r, gd_holder *h, const gd_held *held, siz
 /* Order of held entries (by buffer id, no id twice): gd_registry_resume()
  * wants them sorted so. */
 int gd_held_cmp(const void *a, const void *b);
+/* The live (allocated or sealed) buffer t names that h may manage: its
+ * owner's uid or root. -ENOENT, or -EPERM saying that only they may `what`
+ * ("delete it"). */
+int gd_registry_find_owned(gd_registry *r, gd_holder *h, const gd_target *t, const char *what,
+                           gd_buf **ret, gd_err *err);
+/* Unpublish b (delete or lease expiry): its name goes, waiters for an unsealed
+ * one fail, its lease ends; freed now if nobody holds it. */
+void gd_registry_unpublish(gd_registry *r, gd_buf *b);
+/* Free b's metadata (when it has any) and uncount it. */
+void gd_meta_free(gd_registry *r, gd_buf *b);
+/* Take b out of the lease heap (no-op without a lease). */
+void gd_lease_remove(gd_registry *r, gd_buf *b);
+
+/* Metadata given with an alloc or a seal; NULL or 0 for what is not given. */
+typedef struct gd_meta_args {
+    const gpubuf_layout *layout;
+    const uint8_t *user;
+    size_t user_len;
+    uint64_t ttl_ms;
+} gd_meta_args;
+
+/* gd_registry_alloc() with metadata (meta may be NULL): -EINVAL for a layout
+ * that does not fit size, user bytes beyond GPUBUF_USER_DATA_MAX or a ttl
+ * beyond quota.max_lease_ms, before anything is allocated. */
+int gd_registry_alloc_meta(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
+                           uint64_t align, const char *name, const gd_meta_args *meta,
+                           gd_buf **ret, gd_err *err);
+/* gd_registry_seal_event() that first sets what meta gives: a layout or
+ * user bytes replace the alloc's, a ttl starts a lease from now. Waiters
+ * woken by the seal see the new metadata. */
+int gd_registry_seal_meta(gd_registry *r, gd_holder *h, uint64_t id, const uint8_t *event,
+                          const gd_meta_args *meta, gd_buf **ret, gd_err *err);
+/* Renew the lease of the buffer t names: it expires ttl_ms from now (0: its
+ * ttl again). Owner's uid or root only (-EPERM); -EINVAL for ttl 0 without a
+ * lease or beyond max_lease_ms. */
+int gd_registry_renew(gd_registry *r, gd_holder *h, const gd_target *t, uint64_t ttl_ms,
+                      gd_buf **ret, gd_err *err);
+/* Expire the leases due at now_ns, at most max of them (the earliest): each
+ * buffer is deleted (its name goes) and freed once nobody holds it. Returns
+ * how many expired. */
+uint32_t gd_registry_expire(gd_registry *r, uint64_t now_ns, uint32_t max);
+/* When the earliest lease expires (gpubuf_now_ns() clock); 0: no lease. */
+uint64_t gd_registry_next_expiry(const gd_registry *r);
+/* Milliseconds left of b's lease at now_ns, at least 1; 0: no lease. */
+uint64_t gd_registry_lease_left_ms(const gd_buf *b, uint64_t now_ns);
+/* b's layout into ret (strides filled in): false when it has none. */
+bool gd_meta_layout(const gd_buf *b, gpubuf_layout *ret);
+/* b's user bytes (NULL when none), their count in *ret_len. */
+const uint8_t *gd_meta_user(const gd_buf *b, size_t *ret_len);
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w);
 /* Remove a waiter without calling back (timeout, reply already sent). */

@@ -10,6 +10,7 @@
 #include <utlist.h>
 
 #include "gpubuf.pb-c.h"
+#include "layout.h"
 #include "log.h"
 #include "trace.h"
 #include "util.h"
@@ -82,7 +83,33 @@ static void reply_error(gd_session *s, uint64_t id, int status, const char *msg)
 typedef struct buffer_msg {
     Gpubuf__Buffer buf;
     Gpubuf__Slab slab;
+    Gpubuf__ArrayLayout layout;
 } buffer_msg;
+
+/* b's layout, user bytes and lease into m (pointing into b). */
+static void fill_meta(buffer_msg *m, const gd_buf *b, uint64_t now_ns) {
+    const gd_meta *me = b->meta;
+    if (me && me->has_layout) {
+        gpubuf__array_layout__init(&m->layout);
+        m->layout.dtype_code = me->dtype.code;
+        m->layout.dtype_bits = me->dtype.bits;
+        m->layout.dtype_lanes = me->dtype.lanes;
+        m->layout.n_shape = me->ndim;
+        m->layout.shape = (int64_t *)me->dims;
+        if (me->has_strides) {
+            m->layout.n_strides = me->ndim;
+            m->layout.strides = (int64_t *)me->dims + me->ndim;
+        }
+        m->layout.byte_offset = me->byte_offset;
+        m->buf.layout = &m->layout;
+    }
+    size_t len;
+    const uint8_t *user = gd_meta_user(b, &len);
+    m->buf.user_data.data = (uint8_t *)user;
+    m->buf.user_data.len = len;
+    m->buf.lease_left_ms = gd_registry_lease_left_ms(b, now_ns);
+    m->buf.lease_ttl_ms = b->lease_slot ? b->lease_ttl_ms : 0;
+}
 
 /* How to map b's slab: its description, with the IPC handle if it has one. */
 static void fill_slab(Gpubuf__Slab *m, const gd_buf *b) {
@@ -124,6 +151,8 @@ static void fill_buffer(buffer_msg *m, const gd_buf *b) {
     m->buf.slab_id = sl->id;
     m->buf.restored = b->restored;
     m->buf.slab = &m->slab;
+    if (b->meta || b->lease_slot)
+        fill_meta(m, b, gpubuf_now_ns());
 }
 
 /* Does the client map b's slab in mode ro already, apart from the reference
@@ -371,11 +400,29 @@ static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
     free(lost);
 }
 
+/* The metadata of an alloc or seal request as registry arguments; layout is
+ * their storage. -EINVAL for a wire layout that does not convert. */
+static int meta_args(const Gpubuf__ArrayLayout *wl, const ProtobufCBinaryData *user,
+                     uint64_t ttl_ms, gpubuf_layout *layout, gd_meta_args *ret, gd_err *err) {
+    memset(ret, 0, sizeof(*ret));
+    if (wl) {
+        int r = gpubuf_layout_from_wire(wl, layout, err->msg, sizeof(err->msg));
+        if (r < 0)
+            return err->code = r;
+        ret->layout = layout;
+    }
+    ret->user = user->data;
+    ret->user_len = user->len;
+    ret->ttl_ms = ttl_ms;
+    return 0;
+}
+
 /* Allocate one buffer from pool (alloc and batch alloc); failures the
  * operator should see are logged. */
 static int alloc_one(gd_session *s, gd_pool *pool, uint64_t size, uint32_t alignment,
-                     const char *name, gd_buf **ret, gd_err *err) {
-    int r = gd_registry_alloc(&s->ctx->reg, s->holder, pool, size, alignment, name, ret, err);
+                     const char *name, const gd_meta_args *meta, gd_buf **ret, gd_err *err) {
+    int r = gd_registry_alloc_meta(&s->ctx->reg, s->holder, pool, size, alignment, name, meta,
+                                   ret, err);
     if (r < 0 && r != -EEXIST && r != -EACCES && r != -EPERM && r != GPUBUF_ENOPOOL)
         LOG_LIMITED(GPUBUF_LOG_INFO, "pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
                     (unsigned long long)size, pool->name, gd_err_msg(err, r));
@@ -384,15 +431,21 @@ static int alloc_one(gd_session *s, gd_pool *pool, uint64_t size, uint32_t align
 
 static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) {
     gd_err err = {0};
-    gd_pool *pool;
+    gd_pool *pool = NULL;
     gd_buf *b;
-    int r = gd_context_pool(s->ctx, a->pool, &pool, &err);
+    gpubuf_layout layout;
+    gd_meta_args meta;
+    int r = meta_args(a->layout, &a->user_data, a->ttl_ms, &layout, &meta, &err);
     if (r == 0)
-        r = alloc_one(s, pool, a->size, a->alignment, a->name, &b, &err);
+        r = gd_context_pool(s->ctx, a->pool, &pool, &err);
+    if (r == 0)
+        r = alloc_one(s, pool, a->size, a->alignment, a->name, &meta, &b, &err);
     if (r < 0) {
         reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
+    if (b->lease_slot)
+        gd_context_leases_arm(s->ctx);
     reply_buffer(s, id, b, true);
 }
 
@@ -403,12 +456,19 @@ static void do_seal(gd_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
         reply_error(s, id, -EINVAL, "a seal event handle has 64 bytes (CUipcEventHandle)");
         return;
     }
-    int r = gd_registry_seal_event(&s->ctx->reg, s->holder, q->buffer_id,
-                                   q->event_handle.len ? q->event_handle.data : NULL, &b, &err);
+    gpubuf_layout layout;
+    gd_meta_args meta;
+    int r = meta_args(q->layout, &q->user_data, q->ttl_ms, &layout, &meta, &err);
+    if (r == 0)
+        r = gd_registry_seal_meta(&s->ctx->reg, s->holder, q->buffer_id,
+                                  q->event_handle.len ? q->event_handle.data : NULL, &meta, &b,
+                                  &err);
     if (r < 0) {
         reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
+    if (b->lease_slot)
+        gd_context_leases_arm(s->ctx);
     /* Waiters woken by the seal may have been this very session; b is alive
      * since the sealer holds a reference. The sealer mapped the buffer when
      * it allocated it: the reply carries no handle. */
@@ -576,11 +636,54 @@ static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
     reply_buffer(s, id, b, false);
 }
 
+/* The metadata columns (BufferColumns 10 to 14) for n buffers, each only
+ * when some buffer has what it describes: a registry without metadata sends
+ * none. false when out of memory. */
+static bool meta_columns_alloc(const gd_registry *reg, Gpubuf__BufferColumns *c, size_t n) {
+    if (reg->n_layouts) {
+        c->dtype = malloc((n + 1) * sizeof(*c->dtype));
+        c->ndim = malloc((n + 1) * sizeof(*c->ndim));
+        c->shape = malloc((reg->layout_dims + 1) * sizeof(*c->shape));
+        if (!c->dtype || !c->ndim || !c->shape)
+            return false;
+    }
+    if (reg->n_user_meta && !(c->user_bytes = malloc((n + 1) * sizeof(*c->user_bytes))))
+        return false;
+    if (reg->n_leases && !(c->lease_left_ms = malloc((n + 1) * sizeof(*c->lease_left_ms))))
+        return false;
+    return true;
+}
+
+/* Element i of the metadata columns: buffer b's (now: gpubuf_now_ns()). */
+static void meta_columns_put(const gd_registry *reg, Gpubuf__BufferColumns *c, size_t i,
+                             const gd_buf *b, uint64_t now) {
+    const gd_meta *m = b->meta;
+    bool lay = m && m->has_layout;
+    if (c->dtype) {
+        c->dtype[i] = lay ? m->dtype.code | (uint32_t)m->dtype.bits << 8 |
+                                (uint32_t)m->dtype.lanes << 16
+                          : 0;
+        c->ndim[i] = lay ? m->ndim + 1u : 0;
+        for (uint32_t k = 0; lay && k < m->ndim && c->n_shape < reg->layout_dims; k++)
+            c->shape[c->n_shape++] = m->dims[k];
+        c->n_dtype = c->n_ndim = i + 1;
+    }
+    if (c->user_bytes) {
+        c->user_bytes[i] = m ? m->user_len : 0;
+        c->n_user_bytes = i + 1;
+    }
+    if (c->lease_left_ms) {
+        c->lease_left_ms[i] = gd_registry_lease_left_ms(b, now);
+        c->n_lease_left_ms = i + 1;
+    }
+}
+
 /* The buffers as columns: n entries in each array, names NUL-separated.
  * Returns false when out of memory. The arrays are freed by columns_free. */
 static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
     const gd_registry *reg = &ctx->reg;
     size_t n = reg->n_buffers, names = 0, i = 0;
+    uint64_t now = gpubuf_now_ns();
     for (gd_buf *b = reg->by_id; b; b = b->hh_id.next)
         names += (b->name ? strlen(b->name) : 0) + 1;
     gpubuf__buffer_columns__init(c);
@@ -597,7 +700,8 @@ static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
     if (ctx->restarts)
         c->restored = malloc((n + 1) * sizeof(*c->restored));
     if (!c->id || !c->size || !c->offset || !c->slab_id || !c->pool || !c->state || !c->refs ||
-        !c->owner_uid || !c->names.data || (ctx->restarts && !c->restored))
+        !c->owner_uid || !c->names.data || (ctx->restarts && !c->restored) ||
+        !meta_columns_alloc(reg, c, n))
         return false;
     uint8_t *np = c->names.data;
     for (gd_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
@@ -619,6 +723,7 @@ static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
                 c->pool[i] = (uint32_t)p;
                 break;
             }
+        meta_columns_put(reg, c, i, b, now);
     }
     c->names.len = (size_t)(np - c->names.data);
     c->n_id = c->n_size = c->n_offset = c->n_slab_id = c->n_pool = c->n_state = c->n_refs =
@@ -638,6 +743,11 @@ static void columns_free(Gpubuf__BufferColumns *c) {
     free(c->owner_uid);
     free(c->restored);
     free(c->names.data);
+    free(c->dtype);
+    free(c->ndim);
+    free(c->shape);
+    free(c->user_bytes);
+    free(c->lease_left_ms);
 }
 
 /* A Counters message and everything it points to, in one block: no
@@ -839,6 +949,12 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
     st.clients = pcl;
     fill_counters(ctx, counters);
     st.counters = &counters->c;
+    Gpubuf__LeaseStatus leases = GPUBUF__LEASE_STATUS__INIT;
+    leases.active = reg->n_leases;
+    leases.expired = reg->leases_expired;
+    leases.renewed = reg->leases_renewed;
+    leases.max_ttl_ms = reg->quota.max_lease_ms ? reg->quota.max_lease_ms : UINT32_MAX;
+    st.leases = &leases;
     for (int t = 0; t < GD_BATCH_TYPES; t++) {
         gpubuf__batch_counters__init(&bc[t]);
         bc[t].type = (char *)gd_metrics_type_names[GD_REQ_BATCH_OPEN + t];
@@ -890,6 +1006,28 @@ static void do_takeover(gd_session *s, uint64_t id, const Gpubuf__TakeoverReques
     LOG_NOTICE("pid %d takes gpubufd over (socket %s)", (int)s->pid, q->path);
     resp.id = id;
     send_response(s, &resp, -1);
+}
+
+static void do_renew(gd_session *s, uint64_t id, const Gpubuf__RenewRequest *q) {
+    gd_err err = {0};
+    gd_target t;
+    gd_buf *b;
+    if (q->target_case != GPUBUF__RENEW_REQUEST__TARGET_NAME &&
+        q->target_case != GPUBUF__RENEW_REQUEST__TARGET_BUFFER_ID) {
+        reply_error(s, id, -EINVAL, "renew needs a name or a buffer id");
+        return;
+    }
+    int r = request_target(s, q->target_case == GPUBUF__RENEW_REQUEST__TARGET_NAME, q->name,
+                           q->buffer_id, q->pool, false, 0, &t, &err);
+    if (r == 0)
+        r = gd_registry_renew(&s->ctx->reg, s->holder, &t, q->ttl_ms, &b, &err);
+    if (r < 0) {
+        reply_target_error(s, id, &t, r, &err);
+        return;
+    }
+    gd_context_leases_arm(s->ctx);
+    /* Like stat: no reference taken, no handle handed out. */
+    reply_buffer(s, id, b, false);
 }
 
 /* ---- Batches: many items in one request, one reply with a result per item
@@ -1209,8 +1347,8 @@ static void do_batch_alloc(gd_session *s, uint64_t id, const Gpubuf__BatchAllocR
     for (size_t i = 0; i < n; i++) {
         gd_err err = {0};
         gd_buf *b;
-        r = alloc_one(s, pool, q->sizes[i], q->alignment, q->n_names ? q->names[i] : NULL, &b,
-                      &err);
+        r = alloc_one(s, pool, q->sizes[i], q->alignment, q->n_names ? q->names[i] : NULL, NULL,
+                      &b, &err);
         if (r == 0 && q->seal)
             r = gd_registry_seal_event(reg, s->holder, b->id, NULL, &b, &err);
         if (r == 0 && !batch_buffer(&bt, i, b, &err, &r)) {
@@ -1272,6 +1410,7 @@ static gd_req_type req_type(const Gpubuf__Request *req) {
     case GPUBUF__REQUEST__BODY_DELETE: return GD_REQ_DELETE;
     case GPUBUF__REQUEST__BODY_STAT: return GD_REQ_STAT;
     case GPUBUF__REQUEST__BODY_STATUS: return GD_REQ_STATUS;
+    case GPUBUF__REQUEST__BODY_RENEW: return GD_REQ_RENEW;
     case GPUBUF__REQUEST__BODY_BATCH_OPEN: return GD_REQ_BATCH_OPEN;
     case GPUBUF__REQUEST__BODY_BATCH_RELEASE: return GD_REQ_BATCH_RELEASE;
     case GPUBUF__REQUEST__BODY_BATCH_ALLOC: return GD_REQ_BATCH_ALLOC;
@@ -1366,6 +1505,7 @@ int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     case GPUBUF__REQUEST__BODY_DELETE: do_delete(s, req->id, req->delete_); break;
     case GPUBUF__REQUEST__BODY_STAT: do_stat(s, req->id, req->stat); break;
     case GPUBUF__REQUEST__BODY_STATUS: do_status(s, req->id, req->status); break;
+    case GPUBUF__REQUEST__BODY_RENEW: do_renew(s, req->id, req->renew); break;
     case GPUBUF__REQUEST__BODY_BATCH_OPEN: do_batch_open(s, req->id, req->batch_open); break;
     case GPUBUF__REQUEST__BODY_BATCH_RELEASE:
         do_batch_release(s, req->id, req->batch_release);

@@ -7,6 +7,8 @@
 
 #include <stdint.h>
 
+#include "gpubuf/gpubuf.h"
+
 typedef struct gd_limits {
     uint32_t max_request;            /* bytes of request payload */
     uint32_t max_clients;            /* connections at once */
@@ -37,10 +39,11 @@ typedef struct gd_limits {
 #define GD_BATCH_REPLY_FDS 16
 
 /* Replies larger than this (a status of a large registry; every other reply
- * is a few hundred bytes: one buffer, or an error) are refused with EAGAIN
+ * is a few hundred bytes: one buffer, or an error, and at most
+ * GPUBUF_USER_DATA_MAX more for a buffer's user bytes) are refused with EAGAIN
  * instead of being queued when they would push the queued reply bytes of all
  * connections past max_reply_memory (docs/security.md, "Reply memory"). */
-#define GD_SMALL_REPLY 4096u
+#define GD_SMALL_REPLY (4096u + GPUBUF_USER_DATA_MAX)
 
 /* Why the server refuses a connection: the limit it reached, stopping, or
  * out of fds. */

@@ -260,6 +260,12 @@ typedef struct gpubuf_status {
      * client has not resumed it yet (it holds its references until
      * resume_timeout_ms); NULL when there are none. */
     const uint8_t *client_detached;
+    /** Metadata of buffers[i] in buffer_meta[i] (added at the end, like counters). */
+    struct gpubuf_status_meta *buffer_meta;
+    uint32_t leases_active;   /**< buffers with a lease */
+    uint64_t leases_expired;  /**< leases that expired since the daemon started */
+    uint64_t leases_renewed;  /**< renewals since the daemon started */
+    uint64_t max_lease_ms;    /**< the daemon's max_lease_ms (0: an older daemon) */
 } gpubuf_status;
 
 /** \return a static sentence describing err (0, -errno or GPUBUF_E*). */
@@ -597,6 +603,123 @@ GPUBUF_EXTERN int gpubuf_release_many(gpubuf_buffer *const *bufs, size_t n, int 
 /** Unpublish n buffers, by names[i] (when names is not NULL) or else ids[i]. */
 GPUBUF_EXTERN int gpubuf_delete_many(gpubuf_client *c, size_t n, const char *const *names,
                                      const uint64_t *ids, int *ret_status);
+
+/* ---- array metadata and leases ---------------------------------------------- */
+
+/** Most dimensions of a gpubuf_layout. */
+#define GPUBUF_LAYOUT_MAX_NDIM 32
+/** Most opaque user bytes a buffer carries. */
+#define GPUBUF_USER_DATA_MAX 4096
+
+/** An element type, as DLPack's DLDataType: code (kDLInt 0, kDLUInt 1,
+ * kDLFloat 2, kDLOpaqueHandle 3, kDLBfloat 4, kDLComplex 5, kDLBool 6, and
+ * the DLPack 1.1 float8/float6/float4 codes 7..17), bits per lane and lanes.
+ * bits * lanes must be a whole number of bytes. */
+typedef struct gpubuf_dtype {
+    uint8_t code;
+    uint8_t bits;
+    uint16_t lanes;
+} gpubuf_dtype;
+
+/**
+ * A buffer's array layout, as DLPack's DLTensor describes one. Element
+ * (i0, i1, ...) lies at byte byte_offset + (i0 * strides[0] + ...) * itemsize
+ * of the buffer, itemsize = bits * lanes / 8. Every element must lie inside
+ * the buffer; the daemon refuses the layout with -EINVAL otherwise.
+ */
+typedef struct gpubuf_layout {
+    gpubuf_dtype dtype;
+    uint32_t ndim;                           /**< 0..GPUBUF_LAYOUT_MAX_NDIM (0: a scalar) */
+    uint64_t byte_offset;                    /**< of element 0 from the buffer's first byte */
+    int64_t shape[GPUBUF_LAYOUT_MAX_NDIM];   /**< each >= 0 */
+    int64_t strides[GPUBUF_LAYOUT_MAX_NDIM]; /**< in elements; read only when has_strides */
+    int has_strides; /**< 0: C-contiguous (as DLPack's NULL strides). Layouts the library
+                          returns always fill strides, and say here whether they were given. */
+} gpubuf_layout;
+
+/** What a buffer may carry besides its bytes, at alloc or seal. Zeroed: nothing. */
+typedef struct gpubuf_meta {
+    const gpubuf_layout *layout; /**< NULL: none (at seal: keep the alloc's) */
+    const void *user_data;       /**< opaque bytes, NULL: none (at seal: keep the alloc's) */
+    size_t user_size;            /**< at most GPUBUF_USER_DATA_MAX */
+    /** Lease: the daemon deletes the buffer (unpublishes its name) this many
+     * milliseconds after the alloc or seal, and frees it once nobody holds it,
+     * unless its owner renews it (gpubuf_renew). 0: no lease (at seal: keep
+     * the alloc's). At most the daemon's max_lease_ms. */
+    uint64_t ttl_ms;
+} gpubuf_meta;
+
+/** A buffer's metadata as the daemon reports it (gpubuf_stat_ex). */
+typedef struct gpubuf_buffer_meta {
+    int has_layout;
+    gpubuf_layout layout;
+    size_t user_size;
+    uint8_t user_data[GPUBUF_USER_DATA_MAX];
+    uint64_t lease_left_ms; /**< 0: no lease, else at least 1 */
+    uint64_t lease_ttl_ms;  /**< the time to live gpubuf_renew() with 0 restarts */
+} gpubuf_buffer_meta;
+
+/** Metadata of the buffers of a status snapshot (gpubuf_status.buffer_meta). */
+typedef struct gpubuf_status_meta {
+    int has_layout;
+    gpubuf_dtype dtype;
+    uint32_t ndim;
+    const int64_t *shape;   /**< ndim entries, in the snapshot */
+    uint64_t lease_left_ms; /**< 0: no lease */
+    uint32_t user_size;
+} gpubuf_status_meta;
+
+/**
+ * gpubuf_alloc() with metadata: an array layout (checked against size),
+ * user bytes and a lease, all optional (meta NULL: plain gpubuf_alloc).
+ * \retval -EINVAL a layout that is malformed or does not fit in size, user
+ *         bytes beyond GPUBUF_USER_DATA_MAX, a ttl above the daemon's
+ *         max_lease_ms (gpubuf_last_error_message() says which and why).
+ */
+GPUBUF_EXTERN int gpubuf_alloc_ex(gpubuf_client *c, const char *pool, uint64_t size,
+                                  const char *name, const gpubuf_meta *meta, gpubuf_buffer **ret);
+
+/**
+ * Seal (synchronously, like gpubuf_seal_sync()) and set metadata at the same
+ * time: a layout or user bytes given replace those of the alloc, a ttl starts
+ * a lease from now. Metadata cannot change after the seal.
+ * \retval GPUBUF_ESTATE already sealed; -EINVAL as gpubuf_alloc_ex().
+ */
+GPUBUF_EXTERN int gpubuf_seal_ex(gpubuf_buffer *b, const gpubuf_meta *meta);
+
+/** \return the array layout the buffer carried when this view was made
+ * (alloc, open; gpubuf_seal_ex() updates the sealing view), or NULL when it
+ * has none (slices have none: a layout describes the whole buffer). Valid
+ * while b lives. */
+GPUBUF_EXTERN const gpubuf_layout *gpubuf_buffer_layout(const gpubuf_buffer *b);
+
+/** \return the buffer's user bytes (NULL when none) and their size in
+ * *ret_size (may be NULL). Valid while b lives. */
+GPUBUF_EXTERN const void *gpubuf_buffer_user_data(const gpubuf_buffer *b, size_t *ret_size);
+
+/**
+ * Renew a buffer's lease: it expires ttl_ms from now (0: its current time to
+ * live again; a buffer without a lease gets one). By name ("NAME" in the
+ * default pool, or "/POOL/NAME"), or by id when name is NULL. Only its
+ * owner's uid or root may renew (-EPERM).
+ * \retval -ENOENT no such buffer (or it expired already); -EINVAL ttl_ms 0 on
+ *         a buffer without a lease, or above max_lease_ms.
+ */
+GPUBUF_EXTERN int gpubuf_renew(gpubuf_client *c, const char *name, uint64_t id, uint64_t ttl_ms);
+
+/** gpubuf_stat_with() (o may be NULL), with the buffer's metadata into
+ * ret_meta (may be NULL). */
+GPUBUF_EXTERN int gpubuf_stat_ex(gpubuf_client *c, const char *name, uint64_t id,
+                                 const gpubuf_lookup *o, gpubuf_buffer_info *ret,
+                                 gpubuf_buffer_meta *ret_meta);
+
+/** Check a layout against a buffer of size bytes, as the daemon does: 0, or
+ * -EINVAL with the reason in gpubuf_last_error_message(). */
+GPUBUF_EXTERN int gpubuf_layout_check(const gpubuf_layout *layout, uint64_t size);
+
+/** \return the bytes one element of dtype takes (bits * lanes / 8). */
+GPUBUF_EXTERN uint64_t gpubuf_dtype_size(gpubuf_dtype dtype);
+
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "layout.h"
 #include "util.h"
 
 /* Most dimensions of an ArrayView. */
@@ -140,6 +141,102 @@ static int dtype_dlpack(dtype_t d, DLDataType *ret) {
 #endif
 }
 
+/* ---- layouts ----------------------------------------------------------------------- */
+
+/* A sequence of at most MAX_NDIM ints into out; its length, or -1 (exception set). */
+static int int_tuple_arg(PyObject *o, const char *what, int64_t *out) {
+    PyObject *seq;
+    if (PyLong_Check(o)) {
+        out[0] = PyLong_AsLongLong(o);
+        return out[0] == -1 && PyErr_Occurred() ? -1 : 1;
+    }
+    seq = PySequence_Fast(o, "shape and strides must be an int or a sequence of ints");
+    if (!seq)
+        return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    if (n > GPUBUF_LAYOUT_MAX_NDIM) {
+        Py_DECREF(seq);
+        PyErr_Format(PyExc_ValueError, "%s has %zd dimensions, at most %d", what, n,
+                     GPUBUF_LAYOUT_MAX_NDIM);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (out[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            return -1;
+        }
+    }
+    Py_DECREF(seq);
+    return (int)n;
+}
+
+int gpubufpy_layout_arg(PyObject *dtype, PyObject *shape, PyObject *strides,
+                        unsigned long long byte_offset, gpubuf_layout *ret) {
+    memset(ret, 0, sizeof(*ret));
+    if (PyTuple_Check(dtype)) {
+        unsigned int code, bits, lanes = 1;
+        if (!PyArg_ParseTuple(dtype, "II|I;dtype as a tuple is (code, bits[, lanes]) of DLPack",
+                              &code, &bits, &lanes))
+            return -1;
+        if (code > 255 || bits > 255 || lanes > 65535) {
+            PyErr_SetString(PyExc_ValueError, "DLPack dtype: code and bits at most 255, lanes at "
+                                              "most 65535");
+            return -1;
+        }
+        ret->dtype = (gpubuf_dtype){(uint8_t)code, (uint8_t)bits, (uint16_t)lanes};
+    } else {
+        dtype_t d;
+        DLDataType dl;
+        if (dtype_arg(dtype, &d) < 0 || dtype_dlpack(d, &dl) < 0)
+            return -1;
+        ret->dtype = (gpubuf_dtype){dl.code, dl.bits, dl.lanes};
+    }
+    int n = shape == Py_None ? 0 : int_tuple_arg(shape, "shape", ret->shape);
+    if (n < 0)
+        return -1;
+    ret->ndim = (uint32_t)n;
+    if (strides != Py_None) {
+        int k = int_tuple_arg(strides, "strides", ret->strides);
+        if (k < 0)
+            return -1;
+        if (k != n) {
+            PyErr_Format(PyExc_ValueError, "%d strides for %d dimensions", k, n);
+            return -1;
+        }
+        ret->has_strides = 1;
+    } else {
+        gpubuf_layout_compact_strides(ret, ret->strides);
+    }
+    ret->byte_offset = byte_offset;
+    return 0;
+}
+
+/* The layout as a dict: dtype (its name), dtype_code, dtype_bits, dtype_lanes, shape,
+ * strides (None for C order), byte_offset. */
+PyObject *gpubufpy_layout_dict(const gpubuf_layout *l) {
+    char name[32];
+    PyObject *shape = PyTuple_New(l->ndim), *strides = NULL, *d = NULL;
+    for (uint32_t i = 0; shape && i < l->ndim; i++)
+        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(l->shape[i]));
+    if (l->has_strides) {
+        strides = PyTuple_New(l->ndim);
+        for (uint32_t i = 0; strides && i < l->ndim; i++)
+            PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(l->strides[i]));
+    } else {
+        strides = Py_NewRef(Py_None);
+    }
+    gpubuf_dtype_name(l->dtype, name, sizeof(name));
+    if (shape && strides && !PyErr_Occurred())
+        d = Py_BuildValue("{sssIsIsIsOsOsK}", "dtype", name, "dtype_code", l->dtype.code,
+                          "dtype_bits", l->dtype.bits, "dtype_lanes", l->dtype.lanes, "shape",
+                          shape, "strides", strides, "byte_offset",
+                          (unsigned long long)l->byte_offset);
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    return d;
+}
+
 /* ---- exports ----------------------------------------------------------------------- */
 
 /* What an export describes: a view, an element type and a C-contiguous shape. */
@@ -150,6 +247,7 @@ typedef struct {
     dtype_t dt;
     int ndim;
     const Py_ssize_t *shape;
+    const gpubuf_layout *layout; /* DLPack: the buffer's stored layout, instead of dt and shape */
 } export_t;
 
 static bool is_host(gpubuf_buffer *b) {
@@ -275,8 +373,13 @@ static PyObject *export_dlpack(const export_t *e, PyObject *args, PyObject *kw) 
         if (sv != -1 && gpubufpy_wait(e->b, (gpubuf_stream)(uintptr_t)sv) < 0)
             return NULL;
     }
-    if (dtype_dlpack(e->dt, &dtype) < 0)
+    if (e->layout) {
+        dtype.code = e->layout->dtype.code;
+        dtype.bits = e->layout->dtype.bits;
+        dtype.lanes = e->layout->dtype.lanes;
+    } else if (dtype_dlpack(e->dt, &dtype) < 0) {
         return NULL;
+    }
     ctx = calloc(1, sizeof(*ctx));
     if (!ctx)
         return PyErr_NoMemory();
@@ -295,12 +398,18 @@ static PyObject *export_dlpack(const export_t *e, PyObject *args, PyObject *kw) 
     t->shape = ctx->dims;
     t->strides = ctx->dims + MAX_NDIM;
     int64_t stride = 1;
-    for (int i = e->ndim - 1; i >= 0; i--) {
+    for (int i = e->ndim - 1; !e->layout && i >= 0; i--) {
         ctx->dims[i] = e->shape[i];
         ctx->dims[MAX_NDIM + i] = stride;
         stride *= e->shape[i] > 0 ? e->shape[i] : 1;
     }
     t->byte_offset = 0;
+    if (e->layout) { /* checked against the size by the daemon and the library */
+        t->ndim = (int)e->layout->ndim;
+        memcpy(ctx->dims, e->layout->shape, e->layout->ndim * sizeof(int64_t));
+        memcpy(ctx->dims + MAX_NDIM, e->layout->strides, e->layout->ndim * sizeof(int64_t));
+        t->byte_offset = e->layout->byte_offset;
+    }
     ctx->t.manager_ctx = ctx;
     ctx->t.deleter = dl_deleter;
     ctx->b = gpubuf_buffer_ref(e->b);
@@ -405,6 +514,7 @@ static void buf_export(GpubufBuffer *self, export_t *e, Py_ssize_t *size) {
     e->dt = (dtype_t){'u', 1};
     e->ndim = 1;
     e->shape = size;
+    e->layout = NULL;
 }
 
 static void buf_dealloc(GpubufBuffer *self) {
@@ -457,10 +567,13 @@ struct seal_args {
     int sync;
     bool on_stream;
     gpubuf_stream stream;
+    const gpubuf_meta *meta; /* seal with metadata (synchronous) */
 };
 
 static int op_seal(gpubuf_buffer *b, void *arg) {
     struct seal_args *a = arg;
+    if (a->meta)
+        return gpubuf_seal_ex(b, a->meta);
     if (a->on_stream)
         return gpubuf_seal_stream(b, a->stream);
     return a->sync ? gpubuf_seal_sync(b) : gpubuf_seal(b);
@@ -487,13 +600,41 @@ static int op_copy_from_host(gpubuf_buffer *b, void *arg) {
 }
 
 static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"sync", "stream", NULL};
+    static char *kwlist[] = {"sync",        "stream",    "dtype", "shape", "strides",
+                             "byte_offset", "user_data", "ttl",   NULL};
     struct seal_args a = {0};
-    PyObject *stream = Py_None;
+    PyObject *stream = Py_None, *dtype = Py_None, *shape = Py_None, *strides = Py_None,
+             *user = Py_None, *ttl = Py_None;
+    unsigned long long byte_offset = 0;
+    gpubuf_layout layout;
+    gpubuf_meta meta = {0};
+    Py_buffer ub = {0};
     gpubuf_buffer *b;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p$O:seal", kwlist, &a.sync, &stream) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|p$OOOOKOO:seal", kwlist, &a.sync, &stream, &dtype,
+                                     &shape, &strides, &byte_offset, &user, &ttl) ||
         !(b = buf_view(self)))
         return NULL;
+    if (dtype != Py_None || shape != Py_None || strides != Py_None || user != Py_None ||
+        ttl != Py_None) {
+        if (stream != Py_None) {
+            PyErr_SetString(PyExc_ValueError, "seal(stream=...) takes no metadata: give it at "
+                                              "alloc()");
+            return NULL;
+        }
+        if (gpubufpy_meta_args(dtype, shape, strides, byte_offset, user, ttl, &layout, &ub,
+                               &meta) < 0)
+            return NULL;
+        a.meta = &meta;
+        if (self->pid != getpid()) {
+            PyBuffer_Release(&ub);
+            return gpubufpy_raise_fork(self->pid);
+        }
+        int r = view_run(self, b, op_seal, &a);
+        PyBuffer_Release(&ub);
+        if (r < 0)
+            return NULL;
+        Py_RETURN_NONE;
+    }
     if (stream != Py_None) {
         if (a.sync) {
             PyErr_SetString(PyExc_ValueError, "seal(stream=...) does not wait: drop sync=True");
@@ -747,6 +888,8 @@ static PyObject *buf_dlpack(GpubufBuffer *self, PyObject *args, PyObject *kw) {
     if (!buf_view(self))
         return NULL;
     buf_export(self, &e, &size);
+    /* The producer's dtype and shape when it gave them. */
+    e.layout = gpubuf_buffer_layout(self->b);
     return export_dlpack(&e, args, kw);
 }
 
@@ -821,6 +964,27 @@ BUF_GETTER(buf_get_pool_kind,
 BUF_GETTER(buf_get_is_cuda, PyBool_FromLong(!is_host(b)))
 BUF_GETTER(buf_get_read_only, PyBool_FromLong(gpubuf_buffer_read_only(b)))
 
+static PyObject *buf_get_layout(GpubufBuffer *self, void *unused) {
+    gpubuf_buffer *b = buf_view(self);
+    const gpubuf_layout *l;
+    if (!b)
+        return NULL;
+    if (!(l = gpubuf_buffer_layout(b)))
+        Py_RETURN_NONE;
+    return gpubufpy_layout_dict(l);
+}
+
+static PyObject *buf_get_user_data(GpubufBuffer *self, void *unused) {
+    gpubuf_buffer *b = buf_view(self);
+    size_t n;
+    const void *p;
+    if (!b)
+        return NULL;
+    if (!(p = gpubuf_buffer_user_data(b, &n)))
+        Py_RETURN_NONE;
+    return PyBytes_FromStringAndSize(p, (Py_ssize_t)n);
+}
+
 static PyObject *buf_get_released(GpubufBuffer *self, void *unused) {
     return PyBool_FromLong(self->b == NULL);
 }
@@ -842,12 +1006,15 @@ static PyObject *buf_repr(GpubufBuffer *self) {
 
 static PyMethodDef buf_methods[] = {
     {"seal", (PyCFunction)(void (*)(void))buf_seal, METH_VARARGS | METH_KEYWORDS,
-     "seal(sync=False, *, stream=None)\n\nPublish the buffer (allocated by this connection): "
+     "seal(sync=False, *, stream=None, dtype=None, shape=None, strides=None, byte_offset=0, "
+     "user_data=None, ttl=None)\n\nPublish the buffer (allocated by this connection): "
      "others can open it. sync=False sends the seal without waiting (a waiting open sees it; "
      "errors surface at Client.flush()); sync=True returns once the daemon applied it. "
      "stream (a CUDA stream: an int handle, a torch.cuda.Stream or a cupy.cuda.Stream): seal "
      "in stream order, after the work queued on it, without waiting for the GPU; openers' "
-     "streams wait for it (wait(), or __dlpack__(stream=...))."},
+     "streams wait for it (wait(), or __dlpack__(stream=...)). dtype, shape, strides, "
+     "byte_offset, user_data, ttl: set the buffer's metadata at the seal (as Client.alloc; "
+     "synchronous, not with stream)."},
     {"wait", (PyCFunction)buf_wait, METH_O,
      "wait(stream)\n\nMake a CUDA stream wait, on the GPU, for the work the producer sealed "
      "with seal(stream=...); returns at once when it sealed without a stream. "
@@ -875,7 +1042,8 @@ static PyMethodDef buf_methods[] = {
      "numpy.asarray (host pools), *.from_dlpack. shape=None: the whole view, 1-D."},
     {"__dlpack__", (PyCFunction)(void (*)(void))buf_dlpack, METH_VARARGS | METH_KEYWORDS,
      "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\nA DLPack "
-     "capsule of the bytes (uint8, 1-D); kDLCUDA for CUDA pools, kDLCPU for host pools."},
+     "capsule with the buffer's layout (dtype, shape, strides, byte offset) when it has one, "
+     "else of the bytes (uint8, 1-D); kDLCUDA for CUDA pools, kDLCPU for host pools."},
     {"__dlpack_device__", (PyCFunction)buf_dlpack_device, METH_NOARGS,
      "__dlpack_device__() -> (device_type, device_id)"},
     {"__array__", (PyCFunction)(void (*)(void))buf_array, METH_VARARGS | METH_KEYWORDS,
@@ -903,6 +1071,13 @@ static PyGetSetDef buf_getset[] = {
     {"read_only", (getter)buf_get_read_only, NULL,
      "True when opened with readonly=True (the mapping refuses writes).", NULL},
     {"released", (getter)buf_get_released, NULL, "True once release() was called.", NULL},
+    {"layout", (getter)buf_get_layout, NULL,
+     "The array layout the producer gave (alloc or seal): a dict with dtype, dtype_code, "
+     "dtype_bits, dtype_lanes, shape, strides (None: C order) and byte_offset; None without "
+     "one, and for slices. __dlpack__ exports it.",
+     NULL},
+    {"user_data", (getter)buf_get_user_data, NULL,
+     "The user bytes the producer gave, or None.", NULL},
     {"client", (getter)buf_get_client, NULL, "The Client the buffer came from.", NULL},
     {"__cuda_array_interface__", (getter)buf_get_cai, NULL,
      "CUDA Array Interface v3 (uint8, 1-D); AttributeError for host pools.", NULL},
@@ -954,6 +1129,7 @@ static PyObject *arrayview_new(GpubufBuffer *self, dtype_t dt, int ndim, const P
 }
 
 static void av_export(GpubufArrayView *v, export_t *e) {
+    e->layout = NULL;
     e->b = v->b;
     e->client = v->client;
     e->pid = v->pid;
@@ -1092,3 +1268,39 @@ PyTypeObject GpubufArrayView_Type = {
     .tp_methods = av_methods,
     .tp_getset = av_getset,
 };
+
+/* ---- metadata arguments --------------------------------------------------------------- */
+
+int gpubufpy_meta_args(PyObject *dtype, PyObject *shape, PyObject *strides,
+                       unsigned long long byte_offset, PyObject *user, PyObject *ttl,
+                       gpubuf_layout *layout, Py_buffer *user_buf, gpubuf_meta *ret) {
+    memset(ret, 0, sizeof(*ret));
+    memset(user_buf, 0, sizeof(*user_buf));
+    if (dtype != Py_None || shape != Py_None || strides != Py_None) {
+        if (dtype == Py_None) {
+            PyErr_SetString(PyExc_ValueError, "a shape or strides needs a dtype");
+            return -1;
+        }
+        if (gpubufpy_layout_arg(dtype, shape, strides, byte_offset, layout) < 0)
+            return -1;
+        ret->layout = layout;
+    }
+    if (ttl != Py_None) {
+        double t = PyFloat_AsDouble(ttl);
+        if (t == -1.0 && PyErr_Occurred())
+            return -1;
+        if (!(t > 0) || t * 1000.0 > (double)UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "ttl must be a number of seconds > 0 (at most the "
+                                              "daemon's max_lease_ms)");
+            return -1;
+        }
+        ret->ttl_ms = (uint64_t)(t * 1000.0 + 0.999);
+    }
+    if (user != Py_None) {
+        if (PyObject_GetBuffer(user, user_buf, PyBUF_C_CONTIGUOUS) < 0)
+            return -1;
+        ret->user_data = user_buf->buf;
+        ret->user_size = (size_t)user_buf->len;
+    }
+    return 0;
+}

@@ -79,6 +79,20 @@ int gpubufpy_stream_arg(PyObject *o, gpubuf_stream *ret);
  * with the exception set. */
 int gpubufpy_wait(gpubuf_buffer *b, gpubuf_stream stream);
 
+/* A layout from Python arguments: dtype (a name, a NumPy dtype, or a DLPack
+ * (code, bits[, lanes]) tuple), shape and strides (None, an int or a
+ * sequence of ints; strides in elements). 0, or -1 with an exception set. */
+int gpubufpy_layout_arg(PyObject *dtype, PyObject *shape, PyObject *strides,
+                        unsigned long long byte_offset, gpubuf_layout *ret);
+/* A layout as a dict (Buffer.layout, stat). */
+PyObject *gpubufpy_layout_dict(const gpubuf_layout *l);
+/* alloc()/seal() metadata arguments as a gpubuf_meta; layout and user_buf
+ * are its storage (release user_buf with PyBuffer_Release, also on error
+ * when it was filled). ttl in seconds. 0, or -1 with an exception set. */
+int gpubufpy_meta_args(PyObject *dtype, PyObject *shape, PyObject *strides,
+                       unsigned long long byte_offset, PyObject *user, PyObject *ttl,
+                       gpubuf_layout *layout, Py_buffer *user_buf, gpubuf_meta *ret);
+
 /* A new Buffer object owning view b (consumes the reference). */
 PyObject *gpubufpy_buffer_new(GpubufClient *client, gpubuf_buffer *b);
 

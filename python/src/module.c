@@ -1,11 +1,13 @@
 /* The _gpubuf module and the Client type. */
 #include "gpubufpy.h" /* Python.h comes before the system headers */
+#include <dlpack/dlpack.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "layout.h"
 #include "util.h"
 
 
@@ -274,21 +276,73 @@ struct alloc_args {
     const char *pool, *name;
     uint64_t size;
     gpubuf_buffer *ret;
+    const gpubuf_meta *meta;
 };
 
 static int op_alloc(gpubuf_client *c, void *arg) {
     struct alloc_args *a = arg;
+    if (a->meta)
+        return gpubuf_alloc_ex(c, a->pool, a->size, a->name, a->meta, &a->ret);
     return gpubuf_alloc(c, a->pool, a->size, a->name, &a->ret);
 }
 
+/* The bytes a layout reaches: its byte offset and the extent of its elements
+ * (the size alloc() takes when none is given); -1 with ValueError when
+ * negative strides leave that to the caller. */
+static long long layout_nbytes(const gpubuf_layout *l) {
+    unsigned long long reach = 0, item = gpubuf_dtype_size(l->dtype);
+    for (uint32_t i = 0; i < l->ndim; i++) {
+        if (l->shape[i] == 0)
+            return (long long)l->byte_offset;
+        if (l->strides[i] < 0) {
+            PyErr_SetString(PyExc_ValueError, "negative strides: give the size");
+            return -1;
+        }
+        reach += (unsigned long long)(l->shape[i] - 1) * (unsigned long long)l->strides[i];
+    }
+    return (long long)(l->byte_offset + (reach + 1) * item);
+}
+
+static PyObject *client_alloc_meta(GpubufClient *self, PyObject *size_o, PyObject *name,
+                                   PyObject *pool, const gpubuf_meta *meta);
+
 static PyObject *client_alloc(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"size", "name", "pool", NULL};
-    PyObject *size_o, *name = Py_None, *pool = Py_None;
+    static char *kwlist[] = {"size", "name",        "pool",      "dtype", "shape",
+                             "strides", "byte_offset", "user_data", "ttl",   NULL};
+    PyObject *size_o = Py_None, *name = Py_None, *pool = Py_None, *dtype = Py_None,
+             *shape = Py_None, *strides = Py_None, *user = Py_None, *ttl = Py_None, *r;
+    unsigned long long byte_offset = 0;
+    gpubuf_layout layout;
+    gpubuf_meta meta;
+    Py_buffer ub;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "|OOO$OOOKOO:alloc", kwlist, &size_o, &name, &pool,
+                                     &dtype, &shape, &strides, &byte_offset, &user, &ttl))
+        return NULL;
+    if (gpubufpy_meta_args(dtype, shape, strides, byte_offset, user, ttl, &layout, &ub, &meta) <
+        0)
+        return NULL;
+    if (size_o == Py_None && meta.layout) {
+        long long n = layout_nbytes(&layout);
+        size_o = n < 0 ? NULL : PyLong_FromLongLong(n > 0 ? n : 1);
+    } else {
+        Py_INCREF(size_o);
+    }
+    bool any = meta.layout || meta.user_data || meta.ttl_ms;
+    r = size_o ? client_alloc_meta(self, size_o, name, pool, any ? &meta : NULL) : NULL;
+    Py_XDECREF(size_o);
+    PyBuffer_Release(&ub);
+    return r;
+}
+
+static PyObject *client_alloc_meta(GpubufClient *self, PyObject *size_o, PyObject *name,
+                                   PyObject *pool, const gpubuf_meta *meta) {
     const char *sname = NULL, *spool = NULL;
     struct alloc_args a = {0};
     long long size;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:alloc", kwlist, &size_o, &name, &pool))
+    if (size_o == Py_None) {
+        PyErr_SetString(PyExc_TypeError, "alloc() needs a size, or a dtype and shape");
         return NULL;
+    }
     if (!PyLong_Check(size_o)) {
         PyErr_Format(PyExc_TypeError, "size must be int, not %.100s", Py_TYPE(size_o)->tp_name);
         return NULL;
@@ -307,7 +361,7 @@ static PyObject *client_alloc(GpubufClient *self, PyObject *args, PyObject *kw) 
                                            "buffer)");
     if (pool != Py_None && !(spool = name_arg(pool, "pool")))
         return NULL;
-    a = (struct alloc_args){spool, sname, (uint64_t)size, NULL};
+    a = (struct alloc_args){spool, sname, (uint64_t)size, NULL, meta};
     if (client_run(self, op_alloc, &a) < 0)
         return NULL;
     return gpubufpy_buffer_new(self, a.ret);
@@ -318,6 +372,8 @@ struct target_args {
     uint64_t id;
     gpubuf_lookup o;
     gpubuf_buffer_info info;
+    gpubuf_buffer_meta *meta; /* stat: its metadata */
+    uint64_t ttl_ms;          /* renew */
 };
 
 /* delete() and stat(): (name_or_id, *, pool=None, owner=None) into t.
@@ -368,16 +424,81 @@ static int append_new(PyObject *list, PyObject *o) {
 
 static int op_stat(gpubuf_client *c, void *arg) {
     struct target_args *t = arg;
-    return gpubuf_stat_with(c, t->name, t->id, &t->o, &t->info);
+    return gpubuf_stat_ex(c, t->name, t->id, &t->o, &t->info, t->meta);
+}
+
+/* Add the metadata keys to a buffer dict d (consumed; NULL passes through):
+ * layout (a dict, or None), lease_left (seconds, or None), and user_data
+ * (stat: bytes or None) or user_bytes (status: their count). */
+static PyObject *add_meta(PyObject *d, PyObject *layout, uint64_t lease_left_ms, PyObject *user) {
+    PyObject *left = lease_left_ms ? PyFloat_FromDouble((double)lease_left_ms / 1000.0)
+                                   : Py_NewRef(Py_None);
+    if (!d || !layout || !left || !user || PyDict_SetItemString(d, "layout", layout) < 0 ||
+        PyDict_SetItemString(d, "lease_left", left) < 0 ||
+        PyDict_SetItemString(d, PyLong_Check(user) ? "user_bytes" : "user_data", user) < 0)
+        Py_CLEAR(d);
+    Py_XDECREF(layout);
+    Py_XDECREF(left);
+    Py_XDECREF(user);
+    return d;
 }
 
 static PyObject *client_stat(GpubufClient *self, PyObject *args, PyObject *kw) {
     struct target_args t = {0};
     const gpubuf_buffer_info *i = &t.info;
-    if (target_parse(args, kw, "O|$OO:stat", &t) < 0 || client_run(self, op_stat, &t) < 0)
+    PyObject *d;
+    if (target_parse(args, kw, "O|$OO:stat", &t) < 0)
         return NULL;
-    return buffer_dict(i->id, i->name, i->pool, i->size, i->state, i->refs, i->owner_uid,
-                       i->slab_id, i->offset);
+    if (!(t.meta = PyMem_Malloc(sizeof(*t.meta))))
+        return PyErr_NoMemory();
+    if (client_run(self, op_stat, &t) < 0) {
+        PyMem_Free(t.meta);
+        return NULL;
+    }
+    const gpubuf_buffer_meta *m = t.meta;
+    d = add_meta(buffer_dict(i->id, i->name, i->pool, i->size, i->state, i->refs, i->owner_uid,
+                             i->slab_id, i->offset),
+                 m->has_layout ? gpubufpy_layout_dict(&m->layout) : Py_NewRef(Py_None),
+                 m->lease_left_ms,
+                 m->user_size ? PyBytes_FromStringAndSize((const char *)m->user_data,
+                                                          (Py_ssize_t)m->user_size)
+                              : Py_NewRef(Py_None));
+    PyMem_Free(t.meta);
+    return d;
+}
+
+static int op_renew(gpubuf_client *c, void *arg) {
+    struct target_args *t = arg;
+    return gpubuf_renew(c, t->name, t->id, t->ttl_ms);
+}
+
+static PyObject *client_renew(GpubufClient *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"name_or_id", "ttl", NULL};
+    struct target_args t = {0};
+    PyObject *target, *ttl = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:renew", kwlist, &target, &ttl))
+        return NULL;
+    if (PyLong_Check(target)) {
+        t.id = PyLong_AsUnsignedLongLong(target);
+        if (PyErr_Occurred())
+            return NULL;
+    } else if (!(t.name = name_arg(target, "name"))) {
+        return NULL;
+    }
+    if (ttl != Py_None) {
+        double s = PyFloat_AsDouble(ttl);
+        if (s == -1.0 && PyErr_Occurred())
+            return NULL;
+        if (!(s > 0) || s * 1000.0 > (double)UINT32_MAX) {
+            PyErr_SetString(PyExc_ValueError, "ttl must be a number of seconds > 0, or None for "
+                                              "the lease's own time to live");
+            return NULL;
+        }
+        t.ttl_ms = (uint64_t)(s * 1000.0 + 0.999);
+    }
+    if (client_run(self, op_renew, &t) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 static PyObject *status_to_dict(const gpubuf_status *s) {
@@ -403,8 +524,26 @@ static PyObject *status_to_dict(const gpubuf_status *s) {
     }
     for (size_t i = 0; i < s->n_buffers; i++) {
         const gpubuf_status_buffer *b = &s->buffers[i];
-        if (append_new(bufs, buffer_dict(b->id, b->name, b->pool, b->size, b->state, b->refs,
-                                         b->owner_uid, b->slab_id, b->offset)) < 0)
+        const gpubuf_status_meta *m = &s->buffer_meta[i];
+        PyObject *layout = Py_NewRef(Py_None);
+        if (m->has_layout) { /* status has dtype and shape: strides come with open and stat */
+            PyObject *shape = PyTuple_New(m->ndim);
+            char name[32];
+            for (uint32_t k = 0; shape && k < m->ndim; k++)
+                PyTuple_SET_ITEM(shape, k, PyLong_FromLongLong(m->shape[k]));
+            gpubuf_dtype_name(m->dtype, name, sizeof(name));
+            Py_DECREF(layout);
+            layout = shape && !PyErr_Occurred()
+                         ? Py_BuildValue("{sssIsIsIsO}", "dtype", name, "dtype_code",
+                                         m->dtype.code, "dtype_bits", m->dtype.bits,
+                                         "dtype_lanes", m->dtype.lanes, "shape", shape)
+                         : NULL;
+            Py_XDECREF(shape);
+        }
+        if (append_new(bufs, add_meta(buffer_dict(b->id, b->name, b->pool, b->size, b->state,
+                                                  b->refs, b->owner_uid, b->slab_id, b->offset),
+                                      layout, m->lease_left_ms,
+                                      PyLong_FromUnsignedLong(m->user_size))) < 0)
             goto out;
     }
     for (size_t i = 0; i < s->n_clients; i++) {
@@ -418,8 +557,12 @@ static PyObject *status_to_dict(const gpubuf_status *s) {
                                      ci->read_only_references)) < 0)
             goto out;
     }
-    d = Py_BuildValue("{sOsOsOsKss}", "pools", pools, "buffers", bufs, "clients", clients,
-                      "uptime_ms", (unsigned long long)s->uptime_ms, "version", s->version);
+    d = Py_BuildValue("{sOsOsOsKsss{sIsKsKsK}}", "pools", pools, "buffers", bufs, "clients",
+                      clients, "uptime_ms", (unsigned long long)s->uptime_ms, "version",
+                      s->version, "leases", "active", s->leases_active, "expired",
+                      (unsigned long long)s->leases_expired, "renewed",
+                      (unsigned long long)s->leases_renewed, "max_ttl_ms",
+                      (unsigned long long)s->max_lease_ms);
 out:
     Py_XDECREF(pools);
     Py_XDECREF(bufs);
@@ -735,9 +878,14 @@ static PyObject *client_release_many(GpubufClient *self, PyObject *seq) {
 
 static PyMethodDef client_methods[] = {
     {"alloc", (PyCFunction)(void (*)(void))client_alloc, METH_VARARGS | METH_KEYWORDS,
-     "alloc(size, name=None, pool=None) -> Buffer\n\nAllocate size bytes (the daemon's default "
-     "pool unless pool names one). The new buffer is writable; seal() publishes it under "
-     "name. name=None makes an anonymous buffer, opened by id."},
+     "alloc(size=None, name=None, pool=None, *, dtype=None, shape=None, strides=None, "
+     "byte_offset=0, user_data=None, ttl=None) -> Buffer\n\nAllocate size bytes (the daemon's "
+     "default pool unless pool names one). The new buffer is writable; seal() publishes it "
+     "under name. name=None makes an anonymous buffer, opened by id. dtype (a name such as "
+     "'float32', a NumPy dtype, or a DLPack (code, bits, lanes) tuple), shape and strides (in "
+     "elements; None: C order) give the buffer an array layout that openers' __dlpack__ "
+     "exports (size defaults to the bytes it spans); user_data (at most 4096 bytes) travels "
+     "with it; ttl (seconds) gives it a lease: the daemon deletes it then unless renewed."},
     {"open", (PyCFunction)(void (*)(void))client_open, METH_VARARGS | METH_KEYWORDS,
      "open(name, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen a "
      "sealed buffer by name and take one reference. Names are per pool: the name is looked up "
@@ -754,7 +902,12 @@ static PyMethodDef client_methods[] = {
      "does); its memory returns to the pool when the last reference goes."},
     {"stat", (PyCFunction)(void (*)(void))client_stat, METH_VARARGS | METH_KEYWORDS,
      "stat(name_or_id, *, pool=None, owner=None) -> dict\n\nDescribe a buffer (looked up as "
-     "open does) without taking a reference."},
+     "open does) without taking a reference, with its layout (dict or None), user_data "
+     "(bytes or None) and lease_left (seconds or None)."},
+    {"renew", (PyCFunction)(void (*)(void))client_renew, METH_VARARGS | METH_KEYWORDS,
+     "renew(name_or_id, ttl=None)\n\nRenew a buffer's lease: it expires ttl seconds from now "
+     "(None: its own time to live again). By name ('NAME' or '/POOL/NAME') or id. Its "
+     "owner's uid or root only (PermissionError)."},
     {"status", (PyCFunction)client_status, METH_NOARGS,
      "status() -> dict\n\nA snapshot of the daemon: {'pools': [...], 'buffers': [...], "
      "'clients': [...], 'uptime_ms': int, 'version': str}."},
@@ -824,7 +977,24 @@ static PyObject *mod_raise_for_code(PyObject *m, PyObject *args) {
     return gpubufpy_raise_msg(code, msg);
 }
 
+/* _dlpack_dtype(obj) -> (code, bits, lanes): the DLPack dtype of obj's
+ * __dlpack__() export (for dtypes without a NumPy name, such as
+ * torch.bfloat16); the capsule is dropped unconsumed. */
+static PyObject *mod_dlpack_dtype(PyObject *m, PyObject *obj) {
+    PyObject *cap = PyObject_CallMethod(obj, "__dlpack__", NULL), *r = NULL;
+    if (!cap)
+        return NULL;
+    const DLManagedTensor *t = PyCapsule_GetPointer(cap, "dltensor");
+    if (t)
+        r = Py_BuildValue("(III)", t->dl_tensor.dtype.code, t->dl_tensor.dtype.bits,
+                          t->dl_tensor.dtype.lanes);
+    Py_DECREF(cap);
+    return r;
+}
+
 static PyMethodDef module_methods[] = {
+    {"_dlpack_dtype", mod_dlpack_dtype, METH_O,
+     "_dlpack_dtype(obj) -> (code, bits, lanes): the DLPack dtype obj exports."},
     {"strerror", mod_strerror, METH_O, "strerror(code) -> str: the library's sentence for code."},
     {"_raise_for_code", mod_raise_for_code, METH_VARARGS,
      "_raise_for_code(code, message): raise the exception of a library error code."},

@@ -173,9 +173,63 @@ def consume_stream(c, name, n):
     print("ok stream")
 
 
+def produce_typed(c, name, lib):
+    """Publish a (64, 32) array with its dtype and shape: float16 from torch
+    (gpubuf.publish), float32 from CuPy (alloc with dtype/shape)."""
+    if lib == "torch":
+        try:
+            import torch
+        except ImportError as e:
+            skip("torch", e)
+        t = (torch.arange(64 * 32, device="cuda", dtype=torch.float16) % 1000).reshape(64, 32)
+        buf = gpubuf.publish(c, name, t, pool="gpu0", user_data=b"torch")
+    else:
+        import cupy
+        buf = c.alloc(None, name, "gpu0", dtype="float32", shape=(64, 32), user_data=b"cupy")
+        with cupy.cuda.Device(buf.device):
+            a = cupy.from_dlpack(buf)
+            assert a.shape == (64, 32) and a.dtype == cupy.float32
+            a[...] = cupy.arange(64 * 32, dtype=cupy.float32).reshape(64, 32) % 1000
+            cupy.cuda.runtime.deviceSynchronize()
+        del a
+        buf.seal(sync=True)
+    assert buf.layout["shape"] == (64, 32), buf.layout
+    buf.release()
+    print("produced typed", name)
+
+
+def consume_typed(c, name, lib, dtype):
+    """from_dlpack of the opened Buffer has the producer's dtype and shape."""
+    buf = c.open(name, timeout=30)
+    want = (np.arange(64 * 32) % 1000).reshape(64, 32)
+    if lib == "torch":
+        try:
+            import torch
+        except ImportError as e:
+            skip("torch", e)
+        t = torch.from_dlpack(buf)
+        assert t.is_cuda and tuple(t.shape) == (64, 32), t.shape
+        assert str(t.dtype) == f"torch.{dtype}", t.dtype
+        assert (t.cpu().float().numpy() == want).all()
+        del t
+    else:
+        import cupy
+        a = cupy.from_dlpack(buf)
+        assert a.shape == (64, 32) and a.dtype == np.dtype(dtype), (a.shape, a.dtype)
+        assert (cupy.asnumpy(a).astype(np.float32) == want).all()
+        del a
+    gc.collect()
+    buf.release()
+    print(f"ok typed {lib} {dtype}")
+
+
 def main():
     with gpubuf.Client() as c:
-        if sys.argv[1] == "produce":
+        if sys.argv[1] == "produce_typed":
+            produce_typed(c, sys.argv[2], sys.argv[3])
+        elif sys.argv[1] == "consume_typed":
+            consume_typed(c, sys.argv[2], sys.argv[3], sys.argv[4])
+        elif sys.argv[1] == "produce":
             produce(c, sys.argv[2], int(sys.argv[3]))
         elif sys.argv[1] == "produce_stream":
             produce_stream(c, sys.argv[2], int(sys.argv[3]))

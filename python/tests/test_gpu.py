@@ -108,3 +108,26 @@ def test_stream_ordered_hand_over_read_only(gpu_daemon):
     with gpubuf.Client(gpu_daemon.socket) as c:
         assert c.stat("gpu/stream", pool="vmm")["refs"] == 0
         c.delete("/vmm/gpu/stream")
+
+
+@pytest.mark.parametrize("producer,dtype", [("torch", "float16"), ("cupy", "float32")])
+@pytest.mark.parametrize("consumer", ["torch", "cupy"])
+def test_from_dlpack_gets_the_producers_dtype_and_shape(gpu_daemon, producer, dtype, consumer):
+    """A producer publishes a typed (64, 32) array; torch.from_dlpack and
+    cupy.from_dlpack of client.open(name) in another process get its dtype and
+    shape, not bytes."""
+    name = f"gpu/typed/{producer}/{consumer}"
+    r = run(gpu_daemon, HERE / "gpu_worker.py", "produce_typed", name, producer)
+    if r.returncode == 3:
+        pytest.skip(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0, r.stdout
+    r = run(gpu_daemon, HERE / "gpu_worker.py", "consume_typed", name, consumer, dtype)
+    if r.returncode == 3:
+        pytest.skip(r.stdout.strip().splitlines()[-1])
+    assert r.returncode == 0 and f"ok typed {consumer} {dtype}" in r.stdout, r.stdout
+    with gpubuf.Client(gpu_daemon.socket) as c:
+        st = c.stat(name)
+        assert st["layout"]["shape"] == (64, 32) and st["refs"] == 0
+        assert st["user_data"] == producer.encode()
+        c.delete(name)
+

@@ -54,7 +54,7 @@ def test_delete_by_id_and_anonymous_buffers(client):
 def test_status_is_plain_data(client, daemon):
     b = client.alloc(1 << 20, "t/status")
     st = client.status()
-    assert set(st) == {"pools", "buffers", "clients", "uptime_ms", "version"}
+    assert set(st) == {"pools", "buffers", "clients", "uptime_ms", "version", "leases"}
     pools = {p["name"]: p for p in st["pools"]}
     assert pools["host"]["kind"] == "host" and pools["host"]["device"] == -1
     assert pools["host"]["used"] >= 1 << 20

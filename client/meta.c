@@ -1,0 +1,361 @@
+/* libgpubuf-client: array layouts, user bytes and leases of buffers. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "layout.h"
+
+/* ---- views ----------------------------------------------------------------- */
+
+int gpubuf__view_meta(gpubuf_buffer *b, const Gpubuf__Buffer *m) {
+    char msg[256];
+    if (m->layout) {
+        gpubuf_layout l;
+        if (gpubuf_layout_from_wire(m->layout, &l, msg, sizeof(msg)) < 0 ||
+            gpubuf_layout_validate(&l, m->size, msg, sizeof(msg)) < 0) {
+            gpubuf__set_error("gpubufd sent a malformed layout: %s", msg);
+            return GPUBUF_EPROTOCOL;
+        }
+        if (!(b->layout = malloc(sizeof(*b->layout))))
+            return -ENOMEM;
+        *b->layout = l;
+    }
+    if (m->user_data.len) {
+        if (m->user_data.len > GPUBUF_USER_DATA_MAX) {
+            gpubuf__set_error("gpubufd sent %zu user bytes, more than %d", m->user_data.len,
+                              GPUBUF_USER_DATA_MAX);
+            return GPUBUF_EPROTOCOL;
+        }
+        if (!(b->user = malloc(m->user_data.len)))
+            return -ENOMEM;
+        memcpy(b->user, m->user_data.data, m->user_data.len);
+        b->user_len = m->user_data.len;
+    }
+    return 0;
+}
+
+void gpubuf__view_meta_free(gpubuf_buffer *b) {
+    free(b->layout);
+    free(b->user);
+    b->layout = NULL;
+    b->user = NULL;
+    b->user_len = 0;
+}
+
+GPUBUF_EXTERN const gpubuf_layout *gpubuf_buffer_layout(const gpubuf_buffer *b) {
+    return b && !b->parent ? b->layout : NULL;
+}
+
+GPUBUF_EXTERN const void *gpubuf_buffer_user_data(const gpubuf_buffer *b, size_t *ret_size) {
+    const void *p = b && !b->parent ? b->user : NULL;
+    if (ret_size)
+        *ret_size = p ? b->user_len : 0;
+    return p;
+}
+
+GPUBUF_EXTERN uint64_t gpubuf_dtype_size(gpubuf_dtype dtype) {
+    return gpubuf_layout_item_size(dtype);
+}
+
+/* ---- checks ----------------------------------------------------------------- */
+
+static int layout_check(const gpubuf_layout *l, uint64_t size) {
+    char msg[256];
+    int r = gpubuf_layout_validate(l, size, msg, sizeof(msg));
+    if (r < 0)
+        gpubuf__set_error("%s", msg);
+    return r;
+}
+
+GPUBUF_EXTERN int gpubuf_layout_check(const gpubuf_layout *layout, uint64_t size) {
+    gpubuf__clear_error();
+    if (!layout)
+        return gpubuf__result(gpubuf__fail(-EINVAL, "no layout given (NULL)"));
+    return gpubuf__result(layout_check(layout, size));
+}
+
+/* What the daemon would refuse of meta for a buffer of size bytes (0: not
+ * known here, as at seal), checked before a round trip. */
+static int meta_check(const gpubuf_meta *meta, uint64_t size) {
+    int r;
+    if (meta->user_size > GPUBUF_USER_DATA_MAX)
+        return gpubuf__fail(-EINVAL, "%zu user bytes: a buffer carries at most %d",
+                            meta->user_size, GPUBUF_USER_DATA_MAX);
+    if (meta->user_size && !meta->user_data)
+        return gpubuf__fail(-EINVAL, "user_size is %zu but user_data is NULL", meta->user_size);
+    if (meta->layout && (r = layout_check(meta->layout, size)) < 0)
+        return r;
+    return 0;
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+/* meta as the fields of an alloc or seal request; wl holds the layout. */
+static void meta_to_wire(const gpubuf_meta *meta, Gpubuf__ArrayLayout *wl,
+                         Gpubuf__ArrayLayout **ret_layout, ProtobufCBinaryData *ret_user,
+                         uint64_t *ret_ttl) {
+    if (meta->layout) {
+        gpubuf_layout_to_wire(meta->layout, wl);
+        *ret_layout = wl;
+    }
+    ret_user->data = (uint8_t *)meta->user_data;
+    ret_user->len = meta->user_size;
+    *ret_ttl = meta->ttl_ms;
+}
+
+static int alloc_ex_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
+                         const gpubuf_meta *meta, gpubuf_buffer **ret) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    Gpubuf__ArrayLayout wl;
+    int r;
+    if (!c || !ret)
+        return gpubuf__fail(-EINVAL, "gpubuf_alloc_ex needs a connection and a place for the view");
+    if (size == 0)
+        return gpubuf__fail(-EINVAL, "size 0: a buffer holds at least 1 byte");
+    lookup l;
+    if (name && *name) { /* "/POOL/NAME" names the pool too, as in gpubuf_alloc() */
+        gpubuf_lookup o = {.pool = pool};
+        if ((r = gpubuf__lookup_make("alloc", name, 0, &o, 0, &l)) < 0)
+            return r;
+        pool = l.pool;
+        name = l.name;
+    }
+    if (meta && (r = meta_check(meta, size)) < 0)
+        return r;
+    a.pool = (char *)(pool ? pool : "");
+    a.size = size;
+    a.name = (char *)(name ? name : "");
+    if (meta)
+        meta_to_wire(meta, &wl, &a.layout, &a.user_data, &a.ttl_ms);
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    r = gpubuf__buffer_request(c, &req, ret);
+    if (r == 0) {
+        (*ret)->allocated = true;
+        (*ret)->sealable = true;
+    }
+    return r;
+}
+
+GPUBUF_EXTERN int gpubuf_alloc_ex(gpubuf_client *c, const char *pool, uint64_t size,
+                                  const char *name, const gpubuf_meta *meta, gpubuf_buffer **ret) {
+    gpubuf__clear_error();
+    return gpubuf__result(alloc_ex_call(c, pool, size, name, meta, ret));
+}
+
+static int seal_ex_call(gpubuf_buffer *b, const gpubuf_meta *meta) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
+    Gpubuf__ArrayLayout wl;
+    Gpubuf__Response *resp;
+    gpubuf_client *c;
+    int fd, r;
+    if (!b)
+        return gpubuf__fail(-EINVAL, "no buffer given (NULL) to seal");
+    c = b->c;
+    pthread_mutex_lock(&c->lock);
+    r = gpubuf__seal_check(&b);
+    if (r == 0 && meta)
+        r = meta_check(meta, b->size);
+    if (r < 0)
+        goto out;
+    s.buffer_id = b->id;
+    if (meta)
+        meta_to_wire(meta, &wl, &s.layout, &s.user_data, &s.ttl_ms);
+    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
+    req.seal = &s;
+    r = gpubuf__rpc_locked(c, &req, &resp, &fd);
+    if (r < 0)
+        goto out;
+    if (fd >= 0)
+        close(fd);
+    b->sealable = false;
+    /* The view describes what the daemon now holds. */
+    if (resp->body_case == GPUBUF__RESPONSE__BODY_BUFFER) {
+        gpubuf__view_meta_free(b);
+        r = gpubuf__view_meta(b, resp->buffer);
+    }
+    gpubuf__response__free_unpacked(resp, NULL);
+out:
+    pthread_mutex_unlock(&c->lock);
+    return r;
+}
+
+GPUBUF_EXTERN int gpubuf_seal_ex(gpubuf_buffer *b, const gpubuf_meta *meta) {
+    gpubuf__clear_error();
+    return gpubuf__result(seal_ex_call(b, meta));
+}
+
+/* Send req and keep its Buffer reply in *ret (free with free_unpacked). */
+static int buffer_reply(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret) {
+    Gpubuf__Response *resp;
+    int fd, r;
+    pthread_mutex_lock(&c->lock);
+    r = gpubuf__rpc_locked(c, req, &resp, &fd);
+    pthread_mutex_unlock(&c->lock);
+    if (r < 0)
+        return r;
+    if (fd >= 0)
+        close(fd);
+    if (resp->body_case != GPUBUF__RESPONSE__BODY_BUFFER) {
+        gpubuf__response__free_unpacked(resp, NULL);
+        return GPUBUF_EPROTOCOL;
+    }
+    *ret = resp;
+    return 0;
+}
+
+static int renew_call(gpubuf_client *c, const char *name, uint64_t id, uint64_t ttl_ms) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__RenewRequest q = GPUBUF__RENEW_REQUEST__INIT;
+    Gpubuf__Response *resp;
+    Gpubuf__ExpectedOwner *no_owner;
+    lookup l;
+    int r;
+    if (!c)
+        return gpubuf__fail(-EINVAL, "gpubuf_renew needs a connection");
+    if ((r = gpubuf__lookup_make("renew", name, id, NULL, 0, &l)) < 0)
+        return r;
+    q.target_case = gpubuf__lookup_fill(&l, &q.name, &q.buffer_id, &q.pool, &no_owner)
+                        ? GPUBUF__RENEW_REQUEST__TARGET_NAME
+                        : GPUBUF__RENEW_REQUEST__TARGET_BUFFER_ID;
+    q.ttl_ms = ttl_ms;
+    req.body_case = GPUBUF__REQUEST__BODY_RENEW;
+    req.renew = &q;
+    if ((r = buffer_reply(c, &req, &resp)) == 0)
+        gpubuf__response__free_unpacked(resp, NULL);
+    return r;
+}
+
+GPUBUF_EXTERN int gpubuf_renew(gpubuf_client *c, const char *name, uint64_t id, uint64_t ttl_ms) {
+    gpubuf__clear_error();
+    return gpubuf__result(renew_call(c, name, id, ttl_ms));
+}
+
+int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *o,
+                      gpubuf_buffer_info *ret, gpubuf_buffer_meta *ret_meta) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatRequest q = GPUBUF__STAT_REQUEST__INIT;
+    Gpubuf__Response *resp;
+    char msg[256];
+    lookup l;
+    int r;
+    if (!c || !ret)
+        return gpubuf__fail(-EINVAL, "a stat needs a connection and a place for the answer");
+    if ((r = gpubuf__lookup_make("stat", name, id, o, GPUBUF_OPEN_OWNER, &l)) < 0)
+        return r;
+    q.target_case = gpubuf__lookup_fill(&l, &q.name, &q.buffer_id, &q.pool, &q.owner)
+                        ? GPUBUF__STAT_REQUEST__TARGET_NAME
+                        : GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
+    req.body_case = GPUBUF__REQUEST__BODY_STAT;
+    req.stat = &q;
+    if ((r = buffer_reply(c, &req, &resp)) < 0)
+        return r;
+    const Gpubuf__Buffer *m = resp->buffer;
+    gpubuf_buffer_meta meta;
+    memset(&meta, 0, offsetof(gpubuf_buffer_meta, user_data));
+    if (m->layout) {
+        if (gpubuf_layout_from_wire(m->layout, &meta.layout, msg, sizeof(msg)) < 0) {
+            r = gpubuf__fail(GPUBUF_EPROTOCOL, "gpubufd sent a malformed layout: %s", msg);
+            goto out;
+        }
+        meta.has_layout = 1;
+    }
+    if (m->user_data.len > GPUBUF_USER_DATA_MAX) {
+        r = gpubuf__fail(GPUBUF_EPROTOCOL, "gpubufd sent %zu user bytes", m->user_data.len);
+        goto out;
+    }
+    meta.user_size = m->user_data.len;
+    meta.lease_left_ms = m->lease_left_ms;
+    meta.lease_ttl_ms = m->lease_ttl_ms;
+    gpubuf__copy_info(ret, m);
+    if (ret_meta) {
+        memcpy(ret_meta, &meta, offsetof(gpubuf_buffer_meta, user_data));
+        if (m->user_data.len)
+            memcpy(ret_meta->user_data, m->user_data.data, m->user_data.len);
+        ret_meta->lease_left_ms = meta.lease_left_ms;
+        ret_meta->lease_ttl_ms = meta.lease_ttl_ms;
+    }
+out:
+    gpubuf__response__free_unpacked(resp, NULL);
+    return r;
+}
+
+GPUBUF_EXTERN int gpubuf_stat_ex(gpubuf_client *c, const char *name, uint64_t id,
+                                 const gpubuf_lookup *o, gpubuf_buffer_info *ret,
+                                 gpubuf_buffer_meta *ret_meta) {
+    gpubuf__clear_error();
+    return gpubuf__result(gpubuf__stat_meta(c, name, id, o, ret, ret_meta));
+}
+
+/* ---- status ------------------------------------------------------------------ */
+
+bool gpubuf__meta_columns_ok(const Gpubuf__BufferColumns *c, size_t n) {
+    size_t dims = 0;
+    if ((c->n_dtype && c->n_dtype != n) || c->n_ndim != c->n_dtype ||
+        (c->n_user_bytes && c->n_user_bytes != n) ||
+        (c->n_lease_left_ms && c->n_lease_left_ms != n))
+        return false;
+    for (size_t i = 0; i < c->n_ndim; i++) {
+        if (c->ndim[i] > GPUBUF_LAYOUT_MAX_NDIM + 1)
+            return false;
+        dims += c->ndim[i] ? c->ndim[i] - 1 : 0;
+    }
+    for (size_t i = 0; i < c->n_user_bytes; i++)
+        if (c->user_bytes[i] > GPUBUF_USER_DATA_MAX)
+            return false;
+    return dims == c->n_shape;
+}
+
+static gpubuf_dtype dtype_of(uint32_t packed) {
+    return (gpubuf_dtype){.code = packed & 0xff, .bits = (packed >> 8) & 0xff,
+                          .lanes = (uint16_t)(packed >> 16)};
+}
+
+int gpubuf__status_meta(gpubuf_status *s, const Gpubuf__StatusReply *st,
+                        const Gpubuf__BufferColumns *col) {
+    size_t n = s->n_buffers, d = 0;
+    gpubuf_status_meta *o = calloc(n + 1, sizeof(*o));
+    if (!o)
+        return -ENOMEM;
+    s->buffer_meta = o;
+    for (size_t i = 0; col && i < n; i++) {
+        if (i < col->n_ndim && col->ndim[i]) {
+            o[i].has_layout = 1;
+            o[i].dtype = dtype_of(col->dtype[i]);
+            o[i].ndim = col->ndim[i] - 1;
+            o[i].shape = col->shape + d;
+            d += o[i].ndim;
+        }
+        if (i < col->n_user_bytes)
+            o[i].user_size = col->user_bytes[i];
+        if (i < col->n_lease_left_ms)
+            o[i].lease_left_ms = col->lease_left_ms[i];
+    }
+    for (size_t i = 0; !col && i < n; i++) {
+        const Gpubuf__Buffer *m = st->buffers[i];
+        const Gpubuf__ArrayLayout *l = m->layout;
+        if (l && l->n_shape <= GPUBUF_LAYOUT_MAX_NDIM) {
+            o[i].has_layout = 1;
+            o[i].dtype = (gpubuf_dtype){.code = (uint8_t)l->dtype_code,
+                                        .bits = (uint8_t)l->dtype_bits,
+                                        .lanes = (uint16_t)l->dtype_lanes};
+            o[i].ndim = (uint32_t)l->n_shape;
+            o[i].shape = l->shape;
+        }
+        o[i].user_size = (uint32_t)(m->user_data.len > GPUBUF_USER_DATA_MAX
+                                        ? GPUBUF_USER_DATA_MAX
+                                        : m->user_data.len);
+        o[i].lease_left_ms = m->lease_left_ms;
+    }
+    if (st->leases) {
+        s->leases_active = st->leases->active;
+        s->leases_expired = st->leases->expired;
+        s->leases_renewed = st->leases->renewed;
+        s->max_lease_ms = st->leases->max_ttl_ms;
+    }
+    return 0;
+}

@@ -1,0 +1,290 @@
+/* Registry room, continued: what a buffer carries besides its bytes (array
+ * layout, user bytes) and its lease. Leases live in a binary min-heap by
+ * expiry: adding, renewing and removing one cost O(log n), and the daemon's
+ * one lease timer (context.c) waits for the heap's top. */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layout.h"
+#include "registry.h"
+#include "util.h"
+
+#define NS_PER_MS 1000000ull
+
+/* ---- the lease heap ------------------------------------------------------ */
+
+static void heap_set(gd_registry *r, uint32_t i, gd_buf *b) {
+    r->leases[i] = b;
+    b->lease_slot = i + 1;
+}
+
+static void sift_up(gd_registry *r, uint32_t i) {
+    gd_buf *b = r->leases[i];
+    while (i > 0) {
+        uint32_t p = (i - 1) / 2;
+        if (r->leases[p]->lease_expires_ns <= b->lease_expires_ns)
+            break;
+        heap_set(r, i, r->leases[p]);
+        i = p;
+    }
+    heap_set(r, i, b);
+}
+
+static void sift_down(gd_registry *r, uint32_t i) {
+    gd_buf *b = r->leases[i];
+    for (;;) {
+        uint32_t c = 2 * i + 1;
+        if (c >= r->n_leases)
+            break;
+        if (c + 1 < r->n_leases &&
+            r->leases[c + 1]->lease_expires_ns < r->leases[c]->lease_expires_ns)
+            c++;
+        if (r->leases[c]->lease_expires_ns >= b->lease_expires_ns)
+            break;
+        heap_set(r, i, r->leases[c]);
+        i = c;
+    }
+    heap_set(r, i, b);
+}
+
+void gd_lease_remove(gd_registry *r, gd_buf *b) {
+    if (!b->lease_slot)
+        return;
+    uint32_t i = b->lease_slot - 1;
+    gd_buf *last = r->leases[--r->n_leases];
+    b->lease_slot = 0;
+    b->lease_expires_ns = 0;
+    if (last == b)
+        return;
+    heap_set(r, i, last);
+    sift_up(r, i);
+    sift_down(r, last->lease_slot - 1);
+}
+
+/* Give b a lease of ttl_ms from now (replacing one it has). */
+static int lease_set(gd_registry *r, gd_buf *b, uint64_t ttl_ms) {
+    if (!b->lease_slot) {
+        if (r->n_leases == r->cap_leases) {
+            uint32_t cap = r->cap_leases ? r->cap_leases * 2 : 64;
+            gd_buf **n = realloc(r->leases, cap * sizeof(*n));
+            if (!n)
+                return -ENOMEM;
+            r->leases = n;
+            r->cap_leases = cap;
+        }
+        heap_set(r, r->n_leases++, b);
+    }
+    b->lease_ttl_ms = (uint32_t)ttl_ms;
+    b->lease_expires_ns = gpubuf_now_ns() + ttl_ms * NS_PER_MS;
+    sift_up(r, b->lease_slot - 1);
+    sift_down(r, b->lease_slot - 1);
+    return 0;
+}
+
+uint64_t gd_registry_next_expiry(const gd_registry *r) {
+    return r->n_leases ? r->leases[0]->lease_expires_ns : 0;
+}
+
+uint64_t gd_registry_lease_left_ms(const gd_buf *b, uint64_t now_ns) {
+    if (!b->lease_slot)
+        return 0;
+    if (b->lease_expires_ns <= now_ns)
+        return 1; /* due: the timer runs next */
+    return (b->lease_expires_ns - now_ns + NS_PER_MS - 1) / NS_PER_MS;
+}
+
+uint32_t gd_registry_expire(gd_registry *r, uint64_t now_ns, uint32_t max) {
+    uint32_t n = 0;
+    while (n < max && r->n_leases && r->leases[0]->lease_expires_ns <= now_ns) {
+        gd_buf *b = r->leases[0];
+        gd_lease_remove(r, b);
+        r->leases_expired++;
+        n++;
+        /* Like a delete: the name goes now, the memory with the last
+         * reference (b may be freed here). */
+        gd_registry_unpublish(r, b);
+    }
+    return n;
+}
+
+static int check_ttl(const gd_registry *r, uint64_t ttl_ms, gd_err *err) {
+    uint64_t max = r->quota.max_lease_ms ? r->quota.max_lease_ms : UINT32_MAX;
+    if (ttl_ms > max)
+        return gd_err_set(err, -EINVAL,
+                          "lease of %llu ms exceeds the daemon's max_lease_ms of %llu ms",
+                          (unsigned long long)ttl_ms, (unsigned long long)max);
+    return 0;
+}
+
+/* ---- layout and user bytes ----------------------------------------------- */
+
+/* A new gd_meta of what args give for a buffer of size bytes (*ret NULL when
+ * they give nothing); -EINVAL with the reason. */
+static int meta_build(const gd_meta_args *a, uint64_t size, gd_meta **ret, gd_err *err) {
+    const gpubuf_layout *l = a->layout;
+    *ret = NULL;
+    if (a->user_len > GPUBUF_USER_DATA_MAX)
+        return gd_err_set(err, -EINVAL, "%zu user bytes: a buffer carries at most %d",
+                          a->user_len, GPUBUF_USER_DATA_MAX);
+    if (l) {
+        gd_err e;
+        int rc = gpubuf_layout_validate(l, size, e.msg, sizeof(e.msg));
+        if (rc < 0)
+            return gd_err_set(err, rc, "%s", e.msg);
+    }
+    if (!l && !a->user_len)
+        return 0;
+    size_t dims = l ? l->ndim * (l->has_strides ? 2u : 1u) : 0;
+    gd_meta *m = malloc(sizeof(*m) + dims * sizeof(int64_t) + a->user_len);
+    if (!m)
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    memset(m, 0, sizeof(*m));
+    if (l) {
+        m->has_layout = true;
+        m->dtype = l->dtype;
+        m->ndim = (uint8_t)l->ndim;
+        m->has_strides = l->has_strides != 0;
+        m->byte_offset = l->byte_offset;
+        memcpy(m->dims, l->shape, l->ndim * sizeof(int64_t));
+        if (l->has_strides)
+            memcpy(m->dims + l->ndim, l->strides, l->ndim * sizeof(int64_t));
+    }
+    m->user_len = (uint32_t)a->user_len;
+    if (a->user_len)
+        memcpy((uint8_t *)(m->dims + dims), a->user, a->user_len);
+    *ret = m;
+    return 0;
+}
+
+/* b's metadata becomes m (it had none), counted for the status columns. */
+static void meta_attach(gd_registry *r, gd_buf *b, gd_meta *m) {
+    b->meta = m;
+    if (!m)
+        return;
+    r->n_layouts += m->has_layout;
+    r->layout_dims += m->has_layout ? m->ndim : 0;
+    r->n_user_meta += m->user_len != 0;
+}
+
+void gd_meta_free(gd_registry *r, gd_buf *b) {
+    gd_meta *m = b->meta;
+    if (!m)
+        return;
+    r->n_layouts -= m->has_layout;
+    r->layout_dims -= m->has_layout ? m->ndim : 0;
+    r->n_user_meta -= m->user_len != 0;
+    free(m);
+    b->meta = NULL;
+}
+
+/* b's metadata becomes what args give, keeping what they leave out. */
+static int meta_merge(gd_registry *r, gd_buf *b, const gd_meta_args *a, gd_err *err) {
+    gd_meta_args full = *a;
+    gpubuf_layout old;
+    size_t old_len = 0;
+    const uint8_t *old_user = gd_meta_user(b, &old_len);
+    if (!full.layout && gd_meta_layout(b, &old))
+        full.layout = &old;
+    if (!full.user_len) {
+        full.user = old_user;
+        full.user_len = old_len;
+    }
+    gd_meta *m;
+    int rc = meta_build(&full, b->size, &m, err);
+    if (rc < 0)
+        return rc;
+    gd_meta_free(r, b);
+    meta_attach(r, b, m);
+    return 0;
+}
+
+bool gd_meta_layout(const gd_buf *b, gpubuf_layout *ret) {
+    const gd_meta *m = b->meta;
+    if (!m || !m->has_layout)
+        return false;
+    memset(ret, 0, sizeof(*ret));
+    ret->dtype = m->dtype;
+    ret->ndim = m->ndim;
+    ret->byte_offset = m->byte_offset;
+    memcpy(ret->shape, m->dims, m->ndim * sizeof(int64_t));
+    ret->has_strides = m->has_strides;
+    if (m->has_strides)
+        memcpy(ret->strides, m->dims + m->ndim, m->ndim * sizeof(int64_t));
+    else
+        gpubuf_layout_compact_strides(ret, ret->strides);
+    return true;
+}
+
+const uint8_t *gd_meta_user(const gd_buf *b, size_t *ret_len) {
+    const gd_meta *m = b->meta;
+    *ret_len = m ? m->user_len : 0;
+    if (!m || !m->user_len)
+        return NULL;
+    size_t dims = m->has_layout ? m->ndim * (m->has_strides ? 2u : 1u) : 0;
+    return (const uint8_t *)(m->dims + dims);
+}
+
+/* ---- requests ------------------------------------------------------------- */
+
+int gd_registry_alloc_meta(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
+                           uint64_t align, const char *name, const gd_meta_args *meta,
+                           gd_buf **ret, gd_err *err) {
+    gd_meta *m = NULL;
+    gd_buf *b;
+    int rc;
+    if (meta && size > 0) {
+        if ((rc = check_ttl(r, meta->ttl_ms, err)) < 0 ||
+            (rc = meta_build(meta, size, &m, err)) < 0)
+            return rc;
+    }
+    rc = gd_registry_alloc(r, h, pool, size, align, name, &b, err);
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    meta_attach(r, b, m);
+    if (meta && meta->ttl_ms && lease_set(r, b, meta->ttl_ms) < 0) {
+        gd_registry_unpublish(r, b); /* unsealed: nobody else can hold it */
+        gd_registry_release(r, h, b->id, NULL);
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    }
+    *ret = b;
+    return 0;
+}
+
+int gd_registry_seal_meta(gd_registry *r, gd_holder *h, uint64_t id, const uint8_t *event,
+                          const gd_meta_args *meta, gd_buf **ret, gd_err *err) {
+    gd_buf *b = gd_registry_find_id(r, id);
+    int rc;
+    /* What the seal itself refuses is refused before the metadata changes. */
+    if (!meta || !b || b->owner_holder != h->id || b->state != GPUBUF_STATE_ALLOCATED ||
+        (event && b->pool->be->kind == GPUBUF_POOL_HOST))
+        return gd_registry_seal_event(r, h, id, event, ret, err);
+    if ((rc = check_ttl(r, meta->ttl_ms, err)) < 0)
+        return rc;
+    if ((meta->layout || meta->user_len) && (rc = meta_merge(r, b, meta, err)) < 0)
+        return rc;
+    if (meta->ttl_ms && lease_set(r, b, meta->ttl_ms) < 0)
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    return gd_registry_seal_event(r, h, id, event, ret, err);
+}
+
+int gd_registry_renew(gd_registry *r, gd_holder *h, const gd_target *t, uint64_t ttl_ms,
+                      gd_buf **ret, gd_err *err) {
+    gd_buf *b;
+    int rc = gd_registry_find_owned(r, h, t, "renew its lease", &b, err);
+    if (rc < 0)
+        return rc;
+    if (ttl_ms == 0 && !b->lease_slot)
+        return gd_err_set(err, -EINVAL,
+                          "buffer %llu has no lease: renew it with a time to live",
+                          (unsigned long long)b->id);
+    if ((rc = check_ttl(r, ttl_ms, err)) < 0)
+        return rc;
+    if (lease_set(r, b, ttl_ms ? ttl_ms : b->lease_ttl_ms) < 0)
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    r->leases_renewed++;
+    *ret = b;
+    return 0;
+}
