@@ -1018,6 +1018,10 @@ int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_er
     return 0;
 }
 
+void gd_registry_changed(gd_registry *r, const gd_buf *b) {
+    HOOK(r, buf, b);
+}
+
 int gd_registry_restore_ref(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t count,
                             uint32_t ro) {
     int rc = 0;

@@ -384,6 +384,14 @@ uint64_t gd_registry_lease_left_ms(const gd_buf *b, uint64_t now_ns);
 bool gd_meta_layout(const gd_buf *b, gpubuf_layout *ret);
 /* b's user bytes (NULL when none), their count in *ret_len. */
 const uint8_t *gd_meta_user(const gd_buf *b, size_t *ret_len);
+/* Restore b's metadata (state.c; b restored without any): what a gives,
+ * checked as an alloc's (-EINVAL: the saved state is input), and with
+ * a->ttl_ms a lease that expires at expires_ns (gpubuf_now_ns() clock; one
+ * already past is due at once: the lease timer expires it). */
+int gd_registry_restore_meta(gd_registry *r, gd_buf *b, const gd_meta_args *a,
+                             uint64_t expires_ns, gd_err *err);
+/* b changed outside registry.c (meta.c): journal it. */
+void gd_registry_changed(gd_registry *r, const gd_buf *b);
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w);
 /* Remove a waiter without calling back (timeout, reply already sent). */

@@ -17,6 +17,7 @@
 #endif
 
 #include "gpubuf_state.pb-c.h"
+#include "layout.h"
 #include "log.h"
 #include "util.h"
 
@@ -175,7 +176,16 @@ static void slab_msg(Gpubuf__StateSlab *m, const gd_slab *s) {
     m->dedicated = s->dedicated;
 }
 
-static void buf_msg(Gpubuf__StateBuffer *m, const gd_buf *b) {
+/* A buffer's record and what its metadata points to. */
+typedef struct buf_rec {
+    Gpubuf__StateBuffer m;
+    Gpubuf__ArrayLayout wl;
+    gpubuf_layout l;
+} buf_rec;
+
+static void buf_msg(buf_rec *br, const gd_buf *b) {
+    Gpubuf__StateBuffer *m = &br->m;
+    size_t user_len;
     gpubuf__state_buffer__init(m);
     m->id = b->id;
     m->name = b->name ? b->name : (char *)"";
@@ -193,6 +203,16 @@ static void buf_msg(Gpubuf__StateBuffer *m, const gd_buf *b) {
         m->event_session = b->event_holder;
     }
     m->restored = b->restored;
+    if (gd_meta_layout(b, &br->l)) { /* strides only when they were given */
+        gpubuf_layout_to_wire(&br->l, &br->wl);
+        m->layout = &br->wl;
+    }
+    m->user_data.data = (uint8_t *)gd_meta_user(b, &user_len);
+    m->user_data.len = user_len;
+    if (b->lease_slot) {
+        m->lease_ttl_ms = b->lease_ttl_ms;
+        m->lease_expires_ns = b->lease_expires_ns;
+    }
 }
 
 static void holder_msg(Gpubuf__StateSession *m, const gd_holder *h) {
@@ -257,9 +277,9 @@ static void snapshot(const gd_context *ctx, obuf *o) {
         put_msg(o, GPUBUF__STATE_RECORD__REC_SESSION, &m);
     }
     for (const gd_buf *b = ctx->reg.by_id; b; b = b->hh_id.next) {
-        Gpubuf__StateBuffer m;
-        buf_msg(&m, b);
-        put_msg(o, GPUBUF__STATE_RECORD__REC_BUFFER, &m);
+        buf_rec br;
+        buf_msg(&br, b);
+        put_msg(o, GPUBUF__STATE_RECORD__REC_BUFFER, &br.m);
     }
     for (const gd_holder *h = ctx->reg.holders; h; h = h->hh.next)
         for (const gd_ref *r = h->refs; r; r = r->hh.next) {
@@ -338,9 +358,9 @@ static void append_msg(gd_state *st, Gpubuf__StateRecord__RecCase what, void *m)
 }
 
 static void hook_buf(void *arg, const gd_buf *b) {
-    Gpubuf__StateBuffer m;
-    buf_msg(&m, b);
-    append_msg(arg, GPUBUF__STATE_RECORD__REC_BUFFER, &m);
+    buf_rec br;
+    buf_msg(&br, b);
+    append_msg(arg, GPUBUF__STATE_RECORD__REC_BUFFER, &br.m);
 }
 
 static void hook_id(gd_state *st, Gpubuf__StateRecord__RecCase what, uint64_t id) {
@@ -651,6 +671,11 @@ static void restore_bufs(gd_state *st, replay *rp, restore_log *lg) {
         const Gpubuf__StateBuffer *m = BUF_OF(rb);
         gd_err err = {0};
         gd_buf t, *b;
+        gpubuf_layout l;
+        gd_meta_args meta = {.layout = m->layout ? &l : NULL,
+                             .user = m->user_data.data,
+                             .user_len = m->user_data.len,
+                             .ttl_ms = m->lease_ttl_ms};
         memset(&t, 0, sizeof(t));
         gd_slab *slab = find_slab(ctx, m->slab_id);
         int r = -EINVAL;
@@ -664,6 +689,8 @@ static void restore_bufs(gd_state *st, replay *rp, restore_log *lg) {
                        (unsigned long long)m->block_size);
         else if (m->event.len != 0 && m->event.len != GD_EVENT_HANDLE_SIZE)
             gd_err_set(&err, -EINVAL, "event of %zu bytes", m->event.len);
+        else if (m->layout && gpubuf_layout_from_wire(m->layout, &l, err.msg, sizeof(err.msg)) < 0)
+            err.code = -EINVAL;
         else if ((r = gd_pool_claim(slab->pool, slab, m->offset, m->block_size, &t.blk, &err)) ==
                  0) {
             t.id = m->id;
@@ -682,6 +709,11 @@ static void restore_bufs(gd_state *st, replay *rp, restore_log *lg) {
             }
             if ((r = gd_registry_restore_buf(&ctx->reg, &t, &b, &err)) < 0)
                 gd_pool_release(slab->pool, &t.blk);
+            /* Its layout checked as an alloc's; a bad one drops it (freed
+             * at once: nothing references it yet). */
+            else if ((r = gd_registry_restore_meta(&ctx->reg, b, &meta, m->lease_expires_ns,
+                                                   &err)) < 0)
+                gd_registry_unpublish(&ctx->reg, b);
         }
         if (r < 0) {
             LOG_WARN_LIMITED("restore: dropped buffer %llu%s%s%s: %s", (unsigned long long)m->id,
@@ -738,6 +770,9 @@ static void restore(gd_state *st, replay *rp, gd_kept_fd *kept, size_t n) {
     ctx->slab_ids = umax(ctx->slab_ids, umax(rp->counters.next_slab_id, rp->max_slab));
     ctx->restarts = rp->counters.restarts + 1;
     ctx->restored_buffers = ctx->reg.n_buffers;
+    /* The lease heap is whole again: leases that expired while the daemon
+     * was down are due at once, at the loop's first turn. */
+    gd_context_leases_arm(ctx);
     LOG_NOTICE("restart %u: restored %u slab(s), %u buffer(s) (%u left after dropping "
                "unreachable ones), %u session(s) waiting to resume with %u reference(s) from "
                "%llu record(s) in %.1f ms; dropped %u slab(s), %u buffer(s), %u reference(s), "

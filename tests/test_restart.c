@@ -19,6 +19,7 @@
 #include "fdstore.h"
 #include "harness.h"
 #include "internal.h"
+#include "layout_helpers.h"
 
 #define BIG (256ull << 20)
 #define SEED 0x5eed
@@ -468,6 +469,127 @@ START_TEST(batch_changes_survive_sigkill) {
 }
 END_TEST
 
+/* Buffer name's metadata by stat on c: its lease left, in ms. */
+static uint64_t stat_meta(gpubuf_client *c, const char *name, gpubuf_buffer_meta *m) {
+    gpubuf_buffer_info info;
+    ck_assert_int_eq(gpubuf_stat_ex(c, name, 0, NULL, &info, m), 0);
+    return m->lease_left_ms;
+}
+
+static void check_same_meta(const gpubuf_buffer_meta *a, const gpubuf_buffer_meta *b) {
+    ck_assert_int_eq(a->has_layout, b->has_layout);
+    ck_assert_int_eq(a->layout.dtype.code, b->layout.dtype.code);
+    ck_assert_int_eq(a->layout.dtype.bits, b->layout.dtype.bits);
+    ck_assert_int_eq(a->layout.dtype.lanes, b->layout.dtype.lanes);
+    ck_assert_uint_eq(a->layout.ndim, b->layout.ndim);
+    ck_assert_uint_eq(a->layout.byte_offset, b->layout.byte_offset);
+    ck_assert_int_eq(a->layout.has_strides, b->layout.has_strides);
+    for (uint32_t k = 0; k < a->layout.ndim; k++) {
+        ck_assert_int_eq(a->layout.shape[k], b->layout.shape[k]);
+        ck_assert_int_eq(a->layout.strides[k], b->layout.strides[k]);
+    }
+    ck_assert_uint_eq(a->user_size, b->user_size);
+    ck_assert_mem_eq(a->user_data, b->user_data, a->user_size);
+}
+
+/* A layout, user bytes and a lease set at alloc and seal, and a renewed
+ * lease, survive SIGKILL; a lease that ran out while the daemon was down
+ * expires at once after the restart. */
+START_TEST(metadata_and_leases_survive_sigkill) {
+    fake_sd m;
+    static const char user[] = "restart: user bytes";
+    const int64_t shape[2] = {8, 16};
+    gpubuf_layout lay = f32(2, shape);
+    lay.has_strides = 1; /* column-major, after a 64-byte header */
+    lay.strides[0] = 1;
+    lay.strides[1] = 8;
+    lay.byte_offset = 64;
+    gpubuf_meta at_alloc = {.layout = &lay, .ttl_ms = 60000};
+    gpubuf_meta at_seal = {.user_data = user, .user_size = sizeof(user), .ttl_ms = 120000};
+    gpubuf_meta short_lease = {.ttl_ms = 300};
+    gpubuf_meta renewed = {.ttl_ms = 1000};
+    gpubuf_buffer *b, *r, *s;
+    gpubuf_buffer_meta *before = calloc(1, sizeof(*before)), *after = calloc(1, sizeof(*after));
+    gpubuf_buffer_meta *rb = calloc(1, sizeof(*rb)), *ra = calloc(1, sizeof(*ra));
+    ck_assert(before && after && rb && ra);
+    fsd_init(&m);
+    fsd_start(&m, k_pool);
+    gpubuf_client *c = td_connect(&m.d);
+    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 4096, "meta", &at_alloc, &b), 0);
+    ck_assert_int_eq(gpubuf_seal_ex(b, &at_seal), 0);
+    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 4096, "renewed", &renewed, &r), 0);
+    ck_assert_int_eq(gpubuf_seal_ex(r, NULL), 0);
+    ck_assert_int_eq(gpubuf_renew(c, "renewed", 0, 600000), 0);
+    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 4096, "short", &short_lease, &s), 0);
+    ck_assert_int_eq(gpubuf_seal_ex(s, NULL), 0);
+    ck_assert_int_eq(gpubuf_release(b), 0);
+    ck_assert_int_eq(gpubuf_release(r), 0);
+    ck_assert_int_eq(gpubuf_release(s), 0);
+    uint64_t left = stat_meta(c, "meta", before);
+    ck_assert(left > 100000 && left <= 120000);
+    ck_assert(stat_meta(c, "renewed", rb) > 500000);
+    gpubuf_disconnect(c);
+    for (int t = 0; t < 100 && fsd_count(&m, "slab-") < 1; t++)
+        fsd_wait(&m, NULL, 20);
+
+    /* Down for longer than "short"'s lease. */
+    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
+    usleep(500 * 1000);
+    fsd_start(&m, k_pool);
+    c = td_connect(&m.d);
+    uint64_t left2 = stat_meta(c, "meta", after);
+    check_same_meta(before, after);
+    ck_assert_uint_eq(after->lease_ttl_ms, 120000);
+    /* The time it was down counted; restarting took seconds, not minutes. */
+    ck_assert_msg(left2 <= left - 500 && left2 + 30000 > left, "lease left %llu ms, was %llu",
+                  (unsigned long long)left2, (unsigned long long)left);
+    ck_assert(stat_meta(c, "renewed", ra) > 500000);
+    check_same_meta(rb, ra);
+    ck_assert_uint_eq(ra->lease_ttl_ms, 600000);
+    ck_assert(!ra->has_layout && ra->user_size == 0);
+
+    /* An open gets the same layout and user bytes. */
+    ck_assert_int_eq(gpubuf_open(c, "meta", 0, &b), 0);
+    const gpubuf_layout *l = gpubuf_buffer_layout(b);
+    ck_assert_ptr_nonnull(l);
+    ck_assert_uint_eq(l->ndim, 2);
+    ck_assert_int_eq(l->strides[1], 8);
+    ck_assert_uint_eq(l->byte_offset, 64);
+    size_t n;
+    const void *u = gpubuf_buffer_user_data(b, &n);
+    ck_assert_uint_eq(n, sizeof(user));
+    ck_assert_mem_eq(u, user, sizeof(user));
+    ck_assert_int_eq(gpubuf_release(b), 0);
+
+    /* "short" ran out while the daemon was down: gone at once. */
+    gpubuf_buffer_info info;
+    int rc = 0;
+    for (int i = 0; i < 100 && (rc = gpubuf_stat(c, "short", &info)) == 0; i++)
+        usleep(20 * 1000);
+    ck_assert_int_eq(rc, -ENOENT);
+    gpubuf_status *st = td_status(&m.d);
+    ck_assert_uint_eq(st->leases_active, 2);
+    ck_assert_uint_ge(st->leases_expired, 1);
+    gpubuf_status_free(st);
+
+    /* The renewal after the restart is journalled as well. */
+    ck_assert_int_eq(gpubuf_renew(c, "meta", 0, 900000), 0);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
+    fsd_start(&m, k_pool);
+    c = td_connect(&m.d);
+    ck_assert(stat_meta(c, "meta", after) > 800000);
+    ck_assert_uint_eq(after->lease_ttl_ms, 900000);
+    check_same_meta(before, after);
+    gpubuf_disconnect(c);
+    free(before);
+    free(after);
+    free(rb);
+    free(ra);
+    fsd_cleanup(&m);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("restart");
     TCase *t = tcase_create("restart");
@@ -477,6 +599,7 @@ static Suite *suite(void) {
     tcase_add_test(t, bad_state_is_dropped);
     tcase_add_test(t, slab_once_after_resume);
     tcase_add_test(t, batch_changes_survive_sigkill);
+    tcase_add_test(t, metadata_and_leases_survive_sigkill);
     suite_add_tcase(s, t);
     t = tcase_create("takeover");
     tcase_set_timeout(t, 60);
