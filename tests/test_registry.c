@@ -15,6 +15,8 @@
 #include "pool.h"
 #include "registry.h"
 #include "check_main.h"
+#include "layout_helpers.h"
+#include "util.h"
 
 /* Where the calls under test write their error (one per test process). */
 static gd_err tr_err;
@@ -1472,6 +1474,64 @@ START_TEST(test_hooks_follow_changes) {
 }
 END_TEST
 
+/* Restored metadata is checked as an alloc's; a restored lease keeps its
+ * deadline (one past is due at once, one beyond its ttl is cut to it). */
+START_TEST(test_restore_meta) {
+    env e;
+    gd_buf t, *b = NULL, *c = NULL;
+    gd_block blk, blk2;
+    const int64_t big[1] = {1001}, fits[2] = {10, 100};
+    gpubuf_layout too_big = f32(1, big), ok = f32(2, fits);
+    static const uint8_t user[4097];
+    env_init(&e);
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk, &tr_err), 0);
+    memset(&t, 0, sizeof(t));
+    t.id = 50;
+    t.name = (char *)"m";
+    t.pool = e.pool;
+    t.blk = blk;
+    t.size = 4000;
+    t.state = GPUBUF_STATE_SEALED;
+    t.owner_uid = UID_A;
+    t.charged = blk.size;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &b, &tr_err), 0);
+    gd_meta_args a = {.layout = &too_big};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, b, &a, 0, &tr_err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(tr_err.msg, "4004 bytes"));
+    a = (gd_meta_args){.user = user, .user_len = sizeof(user)};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, b, &a, 0, &tr_err), -EINVAL);
+    a = (gd_meta_args){.ttl_ms = (uint64_t)UINT32_MAX + 1};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, b, &a, 0, &tr_err), -EINVAL);
+    ck_assert_ptr_null(b->meta);
+    ck_assert_uint_eq(e.reg.n_leases, 0);
+    /* Expired while the daemon was down. */
+    uint64_t now = gpubuf_now_ns();
+    a = (gd_meta_args){.layout = &ok, .user = user, .user_len = 5, .ttl_ms = 1000};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, b, &a, now - 1, &tr_err), 0);
+    ck_assert_uint_eq(e.reg.n_layouts, 1);
+    ck_assert_uint_eq(e.reg.n_leases, 1);
+    gpubuf_layout got;
+    ck_assert(gd_meta_layout(b, &got));
+    ck_assert_int_eq(got.shape[1], 100);
+    /* A deadline far beyond its ttl: cut to the ttl from now. */
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk2, &tr_err), 0);
+    t.id = 51;
+    t.name = (char *)"n";
+    t.blk = blk2;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &c, &tr_err), 0);
+    a = (gd_meta_args){.ttl_ms = 1000};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, c, &a, now + 86400000000000ull, &tr_err), 0);
+    ck_assert_uint_le(c->lease_expires_ns, gpubuf_now_ns() + 1000000000ull);
+    ck_assert_uint_eq(gd_registry_next_expiry(&e.reg), now - 1);
+    gd_registry_restore_done(&e.reg);
+    ck_assert_uint_eq(gd_registry_expire(&e.reg, gpubuf_now_ns(), 16), 1);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, 50));
+    ck_assert_uint_eq(e.reg.n_layouts, 0);
+    ck_assert_uint_eq(e.reg.n_leases, 1);
+    env_fini(&e);
+}
+END_TEST
+
 /* ---- main -------------------------------------------------------------- */
 
 static Suite *registry_suite(void) {
@@ -1517,6 +1577,7 @@ static Suite *registry_suite(void) {
     tcase_add_test(tc, test_holder_leave_spread);
     tcase_add_test(tc, test_restore_and_resume);
     tcase_add_test(tc, test_hooks_follow_changes);
+    tcase_add_test(tc, test_restore_meta);
     suite_add_tcase(s, tc);
     return s;
 }
