@@ -1345,6 +1345,21 @@ END_TEST
  * refused; unreachable buffers go at the end. Then the holder's client
  * resumes it claiming fewer references than it had, and one buffer it no
  * longer holds is reported lost. */
+/* A restored buffer's template: sealed, 4000 bytes in blk of e's pool, owned by UID_A. */
+static void restore_tmpl(gd_buf *t, env *e, uint64_t id, const char *name, gd_block blk,
+                         uint64_t owner_holder) {
+    memset(t, 0, sizeof(*t));
+    t->id = id;
+    t->name = (char *)name;
+    t->pool = e->pool;
+    t->blk = blk;
+    t->size = 4000;
+    t->state = GPUBUF_STATE_SEALED;
+    t->owner_uid = UID_A;
+    t->owner_holder = owner_holder;
+    t->charged = blk.size;
+}
+
 START_TEST(test_restore_and_resume) {
     env e;
     gd_buf t, *b = NULL, *anon = NULL, *x = NULL;
@@ -1356,16 +1371,7 @@ START_TEST(test_restore_and_resume) {
     ck_assert_uint_eq(e.reg.n_detached, 1);
     ck_assert_ptr_null(gd_registry_restore_holder(&e.reg, 7, 1, UID_A, UID_A));
     ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk, &tr_err), 0);
-    memset(&t, 0, sizeof(t));
-    t.id = 40;
-    t.name = (char *)"kept";
-    t.pool = e.pool;
-    t.blk = blk;
-    t.size = 4000;
-    t.state = GPUBUF_STATE_SEALED;
-    t.owner_uid = UID_A;
-    t.owner_holder = 7;
-    t.charged = blk.size;
+    restore_tmpl(&t, &e, 40, "kept", blk, 7);
     ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &b, &tr_err), 0);
     ck_assert_uint_eq(h->n_owned, 1);
     /* Same id, or same name: refused. */
@@ -1485,15 +1491,7 @@ START_TEST(test_restore_meta) {
     static const uint8_t user[4097];
     env_init(&e);
     ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk, &tr_err), 0);
-    memset(&t, 0, sizeof(t));
-    t.id = 50;
-    t.name = (char *)"m";
-    t.pool = e.pool;
-    t.blk = blk;
-    t.size = 4000;
-    t.state = GPUBUF_STATE_SEALED;
-    t.owner_uid = UID_A;
-    t.charged = blk.size;
+    restore_tmpl(&t, &e, 50, "m", blk, 0);
     ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &b, &tr_err), 0);
     gd_meta_args a = {.layout = &too_big};
     ck_assert_int_eq(gd_registry_restore_meta(&e.reg, b, &a, 0, &tr_err), -EINVAL);
@@ -1515,9 +1513,7 @@ START_TEST(test_restore_meta) {
     ck_assert_int_eq(got.shape[1], 100);
     /* A deadline far beyond its ttl: cut to the ttl from now. */
     ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk2, &tr_err), 0);
-    t.id = 51;
-    t.name = (char *)"n";
-    t.blk = blk2;
+    restore_tmpl(&t, &e, 51, "n", blk2, 0);
     ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &c, &tr_err), 0);
     a = (gd_meta_args){.ttl_ms = 1000};
     ck_assert_int_eq(gd_registry_restore_meta(&e.reg, c, &a, now + 86400000000000ull, &tr_err), 0);
