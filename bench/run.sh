@@ -3,7 +3,7 @@
 # anchor programs and gpubuf's benchmarks in the same run, and prints one
 # table of ratios against the anchors (bench/report.py).
 #
-#   bench/run.sh [--host] [--only base|vmm|batch|meta|...,...] [--out DIR] [--trace]
+#   bench/run.sh [--host] [--only base|vmm|batch|meta|restart[,...]] [--out DIR] [--trace]
 #
 # --trace: the daemon and the benchmark record a timestamp at each step of
 # every request (GPUBUF_TRACE_TIMING=1, files in DIR/trace), and the report
@@ -21,6 +21,9 @@
 #   batch single warm open and alloc + seal against the socket round trip,
 #         1,000 opens and releases in one call each, 16 processes doing
 #         batched alloc/seal/open/release/delete (host or cuda-ipc pools)
+#   restart  recovery time of gpubufd --takeover (start to serving) for 100k
+#         buffers of a host pool (and of a cuda-vmm pool with a GPU), against a
+#         fresh start; printed on its own (bench/restart_bench.c)
 #   meta  array metadata and leases: status and daemon memory at 100k buffers
 #         with a layout and a lease (works with --host)
 set -euo pipefail
@@ -29,7 +32,7 @@ mode=gpu
 out=${TMPDIR:-/tmp}/gpubuf-bench
 groups=""
 trace=0
-usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch|meta[,...]] [--out DIR] [--trace]" >&2; exit 2; }
+usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch|meta|restart[,...]] [--out DIR] [--trace]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --host) mode=host ;;
@@ -46,12 +49,14 @@ if [ $mode = gpu ] && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/de
 fi
 base=0
 vmm=0
+restart=0
 batch=0
 meta=0
 for g in ${groups//,/ }; do
     case $g in
     base) base=1 ;;
     vmm) vmm=1 ;;
+    restart) restart=1 ;;
     batch) batch=1 ;;
     meta) meta=1 ;;
     *) usage ;;
@@ -87,6 +92,21 @@ cmake --build "$build" -j"$jobs" >"$out/build.log"
 } >"$out/machine.txt"
 
 phase "built"
+if [ $restart = 1 ]; then
+    # Recovery time: a successor taking over 100k buffers, on host pools and,
+    # with a GPU, on a cuda-vmm pool; each on its own socket.
+    : >"$out/restart.txt"
+    "$build/bench/gpubuf_restart_bench" --gpubufd "$build/daemon/gpubufd" \
+        --socket "$out/restart-host.sock" --pool "bench=host,capacity=2G" --buffers 100000 |
+        tee -a "$out/restart.txt"
+    if [ $mode = gpu ]; then
+        "$build/bench/gpubuf_restart_bench" --gpubufd "$build/daemon/gpubufd" \
+            --socket "$out/restart-vmm.sock" --pool "bench=cuda-vmm,device=0,capacity=8G" \
+            --buffers 100000 | tee -a "$out/restart.txt"
+    fi
+    phase "restart benchmark done"
+    [ $base = 0 ] && [ $vmm = 0 ] && [ $batch = 0 ] && [ $meta = 0 ] && exit 0
+fi
 # Anchors, measured in this run. The single-client echo floor is the socket
 # round trip of both groups.
 cc -O2 -o "$out/echo_floor" bench/anchors/echo_floor.c

@@ -611,6 +611,7 @@ static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_stat
         ids[k] = last[k]->id;
         ro[k] = last[k]->read_only;
         keep[k] = gpubuf__mapping_put_ex(c, last[k]->map, false);
+        gpubuf__held(c, ids[k], ro[k], false); /* a resume no longer claims it */
     }
     for (size_t from = 0, k; !c->broken && r == 0 && from < n_last; from += k) {
         Gpubuf__Request req = GPUBUF__REQUEST__INIT;
@@ -635,6 +636,10 @@ static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_stat
                           item_message(resp->batch, j));
         gpubuf__response__free_unpacked(resp, NULL);
     }
+    /* Lost with the connection, reconnected: the resume released every
+     * reference no view claims, these too (as gpubuf_release()). */
+    if (r == -ECONNRESET)
+        r = 0;
     pthread_mutex_unlock(&c->lock);
     for (size_t k = 0; k < n_last; k++) {
         free(last[k]);

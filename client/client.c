@@ -126,37 +126,20 @@ static int connect_call(const char *path, gpubuf_client **ret) {
     pthread_mutex_init(&c->lock, NULL);
     c->max_request = GPUBUF_WIRE_MAX_REQUEST;
 
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__Hello hello = GPUBUF__HELLO__INIT;
-    Gpubuf__Response *resp;
-    char name[64];
-    int rfd;
-    snprintf(name, sizeof(name), "%s", program_invocation_short_name);
-    hello.min_version = GPUBUF_PROTOCOL_VERSION;
-    hello.max_version = GPUBUF_PROTOCOL_VERSION;
-    hello.client_name = name;
-    hello.capabilities = GPUBUF_CAP_KEEP_MAPPED | GPUBUF_CAP_SLAB_ONCE;
-    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
-    req.hello = &hello;
-    r = gpubuf__rpc_locked(c, &req, &resp, &rfd);
+    snprintf(c->path, sizeof(c->path), "%s", path);
+    c->reconnect_ms = GPUBUF_RECONNECT_MS_DEFAULT;
+    const char *env = getenv("GPUBUF_RECONNECT_MS");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= 3600000)
+            c->reconnect_ms = (int)v;
+    }
+    r = gpubuf__hello_locked(c, false);
     if (r < 0) {
         gpubuf__client_unref(c);
         return r;
     }
-    if (resp->body_case != GPUBUF__RESPONSE__BODY_HELLO) {
-        gpubuf__response__free_unpacked(resp, NULL);
-        gpubuf__client_unref(c);
-        return GPUBUF_EPROTOCOL;
-    }
-    c->session_id = resp->hello->session_id;
-    if (resp->hello->max_request >= 256)
-        c->max_request = resp->hello->max_request;
-    c->max_batch_items = resp->hello->max_batch_items;
-    if (resp->hello->capabilities & GPUBUF_CAP_KEEP_MAPPED)
-        c->keep_cap = resp->hello->max_kept_slabs < GPUBUF_KEEP_SLABS
-                          ? resp->hello->max_kept_slabs
-                          : GPUBUF_KEEP_SLABS;
-    gpubuf__response__free_unpacked(resp, NULL);
     *ret = c;
     return 0;
 }
@@ -172,6 +155,11 @@ void gpubuf__client_unref(gpubuf_client *c) {
     c->cap_events = 0;
 #endif
     gpubuf__mapping_clear(c);
+    gpubuf_held *hd, *htmp;
+    HASH_ITER(hh, c->held, hd, htmp) {
+        HASH_DEL(c->held, hd);
+        free(hd);
+    }
     gpubuf_trace_dump(); /* GPUBUF_TRACE_TIMING: this process's records so far */
     for (int i = 0; i < c->n_rfds; i++)
         close(c->rfds[i]);
@@ -188,6 +176,7 @@ GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
     /* Shut the reading side down first: a thread blocked in a waiting open
      * on this connection then reads end of stream, returns
      * GPUBUF_EDISCONNECTED and frees the lock. The daemon sees nothing yet. */
+    c->closing = true;
     shutdown(c->fd, SHUT_RD);
     pthread_mutex_lock(&c->lock);
     c->broken = true;
@@ -267,6 +256,7 @@ int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_
 #endif
     }
     snprintf(b->name, sizeof(b->name), "%s", name ? name : "");
+    gpubuf__held(c, b->id, b->read_only, true);
     atomic_fetch_add(&c->refs, 1);
     *ret = b;
     return 0;
@@ -551,6 +541,8 @@ GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
         free(s->buffers);
         free(s->clients);
         free((void *)s->pool_publishers);
+        free((void *)s->buffer_restored);
+        free((void *)s->client_detached);
         free(s->buffer_meta);
         free((void *)s->counters.requests);
         free((void *)s->counters.errors);
@@ -785,9 +777,28 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
         snprintf(o->name, sizeof(o->name), "%s", x->name ? x->name : "");
     }
     s->n_clients = st->n_clients;
+    s->restarts = st->restarts;
+    s->restored_buffers = st->restored_buffers;
+    bool any_restored = false, any_detached = false;
+    for (size_t i = 0; i < n_buffers && !any_restored; i++)
+        any_restored = col ? i < col->n_restored && col->restored[i] : st->buffers[i]->restored;
+    for (size_t i = 0; i < st->n_clients && !any_detached; i++)
+        any_detached = st->clients[i]->detached;
+    uint8_t *restored = any_restored ? calloc(n_buffers + 1, 1) : NULL;
+    uint8_t *detached = any_detached ? calloc(st->n_clients + 1, 1) : NULL;
+    for (size_t i = 0; restored && i < n_buffers; i++)
+        restored[i] = col ? i < col->n_restored && col->restored[i] : st->buffers[i]->restored;
+    for (size_t i = 0; detached && i < st->n_clients; i++)
+        detached[i] = st->clients[i]->detached;
+    s->buffer_restored = restored;
+    s->client_detached = detached;
+    if ((any_restored && !restored) || (any_detached && !detached)) {
+        gpubuf_status_free(s);
+        gpubuf__response__free_unpacked(resp, NULL);
+        return -ENOMEM;
+    }
     if ((st->counters && copy_counters(&s->counters, st->counters) < 0) ||
-        copy_batches(&s->counters, st) < 0) {
-        gpubuf_status_free(s); /* resp is not attached yet */
+        copy_batches(&s->counters, st) < 0) {        gpubuf_status_free(s); /* resp is not attached yet */
         gpubuf__response__free_unpacked(resp, NULL);
         return -ENOMEM;
     }
@@ -804,6 +815,16 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
 }
 
 /* ---- views ------------------------------------------------------------- */
+
+GPUBUF_EXTERN int gpubuf_set_reconnect(gpubuf_client *c, int ms) {
+    gpubuf__clear_error();
+    if (!c || ms < 0)
+        return gpubuf__result(gpubuf__fail(-EINVAL, "reconnect time must be 0 or more ms"));
+    pthread_mutex_lock(&c->lock);
+    c->reconnect_ms = ms;
+    pthread_mutex_unlock(&c->lock);
+    return 0;
+}
 
 GPUBUF_EXTERN gpubuf_buffer *gpubuf_buffer_ref(gpubuf_buffer *b) {
     if (b)

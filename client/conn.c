@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "internal.h"
@@ -59,6 +61,8 @@ static void close_fds(const int *fds, int n) {
     for (int i = 0; i < n; i++)
         close(fds[i]);
 }
+static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *ret_fds,
+               int *ret_n_fds);
 
 /* The daemon closed the connection: it may have said why first (a refused
  * connection, a shutdown) in a connection-level error frame (id 0). True
@@ -240,14 +244,16 @@ static void settle_async(gpubuf_client *c, Gpubuf__Response *resp, const int *fd
     gpubuf__response__free_unpacked(resp, NULL);
 }
 
+static int after_loss(gpubuf_client *c, int r);
+
 int gpubuf__drain_locked(gpubuf_client *c) {
     while (c->pending > 0) {
         Gpubuf__Response *resp;
         int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
         int r = read_reply(c, &resp, fds, &n_fds);
         if (r < 0) {
-            c->pending = 0;
-            return r;
+            c->pending = 0; /* gone with the connection */
+            return after_loss(c, r);
         }
         if (resp->id == 0 && resp->status < 0) {
             /* Connection-level error (shutdown, bad frame): the stream ends. */
@@ -256,7 +262,7 @@ int gpubuf__drain_locked(gpubuf_client *c) {
             r = resp->status;
             gpubuf__response__free_unpacked(resp, NULL);
             close_fds(fds, n_fds);
-            return r;
+            return after_loss(c, r);
         }
         settle_async(c, resp, fds, n_fds);
     }
@@ -265,20 +271,223 @@ int gpubuf__drain_locked(gpubuf_client *c) {
 
 int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req) {
     int r = send_request(c, req);
-    if (r < 0)
-        return r;
+    if (r < 0) {
+        r = after_loss(c, r);
+        /* A release is done by the resume: it claims only live views. */
+        return r == -ECONNRESET && req->body_case == GPUBUF__REQUEST__BODY_RELEASE ? 0 : r;
+    }
     c->pending++;
     if (c->pending >= GPUBUF_MAX_PENDING)
         return gpubuf__drain_locked(c);
     return 0;
 }
 
+void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add) {
+    gpubuf_held *h;
+    HASH_FIND(hh, c->held, &id, sizeof(id), h);
+    if (add) {
+        if (!h) {
+            if (!(h = calloc(1, sizeof(*h))))
+                return; /* out of memory: a resume would not claim it */
+            h->id = id;
+            HASH_ADD(hh, c->held, id, sizeof(h->id), h);
+        }
+        h->count++;
+        h->ro += read_only;
+        return;
+    }
+    if (!h)
+        return;
+    if (read_only && h->ro)
+        h->ro--;
+    if (--h->count == 0) {
+        HASH_DEL(c->held, h);
+        free(h);
+    }
+}
+
+int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello hello = GPUBUF__HELLO__INIT;
+    Gpubuf__HeldRef *held = NULL, **pheld = NULL;
+    Gpubuf__Response *resp;
+    char name[64];
+    int rfd, r;
+    size_t n = resume ? HASH_COUNT(c->held) : 0, i = 0;
+    /* A HeldRef packs into at most 24 bytes: the claims that fit in one
+     * request of the daemon's max_request go; views beyond them lose their
+     * reference (docs/client-api.md, "Restart"). */
+    size_t fit = c->max_request > 512 ? (c->max_request - 512) / 24 : 0;
+    if (n > fit)
+        n = fit;
+    snprintf(name, sizeof(name), "%s", program_invocation_short_name);
+    hello.min_version = GPUBUF_PROTOCOL_VERSION;
+    hello.max_version = GPUBUF_PROTOCOL_VERSION;
+    hello.client_name = name;
+    hello.capabilities = GPUBUF_CAP_KEEP_MAPPED | GPUBUF_CAP_SLAB_ONCE;
+    if (resume) {
+        held = calloc(n + 1, sizeof(*held));
+        pheld = calloc(n + 1, sizeof(*pheld));
+        if (!held || !pheld) {
+            free(held);
+            free(pheld);
+            return -ENOMEM;
+        }
+        for (gpubuf_held *h = c->held; h && i < n; h = h->hh.next, i++) {
+            gpubuf__held_ref__init(&held[i]);
+            held[i].buffer_id = h->id;
+            held[i].count = h->count;
+            held[i].read_only = h->ro;
+            pheld[i] = &held[i];
+        }
+        hello.resume_session = c->session_id;
+        hello.n_held = i;
+        hello.held = pheld;
+        /* Those not claimed are lost: dropped below with the daemon's list. */
+    }
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &hello;
+    c->in_hello = true;
+    r = gpubuf__rpc_locked(c, &req, &resp, &rfd);
+    c->in_hello = false;
+    free(held);
+    free(pheld);
+    if (r < 0)
+        return r;
+    if (rfd >= 0)
+        close(rfd);
+    if (resp->body_case != GPUBUF__RESPONSE__BODY_HELLO) {
+        gpubuf__response__free_unpacked(resp, NULL);
+        return GPUBUF_EPROTOCOL;
+    }
+    const Gpubuf__HelloReply *hr = resp->hello;
+    c->session_id = hr->session_id;
+    if (hr->max_request >= 256)
+        c->max_request = hr->max_request;
+    c->max_batch_items = hr->max_batch_items;
+    c->keep_cap = 0;
+    if (hr->capabilities & GPUBUF_CAP_KEEP_MAPPED)
+        c->keep_cap = hr->max_kept_slabs < GPUBUF_KEEP_SLABS ? hr->max_kept_slabs
+                                                              : GPUBUF_KEEP_SLABS;
+    if (resume) {
+        /* Views of buffers the daemon no longer has for us stay mapped,
+         * but hold nothing: their release is not sent. */
+        gpubuf_held *h, *tmp;
+        size_t seen = 0;
+        HASH_ITER(hh, c->held, h, tmp) {
+            bool lost = !hr->resumed || seen++ >= i;
+            for (size_t k = 0; k < hr->n_lost && !lost; k++)
+                lost = hr->lost[k] == h->id;
+            if (lost) {
+                HASH_DEL(c->held, h);
+                free(h);
+            }
+        }
+        if (hr->resumed)
+            c->reconnects++;
+    }
+    gpubuf__response__free_unpacked(resp, NULL);
+    return 0;
+}
+
+static void sleep_ms(int ms) {
+    struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+    while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+        ;
+}
+
+static uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* The daemon went away: connect again (pausing 10 ms, doubling up to 500 ms,
+ * for at most reconnect_ms) and resume the session with the references the
+ * live views hold. Their mappings stay as they are. Lock held. */
+static int reconnect(gpubuf_client *c) {
+    struct sockaddr_un sa = {.sun_family = AF_UNIX};
+    uint64_t deadline = now_ms() + (uint64_t)c->reconnect_ms;
+    int pause = GPUBUF_RECONNECT_FIRST_MS, r = GPUBUF_EDISCONNECTED;
+    memcpy(sa.sun_path, c->path, sizeof(c->path) < sizeof(sa.sun_path) ? sizeof(c->path)
+                                                                          : sizeof(sa.sun_path));
+    /* What was in flight is gone with the old connection. */
+    if (c->pending && !c->async_error)
+        c->async_error = -ECONNRESET;
+    c->pending = 0;
+    for (int i = 0; i < c->n_rfds; i++)
+        close(c->rfds[i]);
+    c->n_rfds = 0;
+    c->rpos = c->rlen = 0;
+    if (c->fd >= 0)
+        close(c->fd);
+    c->fd = -1;
+    /* The daemon pins no slab for a resumed session: nothing is kept. */
+    gpubuf__mapping_drop_idle(c, false, false);
+    for (gpubuf_mapping *m = c->maps; m; m = m->hh.next)
+        m->kept = false;
+    c->n_kept = 0;
+    for (;;) {
+        int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0)
+            return -errno;
+        if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
+            c->fd = fd;
+            c->broken = false;
+            r = gpubuf__hello_locked(c, true);
+            if (r == 0)
+                return 0;
+            close(c->fd);
+            c->fd = -1;
+            c->broken = true;
+        } else {
+            close(fd);
+        }
+        if (now_ms() + (uint64_t)pause > deadline)
+            return r;
+        sleep_ms(pause);
+        pause = pause * 2 > GPUBUF_RECONNECT_MAX_PAUSE_MS ? GPUBUF_RECONNECT_MAX_PAUSE_MS
+                                                         : pause * 2;
+    }
+}
+
+/* A request failed because the connection went (the daemon stopped or
+ * died): reconnect when allowed. The request itself is not sent again: it
+ * fails with -ECONNRESET. Returns r when there is no reconnecting. */
+static int after_loss(gpubuf_client *c, int r) {
+    bool lost = r == GPUBUF_EDISCONNECTED || r == -EPIPE || r == -ECONNRESET || r == -ESHUTDOWN;
+    if (!lost || !c->broken || c->in_hello || c->closing || c->reconnect_ms <= 0)
+        return r;
+    if (reconnect(c) < 0) {
+        gpubuf__set_error("the connection to gpubufd was lost and reconnecting failed for %d "
+                          "ms",
+                          c->reconnect_ms);
+        return GPUBUF_EDISCONNECTED;
+    }
+    gpubuf__set_error("the connection to gpubufd was lost while this request was in flight "
+                      "(the daemon restarted); reconnected and resumed the session, the views "
+                      "stay valid: retry the request");
+    return -ECONNRESET;
+}
+
 int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                            int *ret_fds, int *ret_n_fds) {
+    int r = rpc(c, req, ret, ret_fds, ret_n_fds);
+    return r < 0 ? after_loss(c, r) : r;
+}
+
+static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *ret_fds,
+               int *ret_n_fds) {
     Gpubuf__Response *resp;
     int r, fds[GPUBUF_WIRE_MAX_FDS], n_fds = 0;
 
     *ret_n_fds = 0;
+    /* A connection lost earlier (an asynchronous request found it gone). */
+    if (c->broken && !c->in_hello && !c->closing && c->reconnect_ms > 0 && c->session_id &&
+        reconnect(c) < 0) {
+        gpubuf__set_error("the connection to gpubufd is closed and reconnecting failed");
+        return GPUBUF_EDISCONNECTED;
+    }
     r = send_request(c, req);
     if (r < 0)
         return r;

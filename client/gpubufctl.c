@@ -151,7 +151,8 @@ static char *put_meta_json(char *o, const gpubuf_status_meta *m) {
     return o;
 }
 
-static void put_buffer_json(const gpubuf_status_buffer *b, const gpubuf_status_meta *m) {
+static void put_buffer_json(const gpubuf_status_buffer *b, const gpubuf_status_meta *m,
+                            bool restored) {
     char line[4096 + 32 * 21 + 256], *o = line;
     o = put_u64(put_text(o, "{\"id\":"), b->id);
     o = put_json_string(put_text(o, ",\"name\":"), b->name);
@@ -162,12 +163,15 @@ static void put_buffer_json(const gpubuf_status_buffer *b, const gpubuf_status_m
     o = put_u64(put_text(o, ",\"owner_uid\":"), b->owner_uid);
     o = put_u64(put_text(o, ",\"slab\":"), b->slab_id);
     o = put_u64(put_text(o, ",\"offset\":"), b->offset);
+    if (restored)
+        o = put_text(o, ",\"restored\":true");
     o = put_meta_json(o, m);
     *o++ = '}';
     fwrite(line, 1, (size_t)(o - line), stdout);
 }
 
-static json_object *buffer_json(const gpubuf_status_buffer *b, const gpubuf_status_meta *m) {
+static json_object *buffer_json(const gpubuf_status_buffer *b, const gpubuf_status_meta *m,
+                                bool restored) {
     json_object *o = json_object_new_object();
     json_object_object_add(o, "id", json_object_new_uint64(b->id));
     json_object_object_add(o, "name", json_object_new_string(shown(b->name)));
@@ -178,6 +182,8 @@ static json_object *buffer_json(const gpubuf_status_buffer *b, const gpubuf_stat
     json_object_object_add(o, "owner_uid", json_object_new_int64(b->owner_uid));
     json_object_object_add(o, "slab", json_object_new_uint64(b->slab_id));
     json_object_object_add(o, "offset", json_object_new_uint64(b->offset));
+    if (restored)
+        json_object_object_add(o, "restored", json_object_new_boolean(1));
     if (m && m->has_layout) { /* the keys of put_meta_json() */
         char name[32];
         json_object *shape = json_object_new_array();
@@ -205,7 +211,7 @@ static json_object *batch_json(const gpubuf_batch_counters *b) {
     return o;
 }
 
-static json_object *client_json(const gpubuf_client_info *c) {
+static json_object *client_json(const gpubuf_client_info *c, bool detached) {
     {
         json_object *o = json_object_new_object();
         json_object_object_add(o, "session", json_object_new_uint64(c->session_id));
@@ -218,6 +224,8 @@ static json_object *client_json(const gpubuf_client_info *c) {
         json_object_object_add(o, "kept_slabs", json_object_new_int64(c->kept_slabs));
         json_object_object_add(o, "read_only_references",
                                json_object_new_int64(c->read_only_references));
+        if (detached)
+            json_object_object_add(o, "detached", json_object_new_boolean(1));
         return o;
     }
 }
@@ -250,6 +258,7 @@ static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
         printf("\"version\":");
         emit(json_object_new_string(shown(s->version)), flags);
         printf(",\"uptime_ms\":%llu", (unsigned long long)s->uptime_ms);
+        printf(",\"restarts\":%u,\"restored_buffers\":%u", s->restarts, s->restored_buffers);
         first = false;
     }
     if (all || !strcmp(cmd, "pools"))
@@ -257,20 +266,23 @@ static void print_json(const gpubuf_status *s, const char *cmd, bool pretty) {
     if (all || !strcmp(cmd, "buffers")) {
         if (pretty) {
             EMIT_ARRAY("buffers", s->n_buffers,
-                       buffer_json(&s->buffers[i_], s->buffer_meta ? &s->buffer_meta[i_] : NULL));
+                       buffer_json(&s->buffers[i_], s->buffer_meta ? &s->buffer_meta[i_] : NULL,
+                                   s->buffer_restored && s->buffer_restored[i_]));
         } else {
             printf("%s\"buffers\":[", first ? "" : ",");
             first = false;
             for (size_t i = 0; i < s->n_buffers; i++) {
                 if (i)
                     putchar(',');
-                put_buffer_json(&s->buffers[i], s->buffer_meta ? &s->buffer_meta[i] : NULL);
+                put_buffer_json(&s->buffers[i], s->buffer_meta ? &s->buffer_meta[i] : NULL,
+                                s->buffer_restored && s->buffer_restored[i]);
             }
             putchar(']');
         }
     }
     if (all || !strcmp(cmd, "clients"))
-        EMIT_ARRAY("clients", s->n_clients, client_json(&s->clients[i_]));
+        EMIT_ARRAY("clients", s->n_clients,
+                   client_json(&s->clients[i_], s->client_detached && s->client_detached[i_]));
     if (all)
         EMIT_ARRAY("batches", s->counters.n_batches, batch_json(&s->counters.batches[i_]));
     puts("}");
@@ -305,6 +317,16 @@ static void print_pools(const gpubuf_status *s) {
                    shown(s->pool_publishers[i]));
 }
 
+/* ", restarted N time(s), M buffer(s) restored" after a restart, else "". */
+static const char *restarted(const gpubuf_status *s) {
+    static char buf[96];
+    if (!s->restarts)
+        return "";
+    snprintf(buf, sizeof(buf), ", restarted %u time(s), %u buffer(s) restored", s->restarts,
+             s->restored_buffers);
+    return buf;
+}
+
 static void print_buffers(const gpubuf_status *s) {
     char a[32], lay[48], left[32];
     printf("%-8s %-24s %-10s %11s %-10s %5s %6s %6s %-20s %s\n", "ID", "NAME", "POOL", "SIZE",
@@ -320,10 +342,11 @@ static void print_buffers(const gpubuf_status *s) {
             format_left(m->lease_left_ms, left, sizeof(left));
         else
             snprintf(left, sizeof(left), "-");
-        printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu %6u %-20s %s\n", (unsigned long long)b->id,
-               b->name[0] ? shown(b->name) : "(anonymous)", shown(b->pool),
-               gpubuf_format_size(b->size, a, sizeof(a)), gpubuf_state_name(b->state), b->refs,
-               (unsigned long long)b->slab_id, b->owner_uid, lay, left);
+        printf("%-8llu %-24s %-10s %11s %-10s %5u %6llu %6u %-20s %s%s\n",
+               (unsigned long long)b->id, b->name[0] ? shown(b->name) : "(anonymous)",
+               shown(b->pool), gpubuf_format_size(b->size, a, sizeof(a)),
+               gpubuf_state_name(b->state), b->refs, (unsigned long long)b->slab_id, b->owner_uid,
+               lay, left, s->buffer_restored && s->buffer_restored[i] ? "  restored" : "");
     }
 }
 
@@ -332,8 +355,10 @@ static void print_clients(const gpubuf_status *s) {
            "READ-ONLY", "BUFFERS");
     for (size_t i = 0; i < s->n_clients; i++) {
         const gpubuf_client_info *c = &s->clients[i];
+        bool det = s->client_detached && s->client_detached[i];
         printf("%-8llu %-8d %-6u %-16s %10u %9u %8u\n", (unsigned long long)c->session_id, c->pid,
-               c->uid, shown(c->name), c->references, c->read_only_references, c->buffers_held);
+               c->uid, det ? "(not resumed)" : shown(c->name), c->references,
+               c->read_only_references, c->buffers_held);
     }
 }
 
@@ -566,6 +591,11 @@ static void print_metrics(const gpubuf_status *s) {
     printf("gpubuf_clients %zu\n", s->n_clients);
     family("gpubuf_uptime_seconds", "gauge", "Seconds since gpubufd started.");
     printf("gpubuf_uptime_seconds %.3f\n", (double)s->uptime_ms / 1000.0);
+    family("gpubuf_restarts_total", "counter",
+           "Times gpubufd restarted over the state it kept (buffers survived).");
+    printf("gpubuf_restarts_total %u\n", s->restarts);
+    family("gpubuf_restored_buffers", "gauge", "Buffers the last start of gpubufd restored.");
+    printf("gpubuf_restored_buffers %u\n", s->restored_buffers);
     if (s->counters.present)
         print_counters(&s->counters);
     print_leases(s);
@@ -590,6 +620,8 @@ static void apply_filters(gpubuf_status *s, const filters *f) {
             (f->name_prefix && strncmp(b->name, f->name_prefix, strlen(f->name_prefix))) ||
             (f->state && strcmp(gpubuf_state_name(b->state), f->state)))
             continue;
+        if (s->buffer_restored) /* the library's array: kept in step */
+            ((uint8_t *)s->buffer_restored)[n] = s->buffer_restored[i];
         if (s->buffer_meta)
             s->buffer_meta[n] = s->buffer_meta[i];
         s->buffers[n++] = *b;
@@ -600,6 +632,8 @@ static void apply_filters(gpubuf_status *s, const filters *f) {
         const gpubuf_client_info *c = &s->clients[i];
         if ((f->pid >= 0 && c->pid != f->pid) || (f->uid >= 0 && (long)c->uid != f->uid))
             continue;
+        if (s->client_detached)
+            ((uint8_t *)s->client_detached)[n] = s->client_detached[i];
         s->clients[n++] = *c;
     }
     s->n_clients = n;
@@ -743,8 +777,8 @@ static int show(gpubuf_client *c, view *v, const filters *f) {
             print_rates(&v->rt, s);
         }
         if (all) {
-            printf("gpubufd %s, up %llu s\n", shown(s->version),
-                   (unsigned long long)(s->uptime_ms / 1000));
+            printf("gpubufd %s, up %llu s%s\n", shown(s->version),
+                   (unsigned long long)(s->uptime_ms / 1000), restarted(s));
             print_batches(&s->counters);
             putchar('\n');
         }

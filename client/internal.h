@@ -42,8 +42,27 @@ typedef struct gpubuf_mapping {
     UT_hash_handle hh;
 } gpubuf_mapping;
 
+/* References this connection's live root views hold to one buffer: what a
+ * resume after a daemon restart claims back (Hello.held). */
+typedef struct gpubuf_held {
+    uint64_t id;
+    uint32_t count, ro;
+    UT_hash_handle hh;
+} gpubuf_held;
+
+/* Reconnecting after the daemon went away (docs/client-api.md, "Restart"). */
+#define GPUBUF_RECONNECT_MS_DEFAULT 10000 /* keep trying that long */
+#define GPUBUF_RECONNECT_FIRST_MS 10      /* first pause, doubling ... */
+#define GPUBUF_RECONNECT_MAX_PAUSE_MS 500 /* ... up to this */
+
 struct gpubuf_client {
     int fd;
+    char path[108];      /* the daemon's socket (reconnects) */
+    int reconnect_ms;    /* how long a reconnect keeps trying; 0: never reconnect */
+    bool closing;        /* gpubuf_disconnect() runs: no reconnect */
+    bool in_hello;       /* the handshake runs: a failure is not reconnected */
+    uint32_t reconnects; /* reconnects that resumed the session */
+    gpubuf_held *held;   /* by buffer id */
     atomic_int refs;     /* the connection itself + every live root view */
     pthread_mutex_t lock; /* serialises requests and the mapping cache */
     uint64_t next_id;
@@ -188,6 +207,12 @@ void gpubuf__event_import(gpubuf_buffer *b);
 int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
                          uint8_t ret_handle[64]);
 
+/* The handshake (lock held): hello, and with resume the session before a
+ * restart and the references in c->held; references the daemon no longer
+ * has are dropped from c->held. */
+int gpubuf__hello_locked(gpubuf_client *c, bool resume);
+/* A root view took (add) or gave back (!add) one reference to id (lock held). */
+void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add);
 /* Metadata (meta.c). The layout and user bytes of the Buffer reply m on the
  * new root view b: -ENOMEM, or GPUBUF_EPROTOCOL for a malformed layout. */
 int gpubuf__view_meta(gpubuf_buffer *b, const Gpubuf__Buffer *m);

@@ -379,6 +379,8 @@ int gpubuf__release_locked(gpubuf_client *c, uint64_t id, gpubuf_mapping *map, b
     /* Unmap (or keep the slab, pinned by this very release) before the
      * daemon may recycle the memory. */
     bool keep = gpubuf__mapping_put(c, map);
+    gpubuf__held(c, id, read_only, false);
+    /* Not connected: a resume claims only what views still hold. */
     return c->broken ? 0 : gpubuf__send_release(c, id, keep, read_only);
 }
 

@@ -29,6 +29,11 @@ typedef struct gd_backend_ops {
     int (*slab_create)(gd_backend *be, uint64_t size, void **ret_priv,
                        gd_slab_export *ret_export, gd_err *err);
     void (*slab_destroy)(gd_backend *be, void *priv, gd_slab_export *exp);
+    /* Take up a slab of size bytes that a previous daemon made, from the fd
+     * it kept (a restart): check that fd is such a slab, and on success own
+     * it. NULL for kinds whose memory dies with the process (cuda-ipc). */
+    int (*slab_adopt)(gd_backend *be, int fd, uint64_t size, void **ret_priv,
+                      gd_slab_export *ret_export, gd_err *err);
     void (*destroy)(gd_backend *be);
 } gd_backend_ops;
 

@@ -140,9 +140,68 @@ static void vmm_slab_destroy(gd_backend *be, void *priv, gd_slab_export *exp) {
     free(s);
 }
 
+/* A slab a previous daemon made: import the allocation from the fd it kept
+ * (cuMemImportFromShareableHandle), and check by mapping it that it holds
+ * size bytes and lives on this pool's device. The fd stays the slab's
+ * export: an importer gets the same allocation from it. */
+static int vmm_slab_adopt(gd_backend *be, int fd, uint64_t size, void **ret_priv,
+                          gd_slab_export *ret_export, gd_err *err) {
+    cuda_impl *im = be->impl;
+    const gpubuf_cuda *cu = im->cu;
+    CUdeviceptr va = 0;
+    CUresult r;
+    int rc;
+    cuda_slab *s = calloc(1, sizeof(*s));
+    if (!s)
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    if (size == 0 || size % be->granularity) {
+        free(s);
+        return gd_err_set(err, -EINVAL, "size %llu is not a multiple of the granularity",
+                          (unsigned long long)size);
+    }
+    cu->CtxSetCurrent(im->ctx);
+    r = cu->MemImportFromShareableHandle(&s->h, (void *)(uintptr_t)fd,
+                                         CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+    if (r != CUDA_SUCCESS) {
+        free(s);
+        return cuda_fail(err, r, "cuMemImportFromShareableHandle");
+    }
+    /* cuMemMap fails when the allocation is smaller than size or of
+     * another device's memory than the range is made accessible on. */
+    CUmemAccessDesc acc = {.location = {.type = CU_MEM_LOCATION_TYPE_DEVICE, .id = (int)im->dev},
+                           .flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE};
+    if ((r = cu->MemAddressReserve(&va, (size_t)size, 0, 0, 0)) != CUDA_SUCCESS) {
+        rc = cuda_fail(err, r, "cuMemAddressReserve");
+        goto fail;
+    }
+    if ((r = cu->MemMap(va, (size_t)size, 0, s->h, 0)) != CUDA_SUCCESS) {
+        cu->MemAddressFree(va, (size_t)size);
+        rc = cuda_fail(err, r, "cuMemMap (allocation smaller than the saved size?)");
+        goto fail;
+    }
+    r = cu->MemSetAccess(va, (size_t)size, &acc, 1);
+    cu->MemUnmap(va, (size_t)size);
+    cu->MemAddressFree(va, (size_t)size);
+    if (r != CUDA_SUCCESS) {
+        rc = cuda_fail(err, r, "cuMemSetAccess (memory of another device?)");
+        goto fail;
+    }
+    fcntl(fd, F_SETFD, FD_CLOEXEC);
+    memset(ret_export, 0, sizeof(*ret_export));
+    ret_export->fd = fd;
+    ret_export->ro_fd = -1;
+    *ret_priv = s;
+    return 0;
+fail:
+    cu->MemRelease(s->h);
+    free(s);
+    return rc;
+}
+
 static const gd_backend_ops vmm_ops = {
     .slab_create = vmm_slab_create,
     .slab_destroy = vmm_slab_destroy,
+    .slab_adopt = vmm_slab_adopt,
     .destroy = cuda_destroy,
 };
 

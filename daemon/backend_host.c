@@ -61,6 +61,29 @@ static void host_slab_destroy(gd_backend *be, void *priv, gd_slab_export *exp) {
     exp->fd = exp->ro_fd = -1;
 }
 
+/* A memfd of this size sealed as host_slab_create seals it. */
+static int host_slab_adopt(gd_backend *be, int fd, uint64_t size, void **ret_priv,
+                           gd_slab_export *ret_export, gd_err *err) {
+    struct stat st;
+    int seals;
+    const int want = F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL;
+    (void)be;
+    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode))
+        return gd_err_set(err, -EBADF, "not a memfd");
+    if ((seals = fcntl(fd, F_GET_SEALS)) < 0 || (seals & want) != want)
+        return gd_err_set(err, -EBADF, "not a sealed memfd");
+    if ((uint64_t)st.st_size != size)
+        return gd_err_set(err, -EBADF, "memfd of %lld bytes, %llu expected", (long long)st.st_size,
+                          (unsigned long long)size);
+    if ((fcntl(fd, F_GETFL) & O_ACCMODE) != O_RDWR)
+        return gd_err_set(err, -EBADF, "memfd not open for reading and writing");
+    memset(ret_export, 0, sizeof(*ret_export));
+    ret_export->fd = fd;
+    ret_export->ro_fd = -1;
+    *ret_priv = NULL;
+    return 0;
+}
+
 static void host_destroy(gd_backend *be) {
     (void)be;
 }
@@ -68,6 +91,7 @@ static void host_destroy(gd_backend *be) {
 static const gd_backend_ops host_ops = {
     .slab_create = host_slab_create,
     .slab_destroy = host_slab_destroy,
+    .slab_adopt = host_slab_adopt,
     .destroy = host_destroy,
 };
 

@@ -190,6 +190,8 @@ static const key_def daemon_keys[] = {
      CFG(quota.kept_slabs_per_client), NULL, NULL, false},
     {"max_reply_memory", NULL, parse_u64, 1u << 20, UINT64_MAX, 256u << 20,
      CFG(limits.max_reply_memory), NULL, NULL, false},
+    {"resume_timeout_ms", NULL, parse_u32, 0, 86400000, 30000, CFG(limits.resume_timeout_ms),
+     NULL, NULL, false},
     {"max_lease_ms", NULL, parse_u32, 1, UINT32_MAX, 604800000, CFG(quota.max_lease_ms), NULL,
      NULL, false},
 };

@@ -33,6 +33,16 @@ typedef struct gd_context {
      * answered per turn, the others a turn later. */
     uint64_t expiry_turn;
     uint32_t expiries;
+    struct gd_state *state;     /* the kept state (state.c); NULL: not kept */
+    uint32_t restarts;          /* starts over a kept state, ever */
+    uint32_t restored_buffers;  /* buffers this start restored */
+    /* A successor asks for everything (gpubufd --takeover), from pid: hand
+     * it over to the socket at path and stop. Set by main(); NULL: refused. */
+    int (*takeover)(struct gd_context *ctx, pid_t pid, const char *path, gd_err *err);
+    /* Holders were queued to leave (gd_registry_holder_leave) outside a
+     * connection's close: have the loop drop their references, a bounded
+     * part per turn. Set by gd_daemon_init(); NULL: nobody reaps. */
+    void (*want_work)(struct gd_context *ctx);
     /* The one lease timer: due at lease_armed_ns (0: not running), the
      * registry's earliest expiry or before. */
     uv_timer_t lease_timer;

@@ -1,5 +1,6 @@
 #include "daemon.h"
 
+#include <stddef.h>
 #include <utlist.h>
 
 #include "config.h"
@@ -103,8 +104,14 @@ static const gd_server_callbacks callbacks = {
     .on_work = on_work,
 };
 
+static void want_work(gd_context *ctx) {
+    gd_daemon *d = (gd_daemon *)(void *)((char *)ctx - offsetof(gd_daemon, ctx));
+    gd_server_want_work(&d->srv);
+}
+
 int gd_daemon_init(gd_daemon *d, uv_loop_t *loop) {
     gd_context_init(&d->ctx, loop);
+    d->ctx.want_work = want_work;
     gd_config_defaults(&d->ctx.limits, &d->ctx.reg.quota);
     return gd_server_init(&d->srv, loop, &d->ctx.limits, &callbacks, d);
 }

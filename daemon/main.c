@@ -7,8 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -20,8 +23,10 @@
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
+#include "gpubuf.pb-c.h"
 #include "trace.h"
 #include "pool.h"
+#include "state.h"
 #include "util.h"
 #include "wire.h"
 
@@ -256,6 +261,9 @@ static void reload(void) {
 #endif
 }
 
+static bool g_listen_stored; /* our listening socket is in the fd store */
+static void shutdown_daemon(void);
+
 static void on_signal(uv_signal_t *h, int signum) {
     (void)h;
     if (signum == SIGHUP) {
@@ -263,6 +271,15 @@ static void on_signal(uv_signal_t *h, int signum) {
         return;
     }
     LOG_NOTICE("signal %d: shutting down (%u clients connected)", signum, g_d.ctx.n_sessions);
+    shutdown_daemon();
+}
+
+/* Stop serving: what the sessions' ends and the teardown free is not a
+ * change of the kept state (the successor, or the next start, restores it). */
+static void shutdown_daemon(void) {
+    gd_state_freeze(g_d.ctx.state);
+    if (g_listen_stored)
+        g_d.srv.listen_owned = false; /* the fd store keeps it for the next start */
 #ifdef GPUBUF_HAVE_SYSTEMD
     sd_notify(0, "STOPPING=1");
 #endif
@@ -274,6 +291,384 @@ static void on_signal(uv_signal_t *h, int signum) {
     for (int i = 0; i < 3; i++)
         if (!uv_is_closing((uv_handle_t *)&g_sig[i]))
             uv_close((uv_handle_t *)&g_sig[i], NULL);
+}
+
+/* ---- restart: the fds a previous daemon kept ---------------------------- */
+
+#define KEPT_MAX 65536 /* fds taken at start, at most */
+#define HANDOVER_BATCH 200 /* fds per message of a takeover (SCM_MAX_FD is 253) */
+#define TAKEOVER_TIMEOUT_MS 10000
+
+static gd_kept_fd *g_kept;
+static size_t g_n_kept;
+static int g_listen_fd = -1;         /* passed to us: systemd's socket, or a kept one */
+static const char *g_listen_from;
+
+/* Sort what a previous daemon or systemd passed: the listening socket, and
+ * the named fds the state room takes. */
+static int kept_add(const char *name, int fd) {
+    struct stat sb;
+    int type = 0, acc = 0;
+    socklen_t len = sizeof(type);
+    if (fstat(fd, &sb) == 0 && S_ISSOCK(sb.st_mode) &&
+        getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM &&
+        (len = sizeof(acc), getsockopt(fd, SOL_SOCKET, SO_ACCEPTCONN, &acc, &len)) == 0 && acc) {
+        if (g_listen_fd >= 0) {
+            LOG_ERR("more than one listening socket passed (%s)", name);
+            close(fd);
+            return -EINVAL;
+        }
+        g_listen_fd = fd;
+        g_listen_stored = strcmp(name, "listen") == 0;
+        return 0;
+    }
+    if (strncmp(name, "slab-", 5) != 0 && strncmp(name, "state-", 6) != 0) {
+        LOG_WARN("ignoring passed fd %d named '%s'", fd, name);
+        close(fd);
+        return 0;
+    }
+    if (g_n_kept == KEPT_MAX) {
+        LOG_WARN("more than %d fds passed: dropped %s", KEPT_MAX, name);
+        close(fd);
+        return 0;
+    }
+    if (!g_kept && !(g_kept = calloc(KEPT_MAX, sizeof(*g_kept)))) {
+        close(fd);
+        return -ENOMEM;
+    }
+    snprintf(g_kept[g_n_kept].name, sizeof(g_kept[0].name), "%s", name);
+    g_kept[g_n_kept++].fd = fd;
+    return 0;
+}
+
+#ifdef GPUBUF_HAVE_SYSTEMD
+/* LISTEN_FDS/LISTEN_FDNAMES: the socket unit's socket, or what the fd store
+ * kept for us (FDSTORE=1 with FDNAME=...). */
+static int systemd_fds(void) {
+    char **names = NULL;
+    int n = sd_listen_fds_with_names(1, &names), r = 0;
+    if (n < 0) {
+        LOG_ERR("cannot read the fds systemd passed: %s", strerror(-n));
+        return n;
+    }
+    for (int i = 0; i < n; i++) {
+        int fd = SD_LISTEN_FDS_START + i;
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+        if (r == 0)
+            r = kept_add(names && names[i] ? names[i] : "unknown", fd);
+        else
+            close(fd);
+    }
+    if (names)
+        for (int i = 0; i < n; i++)
+            free(names[i]);
+    free(names);
+    if (n > 0)
+        g_listen_from = g_listen_stored ? "the fd store" : "systemd";
+    return r;
+}
+#endif
+
+static void kept_close(void) {
+    for (size_t i = 0; i < g_n_kept; i++)
+        if (g_kept[i].fd >= 0)
+            close(g_kept[i].fd);
+    free(g_kept);
+    g_kept = NULL;
+    g_n_kept = 0;
+}
+
+/* ---- takeover: the successor's side ------------------------------------- */
+
+static int unix_addr(struct sockaddr_un *sa, const char *path) {
+    memset(sa, 0, sizeof(*sa));
+    sa->sun_family = AF_UNIX;
+    if (strlen(path) >= sizeof(sa->sun_path))
+        return -ENAMETOOLONG;
+    memcpy(sa->sun_path, path, strlen(path) + 1);
+    return 0;
+}
+
+/* One request to the running daemon; 0 when its reply says so. */
+static int takeover_rpc(int sock, Gpubuf__Request *req, char *why, size_t n_why) {
+    size_t len = gpubuf__request__get_packed_size(req);
+    uint8_t *buf = malloc(GPUBUF_WIRE_HEADER_SIZE + len), *payload = NULL;
+    int fd = -1, r;
+    if (!buf)
+        return -ENOMEM;
+    gpubuf_wire_header_encode(buf, (uint32_t)len);
+    gpubuf__request__pack(req, buf + GPUBUF_WIRE_HEADER_SIZE);
+    r = gpubuf_wire_send_all(sock, buf, GPUBUF_WIRE_HEADER_SIZE + len, -1);
+    free(buf);
+    if (r < 0)
+        return r;
+    ssize_t got = gpubuf_wire_read_frame(sock, GPUBUF_WIRE_MAX_RESPONSE, &payload, &fd);
+    if (fd >= 0)
+        close(fd);
+    if (got < 0)
+        return (int)got;
+    Gpubuf__Response *resp = gpubuf__response__unpack(NULL, (size_t)got, payload);
+    free(payload);
+    if (!resp)
+        return GPUBUF_EPROTOCOL;
+    r = resp->status;
+    if (r < 0)
+        snprintf(why, n_why, "%s", resp->message ? resp->message : "");
+    gpubuf__response__free_unpacked(resp, NULL);
+    return r;
+}
+
+/* One message of a takeover: its text and up to HANDOVER_BATCH fds. */
+static ssize_t recv_batch(int sock, char *text, size_t cap, int *fds, int *n_fds) {
+    struct iovec iov = {.iov_base = text, .iov_len = cap};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * HANDOVER_BATCH)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
+                         .msg_controllen = sizeof(u.buf)};
+    ssize_t got;
+    *n_fds = 0;
+    do
+        got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    while (got < 0 && errno == EINTR);
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); got >= 0 && c; c = CMSG_NXTHDR(&msg, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+        for (size_t i = 0; i < k && *n_fds < HANDOVER_BATCH; i++)
+            memcpy(&fds[(*n_fds)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+    }
+    if (got < 0)
+        return -errno;
+    return (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) ? -EPROTO : got;
+}
+
+/* Receive the batches (a SOCK_SEQPACKET connection: one message each):
+ * "name\n" per fd, the fds by SCM_RIGHTS; "END\n" last. */
+static int takeover_receive(int conn) {
+    for (;;) {
+        char text[HANDOVER_BATCH * 64 + 8];
+        int fds[HANDOVER_BATCH], n_fds = 0;
+        struct pollfd pfd = {.fd = conn, .events = POLLIN};
+        if (poll(&pfd, 1, TAKEOVER_TIMEOUT_MS) <= 0)
+            return -ETIMEDOUT;
+        ssize_t got = recv_batch(conn, text, sizeof(text) - 1, fds, &n_fds);
+        if (got <= 0) {
+            for (int i = 0; i < n_fds; i++)
+                close(fds[i]);
+            return got < 0 ? (int)got : -EPROTO;
+        }
+        text[got] = '\0';
+        if (n_fds == 0 && strcmp(text, "END\n") == 0)
+            return 0;
+        char *save = NULL, *name = strtok_r(text, "\n", &save);
+        for (int i = 0; i < n_fds; i++) {
+            int r = name ? kept_add(name, fds[i]) : (close(fds[i]), -EPROTO);
+            if (r < 0) {
+                for (int k = i + 1; k < n_fds; k++)
+                    close(fds[k]);
+                return r;
+            }
+            name = strtok_r(NULL, "\n", &save);
+        }
+    }
+}
+
+/* gpubufd --takeover: listen on a private socket beside the daemon's, ask
+ * the running daemon to hand everything over there, and take it. */
+static int takeover(const char *socket_path) {
+    char path[PATH_MAX], why[512] = "";
+    struct sockaddr_un sa, own;
+    int sock = -1, lsock = -1, conn = -1, r;
+    if (strlen(socket_path) + sizeof(".takeover") > sizeof(path))
+        return -ENAMETOOLONG;
+    memcpy(path, socket_path, strlen(socket_path));
+    memcpy(path + strlen(socket_path), ".takeover", sizeof(".takeover"));
+    if ((r = unix_addr(&sa, socket_path)) < 0 || (r = unix_addr(&own, path)) < 0) {
+        LOG_ERR("takeover: socket path too long (%s)", path);
+        return r;
+    }
+    unlink(path);
+    lsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    mode_t old = umask(0177);
+    r = lsock < 0 || sock < 0 || bind(lsock, (struct sockaddr *)&own, sizeof(own)) < 0 ||
+                listen(lsock, 1) < 0
+            ? -errno
+            : 0;
+    umask(old);
+    if (r < 0) {
+        LOG_ERR("takeover: cannot listen on %s: %s", path, strerror(-r));
+        goto out;
+    }
+    if (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        r = -errno;
+        LOG_ERR("takeover: no gpubufd to take over on %s: %s", socket_path, strerror(-r));
+        goto out;
+    }
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__Hello hello = GPUBUF__HELLO__INIT;
+    Gpubuf__TakeoverRequest tk = GPUBUF__TAKEOVER_REQUEST__INIT;
+    hello.min_version = hello.max_version = GPUBUF_PROTOCOL_VERSION;
+    hello.client_name = (char *)"gpubufd --takeover";
+    req.id = 1;
+    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
+    req.hello = &hello;
+    if ((r = takeover_rpc(sock, &req, why, sizeof(why))) == 0) {
+        tk.path = path;
+        req.id = 2;
+        req.body_case = GPUBUF__REQUEST__BODY_TAKEOVER;
+        req.takeover = &tk;
+        r = takeover_rpc(sock, &req, why, sizeof(why));
+    }
+    if (r < 0) {
+        LOG_ERR("takeover: the running gpubufd refused: %s", why[0] ? why : gpubuf_strerror(r));
+        goto out;
+    }
+    struct pollfd pfd = {.fd = lsock, .events = POLLIN};
+    if (poll(&pfd, 1, TAKEOVER_TIMEOUT_MS) <= 0 || (conn = accept4(lsock, NULL, NULL,
+                                                                   SOCK_CLOEXEC)) < 0) {
+        r = -ETIMEDOUT;
+        LOG_ERR("takeover: the running gpubufd did not connect back");
+        goto out;
+    }
+    struct ucred cred;
+    socklen_t clen = sizeof(cred);
+    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
+        (cred.uid != geteuid() && cred.uid != 0)) {
+        r = -EPERM;
+        LOG_ERR("takeover: a process of another uid connected back; refused");
+        goto out;
+    }
+    if ((r = takeover_receive(conn)) < 0) {
+        LOG_ERR("takeover: receiving the fds: %s", strerror(-r));
+        goto out;
+    }
+    LOG_NOTICE("takeover: took %zu fd(s)%s from gpubufd pid %d", g_n_kept,
+               g_listen_fd >= 0 ? " and its listening socket" : "", (int)cred.pid);
+    g_listen_from = "the previous gpubufd";
+out:
+    if (conn >= 0)
+        close(conn);
+    if (sock >= 0)
+        close(sock);
+    if (lsock >= 0)
+        close(lsock);
+    unlink(path);
+    return r;
+}
+
+/* ---- takeover: the running daemon's side -------------------------------- */
+
+static uv_timer_t g_handover_timer;
+static char g_handover_path[PATH_MAX];
+static pid_t g_handover_pid;
+static bool g_handover_pending;
+
+static int send_batch(int sock, const char *text, size_t len, const int *fds, int n) {
+    struct iovec iov = {.iov_base = (void *)text, .iov_len = len};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * HANDOVER_BATCH)];
+        struct cmsghdr align;
+    } u;
+    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
+    if (n > 0) {
+        msg.msg_control = u.buf;
+        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n);
+        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
+        c->cmsg_level = SOL_SOCKET;
+        c->cmsg_type = SCM_RIGHTS;
+        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
+        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)n);
+    }
+    ssize_t w;
+    do
+        w = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    while (w < 0 && errno == EINTR);
+    return w == (ssize_t)len ? 0 : w < 0 ? -errno : -EIO;
+}
+
+/* Send every fd with its name in batches, then "END\n". */
+static int handover_send(int sock, const gd_kept_fd *fds, size_t n) {
+    for (size_t i = 0; i < n; i += HANDOVER_BATCH) {
+        char text[HANDOVER_BATCH * 64];
+        int batch[HANDOVER_BATCH], k = 0;
+        size_t len = 0;
+        for (size_t j = i; j < n && k < HANDOVER_BATCH; j++, k++) {
+            len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\n", fds[j].name);
+            batch[k] = fds[j].fd;
+        }
+        int r = send_batch(sock, text, len, batch, k);
+        if (r < 0)
+            return r;
+    }
+    return send_batch(sock, "END\n", 4, NULL, 0);
+}
+
+static void on_handover(uv_timer_t *t) {
+    struct sockaddr_un sa;
+    struct ucred cred;
+    socklen_t clen = sizeof(cred);
+    gd_kept_fd *fds = NULL;
+    size_t n = 0;
+    int sock = -1, r;
+    uv_close((uv_handle_t *)t, NULL);
+    g_handover_pending = false;
+    if ((r = unix_addr(&sa, g_handover_path)) < 0 ||
+        (sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0 ||
+        connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
+        LOG_ERR("takeover: cannot connect to %s: %s; serving on", g_handover_path,
+                strerror(errno));
+        goto out;
+    }
+    /* Only the process that asked gets the memory. */
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
+        cred.pid != g_handover_pid) {
+        LOG_ERR("takeover: %s is not the requesting process's; serving on", g_handover_path);
+        goto out;
+    }
+    n = gd_state_fds(g_d.ctx.state, &fds);
+    gd_kept_fd *all = fds ? realloc(fds, (n + 1) * sizeof(*fds)) : NULL;
+    if (!all) {
+        LOG_ERR("takeover: out of memory; serving on");
+        goto out;
+    }
+    fds = all;
+    snprintf(fds[n].name, sizeof(fds[n].name), "listen");
+    fds[n++].fd = g_d.srv.listen_fd;
+    if ((r = handover_send(sock, fds, n)) < 0) {
+        LOG_ERR("takeover: sending the fds: %s; serving on", strerror(-r));
+        goto out;
+    }
+    LOG_NOTICE("takeover: handed %zu fd(s) to gpubufd pid %d; exiting", n, (int)cred.pid);
+    /* The successor serves the socket now: leave the file where it is. */
+    g_d.srv.listen_owned = false;
+    shutdown_daemon();
+out:
+    free(fds);
+    if (sock >= 0)
+        close(sock);
+}
+
+/* The session room's takeover request (context.h): checked there, run at
+ * the next turn of the loop, once its reply went out. */
+static int on_takeover(gd_context *ctx, pid_t pid, const char *path, gd_err *err) {
+    if (!ctx->state)
+        return gd_err_set(err, -EOPNOTSUPP, "this gpubufd keeps no state to hand over");
+    if (g_handover_pending || g_d.srv.stopping)
+        return gd_err_set(err, -EBUSY, "a takeover or a shutdown is under way");
+    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
+        return gd_err_set(err, -ENAMETOOLONG, "takeover path too long");
+    int r = uv_timer_init(ctx->loop, &g_handover_timer);
+    if (r == 0)
+        r = uv_timer_start(&g_handover_timer, on_handover, 0, 0);
+    if (r < 0)
+        return gd_err_set(err, r, "%s", uv_strerror(r));
+    snprintf(g_handover_path, sizeof(g_handover_path), "%s", path);
+    g_handover_pid = pid;
+    g_handover_pending = true;
+    return 0;
 }
 
 static void usage(FILE *f) {
@@ -288,6 +683,9 @@ static void usage(FILE *f) {
         "  -l, --log-level LEVEL  emerg, alert, crit, err, warning, notice, info (default)\n"
         "                         or debug\n"
         "      --check-config     parse the configuration and exit\n"
+        "      --takeover         take the socket, buffers and clients over from the gpubufd\n"
+        "                         running on the socket (an upgrade without a service\n"
+        "                         manager); it hands them over and exits\n"
         "  -V, --version          print the version and exit\n"
         "  -h, --help             show this help\n\n"
         "Without pools: one cuda-ipc pool per visible GPU, else one host pool.\n",
@@ -306,24 +704,16 @@ static int ensure_dir_of(const char *path) {
     return 0;
 }
 
-/* Listen on the socket systemd passed, or on the configured path. */
-static int listen_socket(const gd_config *cfg) {
-    int r, listen_fd = -1;
-#ifdef GPUBUF_HAVE_SYSTEMD
-    int n = sd_listen_fds(1);
-    if (n > 1) {
-        LOG_ERR("expected one socket from systemd, got %d", n);
-        return -EINVAL;
-    }
-    if (n == 1)
-        listen_fd = SD_LISTEN_FDS_START;
-#endif
+/* Listen on the socket passed (listen_fd >= 0: by systemd, or kept by the
+ * previous daemon, from where), or on the configured path. */
+static int listen_socket(const gd_config *cfg, int listen_fd, const char *from) {
+    int r;
     if (listen_fd >= 0) {
         if ((r = gd_server_listen_fd(&g_d.srv, listen_fd)) < 0) {
-            LOG_ERR("cannot listen on the socket passed by systemd: %s", uv_strerror(r));
+            LOG_ERR("cannot listen on the socket passed by %s: %s", from, uv_strerror(r));
             return r;
         }
-        LOG_INFO("listening on the socket passed by systemd");
+        LOG_INFO("listening on the socket passed by %s", from);
         return 0;
     }
     if ((r = ensure_dir_of(cfg->socket_path)) < 0)
@@ -386,11 +776,12 @@ int main(int argc, char **argv) {
         {"socket", required_argument, NULL, 's'},   {"config", required_argument, NULL, 'c'},
         {"pool", required_argument, NULL, 'p'},     {"log-level", required_argument, NULL, 'l'},
         {"check-config", no_argument, NULL, 'C'},   {"version", no_argument, NULL, 'V'},
-        {"help", no_argument, NULL, 'h'},           {NULL, 0, NULL, 0}};
+        {"help", no_argument, NULL, 'h'},           {"takeover", no_argument, NULL, 'T'},
+        {NULL, 0, NULL, 0}};
     const char *socket_flag = NULL;
     const char *pool_flags[GD_CONFIG_MAX_POOLS];
     int n_pool_flags = 0;
-    bool check_only = false;
+    bool check_only = false, take = false;
     int opt, rc = 1;
     gd_err err = {0};
     uv_loop_t *loop = uv_default_loop();
@@ -413,6 +804,7 @@ int main(int argc, char **argv) {
             break;
         case 'l': g_log_flag = optarg; break;
         case 'C': check_only = true; break;
+        case 'T': take = true; break;
         case 'V': printf("gpubufd %s (protocol %d)\n", GPUBUF_VERSION_STRING,
                          GPUBUF_PROTOCOL_VERSION);
             return 0;
@@ -454,7 +846,24 @@ int main(int argc, char **argv) {
         return 1;
     }
     g_d.ctx.reg.quota = cfg.quota;
-    r = create_pools(&g_d.ctx, &cfg);
+    g_d.ctx.takeover = on_takeover;
+    g_d.ctx.limits = cfg.limits; /* resume_timeout_ms, for the restore */
+#ifdef GPUBUF_HAVE_SYSTEMD
+    if (!take && systemd_fds() < 0)
+        r = -EINVAL;
+#endif
+    if (r == 0 && take && takeover(cfg.socket_path) < 0)
+        r = -EINVAL;
+    if (r == 0)
+        r = create_pools(&g_d.ctx, &cfg);
+    if (r == 0) {
+        /* Under a service manager with an fd store, it keeps what the
+         * daemon keeps; else only a successor (--takeover) gets it. */
+        const char *ns = getenv("NOTIFY_SOCKET");
+        if ((r = gd_state_open(&g_d.ctx, g_kept, g_n_kept, ns && *ns, &err)) < 0)
+            LOG_ERR("cannot keep the daemon's state: %s", err.msg);
+    }
+    kept_close();
     if (r == 0) {
         /* The pools are known now: fit the limits before the first client. */
         g_fd_reserved = fd_reserve(&g_d.ctx, &cfg);
@@ -464,8 +873,18 @@ int main(int argc, char **argv) {
             log_fd_budget(&cfg.limits, nofile_before);
     }
     g_d.ctx.limits = cfg.limits;
-    if (r < 0 || listen_socket(&cfg) < 0 || start_services(loop) < 0) {
-        /* Close what was opened; the loop runs out. */
+    if (r == 0 && listen_socket(&cfg, g_listen_fd, g_listen_from) < 0)
+        r = -EINVAL;
+    else if (r == 0 && (g_listen_fd < 0 || g_listen_stored)) {
+        /* A socket of our own: the fd store keeps it across a restart, so
+         * that clients connecting meanwhile wait in its backlog. */
+        gd_state_store_fd(g_d.ctx.state, "listen", g_d.srv.listen_fd);
+        g_listen_stored = g_d.ctx.state && getenv("NOTIFY_SOCKET");
+    }
+    if (r < 0 || start_services(loop) < 0) {
+        /* Close what was opened; the loop runs out. What was restored stays
+         * kept as it was. */
+        gd_state_freeze(g_d.ctx.state);
         for (int i = 0; i < 3; i++)
             if (g_sig[i].type && !uv_is_closing((uv_handle_t *)&g_sig[i]))
                 uv_close((uv_handle_t *)&g_sig[i], NULL);
@@ -482,6 +901,7 @@ int main(int argc, char **argv) {
     if (rc == 0)
         LOG_INFO("stopped");
     gd_daemon_destroy(&g_d);
+    gd_state_free(g_d.ctx.state);
     gpubuf_trace_dump(); /* GPUBUF_TRACE_TIMING */
     /* Every handle is closed by now; one left open is a bug. */
     if ((r = uv_loop_close(loop)) < 0)

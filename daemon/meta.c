@@ -62,8 +62,8 @@ void gd_lease_remove(gd_registry *r, gd_buf *b) {
     sift_down(r, last->lease_slot - 1);
 }
 
-/* Give b a lease of ttl_ms from now (replacing one it has). */
-static int lease_set(gd_registry *r, gd_buf *b, uint64_t ttl_ms) {
+/* Give b a lease of ttl_ms that expires at expires_ns (replacing one it has). */
+static int lease_set_at(gd_registry *r, gd_buf *b, uint64_t ttl_ms, uint64_t expires_ns) {
     if (!b->lease_slot) {
         if (r->n_leases == r->cap_leases) {
             uint32_t cap = r->cap_leases ? r->cap_leases * 2 : 64;
@@ -76,10 +76,15 @@ static int lease_set(gd_registry *r, gd_buf *b, uint64_t ttl_ms) {
         heap_set(r, r->n_leases++, b);
     }
     b->lease_ttl_ms = (uint32_t)ttl_ms;
-    b->lease_expires_ns = gpubuf_now_ns() + ttl_ms * NS_PER_MS;
+    b->lease_expires_ns = expires_ns;
     sift_up(r, b->lease_slot - 1);
     sift_down(r, b->lease_slot - 1);
     return 0;
+}
+
+/* Give b a lease of ttl_ms from now (replacing one it has). */
+static int lease_set(gd_registry *r, gd_buf *b, uint64_t ttl_ms) {
+    return lease_set_at(r, b, ttl_ms, gpubuf_now_ns() + ttl_ms * NS_PER_MS);
 }
 
 uint64_t gd_registry_next_expiry(const gd_registry *r) {
@@ -249,6 +254,8 @@ int gd_registry_alloc_meta(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t
         gd_registry_release(r, h, b->id, NULL);
         return gd_err_set(err, -ENOMEM, "out of memory");
     }
+    if (m || (meta && meta->ttl_ms))
+        gd_registry_changed(r, b); /* the alloc's record had neither */
     *ret = b;
     return 0;
 }
@@ -285,6 +292,34 @@ int gd_registry_renew(gd_registry *r, gd_holder *h, const gd_target *t, uint64_t
     if (lease_set(r, b, ttl_ms ? ttl_ms : b->lease_ttl_ms) < 0)
         return gd_err_set(err, -ENOMEM, "out of memory");
     r->leases_renewed++;
+    gd_registry_changed(r, b);
     *ret = b;
+    return 0;
+}
+
+int gd_registry_restore_meta(gd_registry *r, gd_buf *b, const gd_meta_args *a,
+                             uint64_t expires_ns, gd_err *err) {
+    gd_meta *m;
+    int rc = meta_build(a, b->size, &m, err);
+    if (rc < 0)
+        return rc;
+    if (a->ttl_ms > UINT32_MAX)
+        rc = gd_err_set(err, -EINVAL, "lease of %llu ms", (unsigned long long)a->ttl_ms);
+    else if (a->ttl_ms && b->state == GPUBUF_STATE_DELETED)
+        rc = gd_err_set(err, -EINVAL, "a lease on a deleted buffer");
+    if (rc < 0) {
+        free(m);
+        return rc;
+    }
+    meta_attach(r, b, m);
+    if (a->ttl_ms) {
+        /* A deadline further than its time to live is not one this daemon
+         * wrote: it expires within its time to live from now. */
+        uint64_t latest = gpubuf_now_ns() + a->ttl_ms * NS_PER_MS;
+        if (lease_set_at(r, b, a->ttl_ms, expires_ns < latest ? expires_ns : latest) < 0) {
+            gd_meta_free(r, b);
+            return gd_err_set(err, -ENOMEM, "out of memory");
+        }
+    }
     return 0;
 }

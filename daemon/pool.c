@@ -84,6 +84,8 @@ int gd_pool_new(const char *name, gd_backend *be, uint64_t capacity, uint64_t sl
 }
 
 static void slab_destroy(gd_pool *p, gd_slab *s) {
+    if (p->slab_hook)
+        p->slab_hook(p->slab_hook_arg, s, false);
     DL_DELETE(p->slabs, s);
     p->be->ops->slab_destroy(p->be, s->priv, &s->exp);
     p->reserved -= s->size;
@@ -107,6 +109,8 @@ gd_pool *gd_pool_free(gd_pool *p) {
 }
 
 static bool has_other_spare(const gd_pool *p, const gd_slab *self);
+static void take(gd_slab *s, gd_extent *e, uint64_t size, uint64_t align, gd_extent *spare,
+                 gd_block *ret);
 
 /* Give back an empty regular slab (the spare), if any. */
 static bool drop_spare(gd_pool *p) {
@@ -116,6 +120,43 @@ static bool drop_spare(gd_pool *p) {
             return true;
         }
     return false;
+}
+
+/* A slab of size bytes not yet backed, wholly free. NULL when out of memory. */
+static gd_slab *slab_new(uint64_t size) {
+    gd_slab *s = calloc(1, sizeof(*s));
+    gd_extent *whole = ext_new(0, size);
+    if (!s || !whole) {
+        free(s);
+        free(whole);
+        return NULL;
+    }
+    RB_INIT(&s->free_off);
+    RB_INIT(&s->free_len);
+    ext_insert(s, whole);
+    return s;
+}
+
+/* A slab whose backend refused it. */
+static void slab_unbacked_free(gd_slab *s) {
+    gd_extent *e, *tmp;
+    RB_FOREACH_SAFE(e, gd_extents_off, &s->free_off, tmp)
+        free(e);
+    free(s);
+}
+
+/* The backed slab s joins p: counted, told to the hook. */
+static gd_slab *slab_link(gd_pool *p, gd_slab *s, uint64_t id, uint64_t size, bool dedicated) {
+    s->id = id;
+    s->size = size;
+    s->dedicated = dedicated;
+    s->pool = p;
+    DL_PREPEND(p->slabs, s);
+    p->reserved += size;
+    p->n_slabs++;
+    if (p->slab_hook)
+        p->slab_hook(p->slab_hook_arg, s, true);
+    return s;
 }
 
 static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret, gd_err *err) {
@@ -141,32 +182,81 @@ static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret,
                           p->name, gpubuf_format_size(p->reserved, used, sizeof(used)),
                           gpubuf_format_size(p->capacity, cap, sizeof(cap)),
                           gpubuf_format_size(size, want, sizeof(want)));
-    s = calloc(1, sizeof(*s));
-    gd_extent *whole = ext_new(0, size);
-    if (!s || !whole) {
-        free(s);
-        free(whole);
+    if (!(s = slab_new(size)))
         return gd_err_set(err, -ENOMEM, "out of memory");
-    }
     r = p->be->ops->slab_create(p->be, size, &s->priv, &s->exp, err);
     if (r < 0) {
-        free(whole);
-        free(s);
+        slab_unbacked_free(s);
         return r;
     }
-    s->id = ++*p->next_slab_id;
-    s->size = size;
-    s->dedicated = dedicated;
-    s->pool = p;
-    RB_INIT(&s->free_off);
-    RB_INIT(&s->free_len);
-    ext_insert(s, whole);
-    DL_PREPEND(p->slabs, s);
-    p->reserved += size;
-    p->n_slabs++;
     p->stats.slabs_created++;
-    *ret = s;
+    *ret = slab_link(p, s, ++*p->next_slab_id, size, dedicated);
     return 0;
+}
+
+int gd_pool_adopt_slab(gd_pool *p, uint64_t id, uint64_t size, bool dedicated, int fd,
+                       gd_slab **ret, gd_err *err) {
+    gd_slab *s;
+    int r;
+    if (!p->be->ops->slab_adopt)
+        return gd_err_set(err, -EOPNOTSUPP, "%s memory does not outlive the daemon",
+                          gpubuf_pool_kind_name(p->be->kind));
+    if (size == 0 || size % p->be->granularity || size > p->capacity ||
+        p->reserved > p->capacity - size)
+        return gd_err_set(err, GPUBUF_EPOOLFULL, "a slab of %llu bytes does not fit the pool",
+                          (unsigned long long)size);
+    for (s = p->slabs; s; s = s->next)
+        if (s->id == id)
+            return gd_err_set(err, -EEXIST, "slab %llu twice", (unsigned long long)id);
+    if (!(s = slab_new(size)))
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    r = p->be->ops->slab_adopt(p->be, fd, size, &s->priv, &s->exp, err);
+    if (r < 0) {
+        slab_unbacked_free(s);
+        return r;
+    }
+    if (id > *p->next_slab_id)
+        *p->next_slab_id = id;
+    *ret = slab_link(p, s, id, size, dedicated);
+    return 0;
+}
+
+int gd_pool_claim(gd_pool *p, gd_slab *s, uint64_t offset, uint64_t size, gd_block *ret,
+                  gd_err *err) {
+    if (size == 0 || offset >= s->size || size > s->size - offset)
+        return gd_err_set(err, -EINVAL, "block [%llu, +%llu) outside slab %llu",
+                          (unsigned long long)offset, (unsigned long long)size,
+                          (unsigned long long)s->id);
+    /* The last free extent that starts at or before offset. */
+    gd_extent key = {.off = offset + 1};
+    gd_extent *e = RB_NFIND(gd_extents_off, &s->free_off, &key);
+    e = e ? RB_PREV(gd_extents_off, &s->free_off, e) : RB_MAX(gd_extents_off, &s->free_off);
+    if (!e || offset - e->off >= e->len || size > e->len - (offset - e->off))
+        return gd_err_set(err, -EINVAL, "block [%llu, +%llu) of slab %llu overlaps another",
+                          (unsigned long long)offset, (unsigned long long)size,
+                          (unsigned long long)s->id);
+    uint64_t pad = offset - e->off;
+    if (pad) {
+        /* Split before the block: take() then carves from the block's start. */
+        gd_extent *rest = ext_new(offset, e->len - pad);
+        if (!rest)
+            return gd_err_set(err, -ENOMEM, "out of memory");
+        ext_set(s, e, e->off, pad);
+        ext_insert(s, rest);
+        e = rest;
+    }
+    take(s, e, size, 1, NULL, ret);
+    p->used += size;
+    p->n_blocks++;
+    return 0;
+}
+
+void gd_pool_trim(gd_pool *p) {
+    gd_slab *s, *tmp;
+    DL_FOREACH_SAFE(p->slabs, s, tmp) {
+        if (s->blocks == 0 && s->pins == 0 && (s->dedicated || has_other_spare(p, s)))
+            slab_destroy(p, s);
+    }
 }
 
 static bool fits(const gd_extent *e, uint64_t size, uint64_t align) {

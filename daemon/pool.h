@@ -71,6 +71,10 @@ typedef struct gd_pool {
      * uid 0, and when both lists are empty, everyone the pool allows. */
     uint32_t publish_uids[32], publish_gids[32];
     int n_publish_uids, n_publish_gids;
+    /* Told of each slab made (created) and given back (!created): the
+     * daemon's saved state keeps the slabs' fds (state.c). Optional. */
+    void (*slab_hook)(void *arg, const gd_slab *s, bool created);
+    void *slab_hook_arg;
     /* Counters since the pool was made (status, metrics). */
     struct {
         uint64_t bytes_allocated, bytes_freed; /* block sizes, after alignment */
@@ -104,6 +108,20 @@ void gd_pool_pin(gd_slab *s);
 /* Drop one pin; an empty, unpinned slab then goes like an empty one in
  * gd_pool_release. */
 void gd_pool_unpin(gd_pool *p, gd_slab *s);
+
+/* Restart: take up a slab (with its id) that a previous daemon made, from
+ * the fd it kept; on success the pool owns fd. -EOPNOTSUPP for kinds whose
+ * memory does not outlive the daemon, GPUBUF_EPOOLFULL beyond the
+ * capacity, or the backend's refusal. */
+int gd_pool_adopt_slab(gd_pool *p, uint64_t id, uint64_t size, bool dedicated, int fd,
+                       gd_slab **ret, gd_err *err);
+/* Restart: take the block [offset, offset + size) of slab s, which must be
+ * free (-EINVAL otherwise: out of the slab, or overlapping another). */
+int gd_pool_claim(gd_pool *p, gd_slab *s, uint64_t offset, uint64_t size, gd_block *ret,
+                  gd_err *err);
+/* After a restore: give back the slabs left without blocks (one spare of
+ * the regular ones stays). */
+void gd_pool_trim(gd_pool *p);
 
 /* May a client with these credentials use pool p? */
 bool gd_pool_allows(const gd_pool *p, uint32_t uid, uint32_t gid);

@@ -10,6 +10,13 @@
 
 #include "util.h"
 
+/* Tell the saved state (if it listens) what changed. */
+#define HOOK(r, fn, ...)                                                                           \
+    do {                                                                                           \
+        if ((r)->hooks && (r)->hooks->fn)                                                          \
+            (r)->hooks->fn((r)->hooks_arg, __VA_ARGS__);                                           \
+    } while (0)
+
 int gd_registry_check_name(const char *name, gd_err *err) {
     gd_err e;
     /* The rule and its sentence are shared with the client library. */
@@ -157,6 +164,7 @@ static void buf_free(gd_registry *r, gd_buf *b) {
     HASH_DELETE(hh_id, r->by_id, b);
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
+    HOOK(r, buf_gone, b->id);
     gd_pool_release(b->pool, &b->blk);
     assert(r->n_buffers > 0 && b->refs == 0);
     r->n_buffers--;
@@ -254,15 +262,24 @@ void gd_registry_destroy(gd_registry *r) {
     }
 }
 
-gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gid) {
+static gd_holder *holder_add(gd_registry *r, uint64_t id, pid_t pid, uid_t uid, gid_t gid) {
     gd_holder *h = calloc(1, sizeof(*h));
     if (!h)
         return NULL;
-    h->id = ++r->next_holder_id;
+    h->id = id;
     h->pid = pid;
     h->uid = uid;
     h->gid = gid;
     HASH_ADD(hh, r->holders, id, sizeof(h->id), h);
+    return h;
+}
+
+gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gid) {
+    gd_holder *h = holder_add(r, r->next_holder_id + 1, pid, uid, gid);
+    if (h) {
+        r->next_holder_id++;
+        HOOK(r, holder, h);
+    }
     return h;
 }
 
@@ -284,6 +301,18 @@ static size_t name_key(char *key, const gd_pool *pool, const char *name) {
     key[pl] = '\0';
     memcpy(key + pl + 1, name, nl);
     return pl + 1 + nl;
+}
+
+/* b's name in pool: its index key "POOL\0NAME", name pointing into it. */
+static int buf_name(gd_buf *b, const gd_pool *pool, const char *name) {
+    char key[2 * GPUBUF_NAME_MAX + 2];
+    b->key_len = name_key(key, pool, name);
+    if (!(b->key = malloc(b->key_len + 1)))
+        return -ENOMEM;
+    memcpy(b->key, key, b->key_len);
+    b->key[b->key_len] = '\0';
+    b->name = b->key + strlen(b->key) + 1;
+    return 0;
 }
 
 gd_buf *gd_registry_find_pool_name(gd_registry *r, const gd_pool *pool, const char *name) {
@@ -313,7 +342,7 @@ uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id) {
     return ref ? ref->count : 0;
 }
 
-static int ref_add(gd_holder *h, gd_buf *b) {
+static int ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
     gd_ref *ref = ref_find(h, b->id);
     if (h->n_refs == UINT32_MAX || b->refs == UINT32_MAX)
         return -EOVERFLOW;
@@ -334,6 +363,7 @@ static int ref_add(gd_holder *h, gd_buf *b) {
     ref->hs->refs++;
     h->n_refs++;
     b->refs++;
+    HOOK(r, ref, h, b->id, ref->count, ref->ro);
     return 0;
 }
 
@@ -389,16 +419,9 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     b = calloc(1, sizeof(*b));
     if (!b)
         return gd_err_set(err, -ENOMEM, "out of memory");
-    if (name) {
-        char key[2 * GPUBUF_NAME_MAX + 2];
-        b->key_len = name_key(key, pool, name);
-        if (!(b->key = malloc(b->key_len + 1))) {
-            free(b);
-            return gd_err_set(err, -ENOMEM, "out of memory");
-        }
-        memcpy(b->key, key, b->key_len);
-        b->key[b->key_len] = '\0';
-        b->name = b->key + strlen(b->key) + 1;
+    if (name && buf_name(b, pool, name) < 0) {
+        free(b);
+        return gd_err_set(err, -ENOMEM, "out of memory");
     }
     gd_slab *prefer[GPUBUF_PREFER_SLABS];
     uint32_t n_prefer = 0;
@@ -439,7 +462,8 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     h->owned_bytes += b->charged;
     u->buffers++;
     u->bytes += b->charged;
-    if (ref_add(h, b) < 0) {
+    HOOK(r, buf, b);
+    if (ref_add(r, h, b) < 0) {
         buf_free(r, b);
         return gd_err_set(err, -ENOMEM, "out of memory");
     }
@@ -546,7 +570,7 @@ static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
         waiter_fail(w, ro.code, "%s", ro.msg);
         return;
     }
-    if (ref_add(w->holder, b) < 0)
+    if (ref_add(r, w->holder, b) < 0)
         return; /* out of memory: the waiter times out */
     if (w->read_only)
         gd_registry_ref_ro(w->holder, b->id, true);
@@ -577,6 +601,7 @@ int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint
         b->event_holder = h->id;
     }
     b->state = GPUBUF_STATE_SEALED;
+    HOOK(r, buf, b);
     /* Wake waiters for this name or id. Each gets its own reference. */
     gd_waiter *w = NULL, *next;
     if (b->name)
@@ -679,7 +704,7 @@ int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bo
     if (r->quota.refs_per_client && h->n_refs >= r->quota.refs_per_client)
         return gd_err_set(err, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
                     r->quota.refs_per_client);
-    rc = ref_add(h, b);
+    rc = ref_add(r, h, b);
     if (rc < 0)
         return gd_err_set(err, rc, rc == -EOVERFLOW ? "reference count limit" : "out of memory");
     if (read_only)
@@ -725,7 +750,8 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
         h->n_ro_refs--;
     }
     ref->hs->refs--;
-    if (--ref->count == 0) {
+    uint32_t left = --ref->count, left_ro = ref->ro;
+    if (left == 0) {
         HASH_DEL(h->refs, ref);
         free(ref);
         /* The sealer's last view went: its library may destroy the event
@@ -736,6 +762,7 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
             holder_slab_put(h, b->blk.slab->id);
     }
     h->n_refs--;
+    HOOK(r, ref, h, id, left, left_ro);
     if (b) {
         assert(b->refs > 0);
         b->refs--;
@@ -831,6 +858,7 @@ void gd_registry_unpublish(gd_registry *r, gd_buf *b) {
         HASH_DELETE(hh_name, r->by_name, b);
         b->in_name_index = false;
     }
+    HOOK(r, buf, b);
     buf_maybe_free(r, b);
 }
 
@@ -877,6 +905,7 @@ static uint32_t holder_drop_refs(gd_registry *r, gd_holder *h, uint32_t budget) 
                     HASH_DELETE(hh_name, r->by_name, b);
                     b->in_name_index = false;
                 }
+                HOOK(r, buf, b);
             }
             buf_maybe_free(r, b);
         }
@@ -885,7 +914,19 @@ static uint32_t holder_drop_refs(gd_registry *r, gd_holder *h, uint32_t budget) 
     return done;
 }
 
+/* h goes: first of all, a saved state replayed to here has no reference of
+ * h left (its references are dropped after, maybe over several turns). */
+static void holder_gone(gd_registry *r, gd_holder *h) {
+    HOOK(r, holder_gone, h->id);
+    if (h->detached) {
+        assert(r->n_detached > 0);
+        r->n_detached--;
+        h->detached = false;
+    }
+}
+
 void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
+    holder_gone(r, h);
     holder_cancel_waits(r, h);
     holder_drop_refs(r, h, UINT32_MAX);
     holder_slabs_clear(h, UINT32_MAX);
@@ -894,6 +935,7 @@ void gd_registry_holder_drop(gd_registry *r, gd_holder *h) {
 }
 
 void gd_registry_holder_leave(gd_registry *r, gd_holder *h) {
+    holder_gone(r, h);
     holder_cancel_waits(r, h);
     HASH_DEL(r->holders, h);
     DL_APPEND2(r->leaving, h, leave_prev, leave_next);
@@ -913,4 +955,123 @@ bool gd_registry_reap(gd_registry *r, uint32_t budget) {
         free(h);
     }
     return r->leaving != NULL;
+}
+
+gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, uid_t uid,
+                                      gid_t gid) {
+    gd_holder *h;
+    HASH_FIND(hh, r->holders, &id, sizeof(id), h);
+    if (h || id == 0 || !(h = holder_add(r, id, pid, uid, gid)))
+        return NULL;
+    h->detached = true;
+    h->detached_ns = gpubuf_now_ns();
+    r->n_detached++;
+    if (id > r->next_holder_id)
+        r->next_holder_id = id;
+    return h;
+}
+
+int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_err *err) {
+    gd_holder *h;
+    if (t->id == 0 || gd_registry_find_id(r, t->id))
+        return gd_err_set(err, -EEXIST, "buffer id %llu twice", (unsigned long long)t->id);
+    if (t->name && (gd_registry_check_name(t->name, err) < 0))
+        return -EINVAL;
+    bool named = t->name && t->state != GPUBUF_STATE_DELETED;
+    if (named && gd_registry_find_pool_name(r, t->pool, t->name))
+        return gd_err_set(err, -EEXIST, "name '%s' twice in pool '%s'", t->name, t->pool->name);
+    gd_uid_usage *u = uid_usage(r, (uid_t)t->owner_uid, true);
+    gd_buf *b = calloc(1, sizeof(*b));
+    if (!u || !b) {
+        free(b);
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    }
+    *b = *t;
+    b->key = NULL;
+    b->name = NULL;
+    if (t->name && buf_name(b, t->pool, t->name) < 0) {
+        free(b);
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    }
+    b->refs = 0;
+    b->in_name_index = false;
+    b->id_waiters = NULL;
+    memset(&b->hh_id, 0, sizeof(b->hh_id));
+    memset(&b->hh_name, 0, sizeof(b->hh_name));
+    HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
+    if (named) {
+        HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
+        b->in_name_index = true;
+    }
+    r->n_buffers++;
+    u->buffers++;
+    u->bytes += b->charged;
+    HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
+    if (h) {
+        h->n_owned++;
+        h->owned_bytes += b->charged;
+    }
+    if (b->id > r->next_buffer_id)
+        r->next_buffer_id = b->id;
+    HOOK(r, buf, b);
+    *ret = b;
+    return 0;
+}
+
+void gd_registry_changed(gd_registry *r, const gd_buf *b) {
+    HOOK(r, buf, b);
+}
+
+int gd_registry_restore_ref(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t count,
+                            uint32_t ro) {
+    int rc = 0;
+    for (uint32_t i = 0; i < count && rc == 0; i++)
+        rc = ref_add(r, h, b);
+    for (uint32_t i = 0; i < ro && rc == 0; i++)
+        gd_registry_ref_ro(h, b->id, true);
+    return rc;
+}
+
+void gd_registry_restore_done(gd_registry *r) {
+    gd_buf *b, *tmp;
+    HASH_ITER(hh_id, r->by_id, b, tmp) {
+        buf_maybe_free(r, b);
+    }
+}
+
+int gd_held_cmp(const void *a, const void *b) {
+    uint64_t x = ((const gd_held *)a)->buffer_id, y = ((const gd_held *)b)->buffer_id;
+    return x < y ? -1 : x > y;
+}
+
+size_t gd_registry_resume(gd_registry *r, gd_holder *h, const gd_held *held, size_t n,
+                          uint64_t *lost) {
+    size_t n_lost = 0;
+    gd_ref *ref, *tmp;
+    assert(h->detached && r->n_detached > 0);
+    h->detached = false;
+    r->n_detached--;
+    for (size_t i = 0; i < n; i++)
+        if (!ref_find(h, held[i].buffer_id) && held[i].count)
+            lost[n_lost++] = held[i].buffer_id;
+    /* Cut each reference down to what the client's views hold. */
+    HASH_ITER(hh, h->refs, ref, tmp) {
+        uint64_t id = ref->buffer_id;
+        uint32_t want = 0, want_ro = 0;
+        gd_held key = {.buffer_id = id};
+        const gd_held *x = bsearch(&key, held, n, sizeof(*held), gd_held_cmp);
+        if (x) {
+            want = x->count;
+            want_ro = x->ro < want ? x->ro : want;
+        }
+        uint32_t have = ref->count;
+        while (ref->ro > want_ro)
+            gd_registry_ref_ro(h, id, false);
+        for (uint32_t k = want; k < have; k++)
+            gd_registry_release_keep(r, h, id, false, NULL); /* may free ref */
+        if (want && want <= have)
+            while ((ref = ref_find(h, id)) && ref->ro < want_ro)
+                gd_registry_ref_ro(h, id, true);
+    }
+    return n_lost;
 }

@@ -46,6 +46,7 @@ struct gd_buf {
     uint64_t owner_holder; /* holder id of the creator */
     uint64_t charged;      /* bytes charged to the owner's quotas */
     bool in_name_index;
+    bool restored;         /* came back from the saved state at a restart */
     bool has_event;        /* sealed on a stream: openers wait for event */
     uint64_t event_holder; /* the holder that recorded it (the event dies with it) */
     uint8_t event[GD_EVENT_HANDLE_SIZE];
@@ -97,9 +98,23 @@ struct gd_holder {
     uint32_t n_owned;     /* live buffers this client allocated */
     uint64_t owned_bytes;
     gd_waiter *waiters; /* this holder's pending waits */
+    /* Restored from the saved state: its client has not come back (resumed)
+     * since the restart; dropped when it does not within resume_timeout. */
+    bool detached;
+    uint64_t detached_ns; /* when the restart made it so (gpubuf_now_ns) */
     UT_hash_handle hh;
     gd_holder *leave_prev, *leave_next; /* registry's leaving list (utlist DL) */
 };
+
+/* What the registry reports as it changes, so that the daemon's saved state
+ * (state.c) follows every change as it happens. Each is optional. */
+typedef struct gd_registry_hooks {
+    void (*buf)(void *arg, const gd_buf *b); /* created, or its state, event changed */
+    void (*buf_gone)(void *arg, uint64_t id);
+    void (*ref)(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t count, uint32_t ro);
+    void (*holder)(void *arg, const gd_holder *h);
+    void (*holder_gone)(void *arg, uint64_t id);
+} gd_registry_hooks;
 
 /* A pending open(). The caller embeds it and fills target and callbacks.
  * wake(): the buffer was sealed and a reference was taken for the holder.
@@ -170,6 +185,9 @@ typedef struct gd_registry {
     uint32_t n_buffers;
     uint32_t n_waiters;
     uint64_t freed_buffers; /* counters for status/metrics */
+    const gd_registry_hooks *hooks; /* NULL: none */
+    void *hooks_arg;
+    uint32_t n_detached; /* holders with detached set */
     /* Leases: a binary min-heap of the buffers with one, by expiry. */
     gd_buf **leases;
     uint32_t n_leases, cap_leases;
@@ -290,6 +308,33 @@ int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, 
 void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *pools, int n,
                             const gd_pool *searched, const char *name, gd_err *err);
 
+/* Restore (state.c): a detached holder of a previous run, with its id. */
+gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, uid_t uid,
+                                      gid_t gid);
+/* Restore a buffer in block blk of pool (taken from the pool already), with
+ * its id, name, state and owner; charged to the owner (holder owner_holder
+ * when restored before it, and its uid). -EEXIST for a taken id or name. */
+int gd_registry_restore_buf(gd_registry *r, const gd_buf *tmpl, gd_buf **ret, gd_err *err);
+/* Restore count references (ro of them read-only) of holder h to b. */
+int gd_registry_restore_ref(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t count,
+                            uint32_t ro);
+/* The restore is complete: free the buffers nothing can reach (no
+ * reference and not named and sealed). */
+void gd_registry_restore_done(gd_registry *r);
+/* A client takes up detached holder h again, holding the references in
+ * held (n entries: buffer id, count, read-only count): h's references are
+ * cut down to those; the ids of held buffers h has no reference to are
+ * written to lost (at most n), their number returned. held is sorted by
+ * gd_held_cmp. */
+typedef struct gd_held {
+    uint64_t buffer_id;
+    uint32_t count, ro;
+} gd_held;
+size_t gd_registry_resume(gd_registry *r, gd_holder *h, const gd_held *held, size_t n,
+                          uint64_t *lost);
+/* Order of held entries (by buffer id, no id twice): gd_registry_resume()
+ * wants them sorted so. */
+int gd_held_cmp(const void *a, const void *b);
 /* The live (allocated or sealed) buffer t names that h may manage: its
  * owner's uid or root. -ENOENT, or -EPERM saying that only they may `what`
  * ("delete it"). */
@@ -339,6 +384,14 @@ uint64_t gd_registry_lease_left_ms(const gd_buf *b, uint64_t now_ns);
 bool gd_meta_layout(const gd_buf *b, gpubuf_layout *ret);
 /* b's user bytes (NULL when none), their count in *ret_len. */
 const uint8_t *gd_meta_user(const gd_buf *b, size_t *ret_len);
+/* Restore b's metadata (state.c; b restored without any): what a gives,
+ * checked as an alloc's (-EINVAL: the saved state is input), and with
+ * a->ttl_ms a lease that expires at expires_ns (gpubuf_now_ns() clock; one
+ * already past is due at once: the lease timer expires it). */
+int gd_registry_restore_meta(gd_registry *r, gd_buf *b, const gd_meta_args *a,
+                             uint64_t expires_ns, gd_err *err);
+/* b changed outside registry.c (meta.c): journal it. */
+void gd_registry_changed(gd_registry *r, const gd_buf *b);
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w);
 /* Remove a waiter without calling back (timeout, reply already sent). */

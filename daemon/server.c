@@ -437,6 +437,13 @@ static void on_kick(uv_idle_t *h) {
         uv_idle_stop(&srv->kick);
 }
 
+void gd_server_want_work(gd_server *srv) {
+    if (!srv->cb.on_work || srv->stopping)
+        return;
+    srv->work = true;
+    kick(srv);
+}
+
 void gd_conn_close(gd_conn *c) {
     conn_end(c, GD_CLOSE_BY_USER);
 }

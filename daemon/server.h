@@ -136,6 +136,8 @@ int gd_server_listen_fd(gd_server *srv, int fd);
 int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode, gid_t gid);
 /* Close every connection and the listener; the loop then runs out. */
 void gd_server_stop(gd_server *srv);
+/* Run on_work at the next turns of the loop until it says it is done. */
+void gd_server_want_work(gd_server *srv);
 /* After the loop ran out (or when it never ran): free what is left. */
 void gd_server_destroy(gd_server *srv);
 

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <utlist.h>
 
 #include "gpubuf.pb-c.h"
@@ -148,6 +149,7 @@ static void fill_buffer(buffer_msg *m, const gd_buf *b) {
     m->buf.refs = b->refs;
     m->buf.owner_uid = b->owner_uid;
     m->buf.slab_id = sl->id;
+    m->buf.restored = b->restored;
     m->buf.slab = &m->slab;
     if (b->meta || b->lease_slot)
         fill_meta(m, b, gpubuf_now_ns());
@@ -303,6 +305,54 @@ static void waiter_timeout(uv_timer_t *t) {
     waiter_dispose(sw);
 }
 
+/* Hello with resume_session: take up the restored (detached) session of
+ * this very process (same pid and uid), keeping the references the client
+ * says its views hold. *ret_lost: the held buffers the session no longer
+ * has. False when there is no such session (the client starts afresh). */
+static bool resume(gd_session *s, const Gpubuf__Hello *h, uint64_t **ret_lost, size_t *ret_n) {
+    gd_registry *reg = &s->ctx->reg;
+    gd_holder *old;
+    uint64_t sid = h->resume_session;
+    size_t n = 0;
+    HASH_FIND(hh, reg->holders, &sid, sizeof(sid), old);
+    if (!old || !old->detached || old->pid != s->pid || old->uid != s->uid) {
+        LOG_INFO("pid %d: no session %llu to resume%s", (int)s->pid, (unsigned long long)sid,
+                 old && old->detached ? " (another process's)" : "");
+        return false;
+    }
+    gd_held *held = calloc(h->n_held + 1, sizeof(*held));
+    uint64_t *lost = calloc(h->n_held + 1, sizeof(*lost));
+    if (!held || !lost) {
+        free(held);
+        free(lost);
+        return false;
+    }
+    for (size_t i = 0; i < h->n_held; i++) {
+        held[n].buffer_id = h->held[i]->buffer_id;
+        held[n].count = h->held[i]->count;
+        held[n++].ro = h->held[i]->read_only;
+    }
+    qsort(held, n, sizeof(*held), gd_held_cmp);
+    /* An id named twice counts once, with the larger claim. */
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (k && held[k - 1].buffer_id == held[i].buffer_id) {
+            if (held[i].count > held[k - 1].count)
+                held[k - 1] = held[i];
+        } else {
+            held[k++] = held[i];
+        }
+    }
+    gd_registry_holder_drop(reg, s->holder); /* the fresh one: empty */
+    s->holder = old;
+    *ret_n = gd_registry_resume(reg, old, held, k, lost);
+    *ret_lost = lost;
+    LOG_INFO("session %llu (pid %d) resumed: %u reference(s) kept, %zu buffer(s) lost",
+             (unsigned long long)sid, (int)s->pid, old->n_refs, *ret_n);
+    free(held);
+    return true;
+}
+
 static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     Gpubuf__HelloReply hr = GPUBUF__HELLO_REPLY__INIT;
@@ -323,6 +373,12 @@ static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
     /* Shown by gpubufctl and in the log: printable UTF-8, cut on a character. */
     const char *cn = h->client_name ? h->client_name : "";
     gpubuf_text_clean(s->name, sizeof(s->name), cn, strlen(cn));
+    uint64_t *lost = NULL;
+    if (h->resume_session) {
+        hr.resumed = resume(s, h, &lost, &hr.n_lost);
+        hr.lost = lost;
+    }
+    hr.restarts = s->ctx->restarts;
     hr.version = GPUBUF_PROTOCOL_VERSION;
     hr.server = (char *)GPUBUF_SERVER_STRING;
     hr.session_id = s->holder->id;
@@ -341,6 +397,7 @@ static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
     resp.body_case = GPUBUF__RESPONSE__BODY_HELLO;
     resp.hello = &hr;
     send_response(s, &resp, -1);
+    free(lost);
 }
 
 /* The metadata of an alloc or seal request as registry arguments; layout is
@@ -639,8 +696,12 @@ static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
     c->refs = malloc((n + 1) * sizeof(*c->refs));
     c->owner_uid = malloc((n + 1) * sizeof(*c->owner_uid));
     c->names.data = malloc(names + 1);
+    /* Only after a restart: a column of false says nothing. */
+    if (ctx->restarts)
+        c->restored = malloc((n + 1) * sizeof(*c->restored));
     if (!c->id || !c->size || !c->offset || !c->slab_id || !c->pool || !c->state || !c->refs ||
-        !c->owner_uid || !c->names.data || !meta_columns_alloc(reg, c, n))
+        !c->owner_uid || !c->names.data || (ctx->restarts && !c->restored) ||
+        !meta_columns_alloc(reg, c, n))
         return false;
     uint8_t *np = c->names.data;
     for (gd_buf *b = reg->by_id; b && i < n; b = b->hh_id.next, i++) {
@@ -654,6 +715,8 @@ static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
         c->state[i] = (uint32_t)b->state;
         c->refs[i] = b->refs;
         c->owner_uid[i] = b->owner_uid;
+        if (c->restored)
+            c->restored[i] = b->restored;
         c->pool[i] = 0;
         for (int p = 0; p < ctx->n_pools; p++)
             if (ctx->pools[p] == b->pool) {
@@ -665,6 +728,7 @@ static bool fill_columns(const gd_context *ctx, Gpubuf__BufferColumns *c) {
     c->names.len = (size_t)(np - c->names.data);
     c->n_id = c->n_size = c->n_offset = c->n_slab_id = c->n_pool = c->n_state = c->n_refs =
         c->n_owner_uid = i;
+    c->n_restored = c->restored ? i : 0;
     return true;
 }
 
@@ -677,6 +741,7 @@ static void columns_free(Gpubuf__BufferColumns *c) {
     free(c->state);
     free(c->refs);
     free(c->owner_uid);
+    free(c->restored);
     free(c->names.data);
     free(c->dtype);
     free(c->ndim);
@@ -796,8 +861,9 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
     size_t nrows = columnar ? 0 : (size_t)reg->n_buffers;
     buffer_msg *bufs = calloc(nrows + 1, sizeof(*bufs));
     Gpubuf__Buffer **pbufs = calloc(nrows + 1, sizeof(*pbufs));
-    Gpubuf__ClientStatus *cl = calloc((size_t)ctx->n_sessions + 1, sizeof(*cl));
-    Gpubuf__ClientStatus **pcl = calloc((size_t)ctx->n_sessions + 1, sizeof(*pcl));
+    size_t n_cl = (size_t)ctx->n_sessions + reg->n_detached;
+    Gpubuf__ClientStatus *cl = calloc(n_cl + 1, sizeof(*cl));
+    Gpubuf__ClientStatus **pcl = calloc(n_cl + 1, sizeof(*pcl));
     counters_msg *counters = malloc(sizeof(*counters));
     char(*pubs)[PUBLISHERS_TEXT] = calloc((size_t)ctx->n_pools + 1, sizeof(*pubs));
     Gpubuf__BatchCounters bc[GD_BATCH_TYPES], *pbc[GD_BATCH_TYPES];
@@ -860,7 +926,26 @@ static void do_status(gd_session *s, uint64_t id, const Gpubuf__StatusRequest *q
         pcl[i] = &cl[i];
         i++;
     }
+    /* Restored sessions whose clients have not come back yet. */
+    for (gd_holder *h = reg->holders; h && reg->n_detached && i < n_cl; h = h->hh.next) {
+        if (!h->detached)
+            continue;
+        gpubuf__client_status__init(&cl[i]);
+        cl[i].session_id = h->id;
+        cl[i].pid = h->pid;
+        cl[i].uid = h->uid;
+        cl[i].gid = h->gid;
+        cl[i].references = h->n_refs;
+        cl[i].buffers_held = HASH_CNT(hh, h->refs);
+        cl[i].read_only_references = h->n_ro_refs;
+        cl[i].name = (char *)"";
+        cl[i].detached = true;
+        pcl[i] = &cl[i];
+        i++;
+    }
     st.n_clients = i;
+    st.restarts = ctx->restarts;
+    st.restored_buffers = ctx->restored_buffers;
     st.clients = pcl;
     fill_counters(ctx, counters);
     st.counters = &counters->c;
@@ -895,6 +980,32 @@ out:
     free(pcl);
     free(counters);
     free(pubs);
+}
+
+/* gpubufd --takeover asks for everything: the daemon's own uid or root. */
+static void do_takeover(gd_session *s, uint64_t id, const Gpubuf__TakeoverRequest *q) {
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    gd_err err = {0};
+    int r;
+    if (s->uid != 0 && s->uid != geteuid()) {
+        reply_error(s, id, -EPERM, "only gpubufd's own uid or root may take it over");
+        return;
+    }
+    if (!q->path || !q->path[0] || q->path[0] != '/') {
+        reply_error(s, id, -EINVAL, "takeover needs the absolute path of a socket");
+        return;
+    }
+    if (!s->ctx->takeover) {
+        reply_error(s, id, -EOPNOTSUPP, "this gpubufd cannot be taken over");
+        return;
+    }
+    if ((r = s->ctx->takeover(s->ctx, s->pid, q->path, &err)) < 0) {
+        reply_error(s, id, r, gd_err_msg(&err, r));
+        return;
+    }
+    LOG_NOTICE("pid %d takes gpubufd over (socket %s)", (int)s->pid, q->path);
+    resp.id = id;
+    send_response(s, &resp, -1);
 }
 
 static void do_renew(gd_session *s, uint64_t id, const Gpubuf__RenewRequest *q) {
@@ -1401,6 +1512,7 @@ int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
         break;
     case GPUBUF__REQUEST__BODY_BATCH_ALLOC: do_batch_alloc(s, req->id, req->batch_alloc); break;
     case GPUBUF__REQUEST__BODY_BATCH_STATE: do_batch_state(s, req->id, req->batch_state); break;
+    case GPUBUF__REQUEST__BODY_TAKEOVER: do_takeover(s, req->id, req->takeover); break;
     default:
         reply_error(s, req->id, -ENOTSUP, "unknown request type");
         break;

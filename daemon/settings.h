@@ -19,6 +19,7 @@ typedef struct gd_limits {
     uint32_t frame_timeout_ms;       /* half a frame received, the rest missing; 0: none */
     uint32_t max_waiters_per_client; /* pending opens per connection */
     uint64_t max_reply_memory;       /* queued reply bytes of all connections together */
+    uint32_t resume_timeout_ms;      /* restored sessions not resumed by then are dropped */
 } gd_limits;
 
 /* The fds one connection can make the daemon hold: requests stop being

@@ -131,7 +131,12 @@ step "installed programs against the installed daemon"
 sock=$work/run/gpubufd.sock
 "$prefix/sbin/gpubufd" --socket "$sock" --pool host=host,capacity=64M --log-level warning &
 daemon=$!
-for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+# The socket file appears at bind(), a moment before listen(): wait for a
+# connection that works, not for the file (a loaded machine widens the gap).
+for _ in $(seq 200); do
+    "$prefix/bin/gpubufctl" --socket "$sock" pools >/dev/null 2>&1 && break
+    sleep 0.05
+done
 [ -S "$sock" ] || fail "installed gpubufd did not listen on $sock"
 "$prefix/bin/gpubufctl" --socket "$sock" pools >/dev/null || fail "installed gpubufctl exited $?"
 GPUBUF_SOCKET=$sock "$prefix/bin/gpubuf-producer" --name check --size 1M >/dev/null ||
@@ -179,6 +184,13 @@ if command -v systemd-analyze >/dev/null; then
         fail "systemd-analyze verify reported the lines above"
     fi
     echo "   gpubufd.socket, gpubufd.service, gpubuf-metrics.service, gpubuf-metrics.timer: ok"
+    # Restart survival needs the fd store: the verified unit must ask for one
+    # (and systemd-analyze verify above accepted the key).
+    store=$(sed -n 's/^FileDescriptorStoreMax=\([0-9]*\)$/\1/p' \
+        "$prefix/lib/systemd/system/gpubufd.service")
+    [ -n "$store" ] && [ "$store" -gt 0 ] ||
+        fail "gpubufd.service has no FileDescriptorStoreMax= above 0"
+    echo "   gpubufd.service: FileDescriptorStoreMax=$store"
     step "systemd-analyze security --offline=true gpubufd.service (at most $max_exposure)"
     unit=$prefix/lib/systemd/system/gpubufd.service
     SYSTEMD_LOG_LEVEL=err systemd-analyze security --offline=true --no-pager "$unit" \

@@ -4,6 +4,8 @@
  * in a forked child or an exec'ed example program. */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +14,7 @@
 
 #include "cuda_driver.h"
 #include "check_main.h"
+#include "fdstore.h"
 #include "gpu_batch.h"
 #include "harness.h"
 #include "internal.h"
@@ -444,6 +447,96 @@ START_TEST(vmm_peer_access) {
 }
 END_TEST
 
+/* ---- restart survival on a cuda-vmm pool --------------------------------- */
+
+#define RESTART_SIZE (256 * MiB)
+#define RESTART_SEED 11u
+
+/* The reader's check: every word on the GPU. */
+static int verify_on_gpu(const gpubuf_buffer *b, void *arg) {
+    uint64_t bad = 1;
+    (void)arg;
+    if (gpubuf_buffer_pool_kind(b) != GPUBUF_POOL_CUDA_VMM ||
+        gpubuf_pattern_verify_device(0, gpubuf_buffer_device_ptr(b), RESTART_SIZE, RESTART_SEED,
+                                     &bad) < 0)
+        return -1;
+    return bad != 0;
+}
+
+/* The reader's session back with its reference, the daemon's books right. */
+static void vmm_check_resumed(const test_daemon *d, pid_t reader_pid, uint32_t restarts) {
+    bool ok = false;
+    for (int t = 0; t < 20000 && !ok; t += 20) {
+        gpubuf_status *s = td_status(d);
+        const gpubuf_status_buffer *b = td_find_buffer(s, "vr");
+        bool det = false, found = false;
+        for (size_t i = 0; i < s->n_clients; i++)
+            if (s->clients[i].pid == reader_pid) {
+                found = s->clients[i].references == 1;
+                det = s->client_detached && s->client_detached[i];
+            }
+        ok = found && !det && b && b->refs == 1;
+        if (ok) {
+            ck_assert_uint_eq(s->restarts, restarts);
+            ck_assert_uint_eq(td_find_pool(s, "vmm")->used, RESTART_SIZE);
+            ck_assert_uint_eq(td_find_pool(s, "vmm")->slabs, 1);
+            /* cuda-ipc memory died with the daemon: its buffer is gone. */
+            ck_assert_ptr_null(td_find_buffer(s, "gone"));
+            ck_assert_uint_eq(td_find_pool(s, "ipc")->used, 0);
+        }
+        gpubuf_status_free(s);
+        if (!ok)
+            td_sleep_ms(20);
+    }
+    ck_assert_msg(ok, "the reader's session did not come back with its reference");
+}
+
+/* The H200 half of issue 14: a consumer keeps reading a 256 MiB cuda-vmm
+ * buffer on the GPU while gpubufd is SIGKILLed and restarted with the fds
+ * its service manager kept (tests/fdstore.c), then stopped with SIGTERM
+ * and restarted; the buffer keeps its name, contents and references; a new
+ * consumer opens it by name after; nothing leaks. */
+START_TEST(vmm_restart_keeps_buffer) {
+    static const char *const args[] = {"--pool", "vmm=cuda-vmm,device=0,capacity=8G,slab=64M",
+                                       "--pool", "ipc=cuda-ipc,device=0,capacity=4G,slab=64M",
+                                       NULL};
+    fake_sd m;
+    reader k = {.name = "vr", .verify = verify_on_gpu};
+    char seed[16];
+    fsd_init(&m);
+    fsd_start(&m, args);
+    snprintf(seed, sizeof(seed), "%u", RESTART_SEED);
+    const char *prod[] = {EXAMPLES_DIR "/gpubuf-producer", "--socket", m.d.socket, "--pool", "vmm",
+                          "--name", "vr", "--size", "256M", "--seed", seed, NULL};
+    const char *ipc[] = {EXAMPLES_DIR "/gpubuf-producer", "--socket", m.d.socket, "--pool", "ipc",
+                         "--name", "gone", "--size", "2M", NULL};
+    const char *cons[] = {EXAMPLES_DIR "/gpubuf-consumer", "--socket", m.d.socket, "--name", "vr",
+                          "--seed", seed, NULL};
+    ck_assert_int_eq(td_run(prod), 0);
+    ck_assert_int_eq(td_run(ipc), 0);
+    for (int t = 0; t < 100 && fsd_count(&m, "slab-") < 1; t++)
+        fsd_wait(&m, NULL, 20);
+    ck_assert_int_eq(fsd_count(&m, "slab-"), 1); /* the vmm slab; cuda-ipc has no fd */
+    reader_start(&k, &m.d);
+    int fds_before = td_count_fds(m.d.pid);
+
+    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
+    fsd_start(&m, args);
+    vmm_check_resumed(&m.d, k.pid, 1);
+    ck_assert_int_eq(fsd_kill(&m, SIGTERM), 0);
+    fsd_start(&m, args);
+    vmm_check_resumed(&m.d, k.pid, 2);
+
+    ck_assert_int_eq(reader_stop(&k), 0);
+    ck_assert(td_wait_refs(&m.d, "vr", 0, 5000));
+    ck_assert_int_eq(td_run(cons), 0);
+    ck_assert_int_le(td_count_fds(m.d.pid), fds_before + 1);
+    fsd_delete_last(&m, "vr", "vmm");
+    ck_assert_int_eq(fsd_kill(&m, SIGTERM), 0);
+    fsd_cleanup(&m);
+}
+END_TEST
+
 /* Batches on a cuda-vmm pool: slabs travel as fds, once each; read-only
  * batches map each slab read-only once more. */
 START_TEST(vmm_batches_open_alloc_release) {
@@ -478,5 +571,9 @@ int main(void) {
     } else {
         printf("test_gpu_vmm: %d GPU: the peer-access case needs two\n", g_ngpus);
     }
+    TCase *r = tcase_create("cuda-vmm-restart");
+    tcase_set_timeout(r, 120);
+    tcase_add_test(r, vmm_restart_keeps_buffer);
+    suite_add_tcase(s, r);
     return run_suite(s);
 }

@@ -1411,6 +1411,74 @@ START_TEST(test_slab_rounding_stays_within_capacity) {
 }
 END_TEST
 
+
+/* ---- restart: adopting kept slabs, claiming blocks back ------------------ */
+
+/* A slab taken up from a kept memfd gets its id, its blocks are claimed at
+ * their offsets; overlaps, blocks outside the slab, an fd of the wrong size
+ * and a slab beyond the capacity are refused. */
+START_TEST(test_adopt_and_claim) {
+    uint64_t ids = 0, ids2 = 0;
+    gd_pool *p = pool_make(4 * SLAB, SLAB, &ids);
+    gd_block a = alloc_ok(p, 64 * KIB, 0), b = alloc_ok(p, 128 * KIB, 0);
+    uint64_t sid = a.slab->id;
+    int fd = dup(a.slab->exp.fd);
+    ck_assert_int_ge(fd, 0);
+    gd_pool *q = pool_make(4 * SLAB, SLAB, &ids2);
+    gd_slab *s = NULL;
+    /* The wrong size: refused, the fd stays the caller's. */
+    ck_assert_int_lt(gd_pool_adopt_slab(q, 9, 2 * SLAB, false, fd, &s, &tp_err), 0);
+    ck_assert_int_eq(gd_pool_adopt_slab(q, sid + 10, SLAB, false, fd, &s, &tp_err), 0);
+    ck_assert_uint_eq(s->id, sid + 10);
+    ck_assert_uint_eq(ids2, sid + 10); /* new slabs come after it */
+    ck_assert_uint_eq(q->reserved, SLAB);
+    /* The same id twice is refused. */
+    int fd2 = dup(b.slab->exp.fd);
+    ck_assert_int_eq(gd_pool_adopt_slab(q, sid + 10, SLAB, false, fd2, &s, &tp_err), -EEXIST);
+    close(fd2);
+    gd_block ca, cb, bad;
+    ck_assert_int_eq(gd_pool_claim(q, s, a.offset, a.size, &ca, &tp_err), 0);
+    ck_assert_int_eq(gd_pool_claim(q, s, b.offset, b.size, &cb, &tp_err), 0);
+    ck_assert_uint_eq(ca.offset, a.offset);
+    ck_assert_uint_eq(cb.offset, b.offset);
+    ck_assert_int_eq(gd_pool_claim(q, s, a.offset + 256, 256, &bad, &tp_err), -EINVAL);
+    ck_assert_int_eq(gd_pool_claim(q, s, SLAB - 256, 512, &bad, &tp_err), -EINVAL);
+    ck_assert_int_eq(gd_pool_claim(q, s, UINT64_MAX - 10, 20, &bad, &tp_err), -EINVAL);
+    ck_assert_uint_eq(q->used, a.size + b.size);
+    ck_assert_uint_eq(q->n_blocks, 2);
+    /* The rest of the slab serves new allocations, next to the claimed blocks. */
+    gd_block c = alloc_ok(q, 64 * KIB, 0);
+    ck_assert_ptr_eq(c.slab, s);
+    ck_assert(c.offset >= b.offset + b.size || c.offset + c.size <= a.offset);
+    gd_pool_release(q, &c);
+    gd_pool_release(q, &ca);
+    gd_pool_release(q, &cb);
+    gd_pool_trim(q);
+    ck_assert_uint_eq(q->used, 0);
+    gd_pool_free(q);
+    gd_pool_release(p, &a);
+    gd_pool_release(p, &b);
+    gd_pool_free(p);
+}
+END_TEST
+
+/* A pool smaller now than the kept slabs: what does not fit is refused. */
+START_TEST(test_adopt_beyond_capacity) {
+    uint64_t ids = 0, ids2 = 0;
+    gd_pool *p = pool_make(4 * SLAB, SLAB, &ids);
+    gd_block a = alloc_ok(p, 2 * SLAB, 0); /* a dedicated slab of 2 MiB */
+    int fd = dup(a.slab->exp.fd);
+    gd_pool *q = pool_make(SLAB, SLAB, &ids2);
+    gd_slab *s = NULL;
+    ck_assert_int_eq(gd_pool_adopt_slab(q, 1, a.slab->size, true, fd, &s, &tp_err),
+                     GPUBUF_EPOOLFULL);
+    close(fd);
+    gd_pool_free(q);
+    gd_pool_release(p, &a);
+    gd_pool_free(p);
+}
+END_TEST
+
 static Suite *pool_suite(void) {
     Suite *s = suite_create("pool");
     TCase *tc = tcase_create("basic");
@@ -1447,6 +1515,8 @@ static Suite *pool_suite(void) {
     tcase_add_test(tc, test_slab_rounding_stays_within_capacity);
     tcase_add_test(tc, test_spare_slab_given_back_for_dedicated);
     tcase_add_test(tc, test_alloc_prefer);
+    tcase_add_test(tc, test_adopt_and_claim);
+    tcase_add_test(tc, test_adopt_beyond_capacity);
     suite_add_tcase(s, tc);
 
     tc = tcase_create("scale");

@@ -15,6 +15,8 @@
 #include "pool.h"
 #include "registry.h"
 #include "check_main.h"
+#include "layout_helpers.h"
+#include "util.h"
 
 /* Where the calls under test write their error (one per test process). */
 static gd_err tr_err;
@@ -1225,8 +1227,6 @@ START_TEST(test_names_per_pool) {
 }
 END_TEST
 
-/* ---- main -------------------------------------------------------------- */
-
 /* ---- bounded work ---------------------------------------------------------- */
 
 /* Waiters are indexed by name and id: a seal or a delete reaches exactly
@@ -1338,6 +1338,198 @@ START_TEST(test_holder_leave_spread) {
 }
 END_TEST
 
+/* ---- restart: restore, resume ------------------------------------------ */
+
+/* What a restore rebuilds: a detached holder with its id, a named sealed
+ * buffer charged to its owner, references; a duplicate id or name is
+ * refused; unreachable buffers go at the end. Then the holder's client
+ * resumes it claiming fewer references than it had, and one buffer it no
+ * longer holds is reported lost. */
+/* A restored buffer's template: sealed, 4000 bytes in blk of e's pool, owned by UID_A. */
+static void restore_tmpl(gd_buf *t, env *e, uint64_t id, const char *name, gd_block blk,
+                         uint64_t owner_holder) {
+    memset(t, 0, sizeof(*t));
+    t->id = id;
+    t->name = (char *)name;
+    t->pool = e->pool;
+    t->blk = blk;
+    t->size = 4000;
+    t->state = GPUBUF_STATE_SEALED;
+    t->owner_uid = UID_A;
+    t->owner_holder = owner_holder;
+    t->charged = blk.size;
+}
+
+START_TEST(test_restore_and_resume) {
+    env e;
+    gd_buf t, *b = NULL, *anon = NULL, *x = NULL;
+    gd_block blk, blk2, blk3;
+    env_init(&e);
+    gd_holder *h = gd_registry_restore_holder(&e.reg, 7, 4242, UID_A, UID_A);
+    ck_assert_ptr_nonnull(h);
+    ck_assert(h->detached);
+    ck_assert_uint_eq(e.reg.n_detached, 1);
+    ck_assert_ptr_null(gd_registry_restore_holder(&e.reg, 7, 1, UID_A, UID_A));
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk, &tr_err), 0);
+    restore_tmpl(&t, &e, 40, "kept", blk, 7);
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &b, &tr_err), 0);
+    ck_assert_uint_eq(h->n_owned, 1);
+    /* Same id, or same name: refused. */
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk2, &tr_err), 0);
+    t.blk = blk2;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &x, &tr_err), -EEXIST);
+    t.id = 41;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &x, &tr_err), -EEXIST);
+    /* An anonymous sealed buffer nobody references: freed at the end. */
+    t.name = NULL;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &anon, &tr_err), 0);
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk3, &tr_err), 0);
+    t.id = 42;
+    t.blk = blk3;
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &x, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_restore_ref(&e.reg, h, b, 3, 1), 0);
+    ck_assert_int_eq(gd_registry_restore_ref(&e.reg, h, x, 1, 0), 0);
+    gd_registry_restore_done(&e.reg);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, 41));
+    ck_assert_uint_eq(e.reg.n_buffers, 2);
+    ck_assert_uint_eq(b->refs, 3);
+    ck_assert_uint_eq(h->n_ro_refs, 1);
+    ck_assert(gd_registry_slab_mapped(h, b, false)); /* restored through ref_add */
+    /* New ids continue after the restored ones. */
+    ck_assert_uint_ge(e.reg.next_buffer_id, 42);
+    ck_assert_uint_ge(e.reg.next_holder_id, 7);
+    /* The client claims 2 of "kept" (none read-only), nothing of 42, and
+     * buffer 99 it does not hold. */
+    gd_held held[] = {{40, 2, 0}, {99, 1, 0}};
+    uint64_t lost[2];
+    ck_assert_uint_eq(gd_registry_resume(&e.reg, h, held, 2, lost), 1);
+    ck_assert_uint_eq(lost[0], 99);
+    ck_assert(!h->detached);
+    ck_assert_uint_eq(e.reg.n_detached, 0);
+    ck_assert_uint_eq(gd_registry_holder_count(h, 40), 2);
+    ck_assert_uint_eq(h->n_ro_refs, 0);
+    ck_assert_uint_eq(b->refs, 2);
+    /* 42 was anonymous: its last reference went with the resume. */
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, 42));
+    ck_assert_uint_eq(h->n_refs, 2);
+    /* The per-slab counts that SLAB_ONCE reads follow the restored
+     * references and the resume: two read-write references left in b's
+     * slab, none read-only; one released, the other is the only one. */
+    ck_assert(gd_registry_slab_mapped(h, b, false));
+    ck_assert(!gd_registry_slab_mapped(h, b, true));
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, 40, &tr_err), 0);
+    ck_assert(!gd_registry_slab_mapped(h, b, false));
+    gd_registry_holder_drop(&e.reg, h);
+    ck_assert_uint_eq(b->refs, 0);
+    ck_assert_ptr_nonnull(gd_registry_find_name(&e.reg, "kept")); /* named, sealed: stays */
+    env_fini(&e);
+}
+END_TEST
+
+/* Every change reaches the hooks, in an order a replay can follow: the
+ * buffer before references to it, the holder's end first. */
+static int hook_log[64], hook_n;
+static void hk_buf(void *a, const gd_buf *b) {
+    (void)a;
+    (void)b;
+    hook_log[hook_n++ % 64] = 1;
+}
+static void hk_gone(void *a, uint64_t id) {
+    (void)a;
+    (void)id;
+    hook_log[hook_n++ % 64] = 2;
+}
+static void hk_ref(void *a, const gd_holder *h, uint64_t id, uint32_t count, uint32_t ro) {
+    (void)a;
+    (void)h;
+    (void)id;
+    (void)ro;
+    hook_log[hook_n++ % 64] = count ? 3 : 4;
+}
+static void hk_holder(void *a, const gd_holder *h) {
+    (void)a;
+    (void)h;
+    hook_log[hook_n++ % 64] = 5;
+}
+static void hk_holder_gone(void *a, uint64_t id) {
+    (void)a;
+    (void)id;
+    hook_log[hook_n++ % 64] = 6;
+}
+
+START_TEST(test_hooks_follow_changes) {
+    static const gd_registry_hooks hk = {hk_buf, hk_gone, hk_ref, hk_holder, hk_holder_gone};
+    env e;
+    gd_buf *b;
+    env_init(&e);
+    e.reg.hooks = &hk;
+    hook_n = 0;
+    gd_holder *h = holder(&e, UID_A);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 100, 0, "h", &b, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, h, b->id, &b, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, b->id, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h, "h", 0, &tr_err), 0);
+    gd_registry_holder_drop(&e.reg, h);
+    /* holder, alloc (buffer, ref), seal, release (ref 0), delete (buffer, gone), holder gone */
+    int want[] = {5, 1, 3, 1, 4, 1, 2, 6};
+    ck_assert_int_eq(hook_n, 8);
+    for (int i = 0; i < 8; i++)
+        ck_assert_int_eq(hook_log[i], want[i]);
+    e.reg.hooks = NULL;
+    env_fini(&e);
+}
+END_TEST
+
+/* Restored metadata is checked as an alloc's; a restored lease keeps its
+ * deadline (one past is due at once, one beyond its ttl is cut to it). */
+START_TEST(test_restore_meta) {
+    env e;
+    gd_buf t, *b = NULL, *c = NULL;
+    gd_block blk, blk2;
+    const int64_t big[1] = {1001}, fits[2] = {10, 100};
+    gpubuf_layout too_big = f32(1, big), ok = f32(2, fits);
+    static const uint8_t user[4097];
+    env_init(&e);
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk, &tr_err), 0);
+    restore_tmpl(&t, &e, 50, "m", blk, 0);
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &b, &tr_err), 0);
+    gd_meta_args a = {.layout = &too_big};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, b, &a, 0, &tr_err), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(tr_err.msg, "4004 bytes"));
+    a = (gd_meta_args){.user = user, .user_len = sizeof(user)};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, b, &a, 0, &tr_err), -EINVAL);
+    a = (gd_meta_args){.ttl_ms = (uint64_t)UINT32_MAX + 1};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, b, &a, 0, &tr_err), -EINVAL);
+    ck_assert_ptr_null(b->meta);
+    ck_assert_uint_eq(e.reg.n_leases, 0);
+    /* Expired while the daemon was down. */
+    uint64_t now = gpubuf_now_ns();
+    a = (gd_meta_args){.layout = &ok, .user = user, .user_len = 5, .ttl_ms = 1000};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, b, &a, now - 1, &tr_err), 0);
+    ck_assert_uint_eq(e.reg.n_layouts, 1);
+    ck_assert_uint_eq(e.reg.n_leases, 1);
+    gpubuf_layout got;
+    ck_assert(gd_meta_layout(b, &got));
+    ck_assert_int_eq(got.shape[1], 100);
+    /* A deadline far beyond its ttl: cut to the ttl from now. */
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk2, &tr_err), 0);
+    restore_tmpl(&t, &e, 51, "n", blk2, 0);
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &c, &tr_err), 0);
+    a = (gd_meta_args){.ttl_ms = 1000};
+    ck_assert_int_eq(gd_registry_restore_meta(&e.reg, c, &a, now + 86400000000000ull, &tr_err), 0);
+    ck_assert_uint_le(c->lease_expires_ns, gpubuf_now_ns() + 1000000000ull);
+    ck_assert_uint_eq(gd_registry_next_expiry(&e.reg), now - 1);
+    gd_registry_restore_done(&e.reg);
+    ck_assert_uint_eq(gd_registry_expire(&e.reg, gpubuf_now_ns(), 16), 1);
+    ck_assert_ptr_null(gd_registry_find_id(&e.reg, 50));
+    ck_assert_uint_eq(e.reg.n_layouts, 0);
+    ck_assert_uint_eq(e.reg.n_leases, 1);
+    env_fini(&e);
+}
+END_TEST
+
+/* ---- main -------------------------------------------------------------- */
+
 static Suite *registry_suite(void) {
     Suite *s = suite_create("registry");
     TCase *tc = tcase_create("buffers");
@@ -1379,6 +1571,9 @@ static Suite *registry_suite(void) {
     tc = tcase_create("bounded");
     tcase_add_test(tc, test_waiters_indexed);
     tcase_add_test(tc, test_holder_leave_spread);
+    tcase_add_test(tc, test_restore_and_resume);
+    tcase_add_test(tc, test_hooks_follow_changes);
+    tcase_add_test(tc, test_restore_meta);
     suite_add_tcase(s, tc);
     return s;
 }

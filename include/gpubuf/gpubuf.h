@@ -251,6 +251,15 @@ typedef struct gpubuf_status {
      * end like counters. */
     const char *default_pool;
     const char *const *pool_publishers;
+    /** Restart survival (added after 0.2: at the end, as above). */
+    uint32_t restarts;         /**< times gpubufd restarted over its kept state */
+    uint32_t restored_buffers; /**< buffers its last start restored */
+    /** Per buffer (n_buffers entries): it survived a restart; NULL when none did. */
+    const uint8_t *buffer_restored;
+    /** Per client (n_clients entries): a session restored at a restart whose
+     * client has not resumed it yet (it holds its references until
+     * resume_timeout_ms); NULL when there are none. */
+    const uint8_t *client_detached;
     /** Metadata of buffers[i] in buffer_meta[i] (added at the end, like counters). */
     struct gpubuf_status_meta *buffer_meta;
     uint32_t leases_active;   /**< buffers with a lease */
@@ -462,6 +471,17 @@ GPUBUF_EXTERN int gpubuf_stat_with(gpubuf_client *c, const char *name, uint64_t 
  * root may delete (-EPERM). */
 GPUBUF_EXTERN int gpubuf_delete_with(gpubuf_client *c, const char *name, uint64_t id,
                                      const gpubuf_lookup *o);
+
+/**
+ * How long this connection keeps trying to reconnect after gpubufd went away
+ * (restart, upgrade, crash), in milliseconds; 0 turns reconnecting off. The
+ * default is 10000, or $GPUBUF_RECONNECT_MS when set at gpubuf_connect().
+ * A reconnect resumes the session: the references of live views are claimed
+ * back and their mappings stay valid. The request that was in flight when
+ * the connection went fails with -ECONNRESET (docs/client-api.md, "Restart").
+ * \return 0, or -EINVAL for a negative ms.
+ */
+GPUBUF_EXTERN int gpubuf_set_reconnect(gpubuf_client *c, int ms);
 
 /** Take a snapshot of pools, buffers and clients. */
 GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret);

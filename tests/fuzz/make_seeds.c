@@ -215,5 +215,43 @@ int main(int argc, char **argv) {
     r.status = &sr;
     n += put(b + n, &r);
     save(dir, "readonly", b, n);
+
+    /* Restart: a hello resuming a session (none is detached here) with
+     * held references, one named twice; a takeover request (refused: the
+     * target has no takeover); a status. */
+    {
+        Gpubuf__Request q = GPUBUF__REQUEST__INIT;
+        Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+        Gpubuf__HeldRef hr[3] = {GPUBUF__HELD_REF__INIT, GPUBUF__HELD_REF__INIT,
+                                 GPUBUF__HELD_REF__INIT};
+        Gpubuf__HeldRef *ph[3] = {&hr[0], &hr[1], &hr[2]};
+        Gpubuf__TakeoverRequest tk = GPUBUF__TAKEOVER_REQUEST__INIT;
+        hr[0].buffer_id = 1;
+        hr[0].count = 2;
+        hr[0].read_only = 1;
+        hr[1].buffer_id = 7;
+        hr[1].count = 1;
+        hr[2].buffer_id = 1;
+        hr[2].count = 5;
+        h.min_version = h.max_version = 1;
+        h.client_name = (char *)"seed";
+        h.resume_session = 3;
+        h.n_held = 3;
+        h.held = ph;
+        q.id = 1;
+        q.body_case = GPUBUF__REQUEST__BODY_HELLO;
+        q.hello = &h;
+        n = put(b, &q);
+        tk.path = (char *)"/tmp/seed.takeover";
+        q.id = 2;
+        q.body_case = GPUBUF__REQUEST__BODY_TAKEOVER;
+        q.takeover = &tk;
+        n += put(b + n, &q);
+        q.id = 3;
+        q.body_case = GPUBUF__REQUEST__BODY_STATUS;
+        q.status = &sr;
+        n += put(b + n, &q);
+        save(dir, "restart", b, n);
+    }
     return 0;
 }

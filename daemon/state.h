@@ -1,0 +1,54 @@
+/* State room: what survives a restart of gpubufd. The slabs of host and
+ * cuda-vmm pools live as long as some process holds an fd of them; the
+ * daemon keeps those fds where they outlive it (systemd's fd store, or a
+ * successor started with --takeover) together with its saved state: two
+ * memfds ("state-0", "state-1") holding a snapshot of the registry followed
+ * by a journal of every change since, appended before the change is
+ * answered (proto/gpubuf_state.proto). A SIGKILL therefore loses nothing a
+ * client was told. At start the state is read back, checked record by
+ * record against the slabs and the pools, and the registry rebuilt;
+ * sessions come back detached until their clients resume them. */
+#ifndef GPUBUFD_STATE_H
+#define GPUBUFD_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "context.h"
+
+/* One fd a previous daemon kept, with its name (LISTEN_FDNAMES, takeover). */
+typedef struct gd_kept_fd {
+    char name[64];
+    int fd; /* -1 once taken or closed */
+} gd_kept_fd;
+
+typedef struct gd_state gd_state;
+
+/* Start saving the state of ctx (its pools exist, no client yet): restore
+ * what kept (n fds, may be 0) holds first, taking the fds named state-* and
+ * slab-* (the others are left to the caller), and log what was restored
+ * and what dropped. With fdstore, every kept fd is also handed to the
+ * service manager (sd_notify FDSTORE=1) and the fds of slabs that go are
+ * removed from it. On success ctx->state is set. */
+int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_err *err);
+/* Stop saving: what the daemon does from now on (closing the sessions,
+ * freeing the registry as it stops) is not a change of the kept state. */
+void gd_state_freeze(gd_state *st);
+/* Free st (after gd_state_freeze); its fds are closed. NULL is fine. */
+void gd_state_free(gd_state *st);
+/* The fds to hand to a successor: the state memfds and every slab's, with
+ * their names. *ret is allocated (free it); the fds stay st's. */
+size_t gd_state_fds(gd_state *st, gd_kept_fd **ret);
+/* Hand fd to the service manager under name (no-op without fdstore). */
+void gd_state_store_fd(gd_state *st, const char *name, int fd);
+/* Drop the detached sessions older than the resume timeout now (also run
+ * from a timer): they leave the registry and the saved state at once, their
+ * references go through gd_registry_reap() (ctx->want_work), a bounded
+ * number per turn of the loop. Returns how many went. */
+uint32_t gd_state_expire(gd_state *st);
+/* Bytes of the active state memfd, and the records written since start
+ * (status, benchmarks). */
+uint64_t gd_state_bytes(const gd_state *st);
+
+#endif
