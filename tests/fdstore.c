@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 void fsd_init(fake_sd *m) {
@@ -161,9 +162,21 @@ void fsd_start(fake_sd *m, const char *const *args) {
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
-    for (int t = 0; t < 3000; t += 50) {
-        if (fsd_wait(m, "READY=1", 50))
+    /* Time, not tries: fd-store messages come before READY=1. A restart
+     * with CUDA pools starts a context and imports every slab first. */
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (;;) {
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        double ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+        if (ms > 30000)
+            break;
+        if (fsd_wait(m, "READY=1", 50)) {
+            if (getenv("GPUBUF_TEST_VERBOSE") || m->n)
+                fprintf(stderr, "fake service manager: READY=1 %.1f ms after the start (%d fds "
+                                "passed)\n", ms, m->n);
             return;
+        }
         int st;
         if (waitpid(m->d.pid, &st, WNOHANG) == m->d.pid) {
             m->d.pid = 0;
