@@ -172,6 +172,8 @@ void fsd_start(fake_sd *m, const char *const *args) {
         if (ms > 30000)
             break;
         if (fsd_wait(m, "READY=1", 50)) {
+            clock_gettime(CLOCK_MONOTONIC, &t1);
+            ms = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
             if (getenv("GPUBUF_TEST_VERBOSE") || m->n)
                 fprintf(stderr, "fake service manager: READY=1 %.1f ms after the start (%d fds "
                                 "passed)\n", ms, m->n);
