@@ -26,11 +26,14 @@
 #define STATE_HEADER 32u
 #define STATE_MAX_RECORD (1u << 20) /* one record is a few hundred bytes */
 #define STATE_MIN_COMPACT (1ull << 20)
+#define STATE_MAP_MIN (1ull << 20) /* the journal mapping grows from here */
 
 typedef struct slot {
     int fd;
     uint64_t gen; /* 0: holds nothing valid */
     uint64_t len; /* bytes written, header included */
+    uint8_t *map; /* the journal's shared mapping of fd (cap bytes), or NULL */
+    uint64_t cap;
 } slot;
 
 struct gd_state {
@@ -158,6 +161,38 @@ static bool write_all(int fd, const void *buf, size_t len, uint64_t off) {
         len -= (size_t)w;
         off += (uint64_t)w;
     }
+    return true;
+}
+
+static void slot_unmap(slot *s) {
+    if (s->map)
+        munmap(s->map, s->cap);
+    s->map = NULL;
+    s->cap = 0;
+}
+
+/* Room for need bytes in the slot's shared mapping: journal records are
+ * copied into it, no system call each. The memfd's pages are the kept
+ * state itself, so a record is saved once copied, whatever kills the
+ * daemon next. The file grows by doubling (1 MiB at least); the zeros past
+ * the records end the replay like a torn record. */
+static bool slot_room(slot *s, uint64_t need) {
+    if (s->map && need <= s->cap)
+        return true;
+    uint64_t cap = s->cap * 2 > need ? s->cap * 2 : need;
+    if (cap < STATE_MAP_MIN)
+        cap = STATE_MAP_MIN;
+    struct stat sb;
+    if (fstat(s->fd, &sb) == 0 && (uint64_t)sb.st_size > cap)
+        cap = (uint64_t)sb.st_size; /* never cut what another start wrote */
+    slot_unmap(s);
+    if (ftruncate(s->fd, (off_t)cap) < 0)
+        return false;
+    void *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
+    if (m == MAP_FAILED)
+        return false;
+    s->map = m;
+    s->cap = cap;
     return true;
 }
 
@@ -295,6 +330,7 @@ static int compact(gd_state *st) {
     slot *to = &st->slots[!st->active];
     const slot *from = &st->slots[st->active];
     obuf o = {0};
+    slot_unmap(to); /* it is cut to nothing and written anew below */
     uint8_t hdr[STATE_HEADER];
     snapshot(st->ctx, &o);
     if (o.oom) {
@@ -340,10 +376,14 @@ static void append(gd_state *st, const Gpubuf__StateRecord *rec) {
         o.cap = 0;
     }
     put_record(&o, rec);
-    if (o.oom || !write_all(s->fd, o.p, o.len, s->len))
-        write_failed(st, "journal");
-    else
+    if (!o.oom && slot_room(s, s->len + o.len)) {
+        memcpy(s->map + s->len, o.p, o.len);
         s->len += o.len;
+    } else if (o.oom || !write_all(s->fd, o.p, o.len, s->len)) {
+        write_failed(st, "journal");
+    } else {
+        s->len += o.len;
+    }
     if (o.p != stack)
         free(o.p);
     st->records++;
@@ -941,9 +981,11 @@ void gd_state_freeze(gd_state *st) {
 void gd_state_free(gd_state *st) {
     if (!st)
         return;
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
+        slot_unmap(&st->slots[i]);
         if (st->slots[i].fd >= 0)
             close(st->slots[i].fd);
+    }
     if (st->ctx->state == st)
         st->ctx->state = NULL;
     free(st);
