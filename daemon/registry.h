@@ -347,6 +347,9 @@ void gd_registry_unpublish(gd_registry *r, gd_buf *b);
 void gd_meta_free(gd_registry *r, gd_buf *b);
 /* Take b out of the lease heap (no-op without a lease). */
 void gd_lease_remove(gd_registry *r, gd_buf *b);
+/* Give b a lease of ttl_ms that expires at expires_ns (replacing one it has);
+ * -ENOMEM. */
+int gd_lease_set_at(gd_registry *r, gd_buf *b, uint64_t ttl_ms, uint64_t expires_ns);
 
 /* Metadata given with an alloc or a seal; NULL or 0 for what is not given. */
 typedef struct gd_meta_args {
