@@ -128,6 +128,7 @@ static int connect_call(const char *path, gpubuf_client **ret) {
 
     snprintf(c->path, sizeof(c->path), "%s", path);
     c->reconnect_ms = GPUBUF_RECONNECT_MS_DEFAULT;
+    c->on_reconnect = gpubuf__mapping_forget_kept;
     const char *env = getenv("GPUBUF_RECONNECT_MS");
     if (env && *env) {
         char *end;
@@ -528,11 +529,6 @@ static void copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
     o->owner_uid = m->owner_uid;
     o->offset = m->offset;
     o->slab_id = m->slab_id;
-}
-
-static int stat_with_call(gpubuf_client *c, const char *name, uint64_t id,
-                          const gpubuf_lookup *opts, gpubuf_buffer_info *ret) {
-    return gpubuf__stat_meta(c, name, id, opts, ret, NULL); /* meta.c */
 }
 
 GPUBUF_EXTERN gpubuf_status *gpubuf_status_free(gpubuf_status *s) {
@@ -986,25 +982,10 @@ GPUBUF_EXTERN int gpubuf_delete_id(gpubuf_client *c, uint64_t id) {
     return gpubuf__result(delete_with_call(c, NULL, id, NULL));
 }
 
-GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret) {
-    gpubuf__clear_error();
-    if (!name) {
-        gpubuf__set_error("gpubuf_stat needs a name");
-        return -EINVAL;
-    }
-    return gpubuf__result(stat_with_call(c, name, 0, NULL, ret));
-}
-
 GPUBUF_EXTERN int gpubuf_open_with(gpubuf_client *c, const char *name, uint64_t id,
                                    const gpubuf_lookup *o, gpubuf_buffer **ret) {
     gpubuf__clear_error();
     return gpubuf__result(open_with_call(c, name, id, o, ret));
-}
-
-GPUBUF_EXTERN int gpubuf_stat_with(gpubuf_client *c, const char *name, uint64_t id,
-                                   const gpubuf_lookup *o, gpubuf_buffer_info *ret) {
-    gpubuf__clear_error();
-    return gpubuf__result(stat_with_call(c, name, id, o, ret));
 }
 
 GPUBUF_EXTERN int gpubuf_delete_with(gpubuf_client *c, const char *name, uint64_t id,
@@ -1034,7 +1015,6 @@ GPUBUF_EXTERN int gpubuf_buffer_slice(gpubuf_buffer *b, uint64_t offset, uint64_
 int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret) {
     return buffer_request(c, req, ret);
 }
-
 
 void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
     copy_info(o, m);

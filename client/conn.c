@@ -422,11 +422,8 @@ static int reconnect(gpubuf_client *c) {
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
-    /* The daemon pins no slab for a resumed session: nothing is kept. */
-    gpubuf__mapping_drop_idle(c, false, false);
-    for (gpubuf_mapping *m = c->maps; m; m = m->hh.next)
-        m->kept = false;
-    c->n_kept = 0;
+    if (c->on_reconnect)
+        c->on_reconnect(c);
     for (;;) {
         int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
         if (fd < 0)

@@ -59,6 +59,10 @@ struct gpubuf_client {
     int fd;
     char path[108];      /* the daemon's socket (reconnects) */
     int reconnect_ms;    /* how long a reconnect keeps trying; 0: never reconnect */
+    /* Called (lock held) when the connection went, before the session is
+     * resumed: the mapping layer forgets the slabs it kept (set at connect;
+     * the connection layer does not call up into it). */
+    void (*on_reconnect)(struct gpubuf_client *c);
     bool closing;        /* gpubuf_disconnect() runs: no reconnect */
     bool in_hello;       /* the handshake runs: a failure is not reconnected */
     uint32_t reconnects; /* reconnects that resumed the session */
@@ -179,6 +183,9 @@ bool gpubuf__mapping_put_ex(gpubuf_client *c, gpubuf_mapping *m, bool evict);
 /* Unmap the idle slabs (of CUDA pools only, if cuda_only), telling the daemon
  * when tell is set (lock held). */
 void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell);
+/* The daemon pins no slab for a resumed session: unmap the idle slabs kept
+ * without a view, and keep none (gpubuf_client.on_reconnect). */
+void gpubuf__mapping_forget_kept(gpubuf_client *c);
 /* Unmap everything and release retained contexts (last reference gone). */
 void gpubuf__mapping_clear(gpubuf_client *c);
 

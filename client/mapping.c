@@ -228,6 +228,13 @@ void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell) {
     }
 }
 
+void gpubuf__mapping_forget_kept(gpubuf_client *c) {
+    gpubuf__mapping_drop_idle(c, false, false);
+    for (gpubuf_mapping *m = c->maps; m; m = m->hh.next)
+        m->kept = false;
+    c->n_kept = 0;
+}
+
 void gpubuf__mapping_hold(gpubuf_client *c, gpubuf_mapping *m) {
     if (m->views++ == 0)
         idle_unlink(c, m);
