@@ -33,19 +33,30 @@ if [ "${GPUBUF_SKIP_SANITIZERS:-0}" != 1 ]; then
         run_suite build-asan -DCMAKE_BUILD_TYPE=Debug -DGPUBUF_SANITIZER=address,undefined
 fi
 if [ "${GPUBUF_NO_FUZZ:-0}" != 1 ]; then
-    echo "== fuzz the daemon core (libFuzzer, address+undefined), ${GPUBUF_FUZZ_SECONDS:-60} s"
+    # Each target in tests/fuzz/targets.txt runs GPUBUF_FUZZ_SECONDS (60 by
+    # default) with its seeds: tests/fuzz/corpus/ for "daemon",
+    # tests/fuzz/corpus/NAME/ for the others.
+    targets=$(grep -v '^#' tests/fuzz/targets.txt)
+    echo "== fuzz ($(echo $targets), libFuzzer, address+undefined), ${GPUBUF_FUZZ_SECONDS:-60} s each"
     CC=clang cmake -S . -B build-fuzz -G Ninja -DGPUBUF_WERROR=ON -DGPUBUF_FUZZ=ON \
         -DGPUBUF_SANITIZER=address,undefined -DCMAKE_BUILD_TYPE=Debug -DGPUBUF_BUILD_BENCH=OFF \
         -DGPUBUF_BUILD_MAN=OFF "${cuda_opt[@]}" ${GPUBUF_CMAKE_ARGS:-} >/dev/null
-    cmake --build build-fuzz -j"$jobs" --target fuzz_daemon
-    corpus=$(mktemp -d /tmp/gpubuf-fuzz-XXXXXX)
-    cp tests/fuzz/corpus/* "$corpus"/
-    # A crash leaves crash-* in tests/fuzz/regressions (to be committed) and fails the run.
-    rc=0
-    build-fuzz/tests/fuzz/fuzz_daemon -max_total_time="${GPUBUF_FUZZ_SECONDS:-60}" -max_len=4096 \
-        -timeout=10 -print_final_stats=1 -artifact_prefix=tests/fuzz/regressions/ "$corpus" \
-        >"$corpus.log" 2>&1 || rc=$?
-    grep -E "DONE|number_of_executed_units|ERROR|SUMMARY" "$corpus.log" || true
-    rm -rf "$corpus" "$corpus.log"
-    [ "$rc" = 0 ] || { echo "fuzzing found a crash: see tests/fuzz/regressions/"; exit 1; }
+    for t in $targets; do
+        cmake --build build-fuzz -j"$jobs" --target "fuzz_$t"
+        if [ "$t" = daemon ]; then seeds=tests/fuzz/corpus; regs=tests/fuzz/regressions
+        else seeds=tests/fuzz/corpus/$t; regs=tests/fuzz/regressions/$t; fi
+        mkdir -p "$regs"
+        corpus=$(mktemp -d /tmp/gpubuf-fuzz-XXXXXX)
+        find "$seeds" -maxdepth 1 -type f -exec cp {} "$corpus"/ \;
+        # A crash leaves crash-* in the target's regressions folder (to be
+        # committed) and fails the run.
+        rc=0
+        "build-fuzz/tests/fuzz/fuzz_$t" -max_total_time="${GPUBUF_FUZZ_SECONDS:-60}" -max_len=4096 \
+            -timeout=10 -print_final_stats=1 -artifact_prefix="$regs/" "$corpus" \
+            >"$corpus.log" 2>&1 || rc=$?
+        echo "-- fuzz_$t"
+        grep -E "DONE|number_of_executed_units|ERROR|SUMMARY" "$corpus.log" || true
+        rm -rf "$corpus" "$corpus.log"
+        [ "$rc" = 0 ] || { echo "fuzzing fuzz_$t found a crash: see $regs/"; exit 1; }
+    done
 fi
