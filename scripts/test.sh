@@ -3,8 +3,30 @@
 # the installed tree, run the same suite built with AddressSanitizer and
 # UndefinedBehaviorSanitizer, and fuzz the daemon core for a minute.
 # Tests labelled "gpu" skip (exit 77) on machines without a GPU.
+#
+#   --under-load[=N]   keep N CPU-bound processes running beside the whole
+#                      run (default: one per core), to show that no test
+#                      depends on a quiet machine.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+load=0
+for arg in "$@"; do
+    case $arg in
+    --under-load) load=$(nproc) ;;
+    --under-load=*) load=${arg#--under-load=} ;;
+    *) echo "test.sh: unknown argument '$arg' (known: --under-load[=N])" >&2; exit 2 ;;
+    esac
+done
+if [ "$load" -gt 0 ]; then
+    echo "== under load: $load busy processes beside the suite"
+    loaders=()
+    for _ in $(seq "$load"); do
+        # Busy work of the shell's own: no package needed.
+        (while :; do :; done) &
+        loaders+=($!)
+    done
+    trap 'kill "${loaders[@]}" 2>/dev/null || true' EXIT
+fi
 ./scripts/deps.sh
 jobs=${GPUBUF_JOBS:-$(nproc)}
 cuda_opt=()

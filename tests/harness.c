@@ -338,6 +338,65 @@ char *td_capture(const char *cmd, int *ret_code) {
     return out;
 }
 
+static void copy_file(const char *from, const char *to) {
+    int in = open(from, O_RDONLY | O_CLOEXEC);
+    ck_assert_msg(in >= 0, "open %s: %s", from, strerror(errno));
+    int out = open(to, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0755);
+    ck_assert_msg(out >= 0, "create %s: %s", to, strerror(errno));
+    char buf[1 << 16];
+    ssize_t n;
+    while ((n = read(in, buf, sizeof(buf))) > 0)
+        ck_assert_int_eq(write(out, buf, (size_t)n), n);
+    ck_assert_int_eq(n, 0);
+    ck_assert_int_eq(fchmod(out, 0755), 0); /* whatever the umask */
+    close(in);
+    close(out);
+}
+
+char *td_stage_public(const char *exe, char dir[64]) {
+    snprintf(dir, 64, "/tmp/gpubuf-stage-XXXXXX");
+    ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
+    ck_assert_int_eq(chmod(dir, 0755), 0);
+    char *from = strdup(exe), *slash = strrchr(from, '/');
+    ck_assert_ptr_nonnull(slash);
+    char to[4096];
+    snprintf(to, sizeof(to), "%s/%s", dir, slash + 1);
+    copy_file(exe, to);
+    *slash = '\0';
+    DIR *d = opendir(from);
+    ck_assert_ptr_nonnull(d);
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char src[4096], dst[4096];
+        struct stat st;
+        if (strncmp(e->d_name, "lib", 3) != 0 || !strstr(e->d_name, ".so"))
+            continue;
+        snprintf(src, sizeof(src), "%s/%s", from, e->d_name);
+        snprintf(dst, sizeof(dst), "%s/%s", dir, e->d_name);
+        if (stat(src, &st) == 0 && S_ISREG(st.st_mode))
+            copy_file(src, dst);
+    }
+    closedir(d);
+    free(from);
+    return strdup(to);
+}
+
+void td_unstage(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        char p[4096];
+        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
+            continue;
+        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
+        unlink(p);
+    }
+    closedir(d);
+    rmdir(dir);
+}
+
 int td_count(const char *haystack, const char *needle) {
     int n = 0;
     for (const char *p = haystack; (p = strstr(p, needle)); p += strlen(needle))

@@ -58,6 +58,14 @@ long td_rss_kib(pid_t pid);
 /* Run a shell command; returns its standard output (free it) and stores
  * its exit code (or 128 + signal) in *ret_code. */
 char *td_capture(const char *cmd, int *ret_code);
+/* Copies an executable and the shared libraries beside it (lib*.so*) into a
+ * new folder under /tmp that every uid may enter (0755), so that a test that
+ * drops privileges can run it wherever the build tree lives (a clone under a
+ * 0700 folder included). Writes the folder to dir and returns the path of the
+ * copy in it (free it); run it with LD_LIBRARY_PATH=dir. td_unstage removes
+ * the folder. */
+char *td_stage_public(const char *exe, char dir[64]);
+void td_unstage(const char *dir);
 /* Occurrences of needle in haystack. */
 int td_count(const char *haystack, const char *needle);
 
