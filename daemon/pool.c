@@ -182,6 +182,11 @@ static int slab_create(gd_pool *p, uint64_t size, bool dedicated, gd_slab **ret,
                           p->name, gpubuf_format_size(p->reserved, used, sizeof(used)),
                           gpubuf_format_size(p->capacity, cap, sizeof(cap)),
                           gpubuf_format_size(size, want, sizeof(want)));
+    if (*p->next_slab_id >= GD_ID_MAX)
+        return gd_err_set(err, -EOVERFLOW,
+                          "gpubufd has given out every slab id (up to %llu) and ids never go "
+                          "back: new slabs need gpubufd started afresh, without its saved state",
+                          (unsigned long long)GD_ID_MAX);
     if (!(s = slab_new(size)))
         return gd_err_set(err, -ENOMEM, "out of memory");
     r = p->be->ops->slab_create(p->be, size, &s->priv, &s->exp, err);
@@ -201,6 +206,9 @@ int gd_pool_adopt_slab(gd_pool *p, uint64_t id, uint64_t size, bool dedicated, i
     if (!p->be->ops->slab_adopt)
         return gd_err_set(err, -EOPNOTSUPP, "%s memory does not outlive the daemon",
                           gpubuf_pool_kind_name(p->be->kind));
+    if (id == 0 || id > GD_ID_MAX)
+        return gd_err_set(err, -ERANGE, "slab id %llu is outside 1..%llu, the ids gpubufd gives",
+                          (unsigned long long)id, (unsigned long long)GD_ID_MAX);
     if (size == 0 || size % p->be->granularity || size > p->capacity ||
         p->reserved > p->capacity - size)
         return gd_err_set(err, GPUBUF_EPOOLFULL, "a slab of %llu bytes does not fit the pool",

@@ -46,6 +46,13 @@ typedef struct gd_slab {
     struct gd_slab *next, *prev; /* utlist DL: the pool's slabs */
 } gd_slab;
 
+/* The largest id gpubufd gives a slab, a buffer or a session: ids count up
+ * from 1 and never go back or wrap (a second buffer with a live id would
+ * be answered for the first). 2^53 - 1 is exact in a double (JSON readers
+ * of the status) and lasts 285 years at a million ids a second; a saved
+ * state naming a larger id is damaged or forged, and restore drops it. */
+#define GD_ID_MAX ((1ull << 53) - 1)
+
 typedef struct gd_block {
     gd_slab *slab;
     uint64_t offset;
@@ -90,8 +97,9 @@ gd_pool *gd_pool_free(gd_pool *p);
 
 /* Allocate size bytes aligned to align (0: the backend's alignment; must be a
  * power of two no larger than the slab granularity).
- * Returns 0, -EINVAL, GPUBUF_EPOOLFULL, or a backend error (code and sentence
- * in err). */
+ * Returns 0, -EINVAL, GPUBUF_EPOOLFULL, -EOVERFLOW when a new slab is needed
+ * and every slab id up to GD_ID_MAX was given out, or a backend error (code
+ * and sentence in err). */
 int gd_pool_alloc(gd_pool *p, uint64_t size, uint64_t align, gd_block *ret, gd_err *err);
 /* The same, placing the block in one of the n_prefer regular slabs of p in
  * prefer (best fit among them) when one has room, before looking at the
@@ -110,9 +118,9 @@ void gd_pool_pin(gd_slab *s);
 void gd_pool_unpin(gd_pool *p, gd_slab *s);
 
 /* Restart: take up a slab (with its id) that a previous daemon made, from
- * the fd it kept; on success the pool owns fd. -EOPNOTSUPP for kinds whose
- * memory does not outlive the daemon, GPUBUF_EPOOLFULL beyond the
- * capacity, or the backend's refusal. */
+ * the fd it kept; on success the pool owns fd. -ERANGE for an id of 0 or
+ * beyond GD_ID_MAX, -EOPNOTSUPP for kinds whose memory does not outlive the
+ * daemon, GPUBUF_EPOOLFULL beyond the capacity, or the backend's refusal. */
 int gd_pool_adopt_slab(gd_pool *p, uint64_t id, uint64_t size, bool dedicated, int fd,
                        gd_slab **ret, gd_err *err);
 /* Restart: take the block [offset, offset + size) of slab s, which must be

@@ -275,6 +275,10 @@ static gd_holder *holder_add(gd_registry *r, uint64_t id, pid_t pid, uid_t uid, 
 }
 
 gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gid) {
+    if (r->next_holder_id >= GD_ID_MAX) {
+        errno = EOVERFLOW;
+        return NULL;
+    }
     gd_holder *h = holder_add(r, r->next_holder_id + 1, pid, uid, gid);
     if (h) {
         r->next_holder_id++;
@@ -342,9 +346,13 @@ uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id) {
     return ref ? ref->count : 0;
 }
 
-static int ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
+/* Add n references of h to b, ro of them read-only (ro <= n), in one step
+ * whatever n: -EOVERFLOW when the holder's or the buffer's count would pass
+ * UINT32_MAX. */
+static int ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, uint32_t ro) {
     gd_ref *ref = ref_find(h, b->id);
-    if (h->n_refs == UINT32_MAX || b->refs == UINT32_MAX)
+    assert(n > 0 && ro <= n);
+    if (n > UINT32_MAX - h->n_refs || n > UINT32_MAX - b->refs)
         return -EOVERFLOW;
     if (!ref) {
         gd_holder_slab *hs = holder_slab_get(h, b->blk.slab);
@@ -359,12 +367,58 @@ static int ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
         ref->hs = hs;
         HASH_ADD(hh, h->refs, buffer_id, sizeof(ref->buffer_id), ref);
     }
-    ref->count++;
-    ref->hs->refs++;
-    h->n_refs++;
-    b->refs++;
+    /* Each count below is at most h->n_refs: none can overflow. */
+    ref->count += n;
+    ref->ro += ro;
+    ref->hs->refs += n;
+    ref->hs->ro += ro;
+    h->n_refs += n;
+    h->n_ro_refs += ro;
+    b->refs += n;
     HOOK(r, ref, h, b->id, ref->count, ref->ro);
     return 0;
+}
+
+static int ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
+    return ref_add_n(r, h, b, 1, 0);
+}
+
+/* Set the read-only part of ref to ro (at most its count). */
+static void ref_ro_set(gd_holder *h, gd_ref *ref, uint32_t ro) {
+    if (ro > ref->count)
+        ro = ref->count;
+    ref->hs->ro = ref->hs->ro - ref->ro + ro;
+    h->n_ro_refs = h->n_ro_refs - ref->ro + ro;
+    ref->ro = ro;
+}
+
+/* Drop n (1..count) of h's references ref to b (NULL: gone already), in one
+ * step whatever n; read-only marks go first when they would outnumber what
+ * is left. ref is freed when none is left, b when nothing reaches it. */
+static void ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b, uint32_t n) {
+    uint64_t id = ref->buffer_id;
+    assert(n > 0 && ref->count >= n && h->n_refs >= n);
+    if (ref->ro > ref->count - n)
+        ref_ro_set(h, ref, ref->count - n);
+    ref->hs->refs -= n;
+    uint32_t left = ref->count -= n, left_ro = ref->ro;
+    if (left == 0) {
+        HASH_DEL(h->refs, ref);
+        free(ref);
+        /* The sealer's last view went: its library may destroy the event
+         * once it has completed and this release is answered. */
+        if (b && b->has_event && b->event_holder == h->id)
+            b->has_event = false;
+        if (b)
+            holder_slab_put(h, b->blk.slab->id);
+    }
+    h->n_refs -= n;
+    HOOK(r, ref, h, id, left, left_ro);
+    if (b) {
+        assert(b->refs >= n);
+        b->refs -= n;
+        buf_maybe_free(r, b);
+    }
 }
 
 int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
@@ -392,6 +446,12 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
                           pool->name);
     if (size == 0)
         return gd_err_set(err, -EINVAL, "size 0: a buffer holds at least 1 byte");
+    if (r->next_buffer_id >= GD_ID_MAX)
+        return gd_err_set(err, -EOVERFLOW,
+                          "gpubufd has given out every buffer id (up to %llu) and ids never go "
+                          "back: new buffers need gpubufd started afresh, without its saved "
+                          "state",
+                          (unsigned long long)GD_ID_MAX);
     const gd_quota *q = &r->quota;
     gd_uid_usage *u = uid_usage(r, h->uid, false);
     /* What the pool will take: the size rounded to the pool's alignment. */
@@ -743,31 +803,7 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
             gd_pool_pin(sl);
         }
     }
-    assert(ref->count > 0 && h->n_refs > 0);
-    if (ref->ro > ref->count - 1) { /* the last one goes: so do its marks */
-        ref->ro--;
-        ref->hs->ro--;
-        h->n_ro_refs--;
-    }
-    ref->hs->refs--;
-    uint32_t left = --ref->count, left_ro = ref->ro;
-    if (left == 0) {
-        HASH_DEL(h->refs, ref);
-        free(ref);
-        /* The sealer's last view went: its library may destroy the event
-         * once it has completed and this release is answered. */
-        if (b && b->has_event && b->event_holder == h->id)
-            b->has_event = false;
-        if (b)
-            holder_slab_put(h, b->blk.slab->id);
-    }
-    h->n_refs--;
-    HOOK(r, ref, h, id, left, left_ro);
-    if (b) {
-        assert(b->refs > 0);
-        b->refs--;
-        buf_maybe_free(r, b);
-    }
+    ref_drop_n(r, h, ref, b, 1);
     return rc;
 }
 
@@ -961,7 +997,7 @@ gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, ui
                                       gid_t gid) {
     gd_holder *h;
     HASH_FIND(hh, r->holders, &id, sizeof(id), h);
-    if (h || id == 0 || !(h = holder_add(r, id, pid, uid, gid)))
+    if (h || id == 0 || id > GD_ID_MAX || !(h = holder_add(r, id, pid, uid, gid)))
         return NULL;
     h->detached = true;
     h->detached_ns = gpubuf_now_ns();
@@ -973,7 +1009,10 @@ gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, ui
 
 int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_err *err) {
     gd_holder *h;
-    if (t->id == 0 || gd_registry_find_id(r, t->id))
+    if (t->id == 0 || t->id > GD_ID_MAX)
+        return gd_err_set(err, -ERANGE, "its id is outside 1..%llu, the ids gpubufd gives",
+                          (unsigned long long)GD_ID_MAX);
+    if (gd_registry_find_id(r, t->id))
         return gd_err_set(err, -EEXIST, "buffer id %llu twice", (unsigned long long)t->id);
     if (t->name && (gd_registry_check_name(t->name, err) < 0))
         return -EINVAL;
@@ -1023,13 +1062,24 @@ void gd_registry_changed(gd_registry *r, const gd_buf *b) {
 }
 
 int gd_registry_restore_ref(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t count,
-                            uint32_t ro) {
-    int rc = 0;
-    for (uint32_t i = 0; i < count && rc == 0; i++)
-        rc = ref_add(r, h, b);
-    for (uint32_t i = 0; i < ro && rc == 0; i++)
-        gd_registry_ref_ro(h, b->id, true);
-    return rc;
+                            uint32_t ro, gd_err *err) {
+    if (count == 0)
+        return 0;
+    if (ro > count)
+        ro = count;
+    if (count > UINT32_MAX - h->n_refs)
+        return gd_err_set(err, -EOVERFLOW,
+                          "%u more references would take session %llu past %u, the most it "
+                          "can hold (it has %u)",
+                          count, (unsigned long long)h->id, UINT32_MAX, h->n_refs);
+    if (count > UINT32_MAX - b->refs)
+        return gd_err_set(err, -EOVERFLOW,
+                          "%u more references would take buffer %llu past %u, the most it "
+                          "can have (it has %u)",
+                          count, (unsigned long long)b->id, UINT32_MAX, b->refs);
+    if (ref_add_n(r, h, b, count, ro) < 0)
+        return gd_err_set(err, -ENOMEM, "out of memory");
+    return 0;
 }
 
 void gd_registry_restore_done(gd_registry *r) {
@@ -1064,14 +1114,14 @@ size_t gd_registry_resume(gd_registry *r, gd_holder *h, const gd_held *held, siz
             want = x->count;
             want_ro = x->ro < want ? x->ro : want;
         }
+        /* In one step, whatever the counts (a saved count may be large). */
         uint32_t have = ref->count;
-        while (ref->ro > want_ro)
-            gd_registry_ref_ro(h, id, false);
-        for (uint32_t k = want; k < have; k++)
-            gd_registry_release_keep(r, h, id, false, NULL); /* may free ref */
-        if (want && want <= have)
-            while ((ref = ref_find(h, id)) && ref->ro < want_ro)
-                gd_registry_ref_ro(h, id, true);
+        if (ref->ro > want_ro)
+            ref_ro_set(h, ref, want_ro);
+        if (want < have)
+            ref_drop_n(r, h, ref, gd_registry_find_id(r, id), have - want); /* may free ref */
+        if (want && want <= have && (ref = ref_find(h, id)) && ref->ro < want_ro)
+            ref_ro_set(h, ref, want_ro);
     }
     return n_lost;
 }

@@ -202,6 +202,8 @@ void gd_registry_init(gd_registry *r);
 /* Frees every buffer (returning blocks to pools) and holder. */
 void gd_registry_destroy(gd_registry *r);
 
+/* NULL when out of memory, or (errno EOVERFLOW) when every holder id up to
+ * GD_ID_MAX was given out: ids never wrap. */
 gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gid);
 /* The client went away: cancel its waits, drop all its references, delete
  * buffers it allocated and never sealed. */
@@ -235,7 +237,8 @@ int gd_registry_check_name(const char *name, gd_err *err);
 int gd_registry_check_pool(const gd_holder *h, const gd_pool *pool, gd_err *err);
 
 /* name NULL or "" for an anonymous buffer. Checks the name, the pool's
- * access list and the quotas. */
+ * access list and the quotas; -EOVERFLOW once every buffer id up to
+ * GD_ID_MAX was given out (ids never wrap, nor go back). */
 int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
                       uint64_t align, const char *name, gd_buf **ret, gd_err *err);
 int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd_err *err);
@@ -308,16 +311,23 @@ int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, 
 void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *pools, int n,
                             const gd_pool *searched, const char *name, gd_err *err);
 
-/* Restore (state.c): a detached holder of a previous run, with its id. */
+/* Restore (state.c): a detached holder of a previous run, with its id; NULL
+ * for an id of 0, beyond GD_ID_MAX or taken. */
 gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, uid_t uid,
                                       gid_t gid);
 /* Restore a buffer in block blk of pool (taken from the pool already), with
  * its id, name, state and owner; charged to the owner (holder owner_holder
- * when restored before it, and its uid). -EEXIST for a taken id or name. */
+ * when restored before it, and its uid). -ERANGE for an id of 0 or beyond
+ * GD_ID_MAX, -EEXIST for a taken id or name. */
 int gd_registry_restore_buf(gd_registry *r, const gd_buf *tmpl, gd_buf **ret, gd_err *err);
-/* Restore count references (ro of them read-only) of holder h to b. */
+/* Restore count references (ro of them read-only, at most count) of holder
+ * h to b, in one step whatever count: -EOVERFLOW (nothing restored) when
+ * the holder's or the buffer's count would pass UINT32_MAX. The quota
+ * refs_per_client is not applied: a SIGHUP may have lowered it below what a
+ * client held, and dropping references its views hold would free memory it
+ * maps; such a session's opens are refused until it is below. */
 int gd_registry_restore_ref(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t count,
-                            uint32_t ro);
+                            uint32_t ro, gd_err *err);
 /* The restore is complete: free the buffers nothing can reach (no
  * reference and not named and sealed). */
 void gd_registry_restore_done(gd_registry *r);

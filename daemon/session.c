@@ -1542,6 +1542,11 @@ gd_session *gd_session_new(gd_context *ctx, const gd_transport *io, void *conn, 
     if (!s)
         return NULL;
     if (!(s->holder = gd_registry_holder_new(&ctx->reg, pid, uid, gid))) {
+        if (errno == EOVERFLOW)
+            LOG_ERR_LIMITED("pid %d: connection closed: gpubufd has given out every session id "
+                            "(up to %llu) and ids never go back; start gpubufd afresh, without "
+                            "its saved state",
+                            (int)pid, (unsigned long long)GD_ID_MAX);
         free(s);
         return NULL;
     }

@@ -23,7 +23,7 @@
 
 #define STATE_MAGIC "GPBUFST"   /* 8 bytes with its NUL */
 #define STATE_VERSION 1u
-#define STATE_HEADER 32u
+#define STATE_HEADER GD_STATE_HEADER
 #define STATE_MAX_RECORD (1u << 20) /* one record is a few hundred bytes */
 #define STATE_MIN_COMPACT (1ull << 20)
 #define STATE_MAP_MIN (1ull << 20) /* the journal mapping grows from here */
@@ -135,6 +135,25 @@ static uint8_t *obuf_room(obuf *o, size_t n) {
         o->cap = cap;
     }
     return o->p + o->len;
+}
+
+static void header(uint8_t *hdr, uint64_t gen) {
+    memset(hdr, 0, STATE_HEADER);
+    memcpy(hdr, STATE_MAGIC, 8);
+    put32(hdr + 8, STATE_VERSION);
+    put64(hdr + 16, gen);
+    put64(hdr + 24, checksum(hdr, 24));
+}
+
+void gd_state_header(uint8_t *out, uint64_t gen) {
+    header(out, gen);
+}
+
+size_t gd_state_frame(uint8_t *out, const uint8_t *rec, uint32_t n) {
+    memmove(out + 8, rec, n);
+    put32(out, n);
+    put32(out + 4, (uint32_t)checksum(out + 8, n));
+    return (size_t)n + 8;
 }
 
 /* Append one framed record to o. */
@@ -340,11 +359,7 @@ static int compact(gd_state *st) {
         return -ENOMEM;
     }
     uint64_t gen = (from->gen > to->gen ? from->gen : to->gen) + 1, t0 = gpubuf_now_ns();
-    memset(hdr, 0, sizeof(hdr));
-    memcpy(hdr, STATE_MAGIC, 8);
-    put32(hdr + 8, STATE_VERSION);
-    put64(hdr + 16, gen);
-    put64(hdr + 24, checksum(hdr, 24));
+    header(hdr, gen);
     /* The header goes last: until then the slot holds nothing valid. */
     if (ftruncate(to->fd, 0) < 0 || !write_all(to->fd, o.p, o.len, STATE_HEADER) ||
         !write_all(to->fd, hdr, sizeof(hdr), 0)) {
@@ -480,6 +495,7 @@ typedef struct r_entry {
     uint64_t id;
     ProtobufCMessage *m;
     r_ref *refs;
+    gd_slab *slab; /* a slab's, once restored */
     UT_hash_handle hh;
 } r_entry;
 
@@ -489,6 +505,30 @@ typedef struct replay {
     uint64_t max_buffer, max_session, max_slab;
     uint64_t records, bad;
 } replay;
+
+/* Is id one gpubufd gives (1..GD_ID_MAX)? If not, the record naming it is
+ * dropped, and said so: the saved state is input, and an id near 2^64
+ * would make the ids given next wrap onto ones in use. */
+static bool id_ok(replay *rp, const char *record, const char *field, uint64_t id) {
+    if (id != 0 && id <= GD_ID_MAX)
+        return true;
+    LOG_WARN_LIMITED("restore: dropped a %s record: its %s %llu is outside 1..%llu, the ids "
+                     "gpubufd gives (a damaged or forged state)",
+                     record, field, (unsigned long long)id, (unsigned long long)GD_ID_MAX);
+    rp->bad++;
+    return false;
+}
+
+/* A saved counter (the last id given) beyond GD_ID_MAX is not taken: the
+ * ids continue after the highest one in the records instead. */
+static uint64_t counter(const char *what, uint64_t v) {
+    if (v <= GD_ID_MAX)
+        return v;
+    LOG_WARN_LIMITED("restore: ignored %s %llu: beyond %llu, the largest id gpubufd gives (a "
+                     "damaged or forged state); ids continue after the highest one restored",
+                     what, (unsigned long long)v, (unsigned long long)GD_ID_MAX);
+    return 0;
+}
 
 #define SLAB_OF(e) ((Gpubuf__StateSlab *)(e)->m)
 #define BUF_OF(e) ((Gpubuf__StateBuffer *)(e)->m)
@@ -555,8 +595,15 @@ static void remove_id(r_entry **table, uint64_t id, uint64_t *max) {
 static bool set_ref(replay *rp, const Gpubuf__StateRef *m) {
     r_entry *x;
     r_ref *r;
+    if (!id_ok(rp, "reference", "session id", m->session) ||
+        !id_ok(rp, "reference", "buffer id", m->buffer))
+        return true;
     HASH_FIND(hh, rp->sessions, &m->session, sizeof(m->session), x);
     if (!x) {
+        LOG_WARN_LIMITED("restore: dropped %u reference(s) of session %llu to buffer %llu: no "
+                         "record of that session comes before",
+                         m->count, (unsigned long long)m->session,
+                         (unsigned long long)m->buffer);
         rp->bad++;
         return true;
     }
@@ -583,25 +630,34 @@ static bool set_ref(replay *rp, const Gpubuf__StateRef *m) {
 static bool apply(replay *rp, Gpubuf__StateRecord *rec) {
     switch (rec->rec_case) {
     case GPUBUF__STATE_RECORD__REC_COUNTERS:
-        rp->counters.next_buffer_id = rec->counters->next_buffer_id;
-        rp->counters.next_session_id = rec->counters->next_session_id;
-        rp->counters.next_slab_id = rec->counters->next_slab_id;
+        rp->counters.next_buffer_id = counter("next_buffer_id", rec->counters->next_buffer_id);
+        rp->counters.next_session_id = counter("next_session_id", rec->counters->next_session_id);
+        rp->counters.next_slab_id = counter("next_slab_id", rec->counters->next_slab_id);
         rp->counters.restarts = rec->counters->restarts;
         return true;
     case GPUBUF__STATE_RECORD__REC_SLAB:
+        if (!id_ok(rp, "slab", "id", rec->slab->id))
+            return true;
         return upsert(&rp->slabs, rec->slab->id, &rp->max_slab, &rec->slab);
     case GPUBUF__STATE_RECORD__REC_SLAB_GONE:
-        remove_id(&rp->slabs, rec->slab_gone, &rp->max_slab);
+        if (id_ok(rp, "slab removal", "id", rec->slab_gone))
+            remove_id(&rp->slabs, rec->slab_gone, &rp->max_slab);
         return true;
     case GPUBUF__STATE_RECORD__REC_BUFFER:
+        if (!id_ok(rp, "buffer", "id", rec->buffer->id))
+            return true;
         return upsert(&rp->bufs, rec->buffer->id, &rp->max_buffer, &rec->buffer);
     case GPUBUF__STATE_RECORD__REC_BUFFER_GONE:
-        remove_id(&rp->bufs, rec->buffer_gone, &rp->max_buffer);
+        if (id_ok(rp, "buffer removal", "id", rec->buffer_gone))
+            remove_id(&rp->bufs, rec->buffer_gone, &rp->max_buffer);
         return true;
     case GPUBUF__STATE_RECORD__REC_SESSION:
+        if (!id_ok(rp, "session", "id", rec->session->id))
+            return true;
         return upsert(&rp->sessions, rec->session->id, &rp->max_session, &rec->session);
     case GPUBUF__STATE_RECORD__REC_SESSION_GONE:
-        remove_id(&rp->sessions, rec->session_gone, &rp->max_session);
+        if (id_ok(rp, "session removal", "id", rec->session_gone))
+            remove_id(&rp->sessions, rec->session_gone, &rp->max_session);
         return true;
     case GPUBUF__STATE_RECORD__REC_REF:
         return set_ref(rp, rec->ref);
@@ -657,7 +713,8 @@ static bool replay_slot(replay *rp, int fd, uint64_t *ret_end) {
 /* ---- restoring --------------------------------------------------------- */
 
 typedef struct restore_log {
-    uint32_t slabs, slabs_dropped, bufs, bufs_dropped, sessions, refs, refs_dropped;
+    uint32_t slabs, slabs_dropped, bufs, bufs_dropped, sessions;
+    uint64_t refs, refs_dropped; /* sums of saved counts: each up to 2^32 - 1 */
 } restore_log;
 
 static gd_kept_fd *kept_find(gd_kept_fd *kept, size_t n, const char *name) {
@@ -681,13 +738,21 @@ static void restore_slabs(gd_state *st, replay *rp, gd_kept_fd *kept, size_t n, 
         if (!k)
             gd_err_set(&err, -ENOENT, "its fd was not kept");
         else if (!pool)
-            gd_err_set(&err, -ENOENT, "no pool '%s' configured now", s->pool);
+            gd_err_set(&err, -ENOENT, "no such pool is configured now");
         else if ((r = gd_pool_adopt_slab(pool, s->id, s->size, s->dedicated, k->fd, &slab,
-                                         &err)) == 0)
+                                         &err)) == 0) {
             k->fd = -1; /* the pool's now */
+            /* Pinned until the restore is done: a buffer dropped on the
+             * way must not take with it a slab whose other buffers are
+             * still to come (nor leave e->slab pointing at a freed one). */
+            gd_pool_pin(slab);
+            e->slab = slab;
+        }
         if (r < 0) {
+            char pn[GPUBUF_NAME_MAX + 1]; /* the state is input: no control bytes logged */
+            gpubuf_text_clean(pn, sizeof(pn), s->pool, strlen(s->pool));
             LOG_WARN_LIMITED("restore: dropped slab %llu of pool '%s' (%llu bytes): %s",
-                     (unsigned long long)s->id, s->pool, (unsigned long long)s->size,
+                     (unsigned long long)s->id, pn, (unsigned long long)s->size,
                      err.msg);
             lg->slabs_dropped++;
         } else {
@@ -696,12 +761,12 @@ static void restore_slabs(gd_state *st, replay *rp, gd_kept_fd *kept, size_t n, 
     }
 }
 
-static gd_slab *find_slab(gd_context *ctx, uint64_t id) {
-    for (int i = 0; i < ctx->n_pools; i++)
-        for (gd_slab *s = ctx->pools[i]->slabs; s; s = s->next)
-            if (s->id == id)
-                return s;
-    return NULL;
+/* A restored slab by id: one lookup, so that restoring takes a time in
+ * proportion to the records, not to buffers times slabs. */
+static gd_slab *find_slab(replay *rp, uint64_t id) {
+    r_entry *e;
+    HASH_FIND(hh, rp->slabs, &id, sizeof(id), e);
+    return e ? e->slab : NULL;
 }
 
 static void restore_bufs(gd_state *st, replay *rp, restore_log *lg) {
@@ -717,7 +782,7 @@ static void restore_bufs(gd_state *st, replay *rp, restore_log *lg) {
                              .user_len = m->user_data.len,
                              .ttl_ms = m->lease_ttl_ms};
         memset(&t, 0, sizeof(t));
-        gd_slab *slab = find_slab(ctx, m->slab_id);
+        gd_slab *slab = find_slab(rp, m->slab_id);
         int r = -EINVAL;
         if (!slab)
             gd_err_set(&err, -ENOENT, "its slab %llu was not restored",
@@ -756,8 +821,10 @@ static void restore_bufs(gd_state *st, replay *rp, restore_log *lg) {
                 gd_registry_unpublish(&ctx->reg, b);
         }
         if (r < 0) {
+            char name[GPUBUF_NAME_MAX + 1]; /* cut, no control bytes logged */
+            gpubuf_text_clean(name, sizeof(name), m->name, strlen(m->name));
             LOG_WARN_LIMITED("restore: dropped buffer %llu%s%s%s: %s", (unsigned long long)m->id,
-                     m->name[0] ? " ('" : "", m->name, m->name[0] ? "')" : "", err.msg);
+                     name[0] ? " ('" : "", name, name[0] ? "')" : "", err.msg);
             lg->bufs_dropped++;
         } else {
             lg->bufs++;
@@ -776,9 +843,11 @@ static void restore(gd_state *st, replay *rp, gd_kept_fd *kept, size_t n) {
     r_entry *x, *xtmp;
     HASH_ITER(hh, rp->sessions, x, xtmp) {
         const Gpubuf__StateSession *m = SESSION_OF(x);
-        if (x->refs)
-            gd_registry_restore_holder(&ctx->reg, x->id, (pid_t)m->pid, (uid_t)m->uid,
-                                       (gid_t)m->gid);
+        if (x->refs && !gd_registry_restore_holder(&ctx->reg, x->id, (pid_t)m->pid,
+                                                   (uid_t)m->uid, (gid_t)m->gid))
+            LOG_WARN_LIMITED("restore: dropped session %llu (pid %d) and its references: out "
+                             "of memory",
+                             (unsigned long long)x->id, (int)m->pid);
     }
     restore_bufs(st, rp, &lg);
     HASH_ITER(hh, rp->sessions, x, xtmp) {
@@ -791,8 +860,15 @@ static void restore(gd_state *st, replay *rp, gd_kept_fd *kept, size_t n) {
             continue;
         lg.sessions++;
         HASH_ITER(hh, x->refs, r, rtmp) {
+            gd_err err = {0};
             gd_buf *b = gd_registry_find_id(&ctx->reg, r->buffer);
-            if (!b || gd_registry_restore_ref(&ctx->reg, h, b, r->count, r->ro) < 0) {
+            if (!b)
+                gd_err_set(&err, -ENOENT, "the buffer was not restored");
+            if (!b || gd_registry_restore_ref(&ctx->reg, h, b, r->count, r->ro, &err) < 0) {
+                LOG_WARN_LIMITED("restore: dropped %u reference(s) of session %llu to buffer "
+                                 "%llu: %s",
+                                 r->count, (unsigned long long)x->id,
+                                 (unsigned long long)r->buffer, err.msg);
                 lg.refs_dropped += r->count;
                 continue;
             }
@@ -800,6 +876,12 @@ static void restore(gd_state *st, replay *rp, gd_kept_fd *kept, size_t n) {
         }
     }
     gd_registry_restore_done(&ctx->reg);
+    r_entry *e, *etmp;
+    HASH_ITER(hh, rp->slabs, e, etmp) {
+        if (e->slab)
+            gd_pool_unpin(e->slab->pool, e->slab);
+        e->slab = NULL;
+    }
     for (int i = 0; i < ctx->n_pools; i++)
         gd_pool_trim(ctx->pools[i]);
     /* Ids never go back, also those of records that are gone. */
@@ -808,18 +890,19 @@ static void restore(gd_state *st, replay *rp, gd_kept_fd *kept, size_t n) {
     ctx->reg.next_holder_id =
         umax(ctx->reg.next_holder_id, umax(rp->counters.next_session_id, rp->max_session));
     ctx->slab_ids = umax(ctx->slab_ids, umax(rp->counters.next_slab_id, rp->max_slab));
-    ctx->restarts = rp->counters.restarts + 1;
+    ctx->restarts = rp->counters.restarts + (rp->counters.restarts < UINT32_MAX);
     ctx->restored_buffers = ctx->reg.n_buffers;
     /* The lease heap is whole again: leases that expired while the daemon
      * was down are due at once, at the loop's first turn. */
     gd_context_leases_arm(ctx);
     LOG_NOTICE("restart %u: restored %u slab(s), %u buffer(s) (%u left after dropping "
-               "unreachable ones), %u session(s) waiting to resume with %u reference(s) from "
-               "%llu record(s) in %.1f ms; dropped %u slab(s), %u buffer(s), %u reference(s), "
+               "unreachable ones), %u session(s) waiting to resume with %llu reference(s) from "
+               "%llu record(s) in %.1f ms; dropped %u slab(s), %u buffer(s), %llu reference(s), "
                "%llu bad record(s)",
-               ctx->restarts, lg.slabs, lg.bufs, ctx->reg.n_buffers, ctx->reg.n_detached, lg.refs,
-               (unsigned long long)rp->records, (double)(gpubuf_now_ns() - t0) / 1e6,
-               lg.slabs_dropped, lg.bufs_dropped, lg.refs_dropped, (unsigned long long)rp->bad);
+               ctx->restarts, lg.slabs, lg.bufs, ctx->reg.n_buffers, ctx->reg.n_detached,
+               (unsigned long long)lg.refs, (unsigned long long)rp->records,
+               (double)(gpubuf_now_ns() - t0) / 1e6, lg.slabs_dropped, lg.bufs_dropped,
+               (unsigned long long)lg.refs_dropped, (unsigned long long)rp->bad);
 }
 
 /* The state slot named name among kept: its fd (taken), or a new memfd. */

@@ -47,6 +47,14 @@ void gd_state_store_fd(gd_state *st, const char *name, int fd);
  * references go through gd_registry_reap() (ctx->want_work), a bounded
  * number per turn of the loop. Returns how many went. */
 uint32_t gd_state_expire(gd_state *st);
+/* The saved state's framing, for tests and the fuzz target that write
+ * states as a previous daemon would: gd_state_header() fills the 32-byte
+ * header of a slot of generation gen; gd_state_frame() writes one record
+ * (n bytes of a packed StateRecord, n <= 1 MiB) with its length and
+ * checksum to out (n + 8 bytes) and returns n + 8. */
+#define GD_STATE_HEADER 32u
+void gd_state_header(uint8_t *out, uint64_t gen);
+size_t gd_state_frame(uint8_t *out, const uint8_t *rec, uint32_t n);
 /* Bytes of the active state memfd, and the records written since start
  * (status, benchmarks). */
 uint64_t gd_state_bytes(const gd_state *st);

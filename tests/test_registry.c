@@ -1387,8 +1387,8 @@ START_TEST(test_restore_and_resume) {
     t.id = 42;
     t.blk = blk3;
     ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &x, &tr_err), 0);
-    ck_assert_int_eq(gd_registry_restore_ref(&e.reg, h, b, 3, 1), 0);
-    ck_assert_int_eq(gd_registry_restore_ref(&e.reg, h, x, 1, 0), 0);
+    ck_assert_int_eq(gd_registry_restore_ref(&e.reg, h, b, 3, 1, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_restore_ref(&e.reg, h, x, 1, 0, &tr_err), 0);
     gd_registry_restore_done(&e.reg);
     ck_assert_ptr_null(gd_registry_find_id(&e.reg, 41));
     ck_assert_uint_eq(e.reg.n_buffers, 2);

@@ -1,10 +1,21 @@
-/* Writes the seed corpus: valid conversations (hello, then every request
- * type) for the fuzzer to mutate. Usage: make_seeds DIR */
+/* Writes the seed corpora. make_seeds DIR: valid conversations (hello,
+ * then every request type) for the target "daemon". make_seeds --state DIR:
+ * saved states the daemon's own code wrote, in the input format of the
+ * target "state" (fuzz_state.c), and one with ids and counts at their
+ * limits. */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
+#include "backend.h"
+#include "context.h"
 #include "gpubuf.pb-c.h"
+#include "gpubuf_state.pb-c.h"
+#include "log.h"
+#include "state.h"
 #include "wire.h"
 
 static size_t put(uint8_t *out, Gpubuf__Request *req) {
@@ -35,9 +46,228 @@ static void save(const char *dir, const char *name, const uint8_t *b, size_t n) 
     fclose(f);
 }
 
+/* ---- saved states (target "state") ------------------------------------ */
+
+static uint32_t rd32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+/* The active slot of ctx's state as fuzz_state.c reads it: u32 L, then
+ * the records as [u16 length][record], the first L bytes those of the
+ * snapshot (snap: its end in the slot). raw: the journal framed as in the
+ * slot, with a torn record after it. */
+static size_t state_input(gd_context *ctx, uint64_t snap, bool raw, uint8_t *out, size_t cap) {
+    gd_kept_fd *fds = NULL;
+    size_t n = gd_state_fds(ctx->state, &fds), best = 0, len = 4;
+    uint64_t gen[2] = {0, 0};
+    for (size_t i = 0; i < 2 && i < n; i++) {
+        uint8_t hdr[GD_STATE_HEADER];
+        if (pread(fds[i].fd, hdr, sizeof(hdr), 0) == (ssize_t)sizeof(hdr))
+            memcpy(&gen[i], hdr + 16, 8);
+    }
+    best = gen[1] > gen[0];
+    uint64_t end = gd_state_bytes(ctx->state);
+    uint8_t *slot = malloc(end);
+    if (!slot || pread(fds[best].fd, slot, end, 0) != (ssize_t)end)
+        exit(1);
+    uint32_t l = 0;
+    for (uint64_t off = GD_STATE_HEADER; off + 8 <= end;) {
+        uint32_t rn = rd32(slot + off);
+        if (rn == 0 || rn > end - off - 8 || len + 8 + rn > cap)
+            break;
+        if (raw && off >= snap) {
+            memcpy(out + len, slot + off, 8 + rn);
+            len += 8 + rn;
+        } else {
+            out[len] = (uint8_t)rn;
+            out[len + 1] = (uint8_t)(rn >> 8);
+            memcpy(out + len + 2, slot + off + 8, rn);
+            len += 2 + rn;
+        }
+        off += 8 + rn;
+        if (off <= snap)
+            l = (uint32_t)(len - 4);
+    }
+    if (raw && len + 12 < cap) { /* a torn record: its length, half its bytes */
+        memcpy(out + len, "\x40\0\0\0\x12\x34\x56\x78torn", 12);
+        len += 12;
+    }
+    l |= raw ? 0x80000000u : 0;
+    for (int i = 0; i < 4; i++)
+        out[i] = (uint8_t)(l >> (8 * i));
+    free(slot);
+    free(fds);
+    return len;
+}
+
+static gd_pool *seed_pool(gd_context *ctx, const char *name, uint64_t cap, uint64_t slab) {
+    gd_backend *be;
+    gd_pool *pool;
+    if (gd_backend_host_new(&be, NULL) < 0 ||
+        gd_pool_new(name, be, cap, slab, &ctx->slab_ids, &pool, NULL) < 0 ||
+        gd_context_add_pool(ctx, pool) < 0)
+        exit(1);
+    return pool;
+}
+
+static gd_buf *seed_alloc(gd_context *ctx, gd_holder *h, gd_pool *p, uint64_t size,
+                          const char *name, bool seal) {
+    gd_buf *b = NULL;
+    gd_err err = {0};
+    if (gd_registry_alloc(&ctx->reg, h, p, size, 0, name, &b, &err) < 0 ||
+        (seal && gd_registry_seal(&ctx->reg, h, b->id, &b, &err) < 0)) {
+        fprintf(stderr, "make_seeds: %s\n", err.msg);
+        exit(1);
+    }
+    return b;
+}
+
+/* Append rec to out (at *len) as [u16 length][record]. */
+static void cooked(uint8_t *out, size_t *len, Gpubuf__StateRecord *rec) {
+    size_t n = gpubuf__state_record__pack(rec, out + *len + 2);
+    out[*len] = (uint8_t)n;
+    out[*len + 1] = (uint8_t)(n >> 8);
+    *len += 2 + n;
+}
+
+/* Ids and counts at the edges (issue 22): a buffer, a session and a slab
+ * of id 2^64 - 1, counters of 2^64 - 1, a reference count of 2^32 - 1 and
+ * one more that would overflow, the last valid ids. */
+static size_t limits_input(uint8_t *out) {
+    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
+    Gpubuf__StateCounters k = GPUBUF__STATE_COUNTERS__INIT;
+    Gpubuf__StateSlab sl = GPUBUF__STATE_SLAB__INIT;
+    Gpubuf__StateBuffer b = GPUBUF__STATE_BUFFER__INIT;
+    Gpubuf__StateSession se = GPUBUF__STATE_SESSION__INIT;
+    Gpubuf__StateRef r = GPUBUF__STATE_REF__INIT;
+    size_t len = 4;
+    k.next_buffer_id = k.next_session_id = k.next_slab_id = UINT64_MAX;
+    k.restarts = UINT32_MAX;
+    rec.rec_case = GPUBUF__STATE_RECORD__REC_COUNTERS;
+    rec.counters = &k;
+    cooked(out, &len, &rec);
+    uint32_t l = (uint32_t)(len - 4);
+    sl.pool = (char *)"host";
+    sl.size = 1u << 20;
+    rec.rec_case = GPUBUF__STATE_RECORD__REC_SLAB;
+    rec.slab = &sl;
+    const uint64_t slabs[] = {1, UINT64_MAX, GD_ID_MAX};
+    for (int i = 0; i < 3; i++) {
+        sl.id = slabs[i];
+        cooked(out, &len, &rec);
+    }
+    b.state = GPUBUF_STATE_SEALED;
+    b.block_size = b.size = b.charged = 4096;
+    rec.rec_case = GPUBUF__STATE_RECORD__REC_BUFFER;
+    rec.buffer = &b;
+    const uint64_t bufs[] = {1, 2, UINT64_MAX, GD_ID_MAX};
+    const char *names[] = {"one", "two", "huge", "last"};
+    for (int i = 0; i < 4; i++) {
+        b.id = bufs[i];
+        b.name = (char *)names[i];
+        b.slab_id = i == 2 ? UINT64_MAX : 1;
+        b.offset = 4096u * (uint64_t)i;
+        cooked(out, &len, &rec);
+    }
+    rec.rec_case = GPUBUF__STATE_RECORD__REC_SESSION;
+    rec.session = &se;
+    se.id = UINT64_MAX;
+    cooked(out, &len, &rec);
+    se.id = 5;
+    cooked(out, &len, &rec);
+    rec.rec_case = GPUBUF__STATE_RECORD__REC_REF;
+    rec.ref = &r;
+    r.session = 5;
+    r.buffer = 1;
+    r.count = r.read_only = UINT32_MAX;
+    cooked(out, &len, &rec);
+    r.buffer = 2;
+    r.count = 3;
+    cooked(out, &len, &rec);
+    r.session = UINT64_MAX;
+    cooked(out, &len, &rec);
+    for (int i = 0; i < 4; i++)
+        out[i] = (uint8_t)(l >> (8 * i));
+    return len;
+}
+
+static void state_seeds(const char *dir) {
+    static uint8_t out[1 << 16];
+    uv_loop_t loop;
+    gd_context ctx;
+    gd_err err = {0};
+    gd_log_level = -1;
+    uv_loop_init(&loop);
+    gd_context_init(&ctx, &loop);
+    ctx.limits.resume_timeout_ms = 60000;
+    gd_pool *host = seed_pool(&ctx, "host", 64u << 20, 1u << 20);
+    gd_pool *small = seed_pool(&ctx, "small", 4u << 20, 64u << 10);
+    if (gd_state_open(&ctx, NULL, 0, false, &err) < 0)
+        exit(1);
+    uint64_t snap = gd_state_bytes(ctx.state);
+    /* Two clients: a producer's named, anonymous, unsealed, dedicated and
+     * deleted buffers; a consumer's references, one read-only. */
+    gd_holder *a = gd_registry_holder_new(&ctx.reg, 100, 1000, 1000);
+    gd_holder *c = gd_registry_holder_new(&ctx.reg, 101, 1000, 1000);
+    gd_buf *x = seed_alloc(&ctx, a, host, 4096, "seed/a", true);
+    seed_alloc(&ctx, a, host, 8192, NULL, true);
+    seed_alloc(&ctx, a, host, 100, "seed/unsealed", false);
+    gd_buf *big = seed_alloc(&ctx, a, host, 2u << 20, "seed/big", true);
+    gd_buf *y = seed_alloc(&ctx, a, small, 1000, "seed/small", true);
+    gd_buf *o = NULL;
+    gd_registry_open_mode(&ctx.reg, c, NULL, x->id, false, &o, NULL, &err);
+    gd_registry_open_mode(&ctx.reg, c, NULL, x->id, true, &o, NULL, &err);
+    gd_registry_open_mode(&ctx.reg, c, NULL, y->id, false, &o, NULL, &err);
+    gd_registry_release(&ctx.reg, a, big->id, &err);
+    gd_registry_delete(&ctx.reg, a, NULL, big->id, &err);
+    save(dir, "limits", out, limits_input(out));
+    save(dir, "fresh", out, state_input(&ctx, snap, false, out, sizeof(out)));
+    save(dir, "fresh-raw", out, state_input(&ctx, snap, true, out, sizeof(out)));
+
+    /* The next start: restored from those fds, a fresh snapshot, then a
+     * journal again (the consumer resumes with one reference of x). */
+    gd_kept_fd *fds = NULL;
+    uint64_t cid = c->id;
+    size_t n = gd_state_fds(ctx.state, &fds);
+    for (size_t i = 0; i < n; i++)
+        fds[i].fd = dup(fds[i].fd);
+    gd_state_freeze(ctx.state);
+    gd_state_free(ctx.state);
+    gd_context_destroy(&ctx);
+    gd_context_init(&ctx, &loop);
+    ctx.limits.resume_timeout_ms = 60000;
+    host = seed_pool(&ctx, "host", 64u << 20, 1u << 20);
+    seed_pool(&ctx, "small", 4u << 20, 64u << 10);
+    if (gd_state_open(&ctx, fds, n, false, &err) < 0)
+        exit(1);
+    snap = gd_state_bytes(ctx.state);
+    HASH_FIND(hh, ctx.reg.holders, &cid, sizeof(cid), c);
+    if (c) {
+        gd_held held = {.buffer_id = 1, .count = 1, .ro = 1};
+        uint64_t lost[1];
+        gd_registry_resume(&ctx.reg, c, &held, 1, lost);
+    }
+    a = gd_registry_holder_new(&ctx.reg, 102, 1000, 1000);
+    seed_alloc(&ctx, a, host, 4096, "seed/after", true);
+    save(dir, "restarted", out, state_input(&ctx, snap, false, out, sizeof(out)));
+    for (size_t i = 0; i < n; i++)
+        if (fds[i].fd >= 0)
+            close(fds[i].fd);
+    free(fds);
+    gd_state_freeze(ctx.state);
+    gd_state_free(ctx.state);
+    gd_context_destroy(&ctx);
+    uv_run(&loop, UV_RUN_DEFAULT);
+    uv_loop_close(&loop);
+}
+
 int main(int argc, char **argv) {
     uint8_t b[4096];
     size_t n;
+    if (argc == 3 && strcmp(argv[1], "--state") == 0) {
+        state_seeds(argv[2]);
+        return 0;
+    }
     if (argc != 2)
         return 2;
     const char *dir = argv[1];
