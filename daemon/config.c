@@ -194,6 +194,12 @@ static const key_def daemon_keys[] = {
      NULL, NULL, false},
     {"max_lease_ms", NULL, parse_u32, 1, UINT32_MAX, 604800000, CFG(quota.max_lease_ms), NULL,
      NULL, false},
+    {"max_meta_bytes_per_client", NULL, parse_u64, 0, UINT64_MAX, 32u << 20,
+     CFG(quota.meta_bytes_per_client), NULL, NULL, false},
+    {"max_meta_bytes_per_uid", NULL, parse_u64, 0, UINT64_MAX, 32u << 20,
+     CFG(quota.meta_bytes_per_uid), NULL, NULL, false},
+    {"max_meta_bytes", NULL, parse_u64, 0, UINT64_MAX, 256u << 20, CFG(quota.meta_bytes), NULL,
+     NULL, false},
 };
 
 /* Limits with no key: fixed defaults. */

@@ -93,6 +93,16 @@ static int meta_build(const gd_meta_args *a, uint64_t size, gd_meta **ret, gd_er
     return 0;
 }
 
+/* docs/security.md gives the metadata charge with this header size. */
+_Static_assert(sizeof(gd_meta) == 24, "update the metadata charge in docs/security.md");
+
+uint64_t gd_meta_bytes(const gd_meta *m) {
+    if (!m)
+        return 0;
+    size_t dims = m->has_layout ? m->ndim * (m->has_strides ? 2u : 1u) : 0;
+    return sizeof(*m) + dims * sizeof(int64_t) + m->user_len;
+}
+
 /* b's metadata becomes m (it had none), counted for the status columns. */
 static void meta_attach(gd_registry *r, gd_buf *b, gd_meta *m) {
     b->meta = m;
@@ -120,8 +130,18 @@ static int meta_merge(gd_registry *r, gd_buf *b, const gd_meta_args *a, gd_err *
     int rc = meta_build(&full, b->size, &m, err);
     if (rc < 0)
         return rc;
+    uint64_t now = gd_meta_bytes(b->meta), next = gd_meta_bytes(m);
+    if (next > now) {
+        gd_holder *h;
+        HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
+        if (h && (rc = gd_registry_check_meta(r, h, next - now, err)) < 0) {
+            free(m);
+            return rc;
+        }
+    }
     gd_meta_free(r, b);
     meta_attach(r, b, m);
+    gd_registry_charge_meta(r, b, b->meta_charged - now + next);
     return 0;
 }
 
@@ -164,7 +184,7 @@ int gd_registry_alloc_meta(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t
             (rc = meta_build(meta, size, &m, err)) < 0)
             return rc;
     }
-    rc = gd_registry_alloc(r, h, pool, size, align, name, &b, err);
+    rc = gd_registry_alloc_charged(r, h, pool, size, align, name, gd_meta_bytes(m), &b, err);
     if (rc < 0) {
         free(m);
         return rc;
@@ -233,6 +253,9 @@ int gd_registry_restore_meta(gd_registry *r, gd_buf *b, const gd_meta_args *a,
         return rc;
     }
     meta_attach(r, b, m);
+    /* Charged to its owner as an alloc's, never refused: a restart keeps
+     * what the daemon accepted before it. */
+    gd_registry_charge_meta(r, b, b->meta_charged + gd_meta_bytes(m));
     if (a->ttl_ms) {
         /* A deadline further than its time to live is not one this daemon
          * wrote: it expires within its time to live from now. */

@@ -132,14 +132,19 @@ static void uncharge(gd_registry *r, gd_buf *b) {
     gd_uid_usage *u = uid_usage(r, uid, false);
     HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
     if (h) {
-        assert(h->n_owned > 0 && h->owned_bytes >= b->charged);
+        assert(h->n_owned > 0 && h->owned_bytes >= b->charged &&
+               h->owned_meta >= b->meta_charged);
         h->n_owned--;
         h->owned_bytes -= b->charged;
+        h->owned_meta -= b->meta_charged;
     }
+    assert(r->meta_bytes >= b->meta_charged);
+    r->meta_bytes -= b->meta_charged;
     if (u) {
-        assert(u->buffers > 0 && u->bytes >= b->charged);
+        assert(u->buffers > 0 && u->bytes >= b->charged && u->meta >= b->meta_charged);
         u->buffers--;
         u->bytes -= b->charged;
+        u->meta -= b->meta_charged;
         if (u->buffers == 0) {
             HASH_DEL(r->uids, u);
             free(u);
@@ -421,8 +426,81 @@ static void ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b, uin
     }
 }
 
+uint64_t gd_meta_charge(const char *name, const gd_meta *m) {
+    return (name ? strlen(name) : 0) + gd_meta_bytes(m);
+}
+
+/* -EDQUOT when used + more passes limit (0: none), with the sentence. */
+static int meta_over(uint64_t used, uint64_t more, uint64_t limit, const char *whose,
+                     const char *key, gd_err *err) {
+    if (!limit || (more <= limit && used <= limit - more))
+        return 0;
+    return gd_err_set(err, -EDQUOT,
+                      "quota: %s buffers would carry %llu bytes of metadata (names, layouts, "
+                      "user bytes), over %s = %llu; delete or release buffers no longer "
+                      "needed, give them fewer user bytes, or raise %s in the daemon's "
+                      "configuration",
+                      whose, (unsigned long long)(used + more), key,
+                      (unsigned long long)limit, key);
+}
+
+int gd_registry_check_meta(const gd_registry *r, const gd_holder *h, uint64_t more,
+                           gd_err *err) {
+    const gd_quota *q = &r->quota;
+    char whose[48];
+    gd_uid_usage *u;
+    int rc;
+    uid_t uid = h->uid;
+    if (!more)
+        return 0;
+    if ((rc = meta_over(h->owned_meta, more, q->meta_bytes_per_client, "this client's",
+                        "max_meta_bytes_per_client", err)) < 0)
+        return rc;
+    HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
+    snprintf(whose, sizeof(whose), "uid %u's", (unsigned)uid);
+    if ((rc = meta_over(u ? u->meta : 0, more, q->meta_bytes_per_uid, whose,
+                        "max_meta_bytes_per_uid", err)) < 0)
+        return rc;
+    return meta_over(r->meta_bytes, more, q->meta_bytes, "all users'", "max_meta_bytes", err);
+}
+
+/* Add (or, with sub, take back) delta bytes of metadata charge of b. */
+static void meta_account(gd_registry *r, const gd_buf *b, uint64_t delta, bool sub) {
+    gd_holder *h;
+    uid_t uid = (uid_t)b->owner_uid;
+    gd_uid_usage *u = uid_usage(r, uid, false);
+    HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
+    if (sub) {
+        if (h)
+            h->owned_meta -= delta;
+        if (u)
+            u->meta -= delta;
+        r->meta_bytes -= delta;
+    } else {
+        if (h)
+            h->owned_meta += delta;
+        if (u)
+            u->meta += delta;
+        r->meta_bytes += delta;
+    }
+}
+
+void gd_registry_charge_meta(gd_registry *r, gd_buf *b, uint64_t charge) {
+    if (charge >= b->meta_charged)
+        meta_account(r, b, charge - b->meta_charged, false);
+    else
+        meta_account(r, b, b->meta_charged - charge, true);
+    b->meta_charged = charge;
+}
+
 int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
                       uint64_t align, const char *name, gd_buf **ret, gd_err *err) {
+    return gd_registry_alloc_charged(r, h, pool, size, align, name, 0, ret, err);
+}
+
+int gd_registry_alloc_charged(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
+                              uint64_t align, const char *name, uint64_t meta_extra,
+                              gd_buf **ret, gd_err *err) {
     gd_buf *b;
     int rc;
     if (name && *name) {
@@ -474,6 +552,9 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     if (q->refs_per_client && h->n_refs >= q->refs_per_client)
         return gd_err_set(err, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
                     q->refs_per_client);
+    uint64_t meta = gd_meta_charge(name, NULL) + meta_extra;
+    if ((rc = gd_registry_check_meta(r, h, meta, err)) < 0)
+        return rc;
     if (!(u = uid_usage(r, h->uid, true)))
         return gd_err_set(err, -ENOMEM, "out of memory");
     b = calloc(1, sizeof(*b));
@@ -522,6 +603,7 @@ int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size
     h->owned_bytes += b->charged;
     u->buffers++;
     u->bytes += b->charged;
+    gd_registry_charge_meta(r, b, meta);
     HOOK(r, buf, b);
     if (ref_add(r, h, b) < 0) {
         buf_free(r, b);
@@ -1033,6 +1115,7 @@ int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_er
         return gd_err_set(err, -ENOMEM, "out of memory");
     }
     b->refs = 0;
+    b->meta_charged = 0; /* charged below, as an alloc's */
     b->in_name_index = false;
     b->id_waiters = NULL;
     memset(&b->hh_id, 0, sizeof(b->hh_id));
@@ -1050,6 +1133,8 @@ int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_er
         h->n_owned++;
         h->owned_bytes += b->charged;
     }
+    /* Charged, never refused: what was promised before the restart stays. */
+    gd_registry_charge_meta(r, b, gd_meta_charge(b->name, NULL));
     if (b->id > r->next_buffer_id)
         r->next_buffer_id = b->id;
     HOOK(r, buf, b);

@@ -45,6 +45,7 @@ struct gd_buf {
     uint32_t owner_uid;
     uint64_t owner_holder; /* holder id of the creator */
     uint64_t charged;      /* bytes charged to the owner's quotas */
+    uint64_t meta_charged; /* metadata bytes charged to them (gd_meta_charge) */
     bool in_name_index;
     bool restored;         /* came back from the saved state at a restart */
     bool has_event;        /* sealed on a stream: openers wait for event */
@@ -97,6 +98,7 @@ struct gd_holder {
     uint32_t n_ro_refs;   /* sum of ro */
     uint32_t n_owned;     /* live buffers this client allocated */
     uint64_t owned_bytes;
+    uint64_t owned_meta;  /* their metadata charge (gd_meta_charge) */
     gd_waiter *waiters; /* this holder's pending waits */
     /* Restored from the saved state: its client has not come back (resumed)
      * since the restart; dropped when it does not within resume_timeout. */
@@ -149,6 +151,7 @@ typedef struct gd_uid_usage {
     uid_t uid;
     uint32_t buffers;
     uint64_t bytes;
+    uint64_t meta; /* metadata charge (gd_meta_charge) */
     UT_hash_handle hh;
 } gd_uid_usage;
 
@@ -164,6 +167,11 @@ typedef struct gd_quota {
     uint32_t kept_slabs_per_client;
     /* Longest lease time to live, ms; 0: up to UINT32_MAX. */
     uint32_t max_lease_ms;
+    /* Metadata bytes (gd_meta_charge) of live buffers: one client's, one
+     * uid's, the daemon's (which bounds its saved state). */
+    uint64_t meta_bytes_per_client;
+    uint64_t meta_bytes_per_uid;
+    uint64_t meta_bytes;
 } gd_quota;
 
 typedef struct gd_registry {
@@ -196,6 +204,7 @@ typedef struct gd_registry {
      * sizes of the status's metadata columns. */
     uint32_t n_layouts, n_user_meta;
     uint64_t layout_dims;
+    uint64_t meta_bytes; /* metadata charge of all live buffers */
 } gd_registry;
 
 void gd_registry_init(gd_registry *r);
@@ -369,9 +378,31 @@ typedef struct gd_meta_args {
     uint64_t ttl_ms;
 } gd_meta_args;
 
+/* What a buffer is charged against the metadata quotas besides its memory:
+ * its name and, when it has a layout or user bytes, the block that holds
+ * them (header, dimensions, user bytes), so the bytes the daemon keeps for
+ * it and writes into its saved state for it. The rest of a buffer's
+ * bookkeeping is the same for every buffer and bounded by the buffer
+ * quotas (docs/security.md, "Daemon memory and saved state"). */
+uint64_t gd_meta_charge(const char *name, const gd_meta *m);
+/* Bytes of a metadata block (0 for NULL). */
+uint64_t gd_meta_bytes(const gd_meta *m);
+/* May h's client, its uid and the daemon take more bytes of metadata
+ * charge? -EDQUOT naming the limit, its value and what to do. */
+int gd_registry_check_meta(const gd_registry *r, const gd_holder *h, uint64_t more, gd_err *err);
+/* b's metadata charge becomes charge: its creator (while connected), its
+ * owner's uid and the daemon's total follow. */
+void gd_registry_charge_meta(gd_registry *r, gd_buf *b, uint64_t charge);
+/* gd_registry_alloc() charging extra metadata bytes beyond the name (the
+ * metadata block the caller attaches). */
+int gd_registry_alloc_charged(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
+                              uint64_t align, const char *name, uint64_t meta_extra,
+                              gd_buf **ret, gd_err *err);
+
 /* gd_registry_alloc() with metadata (meta may be NULL): -EINVAL for a layout
  * that does not fit size, user bytes beyond GPUBUF_USER_DATA_MAX or a ttl
- * beyond quota.max_lease_ms, before anything is allocated. */
+ * beyond quota.max_lease_ms, before anything is allocated; -EDQUOT beyond a
+ * metadata quota. */
 int gd_registry_alloc_meta(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
                            uint64_t align, const char *name, const gd_meta_args *meta,
                            gd_buf **ret, gd_err *err);

@@ -135,6 +135,162 @@ START_TEST(quotas_per_client_and_uid) {
 }
 END_TEST
 
+/* Issue 22, finding 6: what a buffer carries besides its memory (name,
+ * layout, user bytes) is charged to max_meta_bytes_per_client and
+ * max_meta_bytes_per_uid: a 24-byte header plus the user bytes for a buffer
+ * with user bytes, plus its name (docs/security.md). */
+#define META_HEADER 24
+#define META_USER GPUBUF_USER_DATA_MAX
+
+static uint8_t meta_user[META_USER];
+
+/* Allocate buffers of 256 B with META_USER user bytes until the daemon
+ * refuses one (at most max): named "PREFIX/NNNNN" from first on (sealed and
+ * released: they stay), or anonymous (prefix NULL: kept in held). Returns
+ * how many it took; the refusal's code in *rc. */
+static int meta_fill(gpubuf_client *c, const char *prefix, int first, int max,
+                     gpubuf_buffer **held, int *rc) {
+    gpubuf_meta m = {.user_data = meta_user, .user_size = sizeof(meta_user)};
+    char name[64];
+    int n = 0;
+    *rc = 0;
+    for (; n < max; n++) {
+        gpubuf_buffer *b = NULL;
+        if (prefix)
+            snprintf(name, sizeof(name), "%s/%05d", prefix, first + n);
+        if ((*rc = gpubuf_alloc_ex(c, "q", 256, prefix ? name : NULL, &m, &b)) < 0)
+            break;
+        if (prefix) {
+            ck_assert_int_eq(gpubuf_seal_sync(b), 0);
+            ck_assert_int_eq(gpubuf_release(b), 0);
+        } else {
+            held[n] = b;
+        }
+    }
+    return n;
+}
+
+static void assert_meta_refusal(int rc, const char *limit) {
+    const char *msg = gpubuf_last_error_message();
+    ck_assert_int_eq(rc, -EDQUOT);
+    ck_assert_msg(strstr(msg, limit) && strstr(msg, "bytes of metadata") &&
+                      strstr(msg, "raise "),
+                  "message: %s", msg);
+}
+
+START_TEST(metadata_charged_per_client_and_uid) {
+    /* 64 KiB per client, 96 KiB per uid. A named buffer "m/NNNNN" costs 7
+     * + 24 + 4096 = 4127 B: 15 fit a client (16 would be 66032). */
+    start_with("[daemon]\nmax_meta_bytes_per_client = 64K\nmax_meta_bytes_per_uid = 96K\n"
+               "[pool:q]\nkind = host\ncapacity = 64M\n");
+    enum { NAMED = 7 + META_HEADER + META_USER, ANON = META_HEADER + META_USER, MAX = 400 };
+    gpubuf_buffer *held[MAX], *plain = NULL;
+    int rc;
+    gpubuf_client *c = td_connect(&D);
+    int n = meta_fill(c, "m", 0, MAX, NULL, &rc);
+    ck_assert_int_eq(n, 65536 / NAMED);
+    assert_meta_refusal(rc, "max_meta_bytes_per_client = 65536");
+    /* Buffers without metadata or name carry no charge. */
+    ck_assert_int_eq(gpubuf_alloc(c, "q", 256, NULL, &plain), 0);
+    gpubuf_release(plain);
+    gpubuf_disconnect(c);
+
+    /* The named buffers outlive their client: still charged to the uid. */
+    gpubuf_client *c2 = td_connect(&D);
+    int n2 = meta_fill(c2, NULL, 0, MAX, held, &rc);
+    ck_assert_int_eq(n2, (98304 - 15 * NAMED) / ANON);
+    assert_meta_refusal(rc, "max_meta_bytes_per_uid = 98304");
+    /* A seal that adds user bytes is charged too. */
+    gpubuf_meta m = {.user_data = meta_user, .user_size = sizeof(meta_user)};
+    ck_assert_int_eq(gpubuf_alloc(c2, "q", 256, NULL, &plain), 0);
+    assert_meta_refusal(gpubuf_seal_ex(plain, &m), "max_meta_bytes_per_uid = 98304");
+    gpubuf_release(plain);
+
+    /* Deleting gives the uid's charge back: c2 may now fill its own quota. */
+    for (int i = 0; i < n; i++) {
+        char name[16];
+        snprintf(name, sizeof(name), "m/%05d", i);
+        ck_assert_int_eq(gpubuf_delete(c2, name), 0);
+    }
+    int n3 = meta_fill(c2, NULL, 0, MAX - n2, held + n2, &rc);
+    ck_assert_int_eq(n3, (65536 - n2 * ANON) / ANON);
+    assert_meta_refusal(rc, "max_meta_bytes_per_client = 65536");
+    /* Releasing gives it back as well. */
+    for (int i = 0; i < n2 + n3; i++)
+        ck_assert_int_eq(gpubuf_release(held[i]), 0);
+    ck_assert_int_eq(gpubuf_flush(c2), 0);
+    int n4 = meta_fill(c2, NULL, 0, MAX, held, &rc);
+    ck_assert_int_eq(n4, 65536 / ANON);
+    assert_meta_refusal(rc, "max_meta_bytes_per_client = 65536");
+    for (int i = 0; i < n4; i++)
+        ck_assert_int_eq(gpubuf_release(held[i]), 0);
+    gpubuf_disconnect(c2);
+    stop();
+}
+END_TEST
+
+/* Bytes of the daemon's state memfds ("memfd:gpubufd-state") in memory. */
+static uint64_t state_bytes(pid_t pid) {
+    char dir[64], path[320], target[256];
+    uint64_t total = 0;
+    snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)pid);
+    DIR *d = opendir(dir);
+    ck_assert_ptr_nonnull(d);
+    for (struct dirent *e; (e = readdir(d));) {
+        snprintf(path, sizeof(path), "%s/%s", dir, e->d_name);
+        ssize_t n = readlink(path, target, sizeof(target) - 1);
+        struct stat sb;
+        if (n <= 0)
+            continue;
+        target[n] = '\0';
+        if (strncmp(target, "/memfd:gpubufd-state", 20) == 0 && stat(path, &sb) == 0)
+            total += (uint64_t)sb.st_blocks * 512;
+    }
+    closedir(d);
+    return total;
+}
+
+/* The finding's run: 20,000 named buffers of 256 B with 4 KiB of user bytes
+ * each grew the daemon by about 5.3 KiB per buffer and the state memfds to
+ * 250 MiB. Under max_meta_bytes_per_uid = 4M the uid gets 1015 of them
+ * (4 MiB / (9 + 24 + 4096 B)); the daemon's memory and its state stay near
+ * that. */
+START_TEST(metadata_bounds_daemon_memory_and_state) {
+    start_with("[daemon]\nmax_meta_bytes_per_client = 0\nmax_meta_bytes_per_uid = 4M\n"
+               "[pool:q]\nkind = host\ncapacity = 256M\n");
+    enum { PER = 9 + META_HEADER + META_USER, TRIES = 20000 };
+    ck_assert(td_wait_clients(&D, 0, 20000));
+    long rss0 = td_rss_kib(D.pid);
+    uint64_t st0 = state_bytes(D.pid);
+    gpubuf_client *c = td_connect(&D);
+    int rc;
+    int n = meta_fill(c, "mem", 0, TRIES, NULL, &rc);
+    ck_assert_int_eq(n, (4 << 20) / PER);
+    assert_meta_refusal(rc, "max_meta_bytes_per_uid = 4194304");
+    /* Every further one is refused: the charge does not drift. */
+    ck_assert_int_eq(meta_fill(c, "mem", TRIES, 50, NULL, &rc), 0);
+    assert_meta_refusal(rc, "max_meta_bytes_per_uid");
+    gpubuf_disconnect(c);
+    ck_assert(td_wait_clients(&D, 0, 20000));
+    long rss1 = td_rss_kib(D.pid);
+    uint64_t st1 = state_bytes(D.pid);
+    td_figure("metadata: %d buffers of 4 KiB user bytes accepted of %d; daemon RSS %ld -> %ld "
+              "KiB; state memfds %llu -> %llu KiB",
+              n, TRIES, rss0, rss1, (unsigned long long)(st0 >> 10),
+              (unsigned long long)(st1 >> 10));
+    /* docs/security.md: the state is at most 4 x its snapshot + 2 MiB; the
+     * snapshot holds 4 MiB of metadata and 1015 small records here. */
+    ck_assert_msg(st1 <= (4ull * 5 + 2) << 20, "state memfds %llu KiB",
+                  (unsigned long long)(st1 >> 10));
+#ifndef __SANITIZE_ADDRESS__
+    /* 4 MiB of metadata, about 1 KiB of bookkeeping per buffer, and the
+     * state pages the daemon maps; the unbounded run grew by over 100 MiB. */
+    ck_assert_msg(rss1 - rss0 <= 40 * 1024, "RSS %ld -> %ld KiB", rss0, rss1);
+#endif
+    stop();
+}
+END_TEST
+
 START_TEST(connections_per_uid) {
     start_with("[daemon]\nmax_clients_per_uid = 3\n[pool:q]\nkind = host\n");
     /* The start-up probe's connection must be gone first. */
@@ -471,6 +627,11 @@ int main(void) {
     tcase_add_test(t, pool_access_and_ownership);
     tcase_add_test(t, names_cannot_be_squatted_across_uids);
     suite_add_tcase(s, t);
+    TCase *md = tcase_create("metadata");
+    tcase_set_timeout(md, 120);
+    tcase_add_test(md, metadata_charged_per_client_and_uid);
+    tcase_add_test(md, metadata_bounds_daemon_memory_and_state);
+    suite_add_tcase(s, md);
     TCase *ch = tcase_create("chaos");
     tcase_set_timeout(ch, 120);
     tcase_add_test(ch, chaos_kill_random_clients);

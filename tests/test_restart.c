@@ -590,6 +590,60 @@ START_TEST(metadata_and_leases_survive_sigkill) {
 }
 END_TEST
 
+/* Issue 22, finding 6: a restored buffer's metadata is charged to its
+ * owner's uid as an alloc's was. The uid fills max_meta_bytes_per_uid with
+ * named buffers of 4 KiB user bytes ("q/NN": 4 + 24 + 4096 B each, 15 in
+ * 64 KiB), the daemon is SIGKILLed and comes back over its kept state: one
+ * more is still refused, and deleting a restored one gives its charge back. */
+START_TEST(metadata_charge_survives_sigkill) {
+    static uint8_t user[GPUBUF_USER_DATA_MAX];
+    gpubuf_meta m = {.user_data = user, .user_size = sizeof(user)};
+    char conf[256], name[16];
+    fake_sd sd;
+    gpubuf_buffer *b;
+    int n = 0, rc = 0;
+    fsd_init(&sd);
+    snprintf(conf, sizeof(conf), "%s/meta.conf", sd.d.dir);
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("[daemon]\nmax_meta_bytes_per_uid = 64K\n", f);
+    fclose(f);
+    const char *const args[] = {"--config", conf, "--pool", "host=host,capacity=64M", NULL};
+    fsd_start(&sd, args);
+    gpubuf_client *c = td_connect(&sd.d);
+    for (; n < 200; n++) {
+        snprintf(name, sizeof(name), "q/%02d", n);
+        if ((rc = gpubuf_alloc_ex(c, "host", 256, name, &m, &b)) < 0)
+            break;
+        ck_assert_int_eq(gpubuf_seal_sync(b), 0);
+        ck_assert_int_eq(gpubuf_release(b), 0);
+    }
+    ck_assert_int_eq(n, 65536 / (4 + 24 + GPUBUF_USER_DATA_MAX));
+    ck_assert_int_eq(rc, -EDQUOT);
+    gpubuf_disconnect(c);
+    for (int t = 0; t < 1000 && fsd_count(&sd, "slab-") < 1; t++)
+        fsd_wait(&sd, NULL, 20);
+
+    ck_assert_int_eq(fsd_kill(&sd, SIGKILL), 128 + SIGKILL);
+    fsd_start(&sd, args);
+    c = td_connect(&sd.d);
+    gpubuf_status *s = td_status(&sd.d);
+    ck_assert_uint_eq(s->restored_buffers, (uint32_t)n);
+    gpubuf_status_free(s);
+    rc = gpubuf_alloc_ex(c, "host", 256, "q/more", &m, &b);
+    ck_assert_msg(rc == -EDQUOT && strstr(gpubuf_last_error_message(),
+                                          "max_meta_bytes_per_uid = 65536"),
+                  "after the restart: %d, %s", rc, gpubuf_last_error_message());
+    ck_assert_int_eq(gpubuf_delete(c, "q/00"), 0);
+    gpubuf_buffer *again;
+    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 256, "q/00", &m, &again), 0);
+    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 256, "q/more", &m, &b), -EDQUOT);
+    ck_assert_int_eq(gpubuf_release(again), 0);
+    gpubuf_disconnect(c);
+    fsd_cleanup(&sd);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("restart");
     TCase *t;
@@ -602,6 +656,7 @@ static Suite *suite(void) {
     tcase_add_test(t, slab_once_after_resume);
     tcase_add_test(t, batch_changes_survive_sigkill);
     tcase_add_test(t, metadata_and_leases_survive_sigkill);
+    tcase_add_test(t, metadata_charge_survives_sigkill);
     suite_add_tcase(s, t);
 #else
     (void)sigkill_and_sigterm_keep_the_buffer;
@@ -610,6 +665,7 @@ static Suite *suite(void) {
     (void)slab_once_after_resume;
     (void)batch_changes_survive_sigkill;
     (void)metadata_and_leases_survive_sigkill;
+    (void)metadata_charge_survives_sigkill;
     printf("test_restart: gpubufd is built without libsystemd (no fd store): only the "
            "takeover case runs\n");
 #endif
