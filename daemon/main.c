@@ -420,7 +420,8 @@ static void usage(FILE *f) {
         "      --check-config     parse the configuration and exit\n"
         "      --takeover         take the socket, buffers and clients over from the gpubufd\n"
         "                         running on the socket (an upgrade without a service\n"
-        "                         manager); it hands them over and exits\n"
+        "                         manager); it exits once this one serves, and serves on\n"
+        "                         if this one cannot start\n"
         "  -V, --version          print the version and exit\n"
         "  -h, --help             show this help\n\n"
         "Without pools: one cuda-ipc pool per visible GPU, else one host pool.\n",
