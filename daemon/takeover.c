@@ -485,6 +485,7 @@ int gd_takeover_receive(gd_takeover *t, const char *socket_path, gd_err *err) {
         r = gd_err_set(err, -ETIMEDOUT, "the running gpubufd did not connect back");
         goto out;
     }
+    unlink(path); /* connected: nobody else needs the name */
     struct ucred cred;
     socklen_t clen = sizeof(cred);
     if (getsockopt(t->conn, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
