@@ -7,11 +7,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <poll.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 #include <uv.h>
 
@@ -23,12 +21,11 @@
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
-#include "gpubuf.pb-c.h"
 #include "trace.h"
 #include "pool.h"
 #include "state.h"
+#include "takeover.h"
 #include "util.h"
-#include "wire.h"
 
 #define DEFAULT_SLAB (64ull << 20)
 #define DEFAULT_HOST_CAPACITY (4ull << 30)
@@ -296,8 +293,6 @@ static void shutdown_daemon(void) {
 /* ---- restart: the fds a previous daemon kept ---------------------------- */
 
 #define KEPT_MAX 65536 /* fds taken at start, at most */
-#define HANDOVER_BATCH 200 /* fds per message of a takeover (SCM_MAX_FD is 253) */
-#define TAKEOVER_TIMEOUT_MS 10000
 
 static gd_kept_fd *g_kept;
 static size_t g_n_kept;
@@ -378,296 +373,36 @@ static void kept_close(void) {
     g_n_kept = 0;
 }
 
-/* ---- takeover: the successor's side ------------------------------------- */
+/* ---- takeover (takeover.c) --------------------------------------------- */
 
-static int unix_addr(struct sockaddr_un *sa, const char *path) {
-    memset(sa, 0, sizeof(*sa));
-    sa->sun_family = AF_UNIX;
-    if (strlen(path) >= sizeof(sa->sun_path))
-        return -ENAMETOOLONG;
-    memcpy(sa->sun_path, path, strlen(path) + 1);
-    return 0;
+/* The successor serves: stop, leaving the socket file where it is. */
+static void commit_takeover(gd_daemon *d) {
+    d->srv.listen_owned = false;
+    shutdown_daemon();
 }
 
-/* One request to the running daemon; 0 when its reply says so. */
-static int takeover_rpc(int sock, Gpubuf__Request *req, char *why, size_t n_why) {
-    size_t len = gpubuf__request__get_packed_size(req);
-    uint8_t *buf = malloc(GPUBUF_WIRE_HEADER_SIZE + len), *payload = NULL;
-    int fd = -1, r;
-    if (!buf)
-        return -ENOMEM;
-    gpubuf_wire_header_encode(buf, (uint32_t)len);
-    gpubuf__request__pack(req, buf + GPUBUF_WIRE_HEADER_SIZE);
-    r = gpubuf_wire_send_all(sock, buf, GPUBUF_WIRE_HEADER_SIZE + len, -1);
-    free(buf);
-    if (r < 0)
-        return r;
-    ssize_t got = gpubuf_wire_read_frame(sock, GPUBUF_WIRE_MAX_RESPONSE, &payload, &fd);
-    if (fd >= 0)
-        close(fd);
-    if (got < 0)
-        return (int)got;
-    Gpubuf__Response *resp = gpubuf__response__unpack(NULL, (size_t)got, payload);
-    free(payload);
-    if (!resp)
-        return GPUBUF_EPROTOCOL;
-    r = resp->status;
-    if (r < 0)
-        snprintf(why, n_why, "%s", resp->message ? resp->message : "");
-    gpubuf__response__free_unpacked(resp, NULL);
-    return r;
-}
-
-/* One message of a takeover: its text and up to HANDOVER_BATCH fds. */
-static ssize_t recv_batch(int sock, char *text, size_t cap, int *fds, int *n_fds) {
-    struct iovec iov = {.iov_base = text, .iov_len = cap};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * HANDOVER_BATCH)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.buf,
-                         .msg_controllen = sizeof(u.buf)};
-    ssize_t got;
-    *n_fds = 0;
-    do
-        got = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    while (got < 0 && errno == EINTR);
-    for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); got >= 0 && c; c = CMSG_NXTHDR(&msg, c)) {
-        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-            continue;
-        size_t k = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        for (size_t i = 0; i < k && *n_fds < HANDOVER_BATCH; i++)
-            memcpy(&fds[(*n_fds)++], CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-    }
-    if (got < 0)
-        return -errno;
-    return (msg.msg_flags & (MSG_CTRUNC | MSG_TRUNC)) ? -EPROTO : got;
-}
-
-/* Receive the batches (a SOCK_SEQPACKET connection: one message each):
- * "name\n" per fd, the fds by SCM_RIGHTS; "END\n" last. */
-static int takeover_receive(int conn) {
-    for (;;) {
-        char text[HANDOVER_BATCH * 64 + 8];
-        int fds[HANDOVER_BATCH], n_fds = 0;
-        struct pollfd pfd = {.fd = conn, .events = POLLIN};
-        if (poll(&pfd, 1, TAKEOVER_TIMEOUT_MS) <= 0)
-            return -ETIMEDOUT;
-        ssize_t got = recv_batch(conn, text, sizeof(text) - 1, fds, &n_fds);
-        if (got <= 0) {
-            for (int i = 0; i < n_fds; i++)
-                close(fds[i]);
-            return got < 0 ? (int)got : -EPROTO;
-        }
-        text[got] = '\0';
-        if (n_fds == 0 && strcmp(text, "END\n") == 0)
-            return 0;
-        char *save = NULL, *name = strtok_r(text, "\n", &save);
-        for (int i = 0; i < n_fds; i++) {
-            int r = name ? kept_add(name, fds[i]) : (close(fds[i]), -EPROTO);
-            if (r < 0) {
-                for (int k = i + 1; k < n_fds; k++)
-                    close(fds[k]);
-                return r;
-            }
-            name = strtok_r(NULL, "\n", &save);
-        }
-    }
-}
-
-/* gpubufd --takeover: listen on a private socket beside the daemon's, ask
- * the running daemon to hand everything over there, and take it. */
-static int takeover(const char *socket_path) {
-    char path[PATH_MAX], why[512] = "";
-    struct sockaddr_un sa, own;
-    int sock = -1, lsock = -1, conn = -1, r;
-    if (strlen(socket_path) + sizeof(".takeover") > sizeof(path))
-        return -ENAMETOOLONG;
-    memcpy(path, socket_path, strlen(socket_path));
-    memcpy(path + strlen(socket_path), ".takeover", sizeof(".takeover"));
-    if ((r = unix_addr(&sa, socket_path)) < 0 || (r = unix_addr(&own, path)) < 0) {
-        LOG_ERR("takeover: socket path too long (%s)", path);
+/* gpubufd --takeover, phase 1: receive the running daemon's fds and sort
+ * them as the ones systemd passes. */
+static int take_over(gd_takeover *t, const char *socket_path) {
+    gd_err err = {0};
+    int r = gd_takeover_receive(t, socket_path, &err);
+    if (r < 0) {
+        LOG_ERR("takeover: %s", err.msg);
+        gd_takeover_abort(t, r, err.msg);
         return r;
     }
-    unlink(path);
-    lsock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    sock = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    mode_t old = umask(0177);
-    r = lsock < 0 || sock < 0 || bind(lsock, (struct sockaddr *)&own, sizeof(own)) < 0 ||
-                listen(lsock, 1) < 0
-            ? -errno
-            : 0;
-    umask(old);
-    if (r < 0) {
-        LOG_ERR("takeover: cannot listen on %s: %s", path, strerror(-r));
-        goto out;
-    }
-    if (connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        r = -errno;
-        LOG_ERR("takeover: no gpubufd to take over on %s: %s", socket_path, strerror(-r));
-        goto out;
-    }
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__Hello hello = GPUBUF__HELLO__INIT;
-    Gpubuf__TakeoverRequest tk = GPUBUF__TAKEOVER_REQUEST__INIT;
-    hello.min_version = hello.max_version = GPUBUF_PROTOCOL_VERSION;
-    hello.client_name = (char *)"gpubufd --takeover";
-    req.id = 1;
-    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
-    req.hello = &hello;
-    if ((r = takeover_rpc(sock, &req, why, sizeof(why))) == 0) {
-        tk.path = path;
-        req.id = 2;
-        req.body_case = GPUBUF__REQUEST__BODY_TAKEOVER;
-        req.takeover = &tk;
-        r = takeover_rpc(sock, &req, why, sizeof(why));
+    for (size_t i = 0; i < t->rx.n && r == 0; i++) {
+        r = kept_add(t->rx.fds[i].name, t->rx.fds[i].fd);
+        t->rx.fds[i].fd = -1; /* kept_add took it */
     }
     if (r < 0) {
-        LOG_ERR("takeover: the running gpubufd refused: %s", why[0] ? why : gpubuf_strerror(r));
-        goto out;
-    }
-    struct pollfd pfd = {.fd = lsock, .events = POLLIN};
-    if (poll(&pfd, 1, TAKEOVER_TIMEOUT_MS) <= 0 || (conn = accept4(lsock, NULL, NULL,
-                                                                   SOCK_CLOEXEC)) < 0) {
-        r = -ETIMEDOUT;
-        LOG_ERR("takeover: the running gpubufd did not connect back");
-        goto out;
-    }
-    struct ucred cred;
-    socklen_t clen = sizeof(cred);
-    if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
-        (cred.uid != geteuid() && cred.uid != 0)) {
-        r = -EPERM;
-        LOG_ERR("takeover: a process of another uid connected back; refused");
-        goto out;
-    }
-    if ((r = takeover_receive(conn)) < 0) {
-        LOG_ERR("takeover: receiving the fds: %s", strerror(-r));
-        goto out;
+        LOG_ERR("takeover: the fds passed do not check out");
+        gd_takeover_abort(t, r, "the fds passed do not check out");
+        return r;
     }
     LOG_NOTICE("takeover: took %zu fd(s)%s from gpubufd pid %d", g_n_kept,
-               g_listen_fd >= 0 ? " and its listening socket" : "", (int)cred.pid);
+               g_listen_fd >= 0 ? " and its listening socket" : "", (int)t->from);
     g_listen_from = "the previous gpubufd";
-out:
-    if (conn >= 0)
-        close(conn);
-    if (sock >= 0)
-        close(sock);
-    if (lsock >= 0)
-        close(lsock);
-    unlink(path);
-    return r;
-}
-
-/* ---- takeover: the running daemon's side -------------------------------- */
-
-static uv_timer_t g_handover_timer;
-static char g_handover_path[PATH_MAX];
-static pid_t g_handover_pid;
-static bool g_handover_pending;
-
-static int send_batch(int sock, const char *text, size_t len, const int *fds, int n) {
-    struct iovec iov = {.iov_base = (void *)text, .iov_len = len};
-    union {
-        char buf[CMSG_SPACE(sizeof(int) * HANDOVER_BATCH)];
-        struct cmsghdr align;
-    } u;
-    struct msghdr msg = {.msg_iov = &iov, .msg_iovlen = 1};
-    if (n > 0) {
-        msg.msg_control = u.buf;
-        msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)n);
-        struct cmsghdr *c = CMSG_FIRSTHDR(&msg);
-        c->cmsg_level = SOL_SOCKET;
-        c->cmsg_type = SCM_RIGHTS;
-        c->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)n);
-        memcpy(CMSG_DATA(c), fds, sizeof(int) * (size_t)n);
-    }
-    ssize_t w;
-    do
-        w = sendmsg(sock, &msg, MSG_NOSIGNAL);
-    while (w < 0 && errno == EINTR);
-    return w == (ssize_t)len ? 0 : w < 0 ? -errno : -EIO;
-}
-
-/* Send every fd with its name in batches, then "END\n". */
-static int handover_send(int sock, const gd_kept_fd *fds, size_t n) {
-    for (size_t i = 0; i < n; i += HANDOVER_BATCH) {
-        char text[HANDOVER_BATCH * 64];
-        int batch[HANDOVER_BATCH], k = 0;
-        size_t len = 0;
-        for (size_t j = i; j < n && k < HANDOVER_BATCH; j++, k++) {
-            len += (size_t)snprintf(text + len, sizeof(text) - len, "%s\n", fds[j].name);
-            batch[k] = fds[j].fd;
-        }
-        int r = send_batch(sock, text, len, batch, k);
-        if (r < 0)
-            return r;
-    }
-    return send_batch(sock, "END\n", 4, NULL, 0);
-}
-
-static void on_handover(uv_timer_t *t) {
-    struct sockaddr_un sa;
-    struct ucred cred;
-    socklen_t clen = sizeof(cred);
-    gd_kept_fd *fds = NULL;
-    size_t n = 0;
-    int sock = -1, r;
-    uv_close((uv_handle_t *)t, NULL);
-    g_handover_pending = false;
-    if ((r = unix_addr(&sa, g_handover_path)) < 0 ||
-        (sock = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0)) < 0 ||
-        connect(sock, (struct sockaddr *)&sa, sizeof(sa)) < 0) {
-        LOG_ERR("takeover: cannot connect to %s: %s; serving on", g_handover_path,
-                strerror(errno));
-        goto out;
-    }
-    /* Only the process that asked gets the memory. */
-    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &cred, &clen) < 0 ||
-        cred.pid != g_handover_pid) {
-        LOG_ERR("takeover: %s is not the requesting process's; serving on", g_handover_path);
-        goto out;
-    }
-    n = gd_state_fds(g_d.ctx.state, &fds);
-    gd_kept_fd *all = fds ? realloc(fds, (n + 1) * sizeof(*fds)) : NULL;
-    if (!all) {
-        LOG_ERR("takeover: out of memory; serving on");
-        goto out;
-    }
-    fds = all;
-    snprintf(fds[n].name, sizeof(fds[n].name), "listen");
-    fds[n++].fd = g_d.srv.listen_fd;
-    if ((r = handover_send(sock, fds, n)) < 0) {
-        LOG_ERR("takeover: sending the fds: %s; serving on", strerror(-r));
-        goto out;
-    }
-    LOG_NOTICE("takeover: handed %zu fd(s) to gpubufd pid %d; exiting", n, (int)cred.pid);
-    /* The successor serves the socket now: leave the file where it is. */
-    g_d.srv.listen_owned = false;
-    shutdown_daemon();
-out:
-    free(fds);
-    if (sock >= 0)
-        close(sock);
-}
-
-/* The session room's takeover request (context.h): checked there, run at
- * the next turn of the loop, once its reply went out. */
-static int on_takeover(gd_context *ctx, pid_t pid, const char *path, gd_err *err) {
-    if (!ctx->state)
-        return gd_err_set(err, -EOPNOTSUPP, "this gpubufd keeps no state to hand over");
-    if (g_handover_pending || g_d.srv.stopping)
-        return gd_err_set(err, -EBUSY, "a takeover or a shutdown is under way");
-    if (strlen(path) >= sizeof(((struct sockaddr_un *)0)->sun_path))
-        return gd_err_set(err, -ENAMETOOLONG, "takeover path too long");
-    int r = uv_timer_init(ctx->loop, &g_handover_timer);
-    if (r == 0)
-        r = uv_timer_start(&g_handover_timer, on_handover, 0, 0);
-    if (r < 0)
-        return gd_err_set(err, r, "%s", uv_strerror(r));
-    snprintf(g_handover_path, sizeof(g_handover_path), "%s", path);
-    g_handover_pid = pid;
-    g_handover_pending = true;
     return 0;
 }
 
@@ -685,7 +420,8 @@ static void usage(FILE *f) {
         "      --check-config     parse the configuration and exit\n"
         "      --takeover         take the socket, buffers and clients over from the gpubufd\n"
         "                         running on the socket (an upgrade without a service\n"
-        "                         manager); it hands them over and exits\n"
+        "                         manager); it exits once this one serves, and serves on\n"
+        "                         if this one cannot start\n"
         "  -V, --version          print the version and exit\n"
         "  -h, --help             show this help\n\n"
         "Without pools: one cuda-ipc pool per visible GPU, else one host pool.\n",
@@ -784,6 +520,7 @@ int main(int argc, char **argv) {
     bool check_only = false, take = false;
     int opt, rc = 1;
     gd_err err = {0};
+    char why[300] = "see its log"; /* a successor's reason to give up */
     uv_loop_t *loop = uv_default_loop();
 
     gd_log_init();
@@ -846,24 +583,20 @@ int main(int argc, char **argv) {
         return 1;
     }
     g_d.ctx.reg.quota = cfg.quota;
-    g_d.ctx.takeover = on_takeover;
+    gd_takeover_serve(&g_d, commit_takeover);
     g_d.ctx.limits = cfg.limits; /* resume_timeout_ms, for the restore */
 #ifdef GPUBUF_HAVE_SYSTEMD
     if (!take && systemd_fds() < 0)
         r = -EINVAL;
 #endif
-    if (r == 0 && take && takeover(cfg.socket_path) < 0)
-        r = -EINVAL;
+    /* A successor does what can fail before it asks for the fds: the
+     * running daemon serves on meanwhile. */
+    gd_takeover tk;
+    gd_takeover_init(&tk);
+    if (r == 0 && take && (r = gd_takeover_lock(&tk, cfg.socket_path, &err)) < 0)
+        LOG_ERR("takeover: %s", err.msg);
     if (r == 0)
         r = create_pools(&g_d.ctx, &cfg);
-    if (r == 0) {
-        /* Under a service manager with an fd store, it keeps what the
-         * daemon keeps; else only a successor (--takeover) gets it. */
-        const char *ns = getenv("NOTIFY_SOCKET");
-        if ((r = gd_state_open(&g_d.ctx, g_kept, g_n_kept, ns && *ns, &err)) < 0)
-            LOG_ERR("cannot keep the daemon's state: %s", err.msg);
-    }
-    kept_close();
     if (r == 0) {
         /* The pools are known now: fit the limits before the first client. */
         g_fd_reserved = fd_reserve(&g_d.ctx, &cfg);
@@ -873,18 +606,50 @@ int main(int argc, char **argv) {
             log_fd_budget(&cfg.limits, nofile_before);
     }
     g_d.ctx.limits = cfg.limits;
-    if (r == 0 && listen_socket(&cfg, g_listen_fd, g_listen_from) < 0)
+    bool asked = r == 0 && take;
+    if (asked && (r = take_over(&tk, cfg.socket_path)) < 0)
+        take = false; /* told already */
+    if (r == 0) {
+        /* Under a service manager with an fd store, it keeps what the
+         * daemon keeps; else only a successor (--takeover) gets it. */
+        const char *ns = getenv("NOTIFY_SOCKET");
+        if ((r = gd_state_open(&g_d.ctx, g_kept, g_n_kept, ns && *ns, &err)) < 0) {
+            LOG_ERR("cannot keep the daemon's state: %s", err.msg);
+            snprintf(why, sizeof(why), "cannot keep the daemon's state: %s", err.msg);
+        }
+    }
+    kept_close();
+    if (r == 0 && listen_socket(&cfg, g_listen_fd, g_listen_from) < 0) {
         r = -EINVAL;
-    else if (r == 0 && (g_listen_fd < 0 || g_listen_stored)) {
+        snprintf(why, sizeof(why), "cannot listen on the socket passed");
+    } else if (r == 0 && (g_listen_fd < 0 || g_listen_stored)) {
         /* A socket of our own: the fd store keeps it across a restart, so
          * that clients connecting meanwhile wait in its backlog. */
         gd_state_store_fd(g_d.ctx.state, "listen", g_d.srv.listen_fd);
         g_listen_stored = g_d.ctx.state && getenv("NOTIFY_SOCKET");
     }
-    if (r < 0 || start_services(loop) < 0) {
+    if (r == 0 && (r = start_services(loop)) < 0)
+        snprintf(why, sizeof(why), "cannot watch signals: %s", uv_strerror(r));
+    if (r == 0 && take) {
+        gd_takeover_test_hook("restored");
+        if ((r = gd_takeover_ready(&tk, &err)) < 0) {
+            LOG_ERR("takeover: %s; exiting", err.msg);
+            take = false; /* it knows */
+        } else {
+            LOG_NOTICE("takeover: serving; gpubufd pid %d let go", (int)tk.from);
+        }
+    }
+    if (r < 0) {
         /* Close what was opened; the loop runs out. What was restored stays
-         * kept as it was. */
+         * kept as it was: frozen before the running daemon hears of it. */
         gd_state_freeze(g_d.ctx.state);
+        if (take && !asked)
+            LOG_ERR("takeover: giving up before asking for the fds; the running gpubufd "
+                    "serves on");
+        else if (take) {
+            LOG_ERR("takeover: giving up (%s); gpubufd pid %d serves on", why, (int)tk.from);
+            gd_takeover_abort(&tk, r, why);
+        }
         for (int i = 0; i < 3; i++)
             if (g_sig[i].type && !uv_is_closing((uv_handle_t *)&g_sig[i]))
                 uv_close((uv_handle_t *)&g_sig[i], NULL);
@@ -896,6 +661,7 @@ int main(int argc, char **argv) {
     } else {
         rc = 0;
     }
+    gd_takeover_end(&tk); /* the lock goes: the next successor may come */
     /* Runs until SIGTERM/SIGINT closed every handle. */
     uv_run(loop, UV_RUN_DEFAULT);
     if (rc == 0)

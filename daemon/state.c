@@ -1061,6 +1061,20 @@ void gd_state_freeze(gd_state *st) {
     }
 }
 
+int gd_state_rewrite(gd_state *st) {
+    if (!st || st->frozen)
+        return 0;
+    /* A successor that got the fds may have written a snapshot of its own
+     * into the slot that is not ours (never into ours, whose generation
+     * is the highest it saw): read both generations again, so that ours
+     * goes above it, into that slot; ours stays whole meanwhile. */
+    for (int i = 0; i < 2; i++)
+        st->slots[i].gen = slot_gen(st->slots[i].fd);
+    if (st->slots[st->active].gen == 0)
+        LOG_WARN("saved state: the active slot lost its header; writing a new snapshot");
+    return compact(st);
+}
+
 void gd_state_free(gd_state *st) {
     if (!st)
         return;

@@ -35,6 +35,11 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
 /* Stop saving: what the daemon does from now on (closing the sessions,
  * freeing the registry as it stops) is not a change of the kept state. */
 void gd_state_freeze(gd_state *st);
+/* A takeover was given up after the fds went to the successor: write a
+ * fresh snapshot of the running daemon above whatever the successor wrote
+ * into the shared state memfds, so that the next start restores ours.
+ * 0 or -errno (logged). */
+int gd_state_rewrite(gd_state *st);
 /* Free st (after gd_state_freeze); its fds are closed. NULL is fine. */
 void gd_state_free(gd_state *st);
 /* The fds to hand to a successor: the state memfds and every slab's, with

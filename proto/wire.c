@@ -138,20 +138,24 @@ ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int *fds, int max_fds,
     return n;
 }
 
-static int read_exact(int sock, uint8_t *buf, size_t len, int *fd) {
+/* Read exactly len bytes; the fds that come with them go into fds (at most
+ * max_fds, the others are closed) and are counted in *n_fds, all of them. */
+static int read_exact(int sock, uint8_t *buf, size_t len, int *fds, int max_fds, int *n_fds) {
     size_t got = 0;
     while (got < len) {
-        int fds[GPUBUF_WIRE_MAX_FDS];
-        int n_fds;
+        int in[GPUBUF_WIRE_MAX_FDS];
+        int n_in;
         bool trunc;
-        ssize_t n = gpubuf_wire_recv(sock, buf + got, len - got, fds, GPUBUF_WIRE_MAX_FDS, &n_fds,
+        ssize_t n = gpubuf_wire_recv(sock, buf + got, len - got, in, GPUBUF_WIRE_MAX_FDS, &n_in,
                                      &trunc);
-        for (int i = 0; i < n_fds; i++) {
-            if (*fd < 0)
-                *fd = fds[i];
+        for (int i = 0; i < n_in; i++, (*n_fds)++) {
+            if (*n_fds < max_fds)
+                fds[*n_fds] = in[i];
             else
-                close(fds[i]);
+                close(in[i]);
         }
+        if (trunc)
+            (*n_fds)++; /* more than the control room: counted, so that it shows */
         if (n < 0)
             return (int)n;
         if (n == 0)
@@ -161,13 +165,14 @@ static int read_exact(int sock, uint8_t *buf, size_t len, int *fd) {
     return 0;
 }
 
-ssize_t gpubuf_wire_read_frame(int sock, uint32_t max_length, uint8_t **payload, int *fd) {
+ssize_t gpubuf_wire_read_frame_fds(int sock, uint32_t max_length, uint8_t **payload, int *fds,
+                                   int max_fds, int *n_fds) {
     uint8_t hdr[GPUBUF_WIRE_HEADER_SIZE];
     gpubuf_frame_header h;
     uint8_t *p = NULL;
     int r;
-    *fd = -1;
-    r = read_exact(sock, hdr, sizeof(hdr), fd);
+    *n_fds = 0;
+    r = read_exact(sock, hdr, sizeof(hdr), fds, max_fds, n_fds);
     if (r < 0)
         goto fail;
     r = gpubuf_wire_header_decode(hdr, max_length, &h);
@@ -178,17 +183,24 @@ ssize_t gpubuf_wire_read_frame(int sock, uint32_t max_length, uint8_t **payload,
         r = -ENOMEM;
         goto fail;
     }
-    r = read_exact(sock, p, h.length, fd);
+    r = read_exact(sock, p, h.length, fds, max_fds, n_fds);
     if (r < 0)
         goto fail;
     *payload = p;
     return (ssize_t)h.length;
 fail:
     free(p);
-    if (*fd >= 0) {
-        close(*fd);
+    for (int i = 0; i < *n_fds && i < max_fds; i++)
+        close(fds[i]);
+    *n_fds = 0;
+    return r;
+}
+
+ssize_t gpubuf_wire_read_frame(int sock, uint32_t max_length, uint8_t **payload, int *fd) {
+    int n = 0;
+    ssize_t r = gpubuf_wire_read_frame_fds(sock, max_length, payload, fd, 1, &n);
+    if (r < 0 || n == 0)
         *fd = -1;
-    }
     return r;
 }
 

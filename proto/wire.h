@@ -86,5 +86,12 @@ ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int *fds, int max_fds,
  * Collects at most one fd into *fd (-1 when none). Returns payload length
  * or a negative error (GPUBUF_EDISCONNECTED at end of stream). */
 ssize_t gpubuf_wire_read_frame(int sock, uint32_t max_length, uint8_t **payload, int *fd);
+/* The same, collecting the fds that came with the frame into fds (at most
+ * max_fds; the others are closed). *n_fds counts every fd that came, so
+ * that a caller sees a frame that carried more than it allows (it closes
+ * the first min(*n_fds, max_fds) itself). On error none is left open and
+ * *n_fds is 0. */
+ssize_t gpubuf_wire_read_frame_fds(int sock, uint32_t max_length, uint8_t **payload, int *fds,
+                                   int max_fds, int *n_fds);
 
 #endif
