@@ -436,7 +436,9 @@ START_TEST(batch_changes_survive_sigkill) {
     /* A batch that found the daemon gone was not sent: it is sent after
      * the reconnect and works, and the resumed views kept their contents. */
     gpubuf_buffer *x[10] = {0};
-    ck_assert_int_eq(gpubuf_open_many(c, 10, pn + 50, NULL, 0, x, st), 0);
+    int r = gpubuf_open_many(c, 10, pn + 50, NULL, 0, x, st);
+    ck_assert_msg(r == 0, "open_many after the restart: %s (%s)", gpubuf_strerror(r),
+                  gpubuf_last_error_message());
     for (int i = 0; i < 10; i++)
         ck_assert_uint_eq(td_mismatches(gpubuf_buffer_host_ptr(x[i]), NB_SIZE, 150u + (uint32_t)i),
                           0);
