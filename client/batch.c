@@ -606,19 +606,27 @@ static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_stat
         }
     }
     pthread_mutex_lock(&c->lock);
-    /* Unmap (or keep) first, as gpubuf_release does, then release. */
+    /* Unmap (or keep) first, as gpubuf_release does, then release. Views
+     * gpubufd restarted without hold nothing to release (gpubuf_release). */
+    size_t n_rel = 0;
     for (size_t k = 0; k < n_last; k++) {
-        ids[k] = last[k]->id;
-        ro[k] = last[k]->read_only;
-        keep[k] = gpubuf__mapping_put_ex(c, last[k]->map, false);
-        gpubuf__held(c, ids[k], ro[k], false); /* a resume no longer claims it */
+        if (!gpubuf__view_live(last[k])) {
+            gpubuf__mapping_put_ex(c, last[k]->map, false);
+            continue;
+        }
+        item[n_rel] = item[k];
+        ids[n_rel] = last[k]->id;
+        ro[n_rel] = last[k]->read_only;
+        keep[n_rel] = gpubuf__mapping_put_ex(c, last[k]->map, false);
+        gpubuf__held(c, ids[n_rel], ro[n_rel], false); /* a resume no longer claims it */
+        n_rel++;
     }
-    for (size_t from = 0, k; !c->broken && r == 0 && from < n_last; from += k) {
+    for (size_t from = 0, k; !c->broken && r == 0 && from < n_rel; from += k) {
         Gpubuf__Request req = GPUBUF__REQUEST__INIT;
         Gpubuf__BatchReleaseRequest q = GPUBUF__BATCH_RELEASE_REQUEST__INIT;
         Gpubuf__Response *resp;
         int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
-        k = chunk_len(c, NULL, n_last - from, NULL, 0);
+        k = chunk_len(c, NULL, n_rel - from, NULL, 0);
         q.n_buffer_ids = q.n_keep_mapped = q.n_read_only = k;
         q.buffer_ids = ids + from;
         q.keep_mapped = keep + from;

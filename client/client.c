@@ -129,6 +129,7 @@ static int connect_call(const char *path, gpubuf_client **ret) {
     snprintf(c->path, sizeof(c->path), "%s", path);
     c->reconnect_ms = GPUBUF_RECONNECT_MS_DEFAULT;
     c->on_reconnect = gpubuf__mapping_forget_kept;
+    c->on_session_lost = gpubuf__mapping_orphan_all;
     const char *env = getenv("GPUBUF_RECONNECT_MS");
     if (env && *env) {
         char *end;
@@ -257,6 +258,7 @@ int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_
 #endif
     }
     snprintf(b->name, sizeof(b->name), "%s", name ? name : "");
+    b->gen = c->gen;
     gpubuf__held(c, b->id, b->read_only, true);
     atomic_fetch_add(&c->refs, 1);
     *ret = b;
@@ -431,6 +433,9 @@ int gpubuf__seal_check(gpubuf_buffer **pb) {
     while (b->parent) /* a slice seals the buffer it belongs to */
         b = b->parent;
     *pb = b;
+    int r = gpubuf__view_check(b);
+    if (r < 0)
+        return r;
     if (b->sealable)
         return 0;
     if (b->allocated) {
@@ -837,15 +842,24 @@ static int release_call(gpubuf_buffer *b) {
         if (b->owns_ref) {
             gpubuf_client *c = b->c;
             pthread_mutex_lock(&c->lock);
+            /* gpubufd restarted without its reference: nothing to release
+             * there (the id may name another buffer now). */
+            bool live = !b->map || gpubuf__view_live(b);
 #ifdef GPUBUF_HAVE_CUDA
             const gpubuf_cuda *cu;
             if (b->event && gpubuf_cuda_load(&cu) == 0)
                 cu->EventDestroy(b->event);
+            if (!live && b->own_event)
+                gpubuf__event_released(c, b, 1); /* the daemon forgot it */
             /* Sealed on a stream whose work still runs: the reference stays
              * (and the daemon keeps handing the event out) until it ends. */
-            if (b->own_event && gpubuf__event_defer(c, b))
+            if (live && b->own_event && gpubuf__event_defer(c, b))
                 b->map = NULL;
 #endif
+            if (!live) {
+                gpubuf__mapping_put(c, b->map);
+                b->map = NULL;
+            }
             if (b->map)
                 r = gpubuf__release_locked(c, b->id, b->map, b->read_only);
 #ifdef GPUBUF_HAVE_CUDA

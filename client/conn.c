@@ -62,7 +62,7 @@ static void close_fds(const int *fds, int n) {
         close(fds[i]);
 }
 static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *ret_fds,
-               int *ret_n_fds);
+               int *ret_n_fds, bool *ret_unsent);
 
 /* The daemon closed the connection: it may have said why first (a refused
  * connection, a shutdown) in a connection-level error frame (id 0). True
@@ -244,7 +244,9 @@ static void settle_async(gpubuf_client *c, Gpubuf__Response *resp, const int *fd
     gpubuf__response__free_unpacked(resp, NULL);
 }
 
-static int after_loss(gpubuf_client *c, int r);
+static int recover(gpubuf_client *c, int r, const Gpubuf__Request *req, bool unsent,
+                   bool may_resend);
+static int session_lost_error(gpubuf_client *c, bool unsent);
 
 int gpubuf__drain_locked(gpubuf_client *c) {
     while (c->pending > 0) {
@@ -253,7 +255,7 @@ int gpubuf__drain_locked(gpubuf_client *c) {
         int r = read_reply(c, &resp, fds, &n_fds);
         if (r < 0) {
             c->pending = 0; /* gone with the connection */
-            return after_loss(c, r);
+            return recover(c, r, NULL, false, false);
         }
         if (resp->id == 0 && resp->status < 0) {
             /* Connection-level error (shutdown, bad frame): the stream ends. */
@@ -262,7 +264,7 @@ int gpubuf__drain_locked(gpubuf_client *c) {
             r = resp->status;
             gpubuf__response__free_unpacked(resp, NULL);
             close_fds(fds, n_fds);
-            return after_loss(c, r);
+            return recover(c, r, NULL, false, false);
         }
         settle_async(c, resp, fds, n_fds);
     }
@@ -270,11 +272,23 @@ int gpubuf__drain_locked(gpubuf_client *c) {
 }
 
 int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req) {
+    /* A reconnect a release made found the session gone: this call says so. */
+    if (c->session_lost && req->body_case != GPUBUF__REQUEST__BODY_RELEASE &&
+        req->body_case != GPUBUF__REQUEST__BODY_UNMAP)
+        return session_lost_error(c, true);
     int r = send_request(c, req);
-    if (r < 0) {
-        r = after_loss(c, r);
-        /* A release is done by the resume: it claims only live views. */
-        return r == -ECONNRESET && req->body_case == GPUBUF__REQUEST__BODY_RELEASE ? 0 : r;
+    if (r < 0 && (req->body_case == GPUBUF__REQUEST__BODY_RELEASE ||
+                  req->body_case == GPUBUF__REQUEST__BODY_UNMAP)) {
+        /* Done by the reconnect: the resume claims only live views, and
+         * keeps no slab. */
+        r = recover(c, r, req, true, true);
+        return r == -ECONNRESET ? 0 : r;
+    }
+    /* Not sent (the daemon was gone): sent again after the reconnect. */
+    for (int tries = 0; r < 0; tries++) {
+        if ((r = recover(c, r, req, true, tries == 0)) != 1)
+            return r;
+        r = send_request(c, req);
     }
     c->pending++;
     if (c->pending >= GPUBUF_MAX_PENDING)
@@ -290,6 +304,7 @@ void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add) {
             if (!(h = calloc(1, sizeof(*h))))
                 return; /* out of memory: a resume would not claim it */
             h->id = id;
+            h->gen = c->gen;
             HASH_ADD(hh, c->held, id, sizeof(h->id), h);
         }
         h->count++;
@@ -303,6 +318,60 @@ void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add) {
     if (--h->count == 0) {
         HASH_DEL(c->held, h);
         free(h);
+    }
+}
+
+bool gpubuf__view_live(const gpubuf_buffer *b) {
+    gpubuf_held *h;
+    while (b->parent)
+        b = b->parent;
+    HASH_FIND(hh, b->c->held, &b->id, sizeof(b->id), h);
+    return h && h->gen <= b->gen;
+}
+
+int gpubuf__view_check(const gpubuf_buffer *b) {
+    if (gpubuf__view_live(b))
+        return 0;
+    return gpubuf__fail(GPUBUF_ENOTHELD,
+                        "this view's buffer is gone: gpubufd restarted without this "
+                        "connection's session or without the buffer, so the view holds no "
+                        "reference (its memory stays mapped until it is released); release "
+                        "the view, then open or allocate the buffer again");
+}
+
+/* The daemon's answer to a resume (lock held): views of buffers it no
+ * longer has for us stay mapped, but hold nothing: their release is not
+ * sent, and requests on them fail (gpubuf__view_check). n_claimed: the
+ * first entries of c->held the hello claimed. */
+static void resume_outcome(gpubuf_client *c, const Gpubuf__HelloReply *hr, size_t n_claimed) {
+    gpubuf_held *h, *tmp;
+    size_t seen = 0;
+    bool had = c->held != NULL, dropped = false;
+    HASH_ITER(hh, c->held, h, tmp) {
+        bool lost = !hr->resumed || seen++ >= n_claimed;
+        for (size_t k = 0; k < hr->n_lost && !lost; k++)
+            lost = hr->lost[k] == h->id;
+        if (lost) {
+            HASH_DEL(c->held, h);
+            free(h);
+            dropped = true;
+        }
+    }
+    if (dropped)
+        c->gen++;
+    c->resume_refs = hr->resumed ? hr->references_kept : 0;
+    if (hr->resumed) {
+        c->reconnects++;
+        return;
+    }
+    /* A new session: ids of the old one's slabs may name other slabs now. */
+    if (c->on_session_lost)
+        c->on_session_lost(c);
+    if (had) {
+        c->session_lost = true;
+        snprintf(c->resume_why, sizeof(c->resume_why), "%s",
+                 hr->resume_refused && *hr->resume_refused ? hr->resume_refused
+                                                           : "gpubufd did not say why");
     }
 }
 
@@ -369,23 +438,8 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
     if (hr->capabilities & GPUBUF_CAP_KEEP_MAPPED)
         c->keep_cap = hr->max_kept_slabs < GPUBUF_KEEP_SLABS ? hr->max_kept_slabs
                                                               : GPUBUF_KEEP_SLABS;
-    if (resume) {
-        /* Views of buffers the daemon no longer has for us stay mapped,
-         * but hold nothing: their release is not sent. */
-        gpubuf_held *h, *tmp;
-        size_t seen = 0;
-        HASH_ITER(hh, c->held, h, tmp) {
-            bool lost = !hr->resumed || seen++ >= i;
-            for (size_t k = 0; k < hr->n_lost && !lost; k++)
-                lost = hr->lost[k] == h->id;
-            if (lost) {
-                HASH_DEL(c->held, h);
-                free(h);
-            }
-        }
-        if (hr->resumed)
-            c->reconnects++;
-    }
+    if (resume)
+        resume_outcome(c, hr, i);
     gpubuf__response__free_unpacked(resp, NULL);
     return 0;
 }
@@ -448,46 +502,128 @@ static int reconnect(gpubuf_client *c) {
     }
 }
 
-/* A request failed because the connection went (the daemon stopped or
- * died): reconnect when allowed. The request itself is not sent again: it
- * fails with -ECONNRESET. Returns r when there is no reconnecting. */
-static int after_loss(gpubuf_client *c, int r) {
+/* Requests the library sends again when their reply was lost with the
+ * connection: they only read, so whether the old daemon handled them does
+ * not matter (docs/client-api.md, "Restart"). */
+static bool idempotent(const Gpubuf__Request *req) {
+    return req && (req->body_case == GPUBUF__REQUEST__BODY_STAT ||
+                   req->body_case == GPUBUF__REQUEST__BODY_STATUS);
+}
+
+/* Requests whose effect the reconnect has already: releases (the resume
+ * claims only the references of live views) and an unmap (a resumed
+ * session keeps no slab). Never sent again. */
+static bool done_by_resume(const Gpubuf__Request *req) {
+    return req && (req->body_case == GPUBUF__REQUEST__BODY_RELEASE ||
+                   req->body_case == GPUBUF__REQUEST__BODY_BATCH_RELEASE ||
+                   req->body_case == GPUBUF__REQUEST__BODY_UNMAP);
+}
+
+/* The daemon restarted without the session whose views held references:
+ * say so once, on the call that meets it (unsent: the call's request was
+ * not sent to the old daemon). -ECONNRESET. */
+static int session_lost_error(gpubuf_client *c, bool unsent) {
+    c->session_lost = false;
+    return gpubuf__fail(-ECONNRESET,
+                        "the daemon restarted without your session (%s): your views' buffers "
+                        "are gone (their memory stays mapped in this process, but requests "
+                        "on those views fail); release those views, then open or allocate "
+                        "the buffers again. The connection works again; this call %s: make "
+                        "it again",
+                        c->resume_why,
+                        unsent ? "was not carried out"
+                               : "was in flight, and whether the old gpubufd applied it is "
+                                 "unknown");
+}
+
+/* A request (req; NULL: the replies of asynchronous requests) met the end
+ * of the connection with r (the daemon stopped or died). unsent: the daemon
+ * cannot have handled it (the send failed, or its shutdown notice came
+ * first). Reconnects when allowed. Returns 1 when the request is to be sent
+ * again (never sent, or idempotent; only while may_resend), else the call's
+ * error, with its message; r when there is no reconnecting. */
+static int recover(gpubuf_client *c, int r, const Gpubuf__Request *req, bool unsent,
+                   bool may_resend) {
     bool lost = r == GPUBUF_EDISCONNECTED || r == -EPIPE || r == -ECONNRESET || r == -ESHUTDOWN;
+    char what[96];
     if (!lost || !c->broken || c->in_hello || c->closing || c->reconnect_ms <= 0)
         return r;
-    if (reconnect(c) < 0) {
-        gpubuf__set_error("the connection to gpubufd was lost and reconnecting failed for %d "
-                          "ms",
-                          c->reconnect_ms);
-        return GPUBUF_EDISCONNECTED;
-    }
-    gpubuf__set_error("the connection to gpubufd was lost while this request was in flight "
-                      "(the daemon restarted); reconnected and resumed the session, the views "
-                      "stay valid: retry the request");
-    return -ECONNRESET;
+    uint32_t before = c->reconnects;
+    if (reconnect(c) < 0)
+        return gpubuf__fail(GPUBUF_EDISCONNECTED,
+                            "the connection to gpubufd was lost and reconnecting failed for "
+                            "%d ms%s",
+                            c->reconnect_ms,
+                            unsent && req ? ": this request was not sent" : "");
+    if (done_by_resume(req)) /* callers count it done; a lost session is for the next call */
+        return gpubuf__fail(-ECONNRESET, "the connection to gpubufd was lost; reconnected: "
+                                         "the release was done by the reconnect");
+    if (c->session_lost)
+        return session_lost_error(c, unsent);
+    if (may_resend && (unsent || idempotent(req)))
+        return 1;
+    if (c->reconnects != before)
+        snprintf(what, sizeof(what), "resumed the session: %u reference%s kept",
+                 c->resume_refs, c->resume_refs == 1 ? "" : "s");
+    else
+        snprintf(what, sizeof(what), "started a new session (the old one held no references)");
+    if (!req)
+        return gpubuf__fail(-ECONNRESET,
+                            "the connection to gpubufd was lost while seals or releases sent "
+                            "earlier were unanswered, so whether gpubufd applied them is "
+                            "unknown; reconnected to gpubufd and %s: check the buffers "
+                            "concerned",
+                            what);
+    if (unsent || idempotent(req))
+        return gpubuf__fail(-ECONNRESET,
+                            "the connection to gpubufd was lost twice before this request was "
+                            "answered (gpubufd restarted again); reconnected to gpubufd and %s: "
+                            "retry the request",
+                            what);
+    return gpubuf__fail(-ECONNRESET,
+                        "the connection to gpubufd was lost while this request was in flight, "
+                        "so whether gpubufd applied it is unknown; reconnected to gpubufd and "
+                        "%s, the views stay valid: retry the request (a retried seal may "
+                        "answer \"already sealed\", a retried delete \"no such buffer\")",
+                        what);
 }
 
 int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                            int *ret_fds, int *ret_n_fds) {
-    int r = rpc(c, req, ret, ret_fds, ret_n_fds);
-    return r < 0 ? after_loss(c, r) : r;
+    for (int tries = 0;; tries++) {
+        bool unsent = true;
+        int r = rpc(c, req, ret, ret_fds, ret_n_fds, &unsent);
+        if (r >= 0)
+            return r;
+        if ((r = recover(c, r, req, unsent, tries == 0)) != 1)
+            return r;
+    }
 }
 
+/* One request and its reply. *ret_unsent stays true while the daemon
+ * cannot have handled the request (see recover()). */
 static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *ret_fds,
-               int *ret_n_fds) {
+               int *ret_n_fds, bool *ret_unsent) {
     Gpubuf__Response *resp;
     int r, fds[GPUBUF_WIRE_MAX_FDS], n_fds = 0;
 
     *ret_n_fds = 0;
     /* A connection lost earlier (an asynchronous request found it gone). */
-    if (c->broken && !c->in_hello && !c->closing && c->reconnect_ms > 0 && c->session_id &&
-        reconnect(c) < 0) {
-        gpubuf__set_error("the connection to gpubufd is closed and reconnecting failed");
-        return GPUBUF_EDISCONNECTED;
+    if (c->broken && !c->in_hello && !c->closing && c->reconnect_ms > 0 && c->session_id) {
+        if (reconnect(c) < 0) {
+            gpubuf__set_error("the connection to gpubufd is closed and reconnecting failed "
+                              "for %d ms: this request was not sent",
+                              c->reconnect_ms);
+            return GPUBUF_EDISCONNECTED;
+        }
     }
+    /* A reconnect (this one, or one a release made) found the session gone. */
+    if (c->session_lost && !c->in_hello)
+        return session_lost_error(c, true);
     r = send_request(c, req);
     if (r < 0)
         return r;
+    *ret_unsent = false;
     /* Replies come in request order: first those of asynchronous requests. */
     for (;;) {
         r = read_reply(c, &resp, fds, &n_fds);
@@ -505,9 +641,12 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
         return GPUBUF_EPROTOCOL;
     }
     if (resp->id == 0 && resp->status < 0) {
-        /* Connection-level error (shutdown, bad frame): the stream ends. */
+        /* Connection-level error (shutdown, bad frame): the stream ends.
+         * The shutdown notice follows the replies of every request the
+         * daemon handled: this one was not. */
         c->broken = true;
         c->pending = 0;
+        *ret_unsent = resp->status == -ESHUTDOWN;
     }
     if (resp->status < 0) {
         r = resp->status;

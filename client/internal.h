@@ -34,6 +34,8 @@ typedef struct gpubuf_mapping {
     bool keepable;      /* the daemon lets this connection keep it mapped */
     bool kept;          /* the daemon pinned it for us: Unmap when we unmap it */
     bool read_only;     /* mapped PROT_READ (host) or CU_MEM_ACCESS_FLAGS_PROT_READ (cuda-vmm) */
+    bool orphan;        /* of a session gpubufd restarted without: out of the cache, its
+                         * slab id means nothing to the daemon; unmapped with its last view */
     struct gpubuf_mapping *idle_prev, *idle_next; /* views == 0 and kept: LRU list (utlist DL) */
 #ifdef GPUBUF_HAVE_CUDA
     CUcontext ctx;
@@ -47,6 +49,7 @@ typedef struct gpubuf_mapping {
 typedef struct gpubuf_held {
     uint64_t id;
     uint32_t count, ro;
+    uint32_t gen;       /* gpubuf_client.gen when the first of these views was made */
     UT_hash_handle hh;
 } gpubuf_held;
 
@@ -63,10 +66,23 @@ struct gpubuf_client {
      * resumed: the mapping layer forgets the slabs it kept (set at connect;
      * the connection layer does not call up into it). */
     void (*on_reconnect)(struct gpubuf_client *c);
+    /* Called (lock held) when the daemon restarted without the session that
+     * held references: the mapping layer takes the slabs of the old session
+     * out of its cache (their ids may name other slabs now). */
+    void (*on_session_lost)(struct gpubuf_client *c);
     bool closing;        /* gpubuf_disconnect() runs: no reconnect */
     bool in_hello;       /* the handshake runs: a failure is not reconnected */
     uint32_t reconnects; /* reconnects that resumed the session */
     gpubuf_held *held;   /* by buffer id */
+    /* Bumped when references of views are lost at a reconnect (the session
+     * was not resumed, or some of its buffers were gone): a root view is
+     * live while its buffer's held entry exists and is no newer than it. */
+    uint32_t gen;
+    uint32_t resume_refs; /* references the last resume kept */
+    /* The last reconnect found the daemon without the session that held
+     * references: the next call reports it (resume_why says why). */
+    bool session_lost;
+    char resume_why[192];
     atomic_int refs;     /* the connection itself + every live root view */
     pthread_mutex_t lock; /* serialises requests and the mapping cache */
     uint64_t next_id;
@@ -128,6 +144,7 @@ struct gpubuf_buffer {
     bool sealable;         /* allocated by this connection and not sealed yet */
     bool read_only;        /* opened with GPUBUF_OPEN_READONLY */
     bool has_event;        /* root views: the sealer recorded event_handle */
+    uint32_t gen;          /* root views: gpubuf_client.gen when made */
     uint8_t event_handle[64];
 #ifdef GPUBUF_HAVE_CUDA
     CUevent event;         /* event_handle, imported when the view was made */
@@ -186,6 +203,9 @@ void gpubuf__mapping_drop_idle(gpubuf_client *c, bool cuda_only, bool tell);
 /* The daemon pins no slab for a resumed session: unmap the idle slabs kept
  * without a view, and keep none (gpubuf_client.on_reconnect). */
 void gpubuf__mapping_forget_kept(gpubuf_client *c);
+/* The daemon restarted without the session: take every mapping out of the
+ * cache; each is unmapped when its last view goes (gpubuf_client.on_session_lost). */
+void gpubuf__mapping_orphan_all(gpubuf_client *c);
 /* Unmap everything and release retained contexts (last reference gone). */
 void gpubuf__mapping_clear(gpubuf_client *c);
 
@@ -220,6 +240,12 @@ int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream strea
 int gpubuf__hello_locked(gpubuf_client *c, bool resume);
 /* A root view took (add) or gave back (!add) one reference to id (lock held). */
 void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add);
+/* The root view of b still holds its daemon reference: gpubufd did not
+ * restart without its session or its buffer (lock held). */
+bool gpubuf__view_live(const gpubuf_buffer *b);
+/* 0 when b's root view is live; else GPUBUF_ENOTHELD with a message that
+ * says what happened and what to do (lock held). */
+int gpubuf__view_check(const gpubuf_buffer *b);
 /* Metadata (meta.c). The layout and user bytes of the Buffer reply m on the
  * new root view b: -ENOMEM, or GPUBUF_EPROTOCOL for a malformed layout. */
 int gpubuf__view_meta(gpubuf_buffer *b, const Gpubuf__Buffer *m);

@@ -235,6 +235,16 @@ void gpubuf__mapping_forget_kept(gpubuf_client *c) {
     c->n_kept = 0;
 }
 
+void gpubuf__mapping_orphan_all(gpubuf_client *c) {
+    gpubuf_mapping *m, *tmp;
+    gpubuf__mapping_forget_kept(c); /* no idle slab is left: each has views */
+    HASH_ITER(hh, c->maps, m, tmp) {
+        HASH_DEL(c->maps, m);
+        c->n_maps--;
+        m->orphan = true;
+    }
+}
+
 void gpubuf__mapping_hold(gpubuf_client *c, gpubuf_mapping *m) {
     if (m->views++ == 0)
         idle_unlink(c, m);
@@ -345,6 +355,11 @@ bool gpubuf__mapping_put(gpubuf_client *c, gpubuf_mapping *m) {
 bool gpubuf__mapping_put_ex(gpubuf_client *c, gpubuf_mapping *m, bool evict) {
     if (--m->views > 0)
         return false;
+    if (m->orphan) { /* out of the cache, nothing to tell the daemon */
+        unmap(m);
+        free(m);
+        return false;
+    }
     if (m->keepable && !c->broken && (m->kept || c->keep_cap > 0)) {
         bool first = !m->kept;
         /* Room for one more kept slab: forget the least recently used. */

@@ -305,19 +305,40 @@ static void waiter_timeout(uv_timer_t *t) {
     waiter_dispose(sw);
 }
 
+/* Why session sid cannot be resumed by s (old: the holder of that id, if
+ * any), as a clause for the client's message. */
+static void refusal(const gd_session *s, const gd_holder *old, uint64_t sid, char *why,
+                    size_t len) {
+    if (old && old->detached)
+        snprintf(why, len, "session %llu belongs to another process",
+                 (unsigned long long)sid);
+    else if (old)
+        snprintf(why, len, "session %llu is in use by another connection",
+                 (unsigned long long)sid);
+    else if (!s->ctx->restarts)
+        snprintf(why, len, "gpubufd started without saved state");
+    else
+        snprintf(why, len, "session %llu is not in gpubufd's saved state: it was released "
+                           "after resume_timeout_ms, or ended before the restart",
+                 (unsigned long long)sid);
+}
+
 /* Hello with resume_session: take up the restored (detached) session of
  * this very process (same pid and uid), keeping the references the client
  * says its views hold. *ret_lost: the held buffers the session no longer
- * has. False when there is no such session (the client starts afresh). */
-static bool resume(gd_session *s, const Gpubuf__Hello *h, uint64_t **ret_lost, size_t *ret_n) {
+ * has. False when there is no such session (the client starts afresh):
+ * why says why. */
+static bool resume(gd_session *s, const Gpubuf__Hello *h, uint64_t **ret_lost, size_t *ret_n,
+                   char *why, size_t why_len) {
     gd_registry *reg = &s->ctx->reg;
     gd_holder *old;
     uint64_t sid = h->resume_session;
     size_t n = 0;
     HASH_FIND(hh, reg->holders, &sid, sizeof(sid), old);
     if (!old || !old->detached || old->pid != s->pid || old->uid != s->uid) {
-        LOG_INFO("pid %d: no session %llu to resume%s", (int)s->pid, (unsigned long long)sid,
-                 old && old->detached ? " (another process's)" : "");
+        refusal(s, old, sid, why, why_len);
+        LOG_INFO("pid %d: no session %llu to resume (%s)", (int)s->pid,
+                 (unsigned long long)sid, why);
         return false;
     }
     gd_held *held = calloc(h->n_held + 1, sizeof(*held));
@@ -325,6 +346,7 @@ static bool resume(gd_session *s, const Gpubuf__Hello *h, uint64_t **ret_lost, s
     if (!held || !lost) {
         free(held);
         free(lost);
+        snprintf(why, why_len, "gpubufd is out of memory");
         return false;
     }
     for (size_t i = 0; i < h->n_held; i++) {
@@ -374,9 +396,12 @@ static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
     const char *cn = h->client_name ? h->client_name : "";
     gpubuf_text_clean(s->name, sizeof(s->name), cn, strlen(cn));
     uint64_t *lost = NULL;
+    char why[160] = "";
     if (h->resume_session) {
-        hr.resumed = resume(s, h, &lost, &hr.n_lost);
+        hr.resumed = resume(s, h, &lost, &hr.n_lost, why, sizeof(why));
         hr.lost = lost;
+        hr.references_kept = hr.resumed ? s->holder->n_refs : 0;
+        hr.resume_refused = why;
     }
     hr.restarts = s->ctx->restarts;
     hr.version = GPUBUF_PROTOCOL_VERSION;

@@ -477,8 +477,11 @@ GPUBUF_EXTERN int gpubuf_delete_with(gpubuf_client *c, const char *name, uint64_
  * (restart, upgrade, crash), in milliseconds; 0 turns reconnecting off. The
  * default is 10000, or $GPUBUF_RECONNECT_MS when set at gpubuf_connect().
  * A reconnect resumes the session: the references of live views are claimed
- * back and their mappings stay valid. The request that was in flight when
- * the connection went fails with -ECONNRESET (docs/client-api.md, "Restart").
+ * back and their mappings stay valid. A request that was not sent yet, and a
+ * stat or status in flight, are sent after the reconnect; another request in
+ * flight when the connection went fails with -ECONNRESET, and so does the
+ * call that finds the daemon restarted without the session its views held
+ * references in (docs/client-api.md, "Restart").
  * \return 0, or -EINVAL for a negative ms.
  */
 GPUBUF_EXTERN int gpubuf_set_reconnect(gpubuf_client *c, int ms);
