@@ -223,6 +223,11 @@ static int read_config(gd_config *c, const char *socket_flag, const char *const 
             return r;
     if (g_log_flag && (r = gd_config_set(c, "log_level", g_log_flag, err)) < 0)
         return r;
+    if (socket_flag && !*socket_flag)
+        return gd_err_set(err, -EINVAL,
+                          "--socket '': an empty socket path; name the socket to listen on "
+                          "(--socket PATH), or leave --socket out for $GPUBUF_SOCKET or %s",
+                          GPUBUF_DEFAULT_SOCKET);
     if (socket_flag && (r = gd_config_set(c, "socket", socket_flag, err)) < 0)
         return r;
     if (!c->socket_path[0]) {

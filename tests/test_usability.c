@@ -199,6 +199,23 @@ START_TEST(permission_error_names_the_socket_group) {
 }
 END_TEST
 
+/* --socket '' is refused with a reason (it was taken as unset: the daemon
+ * listened on the default socket). Start-up reads the options as
+ * --check-config does (read_config()); only --check-config is run here, so
+ * that an old gpubufd would not listen on the system's socket. */
+START_TEST(empty_socket_flag_is_refused) {
+    char cmd[512];
+    int code;
+    snprintf(cmd, sizeof(cmd), "%s --socket '' --pool p=host,capacity=16M --check-config 2>&1",
+             GPUBUFD_PATH);
+    char *out = td_capture(cmd, &code);
+    ck_assert_msg(code == 2, "gpubufd --socket '' exited %d: %s", code, out);
+    must_contain(out, "gpubufd: --socket '': an empty socket path; name the socket to listen "
+                      "on (--socket PATH)");
+    free(out);
+}
+END_TEST
+
 START_TEST(refused_connection_gets_its_reason) {
     test_daemon d;
     char conf[128], line[256];
@@ -930,6 +947,7 @@ int main(void) {
     tcase_add_test(m, no_daemon_says_start_it_or_set_the_socket);
     tcase_add_test(m, stale_socket_says_restart_gpubufd);
     tcase_add_test(m, permission_error_names_the_socket_group);
+    tcase_add_test(m, empty_socket_flag_is_refused);
     tcase_add_test(m, refused_connection_gets_its_reason);
     tcase_add_test(m, larger_than_the_pool_is_not_full);
     tcase_add_test(m, unknown_pool_lists_the_pools);
