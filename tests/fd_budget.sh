@@ -107,15 +107,22 @@ GPUBUF_SOCKET=$sock "$examples/gpubuf-consumer" --name fdb --delete >/dev/null |
 
 echo "-- one uid holds all it may (max_clients_per_uid 3): another uid still connects"
 chmod 755 "$work" # the socket is 0666: let another uid reach it
-python3 - "$sock" "$gpubufctl" <<'PY' || fail "one uid locked the others out"
+# Another uid runs a copy of gpubufctl and its library in a folder it may
+# enter (the build tree may sit under a 0700 folder).
+mkdir -m 755 "$work/stage"
+cp "$gpubufctl" "$(dirname "$gpubufctl")"/libgpubuf-client.so* "$work/stage/"
+chmod -R a+rX "$work/stage"
+python3 - "$sock" "$gpubufctl" "$work/stage" <<'PY' || fail "one uid locked the others out"
 import os, subprocess, sys, time
-path, ctl = sys.argv[1], sys.argv[2]
+path, ctl, stage = sys.argv[1], sys.argv[2], sys.argv[3]
 
-def hold(**kw):
+def hold(other=False, **kw):
     """A connection kept open (gpubufctl --watch): the process once served,
     or (None, why) once refused."""
-    p = subprocess.Popen([ctl, "--socket", path, "--watch=3600", "clients"], text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)
+    exe = os.path.join(stage, os.path.basename(ctl)) if other else ctl
+    env = dict(os.environ, LD_LIBRARY_PATH=stage) if other else None
+    p = subprocess.Popen([exe, "--socket", path, "--watch=3600", "clients"], text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, **kw)
     if p.stdout.readline():
         return p, ""
     p.wait(timeout=30)
@@ -141,7 +148,7 @@ try:
     if os.getuid() != 0:
         print("   (not root: another uid cannot be tried; skipped)")
         sys.exit(0)
-    p, why = hold(user=65534, group=65534, extra_groups=[])
+    p, why = hold(other=True, user=65534, group=65534, extra_groups=[])
     print("   uid 65534 meanwhile:", "served" if p else "refused: " + why)
     assert p, why
     p.kill()
