@@ -66,12 +66,27 @@ static void explain_connect_error(const char *path, const char *from, int err) {
                 snprintf(gname, sizeof(gname), "%s", g->gr_name);
             else
                 snprintf(gname, sizeof(gname), "%u", (unsigned)st.st_gid);
-            gpubuf__set_error("cannot connect to gpubufd at %s: permission denied: the socket "
-                              "belongs to group '%s' (mode %04o) and uid %u is not allowed to "
-                              "use it; join group '%s' (usermod -aG %s $USER, then log in "
-                              "again) or run as a member of it",
-                              path, gname, (unsigned)(st.st_mode & 07777), (unsigned)getuid(),
-                              gname, gname);
+            if (st.st_gid != 0 && (st.st_mode & 0020)) {
+                /* The group decides: joining it is the way in. */
+                gpubuf__set_error("cannot connect to gpubufd at %s: permission denied: the "
+                                  "socket belongs to group '%s' (mode %04o) and uid %u is not "
+                                  "allowed to use it; join group '%s' (usermod -aG %s $USER, "
+                                  "then log in again) or run as a member of it",
+                                  path, gname, (unsigned)(st.st_mode & 07777), (unsigned)getuid(),
+                                  gname, gname);
+                return;
+            }
+            /* Group root (or a mode that gives the group no write): no group
+             * to join; the administrator gives the socket one. */
+            gpubuf__set_error("cannot connect to gpubufd at %s: permission denied for uid %u: the "
+                              "socket belongs to group '%s' (mode %04o), %s; ask the "
+                              "administrator to give it a group for its users: socket_group= "
+                              "(and socket_mode = 0660) in gpubuf.conf, or SocketGroup= in "
+                              "gpubufd.socket when systemd creates the socket (the packaged "
+                              "unit uses group 'gpubuf'), then restart; then join that group",
+                              path, (unsigned)getuid(), gname, (unsigned)(st.st_mode & 07777),
+                              st.st_gid == 0 ? "root's group, not one to join"
+                                             : "and its mode gives that group no access");
         } else {
             gpubuf__set_error("cannot connect to gpubufd at %s: permission denied: a directory "
                               "on the way to the socket is not accessible to uid %u; ask the "

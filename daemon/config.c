@@ -263,7 +263,12 @@ int gd_config_set(gd_config *c, const char *key, const char *val, gd_err *err) {
     const key_def *k = find_key(daemon_keys, N_KEYS(daemon_keys), key);
     if (!k)
         return gd_err_set(err, -EINVAL, "unknown key '%s' in [daemon]", key);
-    return k->parse(k, val, (char *)c + k->offset, err);
+    int r = k->parse(k, val, (char *)c + k->offset, err);
+    if (r == 0 && k->offset == CFG(limits.max_clients))
+        c->set |= GD_SET_MAX_CLIENTS;
+    if (r == 0 && k->offset == CFG(limits.max_clients_per_uid))
+        c->set |= GD_SET_MAX_CLIENTS_PER_UID;
+    return r;
 }
 
 gd_pool_spec *gd_config_pool(gd_config *c, const char *name, gd_err *err) {
@@ -403,9 +408,11 @@ int gd_config_check(const gd_config *c, gd_err *err) {
 
 /* Clamping rather than refusing: the defaults must start under any fd limit
  * a service gets (a daemon that refuses to start serves nobody), and what a
- * client sees at the lowered limit is the refusal it sees at any limit. */
-int gd_limits_fit_fds(gd_limits *l, uint64_t nofile, uint64_t reserved, char *warn, size_t n,
-                      gd_err *err) {
+ * client sees at the lowered limit is the refusal it sees at any limit.
+ * max_clients_per_uid goes to at most half of the lowered max_clients, so
+ * that one uid never holds every slot however few the fds are. */
+int gd_limits_fit_fds(gd_limits *l, uint64_t nofile, uint64_t reserved, unsigned set, char *msg,
+                      size_t n, gd_err *err) {
     uint64_t room = nofile > reserved ? (nofile - reserved) / GD_FDS_PER_CLIENT : 0;
     if (room == 0)
         return gd_err_set(err, -EMFILE,
@@ -415,17 +422,26 @@ int gd_limits_fit_fds(gd_limits *l, uint64_t nofile, uint64_t reserved, char *wa
                           (unsigned long long)nofile, (unsigned long long)reserved,
                           GD_FDS_PER_CLIENT, GD_FDS_PER_CLIENT - 1);
     if (l->max_clients <= room)
-        return 0;
+        return GD_FIT_OK;
     uint32_t mc = (uint32_t)room;
-    uint32_t pu = l->max_clients_per_uid > mc ? mc : l->max_clients_per_uid;
-    snprintf(warn, n,
-             "max_clients %u and max_clients_per_uid %u need more fds than RLIMIT_NOFILE %llu "
-             "carries (%llu reserved, %d per client: its socket and up to %d queued reply fds); "
-             "serving at most max_clients %u, max_clients_per_uid %u (raise LimitNOFILE= or "
-             "ulimit -n)",
-             l->max_clients, l->max_clients_per_uid, (unsigned long long)nofile,
-             (unsigned long long)reserved, GD_FDS_PER_CLIENT, GD_FDS_PER_CLIENT - 1, mc, pu);
+    uint32_t share = mc / 2 ? mc / 2 : 1;
+    uint32_t pu =
+        l->max_clients_per_uid && l->max_clients_per_uid <= share ? l->max_clients_per_uid : share;
+    bool warn_mc = set & GD_SET_MAX_CLIENTS;
+    bool warn_pu = (set & GD_SET_MAX_CLIENTS_PER_UID) && pu != l->max_clients_per_uid;
+    char pu_was[96] = "";
+    if (warn_pu)
+        snprintf(pu_was, sizeof(pu_was), "; max_clients_per_uid %u as set lowered with it",
+                 l->max_clients_per_uid);
+    snprintf(msg, n,
+             "%s max_clients %u needs more fds than RLIMIT_NOFILE %llu carries (%llu reserved, "
+             "%d per client: its socket and up to %d queued reply fds); serving at most "
+             "max_clients %u, max_clients_per_uid %u (at most half of max_clients, so that one "
+             "uid cannot take every slot%s); raise LimitNOFILE= or ulimit -n to serve more",
+             warn_mc ? "the configured" : "the default", l->max_clients, (unsigned long long)nofile,
+             (unsigned long long)reserved, GD_FDS_PER_CLIENT, GD_FDS_PER_CLIENT - 1, mc, pu,
+             pu_was);
     l->max_clients = mc;
     l->max_clients_per_uid = pu;
-    return 1;
+    return warn_mc || warn_pu ? GD_FIT_LOWERED_SET : GD_FIT_LOWERED_DEFAULTS;
 }

@@ -40,6 +40,7 @@ typedef struct gd_config {
     char socket_group[64];
     uint32_t socket_mode;
     int log_level; /* -1 until given */
+    unsigned set;  /* GD_SET_*: limits the file or the flags gave */
     gd_limits limits;
     gd_quota quota;
     gd_pool_spec pools[GD_CONFIG_MAX_POOLS];
@@ -75,11 +76,24 @@ int gd_config_check(const gd_config *c, gd_err *err);
 #define GD_FD_RESERVE_BASE 32     /* stdio, listening socket, event loop, slack */
 #define GD_FD_RESERVE_PER_CUDA 32 /* the driver's fds per CUDA pool */
 
-/* Fit max_clients (and max_clients_per_uid) into nofile fds of which
- * reserved are the daemon's own. Returns 0 when they fit, 1 when they were
- * lowered (why in warn, one sentence), -EMFILE (err filled) when not even one
- * client fits. */
-int gd_limits_fit_fds(gd_limits *l, uint64_t nofile, uint64_t reserved, char *warn, size_t n,
-                      gd_err *err);
+/* Which of the keys the fd budget lowers the user set (gd_config.set). */
+#define GD_SET_MAX_CLIENTS 1u
+#define GD_SET_MAX_CLIENTS_PER_UID 2u
+
+/* What fitting the limits to the fds did. */
+enum {
+    GD_FIT_OK = 0,               /* they fit as they were */
+    GD_FIT_LOWERED_DEFAULTS = 1, /* lowered, but the user set neither key: worth an info line */
+    GD_FIT_LOWERED_SET = 2,      /* a key the user set was lowered: worth a warning */
+};
+
+/* Fit max_clients into nofile fds of which reserved are the daemon's own.
+ * When max_clients is lowered, max_clients_per_uid goes to at most half of
+ * it (at least 1), so that one uid cannot take every slot. set: the
+ * GD_SET_* keys the user set. Returns a GD_FIT_* (msg filled, one sentence
+ * naming what was set, when lowered), or -EMFILE (err filled) when not even
+ * one client fits. */
+int gd_limits_fit_fds(gd_limits *l, uint64_t nofile, uint64_t reserved, unsigned set, char *msg,
+                      size_t n, gd_err *err);
 
 #endif

@@ -165,13 +165,16 @@ static uint64_t raise_nofile(uint64_t *before) {
 
 static uint64_t g_nofile, g_fd_reserved; /* the budget found at start */
 
-/* Fit the limits into the fd budget; a warning when they were lowered.
- * -EMFILE when not even one client fits. */
-static int fit_fds(gd_limits *l, gd_err *err) {
-    char warn[512];
-    int r = gd_limits_fit_fds(l, g_nofile, g_fd_reserved, warn, sizeof(warn), err);
-    if (r == 1)
-        LOG_WARN("%s", warn);
+/* Fit the limits into the fd budget: a warning when a limit the user set
+ * was lowered, an info line when only defaults were. -EMFILE when not even
+ * one client fits. */
+static int fit_fds(gd_limits *l, unsigned set, gd_err *err) {
+    char msg[640];
+    int r = gd_limits_fit_fds(l, g_nofile, g_fd_reserved, set, msg, sizeof(msg), err);
+    if (r == GD_FIT_LOWERED_SET)
+        LOG_WARN("%s", msg);
+    else if (r == GD_FIT_LOWERED_DEFAULTS)
+        LOG_INFO("%s", msg);
     return r < 0 ? r : 0;
 }
 
@@ -217,6 +220,11 @@ static int read_config(gd_config *c, const char *socket_flag, const char *const 
             return r;
     if (g_log_flag && (r = gd_config_set(c, "log_level", g_log_flag, err)) < 0)
         return r;
+    if (socket_flag && !*socket_flag)
+        return gd_err_set(err, -EINVAL,
+                          "--socket '': an empty socket path; name the socket to listen on "
+                          "(--socket PATH), or leave --socket out for $GPUBUF_SOCKET or %s",
+                          GPUBUF_DEFAULT_SOCKET);
     if (socket_flag && (r = gd_config_set(c, "socket", socket_flag, err)) < 0)
         return r;
     if (!c->socket_path[0]) {
@@ -240,7 +248,8 @@ static void reload(void) {
 #ifdef GPUBUF_HAVE_SYSTEMD
     sd_notify(0, "RELOADING=1");
 #endif
-    if (read_config(&fresh, NULL, NULL, 0, &err) < 0 || fit_fds(&fresh.limits, &err) < 0) {
+    if (read_config(&fresh, NULL, NULL, 0, &err) < 0 ||
+        fit_fds(&fresh.limits, fresh.set, &err) < 0) {
         LOG_ERR("SIGHUP: %s has errors (%s); keeping the running configuration", g_config_file,
                 err.msg);
     } else {
@@ -564,7 +573,7 @@ int main(int argc, char **argv) {
     if (check_only) {
         /* The budget the daemon would start with (pools not created). */
         g_fd_reserved = fd_reserve(NULL, &cfg);
-        if (fit_fds(&cfg.limits, &err) < 0) {
+        if (fit_fds(&cfg.limits, cfg.set, &err) < 0) {
             fprintf(stderr, "gpubufd: %s\n", err.msg);
             return 2;
         }
@@ -600,7 +609,7 @@ int main(int argc, char **argv) {
     if (r == 0) {
         /* The pools are known now: fit the limits before the first client. */
         g_fd_reserved = fd_reserve(&g_d.ctx, &cfg);
-        if ((r = fit_fds(&cfg.limits, &err)) < 0)
+        if ((r = fit_fds(&cfg.limits, cfg.set, &err)) < 0)
             LOG_ERR("%s", err.msg);
         else
             log_fd_budget(&cfg.limits, nofile_before);

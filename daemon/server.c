@@ -262,16 +262,80 @@ int gd_server_listen_path(gd_server *srv, const char *path, mode_t mode, gid_t g
     return r;
 }
 
+/* The queued replies of c's uid leave room for bytes more: within the uid's
+ * share of max_reply_memory, or nothing of the uid's is queued. */
+static bool uid_room(const gd_conn *c, size_t bytes) {
+    return !c->uu || c->uu->out_bytes == 0 ||
+           c->uu->out_bytes + bytes <= GD_UID_REPLY_SHARE(c->srv->limits->max_reply_memory);
+}
+
+/* The uid's queued replies fill its share: its connections with replies
+ * queued are held back (backlogged()). */
+static bool uid_full(const gd_conn *c) {
+    return c->uu && c->uu->out_bytes >= GD_UID_REPLY_SHARE(c->srv->limits->max_reply_memory);
+}
+
+static void out_add(gd_conn *c, size_t len) {
+    c->out_bytes += len;
+    c->srv->out_bytes += len;
+    if (c->uu)
+        c->uu->out_bytes += len;
+}
+
+static void out_sub(gd_conn *c, size_t len) {
+    assert(c->out_bytes >= len && c->srv->out_bytes >= len);
+    c->out_bytes -= len;
+    c->srv->out_bytes -= len;
+    if (c->uu) {
+        assert(c->uu->out_bytes >= len);
+        c->uu->out_bytes -= len;
+    }
+}
+
+/* Count an accepted connection under its uid. False when out of memory. */
+static bool uid_attach(gd_conn *c) {
+    gd_server *srv = c->srv;
+    gd_uid_use *u;
+    HASH_FIND(hh, srv->uids, &c->uid, sizeof(c->uid), u);
+    if (!u) {
+        if (!(u = calloc(1, sizeof(*u))))
+            return false;
+        u->uid = c->uid;
+        HASH_ADD(hh, srv->uids, uid, sizeof(u->uid), u);
+    }
+    u->n_conns++;
+    c->uu = u;
+    return true;
+}
+
+/* The connection is freed (its queue was dropped before). */
+static void uid_detach(gd_conn *c) {
+    gd_uid_use *u = c->uu;
+    if (!u)
+        return;
+    c->uu = NULL;
+    assert(u->n_conns > 0);
+    if (--u->n_conns == 0) {
+        assert(u->out_bytes == 0);
+        HASH_DEL(c->srv->uids, u);
+        free(u);
+    }
+}
+
 /* Queued replies were written or dropped: connections waiting for reply
  * memory whose frame now fits go on, first come first (one that does not
- * fit stops the rest, so a large batch is not passed over forever). */
+ * fit the global budget stops the rest, so a large batch is not passed over
+ * forever; one whose own uid's share is full is passed over: its uid's
+ * backlog holds it back, not anyone else's). */
 static void mem_wake(gd_server *srv) {
     size_t sum = 0;
-    while (srv->mem_waiters) {
-        gd_conn *c = srv->mem_waiters;
+    gd_conn *c, *tmp;
+    DL_FOREACH_SAFE2(srv->mem_waiters, c, tmp, mw_next) {
         size_t used = srv->out_bytes + sum;
         if (used != 0 && used + c->mem_wait > srv->limits->max_reply_memory)
             break;
+        if (!uid_room(c, c->mem_wait))
+            continue;
         sum += c->mem_wait;
         DL_DELETE2(srv->mem_waiters, c, mw_prev, mw_next);
         c->mem_wait = 0;
@@ -284,7 +348,8 @@ bool gd_conn_reply_room(gd_conn *c, size_t bound) {
     gd_server *srv = c->srv;
     if (c->closing || c->peer_gone || c->draining)
         return true; /* its replies are dropped */
-    if (srv->out_bytes == 0 || srv->out_bytes + bound <= srv->limits->max_reply_memory)
+    if ((srv->out_bytes == 0 || srv->out_bytes + bound <= srv->limits->max_reply_memory) &&
+        uid_room(c, bound))
         return true;
     if (!c->mem_wait) {
         c->mem_wait = bound ? bound : 1;
@@ -308,18 +373,17 @@ static void conn_free_out(gd_conn *c) {
             close(o->fds[i]);
         free(o);
     }
-    assert(c->srv->out_bytes >= c->out_bytes);
-    c->srv->out_bytes -= c->out_bytes;
+    bool freed = c->out_bytes > 0;
+    out_sub(c, c->out_bytes);
     c->out_frames = 0;
     c->out_fds = 0;
-    bool freed = c->out_bytes > 0;
-    c->out_bytes = 0;
     if (freed)
         mem_wake(c->srv);
 }
 
 static void on_timer_closed(uv_handle_t *h) {
     gd_conn *c = h->data;
+    uid_detach(c);
     close(c->fd);
     free(c->in);
     free(c);
@@ -651,6 +715,10 @@ static void on_listen(uv_poll_t *h, int status, int events) {
         }
         DL_PREPEND(srv->conns, c);
         srv->n_conns++;
+        if (!uid_attach(c)) {
+            gd_conn_close(c);
+            continue;
+        }
         c->user = srv->cb.on_open(srv->data, c, cred.pid, cred.uid, cred.gid);
         if (!c->user) {
             gd_conn_close(c);
@@ -660,14 +728,15 @@ static void on_listen(uv_poll_t *h, int status, int events) {
     }
 }
 
-/* The global reply budget full, a connection with replies of its own still
- * queued is held back too: it gets no more requests handled until its peer
- * reads (a peer that reads is woken by its socket turning writable). One with
- * nothing queued is still served, so a bystander gets its answer. */
+/* The global reply budget full, or its uid's share of it, a connection with
+ * replies of its own still queued is held back too: it gets no more requests
+ * handled until its peer reads (a peer that reads is woken by its socket
+ * turning writable). One with nothing queued is still served, so a bystander
+ * gets its answer. */
 static bool backlogged(const gd_conn *c) {
     return c->mem_wait || c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER ||
            c->out_frames >= OUT_FRAMES_HIGH_WATER ||
-           (c->out_bytes && c->srv->out_bytes >= c->srv->limits->max_reply_memory);
+           (c->out_bytes && (c->srv->out_bytes >= c->srv->limits->max_reply_memory || uid_full(c)));
 }
 
 /* Watch what the connection needs now. Only a change reaches libuv:
@@ -735,11 +804,9 @@ static int flush_some(gd_conn *c) {
             if (o->trace_request)
                 gpubuf_trace(o->trace_session, o->trace_request, o->trace_type,
                              GPUBUF_TRACE_D_WRITTEN, 0);
-            assert(c->out_frames > 0 && c->out_bytes >= o->len);
+            assert(c->out_frames > 0);
             c->out_frames--;
-            c->out_bytes -= o->len;
-            assert(c->srv->out_bytes >= o->len);
-            c->srv->out_bytes -= o->len;
+            out_sub(c, o->len);
             free(o);
         }
     }
@@ -774,7 +841,8 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
         return -EMSGSIZE;
     }
     if (plen > GD_SMALL_REPLY && n_fds == 0 && !bounded &&
-        c->srv->out_bytes + GPUBUF_WIRE_HEADER_SIZE + plen > c->srv->limits->max_reply_memory)
+        (c->srv->out_bytes + GPUBUF_WIRE_HEADER_SIZE + plen > c->srv->limits->max_reply_memory ||
+         !uid_room(c, GPUBUF_WIRE_HEADER_SIZE + plen)))
         return -EAGAIN; /* nothing queued: the caller answers with a small error */
     /* The fds live after the data, aligned. */
     data_len = (GPUBUF_WIRE_HEADER_SIZE + plen + sizeof(int) - 1) / sizeof(int) * sizeof(int);
@@ -809,8 +877,7 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     DL_APPEND(c->out, o);
     c->out_frames++;
     c->out_fds += (uint32_t)o->n_fds;
-    c->out_bytes += o->len;
-    c->srv->out_bytes += o->len;
+    out_add(c, o->len);
     if (was_empty && !c->corked) {
         int r = flush_out(c);
         if (r < 0) {
@@ -999,6 +1066,11 @@ void gd_server_stop(gd_server *srv) {
 }
 
 void gd_server_destroy(gd_server *srv) {
+    gd_uid_use *u, *tmp;
+    HASH_ITER(hh, srv->uids, u, tmp) { /* none left once every connection is freed */
+        HASH_DEL(srv->uids, u);
+        free(u);
+    }
     if (srv->spare_fd >= 0)
         close(srv->spare_fd);
     srv->spare_fd = -1;

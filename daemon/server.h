@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <uthash.h>
 #include <uv.h>
 
 #include "settings.h"
@@ -68,6 +69,14 @@ typedef struct gd_outbuf {
     uint8_t data[];
 } gd_outbuf;
 
+/* What the connections of one uid have queued (GD_UID_REPLY_SHARE). */
+typedef struct gd_uid_use {
+    uid_t uid;
+    uint32_t n_conns;
+    size_t out_bytes; /* queued reply bytes of the uid's connections */
+    UT_hash_handle hh;
+} gd_uid_use;
+
 /* One accepted connection. */
 struct gd_conn {
     uv_poll_t poll;
@@ -77,6 +86,7 @@ struct gd_conn {
     void *user;
     pid_t pid;
     uid_t uid;
+    gd_uid_use *uu; /* its uid's queued replies; NULL until accepted */
     bool ready;     /* the user said the handshake is done */
     bool closing;
     bool corked;    /* replies wait for the end of the current batch of frames */
@@ -121,6 +131,7 @@ struct gd_server {
     gd_conn *reap;
     uint32_t n_conns;
     size_t out_bytes; /* queued reply bytes of all connections (max_reply_memory) */
+    gd_uid_use *uids; /* uthash by uid: the uids with connections */
     gd_conn *mem_waiters; /* connections whose next frame waits for reply memory */
     bool stopping;
     bool work; /* cb.on_work has work left */
@@ -158,8 +169,10 @@ int gd_conn_send_fds(gd_conn *c, size_t len, gd_pack_fn pack, const void *msg, c
 /* May the frame being handled queue a reply of up to bound bytes (a batch
  * reply, whose items take references that must reach the client)? True
  * when the replies queued for all connections plus bound stay within
- * max_reply_memory, when nothing at all is queued (one reply larger than
- * the budget), or when the connection's replies go nowhere (its peer left).
+ * max_reply_memory and those of the connection's uid plus bound within the
+ * uid's share (GD_UID_REPLY_SHARE), each unless nothing is queued there (one
+ * reply larger than the budget), or when the connection's replies go
+ * nowhere (its peer left).
  * False otherwise: the connection waits (the caller's on_frame returns
  * -EAGAIN) until enough queued replies are written or dropped. */
 bool gd_conn_reply_room(gd_conn *c, size_t bound);

@@ -44,6 +44,11 @@ typedef struct gd_limits {
  * instead of being queued when they would push the queued reply bytes of all
  * connections past max_reply_memory (docs/security.md, "Reply memory"). */
 #define GD_SMALL_REPLY (4096u + GPUBUF_USER_DATA_MAX)
+/* The part of max_reply_memory the queued replies of one uid's connections
+ * may fill with large replies and batch replies: half, so that one uid's
+ * unread replies never leave the other uids without room (docs/security.md,
+ * "Reply memory"). */
+#define GD_UID_REPLY_SHARE(max_reply_memory) ((max_reply_memory) / 2)
 
 /* Why the server refuses a connection: the limit it reached, stopping, or
  * out of fds. */

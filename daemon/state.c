@@ -1010,10 +1010,12 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
         gd_state_free(st);
         return gd_err_set(err, -EIO, "cannot write the state memfd");
     }
-    LOG_INFO("saved state: a snapshot of %llu bytes written in %.1f ms%s",
-             (unsigned long long)st->slots[st->active].len,
-             (double)(gpubuf_now_ns() - t0) / 1e6,
-             fdstore ? "; kept in the service manager's fd store" : "");
+    LOG_INFO("saved state: a snapshot of %llu bytes made in %.1f ms, in a memfd of gpubufd "
+             "(not on disk)%s",
+             (unsigned long long)st->slots[st->active].len, (double)(gpubuf_now_ns() - t0) / 1e6,
+             fdstore ? "; the service manager's fd store keeps it across a restart"
+                     : "; nothing else keeps it: only a gpubufd started with --takeover gets "
+                       "it, a plain restart starts empty");
     /* From now on every change is journalled. */
     for (int i = 0; i < ctx->n_pools; i++) {
         ctx->pools[i]->slab_hook = hook_slab;

@@ -21,7 +21,10 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; [ -f "$work/log" ] && head -c 4000 "$work/log" | sed 's/^/   log: /'; exit 1; }
 
 sock=$work/gpubufd.sock
-(ulimit -Sn 1024 && ulimit -Hn 1024 &&
+# A hard limit of 4096: room for 31 clients, 15 per uid, so that the flood
+# of one uid's connections below runs into the fd limit, not into
+# max_clients_per_uid (at 1024 it would be 3 per uid).
+(ulimit -Sn 1024 && ulimit -Hn 4096 &&
     exec "$gpubufd" --socket "$sock" --pool host=host,capacity=64M) >"$work/log" 2>&1 &
 daemon=$!
 for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done

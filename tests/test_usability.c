@@ -109,8 +109,9 @@ START_TEST(stale_socket_says_restart_gpubufd) {
 END_TEST
 
 /* Connect as uid/gid NOBODY to path; the child exits 0 when the error is
- * -EACCES and names group gname and how to join it. */
-static int connect_as_nobody(const char *path, const char *gname) {
+ * -EACCES and (join) names group gname and how to join it, or (!join) says
+ * that the administrator gives the socket a group, where. */
+static int connect_as_nobody(const char *path, const char *gname, bool join) {
     if (setgroups(0, NULL) < 0 || setgid(NOBODY) < 0 || setuid(NOBODY) < 0)
         return 10;
     gpubuf_client *c;
@@ -122,13 +123,33 @@ static int connect_as_nobody(const char *path, const char *gname) {
         fprintf(stderr, "connect: %d %s\n", r, m);
         return 11;
     }
-    if (!strstr(m, want) || !strstr(m, "permission denied") || !strstr(m, "usermod -aG")) {
+    if (!strstr(m, want) || !strstr(m, "permission denied")) {
         fprintf(stderr, "message: %s\n", m);
         return 12;
+    }
+    if (join ? !strstr(m, "usermod -aG")
+             : strstr(m, "usermod") || !strstr(m, "socket_group=") || !strstr(m, "SocketGroup=") ||
+                   !strstr(m, "gpubufd.socket")) {
+        fprintf(stderr, "message (%s): %s\n", join ? "join the group" : "give it a group", m);
+        return 13;
     }
     return 0;
 }
 
+/* A group other than root's that NOBODY is not in, or NULL. */
+static const struct group *other_group(void) {
+    static const char *const names[] = {"daemon", "bin", "sys", "adm", "users", "nogroup", NULL};
+    for (int i = 0; names[i]; i++) {
+        const struct group *g = getgrnam(names[i]);
+        if (g && g->gr_gid != 0 && g->gr_gid != NOBODY)
+            return g;
+    }
+    return NULL;
+}
+
+/* The advice to join the socket's group is given only where the group
+ * decides: a socket of group root (mode 0660) gets the way to give it a
+ * group instead (it told uids to "join group 'root'"). */
 START_TEST(permission_error_names_the_socket_group) {
     test_daemon d;
     const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
@@ -140,12 +161,29 @@ START_TEST(permission_error_names_the_socket_group) {
     if (getuid() == 0) {
         ck_assert_int_eq(chown(d.socket, 0, 0), 0);
         ck_assert_int_eq(chmod(d.dir, 0755), 0);
+        fflush(NULL);
         pid_t pid = fork();
         if (pid == 0)
-            _exit(connect_as_nobody(d.socket, gname));
+            _exit(connect_as_nobody(d.socket, gname, false));
         ck_assert_int_eq(td_wait(pid), 0);
+        /* A group of users: joining it is the advice. */
+        const struct group *og = other_group();
+        if (og) {
+            char oname[64];
+            snprintf(oname, sizeof(oname), "%s", og->gr_name);
+            ck_assert_int_eq(chown(d.socket, 0, og->gr_gid), 0);
+            fflush(NULL);
+            pid = fork();
+            if (pid == 0)
+                _exit(connect_as_nobody(d.socket, oname, true));
+            ck_assert_int_eq(td_wait(pid), 0);
+        } else {
+            printf("permission_error_names_the_socket_group: no group but root's to try "
+                   "the advice to join a group with\n");
+        }
     } else {
-        /* Not root: a socket we may not write to. */
+        /* Not root: a socket we may not write to; its mode gives its
+         * group no access, so joining the group is no advice. */
         struct stat st;
         ck_assert_int_eq(chmod(d.socket, 0), 0);
         ck_assert_int_eq(stat(d.socket, &st), 0);
@@ -154,10 +192,27 @@ START_TEST(permission_error_names_the_socket_group) {
         ck_assert_int_eq(gpubuf_connect(d.socket, &c), -EACCES);
         char want[128];
         snprintf(want, sizeof(want), "group '%s'", g ? g->gr_name : "?");
-        ck_assert_message_has("permission denied", want, "usermod -aG");
+        ck_assert_message_has("permission denied", want, "socket_group=", "SocketGroup=");
         ck_assert_int_eq(chmod(d.socket, 0660), 0);
     }
     ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* --socket '' is refused with a reason (it was taken as unset: the daemon
+ * listened on the default socket). Start-up reads the options as
+ * --check-config does (read_config()); only --check-config is run here, so
+ * that an old gpubufd would not listen on the system's socket. */
+START_TEST(empty_socket_flag_is_refused) {
+    char cmd[512];
+    int code;
+    snprintf(cmd, sizeof(cmd), "%s --socket '' --pool p=host,capacity=16M --check-config 2>&1",
+             GPUBUFD_PATH);
+    char *out = td_capture(cmd, &code);
+    ck_assert_msg(code == 2, "gpubufd --socket '' exited %d: %s", code, out);
+    must_contain(out, "gpubufd: --socket '': an empty socket path; name the socket to listen "
+                      "on (--socket PATH)");
+    free(out);
 }
 END_TEST
 
@@ -892,6 +947,7 @@ int main(void) {
     tcase_add_test(m, no_daemon_says_start_it_or_set_the_socket);
     tcase_add_test(m, stale_socket_says_restart_gpubufd);
     tcase_add_test(m, permission_error_names_the_socket_group);
+    tcase_add_test(m, empty_socket_flag_is_refused);
     tcase_add_test(m, refused_connection_gets_its_reason);
     tcase_add_test(m, larger_than_the_pool_is_not_full);
     tcase_add_test(m, unknown_pool_lists_the_pools);
