@@ -55,6 +55,8 @@ typedef void (*worker_fn)(int idx, double secs, int fd, int ready_fd, int go_fd)
 /* Runs worker in g_procs processes that start together; the sum of the
  * operation counts they report. */
 long run_workers(worker_fn worker, double secs);
+/* run_workers() for 3 s (1 s with --quick): operations per second. */
+double workers_ops_per_s(worker_fn worker);
 
 /* The resident set of g_daemon_pid in KiB. */
 long daemon_rss_kib(void);

@@ -93,6 +93,12 @@ long run_workers(worker_fn worker, double secs) {
     return total;
 }
 
+double workers_ops_per_s(worker_fn worker) {
+    double secs = g_quick ? 1.0 : 3.0;
+    long total = run_workers(worker, secs);
+    return (double)total / secs;
+}
+
 long daemon_rss_kib(void) {
     return tu_rss_kib(g_daemon_pid);
 }
