@@ -10,7 +10,7 @@ interprocess event on the current stream when it shares the storage; the
 consumer's unpickling (rebuild_cuda_tensor) opens it and makes the consumer's
 current stream wait on it. The consumer then launches bench_stamp (%globaltimer
 as its first act) on that stream. Latency = consumer stamp - producer stamp:
-one GPU, one clock. The kernels are the PTX of bench/gpubuf_bench.c, loaded
+one GPU, one clock. The kernels are the PTX of bench/bench_gpu.c, loaded
 through the driver API (ctypes, libcuda.so.1) into torch's primary context.
 
 Prints "name value" lines; prints nothing and exits 0 without torch or a GPU.

@@ -1,0 +1,125 @@
+/* What the phases of gpubuf_bench share: the settings main() takes from the
+ * command line, timing and reporting, connecting, running a phase in a
+ * forked child, and (with CUDA) the GPU a phase uses. Each phase group has
+ * one file, named for what it measures, and one entry point declared here;
+ * main() (gpubuf_bench.c) runs them in order.
+ *
+ * An entry point that returns int returns 0, or nonzero when the phase
+ * failed (its messages are on stderr). */
+#ifndef GPUBUF_BENCH_H
+#define GPUBUF_BENCH_H
+
+#include <stdio.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include "cuda_driver.h"
+#include "gpubuf/gpubuf.h"
+
+/* Settings from the command line, set by main() before the first phase and
+ * read by the phases (bench_common.c holds them and their defaults). */
+extern const char *g_sock;      /* --socket: the daemon's socket */
+extern const char *g_pool;      /* --pool: the default pool, cuda-ipc or host */
+extern const char *g_cold_pool; /* --cold-pool: 2 MiB slabs, for cold opens */
+extern const char *g_vmm_pool;  /* --vmm-pool: a cuda-vmm pool */
+extern int g_quick;             /* --quick: fewer iterations */
+extern int g_procs;             /* --procs: processes of throughput and batchmix */
+extern int g_daemon_pid;        /* --daemon-pid: whose RSS is measured, 0 if unknown */
+extern const char *g_ctl;       /* --ctl: gpubufctl, or NULL for no JSON timings */
+
+/* Exits the calling process with a message when x, a gpubuf call, fails. */
+#define CHECK(x)                                                                               \
+    do {                                                                                       \
+        int r_ = (x);                                                                          \
+        if (r_ < 0) {                                                                          \
+            fprintf(stderr, "%s:%d: %s: %s (%s)\n", __FILE__, __LINE__, #x,                     \
+                    gpubuf_strerror(r_), gpubuf_last_error_message());                          \
+            _exit(1);                                                                          \
+        }                                                                                      \
+    } while (0)
+
+/* CLOCK_MONOTONIC in microseconds. */
+double now_us(void);
+/* qsort() order of doubles. */
+int cmpd(const void *a, const void *b);
+/* Sorts v[0..n) and prints name_median_us and name_p99_us. */
+void report(const char *name, double *v, int n);
+/* A connection to g_sock; exits on failure. */
+gpubuf_client *conn(void);
+/* Runs fn in a forked child; its exit status (128 + signal if killed). */
+int run_child(void (*fn)(void));
+
+/* A process of run_workers(): waits on ready_fd/go_fd for the common start,
+ * works for secs seconds, writes its operation count (a long) to fd. */
+typedef void (*worker_fn)(int idx, double secs, int fd, int ready_fd, int go_fd);
+/* Runs worker in g_procs processes that start together; the sum of the
+ * operation counts they report. */
+long run_workers(worker_fn worker, double secs);
+/* run_workers() for 3 s (1 s with --quick): operations per second. */
+double workers_ops_per_s(worker_fn worker);
+
+/* The resident set of g_daemon_pid in KiB. */
+long daemon_rss_kib(void);
+/* Prints under key the median wall time in ms of 11 runs of
+ * `gpubufctl --json status`; nothing without --ctl. */
+void ctl_json_time(const char *key);
+
+#ifdef GPUBUF_HAVE_CUDA
+/* Exits the calling process with a message when g->cu->x fails. */
+#define CU(g, x)                                                                               \
+    do {                                                                                       \
+        CUresult r_ = (g)->cu->x;                                                              \
+        if (r_ != CUDA_SUCCESS) {                                                              \
+            char why_[256];                                                                    \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__,                                 \
+                    gpubuf_cuda_describe(r_, #x, why_, sizeof(why_)));                         \
+            _exit(1);                                                                          \
+        }                                                                                      \
+    } while (0)
+
+/* How long the producer kernels of seal-stream and handover spin. */
+enum { SPIN_US = 2000 };
+
+/* One GPU as a phase uses it: the primary context of device 0 (where
+ * bench/run.sh puts every pool), current on this thread for the rest of the
+ * process, a non-blocking stream, and the stamp kernels when asked. */
+typedef struct bench_gpu {
+    const gpubuf_cuda *cu;
+    CUdevice dev;
+    CUcontext ctx;
+    CUstream st;
+    CUmodule mod;
+    CUfunction stamp_end, stamp;
+} bench_gpu;
+
+/* Fills g: the primary context of device 0 made current, a non-blocking
+ * stream, and with kernels the stamp kernels (bench_gpu.c); exits on
+ * failure. */
+void gpu_open(bench_gpu *g, int kernels);
+/* Exits with a message unless b is mapped on device 0. */
+void expect_device0(const gpubuf_buffer *b);
+#endif
+
+/* The phase groups, in the order main() runs them. */
+int latency_phase(void);     /* latency.c */
+int cold_phase(void);        /* cold_open.c */
+void throughput_phase(void); /* throughput.c: runs in the calling process */
+#ifdef GPUBUF_HAVE_CUDA
+int bandwidth_phase(void); /* bandwidth.c */
+int peer_phase(void);      /* bandwidth.c */
+#endif
+int vmm_cold_phase(const char *pool); /* vmm_cold.c */
+int vmm_warm_phase(void);             /* vmm_warm.c */
+#ifdef GPUBUF_HAVE_CUDA
+/* pool, and label: the name the output gives it ("vmm", "ipc"). */
+int seal_stream_phase(const char *pool, const char *label); /* seal_stream.c */
+int handover_phase(const char *pool, const char *label);    /* handover.c */
+int copies_phase(void);                                     /* copies.c */
+#endif
+int crash_phase(void);        /* crash.c */
+int scale_phase(void);        /* scale.c */
+int batch_phase(void);        /* batch.c */
+void batch_mixed_phase(void); /* batch.c: runs in the calling process */
+int meta_phase(void);         /* meta.c */
+
+#endif
