@@ -296,6 +296,37 @@ START_TEST(last_error_message_belongs_to_the_last_call) {
 }
 END_TEST
 
+/* A name the caller gives comes back in a message as printable text: the
+ * library's name rule and the daemon's "no pool named" write an escape as
+ * "\x1b", so no message can drive the terminal that shows it. */
+START_TEST(names_in_messages_are_escaped) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    gpubuf_client *c = td_connect(&d);
+    static const struct {
+        const char *name, *says;
+    } cases[] = {
+        /* Old: "invalid name '/<ESC>[2J': ..." and "invalid name 'a!<ESC>[2J'". */
+        {"/\033[2J", "invalid name '/\\x1b[2J'"},
+        {"a!\033[2J", "invalid name 'a!\\x1b[2J': '!' at byte 1"},
+        /* Old: "(not printable)" in place of the name. */
+        {"\033[2J", "invalid name '\\x1b[2J': 0x1b at byte 0"},
+        /* The daemon's sentence. Old: "no pool named '<ESC>]0;x<BEL>'". */
+        {"/\033]0;x\a/y", "no pool named '\\x1b]0;x\\x07'"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ck_assert_int_lt(gpubuf_delete(c, cases[i].name), 0);
+        const char *m = gpubuf_last_error_message();
+        ck_assert_msg(strstr(m, cases[i].says) != NULL, "case %zu: %s", i, m);
+        ck_assert_msg(!strchr(m, '\033') && !strchr(m, '\a'), "case %zu: raw control in %s", i,
+                      m);
+    }
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* ---- gpubufctl ---------------------------------------------------------- */
 
 /* Run gpubufctl with args (stderr into the output); returns the output. */
@@ -889,6 +920,7 @@ int main(void) {
     tcase_add_test(m, unknown_pool_lists_the_pools);
     tcase_add_test(m, name_rule_and_size_zero);
     tcase_add_test(m, last_error_message_belongs_to_the_last_call);
+    tcase_add_test(m, names_in_messages_are_escaped);
     suite_add_tcase(s, m);
     TCase *g = tcase_create("gpubufctl");
     tcase_add_checked_fixture(g, mkdir_tmp, rm_tmp);
