@@ -15,14 +15,14 @@
 
 enum { EXIT_USAGE = 2, EXIT_NO_DAEMON = 3, EXIT_REQUEST = 4 };
 
-
-
-/* A string from the daemon as printable, valid UTF-8 (gpubuf_text_clean):
- * whatever the daemon sent, no escape sequence reaches the terminal, no
- * newline forges a row or a metric, and JSON parsers accept the output.
- * Eight results are usable at once. */
+/* A string from the daemon or from the command line as printable, valid
+ * UTF-8 (gpubuf_text_clean: a control character becomes "\x1b"): whatever
+ * the daemon sent or the arguments hold, no escape sequence reaches the
+ * terminal, no newline forges a row or a metric, and JSON parsers accept
+ * the output. Every such string goes through here before it is printed.
+ * Eight results are usable at once; longer strings than a path are cut. */
 static const char *shown(const char *str) {
-    static char ring[8][4 * GPUBUF_NAME_MAX + 8];
+    static char ring[8][4 * 4096 + 8];
     static unsigned next;
     char *out = ring[next++ % 8];
     gpubuf_text_clean(out, sizeof(ring[0]), str, strlen(str));
@@ -749,13 +749,13 @@ static int show(gpubuf_client *c, view *v, const filters *f) {
     gpubuf_status *s;
     int r = gpubuf_status_get(c, &s);
     if (r < 0) {
-        fprintf(stderr, "gpubufctl: status: %s\n", gpubuf_last_error_message());
+        fprintf(stderr, "gpubufctl: status: %s\n", shown(gpubuf_last_error_message()));
         return EXIT_REQUEST;
     }
     if (f->pool && !pool_exists(s, f->pool)) {
         char pools[512];
         list_pools(s, pools, sizeof(pools));
-        fprintf(stderr, "gpubufctl: no pool named '%s'; pools: %s\n", f->pool, pools);
+        fprintf(stderr, "gpubufctl: no pool named '%s'; pools: %s\n", shown(f->pool), pools);
         gpubuf_status_free(s);
         return EXIT_USAGE;
     }
@@ -814,16 +814,16 @@ static int delete_targets(gpubuf_client *c, char **targets, int n, bool by_id,
             if (!*t || *end || errno || t[0] == '-')
                 usage_error("bad buffer id '%s': give the number from the ID column of "
                             "'gpubufctl buffers'",
-                            t);
+                            shown(t));
             r = gpubuf_delete_with(c, NULL, id, &o);
         } else {
             r = gpubuf_delete_with(c, t, 0, &o);
         }
         if (r == 0) {
-            printf("deleted %s%s\n", by_id ? "buffer " : "", t);
+            printf("deleted %s%s\n", by_id ? "buffer " : "", shown(t));
             continue;
         }
-        fprintf(stderr, "gpubufctl: delete %s: %s", t, gpubuf_last_error_message());
+        fprintf(stderr, "gpubufctl: delete %s: %s", shown(t), shown(gpubuf_last_error_message()));
         if (r == -ENOENT && !by_id && t[strspn(t, "0123456789")] == '\0')
             fprintf(stderr, " (to delete buffer id %s, use 'gpubufctl delete --id %s')", t, t);
         fputc('\n', stderr);
@@ -837,7 +837,7 @@ static long parse_long(const char *s, const char *opt, const char *what) {
     errno = 0;
     long v = strtol(s, &end, 10);
     if (*s == '\0' || *end || v < 0 || errno)
-        usage_error("bad %s value '%s': give %s", opt, s, what);
+        usage_error("bad %s value '%s': give %s", opt, shown(s), what);
     return v;
 }
 
@@ -847,7 +847,7 @@ static double parse_interval(const char *s) {
     if (*s == '\0' || *end || !(v > 0) || v > 86400)
         usage_error("bad --watch value '%s': give seconds, a number above 0 and at most 86400 "
                     "(e.g. --watch=0.5)",
-                    s);
+                    shown(s));
     return v;
 }
 
@@ -856,7 +856,7 @@ static double parse_interval(const char *s) {
 static int output_begin(const char *path, char *tmp, size_t len) {
     snprintf(tmp, len, "%s.tmp.%d", path, (int)getpid());
     if (!freopen(tmp, "w", stdout)) {
-        fprintf(stderr, "gpubufctl: cannot write %s: %s\n", tmp, strerror(errno));
+        fprintf(stderr, "gpubufctl: cannot write %s: %s\n", shown(tmp), strerror(errno));
         return -1;
     }
     return 0;
@@ -865,7 +865,7 @@ static int output_begin(const char *path, char *tmp, size_t len) {
 static int output_end(const char *path, const char *tmp, int r) {
     if (fflush(stdout) != 0 || r != 0 || rename(tmp, path) < 0) {
         if (r == 0)
-            fprintf(stderr, "gpubufctl: cannot write %s: %s\n", path, strerror(errno));
+            fprintf(stderr, "gpubufctl: cannot write %s: %s\n", shown(path), strerror(errno));
         unlink(tmp);
         return r ? r : EXIT_REQUEST;
     }
@@ -917,18 +917,21 @@ int main(int argc, char **argv) {
         case OPT_STATE:
             if (strcmp(optarg, "allocated") && strcmp(optarg, "sealed") &&
                 strcmp(optarg, "deleted"))
-                usage_error("bad --state value '%s': give allocated, sealed or deleted", optarg);
+                usage_error("bad --state value '%s': give allocated, sealed or deleted",
+                            shown(optarg));
             f.state = optarg;
             break;
         case OPT_PID: f.pid = parse_long(optarg, "--pid", "a process id"); break;
         case OPT_UID: f.uid = parse_long(optarg, "--uid", "a numeric user id"); break;
         case OPT_ID: by_id = true; break;
         case 'h': usage(stdout); return 0;
-        case ':': usage_error("option '%s' needs a value", argv[optind - 1]);
+        case ':': usage_error("option '%s' needs a value", shown(argv[optind - 1]));
         default:
-            if (optopt)
-                usage_error("unknown option '-%c'", optopt);
-            usage_error("unknown option '%s'", argv[optind - 1]);
+            if (optopt) {
+                char o[3] = {'-', (char)optopt, '\0'};
+                usage_error("unknown option '%s'", shown(o));
+            }
+            usage_error("unknown option '%s'", shown(argv[optind - 1]));
         }
     }
     if (optind < argc)
@@ -939,18 +942,18 @@ int main(int argc, char **argv) {
     if (!known)
         usage_error("unknown command '%s'; commands: status, pools, buffers, clients, metrics, "
                     "delete",
-                    cmd);
+                    shown(cmd));
     bool del = !strcmp(cmd, "delete");
     if (del && optind == argc)
         usage_error("delete needs the name of a buffer (or --id and its id)");
     if (!del && optind < argc)
-        usage_error("'%s' takes no arguments, got '%s'", cmd, argv[optind]);
+        usage_error("'%s' takes no arguments, got '%s'", cmd, shown(argv[optind]));
     if (by_id && !del)
         usage_error("--id goes with delete only");
     if (del && (watch > 0 || output || v.json))
         usage_error("delete takes no --watch, --output or --json");
     if ((r = gpubuf_connect(sock, &c)) < 0) {
-        fprintf(stderr, "gpubufctl: %s\n", gpubuf_last_error_message());
+        fprintf(stderr, "gpubufctl: %s\n", shown(gpubuf_last_error_message()));
         return EXIT_NO_DAEMON;
     }
     if (del) {

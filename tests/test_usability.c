@@ -572,6 +572,44 @@ START_TEST(gpubufctl_output_replaces_the_file) {
 }
 END_TEST
 
+/* Arguments gpubufctl repeats in a message have their control characters
+ * escaped: no argument can clear the screen or retitle the terminal of the
+ * one who reads the error. Old: "gpubufctl: delete <ESC>[2J: ...". */
+START_TEST(gpubufctl_escapes_control_characters_in_arguments) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    static const struct {
+        const char *args, *says;
+        int code;
+    } cases[] = {
+        {"delete '\033[2J'", "gpubufctl: delete \\x1b[2J: invalid name '\\x1b[2J'", 4},
+        {"delete 'x\033[2J'", "gpubufctl: delete x\\x1b[2J: invalid name 'x\\x1b[2J'", 4},
+        {"delete '/\033]0;x\a/y'", "no pool named '\\x1b]0;x\\x07'", 4},
+        {"delete --id '1\033[2J'", "bad buffer id '1\\x1b[2J'", 2},
+        {"'\033[2J'", "unknown command '\\x1b[2J'", 2},
+        {"'-\033'", "unknown option '-\\x1b'", 2},
+        {"'--\033[2J'", "unknown option '--\\x1b[2J'", 2},
+        {"pools '\033[2J'", "got '\\x1b[2J'", 2},
+        {"--state '\033[2J' buffers", "bad --state value '\\x1b[2J'", 2},
+        {"--pid '\033' clients", "bad --pid value '\\x1b'", 2},
+        {"--watch='\033' pools", "bad --watch value '\\x1b'", 2},
+        {"--pool '\033[31m' pools", "no pool named '\\x1b[31m'", 2},
+        {"-o '/nonexistent/\033[2J/x' metrics", "cannot write /nonexistent/\\x1b[2J/x", 4},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int code;
+        char *out = ctl(&d, cases[i].args, &code);
+        ck_assert_msg(code == cases[i].code, "case %zu: exit %d: %s", i, code, out);
+        must_contain(out, cases[i].says);
+        ck_assert_msg(!strchr(out, '\033') && !strchr(out, '\a'), "case %zu: raw control in %s",
+                      i, out);
+        free(out);
+    }
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* Complete the words of line (the last one being completed) with the bash
  * completion script; returns COMPREPLY, one per line. */
 static char *complete(const test_daemon *d, const char *line) {
@@ -930,6 +968,7 @@ int main(void) {
     tcase_add_test(g, gpubufctl_watch_appends_lines_with_rates_when_piped);
     tcase_add_test(g, gpubufctl_watch_redraws_in_place_on_a_terminal);
     tcase_add_test(g, gpubufctl_output_replaces_the_file);
+    tcase_add_test(g, gpubufctl_escapes_control_characters_in_arguments);
     tcase_add_test(g, bash_completion);
     tcase_add_test(g, gpubufctl_names_per_pool);
     suite_add_tcase(s, g);
