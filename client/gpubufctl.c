@@ -1,11 +1,14 @@
 /* gpubufctl: look at a running gpubufd. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <json-c/json.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -851,24 +854,104 @@ static double parse_interval(const char *s) {
     return v;
 }
 
-/* Write stdout into path: into a temporary file first, renamed over path
- * when complete, so that a reader (node-exporter) never sees half a file. */
-static int output_begin(const char *path, char *tmp, size_t len) {
-    snprintf(tmp, len, "%s.tmp.%d", path, (int)getpid());
-    if (!freopen(tmp, "w", stdout)) {
-        fprintf(stderr, "gpubufctl: cannot write %s: %s\n", shown(tmp), strerror(errno));
-        return -1;
-    }
-    return 0;
+/* --output FILE: each snapshot goes into a new file made next to FILE, by
+ * exclusive creation under a random name (mkostemp: O_CREAT|O_EXCL, so
+ * nothing planted there, a symbolic link included, is opened or followed),
+ * and is renamed over FILE when complete: a reader (node-exporter) never
+ * sees half a file, and whatever was at FILE, a symbolic link too, is
+ * replaced, not written through. The file gets mode 0644 less the umask. */
+static char out_tmp[4096 + 32]; /* the file being written; "" when none */
+static mode_t out_mode;
+
+/* SIGINT (the end of --watch), SIGTERM, SIGHUP: remove the file being
+ * written, then die of the signal as before. */
+static void output_signal(int sig) {
+    if (out_tmp[0])
+        unlink(out_tmp);
+    signal(sig, SIG_DFL);
+    raise(sig);
 }
 
-static int output_end(const char *path, const char *tmp, int r) {
-    if (fflush(stdout) != 0 || r != 0 || rename(tmp, path) < 0) {
-        if (r == 0)
-            fprintf(stderr, "gpubufctl: cannot write %s: %s\n", shown(path), strerror(errno));
-        unlink(tmp);
-        return r ? r : EXIT_REQUEST;
+/* Block those signals (old: the mask to restore) while out_tmp and the
+ * file it names change together: the handler never sees half a name. */
+static void block_signals(sigset_t *old) {
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigprocmask(SIG_BLOCK, &block, old);
+}
+
+static void output_init(void) {
+    mode_t mask = umask(0);
+    umask(mask);
+    out_mode = 0644 & ~mask;
+    signal(SIGINT, output_signal);
+    signal(SIGTERM, output_signal);
+    signal(SIGHUP, output_signal);
+    /* Into a file: fully buffered from the first snapshot on. */
+    setvbuf(stdout, NULL, _IOFBF, 1 << 16);
+}
+
+/* Complete the file: with r == 0 rename it over path, else (or when that
+ * fails) remove it. Returns r, or EXIT_REQUEST with the reason said. */
+static int output_end(const char *path, int r) {
+    int err = 0;
+    sigset_t old;
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        err = errno ? errno : EIO;
+    block_signals(&old);
+    if (r == 0 && err == 0 && rename(out_tmp, path) < 0)
+        err = errno;
+    if (r != 0 || err != 0)
+        unlink(out_tmp);
+    out_tmp[0] = '\0';
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (r == 0 && err) {
+        fprintf(stderr, "gpubufctl: cannot write %s: %s\n", shown(path), strerror(err));
+        return EXIT_REQUEST;
     }
+    return r;
+}
+
+/* Point stdout at a new file next to path. 0, or -1 with the reason said. */
+static int output_begin(const char *path) {
+    char tmpl[sizeof(out_tmp)], dir[sizeof(out_tmp)];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    int dir_len = slash ? (int)(slash - path) : 0, n, fd, err;
+    sigset_t old;
+    snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : dir_len, slash ? path : ".");
+    n = snprintf(tmpl, sizeof(tmpl), "%.*s.%s.XXXXXX", slash ? dir_len + 1 : 0, path, base);
+    if (n < 0 || (size_t)n >= sizeof(tmpl)) {
+        fprintf(stderr, "gpubufctl: cannot write %s: the path is longer than %zu bytes\n",
+                shown(path), sizeof(tmpl) - 16);
+        return -1;
+    }
+    block_signals(&old);
+    fd = mkostemp(tmpl, O_CLOEXEC);
+    err = errno;
+    if (fd >= 0)
+        memcpy(out_tmp, tmpl, (size_t)n + 1);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (fd < 0) {
+        fprintf(stderr,
+                "gpubufctl: cannot write %s: cannot create a file in directory %s: %s (the "
+                "directory must exist and be writable by this user)\n",
+                shown(path), shown(dir), strerror(err));
+        return -1;
+    }
+    if (fchmod(fd, out_mode) < 0 || fflush(stdout) != 0 ||
+        (fd != STDOUT_FILENO && dup2(fd, STDOUT_FILENO) < 0)) {
+        fprintf(stderr, "gpubufctl: cannot write %s: %s\n", shown(out_tmp), strerror(errno));
+        close(fd);
+        output_end(path, EXIT_REQUEST);
+        return -1;
+    }
+    if (fd != STDOUT_FILENO)
+        close(fd);
+    clearerr(stdout);
     return 0;
 }
 
@@ -966,15 +1049,16 @@ int main(int argc, char **argv) {
     /* A terminal shows one live view; a pipe or a file gets one snapshot
      * after the other. */
     v.redraw = v.watch && !output && !v.json && strcmp(cmd, "metrics") && isatty(STDOUT_FILENO);
+    if (output)
+        output_init();
     for (;;) {
-        char tmp[4096];
-        if (output && output_begin(output, tmp, sizeof(tmp)) < 0) {
+        if (output && output_begin(output) < 0) {
             r = EXIT_REQUEST;
             break;
         }
         r = show(c, &v, &f);
         if (output)
-            r = output_end(output, tmp, r);
+            r = output_end(output, r);
         if (r != 0 || !v.watch)
             break;
         struct timespec ts = {(time_t)watch, (long)((watch - (double)(time_t)watch) * 1e9)};

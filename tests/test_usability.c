@@ -572,6 +572,66 @@ START_TEST(gpubufctl_output_replaces_the_file) {
 }
 END_TEST
 
+/* --output never writes through a link it did not make. A link planted at
+ * the old predictable temporary name (FILE.tmp.PID: the child plants it
+ * for its own pid, then becomes gpubufctl) and one at FILE itself: the
+ * files they point to keep their contents, FILE becomes a regular file
+ * with the metrics, mode 0644 less the umask, and no temporary file stays.
+ * Old: the metrics went into the planted link's target. */
+START_TEST(gpubufctl_output_never_follows_a_planted_link) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    char path[128], victim[128], victim2[128];
+    snprintf(path, sizeof(path), "%s/gpubuf.prom", dir);
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    snprintf(victim2, sizeof(victim2), "%s/victim2", dir);
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(i ? victim2 : victim, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs("precious\n", f);
+        ck_assert_int_eq(fclose(f), 0);
+    }
+    ck_assert_int_eq(symlink(victim, path), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char planted[192];
+        snprintf(planted, sizeof(planted), "%s.tmp.%d", path, (int)getpid());
+        if (symlink(victim2, planted) < 0)
+            _exit(120);
+        umask(022);
+        execl(GPUBUFCTL_PATH, "gpubufctl", "--socket", d.socket, "metrics", "--output", path,
+              (char *)NULL);
+        _exit(127);
+    }
+    ck_assert_int_eq(td_wait(pid), 0);
+    int code;
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "cat %s %s", victim, victim2);
+    char *out = td_capture(cmd, &code);
+    ck_assert_msg(strcmp(out, "precious\nprecious\n") == 0,
+                  "the target of a planted link was written: %.80s", out);
+    free(out);
+    struct stat st;
+    ck_assert_int_eq(lstat(path, &st), 0);
+    ck_assert_msg(S_ISREG(st.st_mode), "%s is not a regular file", path);
+    ck_assert_int_eq(st.st_mode & 07777, 0644);
+    snprintf(cmd, sizeof(cmd), "cat %s", path);
+    out = td_capture(cmd, &code);
+    must_contain(out, "# TYPE gpubuf_requests_total counter");
+    free(out);
+    /* No file of gpubufctl's stays: the planted link and the victims only. */
+    snprintf(cmd, sizeof(cmd), "ls -A %s | grep -v -x -e gpubuf.prom -e victim -e victim2 "
+                               "-e 'gpubuf.prom.tmp.[0-9]*'",
+             dir);
+    out = td_capture(cmd, &code);
+    ck_assert_msg(out[0] == '\0', "left behind: %s", out);
+    free(out);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* Arguments gpubufctl repeats in a message have their control characters
  * escaped: no argument can clear the screen or retitle the terminal of the
  * one who reads the error. Old: "gpubufctl: delete <ESC>[2J: ...". */
@@ -968,6 +1028,7 @@ int main(void) {
     tcase_add_test(g, gpubufctl_watch_appends_lines_with_rates_when_piped);
     tcase_add_test(g, gpubufctl_watch_redraws_in_place_on_a_terminal);
     tcase_add_test(g, gpubufctl_output_replaces_the_file);
+    tcase_add_test(g, gpubufctl_output_never_follows_a_planted_link);
     tcase_add_test(g, gpubufctl_escapes_control_characters_in_arguments);
     tcase_add_test(g, bash_completion);
     tcase_add_test(g, gpubufctl_names_per_pool);
