@@ -327,6 +327,61 @@ START_TEST(names_in_messages_are_escaped) {
 }
 END_TEST
 
+/* ---- the example programs ------------------------------------------------ */
+
+/* Old: "gpubuf-producer: bad size '12Q'", without the forms a size takes. */
+START_TEST(producer_bad_size_lists_the_units) {
+    char cmd[512];
+    int code;
+    snprintf(cmd, sizeof(cmd), "%s/gpubuf-producer --size 12Q 2>&1", EXAMPLES_DIR);
+    char *out = td_capture(cmd, &code);
+    ck_assert_int_eq(code, 2);
+    must_contain(out, "bad size '12Q'");
+    must_contain(out, "K, M, G or T");
+    must_contain(out, "e.g. 4096, 64K, 256M, 8G");
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/gpubuf-producer --size 2 2>&1", EXAMPLES_DIR);
+    out = td_capture(cmd, &code);
+    ck_assert_int_eq(code, 2);
+    must_contain(out, "size '2' is below 4 bytes");
+    free(out);
+}
+END_TEST
+
+/* The consumer says what it waits for before it blocks, and after the
+ * timeout that the name was not found and where names are listed. Old: ten
+ * seconds of silence, then only "open: timed out waiting for ...". */
+START_TEST(consumer_says_what_it_waits_for) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    char cmd[512];
+    int code;
+    snprintf(cmd, sizeof(cmd), "%s/gpubuf-consumer --socket %s --name no/such --timeout 1500 2>&1",
+             EXAMPLES_DIR, d.socket);
+    char *out = td_capture(cmd, &code);
+    ck_assert_msg(code == 1, "exit %d: %s", code, out);
+    must_contain(out, "waiting up to 1.5 s for 'no/such' to be published and sealed");
+    must_contain(out, "no sealed buffer 'no/such' was found within 1.5 s");
+    must_contain(out, "'gpubufctl buffers' lists them");
+    /* The wait is announced before it starts. */
+    ck_assert_ptr_nonnull(strstr(out, "waiting up to"));
+    ck_assert(strstr(out, "waiting up to") < strstr(out, "timed out"));
+    free(out);
+    /* A name that is there: no word about waiting. */
+    snprintf(cmd, sizeof(cmd),
+             "%s/gpubuf-producer --socket %s --name here --size 4K 2>&1 && "
+             "%s/gpubuf-consumer --socket %s --name here 2>&1",
+             EXAMPLES_DIR, d.socket, EXAMPLES_DIR, d.socket);
+    out = td_capture(cmd, &code);
+    ck_assert_msg(code == 0, "exit %d: %s", code, out);
+    must_contain(out, "0 mismatches");
+    ck_assert_ptr_null(strstr(out, "waiting"));
+    free(out);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* ---- gpubufctl ---------------------------------------------------------- */
 
 /* Run gpubufctl with args (stderr into the output); returns the output. */
@@ -1019,6 +1074,8 @@ int main(void) {
     tcase_add_test(m, name_rule_and_size_zero);
     tcase_add_test(m, last_error_message_belongs_to_the_last_call);
     tcase_add_test(m, names_in_messages_are_escaped);
+    tcase_add_test(m, producer_bad_size_lists_the_units);
+    tcase_add_test(m, consumer_says_what_it_waits_for);
     suite_add_tcase(s, m);
     TCase *g = tcase_create("gpubufctl");
     tcase_add_checked_fixture(g, mkdir_tmp, rm_tmp);
