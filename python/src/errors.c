@@ -61,14 +61,6 @@ static PyObject *error_class(int err) {
     return error_base;
 }
 
-void gpubufpy_error_snapshot(char *out) {
-    const char *m = gpubuf_last_error_message();
-    if (*m)
-        snprintf(out, 512, "%s", m);
-    else
-        out[0] = '\0';
-}
-
 PyObject *gpubufpy_raise_msg(int err, const char *detail) {
     PyObject *cls = error_class(err), *exc, *args, *msg;
     msg = PyUnicode_DecodeUTF8(detail, (Py_ssize_t)strlen(detail), "replace");
@@ -98,9 +90,9 @@ PyObject *gpubufpy_raise_msg(int err, const char *detail) {
     return NULL;
 }
 
-PyObject *gpubufpy_raise(int err, const char *before) {
+PyObject *gpubufpy_raise(int err) {
     const char *detail = gpubuf_last_error_message();
-    if (!*detail || (before && strcmp(detail, before) == 0))
+    if (!*detail)
         detail = gpubuf_strerror(err);
     return gpubufpy_raise_msg(err, detail);
 }

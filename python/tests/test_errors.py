@@ -179,3 +179,22 @@ def test_set_device_without_gpu(client):
         assert e.message
     else:
         pytest.skip("this machine has a GPU 0")
+
+
+def test_the_same_error_twice_keeps_the_daemons_message(client):
+    # Old: the second exception said only "[Errno 2] No such file or
+    # directory": a message equal to the one before was taken as stale.
+    for call in (lambda: client.open("t/twice"), lambda: client.delete("t/twice"),
+                 lambda: client.stat("t/twice")):
+        for _ in range(3):
+            with pytest.raises(gpubuf.NotFoundError) as ei:
+                call()
+            assert "no buffer named 't/twice'" in ei.value.message, ei.value.message
+            assert "no buffer named 't/twice'" in str(ei.value)
+    # Also after a success in between, and for a refusal of the library.
+    client.alloc(8, "t/between").release()
+    for _ in range(2):
+        with pytest.raises(gpubuf.InvalidArgumentError) as ei:
+            client.open("bad name")
+        assert "invalid name 'bad name'" in ei.value.message, ei.value.message
+
