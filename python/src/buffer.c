@@ -597,6 +597,22 @@ static int op_copy_from_host(gpubuf_buffer *b, void *arg) {
     return gpubuf_buffer_copy_from_host(b, a->position, a->host, a->len);
 }
 
+/* seal(stream=...) of a host-pool buffer: said in Python's words (the
+ * library's message names its C function). */
+static PyObject *host_stream_seal(gpubuf_buffer *b) {
+    char msg[512], name[256 + 16];
+    const char *n = gpubuf_buffer_name(b);
+    if (n && *n)
+        snprintf(name, sizeof(name), "'%s'", n); /* names are printable ASCII */
+    else
+        snprintf(name, sizeof(name), "%llu", (unsigned long long)gpubuf_buffer_id(b));
+    snprintf(msg, sizeof(msg),
+             "a stream-ordered seal needs a CUDA pool; buffer %s is in a host pool, which has "
+             "no GPU work to order: call seal() without stream",
+             name);
+    return gpubufpy_raise_msg(-EINVAL, msg);
+}
+
 static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"sync",        "stream",    "dtype", "shape", "strides",
                              "byte_offset", "user_data", "ttl",   NULL};
@@ -640,6 +656,8 @@ static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
         }
         if (gpubufpy_stream_arg(stream, &a.stream) < 0)
             return NULL;
+        if (gpubuf_buffer_pool_kind(b) == GPUBUF_POOL_HOST)
+            return host_stream_seal(b);
         a.on_stream = true;
     }
     if (self->pid != getpid())
