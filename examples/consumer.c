@@ -29,19 +29,22 @@ static int open_waiting(gpubuf_client *c, const char *name, int timeout_ms, gpub
         return r == 0 ? 0 : die("open", r);
     gpubuf_text_clean(shown, sizeof(shown), name, strlen(name));
     if (timeout_ms > 0)
-        fprintf(stderr, "gpubuf-consumer: waiting up to %.1f s for '%s' to be published and "
-                        "sealed (--timeout MS to change)\n",
+        fprintf(stderr,
+                "gpubuf-consumer: waiting up to %.1f s for '%s' to be published and "
+                "sealed (--timeout MS to change)\n",
                 timeout_ms / 1000.0, shown);
     else
-        fprintf(stderr, "gpubuf-consumer: waiting for '%s' to be published and sealed, without "
-                        "a time limit\n",
+        fprintf(stderr,
+                "gpubuf-consumer: waiting for '%s' to be published and sealed, without "
+                "a time limit\n",
                 shown);
     r = gpubuf_open(c, name, timeout_ms, ret);
     if (r == -ETIMEDOUT) {
         die("open", r);
-        fprintf(stderr, "gpubuf-consumer: no sealed buffer '%s' was found within %.1f s: check "
-                        "the name ('gpubufctl buffers' lists them; /POOL/NAME for a pool other "
-                        "than the default) and that the producer ran\n",
+        fprintf(stderr,
+                "gpubuf-consumer: no sealed buffer '%s' was found within %.1f s: check "
+                "the name ('gpubufctl buffers' lists them; /POOL/NAME for a pool other "
+                "than the default) and that the producer ran\n",
                 shown, timeout_ms / 1000.0);
         return 1;
     }

@@ -42,8 +42,9 @@ int main(int argc, char **argv) {
                     fprintf(stderr, "gpubuf-producer: bad size '%s': give " GPUBUF_SIZE_FORMS "\n",
                             shown);
                 else
-                    fprintf(stderr, "gpubuf-producer: size '%s' is below 4 bytes: the pattern is "
-                                    "written in 4-byte words\n",
+                    fprintf(stderr,
+                            "gpubuf-producer: size '%s' is below 4 bytes: the pattern is "
+                            "written in 4-byte words\n",
                             shown);
                 return 2;
             }

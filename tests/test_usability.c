@@ -319,8 +319,7 @@ START_TEST(names_in_messages_are_escaped) {
         ck_assert_int_lt(gpubuf_delete(c, cases[i].name), 0);
         const char *m = gpubuf_last_error_message();
         ck_assert_msg(strstr(m, cases[i].says) != NULL, "case %zu: %s", i, m);
-        ck_assert_msg(!strchr(m, '\033') && !strchr(m, '\a'), "case %zu: raw control in %s", i,
-                      m);
+        ck_assert_msg(!strchr(m, '\033') && !strchr(m, '\a'), "case %zu: raw control in %s", i, m);
     }
     gpubuf_disconnect(c);
     ck_assert_int_eq(td_stop(&d), 0);
@@ -677,8 +676,9 @@ START_TEST(gpubufctl_output_never_follows_a_planted_link) {
     must_contain(out, "# TYPE gpubuf_requests_total counter");
     free(out);
     /* No file of gpubufctl's stays: the planted link and the victims only. */
-    snprintf(cmd, sizeof(cmd), "ls -A %s | grep -v -x -e gpubuf.prom -e victim -e victim2 "
-                               "-e 'gpubuf.prom.tmp.[0-9]*'",
+    snprintf(cmd, sizeof(cmd),
+             "ls -A %s | grep -v -x -e gpubuf.prom -e victim -e victim2 "
+             "-e 'gpubuf.prom.tmp.[0-9]*'",
              dir);
     out = td_capture(cmd, &code);
     ck_assert_msg(out[0] == '\0', "left behind: %s", out);
@@ -717,8 +717,8 @@ START_TEST(gpubufctl_escapes_control_characters_in_arguments) {
         char *out = ctl(&d, cases[i].args, &code);
         ck_assert_msg(code == cases[i].code, "case %zu: exit %d: %s", i, code, out);
         must_contain(out, cases[i].says);
-        ck_assert_msg(!strchr(out, '\033') && !strchr(out, '\a'), "case %zu: raw control in %s",
-                      i, out);
+        ck_assert_msg(!strchr(out, '\033') && !strchr(out, '\a'), "case %zu: raw control in %s", i,
+                      out);
         free(out);
     }
     ck_assert_int_eq(td_stop(&d), 0);
