@@ -88,8 +88,10 @@ int main(int argc, char **argv) {
      * (peer access), and check it with a kernel running there. */
     if (device >= 0 && (r = gpubuf_set_device(c, device)) < 0)
         return die("set_device", r);
-    if (open_waiting(c, name, timeout, &b) != 0)
+    if (open_waiting(c, name, timeout, &b) != 0) {
+        gpubuf_disconnect(c);
         return 1;
+    }
     size = gpubuf_buffer_size(b);
     if (gpubuf_buffer_pool_kind(b) == GPUBUF_POOL_HOST) {
         bad = gpubuf_pattern_mismatches(gpubuf_buffer_host_ptr(b), size, seed);
