@@ -1,11 +1,14 @@
 /* gpubufctl: look at a running gpubufd. */
 #include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <json-c/json.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -15,14 +18,14 @@
 
 enum { EXIT_USAGE = 2, EXIT_NO_DAEMON = 3, EXIT_REQUEST = 4 };
 
-
-
-/* A string from the daemon as printable, valid UTF-8 (gpubuf_text_clean):
- * whatever the daemon sent, no escape sequence reaches the terminal, no
- * newline forges a row or a metric, and JSON parsers accept the output.
- * Eight results are usable at once. */
+/* A string from the daemon or from the command line as printable, valid
+ * UTF-8 (gpubuf_text_clean: a control character becomes "\x1b"): whatever
+ * the daemon sent or the arguments hold, no escape sequence reaches the
+ * terminal, no newline forges a row or a metric, and JSON parsers accept
+ * the output. Every such string goes through here before it is printed.
+ * Eight results are usable at once; longer strings than a path are cut. */
 static const char *shown(const char *str) {
-    static char ring[8][4 * GPUBUF_NAME_MAX + 8];
+    static char ring[8][4 * 4096 + 8];
     static unsigned next;
     char *out = ring[next++ % 8];
     gpubuf_text_clean(out, sizeof(ring[0]), str, strlen(str));
@@ -749,13 +752,13 @@ static int show(gpubuf_client *c, view *v, const filters *f) {
     gpubuf_status *s;
     int r = gpubuf_status_get(c, &s);
     if (r < 0) {
-        fprintf(stderr, "gpubufctl: status: %s\n", gpubuf_last_error_message());
+        fprintf(stderr, "gpubufctl: status: %s\n", shown(gpubuf_last_error_message()));
         return EXIT_REQUEST;
     }
     if (f->pool && !pool_exists(s, f->pool)) {
         char pools[512];
         list_pools(s, pools, sizeof(pools));
-        fprintf(stderr, "gpubufctl: no pool named '%s'; pools: %s\n", f->pool, pools);
+        fprintf(stderr, "gpubufctl: no pool named '%s'; pools: %s\n", shown(f->pool), pools);
         gpubuf_status_free(s);
         return EXIT_USAGE;
     }
@@ -814,16 +817,16 @@ static int delete_targets(gpubuf_client *c, char **targets, int n, bool by_id,
             if (!*t || *end || errno || t[0] == '-')
                 usage_error("bad buffer id '%s': give the number from the ID column of "
                             "'gpubufctl buffers'",
-                            t);
+                            shown(t));
             r = gpubuf_delete_with(c, NULL, id, &o);
         } else {
             r = gpubuf_delete_with(c, t, 0, &o);
         }
         if (r == 0) {
-            printf("deleted %s%s\n", by_id ? "buffer " : "", t);
+            printf("deleted %s%s\n", by_id ? "buffer " : "", shown(t));
             continue;
         }
-        fprintf(stderr, "gpubufctl: delete %s: %s", t, gpubuf_last_error_message());
+        fprintf(stderr, "gpubufctl: delete %s: %s", shown(t), shown(gpubuf_last_error_message()));
         if (r == -ENOENT && !by_id && t[strspn(t, "0123456789")] == '\0')
             fprintf(stderr, " (to delete buffer id %s, use 'gpubufctl delete --id %s')", t, t);
         fputc('\n', stderr);
@@ -837,7 +840,7 @@ static long parse_long(const char *s, const char *opt, const char *what) {
     errno = 0;
     long v = strtol(s, &end, 10);
     if (*s == '\0' || *end || v < 0 || errno)
-        usage_error("bad %s value '%s': give %s", opt, s, what);
+        usage_error("bad %s value '%s': give %s", opt, shown(s), what);
     return v;
 }
 
@@ -847,28 +850,108 @@ static double parse_interval(const char *s) {
     if (*s == '\0' || *end || !(v > 0) || v > 86400)
         usage_error("bad --watch value '%s': give seconds, a number above 0 and at most 86400 "
                     "(e.g. --watch=0.5)",
-                    s);
+                    shown(s));
     return v;
 }
 
-/* Write stdout into path: into a temporary file first, renamed over path
- * when complete, so that a reader (node-exporter) never sees half a file. */
-static int output_begin(const char *path, char *tmp, size_t len) {
-    snprintf(tmp, len, "%s.tmp.%d", path, (int)getpid());
-    if (!freopen(tmp, "w", stdout)) {
-        fprintf(stderr, "gpubufctl: cannot write %s: %s\n", tmp, strerror(errno));
-        return -1;
-    }
-    return 0;
+/* --output FILE: each snapshot goes into a new file made next to FILE, by
+ * exclusive creation under a random name (mkostemp: O_CREAT|O_EXCL, so
+ * nothing planted there, a symbolic link included, is opened or followed),
+ * and is renamed over FILE when complete: a reader (node-exporter) never
+ * sees half a file, and whatever was at FILE, a symbolic link too, is
+ * replaced, not written through. The file gets mode 0644 less the umask. */
+static char out_tmp[4096 + 32]; /* the file being written; "" when none */
+static mode_t out_mode;
+
+/* SIGINT (the end of --watch), SIGTERM, SIGHUP: remove the file being
+ * written, then die of the signal as before. */
+static void output_signal(int sig) {
+    if (out_tmp[0])
+        unlink(out_tmp);
+    signal(sig, SIG_DFL);
+    raise(sig);
 }
 
-static int output_end(const char *path, const char *tmp, int r) {
-    if (fflush(stdout) != 0 || r != 0 || rename(tmp, path) < 0) {
-        if (r == 0)
-            fprintf(stderr, "gpubufctl: cannot write %s: %s\n", path, strerror(errno));
-        unlink(tmp);
-        return r ? r : EXIT_REQUEST;
+/* Block those signals (old: the mask to restore) while out_tmp and the
+ * file it names change together: the handler never sees half a name. */
+static void block_signals(sigset_t *old) {
+    sigset_t block;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    sigaddset(&block, SIGTERM);
+    sigaddset(&block, SIGHUP);
+    sigprocmask(SIG_BLOCK, &block, old);
+}
+
+static void output_init(void) {
+    mode_t mask = umask(0);
+    umask(mask);
+    out_mode = 0644 & ~mask;
+    signal(SIGINT, output_signal);
+    signal(SIGTERM, output_signal);
+    signal(SIGHUP, output_signal);
+    /* Into a file: fully buffered from the first snapshot on. */
+    setvbuf(stdout, NULL, _IOFBF, 1 << 16);
+}
+
+/* Complete the file: with r == 0 rename it over path, else (or when that
+ * fails) remove it. Returns r, or EXIT_REQUEST with the reason said. */
+static int output_end(const char *path, int r) {
+    int err = 0;
+    sigset_t old;
+    errno = 0;
+    if (fflush(stdout) != 0 || ferror(stdout))
+        err = errno ? errno : EIO;
+    block_signals(&old);
+    if (r == 0 && err == 0 && rename(out_tmp, path) < 0)
+        err = errno;
+    if (r != 0 || err != 0)
+        unlink(out_tmp);
+    out_tmp[0] = '\0';
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (r == 0 && err) {
+        fprintf(stderr, "gpubufctl: cannot write %s: %s\n", shown(path), strerror(err));
+        return EXIT_REQUEST;
     }
+    return r;
+}
+
+/* Point stdout at a new file next to path. 0, or -1 with the reason said. */
+static int output_begin(const char *path) {
+    char tmpl[sizeof(out_tmp)], dir[sizeof(out_tmp)];
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    int dir_len = slash ? (int)(slash - path) : 0, n, fd, err;
+    sigset_t old;
+    snprintf(dir, sizeof(dir), "%.*s", slash == path ? 1 : dir_len, slash ? path : ".");
+    n = snprintf(tmpl, sizeof(tmpl), "%.*s.%s.XXXXXX", slash ? dir_len + 1 : 0, path, base);
+    if (n < 0 || (size_t)n >= sizeof(tmpl)) {
+        fprintf(stderr, "gpubufctl: cannot write %s: the path is longer than %zu bytes\n",
+                shown(path), sizeof(tmpl) - 16);
+        return -1;
+    }
+    block_signals(&old);
+    fd = mkostemp(tmpl, O_CLOEXEC);
+    err = errno;
+    if (fd >= 0)
+        memcpy(out_tmp, tmpl, (size_t)n + 1);
+    sigprocmask(SIG_SETMASK, &old, NULL);
+    if (fd < 0) {
+        fprintf(stderr,
+                "gpubufctl: cannot write %s: cannot create a file in directory %s: %s (the "
+                "directory must exist and be writable by this user)\n",
+                shown(path), shown(dir), strerror(err));
+        return -1;
+    }
+    if (fchmod(fd, out_mode) < 0 || fflush(stdout) != 0 ||
+        (fd != STDOUT_FILENO && dup2(fd, STDOUT_FILENO) < 0)) {
+        fprintf(stderr, "gpubufctl: cannot write %s: %s\n", shown(out_tmp), strerror(errno));
+        close(fd);
+        output_end(path, EXIT_REQUEST);
+        return -1;
+    }
+    if (fd != STDOUT_FILENO)
+        close(fd);
+    clearerr(stdout);
     return 0;
 }
 
@@ -917,18 +1000,21 @@ int main(int argc, char **argv) {
         case OPT_STATE:
             if (strcmp(optarg, "allocated") && strcmp(optarg, "sealed") &&
                 strcmp(optarg, "deleted"))
-                usage_error("bad --state value '%s': give allocated, sealed or deleted", optarg);
+                usage_error("bad --state value '%s': give allocated, sealed or deleted",
+                            shown(optarg));
             f.state = optarg;
             break;
         case OPT_PID: f.pid = parse_long(optarg, "--pid", "a process id"); break;
         case OPT_UID: f.uid = parse_long(optarg, "--uid", "a numeric user id"); break;
         case OPT_ID: by_id = true; break;
         case 'h': usage(stdout); return 0;
-        case ':': usage_error("option '%s' needs a value", argv[optind - 1]);
+        case ':': usage_error("option '%s' needs a value", shown(argv[optind - 1]));
         default:
-            if (optopt)
-                usage_error("unknown option '-%c'", optopt);
-            usage_error("unknown option '%s'", argv[optind - 1]);
+            if (optopt) {
+                char o[3] = {'-', (char)optopt, '\0'};
+                usage_error("unknown option '%s'", shown(o));
+            }
+            usage_error("unknown option '%s'", shown(argv[optind - 1]));
         }
     }
     if (optind < argc)
@@ -939,18 +1025,18 @@ int main(int argc, char **argv) {
     if (!known)
         usage_error("unknown command '%s'; commands: status, pools, buffers, clients, metrics, "
                     "delete",
-                    cmd);
+                    shown(cmd));
     bool del = !strcmp(cmd, "delete");
     if (del && optind == argc)
         usage_error("delete needs the name of a buffer (or --id and its id)");
     if (!del && optind < argc)
-        usage_error("'%s' takes no arguments, got '%s'", cmd, argv[optind]);
+        usage_error("'%s' takes no arguments, got '%s'", cmd, shown(argv[optind]));
     if (by_id && !del)
         usage_error("--id goes with delete only");
     if (del && (watch > 0 || output || v.json))
         usage_error("delete takes no --watch, --output or --json");
     if ((r = gpubuf_connect(sock, &c)) < 0) {
-        fprintf(stderr, "gpubufctl: %s\n", gpubuf_last_error_message());
+        fprintf(stderr, "gpubufctl: %s\n", shown(gpubuf_last_error_message()));
         return EXIT_NO_DAEMON;
     }
     if (del) {
@@ -963,15 +1049,16 @@ int main(int argc, char **argv) {
     /* A terminal shows one live view; a pipe or a file gets one snapshot
      * after the other. */
     v.redraw = v.watch && !output && !v.json && strcmp(cmd, "metrics") && isatty(STDOUT_FILENO);
+    if (output)
+        output_init();
     for (;;) {
-        char tmp[4096];
-        if (output && output_begin(output, tmp, sizeof(tmp)) < 0) {
+        if (output && output_begin(output) < 0) {
             r = EXIT_REQUEST;
             break;
         }
         r = show(c, &v, &f);
         if (output)
-            r = output_end(output, tmp, r);
+            r = output_end(output, r);
         if (r != 0 || !v.watch)
             break;
         struct timespec ts = {(time_t)watch, (long)((watch - (double)(time_t)watch) * 1e9)};

@@ -99,7 +99,15 @@ const char *gpubuf_state_name(gpubuf_state s) {
     return "unknown";
 }
 
+/* Up to 64 bytes of an untrusted name for a message, as printable UTF-8
+ * (gpubuf_text_clean: "\x1b" for an escape), cut short of out's 100 bytes. */
+static const char *name_shown(const char *name, size_t len, char out[100]) {
+    gpubuf_text_clean(out, 100, name, len < 64 ? len : 64);
+    return out;
+}
+
 int gpubuf_name_check(const char *name, size_t len, char *msg, size_t msg_len) {
+    char a[100], b[100];
     if (gpubuf_name_valid(name, len))
         return 0;
     if (len == 0) {
@@ -112,8 +120,8 @@ int gpubuf_name_check(const char *name, size_t len, char *msg, size_t msg_len) {
         return -ENAMETOOLONG;
     }
     if (name[0] == '/') {
-        snprintf(msg, msg_len, "invalid name '%.64s': a name may not start with '/' (use '%.64s')",
-                 name, len > 1 ? name + 1 : "x");
+        snprintf(msg, msg_len, "invalid name '%s': a name may not start with '/' (use '%s')",
+                 name_shown(name, len, a), len > 1 ? name_shown(name + 1, len - 1, b) : "x");
         return -EINVAL;
     }
     size_t i = 0;
@@ -128,9 +136,9 @@ int gpubuf_name_check(const char *name, size_t len, char *msg, size_t msg_len) {
     else
         snprintf(shown, sizeof(shown), "0x%02x", bad);
     snprintf(msg, msg_len,
-             "invalid name '%.64s': %s at byte %zu is not allowed; a name uses only "
+             "invalid name '%s': %s at byte %zu is not allowed; a name uses only "
              "A-Z a-z 0-9 . _ : / @ + - and does not start with '/'",
-             bad >= 0x20 && bad < 0x7f ? name : "(not printable)", shown, i);
+             name_shown(name, len, a), shown, i);
     return -EINVAL;
 }
 
@@ -153,8 +161,9 @@ int gpubuf_name_split(const char *in, char pool[GPUBUF_NAME_MAX + 1], const char
         return -EINVAL;
     }
     if (pl > GPUBUF_NAME_MAX) {
-        snprintf(msg, msg_len, "the pool name of '%.64s...' is longer than %d bytes", in,
-                 GPUBUF_NAME_MAX);
+        char a[100];
+        snprintf(msg, msg_len, "the pool name of '%s...' is longer than %d bytes",
+                 name_shown(in, strlen(in), a), GPUBUF_NAME_MAX);
         return -ENAMETOOLONG;
     }
     memcpy(pool, in + 1, pl);

@@ -13,6 +13,11 @@
  * names more than 2^64 - 1 bytes. */
 int gpubuf_parse_size(const char *s, uint64_t *ret);
 
+/* What gpubuf_parse_size() accepts, for the messages that refuse a size. */
+#define GPUBUF_SIZE_FORMS                                                                          \
+    "a whole number of bytes with an optional unit K, M, G or T (powers of 1024, any case; "       \
+    "64K, 64KiB and 64KB are all 65536), e.g. 4096, 64K, 256M, 8G"
+
 /* Format bytes as "256.0 MiB" into buf. Returns buf. */
 char *gpubuf_format_size(uint64_t bytes, char *buf, size_t len);
 

@@ -39,8 +39,10 @@ gd_pool *gd_context_find_pool(const gd_context *ctx, const char *name) {
 /* "no pool named 'x'; pools: a, b (leave the pool out for the default pool
  * 'a')": the names the client can use instead. */
 static int no_pool(const gd_context *ctx, const char *name, gd_err *err) {
-    char list[128];
+    char list[128], asked[40];
     size_t n = 0;
+    /* The client's name, shown printable: never raw bytes into its terminal. */
+    gpubuf_text_clean(asked, sizeof(asked), name, strnlen(name, 32));
     list[0] = '\0';
     for (int i = 0; i < ctx->n_pools && n < sizeof(list); i++)
         n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%s", i ? ", " : "",
@@ -48,12 +50,12 @@ static int no_pool(const gd_context *ctx, const char *name, gd_err *err) {
     if (n >= sizeof(list)) /* cut: end with an ellipsis */
         memcpy(list + sizeof(list) - 4, "...", 4);
     if (ctx->n_pools == 0)
-        return gd_err_set(err, GPUBUF_ENOPOOL, "no pool named '%.32s'; the daemon has no pools",
-                          name);
+        return gd_err_set(err, GPUBUF_ENOPOOL, "no pool named '%s'; the daemon has no pools",
+                          asked);
     return gd_err_set(err, GPUBUF_ENOPOOL,
-                      "no pool named '%.32s'; pools: %s (leave the pool out for the default "
+                      "no pool named '%s'; pools: %s (leave the pool out for the default "
                       "pool '%.16s')",
-                      name, list, ctx->pools[0]->name);
+                      asked, list, ctx->pools[0]->name);
 }
 
 int gd_context_pool(const gd_context *ctx, const char *name, gd_pool **ret, gd_err *err) {

@@ -1,8 +1,10 @@
 /* gpubuf-consumer: open a published buffer by name, check its contents where
  * they live (on the GPU for CUDA pools), release it. */
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "gpubuf/gpubuf.h"
@@ -15,6 +17,38 @@ static int die(const char *what, int r) {
      * only when there is none. */
     fprintf(stderr, "gpubuf-consumer: %s: %s\n", what, *m ? m : gpubuf_strerror(r));
     return 1;
+}
+
+/* Open name, waiting up to timeout_ms for it (< 0: forever). Says on
+ * stderr what it waits for before it blocks, and after a timeout that the
+ * name was not found and where the names are listed. */
+static int open_waiting(gpubuf_client *c, const char *name, int timeout_ms, gpubuf_buffer **ret) {
+    char shown[256]; /* the name, printable */
+    int r = gpubuf_open(c, name, 0, ret);
+    if (r != -ENOENT || timeout_ms == 0)
+        return r == 0 ? 0 : die("open", r);
+    gpubuf_text_clean(shown, sizeof(shown), name, strlen(name));
+    if (timeout_ms > 0)
+        fprintf(stderr,
+                "gpubuf-consumer: waiting up to %.1f s for '%s' to be published and "
+                "sealed (--timeout MS to change)\n",
+                timeout_ms / 1000.0, shown);
+    else
+        fprintf(stderr,
+                "gpubuf-consumer: waiting for '%s' to be published and sealed, without "
+                "a time limit\n",
+                shown);
+    r = gpubuf_open(c, name, timeout_ms, ret);
+    if (r == -ETIMEDOUT) {
+        die("open", r);
+        fprintf(stderr,
+                "gpubuf-consumer: no sealed buffer '%s' was found within %.1f s: check "
+                "the name ('gpubufctl buffers' lists them; /POOL/NAME for a pool other "
+                "than the default) and that the producer ran\n",
+                shown, timeout_ms / 1000.0);
+        return 1;
+    }
+    return r == 0 ? 0 : die("open", r);
 }
 
 int main(int argc, char **argv) {
@@ -54,8 +88,10 @@ int main(int argc, char **argv) {
      * (peer access), and check it with a kernel running there. */
     if (device >= 0 && (r = gpubuf_set_device(c, device)) < 0)
         return die("set_device", r);
-    if ((r = gpubuf_open(c, name, timeout, &b)) < 0)
-        return die("open", r);
+    if (open_waiting(c, name, timeout, &b) != 0) {
+        gpubuf_disconnect(c);
+        return 1;
+    }
     size = gpubuf_buffer_size(b);
     if (gpubuf_buffer_pool_kind(b) == GPUBUF_POOL_HOST) {
         bad = gpubuf_pattern_mismatches(gpubuf_buffer_host_ptr(b), size, seed);

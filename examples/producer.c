@@ -3,6 +3,7 @@
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "gpubuf/gpubuf.h"
@@ -32,12 +33,23 @@ int main(int argc, char **argv) {
         case 's': sock = optarg; break;
         case 'p': pool = optarg; break;
         case 'n': name = optarg; break;
-        case 'z':
-            if (gpubuf_parse_size(optarg, &size) < 0 || size < 4) {
-                fprintf(stderr, "gpubuf-producer: bad size '%s'\n", optarg);
+        case 'z': {
+            int bad = gpubuf_parse_size(optarg, &size) < 0;
+            if (bad || size < 4) {
+                char shown[256]; /* the argument, printable */
+                gpubuf_text_clean(shown, sizeof(shown), optarg, strlen(optarg));
+                if (bad)
+                    fprintf(stderr, "gpubuf-producer: bad size '%s': give " GPUBUF_SIZE_FORMS "\n",
+                            shown);
+                else
+                    fprintf(stderr,
+                            "gpubuf-producer: size '%s' is below 4 bytes: the pattern is "
+                            "written in 4-byte words\n",
+                            shown);
                 return 2;
             }
             break;
+        }
         case 'e': seed = (uint32_t)strtoul(optarg, NULL, 0); break;
         case 'H': hold = atoi(optarg); break;
         default:

@@ -351,6 +351,91 @@ START_TEST(last_error_message_belongs_to_the_last_call) {
 }
 END_TEST
 
+/* A name the caller gives comes back in a message as printable text: the
+ * library's name rule and the daemon's "no pool named" write an escape as
+ * "\x1b", so no message can drive the terminal that shows it. */
+START_TEST(names_in_messages_are_escaped) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    gpubuf_client *c = td_connect(&d);
+    static const struct {
+        const char *name, *says;
+    } cases[] = {
+        /* Old: "invalid name '/<ESC>[2J': ..." and "invalid name 'a!<ESC>[2J'". */
+        {"/\033[2J", "invalid name '/\\x1b[2J'"},
+        {"a!\033[2J", "invalid name 'a!\\x1b[2J': '!' at byte 1"},
+        /* Old: "(not printable)" in place of the name. */
+        {"\033[2J", "invalid name '\\x1b[2J': 0x1b at byte 0"},
+        /* The daemon's sentence. Old: "no pool named '<ESC>]0;x<BEL>'". */
+        {"/\033]0;x\a/y", "no pool named '\\x1b]0;x\\x07'"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        ck_assert_int_lt(gpubuf_delete(c, cases[i].name), 0);
+        const char *m = gpubuf_last_error_message();
+        ck_assert_msg(strstr(m, cases[i].says) != NULL, "case %zu: %s", i, m);
+        ck_assert_msg(!strchr(m, '\033') && !strchr(m, '\a'), "case %zu: raw control in %s", i, m);
+    }
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* ---- the example programs ------------------------------------------------ */
+
+/* Old: "gpubuf-producer: bad size '12Q'", without the forms a size takes. */
+START_TEST(producer_bad_size_lists_the_units) {
+    char cmd[512];
+    int code;
+    snprintf(cmd, sizeof(cmd), "%s/gpubuf-producer --size 12Q 2>&1", EXAMPLES_DIR);
+    char *out = td_capture(cmd, &code);
+    ck_assert_int_eq(code, 2);
+    must_contain(out, "bad size '12Q'");
+    must_contain(out, "K, M, G or T");
+    must_contain(out, "e.g. 4096, 64K, 256M, 8G");
+    free(out);
+    snprintf(cmd, sizeof(cmd), "%s/gpubuf-producer --size 2 2>&1", EXAMPLES_DIR);
+    out = td_capture(cmd, &code);
+    ck_assert_int_eq(code, 2);
+    must_contain(out, "size '2' is below 4 bytes");
+    free(out);
+}
+END_TEST
+
+/* The consumer says what it waits for before it blocks, and after the
+ * timeout that the name was not found and where names are listed. Old: ten
+ * seconds of silence, then only "open: timed out waiting for ...". */
+START_TEST(consumer_says_what_it_waits_for) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    char cmd[512];
+    int code;
+    snprintf(cmd, sizeof(cmd), "%s/gpubuf-consumer --socket %s --name no/such --timeout 1500 2>&1",
+             EXAMPLES_DIR, d.socket);
+    char *out = td_capture(cmd, &code);
+    ck_assert_msg(code == 1, "exit %d: %s", code, out);
+    must_contain(out, "waiting up to 1.5 s for 'no/such' to be published and sealed");
+    must_contain(out, "no sealed buffer 'no/such' was found within 1.5 s");
+    must_contain(out, "'gpubufctl buffers' lists them");
+    /* The wait is announced before it starts. */
+    ck_assert_ptr_nonnull(strstr(out, "waiting up to"));
+    ck_assert(strstr(out, "waiting up to") < strstr(out, "timed out"));
+    free(out);
+    /* A name that is there: no word about waiting. */
+    snprintf(cmd, sizeof(cmd),
+             "%s/gpubuf-producer --socket %s --name here --size 4K 2>&1 && "
+             "%s/gpubuf-consumer --socket %s --name here 2>&1",
+             EXAMPLES_DIR, d.socket, EXAMPLES_DIR, d.socket);
+    out = td_capture(cmd, &code);
+    ck_assert_msg(code == 0, "exit %d: %s", code, out);
+    must_contain(out, "0 mismatches");
+    ck_assert_ptr_null(strstr(out, "waiting"));
+    free(out);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
 /* ---- gpubufctl ---------------------------------------------------------- */
 
 /* Run gpubufctl with args (stderr into the output); returns the output. */
@@ -600,6 +685,105 @@ START_TEST(gpubufctl_output_replaces_the_file) {
     ck_assert_int_eq(code, 4);
     must_contain(out, "cannot write /nonexistent/dir/x.prom");
     free(out);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* --output never writes through a link it did not make. A link planted at
+ * the old predictable temporary name (FILE.tmp.PID: the child plants it
+ * for its own pid, then becomes gpubufctl) and one at FILE itself: the
+ * files they point to keep their contents, FILE becomes a regular file
+ * with the metrics, mode 0644 less the umask, and no temporary file stays.
+ * Old: the metrics went into the planted link's target. */
+START_TEST(gpubufctl_output_never_follows_a_planted_link) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    char path[128], victim[128], victim2[128];
+    snprintf(path, sizeof(path), "%s/gpubuf.prom", dir);
+    snprintf(victim, sizeof(victim), "%s/victim", dir);
+    snprintf(victim2, sizeof(victim2), "%s/victim2", dir);
+    for (int i = 0; i < 2; i++) {
+        FILE *f = fopen(i ? victim2 : victim, "w");
+        ck_assert_ptr_nonnull(f);
+        fputs("precious\n", f);
+        ck_assert_int_eq(fclose(f), 0);
+    }
+    ck_assert_int_eq(symlink(victim, path), 0);
+    pid_t pid = fork();
+    ck_assert_int_ge(pid, 0);
+    if (pid == 0) {
+        char planted[192];
+        snprintf(planted, sizeof(planted), "%s.tmp.%d", path, (int)getpid());
+        if (symlink(victim2, planted) < 0)
+            _exit(120);
+        umask(022);
+        execl(GPUBUFCTL_PATH, "gpubufctl", "--socket", d.socket, "metrics", "--output", path,
+              (char *)NULL);
+        _exit(127);
+    }
+    ck_assert_int_eq(td_wait(pid), 0);
+    int code;
+    char cmd[512];
+    snprintf(cmd, sizeof(cmd), "cat %s %s", victim, victim2);
+    char *out = td_capture(cmd, &code);
+    ck_assert_msg(strcmp(out, "precious\nprecious\n") == 0,
+                  "the target of a planted link was written: %.80s", out);
+    free(out);
+    struct stat st;
+    ck_assert_int_eq(lstat(path, &st), 0);
+    ck_assert_msg(S_ISREG(st.st_mode), "%s is not a regular file", path);
+    ck_assert_int_eq(st.st_mode & 07777, 0644);
+    snprintf(cmd, sizeof(cmd), "cat %s", path);
+    out = td_capture(cmd, &code);
+    must_contain(out, "# TYPE gpubuf_requests_total counter");
+    free(out);
+    /* No file of gpubufctl's stays: the planted link and the victims only. */
+    snprintf(cmd, sizeof(cmd),
+             "ls -A %s | grep -v -x -e gpubuf.prom -e victim -e victim2 "
+             "-e 'gpubuf.prom.tmp.[0-9]*'",
+             dir);
+    out = td_capture(cmd, &code);
+    ck_assert_msg(out[0] == '\0', "left behind: %s", out);
+    free(out);
+    ck_assert_int_eq(td_stop(&d), 0);
+}
+END_TEST
+
+/* Arguments gpubufctl repeats in a message have their control characters
+ * escaped: no argument can clear the screen or retitle the terminal of the
+ * one who reads the error. Old: "gpubufctl: delete <ESC>[2J: ...". */
+START_TEST(gpubufctl_escapes_control_characters_in_arguments) {
+    test_daemon d;
+    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
+    td_start(&d, args);
+    static const struct {
+        const char *args, *says;
+        int code;
+    } cases[] = {
+        {"delete '\033[2J'", "gpubufctl: delete \\x1b[2J: invalid name '\\x1b[2J'", 4},
+        {"delete 'x\033[2J'", "gpubufctl: delete x\\x1b[2J: invalid name 'x\\x1b[2J'", 4},
+        {"delete '/\033]0;x\a/y'", "no pool named '\\x1b]0;x\\x07'", 4},
+        {"delete --id '1\033[2J'", "bad buffer id '1\\x1b[2J'", 2},
+        {"'\033[2J'", "unknown command '\\x1b[2J'", 2},
+        {"'-\033'", "unknown option '-\\x1b'", 2},
+        {"'--\033[2J'", "unknown option '--\\x1b[2J'", 2},
+        {"pools '\033[2J'", "got '\\x1b[2J'", 2},
+        {"--state '\033[2J' buffers", "bad --state value '\\x1b[2J'", 2},
+        {"--pid '\033' clients", "bad --pid value '\\x1b'", 2},
+        {"--watch='\033' pools", "bad --watch value '\\x1b'", 2},
+        {"--pool '\033[31m' pools", "no pool named '\\x1b[31m'", 2},
+        {"-o '/nonexistent/\033[2J/x' metrics", "cannot write /nonexistent/\\x1b[2J/x", 4},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        int code;
+        char *out = ctl(&d, cases[i].args, &code);
+        ck_assert_msg(code == cases[i].code, "case %zu: exit %d: %s", i, code, out);
+        must_contain(out, cases[i].says);
+        ck_assert_msg(!strchr(out, '\033') && !strchr(out, '\a'), "case %zu: raw control in %s", i,
+                      out);
+        free(out);
+    }
     ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -953,6 +1137,9 @@ int main(void) {
     tcase_add_test(m, unknown_pool_lists_the_pools);
     tcase_add_test(m, name_rule_and_size_zero);
     tcase_add_test(m, last_error_message_belongs_to_the_last_call);
+    tcase_add_test(m, names_in_messages_are_escaped);
+    tcase_add_test(m, producer_bad_size_lists_the_units);
+    tcase_add_test(m, consumer_says_what_it_waits_for);
     suite_add_tcase(s, m);
     TCase *g = tcase_create("gpubufctl");
     tcase_add_checked_fixture(g, mkdir_tmp, rm_tmp);
@@ -962,6 +1149,8 @@ int main(void) {
     tcase_add_test(g, gpubufctl_watch_appends_lines_with_rates_when_piped);
     tcase_add_test(g, gpubufctl_watch_redraws_in_place_on_a_terminal);
     tcase_add_test(g, gpubufctl_output_replaces_the_file);
+    tcase_add_test(g, gpubufctl_output_never_follows_a_planted_link);
+    tcase_add_test(g, gpubufctl_escapes_control_characters_in_arguments);
     tcase_add_test(g, bash_completion);
     tcase_add_test(g, gpubufctl_names_per_pool);
     suite_add_tcase(s, g);

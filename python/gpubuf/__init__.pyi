@@ -113,6 +113,7 @@ class ArrayView:
 class Error(Exception):
     code: int
     errname: str
+    errno: int | None
     message: str
 
 class NotFoundError(Error, FileNotFoundError): ...

@@ -550,15 +550,13 @@ static PyObject *buf_exit(GpubufBuffer *self, PyObject *args) {
 typedef int (*view_op)(gpubuf_buffer *b, void *arg);
 
 static int view_run(GpubufBuffer *self, gpubuf_buffer *b, view_op op, void *arg) {
-    char before[512];
     int r;
     gpubuf_buffer_ref(b);
-    gpubufpy_error_snapshot(before);
     Py_BEGIN_ALLOW_THREADS
         r = op(b, arg);
     Py_END_ALLOW_THREADS
     if (r < 0)
-        gpubufpy_raise(r, before); /* before the drop, which may send a request */
+        gpubufpy_raise(r); /* before the drop, which may send a request */
     gpubufpy_view_drop(b, self->pid);
     return r < 0 ? -1 : 0;
 }
@@ -597,6 +595,22 @@ static int op_copy_to_host(gpubuf_buffer *b, void *arg) {
 static int op_copy_from_host(gpubuf_buffer *b, void *arg) {
     struct copy_args *a = arg;
     return gpubuf_buffer_copy_from_host(b, a->position, a->host, a->len);
+}
+
+/* seal(stream=...) of a host-pool buffer: said in Python's words (the
+ * library's message names its C function). */
+static PyObject *host_stream_seal(gpubuf_buffer *b) {
+    char msg[512], name[256 + 16];
+    const char *n = gpubuf_buffer_name(b);
+    if (n && *n)
+        snprintf(name, sizeof(name), "'%s'", n); /* names are printable ASCII */
+    else
+        snprintf(name, sizeof(name), "%llu", (unsigned long long)gpubuf_buffer_id(b));
+    snprintf(msg, sizeof(msg),
+             "a stream-ordered seal needs a CUDA pool; buffer %s is in a host pool, which has "
+             "no GPU work to order: call seal() without stream",
+             name);
+    return gpubufpy_raise_msg(-EINVAL, msg);
 }
 
 static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
@@ -642,6 +656,8 @@ static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
         }
         if (gpubufpy_stream_arg(stream, &a.stream) < 0)
             return NULL;
+        if (gpubuf_buffer_pool_kind(b) == GPUBUF_POOL_HOST)
+            return host_stream_seal(b);
         a.on_stream = true;
     }
     if (self->pid != getpid())
@@ -652,14 +668,12 @@ static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
 }
 
 int gpubufpy_wait(gpubuf_buffer *b, gpubuf_stream stream) {
-    char before[512];
     int r;
-    gpubufpy_error_snapshot(before);
     /* With the GIL: one cuStreamWaitEvent (the event was imported at open),
      * and no other thread can release b meanwhile. */
     r = gpubuf_buffer_wait(b, stream);
     if (r < 0) {
-        gpubufpy_raise(r, before);
+        gpubufpy_raise(r);
         return -1;
     }
     return 0;
@@ -705,15 +719,13 @@ static PyObject *buf_slice(GpubufBuffer *self, PyObject *args, PyObject *kw) {
     long long offset, length = -1;
     gpubuf_buffer *b, *s;
     uint64_t len;
-    char before[512];
     int r;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "L|L:slice", kwlist, &offset, &length) ||
         !(b = buf_view(self)) || range_arg(b, offset, length, &len) < 0)
         return NULL;
-    gpubufpy_error_snapshot(before);
     r = gpubuf_buffer_slice(b, (uint64_t)offset, len, &s);
     if (r < 0)
-        return gpubufpy_raise(r, before);
+        return gpubufpy_raise(r);
     return gpubufpy_buffer_new(self->client, s);
 }
 

@@ -61,35 +61,42 @@ static PyObject *error_class(int err) {
     return error_base;
 }
 
-void gpubufpy_error_snapshot(char *out) {
-    const char *m = gpubuf_last_error_message();
-    if (*m)
-        snprintf(out, 512, "%s", m);
-    else
-        out[0] = '\0';
+/* The errno of a library code: -code for a -errno code, else None. */
+static PyObject *errno_of(int err) {
+    return err < 0 && err > -1000 ? PyLong_FromLong(-err) : Py_NewRef(Py_None);
+}
+
+/* code, errname and, where OSError does not keep it already, errno: set on
+ * a class (its own code) and on every instance raised (the code raised). */
+static int set_code_attrs(PyObject *o, int err, bool with_errno) {
+    PyObject *code = PyLong_FromLong(err), *name = PyUnicode_FromString(gpubuf_err_name(err));
+    PyObject *eno = with_errno ? errno_of(err) : NULL;
+    int r = -1;
+    if (code && name && (!with_errno || eno) && PyObject_SetAttrString(o, "code", code) == 0 &&
+        PyObject_SetAttrString(o, "errname", name) == 0 &&
+        (!with_errno || PyObject_SetAttrString(o, "errno", eno) == 0))
+        r = 0;
+    Py_XDECREF(code);
+    Py_XDECREF(name);
+    Py_XDECREF(eno);
+    return r;
 }
 
 PyObject *gpubufpy_raise_msg(int err, const char *detail) {
     PyObject *cls = error_class(err), *exc, *args, *msg;
+    bool os_error = PyObject_IsSubclass(cls, PyExc_OSError) == 1;
     msg = PyUnicode_DecodeUTF8(detail, (Py_ssize_t)strlen(detail), "replace");
     if (!msg)
         return NULL;
-    if (PyObject_IsSubclass(cls, PyExc_OSError) == 1 && err > -1000)
+    if (os_error && err < 0 && err > -1000)
         args = Py_BuildValue("(iO)", -err, msg); /* .errno and .strerror */
     else
         args = PyTuple_Pack(1, msg);
     exc = args ? PyObject_Call(cls, args, NULL) : NULL;
     Py_XDECREF(args);
-    if (exc) {
-        PyObject *code = PyLong_FromLong(err);
-        PyObject *name = PyUnicode_FromString(gpubuf_err_name(err));
-        if (!code || !name || PyObject_SetAttrString(exc, "code", code) < 0 ||
-            PyObject_SetAttrString(exc, "errname", name) < 0 ||
-            PyObject_SetAttrString(exc, "message", msg) < 0)
-            Py_CLEAR(exc);
-        Py_XDECREF(code);
-        Py_XDECREF(name);
-    }
+    if (exc && (set_code_attrs(exc, err, !os_error) < 0 ||
+                PyObject_SetAttrString(exc, "message", msg) < 0))
+        Py_CLEAR(exc);
     Py_DECREF(msg);
     if (exc) {
         PyErr_SetObject(cls, exc);
@@ -98,9 +105,9 @@ PyObject *gpubufpy_raise_msg(int err, const char *detail) {
     return NULL;
 }
 
-PyObject *gpubufpy_raise(int err, const char *before) {
+PyObject *gpubufpy_raise(int err) {
     const char *detail = gpubuf_last_error_message();
-    if (!*detail || (before && strcmp(detail, before) == 0))
+    if (!*detail)
         detail = gpubuf_strerror(err);
     return gpubufpy_raise_msg(err, detail);
 }
@@ -128,7 +135,13 @@ int gpubufpy_add_exceptions(PyObject *m) {
             return -1;
         error_types[i] = PyErr_NewExceptionWithDoc(qual, e->doc, bases, NULL);
         Py_DECREF(bases);
-        if (!error_types[i] || PyModule_AddObjectRef(m, e->name, error_types[i]) < 0)
+        /* An instance made anywhere (gpubuf.StateError("...")) has its
+         * class's code and errname too. No errno on OSError's subclasses:
+         * a class attribute would hide the instance's. */
+        if (!error_types[i] ||
+            set_code_attrs(error_types[i], e->code,
+                           !e->builtin || !PyObject_IsSubclass(*e->builtin, PyExc_OSError)) < 0 ||
+            PyModule_AddObjectRef(m, e->name, error_types[i]) < 0)
             return -1;
     }
     return 0;

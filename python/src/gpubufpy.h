@@ -47,19 +47,18 @@ extern PyTypeObject GpubufClient_Type;
 extern PyTypeObject GpubufBuffer_Type;
 extern PyTypeObject GpubufArrayView_Type;
 
-/* Raise the exception for a libgpubuf-client error code. `before` is the
- * thread's gpubuf_last_error_message() copied before the call (or NULL): a
- * message still equal to it was not written by this call. Returns NULL. */
-PyObject *gpubufpy_raise(int err, const char *before);
+/* Raise the exception for a libgpubuf-client error code, right after the
+ * call that returned it on this thread: with that call's message (the
+ * library clears the message when a call starts and sets it when the call
+ * fails, so it is this call's even when it repeats the one before), or the
+ * code's own sentence when it has none. Returns NULL. */
+PyObject *gpubufpy_raise(int err);
 
 /* Raise the exception for err with this message. Returns NULL. */
 PyObject *gpubufpy_raise_msg(int err, const char *detail);
 
 /* DisconnectedError: an object of process `owner` used in a forked child. */
 PyObject *gpubufpy_raise_fork(pid_t owner);
-
-/* Copy gpubuf_last_error_message() into out (a char[512]) before a call. */
-void gpubufpy_error_snapshot(char *out);
 
 /* Drop one reference of a view (NULL accepted), without the GIL when the
  * caller holds it: the last reference of a root view takes the connection's

@@ -51,16 +51,14 @@ typedef int (*client_op)(gpubuf_client *c, void *arg);
 
 static int client_run(GpubufClient *self, client_op op, void *arg) {
     gpubuf_client *c = client_enter(self);
-    char before[512];
     int r;
     if (!c)
         return -1;
-    gpubufpy_error_snapshot(before);
     Py_BEGIN_ALLOW_THREADS
         r = op(c, arg);
     Py_END_ALLOW_THREADS
     if (r < 0)
-        gpubufpy_raise(r, before);
+        gpubufpy_raise(r);
     client_leave(self);
     return r < 0 ? -1 : 0;
 }
@@ -70,7 +68,6 @@ static int client_init(GpubufClient *self, PyObject *args, PyObject *kw) {
     PyObject *sock = Py_None, *bytes = NULL;
     const char *path = NULL;
     gpubuf_client *c;
-    char before[512];
     int r;
     if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:Client", kwlist, &sock))
         return -1;
@@ -83,13 +80,12 @@ static int client_init(GpubufClient *self, PyObject *args, PyObject *kw) {
             return -1;
         path = PyBytes_AS_STRING(bytes);
     }
-    gpubufpy_error_snapshot(before);
     Py_BEGIN_ALLOW_THREADS
         r = gpubuf_connect(path, &c);
     Py_END_ALLOW_THREADS
     Py_XDECREF(bytes);
     if (r < 0) {
-        gpubufpy_raise(r, before);
+        gpubufpy_raise(r);
         return -1;
     }
     self->c = c;
@@ -203,11 +199,9 @@ static int lookup_args(PyObject *pool, PyObject *owner, gpubuf_lookup *o) {
 static PyObject *client_open_common(GpubufClient *self, const open_key *key, int timeout_ms) {
     gpubuf_client *c = client_enter(self);
     gpubuf_buffer *b = NULL;
-    char before[512];
     int r;
     if (!c)
         return NULL;
-    gpubufpy_error_snapshot(before);
     for (;;) {
         int slice = timeout_ms;
         if (timeout_ms < 0 || timeout_ms > WAIT_SLICE_MS)
@@ -233,7 +227,7 @@ static PyObject *client_open_common(GpubufClient *self, const open_key *key, int
         }
     }
     if (r < 0) {
-        gpubufpy_raise(r, before);
+        gpubufpy_raise(r);
         client_leave(self);
         return NULL;
     }

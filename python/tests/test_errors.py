@@ -179,3 +179,68 @@ def test_set_device_without_gpu(client):
         assert e.message
     else:
         pytest.skip("this machine has a GPU 0")
+
+
+def test_the_same_error_twice_keeps_the_daemons_message(client):
+    # Old: the second exception said only "[Errno 2] No such file or
+    # directory": a message equal to the one before was taken as stale.
+    for call in (lambda: client.open("t/twice"), lambda: client.delete("t/twice"),
+                 lambda: client.stat("t/twice")):
+        for _ in range(3):
+            with pytest.raises(gpubuf.NotFoundError) as ei:
+                call()
+            assert "no buffer named 't/twice'" in ei.value.message, ei.value.message
+            assert "no buffer named 't/twice'" in str(ei.value)
+    # Also after a success in between, and for a refusal of the library.
+    client.alloc(8, "t/between").release()
+    for _ in range(2):
+        with pytest.raises(gpubuf.InvalidArgumentError) as ei:
+            client.open("bad name")
+        assert "invalid name 'bad name'" in ei.value.message, ei.value.message
+
+
+def test_stream_seal_on_a_host_pool_says_what_to_do(client):
+    b = client.alloc(8, "t/hoststream")
+    # Old: "a host-pool buffer has no GPU work to order: use gpubuf_seal()".
+    with pytest.raises(gpubuf.InvalidArgumentError) as ei:
+        b.seal(stream=1)
+    m = ei.value.message
+    assert "stream-ordered seal needs a CUDA pool" in m, m
+    assert "buffer 't/hoststream' is in a host pool" in m, m
+    assert "call seal() without stream" in m, m
+    assert "gpubuf_" not in m, m
+    assert (ei.value.code, ei.value.errname, ei.value.errno) == (-errno.EINVAL, "EINVAL",
+                                                                 errno.EINVAL)
+    b.seal(sync=True)  # still unsealed: the plain seal works
+    b.release()
+
+
+def test_errors_found_by_the_module_have_errname_and_errno(client):
+    # The module's own checks: the attributes of the library's errors.
+    # Old: no errno on those not derived from OSError.
+    b = client.alloc(8)
+    cases = [
+        (lambda: client.alloc(8, ""), gpubuf.InvalidArgumentError, "EINVAL", errno.EINVAL),
+        (lambda: b.slice(4, 5), gpubuf.RangeError, "GPUBUF_ERANGE", None),
+        (lambda: b.copy_to_host(0, 99), gpubuf.RangeError, "GPUBUF_ERANGE", None),
+        (lambda: b.seal(stream=1), gpubuf.InvalidArgumentError, "EINVAL", errno.EINVAL),
+        (lambda: client.open("t/none"), gpubuf.NotFoundError, "ENOENT", errno.ENOENT),
+    ]
+    for call, cls, name, eno in cases:
+        with pytest.raises(cls) as ei:
+            call()
+        e = ei.value
+        assert (e.errname, e.errno) == (name, eno), (e, e.errname, e.errno)
+        assert e.code == -eno if eno else e.code < -1000
+        assert e.message
+    b.release()
+    # Items of a batch too.
+    [item] = client.open_many(["t/none"])
+    assert (type(item), item.errname, item.errno) == (gpubuf.NotFoundError, "ENOENT",
+                                                      errno.ENOENT)
+    # An instance made anywhere has its class's code and errname.
+    for cls, builtin, code, name in TABLE:
+        e = cls("made here")
+        assert (e.code, e.errname) == (code, name), cls
+        if not isinstance(e, OSError):
+            assert e.errno == (-code if code > -1000 else None), cls
