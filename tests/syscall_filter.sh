@@ -43,7 +43,7 @@ GPUBUF_SOCKET=$sock "$examples/gpubuf-consumer" --name sc --delete >/dev/null ||
 "$gpubufctl" --socket "$sock" status >/dev/null || fail "gpubufctl status exited $?"
 "$gpubufctl" --socket "$sock" metrics >/dev/null || fail "gpubufctl metrics exited $?"
 kill -HUP "$daemon"
-for _ in $(seq 100); do grep -q "SIGHUP: reloaded" "$work/log" && break; sleep 0.05; done
+for _ in $(seq 1200); do grep -q "SIGHUP: reloaded" "$work/log" && break; sleep 0.05; done
 kill -TERM "$daemon"
 daemon=
 wait "$tracer" || { cat "$work/log"; fail "gpubufd exited $? on SIGTERM"; }

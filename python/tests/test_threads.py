@@ -139,22 +139,33 @@ def test_close_ends_a_wait_in_another_thread(daemon):
     t = threading.Thread(target=waiter)
     t.start()
     time.sleep(0.2)
-    t0 = time.monotonic()
     c.close()
-    t.join(5)
-    assert not t.is_alive() and result and time.monotonic() - t0 < 2
+    # The wait has no timeout of its own: only the close can end it (the
+    # join's deadline is for a loaded machine, not a measure).
+    t.join(60)
+    assert not t.is_alive() and result
     assert c.closed
 
 
 def test_waits_do_not_block_other_connections(client, daemon):
     """A waiting open occupies its own connection only."""
     c = gpubuf.Client(daemon.socket)
-    t = threading.Thread(target=lambda: pytest.raises(TimeoutError, c.open, "t/x", timeout=1))
+    ended = []
+
+    def waiter():
+        try:
+            c.open("t/x", timeout=120)
+        except gpubuf.DisconnectedError as e:  # the close below ends it
+            ended.append(e)
+
+    t = threading.Thread(target=waiter)
     t.start()
     time.sleep(0.1)
-    t0 = time.monotonic()
+    # Answered while the other connection still waits (its open gives up only
+    # after 120 s): the wait held nothing but its own connection.
     for _ in range(20):
         client.status()
-    assert time.monotonic() - t0 < 0.5
-    t.join(5)
+    assert t.is_alive()
     c.close()
+    t.join(60)
+    assert not t.is_alive() and ended
