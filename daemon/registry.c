@@ -1,4 +1,4 @@
-#include "registry.h"
+#include "registry_internal.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -9,13 +9,6 @@
 #include <utlist.h>
 
 #include "util.h"
-
-/* Tell the saved state (if it listens) what changed. */
-#define HOOK(r, fn, ...)                                                                           \
-    do {                                                                                           \
-        if ((r)->hooks && (r)->hooks->fn)                                                          \
-            (r)->hooks->fn((r)->hooks_arg, __VA_ARGS__);                                           \
-    } while (0)
 
 int gd_registry_check_name(const char *name, gd_err *err) {
     gd_err e;
@@ -115,7 +108,7 @@ static void waiter_unindex(gd_registry *r, gd_waiter *w) {
     w->knext = w->kprev = NULL;
 }
 
-static gd_uid_usage *uid_usage(gd_registry *r, uid_t uid, bool create) {
+gd_uid_usage *gd_registry_uid_usage(gd_registry *r, uid_t uid, bool create) {
     gd_uid_usage *u;
     HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
     if (!u && create && (u = calloc(1, sizeof(*u)))) {
@@ -129,7 +122,7 @@ static gd_uid_usage *uid_usage(gd_registry *r, uid_t uid, bool create) {
 static void uncharge(gd_registry *r, gd_buf *b) {
     gd_holder *h;
     uid_t uid = (uid_t)b->owner_uid;
-    gd_uid_usage *u = uid_usage(r, uid, false);
+    gd_uid_usage *u = gd_registry_uid_usage(r, uid, false);
     HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
     if (h) {
         assert(h->n_owned > 0 && h->owned_bytes >= b->charged &&
@@ -180,7 +173,7 @@ static void buf_free(gd_registry *r, gd_buf *b) {
 
 /* Free b when nothing can reach it any more. Named sealed buffers persist
  * without references until deleted; everything else goes with its last one. */
-static void buf_maybe_free(gd_registry *r, gd_buf *b) {
+void gd_registry_buf_maybe_free(gd_registry *r, gd_buf *b) {
     if (b->refs == 0 && (b->state != GPUBUF_STATE_SEALED || !b->name))
         buf_free(r, b);
 }
@@ -267,7 +260,7 @@ void gd_registry_destroy(gd_registry *r) {
     }
 }
 
-static gd_holder *holder_add(gd_registry *r, uint64_t id, pid_t pid, uid_t uid, gid_t gid) {
+gd_holder *gd_registry_holder_add(gd_registry *r, uint64_t id, pid_t pid, uid_t uid, gid_t gid) {
     gd_holder *h = calloc(1, sizeof(*h));
     if (!h)
         return NULL;
@@ -284,7 +277,7 @@ gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gi
         errno = EOVERFLOW;
         return NULL;
     }
-    gd_holder *h = holder_add(r, r->next_holder_id + 1, pid, uid, gid);
+    gd_holder *h = gd_registry_holder_add(r, r->next_holder_id + 1, pid, uid, gid);
     if (h) {
         r->next_holder_id++;
         HOOK(r, holder, h);
@@ -313,7 +306,7 @@ static size_t name_key(char *key, const gd_pool *pool, const char *name) {
 }
 
 /* b's name in pool: its index key "POOL\0NAME", name pointing into it. */
-static int buf_name(gd_buf *b, const gd_pool *pool, const char *name) {
+int gd_registry_buf_name(gd_buf *b, const gd_pool *pool, const char *name) {
     char key[2 * GPUBUF_NAME_MAX + 2];
     b->key_len = name_key(key, pool, name);
     if (!(b->key = malloc(b->key_len + 1)))
@@ -340,22 +333,22 @@ gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
     return gd_registry_find_pool_name(r, NULL, name);
 }
 
-static gd_ref *ref_find(gd_holder *h, uint64_t id) {
+gd_ref *gd_registry_ref_find(gd_holder *h, uint64_t id) {
     gd_ref *ref;
     HASH_FIND(hh, h->refs, &id, sizeof(id), ref);
     return ref;
 }
 
 uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id) {
-    gd_ref *ref = ref_find(h, buffer_id);
+    gd_ref *ref = gd_registry_ref_find(h, buffer_id);
     return ref ? ref->count : 0;
 }
 
 /* Add n references of h to b, ro of them read-only (ro <= n), in one step
  * whatever n: -EOVERFLOW when the holder's or the buffer's count would pass
  * UINT32_MAX. */
-static int ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, uint32_t ro) {
-    gd_ref *ref = ref_find(h, b->id);
+int gd_registry_ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, uint32_t ro) {
+    gd_ref *ref = gd_registry_ref_find(h, b->id);
     assert(n > 0 && ro <= n);
     if (n > UINT32_MAX - h->n_refs || n > UINT32_MAX - b->refs)
         return -EOVERFLOW;
@@ -385,11 +378,11 @@ static int ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, uint32
 }
 
 static int ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
-    return ref_add_n(r, h, b, 1, 0);
+    return gd_registry_ref_add_n(r, h, b, 1, 0);
 }
 
 /* Set the read-only part of ref to ro (at most its count). */
-static void ref_ro_set(gd_holder *h, gd_ref *ref, uint32_t ro) {
+void gd_registry_ref_ro_set(gd_holder *h, gd_ref *ref, uint32_t ro) {
     if (ro > ref->count)
         ro = ref->count;
     ref->hs->ro = ref->hs->ro - ref->ro + ro;
@@ -400,11 +393,11 @@ static void ref_ro_set(gd_holder *h, gd_ref *ref, uint32_t ro) {
 /* Drop n (1..count) of h's references ref to b (NULL: gone already), in one
  * step whatever n; read-only marks go first when they would outnumber what
  * is left. ref is freed when none is left, b when nothing reaches it. */
-static void ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b, uint32_t n) {
+void gd_registry_ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b, uint32_t n) {
     uint64_t id = ref->buffer_id;
     assert(n > 0 && ref->count >= n && h->n_refs >= n);
     if (ref->ro > ref->count - n)
-        ref_ro_set(h, ref, ref->count - n);
+        gd_registry_ref_ro_set(h, ref, ref->count - n);
     ref->hs->refs -= n;
     uint32_t left = ref->count -= n, left_ro = ref->ro;
     if (left == 0) {
@@ -422,7 +415,7 @@ static void ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b, uin
     if (b) {
         assert(b->refs >= n);
         b->refs -= n;
-        buf_maybe_free(r, b);
+        gd_registry_buf_maybe_free(r, b);
     }
 }
 
@@ -468,7 +461,7 @@ int gd_registry_check_meta(const gd_registry *r, const gd_holder *h, uint64_t mo
 static void meta_account(gd_registry *r, const gd_buf *b, uint64_t delta, bool sub) {
     gd_holder *h;
     uid_t uid = (uid_t)b->owner_uid;
-    gd_uid_usage *u = uid_usage(r, uid, false);
+    gd_uid_usage *u = gd_registry_uid_usage(r, uid, false);
     HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
     if (sub) {
         if (h)
@@ -531,7 +524,7 @@ int gd_registry_alloc_charged(gd_registry *r, gd_holder *h, gd_pool *pool, uint6
                           "state",
                           (unsigned long long)GD_ID_MAX);
     const gd_quota *q = &r->quota;
-    gd_uid_usage *u = uid_usage(r, h->uid, false);
+    gd_uid_usage *u = gd_registry_uid_usage(r, h->uid, false);
     /* What the pool will take: the size rounded to the pool's alignment. */
     uint64_t charge = size > UINT64_MAX / 2 ? size : gpubuf_align_up(size, pool->be->alignment);
     if (q->buffers_per_client && h->n_owned >= q->buffers_per_client)
@@ -555,12 +548,12 @@ int gd_registry_alloc_charged(gd_registry *r, gd_holder *h, gd_pool *pool, uint6
     uint64_t meta = gd_meta_charge(name, NULL) + meta_extra;
     if ((rc = gd_registry_check_meta(r, h, meta, err)) < 0)
         return rc;
-    if (!(u = uid_usage(r, h->uid, true)))
+    if (!(u = gd_registry_uid_usage(r, h->uid, true)))
         return gd_err_set(err, -ENOMEM, "out of memory");
     b = calloc(1, sizeof(*b));
     if (!b)
         return gd_err_set(err, -ENOMEM, "out of memory");
-    if (name && buf_name(b, pool, name) < 0) {
+    if (name && gd_registry_buf_name(b, pool, name) < 0) {
         free(b);
         return gd_err_set(err, -ENOMEM, "out of memory");
     }
@@ -666,7 +659,7 @@ const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b) {
 }
 
 void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
-    gd_ref *ref = ref_find(h, id);
+    gd_ref *ref = gd_registry_ref_find(h, id);
     if (!ref)
         return;
     if (add && ref->ro < ref->count) {
@@ -861,7 +854,7 @@ int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err) 
 
 int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool keep,
                              gd_err *err) {
-    gd_ref *ref = ref_find(h, id);
+    gd_ref *ref = gd_registry_ref_find(h, id);
     gd_buf *b;
     int rc = 0;
     if (!ref)
@@ -885,7 +878,7 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
             gd_pool_pin(sl);
         }
     }
-    ref_drop_n(r, h, ref, b, 1);
+    gd_registry_ref_drop_n(r, h, ref, b, 1);
     return rc;
 }
 
@@ -977,7 +970,7 @@ void gd_registry_unpublish(gd_registry *r, gd_buf *b) {
         b->in_name_index = false;
     }
     HOOK(r, buf, b);
-    buf_maybe_free(r, b);
+    gd_registry_buf_maybe_free(r, b);
 }
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w) {
@@ -1025,7 +1018,7 @@ static uint32_t holder_drop_refs(gd_registry *r, gd_holder *h, uint32_t budget) 
                 }
                 HOOK(r, buf, b);
             }
-            buf_maybe_free(r, b);
+            gd_registry_buf_maybe_free(r, b);
         }
         free(ref);
     }
@@ -1075,140 +1068,8 @@ bool gd_registry_reap(gd_registry *r, uint32_t budget) {
     return r->leaving != NULL;
 }
 
-gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, uid_t uid,
-                                      gid_t gid) {
-    gd_holder *h;
-    HASH_FIND(hh, r->holders, &id, sizeof(id), h);
-    if (h || id == 0 || id > GD_ID_MAX || !(h = holder_add(r, id, pid, uid, gid)))
-        return NULL;
-    h->detached = true;
-    h->detached_ns = gpubuf_now_ns();
-    r->n_detached++;
-    if (id > r->next_holder_id)
-        r->next_holder_id = id;
-    return h;
-}
-
-int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_err *err) {
-    gd_holder *h;
-    if (t->id == 0 || t->id > GD_ID_MAX)
-        return gd_err_set(err, -ERANGE, "its id is outside 1..%llu, the ids gpubufd gives",
-                          (unsigned long long)GD_ID_MAX);
-    if (gd_registry_find_id(r, t->id))
-        return gd_err_set(err, -EEXIST, "buffer id %llu twice", (unsigned long long)t->id);
-    if (t->name && (gd_registry_check_name(t->name, err) < 0))
-        return -EINVAL;
-    bool named = t->name && t->state != GPUBUF_STATE_DELETED;
-    if (named && gd_registry_find_pool_name(r, t->pool, t->name))
-        return gd_err_set(err, -EEXIST, "name '%s' twice in pool '%s'", t->name, t->pool->name);
-    gd_uid_usage *u = uid_usage(r, (uid_t)t->owner_uid, true);
-    gd_buf *b = calloc(1, sizeof(*b));
-    if (!u || !b) {
-        free(b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    }
-    *b = *t;
-    b->key = NULL;
-    b->name = NULL;
-    if (t->name && buf_name(b, t->pool, t->name) < 0) {
-        free(b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    }
-    b->refs = 0;
-    b->meta_charged = 0; /* charged below, as an alloc's */
-    b->in_name_index = false;
-    b->id_waiters = NULL;
-    memset(&b->hh_id, 0, sizeof(b->hh_id));
-    memset(&b->hh_name, 0, sizeof(b->hh_name));
-    HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
-    if (named) {
-        HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
-        b->in_name_index = true;
-    }
-    r->n_buffers++;
-    u->buffers++;
-    u->bytes += b->charged;
-    HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
-    if (h) {
-        h->n_owned++;
-        h->owned_bytes += b->charged;
-    }
-    /* Charged, never refused: what was promised before the restart stays. */
-    gd_registry_charge_meta(r, b, gd_meta_charge(b->name, NULL));
-    if (b->id > r->next_buffer_id)
-        r->next_buffer_id = b->id;
-    HOOK(r, buf, b);
-    *ret = b;
-    return 0;
-}
-
 void gd_registry_changed(gd_registry *r, const gd_buf *b) {
     HOOK(r, buf, b);
-}
-
-int gd_registry_restore_ref(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t count,
-                            uint32_t ro, gd_err *err) {
-    if (count == 0)
-        return 0;
-    if (ro > count)
-        ro = count;
-    if (count > UINT32_MAX - h->n_refs)
-        return gd_err_set(err, -EOVERFLOW,
-                          "%u more references would take session %llu past %u, the most it "
-                          "can hold (it has %u)",
-                          count, (unsigned long long)h->id, UINT32_MAX, h->n_refs);
-    if (count > UINT32_MAX - b->refs)
-        return gd_err_set(err, -EOVERFLOW,
-                          "%u more references would take buffer %llu past %u, the most it "
-                          "can have (it has %u)",
-                          count, (unsigned long long)b->id, UINT32_MAX, b->refs);
-    if (ref_add_n(r, h, b, count, ro) < 0)
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    return 0;
-}
-
-void gd_registry_restore_done(gd_registry *r) {
-    gd_buf *b, *tmp;
-    HASH_ITER(hh_id, r->by_id, b, tmp) {
-        buf_maybe_free(r, b);
-    }
-}
-
-int gd_held_cmp(const void *a, const void *b) {
-    uint64_t x = ((const gd_held *)a)->buffer_id, y = ((const gd_held *)b)->buffer_id;
-    return x < y ? -1 : x > y;
-}
-
-size_t gd_registry_resume(gd_registry *r, gd_holder *h, const gd_held *held, size_t n,
-                          uint64_t *lost) {
-    size_t n_lost = 0;
-    gd_ref *ref, *tmp;
-    assert(h->detached && r->n_detached > 0);
-    h->detached = false;
-    r->n_detached--;
-    for (size_t i = 0; i < n; i++)
-        if (!ref_find(h, held[i].buffer_id) && held[i].count)
-            lost[n_lost++] = held[i].buffer_id;
-    /* Cut each reference down to what the client's views hold. */
-    HASH_ITER(hh, h->refs, ref, tmp) {
-        uint64_t id = ref->buffer_id;
-        uint32_t want = 0, want_ro = 0;
-        gd_held key = {.buffer_id = id};
-        const gd_held *x = bsearch(&key, held, n, sizeof(*held), gd_held_cmp);
-        if (x) {
-            want = x->count;
-            want_ro = x->ro < want ? x->ro : want;
-        }
-        /* In one step, whatever the counts (a saved count may be large). */
-        uint32_t have = ref->count;
-        if (ref->ro > want_ro)
-            ref_ro_set(h, ref, want_ro);
-        if (want < have)
-            ref_drop_n(r, h, ref, gd_registry_find_id(r, id), have - want); /* may free ref */
-        if (want && want <= have && (ref = ref_find(h, id)) && ref->ro < want_ro)
-            ref_ro_set(h, ref, want_ro);
-    }
-    return n_lost;
 }
 
 /* ---- the lease heap (leases themselves: meta.c) ----------------------- */
