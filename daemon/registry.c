@@ -658,6 +658,13 @@ const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b) {
     return h ? b->event : NULL;
 }
 
+void gd_registry_opened(gd_registry *r, gd_holder *h, gd_buf *b, bool read_only, gd_opened *ret) {
+    ret->buf = b;
+    ret->read_only = read_only;
+    ret->slab_mapped = gd_registry_slab_mapped(h, b, read_only);
+    ret->event = gd_registry_event(r, b);
+}
+
 void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
     gd_ref *ref = gd_registry_ref_find(h, id);
     if (!ref)
@@ -710,6 +717,7 @@ static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
     if (w->read_only)
         gd_registry_ref_ro(w->holder, b->id, true);
     waiter_unlink(r, w);
+    gd_registry_opened(r, w->holder, b, w->read_only, &w->opened);
     /* The callback may free w (but not other waiters). */
     w->wake(w, b);
 }
@@ -846,6 +854,15 @@ int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bo
         gd_registry_ref_ro(h, b->id, true);
     *ret = b;
     return 0;
+}
+
+int gd_registry_open_one(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
+                         gd_opened *ret, bool *ret_waitable, gd_err *err) {
+    gd_buf *b;
+    int rc = gd_registry_open_target(r, h, t, read_only, &b, ret_waitable, err);
+    if (rc == 0)
+        gd_registry_opened(r, h, b, read_only, ret);
+    return rc;
 }
 
 int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err) {

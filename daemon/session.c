@@ -149,28 +149,30 @@ void gd_session_fill_buffer(buffer_msg *m, const gd_buf *b) {
         fill_meta(m, b, gpubuf_now_ns());
 }
 
-/* Does the client map b's slab in mode ro already, apart from the reference
- * just taken (GPUBUF_CAP_SLAB_ONCE)? Then the reply needs no fd or handle. */
-static bool client_maps(gd_session *s, const gd_buf *b, bool ro) {
-    return (s->caps & GPUBUF_CAP_SLAB_ONCE) && gd_registry_slab_mapped(s->holder, b, ro);
+/* Does the client map the slab of what o hands out in o's mode already,
+ * apart from the reference just taken (GPUBUF_CAP_SLAB_ONCE)? Then the reply
+ * needs no fd or handle. */
+static bool client_maps(const gd_session *s, const gd_opened *o) {
+    return (s->caps & GPUBUF_CAP_SLAB_ONCE) && o->slab_mapped;
 }
 
-/* Reply with a buffer. map_fd (alloc and open, which take a reference): how
- * to map it, the slab's fd or IPC handle unless the client maps the slab
- * already, and the seal event. Otherwise (seal, stat) no handle: nothing is
- * handed out without a reference. ro: a read-only open, whose fd is ro_fd. */
-static void reply_buffer_mode(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd, bool ro,
+/* Reply with buffer b. o (alloc and open, which take a reference; o->buf is
+ * b): how to map it, the slab's fd or IPC handle unless the client maps the
+ * slab already, and the seal event. o NULL (seal, stat): no handle, nothing
+ * is handed out without a reference. A read-only open's fd is ro_fd. */
+static void reply_buffer_mode(gd_session *s, uint64_t id, const gd_buf *b, const gd_opened *o,
                               int ro_fd) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     buffer_msg m;
-    bool send_map = map_fd && !client_maps(s, b, ro);
+    bool map_fd = o != NULL, ro = o && o->read_only;
+    bool send_map = map_fd && !client_maps(s, o);
     gd_session_fill_buffer(&m, b);
     if (!send_map) {
         m.slab.ipc_handle.len = 0;
         m.slab.ipc_handle.data = NULL;
     }
     if (map_fd) {
-        const uint8_t *ev = gd_registry_event(&s->ctx->reg, b);
+        const uint8_t *ev = o->event;
         if (ev) {
             m.buf.event_handle.data = (uint8_t *)ev;
             m.buf.event_handle.len = GD_EVENT_HANDLE_SIZE;
@@ -189,8 +191,9 @@ static void reply_buffer_mode(gd_session *s, uint64_t id, const gd_buf *b, bool 
     gd_session_send(s, &resp, fd);
 }
 
-static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b, bool map_fd) {
-    reply_buffer_mode(s, id, b, map_fd, false, -1);
+/* Reply with b, no handle (seal, stat, renew). */
+static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b) {
+    reply_buffer_mode(s, id, b, NULL, -1);
 }
 
 /* Give back the reference an open took (read-only if read_only): its reply
@@ -202,14 +205,16 @@ void gd_session_open_undo(gd_session *s, const gd_buf *b, bool read_only) {
     gd_registry_release(&s->ctx->reg, s->holder, bid, NULL);
 }
 
-/* Reply to an open that took a reference to b (read-only if read_only, which
- * the registry allowed and marked): a read-only open sends the fd that maps it
- * read-only. Should that fd not be had (out of fds), the reference goes back. */
-static void reply_open(gd_session *s, uint64_t id, gd_buf *b, bool read_only) {
+/* Reply to an alloc or open that took a reference (read-only if
+ * o->read_only, which the registry allowed and marked): a read-only open
+ * sends the fd that maps it read-only. Should that fd not be had (out of
+ * fds), the reference goes back. */
+static void reply_open(gd_session *s, uint64_t id, const gd_opened *o) {
     gd_err err = {0};
+    gd_buf *b = o->buf;
     int fd = -1, r;
-    if (!read_only || client_maps(s, b, true)) {
-        reply_buffer_mode(s, id, b, true, read_only, -1);
+    if (!o->read_only || client_maps(s, o)) {
+        reply_buffer_mode(s, id, b, o, -1);
         return;
     }
     r = gd_backend_export_ro(b->pool->be, &b->blk.slab->exp, &fd, &err);
@@ -218,7 +223,7 @@ static void reply_open(gd_session *s, uint64_t id, gd_buf *b, bool read_only) {
         gd_session_reply_error(s, id, r, gd_err_msg(&err, r));
         return;
     }
-    reply_buffer_mode(s, id, b, true, true, fd);
+    reply_buffer_mode(s, id, b, o, fd);
 }
 
 /* A waiting open's late error reply, counted as an open's. */
@@ -246,7 +251,8 @@ static void waiter_dispose(session_waiter *sw) {
 
 static void waiter_wake(gd_waiter *w, gd_buf *b) {
     session_waiter *sw = (session_waiter *)w;
-    reply_open(sw->s, sw->request_id, b, w->read_only);
+    (void)b; /* w->opened describes it */
+    reply_open(sw->s, sw->request_id, &w->opened);
     free(w->name);
     waiter_dispose(sw);
 }
@@ -465,7 +471,9 @@ static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) 
     }
     if (b->lease_slot)
         gd_context_leases_arm(s->ctx);
-    reply_buffer(s, id, b, true);
+    gd_opened o;
+    gd_registry_opened(&s->ctx->reg, s->holder, b, false, &o);
+    reply_open(s, id, &o);
 }
 
 static void do_seal(gd_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
@@ -492,7 +500,7 @@ static void do_seal(gd_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
     /* Waiters woken by the seal may have been this very session; b is alive
      * since the sealer holds a reference. The sealer mapped the buffer when
      * it allocated it: the reply carries no handle. */
-    reply_buffer(s, id, b, false);
+    reply_buffer(s, id, b);
 }
 
 /* The target of an open, stat or delete: a name or id, the pool the
@@ -527,7 +535,7 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     gd_err err = {0};
     gd_target t;
     bool waitable = false;
-    gd_buf *b;
+    gd_opened o;
     int r;
     if (q->target_case != GPUBUF__OPEN_REQUEST__TARGET_NAME &&
         q->target_case != GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID) {
@@ -538,9 +546,9 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
                           q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t,
                           &err);
     if (r == 0)
-        r = gd_registry_open_target(reg, s->holder, &t, q->read_only, &b, &waitable, &err);
+        r = gd_registry_open_one(reg, s->holder, &t, q->read_only, &o, &waitable, &err);
     if (r == 0) {
-        reply_open(s, id, b, q->read_only);
+        reply_open(s, id, &o);
         return;
     }
     /* Wait only for something that can still be sealed. */
@@ -655,7 +663,7 @@ static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
         return;
     }
     /* Like status, stat takes no reference and so hands out no handle. */
-    reply_buffer(s, id, b, false);
+    reply_buffer(s, id, b);
 }
 
 
@@ -704,7 +712,7 @@ static void do_renew(gd_session *s, uint64_t id, const Gpubuf__RenewRequest *q) 
     }
     gd_context_leases_arm(s->ctx);
     /* Like stat: no reference taken, no handle handed out. */
-    reply_buffer(s, id, b, false);
+    reply_buffer(s, id, b);
 }
 
 
