@@ -928,8 +928,8 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
         }
         if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
             break;
-        if (c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length) ==
-            -EAGAIN)
+        if (c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length,
+                                c->srv->trace_woke_ns, c->srv->trace_read_ns) == -EAGAIN)
             break; /* held back until the reply memory has room (mem_wait) */
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;
@@ -1019,8 +1019,10 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
         return;
     }
     ssize_t n = read_in(c, SIZE_MAX);
-    if (woke)
-        gpubuf_trace_stash(woke, gpubuf_now_ns());
+    if (woke) {
+        srv->trace_woke_ns = woke;
+        srv->trace_read_ns = gpubuf_now_ns();
+    }
     if (n == -EAGAIN)
         return;
     if (n == 0) {

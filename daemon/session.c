@@ -742,6 +742,11 @@ static gd_req_type req_type(const Gpubuf__Request *req) {
 
 
 int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
+    return gd_session_frame_at(s, payload, len, 0, 0);
+}
+
+int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint64_t woke_ns,
+                        uint64_t read_ns) {
     Gpubuf__Request *req = gpubuf__request__unpack(NULL, len, payload);
     if (!req) {
         LOG_WARN_LIMITED("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid,
@@ -777,10 +782,8 @@ int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     gd_req_type type = req_type(req);
     uint64_t t0 = gpubuf_now_ns();
     if (gpubuf_trace_on()) {
-        uint64_t woke, read;
-        gpubuf_trace_stashed(&woke, &read);
-        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_WAKE, woke);
-        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_READ, read);
+        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_WAKE, woke_ns);
+        gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_READ, read_ns);
         gpubuf_trace(s->holder->id, req->id, (int)type, GPUBUF_TRACE_D_DECODED, t0);
     }
     s->cur_type = (int)type;

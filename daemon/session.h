@@ -64,6 +64,10 @@ gd_session *gd_session_new(gd_context *ctx, const gd_transport *io, void *conn, 
  * left unhandled because the transport has no room for its reply yet (a
  * batch: see gd_transport.reply_room); hand the same frame again later. */
 int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len);
+/* The same for a frame the transport read at read_ns after a wake-up at
+ * woke_ns (GPUBUF_TRACE_TIMING; 0: now): the trace's first two steps. */
+int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint64_t woke_ns,
+                        uint64_t read_ns);
 /* The largest reply a batch of n items can get (about 2.5 MiB for
  * GD_BATCH_MAX_ITEMS items). */
 size_t gd_session_batch_reply_bound(size_t n);
