@@ -1,13 +1,15 @@
 /* Session room: the batches, many items in one request and one reply with a
  * result per item (docs/protocol.md, "Batches"). Each item runs the single
  * request's code path; a failed item changes nothing and the others go on. */
+#include "batch.h"
+
 #include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "session_internal.h"
+#include "item.h"
 #include "util.h"
 
 /* One batch reply being built: element i of each array is item i. */

@@ -1,5 +1,5 @@
 /* Session room: decode one request, run it against the registry, reply. */
-#include "session_internal.h"
+#include "session.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -10,23 +10,15 @@
 #include <utlist.h>
 
 #include "gpubuf.pb-c.h"
+#include "item.h"
 #include "layout.h"
 #include "log.h"
+#include "status.h"
 #include "trace.h"
 #include "util.h"
 #include "wire.h"
 
 #define GPUBUF_SERVER_STRING "gpubufd " GPUBUF_VERSION_STRING
-
-/* The public enums travel as their wire twins by a plain cast. */
-_Static_assert((int)GPUBUF_STATE_ALLOCATED == (int)GPUBUF__BUFFER_STATE__BUFFER_STATE_ALLOCATED &&
-                   (int)GPUBUF_STATE_SEALED == (int)GPUBUF__BUFFER_STATE__BUFFER_STATE_SEALED &&
-                   (int)GPUBUF_STATE_DELETED == (int)GPUBUF__BUFFER_STATE__BUFFER_STATE_DELETED,
-               "gpubuf_state and gpubuf.BufferState differ");
-_Static_assert((int)GPUBUF_POOL_HOST == (int)GPUBUF__POOL_KIND__POOL_KIND_HOST &&
-                   (int)GPUBUF_POOL_CUDA_IPC == (int)GPUBUF__POOL_KIND__POOL_KIND_CUDA_IPC &&
-                   (int)GPUBUF_POOL_CUDA_VMM == (int)GPUBUF__POOL_KIND__POOL_KIND_CUDA_VMM,
-               "gpubuf_pool_kind and gpubuf.PoolKind differ");
 
 typedef struct session_waiter {
     gd_waiter w;
@@ -36,117 +28,11 @@ typedef struct session_waiter {
     bool has_timer;
 } session_waiter;
 
-void gd_session_pack(const void *msg, uint8_t *dst) {
-    gpubuf__response__pack(msg, dst);
-}
-
-/* Queue a reply; the transport dup's fd. Error replies are counted by code
- * and by the type of the request being answered. A large reply the
- * daemon's reply memory has no room for (-EAGAIN from the transport: nothing
- * was queued) is answered with a small EAGAIN error instead. */
-void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd) {
-    if (resp->status < 0)
-        gd_metrics_error(&s->ctx->metrics, s->cur_type, resp->status);
-    bool trace = gpubuf_trace_on() && resp->id;
-    if (trace) {
-        gpubuf_trace(s->holder->id, resp->id, s->cur_type, GPUBUF_TRACE_D_HANDLED, 0);
-        gpubuf_trace_set_tag(s->holder->id, resp->id, s->cur_type);
-    }
-    int r =
-        s->io->send(s->conn, gpubuf__response__get_packed_size(resp), gd_session_pack, resp, fd);
-    if (trace)
-        gpubuf_trace_set_tag(0, 0, -1);
-    if (r == -EAGAIN && resp->status >= 0) {
-        Gpubuf__Response e = GPUBUF__RESPONSE__INIT;
-        e.id = resp->id;
-        e.status = -EAGAIN;
-        e.message = "the daemon's reply memory is full (max_reply_memory); retry later";
-        gd_session_send(s, &e, -1);
-    }
-}
-
 /* Close the connection, for why (the first reason counts). */
 static void session_close(gd_session *s, gd_end_reason why) {
     if (s->end == GD_END_NONE)
         s->end = why;
     s->io->close(s->conn);
-}
-
-void gd_session_reply_error(gd_session *s, uint64_t id, int status, const char *msg) {
-    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
-    resp.id = id;
-    resp.status = status;
-    resp.message = (char *)(msg ? msg : gpubuf_strerror(status));
-    gd_session_send(s, &resp, -1);
-}
-
-/* b's layout, user bytes and lease into m (pointing into b). */
-static void fill_meta(buffer_msg *m, const gd_buf *b, uint64_t now_ns) {
-    const gd_meta *me = b->meta;
-    if (me && me->has_layout) {
-        gpubuf__array_layout__init(&m->layout);
-        m->layout.dtype_code = me->dtype.code;
-        m->layout.dtype_bits = me->dtype.bits;
-        m->layout.dtype_lanes = me->dtype.lanes;
-        m->layout.n_shape = me->ndim;
-        m->layout.shape = (int64_t *)me->dims;
-        if (me->has_strides) {
-            m->layout.n_strides = me->ndim;
-            m->layout.strides = (int64_t *)me->dims + me->ndim;
-        }
-        m->layout.byte_offset = me->byte_offset;
-        m->buf.layout = &m->layout;
-    }
-    size_t len;
-    const uint8_t *user = gd_meta_user(b, &len);
-    m->buf.user_data.data = (uint8_t *)user;
-    m->buf.user_data.len = len;
-    m->buf.lease_left_ms = gd_registry_lease_left_ms(b, now_ns);
-    m->buf.lease_ttl_ms = b->lease_slot ? b->lease_ttl_ms : 0;
-}
-
-/* How to map b's slab: its description, with the IPC handle if it has one. */
-void gd_session_fill_slab(Gpubuf__Slab *m, const gd_buf *b) {
-    gd_slab *sl = b->blk.slab;
-    gd_backend *be = b->pool->be;
-    gpubuf__slab__init(m);
-    m->slab_id = sl->id;
-    m->kind = (Gpubuf__PoolKind)be->kind;
-    m->device = be->device;
-    m->size = sl->size;
-    if (be->has_uuid) {
-        m->device_uuid.data = be->uuid;
-        m->device_uuid.len = 16;
-    }
-    if (sl->exp.has_ipc_handle) {
-        m->ipc_handle.data = sl->exp.ipc_handle;
-        m->ipc_handle.len = GPUBUF_IPC_HANDLE_SIZE;
-    }
-}
-
-/* May this session keep b's slab mapped after its last view (not for
- * read-only mappings: the daemon pins slabs, not modes)? */
-bool gd_session_slab_keepable(const gd_session *s, const gd_buf *b, bool ro) {
-    return !ro && (s->caps & GPUBUF_CAP_KEEP_MAPPED) && !b->blk.slab->dedicated;
-}
-
-void gd_session_fill_buffer(buffer_msg *m, const gd_buf *b) {
-    gd_slab *sl = b->blk.slab;
-    gpubuf__buffer__init(&m->buf);
-    gd_session_fill_slab(&m->slab, b);
-    m->buf.buffer_id = b->id;
-    m->buf.name = b->name ? b->name : (char *)"";
-    m->buf.pool = b->pool->name;
-    m->buf.size = b->size;
-    m->buf.offset = b->blk.offset;
-    m->buf.state = (Gpubuf__BufferState)b->state;
-    m->buf.refs = b->refs;
-    m->buf.owner_uid = b->owner_uid;
-    m->buf.slab_id = sl->id;
-    m->buf.restored = b->restored;
-    m->buf.slab = &m->slab;
-    if (b->meta || b->lease_slot)
-        fill_meta(m, b, gpubuf_now_ns());
 }
 
 /* Does the client map the slab of what o hands out in o's mode already,
@@ -194,15 +80,6 @@ static void reply_buffer_mode(gd_session *s, uint64_t id, const gd_buf *b, const
 /* Reply with b, no handle (seal, stat, renew). */
 static void reply_buffer(gd_session *s, uint64_t id, const gd_buf *b) {
     reply_buffer_mode(s, id, b, NULL, -1);
-}
-
-/* Give back the reference an open took (read-only if read_only): its reply
- * could not be made. */
-void gd_session_open_undo(gd_session *s, const gd_buf *b, bool read_only) {
-    uint64_t bid = b->id;
-    if (read_only)
-        gd_registry_ref_ro(s->holder, bid, false);
-    gd_registry_release(&s->ctx->reg, s->holder, bid, NULL);
 }
 
 /* Reply to an alloc or open that took a reference (read-only if
@@ -442,18 +319,6 @@ static int meta_args(const Gpubuf__ArrayLayout *wl, const ProtobufCBinaryData *u
     return 0;
 }
 
-/* Allocate one buffer from pool (alloc and batch alloc); failures the
- * operator should see are logged. */
-int gd_session_alloc_one(gd_session *s, gd_pool *pool, uint64_t size, uint32_t alignment,
-                         const char *name, const gd_meta_args *meta, gd_buf **ret, gd_err *err) {
-    int r = gd_registry_alloc_meta(&s->ctx->reg, s->holder, pool, size, alignment, name, meta, ret,
-                                   err);
-    if (r < 0 && r != -EEXIST && r != -EACCES && r != -EPERM && r != GPUBUF_ENOPOOL)
-        LOG_LIMITED(GPUBUF_LOG_INFO, "pid %d: alloc %llu bytes from '%s': %s", (int)s->pid,
-                    (unsigned long long)size, pool->name, gd_err_msg(err, r));
-    return r;
-}
-
 static void do_alloc(gd_session *s, uint64_t id, const Gpubuf__AllocRequest *a) {
     gd_err err = {0};
     gd_pool *pool = NULL;
@@ -501,23 +366,6 @@ static void do_seal(gd_session *s, uint64_t id, const Gpubuf__SealRequest *q) {
      * since the sealer holds a reference. The sealer mapped the buffer when
      * it allocated it: the reply carries no handle. */
     reply_buffer(s, id, b);
-}
-
-/* The target of an open, stat or delete: a name or id, the pool the
- * request names (empty: none) and the owner it expects. 0, or an error
- * (GPUBUF_ENOPOOL) with its sentence in err. */
-int gd_session_target(gd_session *s, bool by_name, const char *name, uint64_t bid, const char *pool,
-                      bool has_owner, uint32_t owner_uid, gd_target *t, gd_err *err) {
-    memset(t, 0, sizeof(*t));
-    if (by_name)
-        t->name = name;
-    else
-        t->id = bid;
-    t->has_owner = has_owner;
-    t->owner_uid = owner_uid;
-    if (pool && *pool)
-        return gd_context_pool(s->ctx, pool, &t->pool, err);
-    return 0;
 }
 
 /* Reply with err; a name not found in its pool says which other pool the
@@ -598,18 +446,6 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     gd_registry_wait(reg, &sw->w);
 }
 
-/* Release one reference (release and batch release). */
-int gd_session_release_one(gd_session *s, uint64_t bid, bool keep, bool read_only, gd_err *err) {
-    if (read_only)
-        gd_registry_ref_ro(s->holder, bid, false);
-    if (keep && !(s->caps & GPUBUF_CAP_KEEP_MAPPED)) {
-        /* Still release: the reference is not the client's to keep. */
-        gd_registry_release(&s->ctx->reg, s->holder, bid, NULL);
-        return gd_err_set(err, GPUBUF_EPROTOCOL, "keep_mapped without the KEEP_MAPPED capability");
-    }
-    return gd_registry_release_keep(&s->ctx->reg, s->holder, bid, keep, err);
-}
-
 static void do_release(gd_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
     gd_err err = {0};
     int r = gd_session_release_one(s, q->buffer_id, q->keep_mapped, q->read_only, &err);
@@ -666,7 +502,6 @@ static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
     reply_buffer(s, id, b);
 }
 
-
 /* gpubufd --takeover asks for everything: the daemon's own uid or root. */
 static void do_takeover(gd_session *s, uint64_t id, const Gpubuf__TakeoverRequest *q) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
@@ -715,7 +550,6 @@ static void do_renew(gd_session *s, uint64_t id, const Gpubuf__RenewRequest *q) 
     reply_buffer(s, id, b);
 }
 
-
 static gd_req_type req_type(const Gpubuf__Request *req) {
     Gpubuf__Request__BodyCase body = req->body_case;
     switch (body) {
@@ -739,7 +573,6 @@ static gd_req_type req_type(const Gpubuf__Request *req) {
     default: return GD_REQ_OTHER;
     }
 }
-
 
 int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     return gd_session_frame_at(s, payload, len, 0, 0);

@@ -1,6 +1,6 @@
 /* State room: the saved registry (snapshot + journal in two memfds), the fd
  * store, and the restore at start. See state.h. */
-#include "state_internal.h"
+#include "state.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -19,16 +19,9 @@
 #include "gpubuf_state.pb-c.h"
 #include "layout.h"
 #include "log.h"
+#include "saved_state.h"
+#include "state_restore.h"
 #include "util.h"
-
-/* FNV-1a: a torn or stale record fails it. */
-uint64_t gd_state_checksum(const void *p, size_t n) {
-    const uint8_t *b = p;
-    uint64_t h = 0xcbf29ce484222325ull;
-    for (size_t i = 0; i < n; i++)
-        h = (h ^ b[i]) * 0x100000001b3ull;
-    return h;
-}
 
 static void put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++)
@@ -411,10 +404,6 @@ static void hook_holder(void *arg, const gd_holder *h) {
 
 static void hook_holder_gone(void *arg, uint64_t id) {
     hook_id(arg, GPUBUF__STATE_RECORD__REC_SESSION_GONE, id);
-}
-
-void gd_state_slab_name(char *buf, size_t n, uint64_t id) {
-    snprintf(buf, n, "slab-%llu", (unsigned long long)id);
 }
 
 static void hook_slab(void *arg, const gd_slab *s, bool created) {

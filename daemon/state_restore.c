@@ -2,6 +2,8 @@
  * generation replayed, record by record) and restored into the pools and
  * the registry at start. See state.h and docs/architecture.md, "Restart
  * survival". */
+#include "state_restore.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -15,7 +17,6 @@
 #include "gpubuf_state.pb-c.h"
 #include "layout.h"
 #include "log.h"
-#include "state_internal.h"
 #include "util.h"
 
 /* ---- reading ----------------------------------------------------------- */

@@ -1,5 +1,7 @@
 /* Session room: the status request, a snapshot of the pools, the buffers
  * (as messages or as columns), the clients and the counters. */
+#include "status.h"
+
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -7,7 +9,6 @@
 #include <string.h>
 #include <utlist.h>
 
-#include "session_internal.h"
 #include "util.h"
 
 /* The metadata columns (BufferColumns 10 to 14) for n buffers, each only

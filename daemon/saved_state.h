@@ -1,12 +1,14 @@
-/* State room, private: what state.c (the journal writer, the fd store)
- * shares with state_restore.c (the saved state read back and restored at
- * start). Nothing outside the state room includes it. */
-#ifndef GPUBUFD_STATE_INTERNAL_H
-#define GPUBUFD_STATE_INTERNAL_H
+/* State room, ground floor: the saved state's format (its constants, the
+ * two slots, the byte order, the checksum, the fd store's names) and the
+ * state's own record, shared by the writer (state.c) and the reader
+ * (state_restore.c). Nothing outside the state room includes it. */
+#ifndef GPUBUFD_SAVED_STATE_H
+#define GPUBUFD_SAVED_STATE_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <uv.h>
 
 #include "state.h"
@@ -50,15 +52,17 @@ static inline uint64_t gd_state_get64(const uint8_t *p) {
 }
 
 /* FNV-1a: a torn or stale record fails it. */
-uint64_t gd_state_checksum(const void *p, size_t n);
+static inline uint64_t gd_state_checksum(const void *p, size_t n) {
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
 /* The fd store's name of slab id ("slab-ID"). */
-void gd_state_slab_name(char *buf, size_t n, uint64_t id);
-/* The generation of a slot's header, 0 when it has none valid. */
-uint64_t gd_state_slot_gen(int fd);
-/* The fd named name among kept (not taken yet), or NULL. */
-gd_kept_fd *gd_state_kept_find(gd_kept_fd *kept, size_t n, const char *name);
-/* Replay the saved state in the slot fd and restore the registry and the
- * pools from it, with the slab fds in kept (state_restore.c). */
-void gd_state_restore(gd_state *st, int fd, gd_kept_fd *kept, size_t n);
+static inline void gd_state_slab_name(char *buf, size_t n, uint64_t id) {
+    snprintf(buf, n, "slab-%llu", (unsigned long long)id);
+}
 
 #endif
