@@ -145,7 +145,7 @@ static void uncharge(gd_registry *r, gd_buf *b) {
     }
 }
 
-static void buf_free(gd_registry *r, gd_buf *b) {
+void gd_registry_buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
     gd_lease_remove(r, b);
     gd_meta_free(r, b);
@@ -175,7 +175,7 @@ static void buf_free(gd_registry *r, gd_buf *b) {
  * without references until deleted; everything else goes with its last one. */
 void gd_registry_buf_maybe_free(gd_registry *r, gd_buf *b) {
     if (b->refs == 0 && (b->state != GPUBUF_STATE_SEALED || !b->name))
-        buf_free(r, b);
+        gd_registry_buf_free(r, b);
 }
 
 static void waiter_unlink(gd_registry *r, gd_waiter *w) {
@@ -248,7 +248,7 @@ void gd_registry_destroy(gd_registry *r) {
     }
     HASH_ITER(hh_id, r->by_id, b, btmp) {
         b->refs = 0;
-        buf_free(r, b);
+        gd_registry_buf_free(r, b);
     }
     HASH_CLEAR(hh_name, r->by_name);
     free(r->leases);
@@ -377,7 +377,7 @@ int gd_registry_ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, u
     return 0;
 }
 
-static int ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
+int gd_registry_ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
     return gd_registry_ref_add_n(r, h, b, 1, 0);
 }
 
@@ -496,126 +496,6 @@ void gd_registry_charge_meta(gd_registry *r, gd_buf *b, uint64_t charge) {
     b->meta_charged = charge;
 }
 
-int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
-                      uint64_t align, const char *name, gd_buf **ret, gd_err *err) {
-    return gd_registry_alloc_charged(r, h, pool, size, align, name, 0, ret, err);
-}
-
-int gd_registry_alloc_charged(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
-                              uint64_t align, const char *name, uint64_t meta_extra,
-                              gd_buf **ret, gd_err *err) {
-    gd_buf *b;
-    int rc;
-    if (name && *name) {
-        if ((rc = gd_registry_check_name(name, err)) < 0)
-            return rc;
-    } else {
-        name = NULL;
-    }
-    if ((rc = gd_registry_check_pool(h, pool, err)) < 0)
-        return rc;
-    /* Refused before the name is looked up: who may not publish here
-     * learns nothing of the names taken. */
-    if (name && !gd_pool_may_publish(pool, h->uid, h->gid))
-        return gd_err_set(err, -EPERM,
-                          "uid %u may not give buffers names in pool '%s' (its publish_uids/"
-                          "publish_gids): allocate an anonymous buffer, or publish in a pool "
-                          "that lets it",
-                          (unsigned)h->uid, pool->name);
-    if (name && gd_registry_find_pool_name(r, pool, name))
-        return gd_err_set(err, -EEXIST, "a buffer named '%s' exists in pool '%s'", name,
-                          pool->name);
-    if (size == 0)
-        return gd_err_set(err, -EINVAL, "size 0: a buffer holds at least 1 byte");
-    if (r->next_buffer_id >= GD_ID_MAX)
-        return gd_err_set(err, -EOVERFLOW,
-                          "gpubufd has given out every buffer id (up to %llu) and ids never go "
-                          "back: new buffers need gpubufd started afresh, without its saved "
-                          "state",
-                          (unsigned long long)GD_ID_MAX);
-    const gd_quota *q = &r->quota;
-    gd_uid_usage *u = gd_registry_uid_usage(r, h->uid, false);
-    /* What the pool will take: the size rounded to the pool's alignment. */
-    uint64_t charge = size > UINT64_MAX / 2 ? size : gpubuf_align_up(size, pool->be->alignment);
-    if (q->buffers_per_client && h->n_owned >= q->buffers_per_client)
-        return gd_err_set(err, -EDQUOT, "quota: this client owns %u buffers (limit %u)", h->n_owned,
-                    q->buffers_per_client);
-    if (q->bytes_per_client && (charge > q->bytes_per_client ||
-                                h->owned_bytes > q->bytes_per_client - charge))
-        return gd_err_set(err, -EDQUOT, "quota: %llu more bytes exceed this client's limit of %llu",
-                    (unsigned long long)charge, (unsigned long long)q->bytes_per_client);
-    if (u && q->buffers_per_uid && u->buffers >= q->buffers_per_uid)
-        return gd_err_set(err, -EDQUOT, "quota: uid %u owns %u buffers (limit %u)", (unsigned)h->uid,
-                    u->buffers, q->buffers_per_uid);
-    if (q->bytes_per_uid &&
-        (charge > q->bytes_per_uid || (u && u->bytes > q->bytes_per_uid - charge)))
-        return gd_err_set(err, -EDQUOT, "quota: %llu more bytes exceed uid %u's limit of %llu",
-                    (unsigned long long)charge, (unsigned)h->uid,
-                    (unsigned long long)q->bytes_per_uid);
-    if (q->refs_per_client && h->n_refs >= q->refs_per_client)
-        return gd_err_set(err, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
-                    q->refs_per_client);
-    uint64_t meta = gd_meta_charge(name, NULL) + meta_extra;
-    if ((rc = gd_registry_check_meta(r, h, meta, err)) < 0)
-        return rc;
-    if (!(u = gd_registry_uid_usage(r, h->uid, true)))
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    b = calloc(1, sizeof(*b));
-    if (!b)
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    if (name && gd_registry_buf_name(b, pool, name) < 0) {
-        free(b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    }
-    gd_slab *prefer[GPUBUF_PREFER_SLABS];
-    uint32_t n_prefer = 0;
-    gd_holder_slab *hs, *hstmp;
-    HASH_ITER(hh, h->slabs, hs, hstmp) {
-        if (n_prefer == GPUBUF_PREFER_SLABS)
-            break;
-        if (hs->slab->pool == pool && !hs->slab->dedicated)
-            prefer[n_prefer++] = hs->slab;
-    }
-    rc = gd_pool_alloc_prefer(pool, size, align, prefer, n_prefer, &b->blk, err);
-    if (rc < 0) {
-        if (err && !err->msg[0])
-            gd_err_set(err, rc, "allocation failed");
-        free(b->key);
-        free(b);
-        if (u->buffers == 0) {
-            HASH_DEL(r->uids, u);
-            free(u);
-        }
-        return rc;
-    }
-    b->id = ++r->next_buffer_id;
-    b->pool = pool;
-    b->size = size;
-    b->state = GPUBUF_STATE_ALLOCATED;
-    b->owner_uid = (uint32_t)h->uid;
-    b->owner_holder = h->id;
-    HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
-    if (b->name) {
-        HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
-        b->in_name_index = true;
-    }
-    r->n_buffers++;
-    /* Charge what the pool took (alignment included), not what was asked. */
-    b->charged = b->blk.size;
-    h->n_owned++;
-    h->owned_bytes += b->charged;
-    u->buffers++;
-    u->bytes += b->charged;
-    gd_registry_charge_meta(r, b, meta);
-    HOOK(r, buf, b);
-    if (ref_add(r, h, b) < 0) {
-        buf_free(r, b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    }
-    *ret = b;
-    return 0;
-}
-
 static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
     if (w->name)
         return b->name && w->pool == b->pool && strcmp(w->name, b->name) == 0;
@@ -623,7 +503,7 @@ static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
 }
 
 /* The target names an owner and b has another: -EPERM, why in err. */
-static int check_owner(bool has_owner, uint32_t owner_uid, const gd_buf *b, gd_err *err) {
+int gd_registry_check_owner(bool has_owner, uint32_t owner_uid, const gd_buf *b, gd_err *err) {
     if (!has_owner || b->owner_uid == owner_uid)
         return 0;
     return gd_err_set(err, -EPERM,
@@ -638,7 +518,7 @@ int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd
 }
 
 /* A read-only open of memory that cannot be mapped read-only is refused. */
-static int check_read_only(const gd_pool *pool, gd_err *err) {
+int gd_registry_check_read_only(const gd_pool *pool, gd_err *err) {
     if (pool->be->kind != GPUBUF_POOL_CUDA_IPC)
         return 0;
     return gd_err_set(err, -EOPNOTSUPP,
@@ -706,7 +586,7 @@ static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
         return;
     }
     gd_err own = {0};
-    if (check_owner(w->has_owner, w->owner_uid, b, &own) < 0) {
+    if (gd_registry_check_owner(w->has_owner, w->owner_uid, b, &own) < 0) {
         waiter_unlink(r, w);
         waiter_fail(w, own.code, "%s", own.msg);
         return;
@@ -717,12 +597,12 @@ static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
         return;
     }
     gd_err ro = {0};
-    if (w->read_only && check_read_only(b->pool, &ro) < 0) {
+    if (w->read_only && gd_registry_check_read_only(b->pool, &ro) < 0) {
         waiter_unlink(r, w);
         waiter_fail(w, ro.code, "%s", ro.msg);
         return;
     }
-    if (ref_add(r, w->holder, b) < 0)
+    if (gd_registry_ref_add(r, w->holder, b) < 0)
         return; /* out of memory: the waiter times out */
     if (w->read_only)
         gd_registry_ref_ro(w->holder, b->id, true);
@@ -769,110 +649,6 @@ int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint
     }
     *ret = b;
     return 0;
-}
-
-int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id, gd_buf **ret,
-                     bool *ret_waitable, gd_err *err) {
-    return gd_registry_open_mode(r, h, name, id, false, ret, ret_waitable, err);
-}
-
-int gd_registry_open_mode(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
-                          bool read_only, gd_buf **ret, bool *ret_waitable, gd_err *err) {
-    gd_target t = {.name = name, .id = id};
-    return gd_registry_open_target(r, h, &t, read_only, ret, ret_waitable, err);
-}
-
-/* Find what t names: 0 with *ret the buffer, or NULL when none is there
- * (a name unknown in its pool, an unknown id, an id of another pool).
- * Refuses a bad name, a missing default pool, a pool h may not use (when
- * h is given: open), and another owner. */
-static int resolve(gd_registry *r, const gd_holder *h, const gd_target *t, gd_buf **ret,
-                   gd_err *err) {
-    gd_pool *pool = t->pool;
-    gd_buf *b;
-    int rc;
-    if (t->name) {
-        if ((rc = gd_registry_check_name(t->name, err)) < 0)
-            return rc;
-        if (!pool && !(pool = r->default_pool))
-            return gd_err_set(err, GPUBUF_ENOPOOL, "the daemon has no pools");
-        /* A pool this client may not use is not searched: the refusal
-         * does not depend on whether the name exists there. */
-        if (h && (rc = gd_registry_check_pool(h, pool, err)) < 0)
-            return rc;
-        b = gd_registry_find_pool_name(r, pool, t->name);
-    } else {
-        if (h && pool && (rc = gd_registry_check_pool(h, pool, err)) < 0)
-            return rc;
-        b = gd_registry_find_id(r, t->id);
-        if (b && pool && b->pool != pool)
-            b = NULL;
-        /* Refused before anything else: a buffer of a pool this client
-         * may not use is not opened (nor waited for), whatever its state. */
-        if (b && h && (rc = gd_registry_check_pool(h, b->pool, err)) < 0)
-            return rc;
-    }
-    if (b && (rc = check_owner(t->has_owner, t->owner_uid, b, err)) < 0)
-        return rc;
-    *ret = b;
-    return 0;
-}
-
-/* -ENOENT for a target that names nothing (live) in its pool. */
-static int not_found(gd_registry *r, const gd_target *t, gd_err *err) {
-    const gd_pool *pool = t->pool ? t->pool : r->default_pool;
-    if (t->name)
-        return gd_err_set(err, -ENOENT, "no buffer named '%s' in pool '%s'%s", t->name,
-                          pool ? pool->name : "", t->pool ? "" : " (the default pool)");
-    if (t->pool)
-        return gd_err_set(err, -ENOENT, "no buffer with id %llu in pool '%s'",
-                          (unsigned long long)t->id, t->pool->name);
-    return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)t->id);
-}
-
-int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
-                            gd_buf **ret, bool *ret_waitable, gd_err *err) {
-    gd_buf *b;
-    int rc;
-    bool waitable = false;
-    if ((rc = resolve(r, h, t, &b, err)) < 0)
-        return rc;
-    if (b && read_only && (rc = check_read_only(b->pool, err)) < 0)
-        return rc;
-    if (!b) {
-        /* Any name may still come; an unknown id never will. */
-        waitable = t->name != NULL;
-        rc = not_found(r, t, err);
-    } else if (b->state == GPUBUF_STATE_DELETED) {
-        rc = gd_err_set(err, -ENOENT, "buffer %llu was deleted", (unsigned long long)b->id);
-    } else if (b->state != GPUBUF_STATE_SEALED) {
-        waitable = true;
-        rc = gd_err_set(err, -ENOENT, "buffer %llu is not sealed yet", (unsigned long long)b->id);
-    }
-    if (!b || b->state != GPUBUF_STATE_SEALED) {
-        if (ret_waitable)
-            *ret_waitable = waitable;
-        return rc;
-    }
-    if (r->quota.refs_per_client && h->n_refs >= r->quota.refs_per_client)
-        return gd_err_set(err, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
-                    r->quota.refs_per_client);
-    rc = ref_add(r, h, b);
-    if (rc < 0)
-        return gd_err_set(err, rc, rc == -EOVERFLOW ? "reference count limit" : "out of memory");
-    if (read_only)
-        gd_registry_ref_ro(h, b->id, true);
-    *ret = b;
-    return 0;
-}
-
-int gd_registry_open_one(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
-                         gd_opened *ret, bool *ret_waitable, gd_err *err) {
-    gd_buf *b;
-    int rc = gd_registry_open_target(r, h, t, read_only, &b, ret_waitable, err);
-    if (rc == 0)
-        gd_registry_opened(r, h, b, read_only, ret);
-    return rc;
 }
 
 int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err) {
@@ -923,67 +699,6 @@ int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *er
         free(hs);
     }
     gd_pool_unpin(sl->pool, sl);
-    return 0;
-}
-
-int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
-                       gd_err *err) {
-    gd_target t = {.name = name, .id = id};
-    return gd_registry_delete_target(r, h, &t, err);
-}
-
-int gd_registry_stat(gd_registry *r, const gd_target *t, gd_buf **ret, gd_err *err) {
-    gd_buf *b;
-    int rc = resolve(r, NULL, t, &b, err);
-    if (rc < 0)
-        return rc;
-    if (!b)
-        return not_found(r, t, err);
-    *ret = b;
-    return 0;
-}
-
-void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *pools, int n,
-                            const gd_pool *searched, const char *name, gd_err *err) {
-    if (!searched)
-        searched = r->default_pool;
-    for (int i = 0; i < n && err; i++) {
-        gd_buf *b;
-        if (pools[i] == searched || !gd_pool_allows(pools[i], h->uid, h->gid) ||
-            !(b = gd_registry_find_pool_name(r, pools[i], name)))
-            continue;
-        size_t len = strlen(err->msg);
-        snprintf(err->msg + len, sizeof(err->msg) - len,
-                 "; pool '%s' has a buffer of that name (of uid %u): name the pool, as "
-                 "'/%s/%s', if that is the one you want",
-                 pools[i]->name, b->owner_uid, pools[i]->name, name);
-        return;
-    }
-}
-
-int gd_registry_find_owned(gd_registry *r, gd_holder *h, const gd_target *t, const char *what,
-                           gd_buf **ret, gd_err *err) {
-    gd_buf *b;
-    int rc = resolve(r, NULL, t, &b, err);
-    if (rc < 0)
-        return rc;
-    if (!b || b->state == GPUBUF_STATE_DELETED)
-        return not_found(r, t, err);
-    if (h->uid != 0 && h->uid != b->owner_uid)
-        return gd_err_set(err, -EPERM,
-                          "buffer %llu ('%s') belongs to uid %u: only its owner or root may "
-                          "%s",
-                          (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid, what);
-    *ret = b;
-    return 0;
-}
-
-int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, gd_err *err) {
-    gd_buf *b;
-    int rc = gd_registry_find_owned(r, h, t, "delete it", &b, err);
-    if (rc < 0)
-        return rc;
-    gd_registry_unpublish(r, b);
     return 0;
 }
 
