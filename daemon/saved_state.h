@@ -1,7 +1,8 @@
 /* State room, ground floor: the saved state's format (its constants, the
- * two slots, the byte order, the checksum, the fd store's names) and the
- * state's own record, shared by the writer (state.c) and the reader
- * (state_restore.c). Nothing outside the state room includes it. */
+ * two slots, the byte order, the checksum, the fd store's names), the
+ * state's own record and the kept fds, shared by the writer (state.c) and
+ * the reader (state_restore.c). Outside the state room, only state.h
+ * includes it. */
 #ifndef GPUBUFD_SAVED_STATE_H
 #define GPUBUFD_SAVED_STATE_H
 
@@ -11,10 +12,19 @@
 #include <stdio.h>
 #include <uv.h>
 
-#include "state.h"
+#include "context.h"
+
+/* One fd a previous daemon kept, with its name (LISTEN_FDNAMES, takeover). */
+typedef struct gd_kept_fd {
+    char name[64];
+    int fd; /* -1 once taken or closed */
+} gd_kept_fd;
+
+typedef struct gd_state gd_state;
 
 #define STATE_MAGIC "GPBUFST"   /* 8 bytes with its NUL */
 #define STATE_VERSION 1u
+#define GD_STATE_HEADER 32u /* a slot's header (state.h: gd_state_header()) */
 #define STATE_HEADER GD_STATE_HEADER
 #define STATE_MAX_RECORD (1u << 20) /* one record is a few hundred bytes */
 #define STATE_MIN_COMPACT (1ull << 20)
