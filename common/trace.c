@@ -67,18 +67,8 @@ void gpubuf_trace_dump(void) {
     pthread_mutex_unlock(&dump_lock);
 }
 
-static uint64_t stash_wake, stash_read, tag_session, tag_request;
+static uint64_t tag_session, tag_request;
 static int tag_type;
-
-void gpubuf_trace_stash(uint64_t wake_ns, uint64_t read_ns) {
-    stash_wake = wake_ns;
-    stash_read = read_ns;
-}
-
-void gpubuf_trace_stashed(uint64_t *ret_wake_ns, uint64_t *ret_read_ns) {
-    *ret_wake_ns = stash_wake;
-    *ret_read_ns = stash_read;
-}
 
 void gpubuf_trace_set_tag(uint64_t session, uint64_t request, int type) {
     tag_session = session;

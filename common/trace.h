@@ -34,12 +34,10 @@ bool gpubuf_trace_on(void);
  * are kept; thread-safe. */
 void gpubuf_trace(uint64_t session, uint64_t request, int type, gpubuf_trace_step step,
                   uint64_t ns);
-/* For the single-threaded daemon: the server stashes when it woke and when
- * recvmsg returned for the frames it hands up; the session tags the reply
- * it queues (request 0: no tag) so that the server records when it packed
- * and wrote it. */
-void gpubuf_trace_stash(uint64_t wake_ns, uint64_t read_ns);
-void gpubuf_trace_stashed(uint64_t *ret_wake_ns, uint64_t *ret_read_ns);
+/* For the single-threaded daemon (the server hands when it woke and when
+ * recvmsg returned up with each frame): the session tags the reply it
+ * queues (request 0: no tag) so that the server records when it packed and
+ * wrote it. */
 void gpubuf_trace_set_tag(uint64_t session, uint64_t request, int type);
 /* The tag set; false when none is. */
 bool gpubuf_trace_tag(uint64_t *ret_session, uint64_t *ret_request, int *ret_type);

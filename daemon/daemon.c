@@ -52,8 +52,9 @@ static void *on_open(void *data, gd_conn *c, pid_t pid, uid_t uid, gid_t gid) {
     return gd_session_new(&d->ctx, &conn_transport, c, pid, uid, gid);
 }
 
-static int on_frame(void *user, const uint8_t *payload, size_t len) {
-    return gd_session_frame(user, payload, len);
+static int on_frame(void *user, const uint8_t *payload, size_t len, uint64_t woke_ns,
+                    uint64_t read_ns) {
+    return gd_session_frame_at(user, payload, len, woke_ns, read_ns);
 }
 
 static void on_bad_frame(void *user, int err) {

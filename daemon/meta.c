@@ -93,16 +93,6 @@ static int meta_build(const gd_meta_args *a, uint64_t size, gd_meta **ret, gd_er
     return 0;
 }
 
-/* docs/security.md gives the metadata charge with this header size. */
-_Static_assert(sizeof(gd_meta) == 24, "update the metadata charge in docs/security.md");
-
-uint64_t gd_meta_bytes(const gd_meta *m) {
-    if (!m)
-        return 0;
-    size_t dims = m->has_layout ? m->ndim * (m->has_strides ? 2u : 1u) : 0;
-    return sizeof(*m) + dims * sizeof(int64_t) + m->user_len;
-}
-
 /* b's metadata becomes m (it had none), counted for the status columns. */
 static void meta_attach(gd_registry *r, gd_buf *b, gd_meta *m) {
     b->meta = m;

@@ -1,4 +1,4 @@
-#include "registry.h"
+#include "registry_internal.h"
 
 #include <assert.h>
 #include <errno.h>
@@ -9,13 +9,6 @@
 #include <utlist.h>
 
 #include "util.h"
-
-/* Tell the saved state (if it listens) what changed. */
-#define HOOK(r, fn, ...)                                                                           \
-    do {                                                                                           \
-        if ((r)->hooks && (r)->hooks->fn)                                                          \
-            (r)->hooks->fn((r)->hooks_arg, __VA_ARGS__);                                           \
-    } while (0)
 
 int gd_registry_check_name(const char *name, gd_err *err) {
     gd_err e;
@@ -115,7 +108,7 @@ static void waiter_unindex(gd_registry *r, gd_waiter *w) {
     w->knext = w->kprev = NULL;
 }
 
-static gd_uid_usage *uid_usage(gd_registry *r, uid_t uid, bool create) {
+gd_uid_usage *gd_registry_uid_usage(gd_registry *r, uid_t uid, bool create) {
     gd_uid_usage *u;
     HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
     if (!u && create && (u = calloc(1, sizeof(*u)))) {
@@ -129,7 +122,7 @@ static gd_uid_usage *uid_usage(gd_registry *r, uid_t uid, bool create) {
 static void uncharge(gd_registry *r, gd_buf *b) {
     gd_holder *h;
     uid_t uid = (uid_t)b->owner_uid;
-    gd_uid_usage *u = uid_usage(r, uid, false);
+    gd_uid_usage *u = gd_registry_uid_usage(r, uid, false);
     HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
     if (h) {
         assert(h->n_owned > 0 && h->owned_bytes >= b->charged &&
@@ -152,7 +145,7 @@ static void uncharge(gd_registry *r, gd_buf *b) {
     }
 }
 
-static void buf_free(gd_registry *r, gd_buf *b) {
+void gd_registry_buf_free(gd_registry *r, gd_buf *b) {
     uncharge(r, b);
     gd_lease_remove(r, b);
     gd_meta_free(r, b);
@@ -180,9 +173,9 @@ static void buf_free(gd_registry *r, gd_buf *b) {
 
 /* Free b when nothing can reach it any more. Named sealed buffers persist
  * without references until deleted; everything else goes with its last one. */
-static void buf_maybe_free(gd_registry *r, gd_buf *b) {
+void gd_registry_buf_maybe_free(gd_registry *r, gd_buf *b) {
     if (b->refs == 0 && (b->state != GPUBUF_STATE_SEALED || !b->name))
-        buf_free(r, b);
+        gd_registry_buf_free(r, b);
 }
 
 static void waiter_unlink(gd_registry *r, gd_waiter *w) {
@@ -255,7 +248,7 @@ void gd_registry_destroy(gd_registry *r) {
     }
     HASH_ITER(hh_id, r->by_id, b, btmp) {
         b->refs = 0;
-        buf_free(r, b);
+        gd_registry_buf_free(r, b);
     }
     HASH_CLEAR(hh_name, r->by_name);
     free(r->leases);
@@ -267,7 +260,7 @@ void gd_registry_destroy(gd_registry *r) {
     }
 }
 
-static gd_holder *holder_add(gd_registry *r, uint64_t id, pid_t pid, uid_t uid, gid_t gid) {
+gd_holder *gd_registry_holder_add(gd_registry *r, uint64_t id, pid_t pid, uid_t uid, gid_t gid) {
     gd_holder *h = calloc(1, sizeof(*h));
     if (!h)
         return NULL;
@@ -284,7 +277,7 @@ gd_holder *gd_registry_holder_new(gd_registry *r, pid_t pid, uid_t uid, gid_t gi
         errno = EOVERFLOW;
         return NULL;
     }
-    gd_holder *h = holder_add(r, r->next_holder_id + 1, pid, uid, gid);
+    gd_holder *h = gd_registry_holder_add(r, r->next_holder_id + 1, pid, uid, gid);
     if (h) {
         r->next_holder_id++;
         HOOK(r, holder, h);
@@ -313,7 +306,7 @@ static size_t name_key(char *key, const gd_pool *pool, const char *name) {
 }
 
 /* b's name in pool: its index key "POOL\0NAME", name pointing into it. */
-static int buf_name(gd_buf *b, const gd_pool *pool, const char *name) {
+int gd_registry_buf_name(gd_buf *b, const gd_pool *pool, const char *name) {
     char key[2 * GPUBUF_NAME_MAX + 2];
     b->key_len = name_key(key, pool, name);
     if (!(b->key = malloc(b->key_len + 1)))
@@ -340,22 +333,22 @@ gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
     return gd_registry_find_pool_name(r, NULL, name);
 }
 
-static gd_ref *ref_find(gd_holder *h, uint64_t id) {
+gd_ref *gd_registry_ref_find(gd_holder *h, uint64_t id) {
     gd_ref *ref;
     HASH_FIND(hh, h->refs, &id, sizeof(id), ref);
     return ref;
 }
 
 uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id) {
-    gd_ref *ref = ref_find(h, buffer_id);
+    gd_ref *ref = gd_registry_ref_find(h, buffer_id);
     return ref ? ref->count : 0;
 }
 
 /* Add n references of h to b, ro of them read-only (ro <= n), in one step
  * whatever n: -EOVERFLOW when the holder's or the buffer's count would pass
  * UINT32_MAX. */
-static int ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, uint32_t ro) {
-    gd_ref *ref = ref_find(h, b->id);
+int gd_registry_ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, uint32_t ro) {
+    gd_ref *ref = gd_registry_ref_find(h, b->id);
     assert(n > 0 && ro <= n);
     if (n > UINT32_MAX - h->n_refs || n > UINT32_MAX - b->refs)
         return -EOVERFLOW;
@@ -384,12 +377,12 @@ static int ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, uint32
     return 0;
 }
 
-static int ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
-    return ref_add_n(r, h, b, 1, 0);
+int gd_registry_ref_add(gd_registry *r, gd_holder *h, gd_buf *b) {
+    return gd_registry_ref_add_n(r, h, b, 1, 0);
 }
 
 /* Set the read-only part of ref to ro (at most its count). */
-static void ref_ro_set(gd_holder *h, gd_ref *ref, uint32_t ro) {
+void gd_registry_ref_ro_set(gd_holder *h, gd_ref *ref, uint32_t ro) {
     if (ro > ref->count)
         ro = ref->count;
     ref->hs->ro = ref->hs->ro - ref->ro + ro;
@@ -400,11 +393,11 @@ static void ref_ro_set(gd_holder *h, gd_ref *ref, uint32_t ro) {
 /* Drop n (1..count) of h's references ref to b (NULL: gone already), in one
  * step whatever n; read-only marks go first when they would outnumber what
  * is left. ref is freed when none is left, b when nothing reaches it. */
-static void ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b, uint32_t n) {
+void gd_registry_ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b, uint32_t n) {
     uint64_t id = ref->buffer_id;
     assert(n > 0 && ref->count >= n && h->n_refs >= n);
     if (ref->ro > ref->count - n)
-        ref_ro_set(h, ref, ref->count - n);
+        gd_registry_ref_ro_set(h, ref, ref->count - n);
     ref->hs->refs -= n;
     uint32_t left = ref->count -= n, left_ro = ref->ro;
     if (left == 0) {
@@ -422,8 +415,18 @@ static void ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b, uin
     if (b) {
         assert(b->refs >= n);
         b->refs -= n;
-        buf_maybe_free(r, b);
+        gd_registry_buf_maybe_free(r, b);
     }
+}
+
+/* docs/security.md gives the metadata charge with this header size. */
+_Static_assert(sizeof(gd_meta) == 24, "update the metadata charge in docs/security.md");
+
+uint64_t gd_meta_bytes(const gd_meta *m) {
+    if (!m)
+        return 0;
+    size_t dims = m->has_layout ? m->ndim * (m->has_strides ? 2u : 1u) : 0;
+    return sizeof(*m) + dims * sizeof(int64_t) + m->user_len;
 }
 
 uint64_t gd_meta_charge(const char *name, const gd_meta *m) {
@@ -468,7 +471,7 @@ int gd_registry_check_meta(const gd_registry *r, const gd_holder *h, uint64_t mo
 static void meta_account(gd_registry *r, const gd_buf *b, uint64_t delta, bool sub) {
     gd_holder *h;
     uid_t uid = (uid_t)b->owner_uid;
-    gd_uid_usage *u = uid_usage(r, uid, false);
+    gd_uid_usage *u = gd_registry_uid_usage(r, uid, false);
     HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
     if (sub) {
         if (h)
@@ -493,126 +496,6 @@ void gd_registry_charge_meta(gd_registry *r, gd_buf *b, uint64_t charge) {
     b->meta_charged = charge;
 }
 
-int gd_registry_alloc(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
-                      uint64_t align, const char *name, gd_buf **ret, gd_err *err) {
-    return gd_registry_alloc_charged(r, h, pool, size, align, name, 0, ret, err);
-}
-
-int gd_registry_alloc_charged(gd_registry *r, gd_holder *h, gd_pool *pool, uint64_t size,
-                              uint64_t align, const char *name, uint64_t meta_extra,
-                              gd_buf **ret, gd_err *err) {
-    gd_buf *b;
-    int rc;
-    if (name && *name) {
-        if ((rc = gd_registry_check_name(name, err)) < 0)
-            return rc;
-    } else {
-        name = NULL;
-    }
-    if ((rc = gd_registry_check_pool(h, pool, err)) < 0)
-        return rc;
-    /* Refused before the name is looked up: who may not publish here
-     * learns nothing of the names taken. */
-    if (name && !gd_pool_may_publish(pool, h->uid, h->gid))
-        return gd_err_set(err, -EPERM,
-                          "uid %u may not give buffers names in pool '%s' (its publish_uids/"
-                          "publish_gids): allocate an anonymous buffer, or publish in a pool "
-                          "that lets it",
-                          (unsigned)h->uid, pool->name);
-    if (name && gd_registry_find_pool_name(r, pool, name))
-        return gd_err_set(err, -EEXIST, "a buffer named '%s' exists in pool '%s'", name,
-                          pool->name);
-    if (size == 0)
-        return gd_err_set(err, -EINVAL, "size 0: a buffer holds at least 1 byte");
-    if (r->next_buffer_id >= GD_ID_MAX)
-        return gd_err_set(err, -EOVERFLOW,
-                          "gpubufd has given out every buffer id (up to %llu) and ids never go "
-                          "back: new buffers need gpubufd started afresh, without its saved "
-                          "state",
-                          (unsigned long long)GD_ID_MAX);
-    const gd_quota *q = &r->quota;
-    gd_uid_usage *u = uid_usage(r, h->uid, false);
-    /* What the pool will take: the size rounded to the pool's alignment. */
-    uint64_t charge = size > UINT64_MAX / 2 ? size : gpubuf_align_up(size, pool->be->alignment);
-    if (q->buffers_per_client && h->n_owned >= q->buffers_per_client)
-        return gd_err_set(err, -EDQUOT, "quota: this client owns %u buffers (limit %u)", h->n_owned,
-                    q->buffers_per_client);
-    if (q->bytes_per_client && (charge > q->bytes_per_client ||
-                                h->owned_bytes > q->bytes_per_client - charge))
-        return gd_err_set(err, -EDQUOT, "quota: %llu more bytes exceed this client's limit of %llu",
-                    (unsigned long long)charge, (unsigned long long)q->bytes_per_client);
-    if (u && q->buffers_per_uid && u->buffers >= q->buffers_per_uid)
-        return gd_err_set(err, -EDQUOT, "quota: uid %u owns %u buffers (limit %u)", (unsigned)h->uid,
-                    u->buffers, q->buffers_per_uid);
-    if (q->bytes_per_uid &&
-        (charge > q->bytes_per_uid || (u && u->bytes > q->bytes_per_uid - charge)))
-        return gd_err_set(err, -EDQUOT, "quota: %llu more bytes exceed uid %u's limit of %llu",
-                    (unsigned long long)charge, (unsigned)h->uid,
-                    (unsigned long long)q->bytes_per_uid);
-    if (q->refs_per_client && h->n_refs >= q->refs_per_client)
-        return gd_err_set(err, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
-                    q->refs_per_client);
-    uint64_t meta = gd_meta_charge(name, NULL) + meta_extra;
-    if ((rc = gd_registry_check_meta(r, h, meta, err)) < 0)
-        return rc;
-    if (!(u = uid_usage(r, h->uid, true)))
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    b = calloc(1, sizeof(*b));
-    if (!b)
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    if (name && buf_name(b, pool, name) < 0) {
-        free(b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    }
-    gd_slab *prefer[GPUBUF_PREFER_SLABS];
-    uint32_t n_prefer = 0;
-    gd_holder_slab *hs, *hstmp;
-    HASH_ITER(hh, h->slabs, hs, hstmp) {
-        if (n_prefer == GPUBUF_PREFER_SLABS)
-            break;
-        if (hs->slab->pool == pool && !hs->slab->dedicated)
-            prefer[n_prefer++] = hs->slab;
-    }
-    rc = gd_pool_alloc_prefer(pool, size, align, prefer, n_prefer, &b->blk, err);
-    if (rc < 0) {
-        if (err && !err->msg[0])
-            gd_err_set(err, rc, "allocation failed");
-        free(b->key);
-        free(b);
-        if (u->buffers == 0) {
-            HASH_DEL(r->uids, u);
-            free(u);
-        }
-        return rc;
-    }
-    b->id = ++r->next_buffer_id;
-    b->pool = pool;
-    b->size = size;
-    b->state = GPUBUF_STATE_ALLOCATED;
-    b->owner_uid = (uint32_t)h->uid;
-    b->owner_holder = h->id;
-    HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
-    if (b->name) {
-        HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
-        b->in_name_index = true;
-    }
-    r->n_buffers++;
-    /* Charge what the pool took (alignment included), not what was asked. */
-    b->charged = b->blk.size;
-    h->n_owned++;
-    h->owned_bytes += b->charged;
-    u->buffers++;
-    u->bytes += b->charged;
-    gd_registry_charge_meta(r, b, meta);
-    HOOK(r, buf, b);
-    if (ref_add(r, h, b) < 0) {
-        buf_free(r, b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    }
-    *ret = b;
-    return 0;
-}
-
 static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
     if (w->name)
         return b->name && w->pool == b->pool && strcmp(w->name, b->name) == 0;
@@ -620,7 +503,7 @@ static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {
 }
 
 /* The target names an owner and b has another: -EPERM, why in err. */
-static int check_owner(bool has_owner, uint32_t owner_uid, const gd_buf *b, gd_err *err) {
+int gd_registry_check_owner(bool has_owner, uint32_t owner_uid, const gd_buf *b, gd_err *err) {
     if (!has_owner || b->owner_uid == owner_uid)
         return 0;
     return gd_err_set(err, -EPERM,
@@ -635,7 +518,7 @@ int gd_registry_seal(gd_registry *r, gd_holder *h, uint64_t id, gd_buf **ret, gd
 }
 
 /* A read-only open of memory that cannot be mapped read-only is refused. */
-static int check_read_only(const gd_pool *pool, gd_err *err) {
+int gd_registry_check_read_only(const gd_pool *pool, gd_err *err) {
     if (pool->be->kind != GPUBUF_POOL_CUDA_IPC)
         return 0;
     return gd_err_set(err, -EOPNOTSUPP,
@@ -665,8 +548,15 @@ const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b) {
     return h ? b->event : NULL;
 }
 
+void gd_registry_opened(gd_registry *r, gd_holder *h, gd_buf *b, bool read_only, gd_opened *ret) {
+    ret->buf = b;
+    ret->read_only = read_only;
+    ret->slab_mapped = gd_registry_slab_mapped(h, b, read_only);
+    ret->event = gd_registry_event(r, b);
+}
+
 void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
-    gd_ref *ref = ref_find(h, id);
+    gd_ref *ref = gd_registry_ref_find(h, id);
     if (!ref)
         return;
     if (add && ref->ro < ref->count) {
@@ -696,7 +586,7 @@ static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
         return;
     }
     gd_err own = {0};
-    if (check_owner(w->has_owner, w->owner_uid, b, &own) < 0) {
+    if (gd_registry_check_owner(w->has_owner, w->owner_uid, b, &own) < 0) {
         waiter_unlink(r, w);
         waiter_fail(w, own.code, "%s", own.msg);
         return;
@@ -707,16 +597,17 @@ static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
         return;
     }
     gd_err ro = {0};
-    if (w->read_only && check_read_only(b->pool, &ro) < 0) {
+    if (w->read_only && gd_registry_check_read_only(b->pool, &ro) < 0) {
         waiter_unlink(r, w);
         waiter_fail(w, ro.code, "%s", ro.msg);
         return;
     }
-    if (ref_add(r, w->holder, b) < 0)
+    if (gd_registry_ref_add(r, w->holder, b) < 0)
         return; /* out of memory: the waiter times out */
     if (w->read_only)
         gd_registry_ref_ro(w->holder, b->id, true);
     waiter_unlink(r, w);
+    gd_registry_opened(r, w->holder, b, w->read_only, &w->opened);
     /* The callback may free w (but not other waiters). */
     w->wake(w, b);
 }
@@ -760,108 +651,13 @@ int gd_registry_seal_event(gd_registry *r, gd_holder *h, uint64_t id, const uint
     return 0;
 }
 
-int gd_registry_open(gd_registry *r, gd_holder *h, const char *name, uint64_t id, gd_buf **ret,
-                     bool *ret_waitable, gd_err *err) {
-    return gd_registry_open_mode(r, h, name, id, false, ret, ret_waitable, err);
-}
-
-int gd_registry_open_mode(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
-                          bool read_only, gd_buf **ret, bool *ret_waitable, gd_err *err) {
-    gd_target t = {.name = name, .id = id};
-    return gd_registry_open_target(r, h, &t, read_only, ret, ret_waitable, err);
-}
-
-/* Find what t names: 0 with *ret the buffer, or NULL when none is there
- * (a name unknown in its pool, an unknown id, an id of another pool).
- * Refuses a bad name, a missing default pool, a pool h may not use (when
- * h is given: open), and another owner. */
-static int resolve(gd_registry *r, const gd_holder *h, const gd_target *t, gd_buf **ret,
-                   gd_err *err) {
-    gd_pool *pool = t->pool;
-    gd_buf *b;
-    int rc;
-    if (t->name) {
-        if ((rc = gd_registry_check_name(t->name, err)) < 0)
-            return rc;
-        if (!pool && !(pool = r->default_pool))
-            return gd_err_set(err, GPUBUF_ENOPOOL, "the daemon has no pools");
-        /* A pool this client may not use is not searched: the refusal
-         * does not depend on whether the name exists there. */
-        if (h && (rc = gd_registry_check_pool(h, pool, err)) < 0)
-            return rc;
-        b = gd_registry_find_pool_name(r, pool, t->name);
-    } else {
-        if (h && pool && (rc = gd_registry_check_pool(h, pool, err)) < 0)
-            return rc;
-        b = gd_registry_find_id(r, t->id);
-        if (b && pool && b->pool != pool)
-            b = NULL;
-        /* Refused before anything else: a buffer of a pool this client
-         * may not use is not opened (nor waited for), whatever its state. */
-        if (b && h && (rc = gd_registry_check_pool(h, b->pool, err)) < 0)
-            return rc;
-    }
-    if (b && (rc = check_owner(t->has_owner, t->owner_uid, b, err)) < 0)
-        return rc;
-    *ret = b;
-    return 0;
-}
-
-/* -ENOENT for a target that names nothing (live) in its pool. */
-static int not_found(gd_registry *r, const gd_target *t, gd_err *err) {
-    const gd_pool *pool = t->pool ? t->pool : r->default_pool;
-    if (t->name)
-        return gd_err_set(err, -ENOENT, "no buffer named '%s' in pool '%s'%s", t->name,
-                          pool ? pool->name : "", t->pool ? "" : " (the default pool)");
-    if (t->pool)
-        return gd_err_set(err, -ENOENT, "no buffer with id %llu in pool '%s'",
-                          (unsigned long long)t->id, t->pool->name);
-    return gd_err_set(err, -ENOENT, "no buffer with id %llu", (unsigned long long)t->id);
-}
-
-int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
-                            gd_buf **ret, bool *ret_waitable, gd_err *err) {
-    gd_buf *b;
-    int rc;
-    bool waitable = false;
-    if ((rc = resolve(r, h, t, &b, err)) < 0)
-        return rc;
-    if (b && read_only && (rc = check_read_only(b->pool, err)) < 0)
-        return rc;
-    if (!b) {
-        /* Any name may still come; an unknown id never will. */
-        waitable = t->name != NULL;
-        rc = not_found(r, t, err);
-    } else if (b->state == GPUBUF_STATE_DELETED) {
-        rc = gd_err_set(err, -ENOENT, "buffer %llu was deleted", (unsigned long long)b->id);
-    } else if (b->state != GPUBUF_STATE_SEALED) {
-        waitable = true;
-        rc = gd_err_set(err, -ENOENT, "buffer %llu is not sealed yet", (unsigned long long)b->id);
-    }
-    if (!b || b->state != GPUBUF_STATE_SEALED) {
-        if (ret_waitable)
-            *ret_waitable = waitable;
-        return rc;
-    }
-    if (r->quota.refs_per_client && h->n_refs >= r->quota.refs_per_client)
-        return gd_err_set(err, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
-                    r->quota.refs_per_client);
-    rc = ref_add(r, h, b);
-    if (rc < 0)
-        return gd_err_set(err, rc, rc == -EOVERFLOW ? "reference count limit" : "out of memory");
-    if (read_only)
-        gd_registry_ref_ro(h, b->id, true);
-    *ret = b;
-    return 0;
-}
-
 int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err) {
     return gd_registry_release_keep(r, h, id, false, err);
 }
 
 int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool keep,
                              gd_err *err) {
-    gd_ref *ref = ref_find(h, id);
+    gd_ref *ref = gd_registry_ref_find(h, id);
     gd_buf *b;
     int rc = 0;
     if (!ref)
@@ -885,7 +681,7 @@ int gd_registry_release_keep(gd_registry *r, gd_holder *h, uint64_t id, bool kee
             gd_pool_pin(sl);
         }
     }
-    ref_drop_n(r, h, ref, b, 1);
+    gd_registry_ref_drop_n(r, h, ref, b, 1);
     return rc;
 }
 
@@ -906,67 +702,6 @@ int gd_registry_unmap(gd_registry *r, gd_holder *h, uint64_t slab_id, gd_err *er
     return 0;
 }
 
-int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t id,
-                       gd_err *err) {
-    gd_target t = {.name = name, .id = id};
-    return gd_registry_delete_target(r, h, &t, err);
-}
-
-int gd_registry_stat(gd_registry *r, const gd_target *t, gd_buf **ret, gd_err *err) {
-    gd_buf *b;
-    int rc = resolve(r, NULL, t, &b, err);
-    if (rc < 0)
-        return rc;
-    if (!b)
-        return not_found(r, t, err);
-    *ret = b;
-    return 0;
-}
-
-void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *pools, int n,
-                            const gd_pool *searched, const char *name, gd_err *err) {
-    if (!searched)
-        searched = r->default_pool;
-    for (int i = 0; i < n && err; i++) {
-        gd_buf *b;
-        if (pools[i] == searched || !gd_pool_allows(pools[i], h->uid, h->gid) ||
-            !(b = gd_registry_find_pool_name(r, pools[i], name)))
-            continue;
-        size_t len = strlen(err->msg);
-        snprintf(err->msg + len, sizeof(err->msg) - len,
-                 "; pool '%s' has a buffer of that name (of uid %u): name the pool, as "
-                 "'/%s/%s', if that is the one you want",
-                 pools[i]->name, b->owner_uid, pools[i]->name, name);
-        return;
-    }
-}
-
-int gd_registry_find_owned(gd_registry *r, gd_holder *h, const gd_target *t, const char *what,
-                           gd_buf **ret, gd_err *err) {
-    gd_buf *b;
-    int rc = resolve(r, NULL, t, &b, err);
-    if (rc < 0)
-        return rc;
-    if (!b || b->state == GPUBUF_STATE_DELETED)
-        return not_found(r, t, err);
-    if (h->uid != 0 && h->uid != b->owner_uid)
-        return gd_err_set(err, -EPERM,
-                          "buffer %llu ('%s') belongs to uid %u: only its owner or root may "
-                          "%s",
-                          (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid, what);
-    *ret = b;
-    return 0;
-}
-
-int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, gd_err *err) {
-    gd_buf *b;
-    int rc = gd_registry_find_owned(r, h, t, "delete it", &b, err);
-    if (rc < 0)
-        return rc;
-    gd_registry_unpublish(r, b);
-    return 0;
-}
-
 void gd_registry_unpublish(gd_registry *r, gd_buf *b) {
     if (b->state == GPUBUF_STATE_ALLOCATED)
         fail_id_waiters(r, b);
@@ -977,7 +712,7 @@ void gd_registry_unpublish(gd_registry *r, gd_buf *b) {
         b->in_name_index = false;
     }
     HOOK(r, buf, b);
-    buf_maybe_free(r, b);
+    gd_registry_buf_maybe_free(r, b);
 }
 
 void gd_registry_wait(gd_registry *r, gd_waiter *w) {
@@ -1025,7 +760,7 @@ static uint32_t holder_drop_refs(gd_registry *r, gd_holder *h, uint32_t budget) 
                 }
                 HOOK(r, buf, b);
             }
-            buf_maybe_free(r, b);
+            gd_registry_buf_maybe_free(r, b);
         }
         free(ref);
     }
@@ -1075,210 +810,8 @@ bool gd_registry_reap(gd_registry *r, uint32_t budget) {
     return r->leaving != NULL;
 }
 
-gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, uid_t uid,
-                                      gid_t gid) {
-    gd_holder *h;
-    HASH_FIND(hh, r->holders, &id, sizeof(id), h);
-    if (h || id == 0 || id > GD_ID_MAX || !(h = holder_add(r, id, pid, uid, gid)))
-        return NULL;
-    h->detached = true;
-    h->detached_ns = gpubuf_now_ns();
-    r->n_detached++;
-    if (id > r->next_holder_id)
-        r->next_holder_id = id;
-    return h;
-}
-
-int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_err *err) {
-    gd_holder *h;
-    if (t->id == 0 || t->id > GD_ID_MAX)
-        return gd_err_set(err, -ERANGE, "its id is outside 1..%llu, the ids gpubufd gives",
-                          (unsigned long long)GD_ID_MAX);
-    if (gd_registry_find_id(r, t->id))
-        return gd_err_set(err, -EEXIST, "buffer id %llu twice", (unsigned long long)t->id);
-    if (t->name && (gd_registry_check_name(t->name, err) < 0))
-        return -EINVAL;
-    bool named = t->name && t->state != GPUBUF_STATE_DELETED;
-    if (named && gd_registry_find_pool_name(r, t->pool, t->name))
-        return gd_err_set(err, -EEXIST, "name '%s' twice in pool '%s'", t->name, t->pool->name);
-    gd_uid_usage *u = uid_usage(r, (uid_t)t->owner_uid, true);
-    gd_buf *b = calloc(1, sizeof(*b));
-    if (!u || !b) {
-        free(b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    }
-    *b = *t;
-    b->key = NULL;
-    b->name = NULL;
-    if (t->name && buf_name(b, t->pool, t->name) < 0) {
-        free(b);
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    }
-    b->refs = 0;
-    b->meta_charged = 0; /* charged below, as an alloc's */
-    b->in_name_index = false;
-    b->id_waiters = NULL;
-    memset(&b->hh_id, 0, sizeof(b->hh_id));
-    memset(&b->hh_name, 0, sizeof(b->hh_name));
-    HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
-    if (named) {
-        HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
-        b->in_name_index = true;
-    }
-    r->n_buffers++;
-    u->buffers++;
-    u->bytes += b->charged;
-    HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
-    if (h) {
-        h->n_owned++;
-        h->owned_bytes += b->charged;
-    }
-    /* Charged, never refused: what was promised before the restart stays. */
-    gd_registry_charge_meta(r, b, gd_meta_charge(b->name, NULL));
-    if (b->id > r->next_buffer_id)
-        r->next_buffer_id = b->id;
-    HOOK(r, buf, b);
-    *ret = b;
-    return 0;
-}
-
 void gd_registry_changed(gd_registry *r, const gd_buf *b) {
     HOOK(r, buf, b);
-}
-
-int gd_registry_restore_ref(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t count,
-                            uint32_t ro, gd_err *err) {
-    if (count == 0)
-        return 0;
-    if (ro > count)
-        ro = count;
-    if (count > UINT32_MAX - h->n_refs)
-        return gd_err_set(err, -EOVERFLOW,
-                          "%u more references would take session %llu past %u, the most it "
-                          "can hold (it has %u)",
-                          count, (unsigned long long)h->id, UINT32_MAX, h->n_refs);
-    if (count > UINT32_MAX - b->refs)
-        return gd_err_set(err, -EOVERFLOW,
-                          "%u more references would take buffer %llu past %u, the most it "
-                          "can have (it has %u)",
-                          count, (unsigned long long)b->id, UINT32_MAX, b->refs);
-    if (ref_add_n(r, h, b, count, ro) < 0)
-        return gd_err_set(err, -ENOMEM, "out of memory");
-    return 0;
-}
-
-void gd_registry_restore_done(gd_registry *r) {
-    gd_buf *b, *tmp;
-    HASH_ITER(hh_id, r->by_id, b, tmp) {
-        buf_maybe_free(r, b);
-    }
-}
-
-int gd_held_cmp(const void *a, const void *b) {
-    uint64_t x = ((const gd_held *)a)->buffer_id, y = ((const gd_held *)b)->buffer_id;
-    return x < y ? -1 : x > y;
-}
-
-size_t gd_registry_resume(gd_registry *r, gd_holder *h, const gd_held *held, size_t n,
-                          uint64_t *lost) {
-    size_t n_lost = 0;
-    gd_ref *ref, *tmp;
-    assert(h->detached && r->n_detached > 0);
-    h->detached = false;
-    r->n_detached--;
-    for (size_t i = 0; i < n; i++)
-        if (!ref_find(h, held[i].buffer_id) && held[i].count)
-            lost[n_lost++] = held[i].buffer_id;
-    /* Cut each reference down to what the client's views hold. */
-    HASH_ITER(hh, h->refs, ref, tmp) {
-        uint64_t id = ref->buffer_id;
-        uint32_t want = 0, want_ro = 0;
-        gd_held key = {.buffer_id = id};
-        const gd_held *x = bsearch(&key, held, n, sizeof(*held), gd_held_cmp);
-        if (x) {
-            want = x->count;
-            want_ro = x->ro < want ? x->ro : want;
-        }
-        /* In one step, whatever the counts (a saved count may be large). */
-        uint32_t have = ref->count;
-        if (ref->ro > want_ro)
-            ref_ro_set(h, ref, want_ro);
-        if (want < have)
-            ref_drop_n(r, h, ref, gd_registry_find_id(r, id), have - want); /* may free ref */
-        if (want && want <= have && (ref = ref_find(h, id)) && ref->ro < want_ro)
-            ref_ro_set(h, ref, want_ro);
-    }
-    return n_lost;
-}
-
-/* ---- the lease heap (leases themselves: meta.c) ----------------------- */
-
-static void heap_set(gd_registry *r, uint32_t i, gd_buf *b) {
-    r->leases[i] = b;
-    b->lease_slot = i + 1;
-}
-
-static void sift_up(gd_registry *r, uint32_t i) {
-    gd_buf *b = r->leases[i];
-    while (i > 0) {
-        uint32_t p = (i - 1) / 2;
-        if (r->leases[p]->lease_expires_ns <= b->lease_expires_ns)
-            break;
-        heap_set(r, i, r->leases[p]);
-        i = p;
-    }
-    heap_set(r, i, b);
-}
-
-static void sift_down(gd_registry *r, uint32_t i) {
-    gd_buf *b = r->leases[i];
-    for (;;) {
-        uint32_t c = 2 * i + 1;
-        if (c >= r->n_leases)
-            break;
-        if (c + 1 < r->n_leases &&
-            r->leases[c + 1]->lease_expires_ns < r->leases[c]->lease_expires_ns)
-            c++;
-        if (r->leases[c]->lease_expires_ns >= b->lease_expires_ns)
-            break;
-        heap_set(r, i, r->leases[c]);
-        i = c;
-    }
-    heap_set(r, i, b);
-}
-
-void gd_lease_remove(gd_registry *r, gd_buf *b) {
-    if (!b->lease_slot)
-        return;
-    uint32_t i = b->lease_slot - 1;
-    gd_buf *last = r->leases[--r->n_leases];
-    b->lease_slot = 0;
-    b->lease_expires_ns = 0;
-    if (last == b)
-        return;
-    heap_set(r, i, last);
-    sift_up(r, i);
-    sift_down(r, last->lease_slot - 1);
-}
-
-/* Give b a lease of ttl_ms that expires at expires_ns (replacing one it has). */
-int gd_lease_set_at(gd_registry *r, gd_buf *b, uint64_t ttl_ms, uint64_t expires_ns) {
-    if (!b->lease_slot) {
-        if (r->n_leases == r->cap_leases) {
-            uint32_t cap = r->cap_leases ? r->cap_leases * 2 : 64;
-            gd_buf **n = realloc(r->leases, cap * sizeof(*n));
-            if (!n)
-                return -ENOMEM;
-            r->leases = n;
-            r->cap_leases = cap;
-        }
-        heap_set(r, r->n_leases++, b);
-    }
-    b->lease_ttl_ms = (uint32_t)ttl_ms;
-    b->lease_expires_ns = expires_ns;
-    sift_up(r, b->lease_slot - 1);
-    sift_down(r, b->lease_slot - 1);
-    return 0;
 }
 
 /* A buffer's layout and user bytes go (it is freed, or they are replaced). */

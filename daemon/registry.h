@@ -118,8 +118,20 @@ typedef struct gd_registry_hooks {
     void (*holder_gone)(void *arg, uint64_t id);
 } gd_registry_hooks;
 
+/* What an open hands out, in one answer: the buffer it took a reference to
+ * (read-only when read_only), whether the holder maps the buffer's slab in
+ * that mode already apart from this reference (gd_registry_slab_mapped()),
+ * and the seal event that goes with it (gd_registry_event(); NULL: none). */
+typedef struct gd_opened {
+    gd_buf *buf;
+    bool read_only;
+    bool slab_mapped;
+    const uint8_t *event;
+} gd_opened;
+
 /* A pending open(). The caller embeds it and fills target and callbacks.
- * wake(): the buffer was sealed and a reference was taken for the holder.
+ * wake(): the buffer was sealed and a reference was taken for the holder;
+ * opened says what the open hands out (set before wake() is called).
  * fail(): it never will be (deleted, or refused with -EACCES or -EDQUOT),
  * with the reason in err; without fail, cancel() is called instead.
  * The registry unlinks a waiter before calling back; the waiter is not
@@ -133,6 +145,7 @@ struct gd_waiter {
     uint32_t owner_uid;
     bool read_only;       /* a read-only open: its reference is marked so */
     void (*wake)(gd_waiter *w, gd_buf *b);
+    gd_opened opened; /* set by the registry before wake() */
     void (*cancel)(gd_waiter *w); /* holder dropped */
     void (*fail)(gd_waiter *w, const gd_err *err);
     gd_waiter *next, *prev;       /* registry list (utlist DL) */
@@ -267,6 +280,9 @@ const uint8_t *gd_registry_event(gd_registry *r, const gd_buf *b);
  * reach the daemon in order), so the answer is true only while it maps it
  * (docs/protocol.md, "Slabs sent once"). */
 bool gd_registry_slab_mapped(gd_holder *h, const gd_buf *b, bool ro);
+/* What the reference h just took to b (read-only when read_only) hands out:
+ * gd_registry_slab_mapped() and gd_registry_event() in one answer. */
+void gd_registry_opened(gd_registry *r, gd_holder *h, gd_buf *b, bool read_only, gd_opened *ret);
 /* Mark one of the holder's references to id as read-only (after an open), or
  * unmark one (before releasing a read-only reference). */
 void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add);
@@ -298,6 +314,10 @@ int gd_registry_open_mode(gd_registry *r, gd_holder *h, const char *name, uint64
  * (whether or not the name exists there), -EPERM for another owner. */
 int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
                             gd_buf **ret, bool *ret_waitable, gd_err *err);
+/* The same, and in the same call what the open hands out (ret, as
+ * gd_registry_opened() tells it): the single open request's one question. */
+int gd_registry_open_one(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
+                         gd_opened *ret, bool *ret_waitable, gd_err *err);
 /* Describe a target without a reference: -ENOENT, -EPERM (owner). */
 int gd_registry_stat(gd_registry *r, const gd_target *t, gd_buf **ret, gd_err *err);
 int gd_registry_release(gd_registry *r, gd_holder *h, uint64_t id, gd_err *err);

@@ -39,8 +39,11 @@ typedef struct gd_server_callbacks {
      * Returns 0 when it was handled, or -EAGAIN when it was not because
      * gd_conn_reply_room() said no: the frame stays, the connection reads
      * and handles nothing more until the reply memory has room, then the
-     * frame is handed up again. */
-    int (*on_frame)(void *user, const uint8_t *payload, size_t len);
+     * frame is handed up again. woke_ns and read_ns: when the loop woke
+     * for the last read and when its recvmsg returned (GPUBUF_TRACE_TIMING;
+     * 0 when not traced). */
+    int (*on_frame)(void *user, const uint8_t *payload, size_t len, uint64_t woke_ns,
+                    uint64_t read_ns);
     /* A bad frame header (-EMSGSIZE: too long, GPUBUF_EPROTOCOL: magic,
      * version or flags): the last chance to say why; the connection closes. */
     void (*on_bad_frame)(void *user, int err);
@@ -135,6 +138,9 @@ struct gd_server {
     gd_conn *mem_waiters; /* connections whose next frame waits for reply memory */
     bool stopping;
     bool work; /* cb.on_work has work left */
+    /* GPUBUF_TRACE_TIMING: when the loop woke for the last read, and when
+     * its recvmsg returned; handed up with each frame (on_frame). */
+    uint64_t trace_woke_ns, trace_read_ns;
 };
 
 /* Initialise srv on loop. limits must outlive the server. */

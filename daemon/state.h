@@ -16,14 +16,7 @@
 #include <stdint.h>
 
 #include "context.h"
-
-/* One fd a previous daemon kept, with its name (LISTEN_FDNAMES, takeover). */
-typedef struct gd_kept_fd {
-    char name[64];
-    int fd; /* -1 once taken or closed */
-} gd_kept_fd;
-
-typedef struct gd_state gd_state;
+#include "saved_state.h" /* gd_kept_fd, gd_state */
 
 /* Start saving the state of ctx (its pools exist, no client yet): restore
  * what kept (n fds, may be 0) holds first, taking the fds named state-* and
@@ -56,8 +49,8 @@ uint32_t gd_state_expire(gd_state *st);
  * states as a previous daemon would: gd_state_header() fills the 32-byte
  * header of a slot of generation gen; gd_state_frame() writes one record
  * (n bytes of a packed StateRecord, n <= 1 MiB) with its length and
- * checksum to out (n + 8 bytes) and returns n + 8. */
-#define GD_STATE_HEADER 32u
+ * checksum to out (n + 8 bytes) and returns n + 8. The header's size is
+ * GD_STATE_HEADER (saved_state.h). */
 void gd_state_header(uint8_t *out, uint64_t gen);
 size_t gd_state_frame(uint8_t *out, const uint8_t *rec, uint32_t n);
 /* Bytes of the active state memfd, and the records written since start

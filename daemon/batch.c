@@ -1,0 +1,407 @@
+/* Session room: the batches, many items in one request and one reply with a
+ * result per item (docs/protocol.md, "Batches"). Each item runs the single
+ * request's code path; a failed item changes nothing and the others go on. */
+#include "batch.h"
+
+#include <assert.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "item.h"
+#include "util.h"
+
+/* One batch reply being built: element i of each array is item i. */
+typedef struct batch {
+    gd_session *s;
+    gd_req_type type;
+    size_t n;               /* items */
+    bool buffers;           /* open, alloc: the items' buffers are described */
+    bool read_only;         /* open: read-only references and mappings */
+    int32_t *status;
+    uint64_t *ids, *sizes, *offsets, *slab_ids;
+    uint32_t *states;
+    uint8_t *names;         /* NUL-terminated names, back to back */
+    size_t names_len, names_cap;
+    Gpubuf__BatchItemError *errs;
+    Gpubuf__BatchItemError **perrs;
+    size_t n_errs;
+    uint32_t *ev_items;
+    uint8_t *events;        /* GD_EVENT_HANDLE_SIZE per entry of ev_items */
+    size_t n_ev;
+    uint64_t *mapped;       /* the client's mapped slabs, sorted */
+    size_t n_mapped;
+    Gpubuf__Slab slabs[GD_BATCH_REPLY_FDS];
+    Gpubuf__Slab *pslabs[GD_BATCH_REPLY_FDS];
+    int fds[GD_BATCH_REPLY_FDS];
+    unsigned n_slabs, n_fds, max_slabs;
+} batch;
+
+static int u64_cmp(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void batch_free(batch *bt) {
+    for (size_t i = 0; i < bt->n_errs; i++)
+        free(bt->errs[i].message);
+    free(bt->ids); /* the block of the per-item arrays */
+    free(bt->names);
+    free(bt->errs);
+    free(bt->perrs);
+    free(bt->events);
+    free(bt->mapped);
+}
+
+/* Start a batch of n items; false (and an error reply) when it is refused
+ * whole: too many items, or out of memory. */
+static bool batch_init(batch *bt, gd_session *s, uint64_t id, gd_req_type type, size_t n,
+                       bool buffers, const uint64_t *mapped, size_t n_mapped) {
+    memset(bt, 0, sizeof(*bt));
+    bt->s = s;
+    bt->type = type;
+    bt->n = n;
+    bt->buffers = buffers;
+    if (n > GD_BATCH_MAX_ITEMS) {
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "a batch holds at most %u items (HelloReply.max_batch_items); this one has %zu: "
+                 "split it",
+                 (unsigned)GD_BATCH_MAX_ITEMS, n);
+        gd_session_reply_error(s, id, -E2BIG, msg);
+        return false;
+    }
+    if (n_mapped > GD_BATCH_MAX_ITEMS * 4u) {
+        gd_session_reply_error(s, id, -E2BIG, "a batch lists at most 16384 mapped slabs");
+        return false;
+    }
+    /* One block for the per-item arrays: status, 4 x u64, state, event item. */
+    size_t per = sizeof(int32_t) + 4 * sizeof(uint64_t) + 2 * sizeof(uint32_t);
+    uint8_t *p = calloc(n + 1, per);
+    bt->names_cap = buffers ? (n + 1) * (GPUBUF_NAME_MAX + 1) : 1;
+    bt->names = malloc(bt->names_cap);
+    bt->errs = calloc(n + 1, sizeof(*bt->errs));
+    bt->perrs = calloc(n + 1, sizeof(*bt->perrs));
+    bt->mapped = n_mapped ? malloc(n_mapped * sizeof(uint64_t)) : NULL;
+    if (!p || !bt->names || !bt->errs || !bt->perrs || (n_mapped && !bt->mapped)) {
+        free(p);
+        batch_free(bt);
+        gd_session_reply_error(s, id, -ENOMEM, "out of memory");
+        return false;
+    }
+    bt->ids = (uint64_t *)(void *)p;
+    bt->sizes = bt->ids + (n + 1);
+    bt->offsets = bt->sizes + (n + 1);
+    bt->slab_ids = bt->offsets + (n + 1);
+    bt->status = (int32_t *)(void *)(bt->slab_ids + (n + 1));
+    bt->states = (uint32_t *)(void *)(bt->status + (n + 1));
+    bt->ev_items = bt->states + (n + 1);
+    if (n_mapped) {
+        memcpy(bt->mapped, mapped, n_mapped * sizeof(uint64_t));
+        qsort(bt->mapped, n_mapped, sizeof(uint64_t), u64_cmp);
+    }
+    bt->n_mapped = n_mapped;
+    /* Never more fds than the connection's budget has room for. */
+    unsigned room = s->io->fd_room ? s->io->fd_room(s->conn) : 1;
+    bt->max_slabs = room < GD_BATCH_REPLY_FDS ? (room ? room : 1) : GD_BATCH_REPLY_FDS;
+    return true;
+}
+
+/* Append an item's name (or "") to the names column (room for the longest
+ * name of every item was made at the start). */
+static void batch_name(batch *bt, const char *name) {
+    size_t len = name ? strlen(name) : 0;
+    assert(bt->names_len + len + 1 <= bt->names_cap);
+    memcpy(bt->names + bt->names_len, name ? name : "", len);
+    bt->names[bt->names_len + len] = 0;
+    bt->names_len += len + 1;
+}
+
+/* Item i failed with r and err's sentence. */
+static void batch_fail(batch *bt, size_t i, int r, const gd_err *err) {
+    Gpubuf__BatchItemError *e = &bt->errs[bt->n_errs];
+    bt->status[i] = r;
+    if (bt->buffers)
+        batch_name(bt, "");
+    gpubuf__batch_item_error__init(e);
+    e->item = (uint32_t)i;
+    /* Without memory for the sentence, the code alone says it. */
+    if ((e->message = strdup(gd_err_msg(err, r)))) {
+        bt->perrs[bt->n_errs] = e;
+        bt->n_errs++;
+    }
+    gd_metrics_error(&bt->s->ctx->metrics, -1, r);
+    bt->s->ctx->metrics.batch[bt->type - GD_REQ_BATCH_OPEN].item_errors++;
+}
+
+/* Describe b's slab in the reply unless the client maps it already or the
+ * reply does: 0, -EAGAIN when the reply has no room for another slab, or
+ * the error of making a read-only fd. */
+static int batch_slab(batch *bt, gd_buf *b, gd_err *err) {
+    gd_slab *sl = b->blk.slab;
+    uint64_t sid = sl->id;
+    int fd = -1, r;
+    if (bt->n_mapped && bsearch(&sid, bt->mapped, bt->n_mapped, sizeof(sid), u64_cmp))
+        return 0;
+    for (unsigned k = 0; k < bt->n_slabs; k++)
+        if (bt->slabs[k].slab_id == sid)
+            return 0;
+    if (bt->n_slabs >= bt->max_slabs)
+        return gd_err_set(err, -EAGAIN,
+                          "this reply describes its limit of %u new slabs; send the item again "
+                          "(after mapping those)",
+                          bt->max_slabs);
+    if (bt->read_only) {
+        if ((r = gd_backend_export_ro(b->pool->be, &sl->exp, &fd, err)) < 0)
+            return r;
+    } else {
+        fd = sl->exp.fd;
+    }
+    Gpubuf__Slab *m = &bt->slabs[bt->n_slabs];
+    gd_session_fill_slab(m, b);
+    m->keepable = gd_session_slab_keepable(bt->s, b, bt->read_only);
+    m->read_only = bt->read_only;
+    bt->pslabs[bt->n_slabs++] = m;
+    if (fd >= 0)
+        bt->fds[bt->n_fds++] = fd;
+    bt->s->ctx->metrics.slab_imports++;
+    return 0;
+}
+
+/* Item i succeeded; b (NULL for release, seal, delete) is its buffer. */
+static void batch_ok(batch *bt, size_t i, const gd_buf *b) {
+    bt->status[i] = 0;
+    if (!bt->buffers || !b)
+        return;
+    bt->ids[i] = b->id;
+    bt->sizes[i] = b->size;
+    bt->offsets[i] = b->blk.offset;
+    bt->slab_ids[i] = b->blk.slab->id;
+    bt->states[i] = (uint32_t)b->state;
+    batch_name(bt, b->name);
+}
+
+/* Item i took a reference to b (open, alloc): describe its slab and its seal
+ * event. False when the slab does not fit (the caller undoes the item). */
+static bool batch_buffer(batch *bt, size_t i, gd_buf *b, gd_err *err, int *ret) {
+    int r = batch_slab(bt, b, err);
+    if (r < 0) {
+        *ret = r;
+        return false;
+    }
+    const uint8_t *ev = gd_registry_event(&bt->s->ctx->reg, b);
+    if (ev) {
+        if (!bt->events && !(bt->events = malloc((bt->n + 1) * GD_EVENT_HANDLE_SIZE))) {
+            *ret = gd_err_set(err, -ENOMEM, "out of memory");
+            return false;
+        }
+        bt->ev_items[bt->n_ev] = (uint32_t)i;
+        memcpy(bt->events + bt->n_ev * GD_EVENT_HANDLE_SIZE, ev, GD_EVENT_HANDLE_SIZE);
+        bt->n_ev++;
+    }
+    batch_ok(bt, i, b);
+    return true;
+}
+
+/* Send the reply and free the batch. */
+static void batch_reply_send(batch *bt, uint64_t id) {
+    gd_session *s = bt->s;
+    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
+    Gpubuf__BatchReply br = GPUBUF__BATCH_REPLY__INIT;
+    size_t n = bt->n;
+    br.n_status = n;
+    br.status = bt->status;
+    br.n_errors = bt->n_errs;
+    br.errors = bt->perrs;
+    if (bt->buffers) {
+        br.n_buffer_id = br.n_size = br.n_offset = br.n_slab_id = br.n_state = n;
+        br.buffer_id = bt->ids;
+        br.size = bt->sizes;
+        br.offset = bt->offsets;
+        br.slab_id = bt->slab_ids;
+        br.state = bt->states;
+        br.names.data = bt->names;
+        br.names.len = bt->names_len;
+        br.n_slabs = bt->n_slabs;
+        br.slabs = bt->pslabs;
+        br.n_event_items = bt->n_ev;
+        br.event_items = bt->ev_items;
+        br.events.data = bt->events;
+        br.events.len = bt->n_ev * GD_EVENT_HANDLE_SIZE;
+    }
+    s->ctx->metrics.batch[bt->type - GD_REQ_BATCH_OPEN].items += n;
+    resp.id = id;
+    resp.fds = bt->n_fds;
+    resp.body_case = GPUBUF__RESPONSE__BODY_BATCH;
+    resp.batch = &br;
+    /* At most gd_session_batch_reply_bound(n) bytes, for which the reply
+     * memory had room before the batch was handled (gd_session_frame): it
+     * is queued whatever the budget says now, so the references its items
+     * took always reach the client. */
+    size_t len = gpubuf__response__get_packed_size(&resp);
+    assert(len <= gd_session_batch_reply_bound(n));
+    s->io->send_fds(s->conn, len, gd_session_pack, &resp, bt->fds, (int)bt->n_fds, true);
+    batch_free(bt);
+}
+
+/* A batch item's target: a name, plain (the default pool) or qualified
+ * (/POOL/NAME), or an id (any pool); the same lookup as a single request's. */
+static int batch_target(gd_session *s, const char *name, uint64_t bid, gd_target *t,
+                        gd_err *err) {
+    char pool[GPUBUF_NAME_MAX + 1];
+    const char *plain = name;
+    if (name) {
+        int r = gpubuf_name_split(name, pool, &plain, err->msg, sizeof(err->msg));
+        if (r < 0)
+            return r;
+    }
+    return gd_session_target(s, name != NULL, plain, bid, name ? pool : NULL, false, 0, t, err);
+}
+
+void gd_session_batch_open(gd_session *s, uint64_t id, const Gpubuf__BatchOpenRequest *q) {
+    gd_registry *reg = &s->ctx->reg;
+    batch bt;
+    size_t n = q->n_names + q->n_buffer_ids;
+    if (!batch_init(&bt, s, id, GD_REQ_BATCH_OPEN, n, true, q->mapped_slabs, q->n_mapped_slabs))
+        return;
+    bt.read_only = q->read_only;
+    for (size_t i = 0; i < n; i++) {
+        gd_err err = {0};
+        gd_buf *b;
+        bool by_name = i < q->n_names;
+        gd_target t;
+        int r = batch_target(s, by_name ? q->names[i] : NULL,
+                             by_name ? 0 : q->buffer_ids[i - q->n_names], &t, &err);
+        if (r == 0)
+            r = gd_registry_open_target(reg, s->holder, &t, q->read_only, &b, NULL, &err);
+        if (r == 0 && !batch_buffer(&bt, i, b, &err, &r))
+            gd_session_open_undo(s, b, q->read_only);
+        if (r < 0)
+            batch_fail(&bt, i, r, &err);
+    }
+    batch_reply_send(&bt, id);
+}
+
+void gd_session_batch_release(gd_session *s, uint64_t id, const Gpubuf__BatchReleaseRequest *q) {
+    batch bt;
+    size_t n = q->n_buffer_ids;
+    if ((q->n_keep_mapped && q->n_keep_mapped != n) || (q->n_read_only && q->n_read_only != n)) {
+        gd_session_reply_error(s, id, -EINVAL,
+                    "keep_mapped and read_only have no entry or one per buffer id");
+        return;
+    }
+    if (!batch_init(&bt, s, id, GD_REQ_BATCH_RELEASE, n, false, NULL, 0))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        gd_err err = {0};
+        int r = gd_session_release_one(s, q->buffer_ids[i], q->n_keep_mapped && q->keep_mapped[i],
+                            q->n_read_only && q->read_only[i], &err);
+        if (r < 0)
+            batch_fail(&bt, i, r, &err);
+        else
+            batch_ok(&bt, i, NULL);
+    }
+    batch_reply_send(&bt, id);
+}
+
+void gd_session_batch_alloc(gd_session *s, uint64_t id, const Gpubuf__BatchAllocRequest *q) {
+    gd_registry *reg = &s->ctx->reg;
+    gd_err perr = {0};
+    gd_pool *pool;
+    batch bt;
+    size_t n = q->n_sizes;
+    if (q->n_names && q->n_names != n) {
+        gd_session_reply_error(s, id, -EINVAL, "names has no entry or one per size");
+        return;
+    }
+    int r = gd_context_pool(s->ctx, q->pool, &pool, &perr);
+    if (r < 0) {
+        gd_session_reply_error(s, id, r, gd_err_msg(&perr, r));
+        return;
+    }
+    if (!batch_init(&bt, s, id, GD_REQ_BATCH_ALLOC, n, true, q->mapped_slabs, q->n_mapped_slabs))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        gd_err err = {0};
+        gd_buf *b;
+        r = gd_session_alloc_one(s, pool, q->sizes[i], q->alignment,
+                                 q->n_names ? q->names[i] : NULL, NULL, &b, &err);
+        if (r == 0 && q->seal)
+            r = gd_registry_seal_event(reg, s->holder, b->id, NULL, &b, &err);
+        if (r == 0 && !batch_buffer(&bt, i, b, &err, &r)) {
+            /* Not handed out: the buffer goes again. */
+            uint64_t bid = b->id;
+            gd_registry_delete(reg, s->holder, NULL, bid, NULL);
+            gd_registry_release(reg, s->holder, bid, NULL);
+        }
+        if (r < 0)
+            batch_fail(&bt, i, r, &err);
+    }
+    batch_reply_send(&bt, id);
+}
+
+void gd_session_batch_state(gd_session *s, uint64_t id, const Gpubuf__BatchStateRequest *q) {
+    gd_registry *reg = &s->ctx->reg;
+    bool seal = q->op == GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_SEAL;
+    size_t n = q->n_names + q->n_buffer_ids;
+    batch bt;
+    if (!seal && q->op != GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_DELETE) {
+        gd_session_reply_error(s, id, -EINVAL, "a batch state request needs op seal or delete");
+        return;
+    }
+    if (seal && q->n_names) {
+        gd_session_reply_error(s, id, -EINVAL, "a batch seal takes buffer ids only");
+        return;
+    }
+    if (!batch_init(&bt, s, id, seal ? GD_REQ_BATCH_SEAL : GD_REQ_BATCH_DELETE, n, false, NULL,
+                    0))
+        return;
+    for (size_t i = 0; i < n; i++) {
+        gd_err err = {0};
+        gd_buf *b;
+        bool by_name = i < q->n_names;
+        uint64_t bid = by_name ? 0 : q->buffer_ids[i - q->n_names];
+        gd_target t;
+        int r;
+        if (seal)
+            r = gd_registry_seal_event(reg, s->holder, bid, NULL, &b, &err);
+        else if ((r = batch_target(s, by_name ? q->names[i] : NULL, bid, &t, &err)) == 0)
+            r = gd_registry_delete_target(reg, s->holder, &t, &err);
+        if (r < 0)
+            batch_fail(&bt, i, r, &err);
+        else
+            batch_ok(&bt, i, NULL);
+    }
+    batch_reply_send(&bt, id);
+}
+
+/* Bytes of one item in a batch reply at most: its status, buffer id, size,
+ * offset, slab id and state (varints), its name, its error (item number and
+ * sentence, each with its tag and length) and its seal event. */
+#define BATCH_ITEM_REPLY_MAX                                                                    \
+    (5u + 4u * 10u + 5u + (GPUBUF_NAME_MAX + 1u) + (3u + 6u + 3u + sizeof(((gd_err *)0)->msg)) + \
+     5u + GD_EVENT_HANDLE_SIZE)
+/* One Slab message at most (ids and sizes as varints, the 16-byte UUID, the
+ * 64-byte IPC handle, flags, tags and lengths), and the rest of a reply:
+ * the envelope, the column tags and lengths. */
+#define BATCH_SLAB_REPLY_MAX 160u
+#define BATCH_REPLY_FIXED 256u
+
+size_t gd_session_batch_reply_bound(size_t n) {
+    return BATCH_REPLY_FIXED + GD_BATCH_REPLY_FDS * BATCH_SLAB_REPLY_MAX +
+           n * BATCH_ITEM_REPLY_MAX;
+}
+
+/* The items of a batch request (0 for any other request). */
+size_t gd_session_batch_items(const Gpubuf__Request *req) {
+    switch (req->body_case) {
+    case GPUBUF__REQUEST__BODY_BATCH_OPEN:
+        return req->batch_open->n_names + req->batch_open->n_buffer_ids;
+    case GPUBUF__REQUEST__BODY_BATCH_RELEASE: return req->batch_release->n_buffer_ids;
+    case GPUBUF__REQUEST__BODY_BATCH_ALLOC: return req->batch_alloc->n_sizes;
+    case GPUBUF__REQUEST__BODY_BATCH_STATE:
+        return req->batch_state->n_names + req->batch_state->n_buffer_ids;
+    default: return 0;
+    }
+}

@@ -1,0 +1,79 @@
+/* Session room, ground floor: a session's state (gd_session, and the
+ * gd_transport its replies leave through) and how it answers: packing and
+ * queuing a reply, error replies, the Buffer and Slab messages. The
+ * requests (session.c), the status reply (status.c) and the batches
+ * (batch.c) all answer through it. */
+#ifndef GPUBUFD_REPLY_H
+#define GPUBUFD_REPLY_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "context.h"
+#include "gpubuf.pb-c.h"
+
+/* Where replies go. conn is the transport's own connection. */
+typedef struct gd_transport {
+    /* Queue one reply frame of len payload bytes that pack(msg, dst)
+     * writes; fd (-1: none) is dup'ed and rides on the frame. */
+    int (*send)(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                const void *msg, int fd);
+    /* Disconnect (the transport calls gd_session_free() later). */
+    void (*close)(void *conn);
+    /* The handshake is done. */
+    void (*ready)(void *conn);
+    /* True once the connection is going. */
+    bool (*closing)(const void *conn);
+    /* send() with n_fds fds (at most GPUBUF_WIRE_MAX_FDS); bounded: the
+     * reply's size is bounded (a batch reply), queue it like a small one. */
+    int (*send_fds)(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
+                    const void *msg, const int *fds, int n_fds, bool bounded);
+    /* How many fds a reply may carry now without passing the connection's
+     * fd budget (at least 1 while a request is handled). */
+    unsigned (*fd_room)(const void *conn);
+    /* May the request being handled queue a reply of up to bound bytes?
+     * When not, the request is left unhandled (gd_session_frame() returns
+     * -EAGAIN) and the transport hands it again later. NULL: always. */
+    bool (*reply_room)(void *conn, size_t bound);
+} gd_transport;
+
+typedef struct gd_session {
+    gd_context *ctx;
+    const gd_transport *io;
+    void *conn;
+    gd_holder *holder;
+    pid_t pid;
+    uid_t uid;
+    gid_t gid;
+    char name[64];
+    bool hello_done;
+    uint64_t caps; /* capability bits granted at hello (GPUBUF_CAP_*) */
+    uint32_t n_waiters;
+    int cur_type;                   /* gd_req_type being handled, -1 between requests (metrics) */
+    gd_end_reason end;              /* why the session closed the connection itself, if it did */
+    struct gd_session *next, *prev; /* utlist DL: ctx->sessions */
+} gd_session;
+
+/* Storage for one Buffer message and its Slab. */
+typedef struct buffer_msg {
+    Gpubuf__Buffer buf;
+    Gpubuf__Slab slab;
+    Gpubuf__ArrayLayout layout;
+} buffer_msg;
+
+/* Pack a Response (msg) into dst: the transport's pack callback. */
+void gd_session_pack(const void *msg, uint8_t *dst);
+/* Queue a reply; the transport dup's fd. */
+void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd);
+/* Reply status (0: success) with msg (NULL: gpubuf_strerror(status)). */
+void gd_session_reply_error(gd_session *s, uint64_t id, int status, const char *msg);
+/* How to map b's slab: its description, with the IPC handle if it has one. */
+void gd_session_fill_slab(Gpubuf__Slab *m, const gd_buf *b);
+/* b as a Buffer message (and its Slab), pointing into b. */
+void gd_session_fill_buffer(buffer_msg *m, const gd_buf *b);
+/* May s keep b's slab mapped after its last view (mode ro)? */
+bool gd_session_slab_keepable(const gd_session *s, const gd_buf *b, bool ro);
+
+#endif

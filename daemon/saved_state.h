@@ -1,0 +1,78 @@
+/* State room, ground floor: the saved state's format (its constants, the
+ * two slots, the byte order, the checksum, the fd store's names), the
+ * state's own record and the kept fds, shared by the writer (state.c) and
+ * the reader (state_restore.c). Outside the state room, only state.h
+ * includes it. */
+#ifndef GPUBUFD_SAVED_STATE_H
+#define GPUBUFD_SAVED_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <uv.h>
+
+#include "context.h"
+
+/* One fd a previous daemon kept, with its name (LISTEN_FDNAMES, takeover). */
+typedef struct gd_kept_fd {
+    char name[64];
+    int fd; /* -1 once taken or closed */
+} gd_kept_fd;
+
+typedef struct gd_state gd_state;
+
+#define STATE_MAGIC "GPBUFST"   /* 8 bytes with its NUL */
+#define STATE_VERSION 1u
+#define GD_STATE_HEADER 32u /* a slot's header (state.h: gd_state_header()) */
+#define STATE_HEADER GD_STATE_HEADER
+#define STATE_MAX_RECORD (1u << 20) /* one record is a few hundred bytes */
+#define STATE_MIN_COMPACT (1ull << 20)
+#define STATE_MAP_MIN (1ull << 20) /* the journal mapping grows from here */
+
+typedef struct slot {
+    int fd;
+    uint64_t gen; /* 0: holds nothing valid */
+    uint64_t len; /* bytes written, header included */
+    uint8_t *map; /* the journal's shared mapping of fd (cap bytes), or NULL */
+    uint64_t cap;
+} slot;
+
+struct gd_state {
+    gd_context *ctx;
+    bool fdstore;
+    bool frozen;
+    bool failed; /* a write failed: the kept state is behind (logged once) */
+    slot slots[2];
+    int active;
+    uint64_t compact_at; /* compact when the active slot grows past this */
+    uint64_t records;     /* journal records written */
+    uint64_t journal_ns;  /* time spent writing them */
+    uint64_t snapshots, snapshot_ns;
+    uv_timer_t expiry;
+    bool expiry_on;
+};
+
+static inline uint32_t gd_state_get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline uint64_t gd_state_get64(const uint8_t *p) {
+    return (uint64_t)gd_state_get32(p) | (uint64_t)gd_state_get32(p + 4) << 32;
+}
+
+/* FNV-1a: a torn or stale record fails it. */
+static inline uint64_t gd_state_checksum(const void *p, size_t n) {
+    const uint8_t *b = p;
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < n; i++)
+        h = (h ^ b[i]) * 0x100000001b3ull;
+    return h;
+}
+
+/* The fd store's name of slab id ("slab-ID"). */
+static inline void gd_state_slab_name(char *buf, size_t n, uint64_t id) {
+    snprintf(buf, n, "slab-%llu", (unsigned long long)id);
+}
+
+#endif
