@@ -533,7 +533,7 @@ START_TEST(metadata_and_leases_survive_sigkill) {
 
     /* Down for longer than "short"'s lease. */
     ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
-    usleep(500 * 1000);
+    usleep(500 * 1000); /* down for a while: measures a duration */
     fsd_start(&m, k_pool);
     c = td_connect(&m.d);
     uint64_t left2 = stat_meta(c, "meta", after);

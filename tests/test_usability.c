@@ -26,14 +26,11 @@
 static char dir[64];
 
 static void mkdir_tmp(void) {
-    snprintf(dir, sizeof(dir), "/tmp/gpubuf-use-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    td_mkdtemp(dir, "use");
 }
 
 static void rm_tmp(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    td_rmtree(dir);
 }
 
 /* The message of the last call contains every one of the NULL-terminated
