@@ -634,18 +634,12 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("backpressure");
-    TCase *t = tcase_create("backpressure");
-    tcase_add_checked_fixture(t, start_default, stop_clean);
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, big_replies_unread_stay_bounded);
-    tcase_add_test(t, reply_memory_is_bounded_across_connections);
-    tcase_add_test(t, batch_reply_memory_is_bounded_across_connections);
-    tcase_add_test(t, departed_writer_cannot_hold_the_loop);
-    tcase_add_test(t, reader_that_never_reads_is_held_back);
-    tcase_add_test(t, fds_held_per_client_are_bounded);
-    tcase_add_test(t, pipelining_reader_is_never_cut_off);
-    tcase_add_test(t, held_back_reader_outlives_the_frame_deadline);
-    tcase_add_test(t, seal_sent_before_exit_is_applied_with_replies_unread);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "backpressure", start_default, stop_clean, 60);
+    add_tests(t, big_replies_unread_stay_bounded, reply_memory_is_bounded_across_connections,
+              batch_reply_memory_is_bounded_across_connections,
+              departed_writer_cannot_hold_the_loop, reader_that_never_reads_is_held_back,
+              fds_held_per_client_are_bounded, pipelining_reader_is_never_cut_off,
+              held_back_reader_outlives_the_frame_deadline,
+              seal_sent_before_exit_is_applied_with_replies_unread);
     return run_suite(s);
 }

@@ -281,15 +281,9 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("batch");
-    TCase *t = tcase_create("host-pool");
-    tcase_add_checked_fixture(t, start, stop);
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, open_and_release_a_thousand_in_one_call);
-    tcase_add_test(t, partial_failures_inside_a_batch);
-    tcase_add_test(t, read_only_opens_by_id);
-    tcase_add_test(t, more_slabs_than_one_reply_carries);
-    tcase_add_test(t, long_batches_are_split);
-    tcase_add_test(t, batch_names_are_per_pool);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "host-pool", start, stop, 60);
+    add_tests(t, open_and_release_a_thousand_in_one_call, partial_failures_inside_a_batch,
+              read_only_opens_by_id, more_slabs_than_one_reply_carries, long_batches_are_split,
+              batch_names_are_per_pool);
     return run_suite(s);
 }

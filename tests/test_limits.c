@@ -615,23 +615,13 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("limits");
-    TCase *t = tcase_create("limits");
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, quotas_per_client_and_uid);
-    tcase_add_test(t, kept_slabs_limit);
-    tcase_add_test(t, connections_per_uid);
-    tcase_add_test(t, silent_and_half_frame_peers_are_dropped);
-    tcase_add_test(t, pool_access_and_ownership);
-    tcase_add_test(t, names_cannot_be_squatted_across_uids);
-    suite_add_tcase(s, t);
-    TCase *md = tcase_create("metadata");
-    tcase_set_timeout(md, 120);
-    tcase_add_test(md, metadata_charged_per_client_and_uid);
-    tcase_add_test(md, metadata_bounds_daemon_memory_and_state);
-    suite_add_tcase(s, md);
-    TCase *ch = tcase_create("chaos");
-    tcase_set_timeout(ch, 120);
+    TCase *t = add_case(s, "limits", NULL, NULL, 60);
+    add_tests(t, quotas_per_client_and_uid, kept_slabs_limit, connections_per_uid,
+              silent_and_half_frame_peers_are_dropped, pool_access_and_ownership,
+              names_cannot_be_squatted_across_uids);
+    TCase *md = add_case(s, "metadata", NULL, NULL, 120);
+    add_tests(md, metadata_charged_per_client_and_uid, metadata_bounds_daemon_memory_and_state);
+    TCase *ch = add_case(s, "chaos", NULL, NULL, 120);
     tcase_add_test(ch, chaos_kill_random_clients);
-    suite_add_tcase(s, ch);
     return run_suite(s);
 }

@@ -365,11 +365,9 @@ END_TEST
 
 static Suite *loop_suite(void) {
     Suite *s = suite_create("loop");
-    TCase *tc = tcase_create("bounded passes");
-    tcase_set_timeout(tc, 110);
-    tcase_add_test(tc, bystander_is_served_while_a_fragmented_pool_is_worked);
-    tcase_add_test(tc, simultaneous_expiries_are_all_answered);
-    suite_add_tcase(s, tc);
+    TCase *tc = add_case(s, "bounded passes", NULL, NULL, 110);
+    add_tests(tc, bystander_is_served_while_a_fragmented_pool_is_worked,
+              simultaneous_expiries_are_all_answered);
     return s;
 }
 

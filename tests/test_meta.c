@@ -468,16 +468,9 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("meta");
-    TCase *t = tcase_create("meta");
-    tcase_add_checked_fixture(t, start_default, stop_clean);
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, metadata_round_trip);
-    tcase_add_test(t, metadata_bounds);
-    tcase_add_test(t, lease_expires_unreferenced);
-    tcase_add_test(t, lease_expires_while_referenced);
-    tcase_add_test(t, lease_renewed_by_owner);
-    tcase_add_test(t, lease_renew_by_other_uid_refused);
-    tcase_add_test(t, gpubufctl_shows_layout_and_lease);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "meta", start_default, stop_clean, 60);
+    add_tests(t, metadata_round_trip, metadata_bounds, lease_expires_unreferenced,
+              lease_expires_while_referenced, lease_renewed_by_owner,
+              lease_renew_by_other_uid_refused, gpubufctl_shows_layout_and_lease);
     return run_suite(s);
 }

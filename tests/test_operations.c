@@ -439,22 +439,12 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("operations");
-    TCase *t = tcase_create("operations");
-    tcase_add_checked_fixture(t, start_default, stop_clean);
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, sigterm_with_live_clients);
-    tcase_add_test(t, second_daemon_refuses_live_socket);
-    tcase_add_test(t, gpubufctl_table_and_json);
-    tcase_add_test(t, client_names_clean_in_gpubufctl);
-    tcase_add_test(t, gpubufctl_exit_codes);
-    tcase_add_test(t, config_file_errors_name_file_and_line);
-    tcase_add_test(t, config_file_pools_used);
-    tcase_add_test(t, check_config_refuses_what_startup_refuses);
-    tcase_add_test(t, config_values_cannot_overflow);
-    tcase_add_test(t, default_configuration_without_gpu);
-    tcase_add_test(t, bad_flags_exit_2);
-    tcase_add_test(t, refuses_to_replace_a_regular_file);
-    tcase_add_test(t, pool_flags_override_config);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "operations", start_default, stop_clean, 60);
+    add_tests(t, sigterm_with_live_clients, second_daemon_refuses_live_socket,
+              gpubufctl_table_and_json, client_names_clean_in_gpubufctl, gpubufctl_exit_codes,
+              config_file_errors_name_file_and_line, config_file_pools_used,
+              check_config_refuses_what_startup_refuses, config_values_cannot_overflow,
+              default_configuration_without_gpu, bad_flags_exit_2,
+              refuses_to_replace_a_regular_file, pool_flags_override_config);
     return run_suite(s);
 }

@@ -592,27 +592,14 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("protocol");
-    TCase *t = tcase_create("protocol");
-    tcase_add_checked_fixture(t, start_default, stop_clean);
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, garbage_disconnects_only_that_client);
-    tcase_add_test(t, bad_magic_gets_error_then_close);
-    tcase_add_test(t, bad_version_header);
-    tcase_add_test(t, oversized_frame_rejected);
-    tcase_add_test(t, truncated_frame_then_hangup);
-    tcase_add_test(t, undecodable_payload);
-    tcase_add_test(t, request_before_hello);
-    tcase_add_test(t, version_negotiation_fails);
-    tcase_add_test(t, empty_request_and_double_hello);
-    tcase_add_test(t, unsolicited_fds_are_closed);
-    tcase_add_test(t, release_not_held_and_double_release);
-    tcase_add_test(t, read_only_fd_and_seal_event);
-    tcase_add_test(t, keep_mapped_protocol);
-    tcase_add_test(t, status_rows_and_columns_agree);
-    tcase_add_test(t, pipelined_requests_answered_in_order);
-    tcase_add_test(t, requests_before_hangup_are_answered);
-    tcase_add_test(t, waiting_open_fails_when_buffer_goes);
-    tcase_add_test(t, wire_strings_with_nul_refused);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "protocol", start_default, stop_clean, 60);
+    add_tests(t, garbage_disconnects_only_that_client, bad_magic_gets_error_then_close,
+              bad_version_header, oversized_frame_rejected, truncated_frame_then_hangup,
+              undecodable_payload, request_before_hello, version_negotiation_fails,
+              empty_request_and_double_hello, unsolicited_fds_are_closed,
+              release_not_held_and_double_release, read_only_fd_and_seal_event,
+              keep_mapped_protocol, status_rows_and_columns_agree,
+              pipelined_requests_answered_in_order, requests_before_hangup_are_answered,
+              waiting_open_fails_when_buffer_goes, wire_strings_with_nul_refused);
     return run_suite(s);
 }

@@ -311,19 +311,15 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("reconnect");
-    TCase *t = tcase_create("reconnect");
-    tcase_set_timeout(t, 90);
+    TCase *t = add_case(s, "reconnect", NULL, NULL, 90);
 #ifdef GPUBUF_TEST_SYSTEMD
-    tcase_add_test(t, idle_client_with_saved_state);
-    tcase_add_test(t, in_flight_requests);
+    add_tests(t, idle_client_with_saved_state, in_flight_requests);
 #else
     printf("test_reconnect: gpubufd is built without libsystemd (no fd store): the cases over "
            "the saved state in the fd store do not run\n");
 #endif
-    tcase_add_test(t, idle_client_after_takeover);
-    tcase_add_test(t, fresh_daemon_without_the_session);
-    tcase_add_test(t, fresh_daemon_client_without_views);
-    suite_add_tcase(s, t);
+    add_tests(t, idle_client_after_takeover, fresh_daemon_without_the_session,
+              fresh_daemon_client_without_views);
     return s;
 }
 

@@ -647,16 +647,10 @@ static Suite *suite(void) {
     Suite *s = suite_create("restart");
     TCase *t;
 #ifdef GPUBUF_TEST_SYSTEMD
-    t = tcase_create("restart");
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, sigkill_and_sigterm_keep_the_buffer);
-    tcase_add_test(t, sessions_not_resumed_are_released);
-    tcase_add_test(t, bad_state_is_dropped);
-    tcase_add_test(t, slab_once_after_resume);
-    tcase_add_test(t, batch_changes_survive_sigkill);
-    tcase_add_test(t, metadata_and_leases_survive_sigkill);
-    tcase_add_test(t, metadata_charge_survives_sigkill);
-    suite_add_tcase(s, t);
+    t = add_case(s, "restart", NULL, NULL, 60);
+    add_tests(t, sigkill_and_sigterm_keep_the_buffer, sessions_not_resumed_are_released,
+              bad_state_is_dropped, slab_once_after_resume, batch_changes_survive_sigkill,
+              metadata_and_leases_survive_sigkill, metadata_charge_survives_sigkill);
 #else
     (void)sigkill_and_sigterm_keep_the_buffer;
     (void)sessions_not_resumed_are_released;
@@ -668,10 +662,8 @@ static Suite *suite(void) {
     printf("test_restart: gpubufd is built without libsystemd (no fd store): only the "
            "takeover case runs\n");
 #endif
-    t = tcase_create("takeover");
-    tcase_set_timeout(t, 60);
+    t = add_case(s, "takeover", NULL, NULL, 60);
     tcase_add_test(t, takeover_keeps_the_buffer);
-    suite_add_tcase(s, t);
     return s;
 }
 

@@ -321,16 +321,10 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("service");
-    TCase *t = tcase_create("systemd");
-    tcase_add_checked_fixture(t, mkdir_tmp, rm_tmp);
-    tcase_set_timeout(t, 60);
+    TCase *t = add_case(s, "systemd", mkdir_tmp, rm_tmp, 60);
 #ifdef GPUBUF_TEST_SYSTEMD
-    tcase_add_test(t, socket_activation);
-    tcase_add_test(t, notify_ready_watchdog_stopping);
+    add_tests(t, socket_activation, notify_ready_watchdog_stopping);
 #endif
-    tcase_add_test(t, sighup_reloads_limits);
-    tcase_add_test(t, metrics_parse_as_prometheus_text);
-    tcase_add_test(t, gpubufctl_filters);
-    suite_add_tcase(s, t);
+    add_tests(t, sighup_reloads_limits, metrics_parse_as_prometheus_text, gpubufctl_filters);
     return run_suite(s);
 }

@@ -284,13 +284,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("takeover");
-    TCase *t = tcase_create("takeover");
-    tcase_set_timeout(t, 150);
-    tcase_add_test(t, failed_successor_leaves_the_daemon_serving);
-    tcase_add_test(t, killed_successor_loses_nothing);
-    tcase_add_test(t, second_successor_is_refused);
-    tcase_add_test(t, simultaneous_successors);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "takeover", NULL, NULL, 150);
+    add_tests(t, failed_successor_leaves_the_daemon_serving, killed_successor_loses_nothing,
+              second_successor_is_refused, simultaneous_successors);
     return s;
 }
 
