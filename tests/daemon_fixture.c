@@ -10,15 +10,9 @@
 
 #include "wire.h"
 
-test_daemon D;
-
 void start_default(void) {
     static const char *const args[] = {"--pool", "host=host,capacity=256M,slab=4M", NULL};
     td_start(&D, args);
-}
-
-void stop_clean(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 int raw_connect(void) {

@@ -12,11 +12,8 @@
 #include "gpubuf.pb-c.h"
 #include "harness.h"
 
-extern test_daemon D;
-
-/* The checked fixture: start D, and stop it, which must exit cleanly. */
+/* The checked fixture's setup: start D (td_stop_clean stops it). */
 void start_default(void);
-void stop_clean(void);
 
 /* A plain connection to D (no hello) whose reads give up after 5 s. */
 int raw_connect(void);

@@ -105,6 +105,12 @@ int td_stop(test_daemon *d) {
     return r;
 }
 
+test_daemon D;
+
+void td_stop_clean(void) {
+    ck_assert_int_eq(td_stop(&D), 0);
+}
+
 int td_restart(test_daemon *d, const char *const *args) {
     int r = terminate(d);
     spawn_daemon(d, args);
@@ -116,6 +122,16 @@ gpubuf_client *td_connect(const test_daemon *d) {
     int r = gpubuf_connect(d->socket, &c);
     ck_assert_msg(r == 0, "connect: %s (%s)", gpubuf_strerror(r), gpubuf_last_error_message());
     return c;
+}
+
+void td_produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed) {
+    gpubuf_client *c = td_connect(d);
+    gpubuf_buffer *b = NULL;
+    ck_assert_int_eq(gpubuf_alloc(c, "host", size, name, &b), 0);
+    td_fill(gpubuf_buffer_host_ptr(b), size, seed);
+    ck_assert_int_eq(gpubuf_seal_sync(b), 0);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
 }
 
 gpubuf_status *td_status(const test_daemon *d) {

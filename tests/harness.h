@@ -16,6 +16,12 @@ typedef struct test_daemon {
     char socket[128];
 } test_daemon;
 
+/* The daemon of a suite's checked fixture: the suite's setup starts it
+ * (td_start(&D, ...)), td_stop_clean stops it and fails the test unless it
+ * exited cleanly. */
+extern test_daemon D;
+void td_stop_clean(void);
+
 /* Start gpubufd with the given extra arguments (NULL-terminated) on a fresh
  * socket in a temporary directory; waits until it accepts connections.
  * Aborts the test on failure. */
@@ -27,6 +33,11 @@ int td_stop(test_daemon *d);
 int td_restart(test_daemon *d, const char *const *args);
 /* Connect to d, failing the test on error. */
 gpubuf_client *td_connect(const test_daemon *d);
+
+/* Allocate `name` (size bytes) in pool "host" of d, fill it with the
+ * pattern of seed (td_fill), seal it and let it go: it stays, sealed, with
+ * no reference. */
+void td_produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed);
 
 /* Status helpers (fresh connection each time). */
 gpubuf_status *td_status(const test_daemon *d);

@@ -634,7 +634,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("backpressure");
-    TCase *t = add_case(s, "backpressure", start_default, stop_clean, 60);
+    TCase *t = add_case(s, "backpressure", start_default, td_stop_clean, 60);
     add_tests(t, big_replies_unread_stay_bounded, reply_memory_is_bounded_across_connections,
               batch_reply_memory_is_bounded_across_connections,
               departed_writer_cannot_hold_the_loop, reader_that_never_reads_is_held_back,

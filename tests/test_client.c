@@ -18,16 +18,10 @@
 
 #define MiB (1ull << 20)
 
-static test_daemon D;
-
 static void start_default(void) {
     static const char *const args[] = {"--pool", "host=host,capacity=1G,slab=16M",
                                        "--pool", "tiny=host,capacity=4M,slab=1M", NULL};
     td_start(&D, args);
-}
-
-static void stop_clean(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 /* Poll status until buffer `name` has `refs` references. */
@@ -823,7 +817,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("client");
-    TCase *t = add_case(s, "host-pool", start_default, stop_clean, 60);
+    TCase *t = add_case(s, "host-pool", start_default, td_stop_clean, 60);
     add_tests(t, connect_and_handshake, connect_no_daemon, connect_env_socket,
               alloc_view_attributes, default_pool_is_first, set_device_checks,
               kept_slabs_pinned_reused_evicted, producer_exits_before_consumers,

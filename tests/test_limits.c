@@ -19,7 +19,6 @@
 #include "wire.h"
 #include "check_main.h"
 
-static test_daemon D;
 static char conf[128];
 
 static void start_with(const char *text) {

@@ -13,15 +13,9 @@
 #include "layout_helpers.h"
 #include "check_main.h"
 
-static test_daemon D;
-
 static void start_default(void) {
     static const char *const args[] = {"--pool", "host=host,capacity=64M,slab=4M", NULL};
     td_start(&D, args);
-}
-
-static void stop_clean(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 static void assert_layout_eq(const gpubuf_layout *a, const gpubuf_layout *b) {
@@ -468,7 +462,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("meta");
-    TCase *t = add_case(s, "meta", start_default, stop_clean, 60);
+    TCase *t = add_case(s, "meta", start_default, td_stop_clean, 60);
     add_tests(t, metadata_round_trip, metadata_bounds, lease_expires_unreferenced,
               lease_expires_while_referenced, lease_renewed_by_owner,
               lease_renew_by_other_uid_refused, gpubufctl_shows_layout_and_lease);

@@ -439,7 +439,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("operations");
-    TCase *t = add_case(s, "operations", start_default, stop_clean, 60);
+    TCase *t = add_case(s, "operations", start_default, td_stop_clean, 60);
     add_tests(t, sigterm_with_live_clients, second_daemon_refuses_live_socket,
               gpubufctl_table_and_json, client_names_clean_in_gpubufctl, gpubufctl_exit_codes,
               config_file_errors_name_file_and_line, config_file_pools_used,

@@ -592,7 +592,7 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("protocol");
-    TCase *t = add_case(s, "protocol", start_default, stop_clean, 60);
+    TCase *t = add_case(s, "protocol", start_default, td_stop_clean, 60);
     add_tests(t, garbage_disconnects_only_that_client, bad_magic_gets_error_then_close,
               bad_version_header, oversized_frame_rejected, truncated_frame_then_hangup,
               undecodable_payload, request_before_hello, version_negotiation_fails,
