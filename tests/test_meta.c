@@ -354,7 +354,7 @@ START_TEST(lease_renewed_by_owner) {
     /* Renewed every 100 ms (with its own ttl, then a longer one): it
      * outlives its first 300 ms by far. */
     for (int i = 0; i < 8; i++) {
-        td_sleep_ms(100);
+        td_sleep_ms(100); /* renewed over 800 ms: measures a duration */
         ck_assert_int_eq(gpubuf_renew(c, "keep", 0, 0), 0);
     }
     ck_assert_int_eq(gpubuf_renew(c, "/host/keep", 0, 60000), 0); /* a qualified name */

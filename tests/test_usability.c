@@ -593,7 +593,7 @@ START_TEST(gpubufctl_watch_appends_lines_with_rates_when_piped) {
                 _exit(2);
             gpubuf_release(b);
             gpubuf_flush(c);
-            td_sleep_ms(20);
+            td_sleep_ms(20); /* paces the load the watch measures: a duration */
         }
         gpubuf_disconnect(c);
         _exit(0);
