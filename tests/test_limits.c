@@ -555,7 +555,7 @@ START_TEST(chaos_kill_random_clients) {
     struct timespec t0, now;
     clock_gettime(CLOCK_MONOTONIC, &t0);
     do {
-        usleep(50000);
+        usleep(50000); /* one kill every 50 ms: measures a duration */
         int k = rand_r(&seed) % N;
         kill(w[k], SIGKILL);
         td_wait(w[k]);
