@@ -37,7 +37,24 @@ static bool can_connect(const char *path) {
     return true;
 }
 
-/* Start gpubufd on d->socket and wait until it accepts connections. */
+/* Whether process pid has a handler for SIGTERM (SigCgt in /proc). */
+static bool catches_sigterm(pid_t pid) {
+    char path[64], line[256];
+    unsigned long long mask = 0;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "SigCgt: %llx", &mask) == 1)
+            break;
+    fclose(f);
+    return mask & (1ull << (SIGTERM - 1));
+}
+
+/* Start gpubufd on d->socket and wait until it accepts connections and
+ * handles SIGTERM (it listens before it sets its handlers: a SIGTERM in
+ * between would kill it rather than stop it cleanly). */
 static void spawn_daemon(test_daemon *d, const char *const *args) {
     const char *argv[64];
     int n = 0;
@@ -57,7 +74,7 @@ static void spawn_daemon(test_daemon *d, const char *const *args) {
         _exit(127);
     }
     for (int i = 0; i < 500; i++) {
-        if (can_connect(d->socket))
+        if (can_connect(d->socket) && catches_sigterm(d->pid))
             return;
         int st;
         if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
