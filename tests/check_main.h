@@ -4,6 +4,27 @@
 
 #include <check.h>
 
+/* A test case named name, added to s, with the checked fixture setup and
+ * teardown (NULL: none) and a timeout in seconds (0: Check's default, which
+ * ctest sets); add its tests to what it returns. */
+static inline TCase *add_case(Suite *s, const char *name, SFun setup, SFun teardown,
+                              double timeout) {
+    TCase *t = tcase_create(name);
+    if (setup || teardown)
+        tcase_add_checked_fixture(t, setup, teardown);
+    if (timeout > 0)
+        tcase_set_timeout(t, timeout);
+    suite_add_tcase(s, t);
+    return t;
+}
+
+/* Add the tests (the names START_TEST defines) to test case t, in order. */
+#define add_tests(t, ...) add_tests_((t), (const TTest *const[]){__VA_ARGS__, NULL})
+static inline void add_tests_(TCase *t, const TTest *const *tests) {
+    for (; *tests; tests++)
+        tcase_add_test(t, *tests);
+}
+
 /* Run suite s (Check's fork mode and timeouts come from the environment
  * ctest sets); 0 when every test passed. */
 static inline int run_suite(Suite *s) {

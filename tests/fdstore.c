@@ -17,8 +17,7 @@
 void fsd_init(fake_sd *m) {
     struct sockaddr_un sa = {.sun_family = AF_UNIX};
     memset(m, 0, sizeof(*m));
-    snprintf(m->d.dir, sizeof(m->d.dir), "/tmp/gpubuf-fsd-XXXXXX");
-    ck_assert_msg(mkdtemp(m->d.dir) != NULL, "mkdtemp: %s", strerror(errno));
+    td_mkdtemp(m->d.dir, "fsd");
     snprintf(m->d.socket, sizeof(m->d.socket), "%s/gpubufd.sock", m->d.dir);
     snprintf(m->notify, sizeof(m->notify), "%s/notify.sock", m->d.dir);
     memcpy(sa.sun_path, m->notify, strlen(m->notify) + 1);

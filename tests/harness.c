@@ -30,18 +30,31 @@ void td_sleep_ms(int ms) {
 #define sleep_ms td_sleep_ms
 
 static bool can_connect(const char *path) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    bool ok;
-    if (strlen(path) >= sizeof(sa.sun_path))
+    int fd = rp_connect(path, 0);
+    if (fd < 0)
         return false;
-    memcpy(sa.sun_path, path, strlen(path) + 1);
-    ok = connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0;
     close(fd);
-    return ok;
+    return true;
 }
 
-/* Start gpubufd on d->socket and wait until it accepts connections. */
+/* Whether process pid has a handler for SIGTERM (SigCgt in /proc). */
+static bool catches_sigterm(pid_t pid) {
+    char path[64], line[256];
+    unsigned long long mask = 0;
+    snprintf(path, sizeof(path), "/proc/%d/status", (int)pid);
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "SigCgt: %llx", &mask) == 1)
+            break;
+    fclose(f);
+    return mask & (1ull << (SIGTERM - 1));
+}
+
+/* Start gpubufd on d->socket and wait until it accepts connections and
+ * handles SIGTERM (it listens before it sets its handlers: a SIGTERM in
+ * between would kill it rather than stop it cleanly). */
 static void spawn_daemon(test_daemon *d, const char *const *args) {
     const char *argv[64];
     int n = 0;
@@ -61,7 +74,7 @@ static void spawn_daemon(test_daemon *d, const char *const *args) {
         _exit(127);
     }
     for (int i = 0; i < 500; i++) {
-        if (can_connect(d->socket))
+        if (can_connect(d->socket) && catches_sigterm(d->pid))
             return;
         int st;
         if (waitpid(d->pid, &st, WNOHANG) == d->pid) {
@@ -75,8 +88,7 @@ static void spawn_daemon(test_daemon *d, const char *const *args) {
 
 void td_start(test_daemon *d, const char *const *args) {
     memset(d, 0, sizeof(*d));
-    snprintf(d->dir, sizeof(d->dir), "/tmp/gpubuf-test-XXXXXX");
-    ck_assert_msg(mkdtemp(d->dir) != NULL, "mkdtemp: %s", strerror(errno));
+    td_mkdtemp(d->dir, "test");
     snprintf(d->socket, sizeof(d->socket), "%s/gpubufd.sock", d->dir);
     spawn_daemon(d, args);
 }
@@ -110,6 +122,12 @@ int td_stop(test_daemon *d) {
     return r;
 }
 
+test_daemon D;
+
+void td_stop_clean(void) {
+    ck_assert_int_eq(td_stop(&D), 0);
+}
+
 int td_restart(test_daemon *d, const char *const *args) {
     int r = terminate(d);
     spawn_daemon(d, args);
@@ -121,6 +139,16 @@ gpubuf_client *td_connect(const test_daemon *d) {
     int r = gpubuf_connect(d->socket, &c);
     ck_assert_msg(r == 0, "connect: %s (%s)", gpubuf_strerror(r), gpubuf_last_error_message());
     return c;
+}
+
+void td_produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed) {
+    gpubuf_client *c = td_connect(d);
+    gpubuf_buffer *b = NULL;
+    ck_assert_int_eq(gpubuf_alloc(c, "host", size, name, &b), 0);
+    td_fill(gpubuf_buffer_host_ptr(b), size, seed);
+    ck_assert_int_eq(gpubuf_seal_sync(b), 0);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
 }
 
 gpubuf_status *td_status(const test_daemon *d) {
@@ -201,6 +229,71 @@ bool td_wait_waiting_opens(const test_daemon *d, long n, int timeout_ms) {
         sleep_ms(5);
     }
     return false;
+}
+
+uint64_t td_requests(const test_daemon *d, const char *type) {
+    gpubuf_status *s = td_status(d);
+    uint64_t n = 0;
+    for (size_t i = 0; i < s->counters.n_requests; i++)
+        if (strcmp(s->counters.requests[i].type, type) == 0)
+            n = s->counters.requests[i].requests;
+    gpubuf_status_free(s);
+    return n;
+}
+
+bool td_wait_requests(const test_daemon *d, const char *type, uint64_t since, uint64_t n,
+                      int timeout_ms) {
+    /* Each poll (and the one that gave since) is a hello and a status. */
+    uint64_t own = strcmp(type, "status") == 0 || strcmp(type, "hello") == 0;
+    for (int waited = 0; waited <= timeout_ms; waited += 5) {
+        if (td_requests(d, type) >= since + n + own)
+            return true;
+        own += strcmp(type, "status") == 0 || strcmp(type, "hello") == 0;
+        sleep_ms(5);
+    }
+    return false;
+}
+
+bool td_wait_client_pid(const test_daemon *d, pid_t pid, int timeout_ms) {
+    for (int waited = 0; waited <= timeout_ms; waited += 5) {
+        gpubuf_status *s = td_status(d);
+        bool ok = false;
+        for (size_t i = 0; i < s->n_clients; i++)
+            ok = ok || s->clients[i].pid == (int)pid;
+        gpubuf_status_free(s);
+        if (ok)
+            return true;
+        sleep_ms(5);
+    }
+    return false;
+}
+
+/* The number of clients the daemon lists, asked over the raw connection fd. */
+static size_t raw_n_clients(int fd) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
+    req.id = 2;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &st;
+    Gpubuf__Response *r = td_raw_expect(fd, &req, GPUBUF__RESPONSE__BODY_STATUS_REPLY);
+    size_t n = r->status_reply->n_clients;
+    gpubuf__response__free_unpacked(r, NULL);
+    return n;
+}
+
+int td_quiet_fds(const test_daemon *d, size_t n, int timeout_ms) {
+    int fd = td_raw_connect(d, 5), fds = -1;
+    td_raw_hello(fd);
+    for (int waited = 0; waited <= timeout_ms; waited += 5) {
+        if (raw_n_clients(fd) == n + 1) {
+            raw_n_clients(fd);
+            fds = td_count_fds(d->pid) - 1;
+            break;
+        }
+        sleep_ms(5);
+    }
+    close(fd);
+    return fds;
 }
 
 pid_t td_spawn(int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg) {
@@ -318,6 +411,25 @@ int td_run(const char *const *argv) {
     return td_wait(p);
 }
 
+int td_write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return -1;
+    fputs(text, f);
+    return fclose(f);
+}
+
+void td_mkdtemp(char dir[64], const char *what) {
+    snprintf(dir, 64, "/tmp/gpubuf-%s-XXXXXX", what);
+    ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp %s: %s", dir, strerror(errno));
+}
+
+void td_rmtree(const char *dir) {
+    char cmd[128];
+    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
+    ck_assert_int_eq(system(cmd), 0);
+}
+
 char *td_capture(const char *cmd, int *ret_code) {
     FILE *f = popen(cmd, "r");
     size_t cap = 1 << 16, len = 0, n;
@@ -354,8 +466,7 @@ static void copy_file(const char *from, const char *to) {
 }
 
 char *td_stage_public(const char *exe, char dir[64]) {
-    snprintf(dir, 64, "/tmp/gpubuf-stage-XXXXXX");
-    ck_assert_msg(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
+    td_mkdtemp(dir, "stage");
     ck_assert_int_eq(chmod(dir, 0755), 0);
     char *from = strdup(exe), *slash = strrchr(from, '/');
     ck_assert_ptr_nonnull(slash);
@@ -405,14 +516,34 @@ int td_count(const char *haystack, const char *needle) {
 }
 
 int td_raw_connect(const test_daemon *d, int timeout_s) {
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    struct timeval tv = {timeout_s, 0};
-    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    ck_assert_int_ge(fd, 0);
-    memcpy(sa.sun_path, d->socket, strlen(d->socket) + 1);
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    int fd = rp_connect(d->socket, timeout_s);
+    ck_assert_msg(fd >= 0, "connect %s: %s", d->socket, strerror(-fd));
     return fd;
+}
+
+void td_raw_send(int fd, const Gpubuf__Request *req) {
+    ck_assert_int_eq(rp_send(fd, req, -1), 0);
+}
+
+Gpubuf__Response *td_raw_expect(int fd, const Gpubuf__Request *req, int body_case) {
+    td_raw_send(fd, req);
+    Gpubuf__Response *r = rp_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_eq(r->body_case, body_case);
+    return r;
+}
+
+Gpubuf__Response *td_raw_hello_caps(int fd, uint64_t caps) {
+    rp_hello h;
+    rp_hello_init(&h, caps, NULL);
+    Gpubuf__Response *r = td_raw_expect(fd, &h.req, GPUBUF__RESPONSE__BODY_HELLO);
+    ck_assert_uint_eq(r->hello->version, 1);
+    return r;
+}
+
+void td_raw_hello(int fd) {
+    gpubuf__response__free_unpacked(td_raw_hello_caps(fd, 0), NULL);
 }
 
 void td_figure(const char *fmt, ...) {

@@ -8,12 +8,19 @@
 #include <sys/types.h>
 
 #include "gpubuf/gpubuf.h"
+#include "rawproto.h"
 
 typedef struct test_daemon {
     pid_t pid;
     char dir[64];
     char socket[128];
 } test_daemon;
+
+/* The daemon of a suite's checked fixture: the suite's setup starts it
+ * (td_start(&D, ...)), td_stop_clean stops it and fails the test unless it
+ * exited cleanly. */
+extern test_daemon D;
+void td_stop_clean(void);
 
 /* Start gpubufd with the given extra arguments (NULL-terminated) on a fresh
  * socket in a temporary directory; waits until it accepts connections.
@@ -27,6 +34,11 @@ int td_restart(test_daemon *d, const char *const *args);
 /* Connect to d, failing the test on error. */
 gpubuf_client *td_connect(const test_daemon *d);
 
+/* Allocate `name` (size bytes) in pool "host" of d, fill it with the
+ * pattern of seed (td_fill), seal it and let it go: it stays, sealed, with
+ * no reference. */
+void td_produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed);
+
 /* Status helpers (fresh connection each time). */
 gpubuf_status *td_status(const test_daemon *d);
 /* name: NAME (the first buffer of that name, in any pool) or /POOL/NAME. */
@@ -36,6 +48,21 @@ const gpubuf_pool_info *td_find_pool(const gpubuf_status *s, const char *name);
 bool td_wait_clients(const test_daemon *d, size_t n, int timeout_ms);
 /* Poll status until the daemon's clients have n opens waiting for a seal. */
 bool td_wait_waiting_opens(const test_daemon *d, long n, int timeout_ms);
+/* Requests of type ("status", "open", ...) the daemon handled, from the
+ * counters of a status snapshot (which leave out the asking request). */
+uint64_t td_requests(const test_daemon *d, const char *type);
+/* Poll status until the daemon handled at least n requests of type more
+ * than `since` (a td_requests figure), not counting the polls' own. */
+bool td_wait_requests(const test_daemon *d, const char *type, uint64_t since, uint64_t n,
+                      int timeout_ms);
+/* Poll status until the daemon lists a client of process pid. */
+bool td_wait_client_pid(const test_daemon *d, pid_t pid, int timeout_ms);
+/* The daemon's open fds once every connection that left is closed: over a
+ * connection of its own, waits (up to timeout_ms) until the daemon lists n
+ * clients besides that one, asks once more (a turn of the loop later, the
+ * fds of the clients that left are closed), counts, and leaves that
+ * connection's fd out of the count. -1 when the others never left. */
+int td_quiet_fds(const test_daemon *d, size_t n, int timeout_ms);
 
 /* Run fn(arg) in a forked child; returns its pid. The child exits with fn's
  * return value. */
@@ -55,6 +82,14 @@ int td_count_fds(pid_t pid);
 /* Resident set size of a process in KiB, from /proc (-1 if unreadable). */
 long td_rss_kib(pid_t pid);
 
+/* Make a new folder /tmp/gpubuf-WHAT-XXXXXX (mode 0700) and write its path
+ * to dir; fails the test when it cannot. */
+void td_mkdtemp(char dir[64], const char *what);
+/* Remove dir and everything below it (rm -rf); fails the test when that
+ * fails. */
+void td_rmtree(const char *dir);
+/* Write text to a new or truncated file at path; 0, or -1 when it cannot. */
+int td_write_file(const char *path, const char *text);
 /* Run a shell command; returns its standard output (free it) and stores
  * its exit code (or 128 + signal) in *ret_code. */
 char *td_capture(const char *cmd, int *ret_code);
@@ -79,8 +114,17 @@ uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed);
 int td_probe_gpus(char uuids[][41], int max);
 
 /* A plain socket connected to d (no hello), whose reads give up after
- * timeout_s seconds; for tests that speak the protocol themselves. */
+ * timeout_s seconds; for tests that speak the protocol themselves (with
+ * the helpers of rawproto.h and these). */
 int td_raw_connect(const test_daemon *d, int timeout_s);
+/* Send req on fd; fails the test when it cannot be sent. */
+void td_raw_send(int fd, const Gpubuf__Request *req);
+/* Send req; its response must succeed with the given body. Free it. */
+Gpubuf__Response *td_raw_expect(int fd, const Gpubuf__Request *req, int body_case);
+/* Hello with capability bits caps; the reply (version 1; free it). */
+Gpubuf__Response *td_raw_hello_caps(int fd, uint64_t caps);
+/* Hello without capabilities; the reply must succeed. */
+void td_raw_hello(int fd);
 
 /* A measured figure (a bound and what was seen): printed, and appended as
  * one line to the file $GPUBUF_FIGURES names, if set, which scripts/test.sh

@@ -15,16 +15,10 @@
 #define KiB 1024ull
 #define N 1000
 
-static test_daemon D;
-
 static void start(void) {
     static const char *const args[] = {"--pool", "host=host,capacity=1G,slab=16M",
                                        "--pool", "small=host,capacity=64M,slab=1M", NULL};
     td_start(&D, args);
-}
-
-static void stop(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 static char **make_names(const char *prefix, size_t n) {
@@ -281,15 +275,9 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("batch");
-    TCase *t = tcase_create("host-pool");
-    tcase_add_checked_fixture(t, start, stop);
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, open_and_release_a_thousand_in_one_call);
-    tcase_add_test(t, partial_failures_inside_a_batch);
-    tcase_add_test(t, read_only_opens_by_id);
-    tcase_add_test(t, more_slabs_than_one_reply_carries);
-    tcase_add_test(t, long_batches_are_split);
-    tcase_add_test(t, batch_names_are_per_pool);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "host-pool", start, td_stop_clean, 60);
+    add_tests(t, open_and_release_a_thousand_in_one_call, partial_failures_inside_a_batch,
+              read_only_opens_by_id, more_slabs_than_one_reply_carries, long_batches_are_split,
+              batch_names_are_per_pool);
     return run_suite(s);
 }

@@ -18,16 +18,10 @@
 
 #define MiB (1ull << 20)
 
-static test_daemon D;
-
 static void start_default(void) {
     static const char *const args[] = {"--pool", "host=host,capacity=1G,slab=16M",
                                        "--pool", "tiny=host,capacity=4M,slab=1M", NULL};
     td_start(&D, args);
-}
-
-static void stop_clean(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 /* Poll status until buffer `name` has `refs` references. */
@@ -823,36 +817,17 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("client");
-    TCase *t = tcase_create("host-pool");
-    tcase_add_checked_fixture(t, start_default, stop_clean);
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, connect_and_handshake);
-    tcase_add_test(t, connect_no_daemon);
-    tcase_add_test(t, connect_env_socket);
-    tcase_add_test(t, alloc_view_attributes);
-    tcase_add_test(t, default_pool_is_first);
-    tcase_add_test(t, set_device_checks);
-    tcase_add_test(t, kept_slabs_pinned_reused_evicted);
-    tcase_add_test(t, producer_exits_before_consumers);
-    tcase_add_test(t, sigkill_consumer_loses_references);
-    tcase_add_test(t, eight_processes_open_at_once);
-    tcase_add_test(t, anonymous_buffer_by_id_across_processes);
-    tcase_add_test(t, open_waits_for_seal);
-    tcase_add_test(t, open_wait_forever_then_seal);
-    tcase_add_test(t, open_timeout_and_missing);
-    tcase_add_test(t, names_and_errors);
-    tcase_add_test(t, pool_full_then_recovers);
-    tcase_add_test(t, delete_while_referenced);
-    tcase_add_test(t, slices_keep_parent_alive);
-    tcase_add_test(t, copy_helpers);
-    tcase_add_test(t, mapping_cache_one_map_per_slab);
-    tcase_add_test(t, disconnect_with_live_views);
-    tcase_add_test(t, unsealed_buffer_of_dead_client_is_freed);
-    tcase_add_test(t, threads_share_one_client);
-    tcase_add_test(t, status_counts);
-    tcase_add_test(t, async_seal_and_release_semantics);
-    tcase_add_test(t, disconnect_wakes_a_blocked_open);
-    tcase_add_test(t, requests_in_flight_at_exit_are_applied);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "host-pool", start_default, td_stop_clean, 60);
+    add_tests(t, connect_and_handshake, connect_no_daemon, connect_env_socket,
+              alloc_view_attributes, default_pool_is_first, set_device_checks,
+              kept_slabs_pinned_reused_evicted, producer_exits_before_consumers,
+              sigkill_consumer_loses_references, eight_processes_open_at_once,
+              anonymous_buffer_by_id_across_processes, open_waits_for_seal,
+              open_wait_forever_then_seal, open_timeout_and_missing, names_and_errors,
+              pool_full_then_recovers, delete_while_referenced, slices_keep_parent_alive,
+              copy_helpers, mapping_cache_one_map_per_slab, disconnect_with_live_views,
+              unsealed_buffer_of_dead_client_is_freed, threads_share_one_client, status_counts,
+              async_seal_and_release_semantics, disconnect_wakes_a_blocked_open,
+              requests_in_flight_at_exit_are_applied);
     return run_suite(s);
 }

@@ -23,7 +23,6 @@
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
-static test_daemon D;
 static int g_ngpus;        /* GPUs visible here (probe_gpus) */
 static char g_uuid[8][41]; /* their UUIDs, "GPU-..." */
 
@@ -31,10 +30,6 @@ static void start_gpu(void) {
     static const char *const args[] = {"--pool", "gpu0=cuda-ipc,device=0,capacity=16G,slab=64M",
                                        NULL};
     td_start(&D, args);
-}
-
-static void stop_clean(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 START_TEST(user_story_256mib) {
@@ -551,26 +546,13 @@ int main(void) {
         return 77;
     }
     Suite *s = suite_create("gpu");
-    TCase *t = tcase_create("cuda-ipc");
-    tcase_add_checked_fixture(t, start_gpu, stop_clean);
-    tcase_set_timeout(t, 120);
-    tcase_add_test(t, user_story_256mib);
-    tcase_add_test(t, views_copies_and_mapping_cache);
-    tcase_add_test(t, eight_gpu_consumers_at_once);
-    tcase_add_test(t, sigkill_gpu_consumer);
-    tcase_add_test(t, dedicated_slab_1gib);
-    tcase_add_test(t, cuda_out_of_memory);
-    tcase_add_test(t, sigterm_with_gpu_clients);
-    tcase_add_test(t, set_device_same_gpu);
-    tcase_add_test(t, ipc_batches_open_alloc_release);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "cuda-ipc", start_gpu, td_stop_clean, 120);
+    add_tests(t, user_story_256mib, views_copies_and_mapping_cache, eight_gpu_consumers_at_once,
+              sigkill_gpu_consumer, dedicated_slab_1gib, cuda_out_of_memory,
+              sigterm_with_gpu_clients, set_device_same_gpu, ipc_batches_open_alloc_release);
     if (g_ngpus >= 2) {
-        TCase *m = tcase_create("multi-gpu");
-        tcase_add_checked_fixture(m, start_default_config, stop_clean);
-        tcase_set_timeout(m, 120);
-        tcase_add_test(m, default_config_pool_per_gpu);
-        tcase_add_test(m, cross_device_1gib);
-        suite_add_tcase(s, m);
+        TCase *m = add_case(s, "multi-gpu", start_default_config, td_stop_clean, 120);
+        add_tests(m, default_config_pool_per_gpu, cross_device_1gib);
     } else {
         printf("test_gpu: %d GPU: the multi-gpu cases need two\n", g_ngpus);
     }

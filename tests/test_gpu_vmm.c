@@ -23,7 +23,6 @@
 #define MiB (1ull << 20)
 #define GiB (1ull << 30)
 
-static test_daemon D;
 static int g_ngpus;
 static char g_uuid[8][41];
 
@@ -32,10 +31,6 @@ static void start_vmm(void) {
                                        "--pool", "ipc=cuda-ipc,device=0,capacity=4G,slab=64M",
                                        NULL};
     td_start(&D, args);
-}
-
-static void stop_clean(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 static double now_us(void) {
@@ -556,31 +551,19 @@ int main(void) {
         return 77;
     }
     Suite *s = suite_create("gpu-vmm");
-    TCase *t = tcase_create("cuda-vmm");
-    tcase_add_checked_fixture(t, start_vmm, stop_clean);
-    tcase_set_timeout(t, 120);
-    tcase_add_test(t, vmm_user_story_256mib);
-    tcase_add_test(t, vmm_stream_ordered_1gib);
-    tcase_add_test(t, ipc_stream_ordered_256mib);
-    tcase_add_test(t, vmm_release_while_kernel_runs);
-    tcase_add_test(t, vmm_read_only_faults_alone);
-    tcase_add_test(t, vmm_stream_copies);
-    tcase_add_test(t, vmm_batches_open_alloc_release);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "cuda-vmm", start_vmm, td_stop_clean, 120);
+    add_tests(t, vmm_user_story_256mib, vmm_stream_ordered_1gib, ipc_stream_ordered_256mib,
+              vmm_release_while_kernel_runs, vmm_read_only_faults_alone, vmm_stream_copies,
+              vmm_batches_open_alloc_release);
     if (g_ngpus >= 2) {
-        TCase *m = tcase_create("cuda-vmm-peer");
-        tcase_add_checked_fixture(m, start_vmm_two, stop_clean);
-        tcase_set_timeout(m, 120);
+        TCase *m = add_case(s, "cuda-vmm-peer", start_vmm_two, td_stop_clean, 120);
         tcase_add_test(m, vmm_peer_access);
-        suite_add_tcase(s, m);
     } else {
         printf("test_gpu_vmm: %d GPU: the peer-access case needs two\n", g_ngpus);
     }
 #ifdef GPUBUF_TEST_SYSTEMD
-    TCase *r = tcase_create("cuda-vmm-restart");
-    tcase_set_timeout(r, 120);
+    TCase *r = add_case(s, "cuda-vmm-restart", NULL, NULL, 120);
     tcase_add_test(r, vmm_restart_keeps_buffer);
-    suite_add_tcase(s, r);
 #else
     (void)vmm_restart_keeps_buffer;
     printf("test_gpu_vmm: gpubufd is built without libsystemd (no fd store): the restart "

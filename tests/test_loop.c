@@ -52,15 +52,7 @@ static double now_ms(void) {
 
 /* Append one framed request to *buf (grown as needed). */
 static void put_req(uint8_t **buf, size_t *len, size_t *cap, Gpubuf__Request *req) {
-    size_t n = gpubuf__request__get_packed_size(req);
-    if (*len + GPUBUF_WIRE_HEADER_SIZE + n > *cap) {
-        *cap = (*cap ? *cap * 2 : 1 << 20) + GPUBUF_WIRE_HEADER_SIZE + n;
-        *buf = realloc(*buf, *cap);
-        ck_assert_ptr_nonnull(*buf);
-    }
-    gpubuf_wire_header_encode(*buf + *len, (uint32_t)n);
-    gpubuf__request__pack(req, *buf + *len + GPUBUF_WIRE_HEADER_SIZE);
-    *len += GPUBUF_WIRE_HEADER_SIZE + n;
+    ck_assert_int_eq(rp_append(buf, len, cap, req), 0);
 }
 
 static void put_alloc(uint8_t **buf, size_t *len, size_t *cap, uint64_t id, uint64_t size) {
@@ -87,21 +79,12 @@ static void put_release(uint8_t **buf, size_t *len, size_t *cap, uint64_t id, ui
 /* A raw connection that said hello. */
 static int raw_open(const test_daemon *d) {
     int fd = td_raw_connect(d, 60);
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
-    h.min_version = h.max_version = 1;
-    req.id = 1;
-    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
-    req.hello = &h;
-    uint8_t *buf = NULL, *p;
-    size_t len = 0, cap = 0;
-    int afd;
-    put_req(&buf, &len, &cap, &req);
-    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
-    free(buf);
-    ssize_t n = gpubuf_wire_read_frame(fd, GPUBUF_WIRE_MAX_RESPONSE, &p, &afd);
-    ck_assert_int_gt(n, 0);
-    free(p);
+    rp_hello h;
+    rp_hello_init(&h, 0, NULL);
+    td_raw_send(fd, &h.req);
+    Gpubuf__Response *r = rp_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    gpubuf__response__free_unpacked(r, NULL);
     return fd;
 }
 
@@ -183,7 +166,8 @@ static void bystander_start(bystander *b, const test_daemon *d) {
     b->pid = td_spawn(bystander_main, d, b);
     close(b->stop[0]);
     close(b->result[1]);
-    td_sleep_ms(100); /* connected and measuring */
+    /* Connected (and so measuring). */
+    ck_assert(td_wait_client_pid(d, b->pid, 60000));
 }
 
 static void bystander_stop(bystander *b) {
@@ -272,7 +256,7 @@ START_TEST(bystander_is_served_while_a_fragmented_pool_is_worked) {
     }
     for (int k = 0; k < ATTACKERS; k++)
         close(att[k]);
-    td_sleep_ms(SANITIZED ? 3000 : 1500);
+    td_sleep_ms(SANITIZED ? 3000 : 1500); /* the bystander measures: a duration */
     bystander_stop(&b);
     bystander a = b;
     for (int i = 0; i < 200; i++) {
@@ -287,7 +271,7 @@ START_TEST(bystander_is_served_while_a_fragmented_pool_is_worked) {
     bystander_start(&b, &d);
     double t1 = now_ms();
     close(frag);
-    td_sleep_ms(SANITIZED ? 3000 : 1500);
+    td_sleep_ms(SANITIZED ? 3000 : 1500); /* the bystander measures: a duration */
     bystander_stop(&b);
 
     /* Done in the end: every buffer of frag went back to the pool. */
@@ -381,11 +365,9 @@ END_TEST
 
 static Suite *loop_suite(void) {
     Suite *s = suite_create("loop");
-    TCase *tc = tcase_create("bounded passes");
-    tcase_set_timeout(tc, 110);
-    tcase_add_test(tc, bystander_is_served_while_a_fragmented_pool_is_worked);
-    tcase_add_test(tc, simultaneous_expiries_are_all_answered);
-    suite_add_tcase(s, tc);
+    TCase *tc = add_case(s, "bounded passes", NULL, NULL, 110);
+    add_tests(tc, bystander_is_served_while_a_fragmented_pool_is_worked,
+              simultaneous_expiries_are_all_answered);
     return s;
 }
 

@@ -13,15 +13,9 @@
 #include "layout_helpers.h"
 #include "check_main.h"
 
-static test_daemon D;
-
 static void start_default(void) {
     static const char *const args[] = {"--pool", "host=host,capacity=64M,slab=4M", NULL};
     td_start(&D, args);
-}
-
-static void stop_clean(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 static void assert_layout_eq(const gpubuf_layout *a, const gpubuf_layout *b) {
@@ -360,7 +354,7 @@ START_TEST(lease_renewed_by_owner) {
     /* Renewed every 100 ms (with its own ttl, then a longer one): it
      * outlives its first 300 ms by far. */
     for (int i = 0; i < 8; i++) {
-        td_sleep_ms(100);
+        td_sleep_ms(100); /* renewed over 800 ms: measures a duration */
         ck_assert_int_eq(gpubuf_renew(c, "keep", 0, 0), 0);
     }
     ck_assert_int_eq(gpubuf_renew(c, "/host/keep", 0, 60000), 0); /* a qualified name */
@@ -468,16 +462,9 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("meta");
-    TCase *t = tcase_create("meta");
-    tcase_add_checked_fixture(t, start_default, stop_clean);
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, metadata_round_trip);
-    tcase_add_test(t, metadata_bounds);
-    tcase_add_test(t, lease_expires_unreferenced);
-    tcase_add_test(t, lease_expires_while_referenced);
-    tcase_add_test(t, lease_renewed_by_owner);
-    tcase_add_test(t, lease_renew_by_other_uid_refused);
-    tcase_add_test(t, gpubufctl_shows_layout_and_lease);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "meta", start_default, td_stop_clean, 60);
+    add_tests(t, metadata_round_trip, metadata_bounds, lease_expires_unreferenced,
+              lease_expires_while_referenced, lease_renewed_by_owner,
+              lease_renew_by_other_uid_refused, gpubufctl_shows_layout_and_lease);
     return run_suite(s);
 }

@@ -413,15 +413,9 @@ END_TEST
 
 static Suite *meta_suite(void) {
     Suite *s = suite_create("meta_registry");
-    TCase *tc = tcase_create("meta");
-    tcase_add_test(tc, layout_bounds);
-    tcase_add_test(tc, wire_layout_bounds);
-    tcase_add_test(tc, meta_at_alloc_and_seal);
-    tcase_add_test(tc, meta_charge_figures);
-    tcase_add_test(tc, lease_heap_order);
-    tcase_add_test(tc, lease_expiry_while_referenced);
-    tcase_add_test(tc, renew_rules);
-    suite_add_tcase(s, tc);
+    TCase *tc = add_case(s, "meta", NULL, NULL, 0);
+    add_tests(tc, layout_bounds, wire_layout_bounds, meta_at_alloc_and_seal, meta_charge_figures,
+              lease_heap_order, lease_expiry_while_referenced, renew_rules);
     return s;
 }
 

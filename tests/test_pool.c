@@ -1481,48 +1481,28 @@ END_TEST
 
 static Suite *pool_suite(void) {
     Suite *s = suite_create("pool");
-    TCase *tc = tcase_create("basic");
-    tcase_add_test(tc, test_alloc_free_accounting);
-    tcase_add_test(tc, test_new_invalid);
-    tcase_add_test(tc, test_huge_slab_size_does_not_wrap);
-    tcase_add_test(tc, test_default_alignment);
-    tcase_add_test(tc, test_explicit_alignment);
-    tcase_add_test(tc, test_invalid_size_alignment);
-    suite_add_tcase(s, tc);
+    TCase *tc = add_case(s, "basic", NULL, NULL, 0);
+    add_tests(tc, test_alloc_free_accounting, test_new_invalid, test_huge_slab_size_does_not_wrap,
+              test_default_alignment, test_explicit_alignment, test_invalid_size_alignment);
 
-    tc = tcase_create("layout");
-    tcase_set_timeout(tc, 60);
+    tc = add_case(s, "layout", NULL, NULL, 60);
     tcase_add_loop_test(tc, test_random_no_overlap, 0,
                         (int)(sizeof(random_cases) / sizeof(random_cases[0])));
-    tcase_add_test(tc, test_blocks_disjoint_in_memory);
-    tcase_add_test(tc, test_coalesce_three);
-    tcase_add_test(tc, test_coalesce_all_orders);
-    tcase_add_test(tc, test_fragmentation);
-    tcase_add_test(tc, test_best_fit);
-    suite_add_tcase(s, tc);
+    add_tests(tc, test_blocks_disjoint_in_memory, test_coalesce_three, test_coalesce_all_orders,
+              test_fragmentation, test_best_fit);
 
-    tc = tcase_create("slabs");
-    tcase_add_test(tc, test_growth_to_capacity);
-    tcase_add_test(tc, test_dedicated_slab);
-    tcase_add_test(tc, test_spare_slab_policy);
-    tcase_add_test(tc, test_slab_ids_shared_counter);
-    tcase_add_test(tc, test_slab_memfd);
-    tcase_add_test(tc, test_pool_free_closes_everything);
-    suite_add_tcase(s, tc);
+    tc = add_case(s, "slabs", NULL, NULL, 0);
+    add_tests(tc, test_growth_to_capacity, test_dedicated_slab, test_spare_slab_policy,
+              test_slab_ids_shared_counter, test_slab_memfd, test_pool_free_closes_everything);
 
     /* Reproductions of bugs in daemon/pool.c: these fail until it is fixed. */
-    tc = tcase_create("regressions");
-    tcase_add_test(tc, test_slab_rounding_stays_within_capacity);
-    tcase_add_test(tc, test_spare_slab_given_back_for_dedicated);
-    tcase_add_test(tc, test_alloc_prefer);
-    tcase_add_test(tc, test_adopt_and_claim);
-    tcase_add_test(tc, test_adopt_beyond_capacity);
-    suite_add_tcase(s, tc);
+    tc = add_case(s, "regressions", NULL, NULL, 0);
+    add_tests(tc, test_slab_rounding_stays_within_capacity,
+              test_spare_slab_given_back_for_dedicated, test_alloc_prefer, test_adopt_and_claim,
+              test_adopt_beyond_capacity);
 
-    tc = tcase_create("scale");
-    tcase_set_timeout(tc, 120);
+    tc = add_case(s, "scale", NULL, NULL, 120);
     tcase_add_test(tc, test_many_free_extents);
-    suite_add_tcase(s, tc);
     return s;
 }
 

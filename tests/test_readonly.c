@@ -18,15 +18,9 @@
 
 #define MiB (1ull << 20)
 
-static test_daemon D;
-
 static void start_default(void) {
     static const char *const args[] = {"--pool", "host=host,capacity=256M,slab=16M", NULL};
     td_start(&D, args);
-}
-
-static void stop_clean(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 /* A sealed buffer `name` of size bytes holding the pattern of seed. The view
@@ -248,12 +242,8 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("readonly");
-    TCase *t = tcase_create("host");
-    tcase_add_checked_fixture(t, start_default, stop_clean);
-    tcase_add_test(t, read_only_open_maps_read_only);
-    tcase_add_test(t, read_only_waiting_open);
-    tcase_add_test(t, stream_requests_on_host_pools);
-    tcase_add_test(t, copies_between_views);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "host", start_default, td_stop_clean, 0);
+    add_tests(t, read_only_open_maps_read_only, read_only_waiting_open,
+              stream_requests_on_host_pools, copies_between_views);
     return run_suite(s);
 }

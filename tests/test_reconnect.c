@@ -23,18 +23,6 @@
 #define SIZE (1u << 20)
 static const char *const k_pool[] = {"--pool", "host=host,capacity=256M", NULL};
 
-/* Allocate, fill and seal `name` and let it go: it stays, sealed, with no
- * reference. */
-static void produce(const test_daemon *d, const char *name, uint32_t seed) {
-    gpubuf_client *c = td_connect(d);
-    gpubuf_buffer *b = NULL;
-    ck_assert_int_eq(gpubuf_alloc(c, "host", SIZE, name, &b), 0);
-    td_fill(gpubuf_buffer_host_ptr(b), SIZE, seed);
-    ck_assert_int_eq(gpubuf_seal_sync(b), 0);
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
-}
-
 /* c holds a view of the sealed "a" (*va) and of the unsealed "u" (*vu). */
 static void hold_two(gpubuf_client *c, gpubuf_buffer **va, gpubuf_buffer **vu) {
     ck_assert_int_eq(gpubuf_open(c, "a", 0, va), 0);
@@ -72,7 +60,7 @@ START_TEST(idle_client_with_saved_state) {
     gpubuf_buffer *va = NULL, *vu = NULL;
     fsd_init(&m);
     fsd_start(&m, k_pool);
-    produce(&m.d, "a", 1);
+    td_produce(&m.d, "a", SIZE, 1);
     gpubuf_client *c = td_connect(&m.d);
     hold_two(c, &va, &vu);
 
@@ -160,7 +148,7 @@ START_TEST(in_flight_requests) {
     gpubuf_buffer *va = NULL, *vu = NULL;
     fsd_init(&m);
     fsd_start(&m, k_pool);
-    produce(&m.d, "a", 1);
+    td_produce(&m.d, "a", SIZE, 1);
     gpubuf_client *c = td_connect(&m.d);
     hold_two(c, &va, &vu);
 
@@ -196,7 +184,7 @@ START_TEST(idle_client_after_takeover) {
     test_daemon d;
     gpubuf_buffer *va = NULL, *vu = NULL;
     td_start(&d, k_pool);
-    produce(&d, "a", 1);
+    td_produce(&d, "a", SIZE, 1);
     gpubuf_client *c = td_connect(&d);
     hold_two(c, &va, &vu);
     pid_t old = d.pid;
@@ -231,7 +219,7 @@ START_TEST(fresh_daemon_without_the_session) {
     gpubuf_buffer *va = NULL, *vu = NULL, *vn = NULL, *vo = NULL;
     gpubuf_buffer_info info;
     td_start(&d, k_pool);
-    produce(&d, "a", 1);
+    td_produce(&d, "a", SIZE, 1);
     gpubuf_client *c = td_connect(&d);
     hold_two(c, &va, &vu);
     uint64_t old_id = gpubuf_buffer_id(va);
@@ -311,19 +299,15 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("reconnect");
-    TCase *t = tcase_create("reconnect");
-    tcase_set_timeout(t, 90);
+    TCase *t = add_case(s, "reconnect", NULL, NULL, 90);
 #ifdef GPUBUF_TEST_SYSTEMD
-    tcase_add_test(t, idle_client_with_saved_state);
-    tcase_add_test(t, in_flight_requests);
+    add_tests(t, idle_client_with_saved_state, in_flight_requests);
 #else
     printf("test_reconnect: gpubufd is built without libsystemd (no fd store): the cases over "
            "the saved state in the fd store do not run\n");
 #endif
-    tcase_add_test(t, idle_client_after_takeover);
-    tcase_add_test(t, fresh_daemon_without_the_session);
-    tcase_add_test(t, fresh_daemon_client_without_views);
-    suite_add_tcase(s, t);
+    add_tests(t, idle_client_after_takeover, fresh_daemon_without_the_session,
+              fresh_daemon_client_without_views);
     return s;
 }
 

@@ -1532,49 +1532,26 @@ END_TEST
 
 static Suite *registry_suite(void) {
     Suite *s = suite_create("registry");
-    TCase *tc = tcase_create("buffers");
-    tcase_add_test(tc, test_alloc_reference);
-    tcase_add_test(tc, test_alloc_pool_full);
-    tcase_add_test(tc, test_name_duplicate);
-    tcase_add_test(tc, test_name_invalid);
-    tcase_add_test(tc, test_name_too_long);
-    tcase_add_test(tc, test_anonymous);
-    tcase_add_test(tc, test_open_unsealed);
-    tcase_add_test(tc, test_seal_permissions_state);
-    tcase_add_test(tc, test_open_refcounts);
-    suite_add_tcase(s, tc);
+    TCase *tc = add_case(s, "buffers", NULL, NULL, 0);
+    add_tests(tc, test_alloc_reference, test_alloc_pool_full, test_name_duplicate,
+              test_name_invalid, test_name_too_long, test_anonymous, test_open_unsealed,
+              test_seal_permissions_state, test_open_refcounts);
 
-    tc = tcase_create("lifetime");
-    tcase_add_test(tc, test_release_not_held);
-    tcase_add_test(tc, test_named_sealed_persists);
-    tcase_add_test(tc, test_anonymous_freed_with_last_ref);
-    tcase_add_test(tc, test_unsealed_freed_with_last_ref);
-    tcase_add_test(tc, test_delete_while_referenced);
-    tcase_add_test(tc, test_delete_permissions);
-    tcase_add_test(tc, test_holder_drop);
-    tcase_add_test(tc, test_holder_drop_other_buffers);
-    tcase_add_test(tc, test_destroy_frees_everything);
-    tcase_add_test(tc, test_destroy_empty_and_reinit);
-    suite_add_tcase(s, tc);
+    tc = add_case(s, "lifetime", NULL, NULL, 0);
+    add_tests(tc, test_release_not_held, test_named_sealed_persists,
+              test_anonymous_freed_with_last_ref, test_unsealed_freed_with_last_ref,
+              test_delete_while_referenced, test_delete_permissions, test_holder_drop,
+              test_holder_drop_other_buffers, test_destroy_frees_everything,
+              test_destroy_empty_and_reinit);
 
-    tc = tcase_create("waiters");
-    tcase_add_test(tc, test_wait_name);
-    tcase_add_test(tc, test_wait_id);
-    tcase_add_test(tc, test_wait_reused_name);
-    tcase_add_test(tc, test_unwait);
-    tcase_add_test(tc, test_wake_frees_waiter);
-    tcase_add_test(tc, test_placement_prefers_held_slabs);
-    tcase_add_test(tc, test_kept_slabs);
-    tcase_add_test(tc, test_names_per_pool);
-    suite_add_tcase(s, tc);
+    tc = add_case(s, "waiters", NULL, NULL, 0);
+    add_tests(tc, test_wait_name, test_wait_id, test_wait_reused_name, test_unwait,
+              test_wake_frees_waiter, test_placement_prefers_held_slabs, test_kept_slabs,
+              test_names_per_pool);
 
-    tc = tcase_create("bounded");
-    tcase_add_test(tc, test_waiters_indexed);
-    tcase_add_test(tc, test_holder_leave_spread);
-    tcase_add_test(tc, test_restore_and_resume);
-    tcase_add_test(tc, test_hooks_follow_changes);
-    tcase_add_test(tc, test_restore_meta);
-    suite_add_tcase(s, tc);
+    tc = add_case(s, "bounded", NULL, NULL, 0);
+    add_tests(tc, test_waiters_indexed, test_holder_leave_spread, test_restore_and_resume,
+              test_hooks_follow_changes, test_restore_meta);
     return s;
 }
 

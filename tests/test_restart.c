@@ -25,18 +25,6 @@
 #define SEED 0x5eed
 static const char *const k_pool[] = {"--pool", "host=host,capacity=1G", NULL};
 
-/* Allocate, fill and seal `name` (size bytes) and let it go: it stays,
- * named and sealed, with no reference. */
-static void produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed) {
-    gpubuf_client *c = td_connect(d);
-    gpubuf_buffer *b = NULL;
-    ck_assert_int_eq(gpubuf_alloc(c, "host", size, name, &b), 0);
-    td_fill(gpubuf_buffer_host_ptr(b), size, seed);
-    ck_assert_int_eq(gpubuf_seal_sync(b), 0);
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
-}
-
 static int verify_big(const gpubuf_buffer *b, void *arg) {
     (void)arg;
     return td_mismatches(gpubuf_buffer_host_ptr(b), BIG, SEED) != 0;
@@ -106,7 +94,7 @@ START_TEST(sigkill_and_sigterm_keep_the_buffer) {
     reader k;
     fsd_init(&m);
     fsd_start(&m, k_pool);
-    produce(&m.d, "big", BIG, SEED);
+    td_produce(&m.d, "big", BIG, SEED);
     for (int t = 0; t < 100 && fsd_count(&m, "slab-") < 1; t++)
         fsd_wait(&m, NULL, 20);
     /* The store holds the listening socket, the two state memfds, one slab. */
@@ -172,7 +160,7 @@ START_TEST(sessions_not_resumed_are_released) {
     gpubuf_buffer *many[NOT_RESUMED_BUFS] = {0};
     const char *args[] = {"--pool", "host=host,capacity=1G", "--config", conf, NULL};
     start_short_resume(&m, conf, sizeof(conf), args);
-    produce(&m.d, "small", 1 << 20, 7);
+    td_produce(&m.d, "small", 1 << 20, 7);
     gpubuf_client *c = td_connect(&m.d);
     gpubuf_buffer *b = NULL;
     ck_assert_int_eq(gpubuf_set_reconnect(c, 0), 0);
@@ -222,7 +210,7 @@ START_TEST(bad_state_is_dropped) {
     fake_sd m;
     fsd_init(&m);
     fsd_start(&m, k_pool);
-    produce(&m.d, "a", 1 << 20, 1);
+    td_produce(&m.d, "a", 1 << 20, 1);
     ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
     /* Garbage after the records of both slots: a torn append. */
     for (int i = 0; i < 2; i++) {
@@ -247,7 +235,7 @@ START_TEST(bad_state_is_dropped) {
     ck_assert_uint_eq(td_find_pool(s, "host")->reserved, 0);
     gpubuf_status_free(s);
     ck_assert_int_eq(fsd_count(&m, "slab-"), 0);
-    produce(&m.d, "b", 1 << 20, 2);
+    td_produce(&m.d, "b", 1 << 20, 2);
     fsd_cleanup(&m);
 }
 END_TEST
@@ -259,7 +247,7 @@ START_TEST(takeover_keeps_the_buffer) {
     test_daemon d;
     reader k;
     td_start(&d, k_pool);
-    produce(&d, "big", BIG, SEED);
+    td_produce(&d, "big", BIG, SEED);
     consumer_start(&k, &d);
     ck_assert(td_wait_refs(&d, "big", 1, 5000));
     pid_t old = d.pid;
@@ -333,9 +321,9 @@ START_TEST(slab_once_after_resume) {
     fake_sd m;
     fsd_init(&m);
     fsd_start(&m, k_pool);
-    produce(&m.d, "a", 1 << 20, 1);
-    produce(&m.d, "b", 1 << 20, 2);
-    produce(&m.d, "c", 1 << 20, 3);
+    td_produce(&m.d, "a", 1 << 20, 1);
+    td_produce(&m.d, "b", 1 << 20, 2);
+    td_produce(&m.d, "c", 1 << 20, 3);
     gpubuf_status *s = td_status(&m.d);
     uint64_t slab = td_find_buffer(s, "a")->slab_id;
     ck_assert_uint_eq(td_find_buffer(s, "b")->slab_id, slab);
@@ -533,7 +521,7 @@ START_TEST(metadata_and_leases_survive_sigkill) {
 
     /* Down for longer than "short"'s lease. */
     ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
-    usleep(500 * 1000);
+    usleep(500 * 1000); /* down for a while: measures a duration */
     fsd_start(&m, k_pool);
     c = td_connect(&m.d);
     uint64_t left2 = stat_meta(c, "meta", after);
@@ -647,16 +635,10 @@ static Suite *suite(void) {
     Suite *s = suite_create("restart");
     TCase *t;
 #ifdef GPUBUF_TEST_SYSTEMD
-    t = tcase_create("restart");
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, sigkill_and_sigterm_keep_the_buffer);
-    tcase_add_test(t, sessions_not_resumed_are_released);
-    tcase_add_test(t, bad_state_is_dropped);
-    tcase_add_test(t, slab_once_after_resume);
-    tcase_add_test(t, batch_changes_survive_sigkill);
-    tcase_add_test(t, metadata_and_leases_survive_sigkill);
-    tcase_add_test(t, metadata_charge_survives_sigkill);
-    suite_add_tcase(s, t);
+    t = add_case(s, "restart", NULL, NULL, 60);
+    add_tests(t, sigkill_and_sigterm_keep_the_buffer, sessions_not_resumed_are_released,
+              bad_state_is_dropped, slab_once_after_resume, batch_changes_survive_sigkill,
+              metadata_and_leases_survive_sigkill, metadata_charge_survives_sigkill);
 #else
     (void)sigkill_and_sigterm_keep_the_buffer;
     (void)sessions_not_resumed_are_released;
@@ -668,10 +650,8 @@ static Suite *suite(void) {
     printf("test_restart: gpubufd is built without libsystemd (no fd store): only the "
            "takeover case runs\n");
 #endif
-    t = tcase_create("takeover");
-    tcase_set_timeout(t, 60);
+    t = add_case(s, "takeover", NULL, NULL, 60);
     tcase_add_test(t, takeover_keeps_the_buffer);
-    suite_add_tcase(s, t);
     return s;
 }
 

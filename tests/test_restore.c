@@ -425,15 +425,10 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("restore");
-    TCase *t = tcase_create("restore");
-    tcase_set_timeout(t, 60);
-    tcase_add_test(t, buffer_id_near_2_64_is_refused);
-    tcase_add_test(t, next_buffer_id_near_2_64_is_ignored);
-    tcase_add_test(t, session_id_near_2_64_is_refused);
-    tcase_add_test(t, slab_id_near_2_64_is_refused);
-    tcase_add_test(t, huge_reference_count_is_one_step);
-    tcase_add_test(t, bad_records_are_dropped);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "restore", NULL, NULL, 60);
+    add_tests(t, buffer_id_near_2_64_is_refused, next_buffer_id_near_2_64_is_ignored,
+              session_id_near_2_64_is_refused, slab_id_near_2_64_is_refused,
+              huge_reference_count_is_one_step, bad_records_are_dropped);
     return s;
 }
 

@@ -20,14 +20,11 @@
 static char dir[64];
 
 static void mkdir_tmp(void) {
-    snprintf(dir, sizeof(dir), "/tmp/gpubuf-svc-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    td_mkdtemp(dir, "svc");
 }
 
 static void rm_tmp(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    td_rmtree(dir);
 }
 
 #ifdef GPUBUF_TEST_SYSTEMD
@@ -209,16 +206,6 @@ START_TEST(sighup_reloads_limits) {
 }
 END_TEST
 
-static char *capture(const char *cmd, int *status) {
-    FILE *f = popen(cmd, "r");
-    char *out = calloc(1, 1 << 20);
-    size_t len = 0, n;
-    while ((n = fread(out + len, 1, (1 << 20) - len - 1, f)) > 0)
-        len += n;
-    *status = pclose(f);
-    return out;
-}
-
 START_TEST(metrics_parse_as_prometheus_text) {
     test_daemon d;
     const char *args[] = {"--pool", "m0=host,capacity=64M", "--pool", "m1=host,capacity=32M",
@@ -231,8 +218,8 @@ START_TEST(metrics_parse_as_prometheus_text) {
     char cmd[256];
     int st;
     snprintf(cmd, sizeof(cmd), "%s --socket %s metrics", GPUBUFCTL_PATH, d.socket);
-    char *out = capture(cmd, &st);
-    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    char *out = td_capture(cmd, &st);
+    ck_assert_int_eq(st, 0);
     /* Every sample line: name{labels} value; every family has HELP and TYPE
      * before its first sample. */
     regex_t sample, help, type;
@@ -305,25 +292,25 @@ START_TEST(gpubufctl_filters) {
     int st;
     snprintf(cmd, sizeof(cmd), "%s --socket %s --json buffers --pool f1 --name job1/",
              GPUBUFCTL_PATH, d.socket);
-    char *out = capture(cmd, &st);
-    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    char *out = td_capture(cmd, &st);
+    ck_assert_int_eq(st, 0);
     ck_assert(strstr(out, "job1/c") && !strstr(out, "job1/a") && !strstr(out, "job2/b"));
     free(out);
     snprintf(cmd, sizeof(cmd), "%s --socket %s --json buffers --state sealed", GPUBUFCTL_PATH,
              d.socket);
-    out = capture(cmd, &st);
+    out = td_capture(cmd, &st);
     ck_assert(strstr(out, "job2/b") && !strstr(out, "job1/"));
     free(out);
     snprintf(cmd, sizeof(cmd), "%s --socket %s --json clients --pid %d", GPUBUFCTL_PATH,
              d.socket, (int)getpid());
-    out = capture(cmd, &st);
-    ck_assert_int_eq(WEXITSTATUS(st), 0);
+    out = td_capture(cmd, &st);
+    ck_assert_int_eq(st, 0);
     ck_assert_msg(strstr(out, "\"references\":3") != NULL, "got %s", out);
     free(out);
     snprintf(cmd, sizeof(cmd), "%s --socket %s --state bogus buffers 2>/dev/null",
              GPUBUFCTL_PATH, d.socket);
-    free(capture(cmd, &st));
-    ck_assert_int_eq(WEXITSTATUS(st), 2);
+    free(td_capture(cmd, &st));
+    ck_assert_int_eq(st, 2);
     gpubuf_release(a);
     gpubuf_release(b);
     gpubuf_release(x);
@@ -334,16 +321,10 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("service");
-    TCase *t = tcase_create("systemd");
-    tcase_add_checked_fixture(t, mkdir_tmp, rm_tmp);
-    tcase_set_timeout(t, 60);
+    TCase *t = add_case(s, "systemd", mkdir_tmp, rm_tmp, 60);
 #ifdef GPUBUF_TEST_SYSTEMD
-    tcase_add_test(t, socket_activation);
-    tcase_add_test(t, notify_ready_watchdog_stopping);
+    add_tests(t, socket_activation, notify_ready_watchdog_stopping);
 #endif
-    tcase_add_test(t, sighup_reloads_limits);
-    tcase_add_test(t, metrics_parse_as_prometheus_text);
-    tcase_add_test(t, gpubufctl_filters);
-    suite_add_tcase(s, t);
+    add_tests(t, sighup_reloads_limits, metrics_parse_as_prometheus_text, gpubufctl_filters);
     return run_suite(s);
 }

@@ -16,6 +16,7 @@
 #include "context.h"
 #include "gpubuf.pb-c.h"
 #include "log.h"
+#include "rawproto.h"
 #include "session.h"
 #include "wire.h"
 #include "check_main.h"
@@ -179,14 +180,9 @@ static const Gpubuf__Response *last(const memconn *m) {
 }
 
 static void hello_status(memconn *m, int status) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
-    h.min_version = h.max_version = GPUBUF_PROTOCOL_VERSION;
-    h.client_name = (char *)"unit";
-    req.id = 1;
-    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
-    req.hello = &h;
-    ck_assert_int_eq(mc_request(m, &req), 1);
+    rp_hello h;
+    rp_hello_init(&h, 0, "unit");
+    ck_assert_int_eq(mc_request(m, &h.req), 1);
     ck_assert_int_eq(last(m)->status, status);
 }
 
@@ -1050,14 +1046,9 @@ END_TEST
 /* ---- slabs sent once (GPUBUF_CAP_SLAB_ONCE) ------------------------------ */
 
 static void hello_caps(memconn *m, uint64_t caps) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
-    h.min_version = h.max_version = GPUBUF_PROTOCOL_VERSION;
-    h.capabilities = caps;
-    req.id = 1;
-    req.body_case = GPUBUF__REQUEST__BODY_HELLO;
-    req.hello = &h;
-    ck_assert_int_eq(mc_request(m, &req), 1);
+    rp_hello h;
+    rp_hello_init(&h, caps, NULL);
+    ck_assert_int_eq(mc_request(m, &h.req), 1);
     ck_assert_int_eq(last(m)->status, 0);
     ck_assert_uint_eq(last(m)->hello->capabilities, caps);
 }
@@ -1193,9 +1184,8 @@ int main(void) {
         slab_fd_is_sent_only_when_not_mapped,
     };
     Suite *s = suite_create("session");
-    TCase *t = tcase_create("inproc");
+    TCase *t = add_case(s, "inproc", NULL, NULL, 0);
     for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++)
         tcase_add_test(t, tests[i]);
-    suite_add_tcase(s, t);
     return run_suite(s);
 }

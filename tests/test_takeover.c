@@ -25,16 +25,6 @@
 #define WAIT_MS 30000
 static const char *const k_pool[] = {"--pool", POOL, NULL};
 
-static void produce(const test_daemon *d, const char *name, uint32_t seed) {
-    gpubuf_client *c = td_connect(d);
-    gpubuf_buffer *b = NULL;
-    ck_assert_int_eq(gpubuf_alloc(c, "host", BIG, name, &b), 0);
-    td_fill(gpubuf_buffer_host_ptr(b), BIG, seed);
-    ck_assert_int_eq(gpubuf_seal_sync(b), 0);
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
-}
-
 /* A new client opens `name` and finds its bytes. */
 static void check_contents(const test_daemon *d, const char *name, uint32_t seed) {
     gpubuf_client *c = td_connect(d);
@@ -143,7 +133,7 @@ START_TEST(failed_successor_leaves_the_daemon_serving) {
     test_daemon d;
     reader k = {.name = "big", .verify = verify_big};
     td_start(&d, k_pool);
-    produce(&d, "big", SEED);
+    td_produce(&d, "big", BIG, SEED);
     reader_start(&k, &d);
     ck_assert(td_wait_refs(&d, "big", 1, WAIT_MS));
 
@@ -178,7 +168,7 @@ START_TEST(killed_successor_loses_nothing) {
     test_daemon d;
     reader k = {.name = "big", .verify = verify_big};
     td_start(&d, k_pool);
-    produce(&d, "big", SEED);
+    td_produce(&d, "big", BIG, SEED);
     reader_start(&k, &d);
     ck_assert(td_wait_refs(&d, "big", 1, WAIT_MS));
     for (int i = 0; i < 3; i++) {
@@ -189,7 +179,7 @@ START_TEST(killed_successor_loses_nothing) {
         assert_log_has(&d, phases[i], "takeover: test hook at");
     }
     /* A change after the last one wrote its snapshot. */
-    produce(&d, "after", SEED + 1);
+    td_produce(&d, "after", BIG, SEED + 1);
     ck_assert(td_wait_refs(&d, "big", 1, WAIT_MS));
 
     take_over_for_real(&d);
@@ -219,7 +209,7 @@ START_TEST(second_successor_is_refused) {
     test_daemon d;
     char want[128];
     td_start(&d, k_pool);
-    produce(&d, "big", SEED);
+    td_produce(&d, "big", BIG, SEED);
     pid_t old = d.pid, a = successor(&d, "a", "received:stop", 0, NULL, NULL);
     bool ok = false;
     for (int t = 0; t < WAIT_MS && !(ok = stopped(a)); t += 10)
@@ -247,7 +237,7 @@ START_TEST(simultaneous_successors) {
     for (int round = 0; round < 3; round++) {
         test_daemon d;
         td_start(&d, k_pool);
-        produce(&d, "big", SEED);
+        td_produce(&d, "big", BIG, SEED);
         pid_t old = d.pid;
         pid_t a = successor(&d, "a", NULL, 0, NULL, NULL);
         pid_t b = successor(&d, "b", NULL, 0, NULL, NULL);
@@ -284,13 +274,9 @@ END_TEST
 
 static Suite *suite(void) {
     Suite *s = suite_create("takeover");
-    TCase *t = tcase_create("takeover");
-    tcase_set_timeout(t, 150);
-    tcase_add_test(t, failed_successor_leaves_the_daemon_serving);
-    tcase_add_test(t, killed_successor_loses_nothing);
-    tcase_add_test(t, second_successor_is_refused);
-    tcase_add_test(t, simultaneous_successors);
-    suite_add_tcase(s, t);
+    TCase *t = add_case(s, "takeover", NULL, NULL, 150);
+    add_tests(t, failed_successor_leaves_the_daemon_serving, killed_successor_loses_nothing,
+              second_successor_is_refused, simultaneous_successors);
     return s;
 }
 

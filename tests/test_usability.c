@@ -26,14 +26,11 @@
 static char dir[64];
 
 static void mkdir_tmp(void) {
-    snprintf(dir, sizeof(dir), "/tmp/gpubuf-use-XXXXXX");
-    ck_assert_ptr_nonnull(mkdtemp(dir));
+    td_mkdtemp(dir, "use");
 }
 
 static void rm_tmp(void) {
-    char cmd[128];
-    snprintf(cmd, sizeof(cmd), "rm -rf %s", dir);
-    ck_assert_int_eq(system(cmd), 0);
+    td_rmtree(dir);
 }
 
 /* The message of the last call contains every one of the NULL-terminated
@@ -596,7 +593,7 @@ START_TEST(gpubufctl_watch_appends_lines_with_rates_when_piped) {
                 _exit(2);
             gpubuf_release(b);
             gpubuf_flush(c);
-            td_sleep_ms(20);
+            td_sleep_ms(20); /* paces the load the watch measures: a duration */
         }
         gpubuf_disconnect(c);
         _exit(0);
@@ -1125,41 +1122,21 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("usability");
-    TCase *m = tcase_create("messages");
-    tcase_add_checked_fixture(m, mkdir_tmp, rm_tmp);
-    tcase_set_timeout(m, 60);
-    tcase_add_test(m, no_daemon_says_start_it_or_set_the_socket);
-    tcase_add_test(m, stale_socket_says_restart_gpubufd);
-    tcase_add_test(m, permission_error_names_the_socket_group);
-    tcase_add_test(m, empty_socket_flag_is_refused);
-    tcase_add_test(m, refused_connection_gets_its_reason);
-    tcase_add_test(m, larger_than_the_pool_is_not_full);
-    tcase_add_test(m, unknown_pool_lists_the_pools);
-    tcase_add_test(m, name_rule_and_size_zero);
-    tcase_add_test(m, last_error_message_belongs_to_the_last_call);
-    tcase_add_test(m, names_in_messages_are_escaped);
-    tcase_add_test(m, producer_bad_size_lists_the_units);
-    tcase_add_test(m, consumer_says_what_it_waits_for);
-    suite_add_tcase(s, m);
-    TCase *g = tcase_create("gpubufctl");
-    tcase_add_checked_fixture(g, mkdir_tmp, rm_tmp);
-    tcase_set_timeout(g, 60);
-    tcase_add_test(g, gpubufctl_names_bad_commands_and_values);
-    tcase_add_test(g, gpubufctl_delete_by_name_and_id);
-    tcase_add_test(g, gpubufctl_watch_appends_lines_with_rates_when_piped);
-    tcase_add_test(g, gpubufctl_watch_redraws_in_place_on_a_terminal);
-    tcase_add_test(g, gpubufctl_output_replaces_the_file);
-    tcase_add_test(g, gpubufctl_output_never_follows_a_planted_link);
-    tcase_add_test(g, gpubufctl_escapes_control_characters_in_arguments);
-    tcase_add_test(g, bash_completion);
-    tcase_add_test(g, gpubufctl_names_per_pool);
-    suite_add_tcase(s, g);
-    TCase *k = tcase_create("counters");
-    tcase_add_checked_fixture(k, mkdir_tmp, rm_tmp);
-    tcase_set_timeout(k, 60);
-    tcase_add_test(k, counters_move_with_requests);
-    tcase_add_test(k, counters_of_refusals);
-    tcase_add_test(k, batch_counters_are_shown);
-    suite_add_tcase(s, k);
+    TCase *m = add_case(s, "messages", mkdir_tmp, rm_tmp, 60);
+    add_tests(m, no_daemon_says_start_it_or_set_the_socket, stale_socket_says_restart_gpubufd,
+              permission_error_names_the_socket_group, empty_socket_flag_is_refused,
+              refused_connection_gets_its_reason, larger_than_the_pool_is_not_full,
+              unknown_pool_lists_the_pools, name_rule_and_size_zero,
+              last_error_message_belongs_to_the_last_call, names_in_messages_are_escaped,
+              producer_bad_size_lists_the_units, consumer_says_what_it_waits_for);
+    TCase *g = add_case(s, "gpubufctl", mkdir_tmp, rm_tmp, 60);
+    add_tests(g, gpubufctl_names_bad_commands_and_values, gpubufctl_delete_by_name_and_id,
+              gpubufctl_watch_appends_lines_with_rates_when_piped,
+              gpubufctl_watch_redraws_in_place_on_a_terminal, gpubufctl_output_replaces_the_file,
+              gpubufctl_output_never_follows_a_planted_link,
+              gpubufctl_escapes_control_characters_in_arguments, bash_completion,
+              gpubufctl_names_per_pool);
+    TCase *k = add_case(s, "counters", mkdir_tmp, rm_tmp, 60);
+    add_tests(k, counters_move_with_requests, counters_of_refusals, batch_counters_are_shown);
     return run_suite(s);
 }

@@ -378,27 +378,12 @@ END_TEST
 
 int main(void) {
     Suite *s = suite_create("wire");
-    TCase *t = tcase_create("frames");
-    tcase_add_test(t, header_roundtrip);
-    tcase_add_test(t, header_bad_magic);
-    tcase_add_test(t, header_bad_version_and_flags);
-    tcase_add_test(t, header_oversized);
-    tcase_add_test(t, read_frame_whole);
-    tcase_add_test(t, read_frame_truncated);
-    tcase_add_test(t, read_frame_truncated_header);
-    tcase_add_test(t, read_frame_oversized_no_alloc);
-    tcase_add_test(t, read_frame_garbage);
-    tcase_add_test(t, fd_passing);
-    tcase_add_test(t, recv_surplus_fds_closed);
-    tcase_add_test(t, protobuf_roundtrip);
-    suite_add_tcase(s, t);
-    TCase *u = tcase_create("helpers");
-    tcase_add_test(u, parse_size);
-    tcase_add_test(u, names);
-    tcase_add_test(u, text_clean);
-    tcase_add_test(u, wire_nul_strings);
-    tcase_add_test(u, error_strings);
-    tcase_add_test(u, format_helpers);
-    suite_add_tcase(s, u);
+    TCase *t = add_case(s, "frames", NULL, NULL, 0);
+    add_tests(t, header_roundtrip, header_bad_magic, header_bad_version_and_flags, header_oversized,
+              read_frame_whole, read_frame_truncated, read_frame_truncated_header,
+              read_frame_oversized_no_alloc, read_frame_garbage, fd_passing,
+              recv_surplus_fds_closed, protobuf_roundtrip);
+    TCase *u = add_case(s, "helpers", NULL, NULL, 0);
+    add_tests(u, parse_size, names, text_clean, wire_nul_strings, error_strings, format_helpers);
     return run_suite(s);
 }

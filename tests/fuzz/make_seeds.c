@@ -15,24 +15,18 @@
 #include "gpubuf.pb-c.h"
 #include "gpubuf_state.pb-c.h"
 #include "log.h"
+#include "rawproto.h"
 #include "state.h"
 #include "wire.h"
 
 static size_t put(uint8_t *out, Gpubuf__Request *req) {
-    size_t n = gpubuf__request__pack(req, out + GPUBUF_WIRE_HEADER_SIZE);
-    gpubuf_wire_header_encode(out, (uint32_t)n);
-    return n + GPUBUF_WIRE_HEADER_SIZE;
+    return rp_frame(out, req);
 }
 
 static size_t hello(uint8_t *out) {
-    Gpubuf__Request r = GPUBUF__REQUEST__INIT;
-    Gpubuf__Hello h = GPUBUF__HELLO__INIT;
-    h.min_version = h.max_version = 1;
-    h.client_name = (char *)"seed";
-    r.id = 1;
-    r.body_case = GPUBUF__REQUEST__BODY_HELLO;
-    r.hello = &h;
-    return put(out, &r);
+    rp_hello h;
+    rp_hello_init(&h, 0, "seed");
+    return put(out, &h.req);
 }
 
 static void save(const char *dir, const char *name, const uint8_t *b, size_t n) {
@@ -349,15 +343,10 @@ int main(int argc, char **argv) {
 
     /* KEEP_MAPPED: hello with the capability, alloc, release keeping the
      * slab, unmap (twice), a dedicated slab released with keep_mapped */
-    n = 0;
     {
-        Gpubuf__Hello h = GPUBUF__HELLO__INIT;
-        h.min_version = h.max_version = 1;
-        h.capabilities = GPUBUF_CAP_KEEP_MAPPED;
-        r.id = 1;
-        r.body_case = GPUBUF__REQUEST__BODY_HELLO;
-        r.hello = &h;
-        n += put(b + n, &r);
+        rp_hello h;
+        rp_hello_init(&h, GPUBUF_CAP_KEEP_MAPPED, NULL);
+        n = put(b, &h.req);
     }
     a.name = (char *)"";
     a.alignment = 0;
@@ -451,7 +440,7 @@ int main(int argc, char **argv) {
      * target has no takeover); a status. */
     {
         Gpubuf__Request q = GPUBUF__REQUEST__INIT;
-        Gpubuf__Hello h = GPUBUF__HELLO__INIT;
+        rp_hello h;
         Gpubuf__HeldRef hr[3] = {GPUBUF__HELD_REF__INIT, GPUBUF__HELD_REF__INIT,
                                  GPUBUF__HELD_REF__INIT};
         Gpubuf__HeldRef *ph[3] = {&hr[0], &hr[1], &hr[2]};
@@ -463,15 +452,11 @@ int main(int argc, char **argv) {
         hr[1].count = 1;
         hr[2].buffer_id = 1;
         hr[2].count = 5;
-        h.min_version = h.max_version = 1;
-        h.client_name = (char *)"seed";
-        h.resume_session = 3;
-        h.n_held = 3;
-        h.held = ph;
-        q.id = 1;
-        q.body_case = GPUBUF__REQUEST__BODY_HELLO;
-        q.hello = &h;
-        n = put(b, &q);
+        rp_hello_init(&h, 0, "seed");
+        h.hello.resume_session = 3;
+        h.hello.n_held = 3;
+        h.hello.held = ph;
+        n = put(b, &h.req);
         tk.path = (char *)"/tmp/seed.takeover";
         q.id = 2;
         q.body_case = GPUBUF__REQUEST__BODY_TAKEOVER;

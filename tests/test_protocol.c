@@ -1,0 +1,605 @@
+/* gpubufd facing raw, broken and hostile protocol peers: frames, the
+ * handshake, strings and fds it was not asked for, and each request spoken
+ * by hand. */
+#include <check.h>
+#include <dirent.h>
+#include <errno.h>
+#include <stdarg.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <locale.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+#include <wchar.h>
+
+#include "gpubuf.pb-c.h"
+#include "harness.h"
+#include "wire.h"
+#include "check_main.h"
+#include "daemon_fixture.h"
+
+/* True when the daemon closed fd (read returns 0) within 5 s. */
+static bool closed_by_daemon(int fd) {
+    char b[256];
+    for (;;) {
+        ssize_t n = read(fd, b, sizeof(b));
+        if (n == 0)
+            return true;
+        if (n < 0)
+            return errno == ECONNRESET;
+    }
+}
+
+/* The daemon answers fd with `status` (and, when given, request id `id` and
+ * a message containing `words`), then closes the connection. Closes fd. */
+static void expect_refusal(int fd, int status, uint64_t id, const char *words) {
+    Gpubuf__Response *r = rp_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, status);
+    if (id)
+        ck_assert_uint_eq(r->id, id);
+    if (words)
+        ck_assert(strstr(r->message, words) != NULL);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+}
+
+START_TEST(garbage_disconnects_only_that_client) {
+    gpubuf_client *good = td_connect(&D);
+    int fd = raw_connect();
+    uint8_t junk[512];
+    srand(11);
+    for (size_t i = 0; i < sizeof(junk); i++)
+        junk[i] = (uint8_t)rand();
+    ck_assert_int_eq(write(fd, junk, sizeof(junk)), (ssize_t)sizeof(junk));
+    ck_assert(closed_by_daemon(fd));
+    close(fd);
+    gpubuf_buffer *b;
+    ck_assert_int_eq(gpubuf_alloc(good, NULL, 100, "still", &b), 0);
+    gpubuf_release(b);
+    gpubuf_disconnect(good);
+}
+END_TEST
+
+START_TEST(bad_magic_gets_error_then_close) {
+    int fd = raw_connect();
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    gpubuf_wire_header_encode(h, 0);
+    h[3] = 'X';
+    ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
+    expect_refusal(fd, GPUBUF_EPROTOCOL, 0, NULL);
+    assert_serving();
+}
+END_TEST
+
+START_TEST(bad_version_header) {
+    int fd = raw_connect();
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    gpubuf_wire_header_encode(h, 0);
+    h[4] = 9;
+    ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
+    expect_refusal(fd, GPUBUF_EVERSION, 0, NULL);
+}
+END_TEST
+
+START_TEST(oversized_frame_rejected) {
+    int fd = raw_connect();
+    uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
+    td_raw_hello(fd);
+    gpubuf_wire_header_encode(h, 1u << 30);
+    ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
+    expect_refusal(fd, -EMSGSIZE, 0, NULL);
+    assert_serving();
+}
+END_TEST
+
+START_TEST(truncated_frame_then_hangup) {
+    for (int i = 0; i < 20; i++) {
+        int fd = raw_connect();
+        uint8_t h[GPUBUF_WIRE_HEADER_SIZE + 3];
+        gpubuf_wire_header_encode(h, 100);
+        ck_assert_int_eq(write(fd, h, sizeof(h)), (ssize_t)sizeof(h));
+        close(fd);
+    }
+    assert_serving();
+    ck_assert(td_wait_clients(&D, 0, 2000));
+}
+END_TEST
+
+START_TEST(undecodable_payload) {
+    int fd = raw_connect();
+    uint8_t f[GPUBUF_WIRE_HEADER_SIZE + 6] = {0};
+    gpubuf_wire_header_encode(f, 6);
+    memcpy(f + GPUBUF_WIRE_HEADER_SIZE, "\xff\xff\xff\xff\xff\xff", 6);
+    ck_assert_int_eq(write(fd, f, sizeof(f)), (ssize_t)sizeof(f));
+    expect_refusal(fd, GPUBUF_EPROTOCOL, 0, NULL);
+    assert_serving();
+}
+END_TEST
+
+START_TEST(request_before_hello) {
+    int fd = raw_connect();
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
+    req.id = 5;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &st;
+    td_raw_send(fd, &req);
+    expect_refusal(fd, GPUBUF_EPROTOCOL, 5, NULL);
+}
+END_TEST
+
+START_TEST(version_negotiation_fails) {
+    int fd = raw_connect();
+    rp_hello h;
+    rp_hello_init(&h, 0, NULL);
+    h.hello.min_version = 2;
+    h.hello.max_version = 7;
+    td_raw_send(fd, &h.req);
+    expect_refusal(fd, GPUBUF_EVERSION, 0, "2..7");
+}
+END_TEST
+
+START_TEST(empty_request_and_double_hello) {
+    int fd = raw_connect();
+    td_raw_hello(fd);
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    req.id = 2;
+    td_raw_send(fd, &req);
+    Gpubuf__Response *r = rp_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, -ENOTSUP);
+    gpubuf__response__free_unpacked(r, NULL);
+    rp_hello h;
+    rp_hello_init(&h, 0, NULL);
+    h.req.id = 3;
+    td_raw_send(fd, &h.req);
+    r = rp_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, GPUBUF_EPROTOCOL);
+    gpubuf__response__free_unpacked(r, NULL);
+    /* Still connected and served. */
+    Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
+    req.id = 4;
+    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
+    req.status = &st;
+    td_raw_send(fd, &req);
+    r = rp_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->id, 4);
+    gpubuf__response__free_unpacked(r, NULL);
+    close(fd);
+}
+END_TEST
+
+START_TEST(unsolicited_fds_are_closed) {
+    int before = td_quiet_fds(&D, 0, 20000);
+    ck_assert_int_ge(before, 0);
+    for (int i = 0; i < 50; i++) {
+        int fd = raw_connect();
+        int mfd = memfd_create("x", MFD_CLOEXEC);
+        rp_hello h;
+        rp_hello_init(&h, 0, NULL);
+        ck_assert_int_eq(rp_send(fd, &h.req, mfd), 0);
+        close(mfd);
+        Gpubuf__Response *r = rp_recv(fd, NULL);
+        ck_assert_ptr_nonnull(r);
+        ck_assert_int_eq(r->status, 0);
+        gpubuf__response__free_unpacked(r, NULL);
+        close(fd);
+    }
+    ck_assert(td_wait_clients(&D, 0, 2000));
+    /* A connection's fd is closed one loop turn after it leaves the
+     * client list: allow for that. */
+    int now = -1;
+    for (int i = 0; i < 200 && (now = td_count_fds(D.pid)) > before; i++)
+        usleep(5000);
+    ck_assert_int_le(now, before);
+}
+END_TEST
+
+static int raw_alloc(int fd, uint64_t size, uint64_t *ret_buf, uint64_t *ret_slab,
+                     bool *ret_keepable) {
+    return raw_alloc_named(fd, size, NULL, ret_buf, ret_slab, ret_keepable);
+}
+
+static int raw_release(int fd, uint64_t buffer_id, bool keep) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
+    rel.buffer_id = buffer_id;
+    rel.keep_mapped = keep;
+    req.id = 11;
+    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    req.release = &rel;
+    return raw_call(fd, &req, NULL, NULL, NULL);
+}
+
+static int raw_unmap(int fd, uint64_t slab_id) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__UnmapRequest u = GPUBUF__UNMAP_REQUEST__INIT;
+    u.slab_id = slab_id;
+    req.id = 12;
+    req.body_case = GPUBUF__REQUEST__BODY_UNMAP;
+    req.unmap = &u;
+    return raw_call(fd, &req, NULL, NULL, NULL);
+}
+
+/* The KEEP_MAPPED requests: refused without the capability, checked with. */
+START_TEST(keep_mapped_protocol) {
+    uint64_t buf, slab;
+    bool keepable = true;
+    int fd = raw_connect();
+    td_raw_hello(fd); /* no capabilities */
+    ck_assert_int_eq(raw_alloc(fd, 1000, &buf, &slab, &keepable), 0);
+    ck_assert(!keepable);
+    ck_assert_int_eq(raw_release(fd, buf, true), GPUBUF_EPROTOCOL);
+    ck_assert_int_eq(raw_release(fd, buf, false), GPUBUF_ENOTHELD); /* it was released */
+    ck_assert_int_eq(raw_unmap(fd, slab), GPUBUF_ENOTHELD);
+    close(fd);
+
+    fd = raw_connect();
+    /* Unknown capability bits are ignored. */
+    Gpubuf__Response *r = td_raw_hello_caps(fd, GPUBUF_CAP_KEEP_MAPPED | (1ull << 40));
+    ck_assert_uint_eq(r->hello->capabilities, GPUBUF_CAP_KEEP_MAPPED);
+    ck_assert_uint_eq(r->hello->max_kept_slabs, 8);
+    uint64_t session = r->hello->session_id;
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert_int_eq(raw_alloc(fd, 1000, &buf, &slab, &keepable), 0);
+    ck_assert(keepable);
+    ck_assert_int_eq(raw_release(fd, buf, true), 0);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->pools[0].used, 0);
+    ck_assert_uint_eq(s->pools[0].slabs, 1);
+    for (size_t i = 0; i < s->n_clients; i++)
+        if (s->clients[i].session_id == session)
+            ck_assert_uint_eq(s->clients[i].kept_slabs, 1);
+    gpubuf_status_free(s);
+    ck_assert_int_eq(raw_unmap(fd, slab), 0);
+    ck_assert_int_eq(raw_unmap(fd, slab), GPUBUF_ENOTHELD);
+    /* A dedicated slab (above the 4 MiB slab size) cannot be kept. */
+    ck_assert_int_eq(raw_alloc(fd, 5 << 20, &buf, &slab, &keepable), 0);
+    ck_assert(!keepable);
+    ck_assert_int_eq(raw_release(fd, buf, true), -EINVAL);
+    ck_assert_int_eq(raw_unmap(fd, slab), GPUBUF_ENOTHELD);
+    close(fd);
+    ck_assert(td_wait_clients(&D, 0, 2000));
+    s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(s->pools[0].used, 0);
+    ck_assert_uint_le(s->pools[0].slabs, 1);
+    gpubuf_status_free(s);
+}
+END_TEST
+
+/* A status request without columnar gets a Buffer message per buffer, with
+ * it the same facts as columns. */
+START_TEST(status_rows_and_columns_agree) {
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_buffer *b[3];
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 1000, "rows/a", &b[0]), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 5000, NULL, &b[1]), 0);
+    ck_assert_int_eq(gpubuf_alloc(c, NULL, 300, "rows/c", &b[2]), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(b[2]), 0);
+    int fd = raw_connect();
+    td_raw_hello(fd);
+    Gpubuf__Response *rows = raw_status(fd, false), *cols = raw_status(fd, true);
+    const Gpubuf__StatusReply *R = rows->status_reply, *C = cols->status_reply;
+    ck_assert_ptr_null(R->buffer_columns);
+    ck_assert_uint_eq(C->n_buffers, 0);
+    ck_assert_ptr_nonnull(C->buffer_columns);
+    const Gpubuf__BufferColumns *k = C->buffer_columns;
+    ck_assert_uint_eq(R->n_buffers, 3);
+    ck_assert_uint_eq(k->n_id, 3);
+    const char *name = (const char *)k->names.data;
+    for (size_t i = 0; i < 3; i++) {
+        const Gpubuf__Buffer *x = R->buffers[i];
+        ck_assert_uint_eq(k->id[i], x->buffer_id);
+        ck_assert_str_eq(name, x->name);
+        name += strlen(name) + 1;
+        ck_assert_str_eq(C->pools[k->pool[i]]->name, x->pool);
+        ck_assert_uint_eq(k->size[i], x->size);
+        ck_assert_uint_eq(k->offset[i], x->offset);
+        ck_assert_uint_eq(k->state[i], (uint32_t)x->state);
+        ck_assert_uint_eq(k->refs[i], x->refs);
+        ck_assert_uint_eq(k->owner_uid[i], x->owner_uid);
+        ck_assert_uint_eq(k->slab_id[i], x->slab_id);
+    }
+    ck_assert_ptr_eq(name, (const char *)k->names.data + k->names.len);
+    gpubuf__response__free_unpacked(rows, NULL);
+    gpubuf__response__free_unpacked(cols, NULL);
+    close(fd);
+    for (int i = 0; i < 3; i++)
+        gpubuf_release(b[i]);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
+START_TEST(release_not_held_and_double_release) {
+    int fd = raw_connect();
+    td_raw_hello(fd);
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
+    int mfd;
+    a.size = 1000;
+    req.id = 2;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    td_raw_send(fd, &req);
+    Gpubuf__Response *r = rp_recv(fd, &mfd);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_int_ge(mfd, 0); /* host slabs come with their memfd */
+    close(mfd);
+    uint64_t id = r->buffer->buffer_id;
+    gpubuf__response__free_unpacked(r, NULL);
+    rel.buffer_id = id + 1000;
+    req.id = 3;
+    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
+    req.release = &rel;
+    td_raw_send(fd, &req);
+    r = rp_recv(fd, NULL);
+    ck_assert_int_eq(r->status, GPUBUF_ENOTHELD);
+    gpubuf__response__free_unpacked(r, NULL);
+    rel.buffer_id = id;
+    for (int i = 0; i < 2; i++) {
+        req.id = 4 + (uint64_t)i;
+        td_raw_send(fd, &req);
+        r = rp_recv(fd, NULL);
+        ck_assert_int_eq(r->status, i == 0 ? 0 : GPUBUF_ENOTHELD);
+        gpubuf__response__free_unpacked(r, NULL);
+    }
+    close(fd);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    ck_assert_uint_eq(s->pools[0].used, 0);
+    gpubuf_status_free(s);
+}
+END_TEST
+
+START_TEST(pipelined_requests_answered_in_order) {
+    int fd = raw_connect();
+    td_raw_hello(fd);
+    /* 200 requests in one write: more than one wake-up's worth. */
+    size_t cap = 200 * 32, len = 0;
+    uint8_t *buf = malloc(cap);
+    for (int i = 0; i < 200; i++)
+        len += pack_stat(buf + len, 100 + (uint64_t)i, 77);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    free(buf);
+    for (int i = 0; i < 200; i++) {
+        Gpubuf__Response *r = rp_recv(fd, NULL);
+        ck_assert_ptr_nonnull(r);
+        ck_assert_uint_eq(r->id, 100 + (uint64_t)i);
+        ck_assert_int_eq(r->status, -ENOENT);
+        gpubuf__response__free_unpacked(r, NULL);
+    }
+    close(fd);
+}
+END_TEST
+
+START_TEST(requests_before_hangup_are_answered) {
+    int fd = raw_connect();
+    td_raw_hello(fd);
+    /* 300 requests, then the write side closes: all are answered anyway,
+     * beyond the per-wake-up cap. */
+    uint8_t *buf = malloc(300 * 32);
+    size_t len = 0;
+    for (int i = 0; i < 300; i++)
+        len += pack_stat(buf + len, 1000 + (uint64_t)i, 5);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
+    free(buf);
+    shutdown(fd, SHUT_WR);
+    for (int i = 0; i < 300; i++) {
+        Gpubuf__Response *r = rp_recv(fd, NULL);
+        ck_assert_msg(r != NULL, "reply %d missing", i);
+        ck_assert_uint_eq(r->id, 1000 + (uint64_t)i);
+        gpubuf__response__free_unpacked(r, NULL);
+    }
+    close(fd);
+}
+END_TEST
+
+/* Pack req, turn each '#' inside the string mark of its payload into a NUL
+ * (protobuf-c packs C strings, so a NUL cannot be written otherwise), send. */
+static void raw_send_nul(int fd, Gpubuf__Request *req, const char *mark) {
+    uint8_t buf[4096];
+    size_t n = gpubuf__request__pack(req, buf + GPUBUF_WIRE_HEADER_SIZE);
+    uint8_t *at = memmem(buf + GPUBUF_WIRE_HEADER_SIZE, n, mark, strlen(mark));
+    ck_assert_ptr_nonnull(at);
+    for (size_t i = 0; i < strlen(mark); i++)
+        if (at[i] == '#')
+            at[i] = '\0';
+    gpubuf_wire_header_encode(buf, (uint32_t)n);
+    ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, n + GPUBUF_WIRE_HEADER_SIZE, -1), 0);
+}
+
+/* Send req with a NUL in mark (raw_send_nul); the reply must refuse it
+ * with -EINVAL, naming the string field. */
+static void expect_nul_refused(int fd, Gpubuf__Request *req, const char *mark,
+                               const char *field) {
+    char want[64];
+    raw_send_nul(fd, req, mark);
+    Gpubuf__Response *r = rp_recv(fd, NULL);
+    ck_assert_ptr_nonnull(r);
+    snprintf(want, sizeof(want), "string field '%s'", field);
+    ck_assert_msg(r->status == -EINVAL && r->message && strstr(r->message, want) &&
+                      strstr(r->message, "NUL"),
+                  "%s: status %d, message %s", mark, r->status, r->message ? r->message : "");
+    gpubuf__response__free_unpacked(r, NULL);
+}
+
+/* A string with a NUL byte is refused in every request, never cut at the
+ * NUL: "frames\0evil" must not publish "frames", "host\0x" must not name
+ * pool "host". The connection keeps being served. */
+START_TEST(wire_strings_with_nul_refused) {
+    rp_hello h;
+    rp_hello_init(&h, 0, "nul#name");
+    int fd = raw_connect();
+    expect_nul_refused(fd, &h.req, "nul#name", "client_name");
+    ck_assert_ptr_null(rp_recv(fd, NULL)); /* no session without a clean hello */
+    close(fd);
+
+    fd = raw_connect();
+    td_raw_hello(fd);
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = 4096;
+    a.name = "frames#evil";
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    req.id = 2;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    expect_nul_refused(fd, &req, "frames#evil", "name");
+    a.name = "fine";
+    a.pool = "host#x";
+    expect_nul_refused(fd, &req, "host#x", "pool");
+    /* The same request, now an open by name. */
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = "frames#";
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN, req.open = &o;
+    expect_nul_refused(fd, &req, "frames#", "name");
+    /* Nothing was published under the part before the NUL, and the same
+     * connection goes on: a clean alloc works. */
+    gpubuf_status *st = td_status(&D);
+    ck_assert_uint_eq(st->n_buffers, 0);
+    gpubuf_status_free(st);
+    uint64_t id;
+    ck_assert_int_eq(raw_alloc(fd, 4096, &id, NULL, NULL), 0);
+    close(fd);
+    assert_serving();
+}
+END_TEST
+
+START_TEST(waiting_open_fails_when_buffer_goes) {
+    gpubuf_client *a = td_connect(&D);
+    gpubuf_buffer *x;
+    ck_assert_int_eq(gpubuf_alloc(a, NULL, 4096, "pending", &x), 0);
+    uint64_t id = gpubuf_buffer_id(x);
+    pid_t p = fork();
+    if (p == 0) {
+        gpubuf_client *b;
+        gpubuf_buffer *y;
+        if (gpubuf_connect(D.socket, &b) < 0)
+            _exit(1);
+        int r = gpubuf_open_id(b, id, -1, &y);
+        _exit(r == -ENOENT ? 0 : 2);
+    }
+    ck_assert(td_wait_clients(&D, 2, 2000));
+    ck_assert_int_eq(gpubuf_delete(a, "pending"), 0);
+    ck_assert_int_eq(td_wait(p), 0);
+    gpubuf_release(x);
+    gpubuf_disconnect(a);
+}
+END_TEST
+
+/* Read-only opens hand out a read-only file description, which a receiver of
+ * another uid cannot reopen for writing through /proc; seal events are
+ * checked. */
+START_TEST(read_only_fd_and_seal_event) {
+    int fd = raw_connect(), afd = -1;
+    uint64_t buf, slab;
+    td_raw_hello(fd);
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = 4096;
+    a.name = "rofd";
+    req.id = 2;
+    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
+    req.alloc = &a;
+    ck_assert_int_eq(raw_call(fd, &req, &buf, &slab, NULL), 0);
+
+    /* A seal event must be 64 bytes, and needs a CUDA pool. */
+    uint8_t ev[64] = {1};
+    Gpubuf__SealRequest sq = GPUBUF__SEAL_REQUEST__INIT;
+    sq.buffer_id = buf;
+    sq.event_handle.data = ev;
+    sq.event_handle.len = 10;
+    req.id = 3;
+    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
+    req.seal = &sq;
+    td_raw_send(fd, &req);
+    Gpubuf__Response *r = rp_recv(fd, NULL);
+    ck_assert_int_eq(r->status, -EINVAL);
+    ck_assert_ptr_nonnull(strstr(r->message, "64 bytes"));
+    gpubuf__response__free_unpacked(r, NULL);
+    sq.event_handle.len = 64;
+    td_raw_send(fd, &req);
+    r = rp_recv(fd, NULL);
+    ck_assert_int_eq(r->status, -EINVAL);
+    ck_assert_ptr_nonnull(strstr(r->message, "needs a CUDA pool"));
+    gpubuf__response__free_unpacked(r, NULL);
+    sq.event_handle.len = 0;
+    ck_assert_int_eq(raw_call(fd, &req, NULL, NULL, NULL), 0);
+
+    /* Open read-only: the fd is O_RDONLY and the slab says read_only. */
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+    o.name = "rofd";
+    o.read_only = true;
+    req.id = 4;
+    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
+    req.open = &o;
+    td_raw_send(fd, &req);
+    r = rp_recv(fd, &afd);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert(r->buffer->read_only && r->buffer->slab->read_only && !r->buffer->slab->keepable);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert_int_ge(afd, 0);
+    ck_assert_int_eq(fcntl(afd, F_GETFL) & O_ACCMODE, O_RDONLY);
+    ck_assert_ptr_eq(mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0), MAP_FAILED);
+    void *m = mmap(NULL, 4096, PROT_READ, MAP_SHARED, afd, 0);
+    ck_assert_ptr_ne(m, MAP_FAILED);
+    munmap(m, 4096);
+    /* Another uid holding the fd cannot reopen it for writing. */
+    if (geteuid() == 0) {
+        fflush(NULL);
+        pid_t p = fork();
+        if (p == 0) {
+            char path[64];
+            if (setgid(65534) < 0 || setuid(65534) < 0)
+                _exit(2);
+            snprintf(path, sizeof(path), "/proc/self/fd/%d", afd);
+            int w = open(path, O_RDWR);
+            _exit(w < 0 && errno == EACCES ? 0 : 1);
+        }
+        ck_assert_int_eq(td_wait(p), 0);
+    }
+    close(afd);
+    /* A writable open of the same buffer gets a read-write fd. */
+    o.read_only = false;
+    td_raw_send(fd, &req);
+    r = rp_recv(fd, &afd);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert(!r->buffer->read_only && !r->buffer->slab->read_only);
+    gpubuf__response__free_unpacked(r, NULL);
+    ck_assert_int_eq(fcntl(afd, F_GETFL) & O_ACCMODE, O_RDWR);
+    close(afd);
+    close(fd);
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("protocol");
+    TCase *t = add_case(s, "protocol", start_default, td_stop_clean, 60);
+    add_tests(t, garbage_disconnects_only_that_client, bad_magic_gets_error_then_close,
+              bad_version_header, oversized_frame_rejected, truncated_frame_then_hangup,
+              undecodable_payload, request_before_hello, version_negotiation_fails,
+              empty_request_and_double_hello, unsolicited_fds_are_closed,
+              release_not_held_and_double_release, read_only_fd_and_seal_event,
+              keep_mapped_protocol, status_rows_and_columns_agree,
+              pipelined_requests_answered_in_order, requests_before_hangup_are_answered,
+              waiting_open_fails_when_buffer_goes, wire_strings_with_nul_refused);
+    return run_suite(s);
+}
