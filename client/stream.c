@@ -87,26 +87,6 @@ void gpubuf__event_released(gpubuf_client *c, gpubuf_buffer *b, uint64_t release
     b->own_event = NULL;
 }
 
-void gpubuf__event_import(gpubuf_buffer *b) {
-    const gpubuf_cuda *cu;
-    CUipcEventHandle h;
-    CUcontext ignored;
-    if (b->map->kind == GPUBUF_POOL_HOST || gpubuf_cuda_load(&cu) < 0) {
-        b->has_event = false;
-        return;
-    }
-    memcpy(h.reserved, b->event_handle, sizeof(h.reserved));
-    cu->CtxPushCurrent(b->map->ctx);
-    /* The producer destroys an event only once it has completed and the
-     * daemon no longer hands it out: one that cannot be opened now needs no
-     * wait. */
-    if (cu->IpcOpenEventHandle(&b->event, h) != CUDA_SUCCESS) {
-        b->event = NULL;
-        b->has_event = false;
-    }
-    cu->CtxPopCurrent(&ignored);
-}
-
 int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
                          uint8_t ret_handle[64]) {
     const gpubuf_cuda *cu;
