@@ -16,8 +16,6 @@
 
 static int flush_call(gpubuf_client *c) {
     int r;
-    if (!c)
-        return -EINVAL;
     pthread_mutex_lock(&c->lock);
     r = gpubuf__drain_locked(c);
 #ifdef GPUBUF_HAVE_CUDA
@@ -105,8 +103,6 @@ static int connect_call(const char *path, gpubuf_client **ret) {
     const char *from = ""; /* the caller named the path */
     gpubuf_client *c;
     int fd, r;
-    if (!ret)
-        return gpubuf__fail(-EINVAL, "gpubuf_connect needs a place for the connection");
     if (!path) {
         path = getenv("GPUBUF_SOCKET");
         from = " (from $GPUBUF_SOCKET)";
@@ -288,10 +284,6 @@ static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const c
     int r;
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
-    if (!c || !ret)
-        return gpubuf__fail(-EINVAL, "gpubuf_alloc needs a connection and a place for the view");
-    if (size == 0)
-        return gpubuf__fail(-EINVAL, "size 0: a buffer holds at least 1 byte");
     lookup l = {0};
     if (name && *name) {
         gpubuf_lookup o = {.pool = pool};
@@ -333,8 +325,6 @@ static int open_with_call(gpubuf_client *c, const char *name, uint64_t id,
     Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
     lookup l;
     int r;
-    if (!c || !ret)
-        return gpubuf__fail(-EINVAL, "an open needs a connection and a place for the view");
     r = gpubuf__lookup_make("open", name, id, opts, GPUBUF_OPEN_READONLY | GPUBUF_OPEN_OWNER, &l);
     if (r < 0)
         return r;
@@ -397,8 +387,6 @@ static int seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_strea
     uint8_t ev[64];
     gpubuf_client *c;
     int r;
-    if (!b)
-        return gpubuf__fail(-EINVAL, "no buffer given (NULL) to seal");
     c = b->c;
     pthread_mutex_lock(&c->lock);
     r = gpubuf__seal_check(&b);
@@ -436,17 +424,23 @@ static int seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_strea
 
 GPUBUF_EXTERN int gpubuf_seal_stream(gpubuf_buffer *b, gpubuf_stream stream) {
     gpubuf__clear_error();
-    return gpubuf__result(seal(b, false, stream, true));
+    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
+    int r = seal(b, false, stream, true);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
     gpubuf__clear_error();
-    return gpubuf__result(seal(b, false, NULL, false));
+    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
+    int r = seal(b, false, NULL, false);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b) {
     gpubuf__clear_error();
-    return gpubuf__result(seal(b, true, NULL, false));
+    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
+    int r = seal(b, true, NULL, false);
+    return gpubuf__result(r);
 }
 
 static int delete_with_call(gpubuf_client *c, const char *name, uint64_t id,
@@ -455,8 +449,6 @@ static int delete_with_call(gpubuf_client *c, const char *name, uint64_t id,
     Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
     lookup l;
     int r;
-    if (!c)
-        return gpubuf__fail(-EINVAL, "a delete needs a connection");
     if ((r = gpubuf__lookup_make("delete", name, id, opts, GPUBUF_OPEN_OWNER, &l)) < 0)
         return r;
     d.target_case = gpubuf__lookup_fill(&l, &d.name, &d.buffer_id, &d.pool, &d.owner)
@@ -482,12 +474,12 @@ void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
 
 GPUBUF_EXTERN int gpubuf_set_reconnect(gpubuf_client *c, int ms) {
     gpubuf__clear_error();
-    if (!c || ms < 0)
-        return gpubuf__result(gpubuf__fail(-EINVAL, "reconnect time must be 0 or more ms"));
+    GPUBUF_CHECK(c, -EINVAL, "gpubuf_set_reconnect needs a connection");
+    GPUBUF_CHECK(ms >= 0, -EINVAL, "reconnect time must be 0 or more ms");
     pthread_mutex_lock(&c->lock);
     c->reconnect_ms = ms;
     pthread_mutex_unlock(&c->lock);
-    return 0;
+    return gpubuf__result(0);
 }
 
 /* ---- views ------------------------------------------------------------- */
@@ -544,59 +536,71 @@ static int release_call(gpubuf_buffer *b) {
 
 GPUBUF_EXTERN int gpubuf_flush(gpubuf_client *c) {
     gpubuf__clear_error();
-    return gpubuf__result(flush_call(c));
+    GPUBUF_CHECK(c, -EINVAL, "gpubuf_flush needs a connection");
+    int r = flush_call(c);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_connect(const char *path, gpubuf_client **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(connect_call(path, ret));
+    GPUBUF_CHECK(ret, -EINVAL, "gpubuf_connect needs a place for the connection");
+    int r = connect_call(path, ret);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
                                gpubuf_buffer **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(alloc_call(c, pool, size, name, ret));
+    GPUBUF_CHECK(c && ret, -EINVAL, "gpubuf_alloc needs a connection and a place for the view");
+    GPUBUF_CHECK(size > 0, -EINVAL, "size 0: a buffer holds at least 1 byte");
+    int r = alloc_call(c, pool, size, name, ret);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms,
                               gpubuf_buffer **ret) {
     gpubuf__clear_error();
-    if (!name) {
-        gpubuf__set_error("gpubuf_open needs a name (gpubuf_open_id opens by id)");
-        return -EINVAL;
-    }
-    return gpubuf__result(open_call(c, name, 0, timeout_ms, 0, ret));
+    GPUBUF_CHECK(name, -EINVAL, "gpubuf_open needs a name (gpubuf_open_id opens by id)");
+    GPUBUF_CHECK(c && ret, -EINVAL, "an open needs a connection and a place for the view");
+    int r = open_call(c, name, 0, timeout_ms, 0, ret);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id, int timeout_ms,
                                  unsigned flags, gpubuf_buffer **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(open_call(c, name, id, timeout_ms, flags, ret));
+    GPUBUF_CHECK(c && ret, -EINVAL, "an open needs a connection and a place for the view");
+    int r = open_call(c, name, id, timeout_ms, flags, ret);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
                                  gpubuf_buffer **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(open_call(c, NULL, id, timeout_ms, 0, ret));
+    GPUBUF_CHECK(c && ret, -EINVAL, "an open needs a connection and a place for the view");
+    int r = open_call(c, NULL, id, timeout_ms, 0, ret);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {
     gpubuf__clear_error();
-    if (!name) {
-        gpubuf__set_error("gpubuf_delete needs a name (gpubuf_delete_id deletes by id)");
-        return -EINVAL;
-    }
-    return gpubuf__result(delete_with_call(c, name, 0, NULL));
+    GPUBUF_CHECK(name, -EINVAL, "gpubuf_delete needs a name (gpubuf_delete_id deletes by id)");
+    GPUBUF_CHECK(c, -EINVAL, "a delete needs a connection");
+    int r = delete_with_call(c, name, 0, NULL);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_delete_id(gpubuf_client *c, uint64_t id) {
     gpubuf__clear_error();
-    return gpubuf__result(delete_with_call(c, NULL, id, NULL));
+    GPUBUF_CHECK(c, -EINVAL, "a delete needs a connection");
+    int r = delete_with_call(c, NULL, id, NULL);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_open_with(gpubuf_client *c, const char *name, uint64_t id,
                                    const gpubuf_lookup *o, gpubuf_buffer **ret) {
     gpubuf__clear_error();
+    GPUBUF_CHECK(c && ret, -EINVAL, "an open needs a connection and a place for the view");
     int r = open_with_call(c, name, id, o, ret);
     return gpubuf__result(r);
 }
@@ -604,10 +608,13 @@ GPUBUF_EXTERN int gpubuf_open_with(gpubuf_client *c, const char *name, uint64_t 
 GPUBUF_EXTERN int gpubuf_delete_with(gpubuf_client *c, const char *name, uint64_t id,
                                      const gpubuf_lookup *o) {
     gpubuf__clear_error();
-    return gpubuf__result(delete_with_call(c, name, id, o));
+    GPUBUF_CHECK(c, -EINVAL, "a delete needs a connection");
+    int r = delete_with_call(c, name, id, o);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b) {
     gpubuf__clear_error();
-    return gpubuf__result(release_call(b));
+    int r = release_call(b); /* accepts NULL, as a destructor */
+    return gpubuf__result(r);
 }

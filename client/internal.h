@@ -289,7 +289,20 @@ int gpubuf__drain_locked(gpubuf_client *c);
  * has are dropped from c->held. */
 int gpubuf__hello_locked(gpubuf_client *c, bool resume);
 
+/* An old public name of the same function as new (a deprecated name keeps
+ * linking, in the shared and the static library): the symbol is an alias. */
+#define GPUBUF_ALIAS(new) __attribute__((alias(#new)))
+
 /* ---- error.c: the per-thread error message --------------------------------- */
+/* The argument check of a public entry, as systemd's assert_return(): when
+ * cond does not hold, the call fails with err and the sentence (a printf
+ * format and its arguments) as the thread's message. Every public entry that
+ * takes pointers or enums checks them with it, before anything else. */
+#define GPUBUF_CHECK(cond, err, ...)                                                               \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return gpubuf__fail((err), __VA_ARGS__);                                               \
+    } while (0)
 void gpubuf__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Set the message and return err. */
 int gpubuf__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

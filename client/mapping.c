@@ -408,10 +408,6 @@ static int set_device_call(gpubuf_client *c, int device) {
     gpubuf_mapping *m, *tmp;
     uint32_t busy = 0;
     int r = 0;
-    if (!c || device < -1 || device >= GPUBUF_MAX_DEVICES) {
-        gpubuf__set_error("device must be -1 or a CUDA ordinal below %d", GPUBUF_MAX_DEVICES);
-        return -EINVAL;
-    }
     pthread_mutex_lock(&c->lock);
     /* Idle slabs were mapped for the old choice: let them go. */
     gpubuf__mapping_drop_idle(c, true, true);
@@ -447,5 +443,8 @@ static int set_device_call(gpubuf_client *c, int device) {
 
 GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device) {
     gpubuf__clear_error();
-    return gpubuf__result(set_device_call(c, device));
+    GPUBUF_CHECK(c && device >= -1 && device < GPUBUF_MAX_DEVICES, -EINVAL,
+                 "device must be -1 or a CUDA ordinal below %d", GPUBUF_MAX_DEVICES);
+    int r = set_device_call(c, device);
+    return gpubuf__result(r);
 }

@@ -150,8 +150,6 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
     Gpubuf__Response *resp;
     gpubuf_status *s;
     int fd, r;
-    if (!c || !ret)
-        return -EINVAL;
     sr.columnar = true; /* a daemon without columns answers with buffers */
     req.body_case = GPUBUF__REQUEST__BODY_STATUS;
     req.status = &sr;
@@ -292,5 +290,49 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
 
 GPUBUF_EXTERN int gpubuf_status_get(gpubuf_client *c, gpubuf_status **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(status_get_call(c, ret));
+    GPUBUF_CHECK(c && ret, -EINVAL,
+                 "gpubuf_status_get needs a connection and a place for the snapshot");
+    int r = status_get_call(c, ret);
+    return gpubuf__result(r);
+}
+
+/* ---- one entry of a snapshot, gathered from its parallel arrays ------------- */
+
+/* The check every _at accessor starts with: s and ret given, i below n. */
+#define STATUS_AT_CHECK(what, n)                                                                   \
+    do {                                                                                           \
+        GPUBUF_CHECK(s != NULL && ret != NULL, -EINVAL,                                            \
+                     "gpubuf_status_%s_at needs a snapshot and a place for the entry", what);      \
+        GPUBUF_CHECK(i < (n), GPUBUF_ERANGE, "no %s %zu in a snapshot of %zu", what, i, (n));      \
+    } while (0)
+
+GPUBUF_EXTERN int gpubuf_status_pool_at(const gpubuf_status *s, size_t i,
+                                        gpubuf_status_pool_item *ret) {
+    gpubuf__clear_error();
+    STATUS_AT_CHECK("pool", s->n_pools);
+    *ret = (gpubuf_status_pool_item){.pool = s->pools[i],
+                                     .publishers = s->pool_publishers[i],
+                                     .is_default = strcmp(s->pools[i].name, s->default_pool) == 0};
+    return gpubuf__result(0);
+}
+
+GPUBUF_EXTERN int gpubuf_status_buffer_at(const gpubuf_status *s, size_t i,
+                                          gpubuf_status_buffer_item *ret) {
+    gpubuf__clear_error();
+    STATUS_AT_CHECK("buffer", s->n_buffers);
+    *ret = (gpubuf_status_buffer_item){.buffer = s->buffers[i]};
+    if (s->buffer_restored)
+        ret->restored = s->buffer_restored[i];
+    if (s->buffer_meta)
+        ret->meta = s->buffer_meta[i];
+    return gpubuf__result(0);
+}
+
+GPUBUF_EXTERN int gpubuf_status_client_at(const gpubuf_status *s, size_t i,
+                                          gpubuf_status_client_item *ret) {
+    gpubuf__clear_error();
+    STATUS_AT_CHECK("client", s->n_clients);
+    *ret = (gpubuf_status_client_item){.client = s->clients[i],
+                                       .detached = s->client_detached ? s->client_detached[i] : 0};
+    return gpubuf__result(0);
 }

@@ -231,8 +231,6 @@ GPUBUF_EXTERN int gpubuf_buffer_read_only(const gpubuf_buffer *b) {
 static int buffer_slice_call(gpubuf_buffer *b, uint64_t offset, uint64_t length,
                              gpubuf_buffer **ret) {
     gpubuf_buffer *s;
-    if (!b || !ret)
-        return -EINVAL;
     if (offset > b->size || length > b->size - offset) {
         gpubuf__set_error("slice [%llu, +%llu) outside a view of %llu bytes",
                           (unsigned long long)offset, (unsigned long long)length,
@@ -258,5 +256,7 @@ static int buffer_slice_call(gpubuf_buffer *b, uint64_t offset, uint64_t length,
 GPUBUF_EXTERN int gpubuf_buffer_slice(gpubuf_buffer *b, uint64_t offset, uint64_t length,
                                       gpubuf_buffer **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(buffer_slice_call(b, offset, length, ret));
+    GPUBUF_CHECK(b && ret, -EINVAL, "a slice needs a view and a place for the slice");
+    int r = buffer_slice_call(b, offset, length, ret);
+    return gpubuf__result(r);
 }
