@@ -34,6 +34,13 @@ static int call_init(batch_call *bc, gpubuf_client *c, size_t n, int *ret_status
     return 0;
 }
 
+/* Start a batch call on c: the daemon must take batches (0, or an error). */
+static int batch_start(batch_call *bc, gpubuf_client *c, size_t n, int *ret_status) {
+    if (c->max_batch_items == 0)
+        return gpubuf__fail(-EOPNOTSUPP, "this gpubufd takes no batches (it is older)");
+    return call_init(bc, c, n, ret_status);
+}
+
 /* Item i failed with r (msg: the daemon's sentence, or NULL). */
 static void call_fail(batch_call *bc, size_t i, int r, const char *msg) {
     if (bc->status[i] < 0)
@@ -295,13 +302,6 @@ static void build_open(Gpubuf__Request *req, const size_t *idx, size_t n, uint64
     req->batch_open = &sc->o;
 }
 
-/* What every batch on c needs of the daemon; 0 or an error. */
-static int batch_check(gpubuf_client *c) {
-    if (c->max_batch_items == 0)
-        return gpubuf__fail(-EOPNOTSUPP, "this gpubufd takes no batches (it is older)");
-    return 0;
-}
-
 /* Send the items of a call in chunks; views_batch or run(chunk) per chunk. */
 /* An item's name: plain (the default pool) or qualified (/POOL/NAME); the
  * daemon splits it as it splits a single request's. */
@@ -319,10 +319,8 @@ static int open_many_call(gpubuf_client *c, size_t n, const char *const *names,
     open_args a = {names, ids, (flags & GPUBUF_OPEN_READONLY) != 0};
     open_scratch sc = {0};
     size_t *idx;
-    int r = batch_check(c);
+    int r = batch_start(&bc, c, n, ret_status);
     if (r < 0)
-        return r;
-    if ((r = call_init(&bc, c, n, ret_status)) < 0)
         return r;
     memset(ret, 0, n * sizeof(*ret));
     idx = malloc((n + 1) * sizeof(*idx));
@@ -401,10 +399,8 @@ static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const u
     alloc_args a = {pool, sizes, names, (flags & GPUBUF_ALLOC_SEAL) != 0};
     alloc_scratch sc = {0};
     size_t *idx, n_valid = 0;
-    int r = batch_check(c);
+    int r = batch_start(&bc, c, n, ret_status);
     if (r < 0)
-        return r;
-    if ((r = call_init(&bc, c, n, ret_status)) < 0)
         return r;
     memset(ret, 0, n * sizeof(*ret));
     idx = malloc((n + 1) * sizeof(*idx));
@@ -471,7 +467,7 @@ static int seal_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_status)
         return gpubuf__fail(-EINVAL, "gpubuf_seal_many needs buffers");
     if (!c)
         return 0;
-    if ((r = batch_check(c)) < 0 || (r = call_init(&bc, c, n, ret_status)) < 0)
+    if ((r = batch_start(&bc, c, n, ret_status)) < 0)
         return r;
     ids = malloc((n + 1) * sizeof(*ids));
     roots = malloc((n + 1) * sizeof(*roots));
@@ -511,8 +507,8 @@ static int seal_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_status)
 static int delete_many_call(gpubuf_client *c, size_t n, const char *const *names,
                             const uint64_t *ids, int *ret_status) {
     batch_call bc;
-    int r = batch_check(c);
-    if (r < 0 || (r = call_init(&bc, c, n, ret_status)) < 0)
+    int r = batch_start(&bc, c, n, ret_status);
+    if (r < 0)
         return r;
     pthread_mutex_lock(&c->lock);
     for (size_t from = 0, k; r == 0 && from < n; from += k) {
