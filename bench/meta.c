@@ -21,7 +21,7 @@ static void meta_fill(const char *prefix, int with_meta) {
     char name[64];
     for (int i = 0; i < META_N; i++) {
         snprintf(name, sizeof(name), "%s/%d", prefix, i);
-        CHECK(gpubuf_alloc_ex(c, g_pool, 1024, name, with_meta ? &m : NULL, &b));
+        CHECK(gpubuf_alloc_with(c, g_pool, 1024, name, with_meta ? &m : NULL, &b));
         CHECK(gpubuf_seal(b));
         CHECK(gpubuf_release(b));
     }

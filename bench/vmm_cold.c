@@ -79,7 +79,8 @@ static void vmm_cold_open(void) {
         int r_o = ro_turn(i);
         snprintf(name, sizeof(name), "/%s/vcold/%d", g_phase_pool, i);
         double a = now_us();
-        CHECK(gpubuf_open_ex(c, name, 0, 0, r_o ? GPUBUF_OPEN_READONLY : 0, &b[i]));
+        CHECK(gpubuf_open_with(c, name, 0,
+                               &(gpubuf_lookup){.flags = r_o ? GPUBUF_OPEN_READONLY : 0}, &b[i]));
         volatile uint64_t addr = gpubuf_buffer_device_ptr(b[i]);
         (void)addr;
         double t = now_us() - a;

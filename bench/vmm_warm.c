@@ -46,7 +46,7 @@ static void warm_prepare(gpubuf_client *c, warm_variant *v, int total) {
     gpubuf_buffer_info ki, bi;
     char name[128];
     snprintf(name, sizeof(name), "/%s/vwarm/keep", v->pool);
-    CHECK(gpubuf_open_ex(c, name, 0, 0, v->flags, &v->keep));
+    CHECK(gpubuf_open_with(c, name, 0, &(gpubuf_lookup){.flags = v->flags}, &v->keep));
     if (gpubuf_buffer_pool_kind(v->keep) != v->kind) {
         fprintf(stderr, "bench: pool '%s' is not of the kind %s needs\n", v->pool, v->key);
         _exit(1);
@@ -83,7 +83,8 @@ static void vmm_warm_open(void) {
             warm_variant *w = &v[(i + j) % 3]; /* each kind takes each place in turn */
             gpubuf_buffer *b;
             double a = now_us();
-            CHECK(gpubuf_open_ex(c, w->names[i % w->n], 0, 0, w->flags, &b));
+            CHECK(gpubuf_open_with(c, w->names[i % w->n], 0, &(gpubuf_lookup){.flags = w->flags},
+                                   &b));
             volatile uint64_t addr = gpubuf_buffer_device_ptr(b);
             (void)addr;
             w->t[i] = now_us() - a;

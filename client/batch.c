@@ -34,6 +34,13 @@ static int call_init(batch_call *bc, gpubuf_client *c, size_t n, int *ret_status
     return 0;
 }
 
+/* Start a batch call on c: the daemon must take batches (0, or an error). */
+static int batch_start(batch_call *bc, gpubuf_client *c, size_t n, int *ret_status) {
+    if (c->max_batch_items == 0)
+        return gpubuf__fail(-EOPNOTSUPP, "this gpubufd takes no batches (it is older)");
+    return call_init(bc, c, n, ret_status);
+}
+
 /* Item i failed with r (msg: the daemon's sentence, or NULL). */
 static void call_fail(batch_call *bc, size_t i, int r, const char *msg) {
     if (bc->status[i] < 0)
@@ -295,15 +302,6 @@ static void build_open(Gpubuf__Request *req, const size_t *idx, size_t n, uint64
     req->batch_open = &sc->o;
 }
 
-/* The checks every batch of n items on c needs; 0 or an error. */
-static int batch_check(gpubuf_client *c, size_t n, const void *ret, const char *what) {
-    if (!c || (n && !ret))
-        return gpubuf__fail(-EINVAL, "%s needs a connection and its items", what);
-    if (c->max_batch_items == 0)
-        return gpubuf__fail(-EOPNOTSUPP, "this gpubufd takes no batches (it is older)");
-    return 0;
-}
-
 /* Send the items of a call in chunks; views_batch or run(chunk) per chunk. */
 /* An item's name: plain (the default pool) or qualified (/POOL/NAME); the
  * daemon splits it as it splits a single request's. */
@@ -321,14 +319,8 @@ static int open_many_call(gpubuf_client *c, size_t n, const char *const *names,
     open_args a = {names, ids, (flags & GPUBUF_OPEN_READONLY) != 0};
     open_scratch sc = {0};
     size_t *idx;
-    int r = batch_check(c, n, ret, "gpubuf_open_many");
+    int r = batch_start(&bc, c, n, ret_status);
     if (r < 0)
-        return r;
-    if (!names && !ids && n)
-        return gpubuf__fail(-EINVAL, "gpubuf_open_many needs names or ids");
-    if (flags & ~(unsigned)GPUBUF_OPEN_READONLY)
-        return gpubuf__fail(-EINVAL, "unknown open flags 0x%x", flags);
-    if ((r = call_init(&bc, c, n, ret_status)) < 0)
         return r;
     memset(ret, 0, n * sizeof(*ret));
     idx = malloc((n + 1) * sizeof(*idx));
@@ -407,14 +399,8 @@ static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const u
     alloc_args a = {pool, sizes, names, (flags & GPUBUF_ALLOC_SEAL) != 0};
     alloc_scratch sc = {0};
     size_t *idx, n_valid = 0;
-    int r = batch_check(c, n, ret, "gpubuf_alloc_many");
+    int r = batch_start(&bc, c, n, ret_status);
     if (r < 0)
-        return r;
-    if (n && !sizes)
-        return gpubuf__fail(-EINVAL, "gpubuf_alloc_many needs sizes");
-    if (flags & ~(unsigned)GPUBUF_ALLOC_SEAL)
-        return gpubuf__fail(-EINVAL, "unknown alloc flags 0x%x", flags);
-    if ((r = call_init(&bc, c, n, ret_status)) < 0)
         return r;
     memset(ret, 0, n * sizeof(*ret));
     idx = malloc((n + 1) * sizeof(*idx));
@@ -481,8 +467,7 @@ static int seal_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_status)
         return gpubuf__fail(-EINVAL, "gpubuf_seal_many needs buffers");
     if (!c)
         return 0;
-    if ((r = batch_check(c, n, bufs, "gpubuf_seal_many")) < 0 ||
-        (r = call_init(&bc, c, n, ret_status)) < 0)
+    if ((r = batch_start(&bc, c, n, ret_status)) < 0)
         return r;
     ids = malloc((n + 1) * sizeof(*ids));
     roots = malloc((n + 1) * sizeof(*roots));
@@ -522,9 +507,8 @@ static int seal_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_status)
 static int delete_many_call(gpubuf_client *c, size_t n, const char *const *names,
                             const uint64_t *ids, int *ret_status) {
     batch_call bc;
-    int r = batch_check(c, n, names ? (const void *)names : (const void *)ids,
-                        "gpubuf_delete_many");
-    if (r < 0 || (r = call_init(&bc, c, n, ret_status)) < 0)
+    int r = batch_start(&bc, c, n, ret_status);
+    if (r < 0)
         return r;
     pthread_mutex_lock(&c->lock);
     for (size_t from = 0, k; r == 0 && from < n; from += k) {
@@ -670,6 +654,10 @@ GPUBUF_EXTERN int gpubuf_open_many(gpubuf_client *c, size_t n, const char *const
                                    const uint64_t *ids, unsigned flags, gpubuf_buffer **ret,
                                    int *ret_status) {
     gpubuf__clear_error();
+    GPUBUF_CHECK(c && (ret || !n), -EINVAL, "gpubuf_open_many needs a connection and its items");
+    GPUBUF_CHECK(names || ids || !n, -EINVAL, "gpubuf_open_many needs names or ids");
+    GPUBUF_CHECK(!(flags & ~(unsigned)GPUBUF_OPEN_READONLY), -EINVAL, "unknown open flags 0x%x",
+                 flags);
     int r = open_many_call(c, n, names, ids, flags, ret, ret_status);
     return r > 0 ? r : gpubuf__result(r);
 }
@@ -678,12 +666,17 @@ GPUBUF_EXTERN int gpubuf_alloc_many(gpubuf_client *c, const char *pool, size_t n
                                     const uint64_t *sizes, const char *const *names,
                                     unsigned flags, gpubuf_buffer **ret, int *ret_status) {
     gpubuf__clear_error();
+    GPUBUF_CHECK(c && (ret || !n), -EINVAL, "gpubuf_alloc_many needs a connection and its items");
+    GPUBUF_CHECK(sizes || !n, -EINVAL, "gpubuf_alloc_many needs sizes");
+    GPUBUF_CHECK(!(flags & ~(unsigned)GPUBUF_ALLOC_SEAL), -EINVAL, "unknown alloc flags 0x%x",
+                 flags);
     int r = alloc_many_call(c, pool, n, sizes, names, flags, ret, ret_status);
     return r > 0 ? r : gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_seal_many(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
     gpubuf__clear_error();
+    GPUBUF_CHECK(bufs || !n, -EINVAL, "gpubuf_seal_many needs buffers");
     int r = seal_many_call(bufs, n, ret_status);
     return r > 0 ? r : gpubuf__result(r);
 }
@@ -697,6 +690,8 @@ GPUBUF_EXTERN int gpubuf_release_many(gpubuf_buffer *const *bufs, size_t n, int 
 GPUBUF_EXTERN int gpubuf_delete_many(gpubuf_client *c, size_t n, const char *const *names,
                                      const uint64_t *ids, int *ret_status) {
     gpubuf__clear_error();
+    GPUBUF_CHECK(c && (names || ids || !n), -EINVAL,
+                 "gpubuf_delete_many needs a connection and its items");
     int r = delete_many_call(c, n, names, ids, ret_status);
     return r > 0 ? r : gpubuf__result(r);
 }

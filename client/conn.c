@@ -1,9 +1,8 @@
 /* libgpubuf-client: the connection's stream. Requests out, replies in (read
  * ahead, in order, with the fds they carry), asynchronous requests settled
- * before the next synchronous reply, and the per-thread error message. */
+ * before the next synchronous reply. */
 #include <errno.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,39 +15,6 @@
 #include "trace.h"
 #include "util.h"
 #include "wire.h"
-
-static _Thread_local char tl_error[512];
-
-void gpubuf__set_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(tl_error, sizeof(tl_error), fmt, ap);
-    va_end(ap);
-}
-
-int gpubuf__fail(int err, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(tl_error, sizeof(tl_error), fmt, ap);
-    va_end(ap);
-    return err;
-}
-
-GPUBUF_EXTERN const char *gpubuf_last_error_message(void) {
-    return tl_error;
-}
-
-void gpubuf__clear_error(void) {
-    tl_error[0] = '\0';
-}
-
-int gpubuf__result(int r) {
-    if (r >= 0)
-        tl_error[0] = '\0';
-    else if (!tl_error[0])
-        gpubuf__set_error("%s", gpubuf_strerror(r));
-    return r;
-}
 
 /* Most asynchronous requests in flight before the client waits for their
  * replies: bounds what the daemon queues for a client that never reads. */
@@ -294,49 +260,6 @@ int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req) {
     if (c->pending >= GPUBUF_MAX_PENDING)
         return gpubuf__drain_locked(c);
     return 0;
-}
-
-void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add) {
-    gpubuf_held *h;
-    HASH_FIND(hh, c->held, &id, sizeof(id), h);
-    if (add) {
-        if (!h) {
-            if (!(h = calloc(1, sizeof(*h))))
-                return; /* out of memory: a resume would not claim it */
-            h->id = id;
-            h->gen = c->gen;
-            HASH_ADD(hh, c->held, id, sizeof(h->id), h);
-        }
-        h->count++;
-        h->ro += read_only;
-        return;
-    }
-    if (!h)
-        return;
-    if (read_only && h->ro)
-        h->ro--;
-    if (--h->count == 0) {
-        HASH_DEL(c->held, h);
-        free(h);
-    }
-}
-
-bool gpubuf__view_live(const gpubuf_buffer *b) {
-    gpubuf_held *h;
-    while (b->parent)
-        b = b->parent;
-    HASH_FIND(hh, b->c->held, &b->id, sizeof(b->id), h);
-    return h && h->gen <= b->gen;
-}
-
-int gpubuf__view_check(const gpubuf_buffer *b) {
-    if (gpubuf__view_live(b))
-        return 0;
-    return gpubuf__fail(GPUBUF_ENOTHELD,
-                        "this view's buffer is gone: gpubufd restarted without this "
-                        "connection's session or without the buffer, so the view holds no "
-                        "reference (its memory stays mapped until it is released); release "
-                        "the view, then open or allocate the buffer again");
 }
 
 /* The daemon's answer to a resume (lock held): views of buffers it no
@@ -656,7 +579,7 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
         close_fds(fds, n_fds);
         return r;
     }
-    tl_error[0] = '\0';
+    gpubuf__clear_error();
     *ret = resp;
     memcpy(ret_fds, fds, (size_t)n_fds * sizeof(int));
     *ret_n_fds = n_fds;

@@ -156,34 +156,94 @@ struct gpubuf_buffer {
     size_t user_len;
 };
 
-/* Send req and wait for its response (lock held by the caller).
- * *ret_fd receives an fd that came with the response, or -1. */
-int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
-                       int *ret_fd);
-
-/* The same for a reply that may carry several fds (a batch reply):
- * ret_fds[0..*ret_n_fds), at most GPUBUF_WIRE_MAX_FDS. */
-int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
-                           int *ret_fds, int *ret_n_fds);
-
-/* A new root view of buffer id at offset (size bytes) of map, which gives
- * it one view count (lock held). */
-int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_t offset,
-                     uint64_t size, const char *name, bool read_only, const uint8_t *event,
-                     gpubuf_buffer **ret);
-
+/* ---- client.c: the verbs, over the rooms below ----------------------------- */
+/* The last reference to c went (a view or gpubuf_disconnect). */
+void gpubuf__client_unref(gpubuf_client *c);
+/* A request answered with a Buffer that becomes a root view (alloc,
+ * open, and meta.c's alloc with metadata). */
+int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret);
+/* What open, stat, delete and renew name: the plain name and the pool it is
+ * looked up in, the expected owner. */
+typedef struct lookup {
+    const char *name; /* NULL: by id */
+    uint64_t id;
+    char pool[GPUBUF_NAME_MAX + 1]; /* "" : the default pool (any pool by id) */
+    bool has_owner;
+    Gpubuf__ExpectedOwner owner;
+} lookup;
+/* Split a name ("NAME" or "/POOL/NAME") and merge o into l; fill a
+ * request's target from it. */
+int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const gpubuf_lookup *o,
+                        unsigned allowed, lookup *l);
+bool gpubuf__lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
+                         Gpubuf__ExpectedOwner **owner);
+/* The fields of a Buffer message as the public gpubuf_buffer_info. */
+void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m);
 /* What the daemon could refuse a seal of b for, checked here: 0, GPUBUF_ESTATE
  * or -EPERM with a message. *pb becomes the root view (a slice seals the
  * buffer it belongs to). */
 int gpubuf__seal_check(gpubuf_buffer **pb);
 
-/* Send req without waiting for its reply (lock held). Replies to such
- * requests are read, in order, before the reply of the next synchronous
- * request, or by gpubuf_flush(). */
-int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req);
-/* Read the replies of all asynchronous requests (lock held). */
-int gpubuf__drain_locked(gpubuf_client *c);
+/* ---- meta.c: metadata requests --------------------------------------------- */
+/* A stat request (by name or id, looked up as o says) into ret, and the
+ * buffer's metadata into ret_meta when it is not NULL. */
+int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *o,
+                      gpubuf_buffer_info *ret, gpubuf_buffer_meta *ret_meta);
 
+/* ---- stream.c: seal events and stream waits (CUDA) ------------------------- */
+/* Destroy those of c->events that completed; with wait, wait for all of
+ * them first (lock held). */
+void gpubuf__events_sweep(gpubuf_client *c, bool wait);
+/* The sealing view b goes while its event runs: keep its reference and
+ * mapping in the event's record, released by a later sweep. Returns false
+ * (nothing deferred) when the event has completed (lock held). */
+bool gpubuf__event_defer(gpubuf_client *c, gpubuf_buffer *b);
+/* The sealing view b goes; release_id is its release request (lock held). */
+void gpubuf__event_released(gpubuf_client *c, gpubuf_buffer *b, uint64_t release_id);
+/* Record an interprocess event on stream for the root view b, keep it in
+ * c->events and write its IPC handle into ret_handle (lock held). -EINVAL
+ * for host pools. */
+int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
+                         uint8_t ret_handle[64]);
+
+/* ---- view.c: root views, the held set, the release request ----------------- */
+/* The root view the Buffer reply m describes (lock held; consumes fd). When
+ * it cannot be made, the reference the reply gave is handed back. */
+int gpubuf__view_from_reply(gpubuf_client *c, const Gpubuf__Buffer *m, int fd,
+                            gpubuf_buffer **ret);
+/* A new root view of buffer id at offset (size bytes) of map, which gives
+ * it one view count (lock held). */
+int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_t offset,
+                     uint64_t size, const char *name, bool read_only, const uint8_t *event,
+                     gpubuf_buffer **ret);
+/* A root view took (add) or gave back (!add) one reference to id (lock held). */
+void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add);
+/* The root view of b still holds its daemon reference: gpubufd did not
+ * restart without its session or its buffer (lock held). */
+bool gpubuf__view_live(const gpubuf_buffer *b);
+/* 0 when b's root view is live; else GPUBUF_ENOTHELD with a message that
+ * says what happened and what to do (lock held). */
+int gpubuf__view_check(const gpubuf_buffer *b);
+/* Tell the daemon to drop one reference of buffer id (lock held; asynchronous). */
+int gpubuf__send_release(gpubuf_client *c, uint64_t id, bool keep_mapped, bool read_only);
+/* Drop one daemon reference of buffer id whose view maps map: unmap or keep
+ * the slab, then send the release (lock held). */
+int gpubuf__release_locked(gpubuf_client *c, uint64_t id, gpubuf_mapping *map, bool read_only);
+
+/* ---- meta_view.c: what views and status snapshots carry of metadata -------- */
+/* The layout and user bytes of the Buffer reply m on the new root view b:
+ * -ENOMEM, or GPUBUF_EPROTOCOL for a malformed layout. */
+int gpubuf__view_meta(gpubuf_buffer *b, const Gpubuf__Buffer *m);
+/* Free what gpubuf__view_meta() attached. */
+void gpubuf__view_meta_free(gpubuf_buffer *b);
+/* The metadata columns of a status reply are consistent with its n buffers. */
+bool gpubuf__meta_columns_ok(const Gpubuf__BufferColumns *c, size_t n);
+/* Fill s->buffer_meta and the lease counters from st (columns col, or the
+ * buffers of st when col is NULL). -ENOMEM. */
+int gpubuf__status_meta(gpubuf_status *s, const Gpubuf__StatusReply *st,
+                        const Gpubuf__BufferColumns *col);
+
+/* ---- mapping.c: the mapping cache ------------------------------------------ */
 /* Map (or find) the slab described by msg; takes one view count. Consumes fd. */
 int gpubuf__mapping_get(gpubuf_client *c, const Gpubuf__Slab *msg, int fd,
                         gpubuf_mapping **ret);
@@ -209,78 +269,40 @@ void gpubuf__mapping_orphan_all(gpubuf_client *c);
 /* Unmap everything and release retained contexts (last reference gone). */
 void gpubuf__mapping_clear(gpubuf_client *c);
 
-/* Events (lock held): destroy those of c->events that completed; with wait,
- * wait for all of them first. */
-void gpubuf__events_sweep(gpubuf_client *c, bool wait);
-/* Tell the daemon to drop one reference of buffer id (lock held; asynchronous). */
-int gpubuf__send_release(gpubuf_client *c, uint64_t id, bool keep_mapped, bool read_only);
-/* Drop one daemon reference of buffer id whose view maps map: unmap or keep
- * the slab, then send the release (lock held). */
-int gpubuf__release_locked(gpubuf_client *c, uint64_t id, gpubuf_mapping *map, bool read_only);
-/* The sealing view b goes while its event runs: keep its reference and
- * mapping in the event's record, released by a later sweep. Returns false
- * (nothing deferred) when the event has completed (lock held). */
-bool gpubuf__event_defer(gpubuf_client *c, gpubuf_buffer *b);
-/* The sealing view b goes; release_id is its release request (lock held). */
-void gpubuf__event_released(gpubuf_client *c, gpubuf_buffer *b, uint64_t release_id);
-/* A new root view whose reply carried a seal event: import it now, while
- * the producer must keep it (lock held). An event that cannot be imported
- * any more has completed: has_event is cleared. */
-void gpubuf__event_import(gpubuf_buffer *b);
-
-/* Record an interprocess event on stream for the root view b, keep it in
- * c->events and write its IPC handle into ret_handle (lock held). -EINVAL
- * for host pools. */
-int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
-                         uint8_t ret_handle[64]);
-
+/* ---- conn.c: the stream to the daemon -------------------------------------- */
+/* Send req and wait for its response (lock held by the caller).
+ * *ret_fd receives an fd that came with the response, or -1. */
+int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                       int *ret_fd);
+/* The same for a reply that may carry several fds (a batch reply):
+ * ret_fds[0..*ret_n_fds), at most GPUBUF_WIRE_MAX_FDS. */
+int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                           int *ret_fds, int *ret_n_fds);
+/* Send req without waiting for its reply (lock held). Replies to such
+ * requests are read, in order, before the reply of the next synchronous
+ * request, or by gpubuf_flush(). */
+int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req);
+/* Read the replies of all asynchronous requests (lock held). */
+int gpubuf__drain_locked(gpubuf_client *c);
 /* The handshake (lock held): hello, and with resume the session before a
  * restart and the references in c->held; references the daemon no longer
  * has are dropped from c->held. */
 int gpubuf__hello_locked(gpubuf_client *c, bool resume);
-/* A root view took (add) or gave back (!add) one reference to id (lock held). */
-void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add);
-/* The root view of b still holds its daemon reference: gpubufd did not
- * restart without its session or its buffer (lock held). */
-bool gpubuf__view_live(const gpubuf_buffer *b);
-/* 0 when b's root view is live; else GPUBUF_ENOTHELD with a message that
- * says what happened and what to do (lock held). */
-int gpubuf__view_check(const gpubuf_buffer *b);
-/* Metadata (meta.c). The layout and user bytes of the Buffer reply m on the
- * new root view b: -ENOMEM, or GPUBUF_EPROTOCOL for a malformed layout. */
-int gpubuf__view_meta(gpubuf_buffer *b, const Gpubuf__Buffer *m);
-/* Free what gpubuf__view_meta() attached. */
-void gpubuf__view_meta_free(gpubuf_buffer *b);
-/* The metadata columns of a status reply are consistent with its n buffers. */
-bool gpubuf__meta_columns_ok(const Gpubuf__BufferColumns *c, size_t n);
-/* Fill s->buffer_meta and the lease counters from st (columns col, or the
- * buffers of st when col is NULL). -ENOMEM. */
-int gpubuf__status_meta(gpubuf_status *s, const Gpubuf__StatusReply *st,
-                        const Gpubuf__BufferColumns *col);
-/* client.c's steps for meta.c: a request answered with a Buffer that becomes
- * a root view, the name lookup. */
-int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret);
-/* What open, stat, delete and renew name: the plain name and the pool it is
- * looked up in, the expected owner (client.c). */
-typedef struct lookup {
-    const char *name; /* NULL: by id */
-    uint64_t id;
-    char pool[GPUBUF_NAME_MAX + 1]; /* "" : the default pool (any pool by id) */
-    bool has_owner;
-    Gpubuf__ExpectedOwner owner;
-} lookup;
-/* Split a name ("NAME" or "/POOL/NAME") and merge o into l (client.c's
- * lookup_make); fill a request's target from it (lookup_fill). */
-int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const gpubuf_lookup *o,
-                        unsigned allowed, lookup *l);
-bool gpubuf__lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
-                         Gpubuf__ExpectedOwner **owner);
-void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m);
-/* A stat request (by name or id, looked up as o says) into ret, and the
- * buffer's metadata into ret_meta when it is not NULL (meta.c). */
-int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *o,
-                      gpubuf_buffer_info *ret, gpubuf_buffer_meta *ret_meta);
 
+/* An old public name of the same function as new (a deprecated name keeps
+ * linking, in the shared and the static library): the symbol is an alias. */
+#define GPUBUF_ALIAS(new) __attribute__((alias(#new)))
+
+/* ---- error.c: the per-thread error message --------------------------------- */
+/* The argument check of a public entry, as systemd's assert_return(): when
+ * cond does not hold, the call fails with err and the sentence (a printf
+ * format and its arguments) as the thread's message. Every public entry that
+ * takes pointers or enums checks them with it, before anything else. */
+#define GPUBUF_CHECK(cond, err, ...)                                                               \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            return gpubuf__fail((err), __VA_ARGS__);                                               \
+    } while (0)
 void gpubuf__set_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* Set the message and return err. */
 int gpubuf__fail(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -289,6 +311,5 @@ void gpubuf__clear_error(void);
 /* End of a public call: "" on success; on failure keep the message a step
  * set, or describe r. Returns r. */
 int gpubuf__result(int r);
-void gpubuf__client_unref(gpubuf_client *c);
 
 #endif

@@ -383,29 +383,6 @@ bool gpubuf__mapping_put_ex(gpubuf_client *c, gpubuf_mapping *m, bool evict) {
     return false;
 }
 
-/* Tell the daemon to drop one reference (lock held). Asynchronous: the
- * client tracks its references, so the daemon cannot refuse a release it
- * sends; a later request on the connection (or gpubuf_flush) reads the reply. */
-int gpubuf__send_release(gpubuf_client *c, uint64_t id, bool keep_mapped, bool read_only) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
-    rel.buffer_id = id;
-    rel.keep_mapped = keep_mapped;
-    rel.read_only = read_only;
-    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    req.release = &rel;
-    return gpubuf__send_async_locked(c, &req);
-}
-
-int gpubuf__release_locked(gpubuf_client *c, uint64_t id, gpubuf_mapping *map, bool read_only) {
-    /* Unmap (or keep the slab, pinned by this very release) before the
-     * daemon may recycle the memory. */
-    bool keep = gpubuf__mapping_put(c, map);
-    gpubuf__held(c, id, read_only, false);
-    /* Not connected: a resume claims only what views still hold. */
-    return c->broken ? 0 : gpubuf__send_release(c, id, keep, read_only);
-}
-
 void gpubuf__mapping_clear(gpubuf_client *c) {
     gpubuf_mapping *m, *tmp;
     HASH_ITER(hh, c->maps, m, tmp) {
@@ -431,10 +408,6 @@ static int set_device_call(gpubuf_client *c, int device) {
     gpubuf_mapping *m, *tmp;
     uint32_t busy = 0;
     int r = 0;
-    if (!c || device < -1 || device >= GPUBUF_MAX_DEVICES) {
-        gpubuf__set_error("device must be -1 or a CUDA ordinal below %d", GPUBUF_MAX_DEVICES);
-        return -EINVAL;
-    }
     pthread_mutex_lock(&c->lock);
     /* Idle slabs were mapped for the old choice: let them go. */
     gpubuf__mapping_drop_idle(c, true, true);
@@ -470,5 +443,8 @@ static int set_device_call(gpubuf_client *c, int device) {
 
 GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device) {
     gpubuf__clear_error();
-    return gpubuf__result(set_device_call(c, device));
+    GPUBUF_CHECK(c && device >= -1 && device < GPUBUF_MAX_DEVICES, -EINVAL,
+                 "device must be -1 or a CUDA ordinal below %d", GPUBUF_MAX_DEVICES);
+    int r = set_device_call(c, device);
+    return gpubuf__result(r);
 }

@@ -21,9 +21,9 @@ static int layout_check(const gpubuf_layout *l, uint64_t size) {
 
 GPUBUF_EXTERN int gpubuf_layout_check(const gpubuf_layout *layout, uint64_t size) {
     gpubuf__clear_error();
-    if (!layout)
-        return gpubuf__result(gpubuf__fail(-EINVAL, "no layout given (NULL)"));
-    return gpubuf__result(layout_check(layout, size));
+    GPUBUF_CHECK(layout, -EINVAL, "no layout given (NULL)");
+    int r = layout_check(layout, size);
+    return gpubuf__result(r);
 }
 
 /* What the daemon would refuse of meta for a buffer of size bytes (0: not
@@ -55,16 +55,12 @@ static void meta_to_wire(const gpubuf_meta *meta, Gpubuf__ArrayLayout *wl,
     *ret_ttl = meta->ttl_ms;
 }
 
-static int alloc_ex_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
-                         const gpubuf_meta *meta, gpubuf_buffer **ret) {
+static int alloc_with_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
+                           const gpubuf_meta *meta, gpubuf_buffer **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     Gpubuf__ArrayLayout wl;
     int r;
-    if (!c || !ret)
-        return gpubuf__fail(-EINVAL, "gpubuf_alloc_ex needs a connection and a place for the view");
-    if (size == 0)
-        return gpubuf__fail(-EINVAL, "size 0: a buffer holds at least 1 byte");
     lookup l;
     if (name && *name) { /* "/POOL/NAME" names the pool too, as in gpubuf_alloc() */
         gpubuf_lookup o = {.pool = pool};
@@ -90,21 +86,23 @@ static int alloc_ex_call(gpubuf_client *c, const char *pool, uint64_t size, cons
     return r;
 }
 
-GPUBUF_EXTERN int gpubuf_alloc_ex(gpubuf_client *c, const char *pool, uint64_t size,
-                                  const char *name, const gpubuf_meta *meta, gpubuf_buffer **ret) {
+GPUBUF_EXTERN int gpubuf_alloc_with(gpubuf_client *c, const char *pool, uint64_t size,
+                                    const char *name, const gpubuf_meta *meta,
+                                    gpubuf_buffer **ret) {
     gpubuf__clear_error();
-    return gpubuf__result(alloc_ex_call(c, pool, size, name, meta, ret));
+    GPUBUF_CHECK(c && ret, -EINVAL, "%s needs a connection and a place for the view", __func__);
+    GPUBUF_CHECK(size > 0, -EINVAL, "size 0: a buffer holds at least 1 byte");
+    int r = alloc_with_call(c, pool, size, name, meta, ret);
+    return gpubuf__result(r);
 }
 
-static int seal_ex_call(gpubuf_buffer *b, const gpubuf_meta *meta) {
+static int seal_with_call(gpubuf_buffer *b, const gpubuf_meta *meta) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
     Gpubuf__ArrayLayout wl;
     Gpubuf__Response *resp;
     gpubuf_client *c;
     int fd, r;
-    if (!b)
-        return gpubuf__fail(-EINVAL, "no buffer given (NULL) to seal");
     c = b->c;
     pthread_mutex_lock(&c->lock);
     r = gpubuf__seal_check(&b);
@@ -134,9 +132,11 @@ out:
     return r;
 }
 
-GPUBUF_EXTERN int gpubuf_seal_ex(gpubuf_buffer *b, const gpubuf_meta *meta) {
+GPUBUF_EXTERN int gpubuf_seal_sync_with(gpubuf_buffer *b, const gpubuf_meta *meta) {
     gpubuf__clear_error();
-    return gpubuf__result(seal_ex_call(b, meta));
+    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
+    int r = seal_with_call(b, meta);
+    return gpubuf__result(r);
 }
 
 /* Send req and keep its Buffer reply in *ret (free with free_unpacked). */
@@ -165,8 +165,6 @@ static int renew_call(gpubuf_client *c, const char *name, uint64_t id, uint64_t 
     Gpubuf__ExpectedOwner *no_owner;
     lookup l;
     int r;
-    if (!c)
-        return gpubuf__fail(-EINVAL, "gpubuf_renew needs a connection");
     if ((r = gpubuf__lookup_make("renew", name, id, NULL, 0, &l)) < 0)
         return r;
     q.target_case = gpubuf__lookup_fill(&l, &q.name, &q.buffer_id, &q.pool, &no_owner)
@@ -182,7 +180,9 @@ static int renew_call(gpubuf_client *c, const char *name, uint64_t id, uint64_t 
 
 GPUBUF_EXTERN int gpubuf_renew(gpubuf_client *c, const char *name, uint64_t id, uint64_t ttl_ms) {
     gpubuf__clear_error();
-    return gpubuf__result(renew_call(c, name, id, ttl_ms));
+    GPUBUF_CHECK(c, -EINVAL, "gpubuf_renew needs a connection");
+    int r = renew_call(c, name, id, ttl_ms);
+    return gpubuf__result(r);
 }
 
 int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *o,
@@ -193,8 +193,6 @@ int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpu
     char msg[256];
     lookup l;
     int r;
-    if (!c || !ret)
-        return gpubuf__fail(-EINVAL, "a stat needs a connection and a place for the answer");
     if ((r = gpubuf__lookup_make("stat", name, id, o, GPUBUF_OPEN_OWNER, &l)) < 0)
         return r;
     q.target_case = gpubuf__lookup_fill(&l, &q.name, &q.buffer_id, &q.pool, &q.owner)
@@ -234,24 +232,38 @@ out:
     return r;
 }
 
-GPUBUF_EXTERN int gpubuf_stat_ex(gpubuf_client *c, const char *name, uint64_t id,
-                                 const gpubuf_lookup *o, gpubuf_buffer_info *ret,
-                                 gpubuf_buffer_meta *ret_meta) {
+GPUBUF_EXTERN int gpubuf_stat_meta(gpubuf_client *c, const char *name, uint64_t id,
+                                   const gpubuf_lookup *o, gpubuf_buffer_info *ret,
+                                   gpubuf_buffer_meta *ret_meta) {
     gpubuf__clear_error();
-    return gpubuf__result(gpubuf__stat_meta(c, name, id, o, ret, ret_meta));
+    GPUBUF_CHECK(c && ret, -EINVAL, "a stat needs a connection and a place for the answer");
+    int r = gpubuf__stat_meta(c, name, id, o, ret, ret_meta);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_info *ret) {
     gpubuf__clear_error();
-    if (!name) {
-        gpubuf__set_error("gpubuf_stat needs a name");
-        return -EINVAL;
-    }
-    return gpubuf__result(gpubuf__stat_meta(c, name, 0, NULL, ret, NULL));
+    GPUBUF_CHECK(name, -EINVAL, "gpubuf_stat needs a name");
+    GPUBUF_CHECK(c && ret, -EINVAL, "a stat needs a connection and a place for the answer");
+    int r = gpubuf__stat_meta(c, name, 0, NULL, ret, NULL);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_stat_with(gpubuf_client *c, const char *name, uint64_t id,
                                    const gpubuf_lookup *o, gpubuf_buffer_info *ret) {
     gpubuf__clear_error();
-    return gpubuf__result(gpubuf__stat_meta(c, name, id, o, ret, NULL));
+    GPUBUF_CHECK(c && ret, -EINVAL, "a stat needs a connection and a place for the answer");
+    int r = gpubuf__stat_meta(c, name, id, o, ret, NULL);
+    return gpubuf__result(r);
 }
+
+/* ---- the names these calls had before 0.4 (deprecated, still exported) -------- */
+
+GPUBUF_EXTERN int gpubuf_alloc_ex(gpubuf_client *c, const char *pool, uint64_t size,
+                                  const char *name, const gpubuf_meta *meta, gpubuf_buffer **ret)
+    GPUBUF_ALIAS(gpubuf_alloc_with);
+GPUBUF_EXTERN int gpubuf_seal_ex(gpubuf_buffer *b, const gpubuf_meta *meta)
+    GPUBUF_ALIAS(gpubuf_seal_sync_with);
+GPUBUF_EXTERN int gpubuf_stat_ex(gpubuf_client *c, const char *name, uint64_t id,
+                                 const gpubuf_lookup *o, gpubuf_buffer_info *ret,
+                                 gpubuf_buffer_meta *ret_meta) GPUBUF_ALIAS(gpubuf_stat_meta);

@@ -87,26 +87,6 @@ void gpubuf__event_released(gpubuf_client *c, gpubuf_buffer *b, uint64_t release
     b->own_event = NULL;
 }
 
-void gpubuf__event_import(gpubuf_buffer *b) {
-    const gpubuf_cuda *cu;
-    CUipcEventHandle h;
-    CUcontext ignored;
-    if (b->map->kind == GPUBUF_POOL_HOST || gpubuf_cuda_load(&cu) < 0) {
-        b->has_event = false;
-        return;
-    }
-    memcpy(h.reserved, b->event_handle, sizeof(h.reserved));
-    cu->CtxPushCurrent(b->map->ctx);
-    /* The producer destroys an event only once it has completed and the
-     * daemon no longer hands it out: one that cannot be opened now needs no
-     * wait. */
-    if (cu->IpcOpenEventHandle(&b->event, h) != CUDA_SUCCESS) {
-        b->event = NULL;
-        b->has_event = false;
-    }
-    cu->CtxPopCurrent(&ignored);
-}
-
 int gpubuf__record_event(gpubuf_client *c, gpubuf_buffer *b, gpubuf_stream stream,
                          uint8_t ret_handle[64]) {
     const gpubuf_cuda *cu;
@@ -170,8 +150,6 @@ static int wait_event(const gpubuf_cuda *cu, const gpubuf_buffer *view, gpubuf_s
 static int buffer_wait_call(gpubuf_buffer *view, gpubuf_stream stream) {
     const gpubuf_cuda *cu;
     int r;
-    if (!view)
-        return -EINVAL;
     if (!root_of(view)->has_event)
         return 0;
     if ((r = gpubuf_cuda_load(&cu)) < 0) {
@@ -214,8 +192,6 @@ static int copy_device(const gpubuf_buffer *b, uint64_t offset, void *host, uint
 #else
 static int buffer_wait_call(gpubuf_buffer *view, gpubuf_stream stream) {
     (void)stream;
-    if (!view)
-        return -EINVAL;
     if (!root_of(view)->has_event)
         return 0;
     gpubuf__set_error("libgpubuf-client was built without CUDA support");
@@ -245,8 +221,6 @@ static int copy_device(const gpubuf_buffer *b, uint64_t offset, void *host, uint
 static int copy_host(const gpubuf_buffer *b, uint64_t offset, void *host, uint64_t length,
                      gpubuf_stream stream, bool to_host, bool async) {
     int r;
-    if (!b || (!host && length))
-        return -EINVAL;
     if (!to_host && b->map->read_only) {
         gpubuf__set_error("the view was opened read-only");
         return -EPERM;
@@ -266,34 +240,44 @@ static int copy_host(const gpubuf_buffer *b, uint64_t offset, void *host, uint64
 GPUBUF_EXTERN int gpubuf_buffer_copy_to_host(const gpubuf_buffer *b, uint64_t offset, void *dst,
                                              uint64_t length) {
     gpubuf__clear_error();
-    return gpubuf__result(copy_host(b, offset, dst, length, NULL, true, false));
+    GPUBUF_CHECK(b, -EINVAL, "no view given (NULL) to copy");
+    GPUBUF_CHECK(dst || !length, -EINVAL, "no host memory given (NULL) to copy to");
+    int r = copy_host(b, offset, dst, length, NULL, true, false);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_copy_from_host(gpubuf_buffer *b, uint64_t offset,
                                                const void *src, uint64_t length) {
     gpubuf__clear_error();
-    return gpubuf__result(copy_host(b, offset, (void *)src, length, NULL, false, false));
+    GPUBUF_CHECK(b, -EINVAL, "no view given (NULL) to copy");
+    GPUBUF_CHECK(src || !length, -EINVAL, "no host memory given (NULL) to copy from");
+    int r = copy_host(b, offset, (void *)src, length, NULL, false, false);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_copy_to_host_async(const gpubuf_buffer *b, uint64_t offset,
                                                    void *dst, uint64_t length,
                                                    gpubuf_stream stream) {
     gpubuf__clear_error();
-    return gpubuf__result(copy_host(b, offset, dst, length, stream, true, true));
+    GPUBUF_CHECK(b, -EINVAL, "no view given (NULL) to copy");
+    GPUBUF_CHECK(dst || !length, -EINVAL, "no host memory given (NULL) to copy to");
+    int r = copy_host(b, offset, dst, length, stream, true, true);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_copy_from_host_async(gpubuf_buffer *b, uint64_t offset,
                                                      const void *src, uint64_t length,
                                                      gpubuf_stream stream) {
     gpubuf__clear_error();
-    return gpubuf__result(copy_host(b, offset, (void *)src, length, stream, false, true));
+    GPUBUF_CHECK(b, -EINVAL, "no view given (NULL) to copy");
+    GPUBUF_CHECK(src || !length, -EINVAL, "no host memory given (NULL) to copy from");
+    int r = copy_host(b, offset, (void *)src, length, stream, false, true);
+    return gpubuf__result(r);
 }
 
 static int buffer_copy_call(gpubuf_buffer *dst, uint64_t dst_offset, const gpubuf_buffer *src,
                             uint64_t src_offset, uint64_t length, gpubuf_stream stream) {
     int r;
-    if (!dst || !src)
-        return -EINVAL;
     if (dst->map->read_only) {
         gpubuf__set_error("the destination view was opened read-only");
         return -EPERM;
@@ -342,12 +326,16 @@ static int buffer_copy_call(gpubuf_buffer *dst, uint64_t dst_offset, const gpubu
 
 GPUBUF_EXTERN int gpubuf_buffer_wait(gpubuf_buffer *view, gpubuf_stream stream) {
     gpubuf__clear_error();
-    return gpubuf__result(buffer_wait_call(view, stream));
+    GPUBUF_CHECK(view, -EINVAL, "no view given (NULL) to wait for");
+    int r = buffer_wait_call(view, stream);
+    return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_buffer_copy(gpubuf_buffer *dst, uint64_t dst_offset,
                                      const gpubuf_buffer *src, uint64_t src_offset, uint64_t length,
                                      gpubuf_stream stream) {
     gpubuf__clear_error();
-    return gpubuf__result(buffer_copy_call(dst, dst_offset, src, src_offset, length, stream));
+    GPUBUF_CHECK(dst && src, -EINVAL, "a copy needs two views (dst and src)");
+    int r = buffer_copy_call(dst, dst_offset, src, src_offset, length, stream);
+    return gpubuf__result(r);
 }

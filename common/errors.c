@@ -3,9 +3,7 @@
 
 #include "gpubuf/gpubuf.h"
 
-#define GPUBUF_EXPORT __attribute__((visibility("default")))
-
-GPUBUF_EXPORT const char *gpubuf_strerror(int err) {
+GPUBUF_EXTERN const char *gpubuf_strerror(int err) {
     switch (err) {
     case 0: return "success";
     case GPUBUF_EPROTOCOL: return "protocol error: malformed or unexpected message";
@@ -27,7 +25,7 @@ GPUBUF_EXPORT const char *gpubuf_strerror(int err) {
     return "unknown error";
 }
 
-GPUBUF_EXPORT const char *gpubuf_err_name(int err) {
+GPUBUF_EXTERN const char *gpubuf_err_name(int err) {
     switch (err) {
     case 0: return "OK";
     case GPUBUF_EPROTOCOL: return "GPUBUF_EPROTOCOL";

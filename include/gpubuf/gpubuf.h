@@ -6,7 +6,15 @@
  *    (for example -ENOENT, -EEXIST, -ENOMEM, -ETIMEDOUT) or one of GPUBUF_E*.
  *    gpubuf_strerror() turns any of them into a sentence.
  *  - Out-parameters are named ret and come last; they are written only on success.
- *  - Destructors accept NULL.
+ *  - Destructors and accessors accept NULL. Every other entry checks its
+ *    arguments: a NULL it needs, or a value out of range, fails with -EINVAL
+ *    (and a sentence in gpubuf_last_error_message()).
+ *  - Names: no suffix = by name, with default options; _id = by id; _with =
+ *    takes an options struct (gpubuf_lookup, gpubuf_meta); _sync = waits for
+ *    the daemon's answer where the plain call does not; _many = a batch;
+ *    _async = enqueued on a CUDA stream; _meta = also returns the buffer's
+ *    metadata; _at = one entry of a status snapshot. Older names that broke
+ *    these rules stay as deprecated aliases (docs/client-api.md, "Names").
  *  - Device addresses are uint64_t, never void *: they are not CPU pointers.
  *  - A gpubuf_client is thread-safe: calls from several threads are serialised on
  *    its connection. A gpubuf_buffer may be used from any thread; its reference
@@ -22,10 +30,15 @@
 extern "C" {
 #endif
 
-#if defined(GPUBUF_BUILDING_LIBRARY)
+/* Every public function carries GPUBUF_EXTERN: the library builds with
+ * hidden visibility and exports these alone. GPUBUF_DEPRECATED marks an old
+ * name that still links; its message names the function to use instead. */
+#if defined(__GNUC__) || defined(__clang__)
 #define GPUBUF_EXTERN __attribute__((visibility("default")))
+#define GPUBUF_DEPRECATED(msg) __attribute__((deprecated(msg)))
 #else
 #define GPUBUF_EXTERN
+#define GPUBUF_DEPRECATED(msg)
 #endif
 
 /** Protocol version spoken by this library. */
@@ -67,7 +80,7 @@ typedef enum gpubuf_state {
     GPUBUF_STATE_DELETED = 3,   /**< unpublished; freed when the last reference goes */
 } gpubuf_state;
 
-/** Flags of gpubuf_open_ex(). */
+/** Flags of gpubuf_lookup (gpubuf_open_with() and the calls that look up as it does). */
 enum gpubuf_open_flag {
     /** Map the buffer read-only. Enforced by the kernel on host pools (the
      * daemon sends a read-only file description, mapped PROT_READ) and by the
@@ -375,13 +388,13 @@ GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms
 GPUBUF_EXTERN int gpubuf_set_device(gpubuf_client *c, int device);
 
 /**
- * Open a sealed buffer by name or, when name is NULL, by id, with flags
- * (GPUBUF_OPEN_READONLY). Otherwise like gpubuf_open().
+ * Deprecated: gpubuf_open_with() with a gpubuf_lookup of flags and
+ * timeout_ms does the same. Opens a sealed buffer by name or, when name is
+ * NULL, by id, with flags (GPUBUF_OPEN_READONLY only).
  * \retval -EOPNOTSUPP GPUBUF_OPEN_READONLY on a cuda-ipc pool; -EINVAL
  *         unknown flags.
- * A read-only open of a slab this connection also maps writable maps it a
- * second time (read-only mappings are never kept after their last view).
  */
+GPUBUF_DEPRECATED("use gpubuf_open_with()")
 GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id,
                                  int timeout_ms, unsigned flags, gpubuf_buffer **ret);
 
@@ -456,7 +469,10 @@ GPUBUF_EXTERN int gpubuf_stat(gpubuf_client *c, const char *name, gpubuf_buffer_
  * \retval -EPERM the buffer belongs to another uid than o->owner_uid;
  *         -EACCES this uid may not use the pool; GPUBUF_ENOPOOL no such pool;
  *         -ENOENT / -ETIMEDOUT as gpubuf_open(); -EINVAL unknown flags, a
- *         malformed qualified name, or a pool that differs from the name's.
+ *         malformed qualified name, or a pool that differs from the name's;
+ *         -EOPNOTSUPP GPUBUF_OPEN_READONLY on a cuda-ipc pool.
+ * A read-only open of a slab this connection also maps writable maps it a
+ * second time (read-only mappings are never kept after their last view).
  */
 GPUBUF_EXTERN int gpubuf_open_with(gpubuf_client *c, const char *name, uint64_t id,
                                    const gpubuf_lookup *o, gpubuf_buffer **ret);
@@ -652,7 +668,7 @@ typedef struct gpubuf_meta {
     uint64_t ttl_ms;
 } gpubuf_meta;
 
-/** A buffer's metadata as the daemon reports it (gpubuf_stat_ex). */
+/** A buffer's metadata as the daemon reports it (gpubuf_stat_meta). */
 typedef struct gpubuf_buffer_meta {
     int has_layout;
     gpubuf_layout layout;
@@ -679,19 +695,29 @@ typedef struct gpubuf_status_meta {
  *         bytes beyond GPUBUF_USER_DATA_MAX, a ttl above the daemon's
  *         max_lease_ms (gpubuf_last_error_message() says which and why).
  */
+GPUBUF_EXTERN int gpubuf_alloc_with(gpubuf_client *c, const char *pool, uint64_t size,
+                                    const char *name, const gpubuf_meta *meta, gpubuf_buffer **ret);
+
+/**
+ * Seal synchronously, like gpubuf_seal_sync(), and set metadata at the same
+ * time: a layout or user bytes given replace those of the alloc, a ttl starts
+ * a lease from now (meta NULL: gpubuf_seal_sync()). Metadata cannot change
+ * after the seal.
+ * \retval GPUBUF_ESTATE already sealed; -EINVAL as gpubuf_alloc_with().
+ */
+GPUBUF_EXTERN int gpubuf_seal_sync_with(gpubuf_buffer *b, const gpubuf_meta *meta);
+
+/** Deprecated name of gpubuf_alloc_with(). */
+GPUBUF_DEPRECATED("use gpubuf_alloc_with()")
 GPUBUF_EXTERN int gpubuf_alloc_ex(gpubuf_client *c, const char *pool, uint64_t size,
                                   const char *name, const gpubuf_meta *meta, gpubuf_buffer **ret);
 
-/**
- * Seal (synchronously, like gpubuf_seal_sync()) and set metadata at the same
- * time: a layout or user bytes given replace those of the alloc, a ttl starts
- * a lease from now. Metadata cannot change after the seal.
- * \retval GPUBUF_ESTATE already sealed; -EINVAL as gpubuf_alloc_ex().
- */
+/** Deprecated name of gpubuf_seal_sync_with(). */
+GPUBUF_DEPRECATED("use gpubuf_seal_sync_with()")
 GPUBUF_EXTERN int gpubuf_seal_ex(gpubuf_buffer *b, const gpubuf_meta *meta);
 
 /** \return the array layout the buffer carried when this view was made
- * (alloc, open; gpubuf_seal_ex() updates the sealing view), or NULL when it
+ * (alloc, open; gpubuf_seal_sync_with() updates the sealing view), or NULL when it
  * has none (slices have none: a layout describes the whole buffer). Valid
  * while b lives. */
 GPUBUF_EXTERN const gpubuf_layout *gpubuf_buffer_layout(const gpubuf_buffer *b);
@@ -712,6 +738,12 @@ GPUBUF_EXTERN int gpubuf_renew(gpubuf_client *c, const char *name, uint64_t id, 
 
 /** gpubuf_stat_with() (o may be NULL), with the buffer's metadata into
  * ret_meta (may be NULL). */
+GPUBUF_EXTERN int gpubuf_stat_meta(gpubuf_client *c, const char *name, uint64_t id,
+                                   const gpubuf_lookup *o, gpubuf_buffer_info *ret,
+                                   gpubuf_buffer_meta *ret_meta);
+
+/** Deprecated name of gpubuf_stat_meta(). */
+GPUBUF_DEPRECATED("use gpubuf_stat_meta()")
 GPUBUF_EXTERN int gpubuf_stat_ex(gpubuf_client *c, const char *name, uint64_t id,
                                  const gpubuf_lookup *o, gpubuf_buffer_info *ret,
                                  gpubuf_buffer_meta *ret_meta);
@@ -723,6 +755,40 @@ GPUBUF_EXTERN int gpubuf_layout_check(const gpubuf_layout *layout, uint64_t size
 /** \return the bytes one element of dtype takes (bits * lanes / 8). */
 GPUBUF_EXTERN uint64_t gpubuf_dtype_size(gpubuf_dtype dtype);
 
+/* ---- status snapshot entries ------------------------------------------------ */
+
+/** Pool i of a snapshot with what the snapshot says of it besides pools[i]. */
+typedef struct gpubuf_status_pool_item {
+    gpubuf_pool_info pool;  /**< pools[i] */
+    const char *publishers; /**< pool_publishers[i]: "" for everyone the pool allows */
+    int is_default;         /**< names without a pool are looked up in it */
+} gpubuf_status_pool_item;
+
+/** Buffer i of a snapshot with what the snapshot says of it besides buffers[i]. */
+typedef struct gpubuf_status_buffer_item {
+    gpubuf_status_buffer buffer; /**< buffers[i] */
+    int restored;                /**< buffer_restored[i]: it survived a restart */
+    gpubuf_status_meta meta;     /**< buffer_meta[i] (zeroed when it has none) */
+} gpubuf_status_buffer_item;
+
+/** Client i of a snapshot with what the snapshot says of it besides clients[i]. */
+typedef struct gpubuf_status_client_item {
+    gpubuf_client_info client; /**< clients[i] */
+    int detached;              /**< client_detached[i]: restored, not resumed yet */
+} gpubuf_status_client_item;
+
+/**
+ * Entry i of a snapshot, gathered from its parallel arrays into one struct
+ * (strings stay in the snapshot: valid until gpubuf_status_free()).
+ * \retval 0; -EINVAL s or ret is NULL; GPUBUF_ERANGE i is not below n_pools,
+ *         n_buffers or n_clients.
+ */
+GPUBUF_EXTERN int gpubuf_status_pool_at(const gpubuf_status *s, size_t i,
+                                        gpubuf_status_pool_item *ret);
+GPUBUF_EXTERN int gpubuf_status_buffer_at(const gpubuf_status *s, size_t i,
+                                          gpubuf_status_buffer_item *ret);
+GPUBUF_EXTERN int gpubuf_status_client_at(const gpubuf_status *s, size_t i,
+                                          gpubuf_status_client_item *ret);
 
 #ifdef __cplusplus
 }
