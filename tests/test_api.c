@@ -10,15 +10,9 @@
 #include "check_main.h"
 #include "harness.h"
 
-static test_daemon D;
-
 static void start_default(void) {
     static const char *const args[] = {"--pool", "host=host,capacity=64M,slab=4M", NULL};
     td_start(&D, args);
-}
-
-static void stop_clean(void) {
-    ck_assert_int_eq(td_stop(&D), 0);
 }
 
 /* A float32 vector of 4 elements: 16 bytes. */
@@ -281,7 +275,7 @@ int main(void) {
     tcase_add_test(plain, arguments_are_checked_at_every_entry);
     suite_add_tcase(s, plain);
     TCase *t = tcase_create("daemon");
-    tcase_add_checked_fixture(t, start_default, stop_clean);
+    tcase_add_checked_fixture(t, start_default, td_stop_clean);
     tcase_set_timeout(t, 60);
     tcase_add_test(t, deprecated_names_behave_as_the_new_ones);
     tcase_add_test(t, status_entries_agree_with_the_arrays);

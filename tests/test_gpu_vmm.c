@@ -282,7 +282,7 @@ static int read_only_writer(const test_daemon *d, void *arg) {
     gpubuf_buffer *b;
     uint64_t bad = 1;
     if (gpubuf_connect(d->socket, &c) < 0 ||
-        gpubuf_open_ex(c, j->name, 0, 0, GPUBUF_OPEN_READONLY, &b) < 0)
+        gpubuf_open_with(c, j->name, 0, &(gpubuf_lookup){.timeout_ms = 0, .flags = GPUBUF_OPEN_READONLY}, &b) < 0)
         return 1;
     if (!gpubuf_buffer_read_only(b))
         return 2;
@@ -320,7 +320,7 @@ static int ipc_read_only_refused(const test_daemon *d, void *arg) {
     if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "ipc", 1 * MiB, "ipc1", &b) < 0 ||
         gpubuf_seal_sync(b) < 0)
         return 1;
-    int r = gpubuf_open_ex(c, "/ipc/ipc1", 0, 0, GPUBUF_OPEN_READONLY, &o);
+    int r = gpubuf_open_with(c, "/ipc/ipc1", 0, &(gpubuf_lookup){.timeout_ms = 0, .flags = GPUBUF_OPEN_READONLY}, &o);
     printf("read-only open on cuda-ipc: %s: %s\n", gpubuf_err_name(r),
            gpubuf_last_error_message());
     fflush(stdout);
@@ -422,7 +422,7 @@ static int peer_consume(const test_daemon *d, void *arg) {
     gpubuf_buffer *b;
     uint64_t bad = 1;
     if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_set_device(c, j->device) < 0 ||
-        gpubuf_open_ex(c, j->name, 0, 0, GPUBUF_OPEN_READONLY, &b) < 0)
+        gpubuf_open_with(c, j->name, 0, &(gpubuf_lookup){.timeout_ms = 0, .flags = GPUBUF_OPEN_READONLY}, &b) < 0)
         return 1;
     if (gpubuf_buffer_device(b) != j->device || gpubuf_buffer_memory_device(b) == j->device)
         return 2;

@@ -151,7 +151,7 @@ static int meta_fill(gpubuf_client *c, const char *prefix, int first, int max,
         gpubuf_buffer *b = NULL;
         if (prefix)
             snprintf(name, sizeof(name), "%s/%05d", prefix, first + n);
-        if ((*rc = gpubuf_alloc_ex(c, "q", 256, prefix ? name : NULL, &m, &b)) < 0)
+        if ((*rc = gpubuf_alloc_with(c, "q", 256, prefix ? name : NULL, &m, &b)) < 0)
             break;
         if (prefix) {
             ck_assert_int_eq(gpubuf_seal_sync(b), 0);
@@ -196,7 +196,7 @@ START_TEST(metadata_charged_per_client_and_uid) {
     /* A seal that adds user bytes is charged too. */
     gpubuf_meta m = {.user_data = meta_user, .user_size = sizeof(meta_user)};
     ck_assert_int_eq(gpubuf_alloc(c2, "q", 256, NULL, &plain), 0);
-    assert_meta_refusal(gpubuf_seal_ex(plain, &m), "max_meta_bytes_per_uid = 98304");
+    assert_meta_refusal(gpubuf_seal_sync_with(plain, &m), "max_meta_bytes_per_uid = 98304");
     gpubuf_release(plain);
 
     /* Deleting gives the uid's charge back: c2 may now fill its own quota. */

@@ -90,7 +90,7 @@ START_TEST(metadata_round_trip) {
     l.byte_offset = 16;
     gpubuf_meta m = {.layout = &l, .user_data = "hello", .user_size = 5};
     gpubuf_buffer *b;
-    ck_assert_int_eq(gpubuf_alloc_ex(c, NULL, 16 + 128, "arr", &m, &b), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 16 + 128, "arr", &m, &b), 0);
     assert_layout_eq(gpubuf_buffer_layout(b), &l);
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
     pid_t p = td_spawn(consumer_checks_layout, &D, &l);
@@ -106,14 +106,14 @@ START_TEST(metadata_round_trip) {
     /* stat_ex, by name and by id. */
     gpubuf_buffer_info info;
     gpubuf_buffer_meta *bm = calloc(1, sizeof(*bm));
-    ck_assert_int_eq(gpubuf_stat_ex(c, "arr", 0, NULL, &info, bm), 0);
+    ck_assert_int_eq(gpubuf_stat_meta(c, "arr", 0, NULL, &info, bm), 0);
     ck_assert_uint_eq(info.size, 144);
     ck_assert(bm->has_layout);
     assert_layout_eq(&bm->layout, &l);
     ck_assert_uint_eq(bm->user_size, 5);
     ck_assert_mem_eq(bm->user_data, "hello", 5);
     ck_assert_uint_eq(bm->lease_left_ms, 0);
-    ck_assert_int_eq(gpubuf_stat_ex(c, NULL, info.id, NULL, &info, NULL), 0);
+    ck_assert_int_eq(gpubuf_stat_meta(c, NULL, info.id, NULL, &info, NULL), 0);
     free(bm);
     /* Status: dtype and shape per buffer; none for a plain one. */
     gpubuf_buffer *plain;
@@ -140,7 +140,7 @@ START_TEST(metadata_round_trip) {
     gpubuf_layout l2 = f32(1, flat);
     gpubuf_meta m2 = {.layout = &l2};
     ck_assert_ptr_null(gpubuf_buffer_layout(plain));
-    ck_assert_int_eq(gpubuf_seal_ex(plain, &m2), 0);
+    ck_assert_int_eq(gpubuf_seal_sync_with(plain, &m2), 0);
     assert_layout_eq(gpubuf_buffer_layout(plain), &l2);
     ck_assert_int_eq(gpubuf_open(c, "plain", 0, &o), 0);
     assert_layout_eq(gpubuf_buffer_layout(o), &l2);
@@ -162,7 +162,7 @@ START_TEST(metadata_bounds) {
     gpubuf_layout l = f32(33, shape);
     gpubuf_meta m = {.layout = &l};
     /* The library refuses before a round trip... */
-    ck_assert_int_eq(gpubuf_alloc_ex(c, NULL, 64, "b", &m, &b), -EINVAL);
+    ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 64, "b", &m, &b), -EINVAL);
     ck_assert_ptr_nonnull(strstr(gpubuf_last_error_message(), "at most 32"));
     /* ...and the daemon refuses the same on the wire. */
     int64_t dims[33];
@@ -206,10 +206,10 @@ START_TEST(metadata_bounds) {
     ck_assert_int_eq(raw_request(c, &req, msg, sizeof(msg)), -EINVAL);
     ck_assert_msg(strstr(msg, "at most 4096"), "%s", msg);
     gpubuf_meta mu = {.user_data = user, .user_size = sizeof(user)};
-    ck_assert_int_eq(gpubuf_alloc_ex(c, NULL, 64, "b", &mu, &b), -EINVAL);
+    ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 64, "b", &mu, &b), -EINVAL);
     /* A lease beyond max_lease_ms (7 days by default). */
     gpubuf_meta ml = {.ttl_ms = 8ull * 86400 * 1000};
-    ck_assert_int_eq(gpubuf_alloc_ex(c, NULL, 64, "b", &ml, &b), -EINVAL);
+    ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 64, "b", &ml, &b), -EINVAL);
     ck_assert_ptr_nonnull(strstr(gpubuf_last_error_message(), "max_lease_ms"));
     /* Nothing was allocated by any of these. */
     ck_assert_uint_eq(pool_used(), 0);
@@ -217,13 +217,13 @@ START_TEST(metadata_bounds) {
     mu.user_size = GPUBUF_USER_DATA_MAX;
     l.ndim = 32;
     mu.layout = &l;
-    ck_assert_int_eq(gpubuf_alloc_ex(c, NULL, 4, "b", &mu, &b), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 4, "b", &mu, &b), 0);
     /* Once sealed, the metadata cannot change. */
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
     int64_t one[1] = {1};
     gpubuf_layout l1 = f32(1, one);
     gpubuf_meta m1 = {.layout = &l1};
-    ck_assert_int_eq(gpubuf_seal_ex(b, &m1), GPUBUF_ESTATE);
+    ck_assert_int_eq(gpubuf_seal_sync_with(b, &m1), GPUBUF_ESTATE);
     Gpubuf__SealRequest sq = GPUBUF__SEAL_REQUEST__INIT;
     Gpubuf__ArrayLayout w1 = GPUBUF__ARRAY_LAYOUT__INIT;
     w1.dtype_code = 1;
@@ -236,7 +236,7 @@ START_TEST(metadata_bounds) {
     ck_assert_int_eq(raw_request(c, &req, msg, sizeof(msg)), GPUBUF_ESTATE);
     gpubuf_buffer_info info;
     gpubuf_buffer_meta *bm = calloc(1, sizeof(*bm));
-    ck_assert_int_eq(gpubuf_stat_ex(c, "b", 0, NULL, &info, bm), 0);
+    ck_assert_int_eq(gpubuf_stat_meta(c, "b", 0, NULL, &info, bm), 0);
     ck_assert_uint_eq(bm->layout.ndim, 32);
     ck_assert_uint_eq(bm->user_size, GPUBUF_USER_DATA_MAX);
     free(bm);
@@ -272,7 +272,7 @@ START_TEST(lease_expires_unreferenced) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *b;
     gpubuf_meta m = {.ttl_ms = 200};
-    ck_assert_int_eq(gpubuf_alloc_ex(c, NULL, 1 << 20, "short", &m, &b), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 1 << 20, "short", &m, &b), 0);
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
     gpubuf_release(b);
     ck_assert_int_eq(gpubuf_flush(c), 0);
@@ -304,7 +304,7 @@ START_TEST(lease_expires_while_referenced) {
     gpubuf_client *p = td_connect(&D), *c = td_connect(&D);
     gpubuf_buffer *b, *o;
     gpubuf_meta m = {.ttl_ms = 150};
-    ck_assert_int_eq(gpubuf_alloc_ex(p, NULL, 1 << 20, "held", &m, &b), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(p, NULL, 1 << 20, "held", &m, &b), 0);
     td_fill(gpubuf_buffer_host_ptr(b), 1 << 20, 42);
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
     ck_assert_int_eq(gpubuf_open(c, "held", 0, &o), 0);
@@ -349,7 +349,7 @@ START_TEST(lease_renewed_by_owner) {
     gpubuf_buffer *b;
     gpubuf_meta m = {.ttl_ms = 1500};
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 64, "keep", &b), 0);
-    ck_assert_int_eq(gpubuf_seal_ex(b, &m), 0); /* the lease starts at the seal */
+    ck_assert_int_eq(gpubuf_seal_sync_with(b, &m), 0); /* the lease starts at the seal */
     gpubuf_release(b);
     /* Renewed every 400 ms (with its own ttl, then a longer one): it
      * outlives its first 1.5 s by far; a loaded machine may stretch a pause
@@ -361,7 +361,7 @@ START_TEST(lease_renewed_by_owner) {
     ck_assert_int_eq(gpubuf_renew(c, "/host/keep", 0, 60000), 0); /* a qualified name */
     gpubuf_buffer_info info;
     gpubuf_buffer_meta *bm = calloc(1, sizeof(*bm));
-    ck_assert_int_eq(gpubuf_stat_ex(c, "keep", 0, NULL, &info, bm), 0);
+    ck_assert_int_eq(gpubuf_stat_meta(c, "keep", 0, NULL, &info, bm), 0);
     ck_assert_uint_gt(bm->lease_left_ms, 59000);
     ck_assert_uint_eq(bm->lease_ttl_ms, 60000);
     free(bm);
@@ -392,7 +392,7 @@ START_TEST(lease_renew_by_other_uid_refused) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *b;
     gpubuf_meta m = {.ttl_ms = 60000};
-    ck_assert_int_eq(gpubuf_alloc_ex(c, NULL, 64, "mine", &m, &b), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 64, "mine", &m, &b), 0);
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
     ck_assert_int_eq(chmod(D.socket, 0666), 0);
     ck_assert_int_eq(chmod(D.dir, 0755), 0);
@@ -418,7 +418,7 @@ START_TEST(gpubufctl_shows_layout_and_lease) {
     int64_t shape[2] = {16, 16};
     gpubuf_layout l = f32(2, shape);
     gpubuf_meta m = {.layout = &l, .user_data = "xyz", .user_size = 3, .ttl_ms = 600000};
-    ck_assert_int_eq(gpubuf_alloc_ex(c, NULL, 1024, "tensor", &m, &b), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 1024, "tensor", &m, &b), 0);
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 64, "bytes", &plain), 0);
     char cmd[512];

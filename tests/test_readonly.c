@@ -58,7 +58,7 @@ START_TEST(read_only_open_maps_read_only) {
 
     /* A second connection, as a consumer would have. */
     gpubuf_client *c2 = td_connect(&D);
-    ck_assert_int_eq(gpubuf_open_ex(c2, "ro/a", 0, 0, GPUBUF_OPEN_READONLY, &r), 0);
+    ck_assert_int_eq(gpubuf_open_with(c2, "ro/a", 0, &(gpubuf_lookup){.timeout_ms = 0, .flags = GPUBUF_OPEN_READONLY}, &r), 0);
     ck_assert_int_eq(gpubuf_buffer_read_only(r), 1);
     ck_assert_uint_eq(gpubuf_pattern_mismatches(gpubuf_buffer_host_ptr(r), 1 * MiB, 5), 0);
     map_perms(gpubuf_buffer_host_ptr(r), perms);
@@ -146,7 +146,7 @@ static int wait_ro(const test_daemon *d, void *arg) {
     (void)arg;
     if (gpubuf_connect(d->socket, &c) < 0)
         return 1;
-    if (gpubuf_open_ex(c, "ro/later", 0, 10000, GPUBUF_OPEN_READONLY, &b) < 0)
+    if (gpubuf_open_with(c, "ro/later", 0, &(gpubuf_lookup){.timeout_ms = 10000, .flags = GPUBUF_OPEN_READONLY}, &b) < 0)
         return 2;
     map_perms(gpubuf_buffer_host_ptr(b), perms);
     if (strcmp(perms, "r--s") != 0 || !gpubuf_buffer_read_only(b))
@@ -198,10 +198,10 @@ START_TEST(stream_requests_on_host_pools) {
     ck_assert_int_eq(gpubuf_open(c, "st/a", 0, &o), 0);
     ck_assert_int_eq(gpubuf_buffer_wait(o, GPUBUF_STREAM_PER_THREAD), 0);
     ck_assert_int_eq(gpubuf_buffer_wait(NULL, NULL), -EINVAL);
-    ck_assert_int_eq(gpubuf_open_ex(c, "st/a", 0, 0, 0x80, &x), -EINVAL);
-    ck_assert_ptr_nonnull(strstr(gpubuf_last_error_message(), "unknown open flags"));
+    ck_assert_int_eq(gpubuf_open_with(c, "st/a", 0, &(gpubuf_lookup){.timeout_ms = 0, .flags = 0x80}, &x), -EINVAL);
+    ck_assert_ptr_nonnull(strstr(gpubuf_last_error_message(), "unknown flags 0x80"));
     /* By id, read-only. */
-    ck_assert_int_eq(gpubuf_open_ex(c, NULL, gpubuf_buffer_id(b), 0, GPUBUF_OPEN_READONLY, &x),
+    ck_assert_int_eq(gpubuf_open_with(c, NULL, gpubuf_buffer_id(b), &(gpubuf_lookup){.timeout_ms = 0, .flags = GPUBUF_OPEN_READONLY}, &x),
                      0);
     ck_assert_int_eq(gpubuf_buffer_read_only(x), 1);
     gpubuf_release(x);
@@ -230,7 +230,7 @@ START_TEST(copies_between_views) {
     ck_assert_int_eq(gpubuf_buffer_copy(NULL, 0, a, 0, 1, NULL), -EINVAL);
     /* A read-only destination is refused. */
     ck_assert_int_eq(gpubuf_seal_sync(a), 0);
-    ck_assert_int_eq(gpubuf_open_ex(c, "cp/a", 0, 0, GPUBUF_OPEN_READONLY, &ro), 0);
+    ck_assert_int_eq(gpubuf_open_with(c, "cp/a", 0, &(gpubuf_lookup){.timeout_ms = 0, .flags = GPUBUF_OPEN_READONLY}, &ro), 0);
     ck_assert_int_eq(gpubuf_buffer_copy(ro, 0, b, 0, 4, NULL), -EPERM);
     ck_assert_int_eq(gpubuf_buffer_copy(b, 0, ro, 0, 4, NULL), 0);
     gpubuf_release(ro);

@@ -459,7 +459,7 @@ END_TEST
 /* Buffer name's metadata by stat on c: its lease left, in ms. */
 static uint64_t stat_meta(gpubuf_client *c, const char *name, gpubuf_buffer_meta *m) {
     gpubuf_buffer_info info;
-    ck_assert_int_eq(gpubuf_stat_ex(c, name, 0, NULL, &info, m), 0);
+    ck_assert_int_eq(gpubuf_stat_meta(c, name, 0, NULL, &info, m), 0);
     return m->lease_left_ms;
 }
 
@@ -502,13 +502,13 @@ START_TEST(metadata_and_leases_survive_sigkill) {
     fsd_init(&m);
     fsd_start(&m, k_pool);
     gpubuf_client *c = td_connect(&m.d);
-    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 4096, "meta", &at_alloc, &b), 0);
-    ck_assert_int_eq(gpubuf_seal_ex(b, &at_seal), 0);
-    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 4096, "renewed", &renewed, &r), 0);
-    ck_assert_int_eq(gpubuf_seal_ex(r, NULL), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(c, "host", 4096, "meta", &at_alloc, &b), 0);
+    ck_assert_int_eq(gpubuf_seal_sync_with(b, &at_seal), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(c, "host", 4096, "renewed", &renewed, &r), 0);
+    ck_assert_int_eq(gpubuf_seal_sync_with(r, NULL), 0);
     ck_assert_int_eq(gpubuf_renew(c, "renewed", 0, 600000), 0);
-    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 4096, "short", &short_lease, &s), 0);
-    ck_assert_int_eq(gpubuf_seal_ex(s, NULL), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(c, "host", 4096, "short", &short_lease, &s), 0);
+    ck_assert_int_eq(gpubuf_seal_sync_with(s, NULL), 0);
     ck_assert_int_eq(gpubuf_release(b), 0);
     ck_assert_int_eq(gpubuf_release(r), 0);
     ck_assert_int_eq(gpubuf_release(s), 0);
@@ -600,7 +600,7 @@ START_TEST(metadata_charge_survives_sigkill) {
     gpubuf_client *c = td_connect(&sd.d);
     for (; n < 200; n++) {
         snprintf(name, sizeof(name), "q/%02d", n);
-        if ((rc = gpubuf_alloc_ex(c, "host", 256, name, &m, &b)) < 0)
+        if ((rc = gpubuf_alloc_with(c, "host", 256, name, &m, &b)) < 0)
             break;
         ck_assert_int_eq(gpubuf_seal_sync(b), 0);
         ck_assert_int_eq(gpubuf_release(b), 0);
@@ -617,14 +617,14 @@ START_TEST(metadata_charge_survives_sigkill) {
     gpubuf_status *s = td_status(&sd.d);
     ck_assert_uint_eq(s->restored_buffers, (uint32_t)n);
     gpubuf_status_free(s);
-    rc = gpubuf_alloc_ex(c, "host", 256, "q/more", &m, &b);
+    rc = gpubuf_alloc_with(c, "host", 256, "q/more", &m, &b);
     ck_assert_msg(rc == -EDQUOT && strstr(gpubuf_last_error_message(),
                                           "max_meta_bytes_per_uid = 65536"),
                   "after the restart: %d, %s", rc, gpubuf_last_error_message());
     ck_assert_int_eq(gpubuf_delete(c, "q/00"), 0);
     gpubuf_buffer *again;
-    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 256, "q/00", &m, &again), 0);
-    ck_assert_int_eq(gpubuf_alloc_ex(c, "host", 256, "q/more", &m, &b), -EDQUOT);
+    ck_assert_int_eq(gpubuf_alloc_with(c, "host", 256, "q/00", &m, &again), 0);
+    ck_assert_int_eq(gpubuf_alloc_with(c, "host", 256, "q/more", &m, &b), -EDQUOT);
     ck_assert_int_eq(gpubuf_release(again), 0);
     gpubuf_disconnect(c);
     fsd_cleanup(&sd);

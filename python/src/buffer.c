@@ -571,7 +571,7 @@ struct seal_args {
 static int op_seal(gpubuf_buffer *b, void *arg) {
     struct seal_args *a = arg;
     if (a->meta)
-        return gpubuf_seal_ex(b, a->meta);
+        return gpubuf_seal_sync_with(b, a->meta);
     if (a->on_stream)
         return gpubuf_seal_stream(b, a->stream);
     return a->sync ? gpubuf_seal_sync(b) : gpubuf_seal(b);

@@ -276,7 +276,7 @@ struct alloc_args {
 static int op_alloc(gpubuf_client *c, void *arg) {
     struct alloc_args *a = arg;
     if (a->meta)
-        return gpubuf_alloc_ex(c, a->pool, a->size, a->name, a->meta, &a->ret);
+        return gpubuf_alloc_with(c, a->pool, a->size, a->name, a->meta, &a->ret);
     return gpubuf_alloc(c, a->pool, a->size, a->name, &a->ret);
 }
 
@@ -418,7 +418,7 @@ static int append_new(PyObject *list, PyObject *o) {
 
 static int op_stat(gpubuf_client *c, void *arg) {
     struct target_args *t = arg;
-    return gpubuf_stat_ex(c, t->name, t->id, &t->o, &t->info, t->meta);
+    return gpubuf_stat_meta(c, t->name, t->id, &t->o, &t->info, t->meta);
 }
 
 /* Add the metadata keys to a buffer dict d (consumed; NULL passes through):
