@@ -1,0 +1,45 @@
+/* The exports of a view (export.c), shared by Buffer and ArrayView
+ * (buffer.c). */
+#ifndef GPUBUFPY_EXPORT_H
+#define GPUBUFPY_EXPORT_H
+
+#include "gpubufpy.h" /* Python.h comes before the system headers */
+#include <stdbool.h>
+#include <sys/types.h>
+
+/* Most dimensions of an ArrayView. */
+#define MAX_NDIM 32
+
+/* An element type: kind 'b' (bool), 'i', 'u', 'f' or 'c', and its size. */
+typedef struct {
+    char kind;
+    int itemsize;
+} dtype_t;
+
+/* What an export describes: a view, an element type and a C-contiguous shape. */
+typedef struct {
+    gpubuf_buffer *b;
+    GpubufClient *client;
+    pid_t pid;
+    dtype_t dt;
+    int ndim;
+    const Py_ssize_t *shape;
+    const gpubuf_layout *layout; /* DLPack: the buffer's stored layout, instead of dt and shape */
+} export_t;
+
+/* The element type o names (a string such as "float32", or an object with a
+ * NumPy-style dtype); 0, or -1 with a Python exception set. */
+int gpubufpy_dtype_arg(PyObject *o, dtype_t *ret);
+/* The array interface's typestr of d ("<f4"). */
+void gpubufpy_dtype_typestr(dtype_t d, char out[8]);
+bool gpubufpy_is_host(gpubuf_buffer *b);
+PyObject *gpubufpy_shape_tuple(const export_t *e);
+PyObject *gpubufpy_export_cai(const export_t *e);
+PyObject *gpubufpy_export_dlpack_device(const export_t *e);
+PyObject *gpubufpy_export_dlpack(const export_t *e, PyObject *args, PyObject *kw);
+/* The buffer protocol, for host pools; strides: room for MAX_NDIM. */
+int gpubufpy_export_getbuffer(const export_t *e, PyObject *exporter, Py_buffer *view, int flags,
+                              Py_ssize_t *strides);
+PyObject *gpubufpy_export_array(const export_t *e, PyObject *exporter);
+
+#endif
