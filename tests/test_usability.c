@@ -797,7 +797,7 @@ static char *complete(const test_daemon *d, const char *line) {
     snprintf(bindir, sizeof(bindir), "%s", GPUBUFCTL_PATH);
     *strrchr(bindir, '/') = '\0';
     snprintf(cmd, sizeof(cmd),
-             "PATH=%s:$PATH GPUBUF_SOCKET=%s bash -c 'source %s/client/completion/gpubufctl.bash; "
+             "PATH=%s:$PATH GPUBUF_SOCKET=%s bash -c 'source %s/ctl/completion/gpubufctl.bash; "
              "COMP_WORDS=(%s); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); "
              "COMP_LINE=\"${COMP_WORDS[*]}\"; _gpubufctl; printf \"%%s\\n\" \"${COMPREPLY[@]}\"'",
              bindir, d->socket, SOURCE_DIR, line);
