@@ -192,18 +192,6 @@ static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
     Py_RETURN_NONE;
 }
 
-int gpubufpy_wait(gpubuf_buffer *b, gpubuf_stream stream) {
-    int r;
-    /* With the GIL: one cuStreamWaitEvent (the event was imported at open),
-     * and no other thread can release b meanwhile. */
-    r = gpubuf_buffer_wait(b, stream);
-    if (r < 0) {
-        gpubufpy_raise(r);
-        return -1;
-    }
-    return 0;
-}
-
 static PyObject *buf_wait(GpubufBuffer *self, PyObject *stream_o) {
     gpubuf_stream stream;
     gpubuf_buffer *b;

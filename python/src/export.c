@@ -232,6 +232,18 @@ PyObject *gpubufpy_layout_dict(const gpubuf_layout *l) {
 
 /* ---- exports ----------------------------------------------------------------------- */
 
+int gpubufpy_wait(gpubuf_buffer *b, gpubuf_stream stream) {
+    int r;
+    /* With the GIL: one cuStreamWaitEvent (the event was imported at open),
+     * and no other thread can release b meanwhile. */
+    r = gpubuf_buffer_wait(b, stream);
+    if (r < 0) {
+        gpubufpy_raise(r);
+        return -1;
+    }
+    return 0;
+}
+
 bool gpubufpy_is_host(gpubuf_buffer *b) {
     return gpubuf_buffer_pool_kind(b) == GPUBUF_POOL_HOST;
 }
