@@ -1,4 +1,4 @@
-/* What gpubufctl's files share: the printable form of a string, and the
+/* What gpubufctl's files share: the text helpers (text.c), and the
  * printers of a status snapshot (tables in gpubufctl.c, JSON in json.c,
  * metrics in metrics.c). */
 #ifndef GPUBUFCTL_CTL_H

@@ -19,20 +19,6 @@
 
 enum { EXIT_USAGE = 2, EXIT_NO_DAEMON = 3, EXIT_REQUEST = 4 };
 
-/* A string from the daemon or from the command line as printable, valid
- * UTF-8 (gpubuf_text_clean: a control character becomes "\x1b"): whatever
- * the daemon sent or the arguments hold, no escape sequence reaches the
- * terminal, no newline forges a row or a metric, and JSON parsers accept
- * the output. Every such string goes through here before it is printed.
- * Eight results are usable at once; longer strings than a path are cut. */
-const char *shown(const char *str) {
-    static char ring[8][4 * 4096 + 8];
-    static unsigned next;
-    char *out = ring[next++ % 8];
-    gpubuf_text_clean(out, sizeof(ring[0]), str, strlen(str));
-    return out;
-}
-
 void print_pools(const gpubuf_status *s) {
     char a[32], b[32], c[32], d[32];
     printf("%-12s %-9s %-6s %11s %11s %11s %6s %8s  %s\n", "POOL", "KIND", "DEVICE", "CAPACITY",

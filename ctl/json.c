@@ -79,22 +79,6 @@ static char *put_u64(char *out, uint64_t v) {
 /* Buffers can number 100k: each is formatted by hand into one line buffer
  * (printf took a third of gpubufctl's time at 100k buffers). Names are at
  * most 255 bytes and escaping at most sextuples them. */
-/* "12.3s", "4m05s", "2h03m", "3d04h": what is left of a lease. */
-const char *format_left(uint64_t ms, char *out, size_t len) {
-    uint64_t s = ms / 1000;
-    if (ms < 60000)
-        snprintf(out, len, "%.1fs", (double)ms / 1000.0);
-    else if (s < 3600)
-        snprintf(out, len, "%llum%02llus", (unsigned long long)(s / 60),
-                 (unsigned long long)(s % 60));
-    else if (s < 86400)
-        snprintf(out, len, "%lluh%02llum", (unsigned long long)(s / 3600),
-                 (unsigned long long)(s / 60 % 60));
-    else
-        snprintf(out, len, "%llud%02lluh", (unsigned long long)(s / 86400),
-                 (unsigned long long)(s / 3600 % 24));
-    return out;
-}
 
 /* The metadata keys of a buffer in JSON, present only when it has them:
  * "dtype" (its name), "dtype_code", "dtype_bits", "dtype_lanes", "shape",
