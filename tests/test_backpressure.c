@@ -632,14 +632,10 @@ START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("backpressure");
-    TCase *t = add_case(s, "backpressure", start_default, td_stop_clean, 60);
-    add_tests(t, big_replies_unread_stay_bounded, reply_memory_is_bounded_across_connections,
-              batch_reply_memory_is_bounded_across_connections,
-              departed_writer_cannot_hold_the_loop, reader_that_never_reads_is_held_back,
-              fds_held_per_client_are_bounded, pipelining_reader_is_never_cut_off,
-              held_back_reader_outlives_the_frame_deadline,
-              seal_sent_before_exit_is_applied_with_replies_unread);
-    return run_suite(s);
-}
+SUITE_MAIN("backpressure", "backpressure", start_default, td_stop_clean, 60,
+          big_replies_unread_stay_bounded, reply_memory_is_bounded_across_connections,
+          batch_reply_memory_is_bounded_across_connections,
+          departed_writer_cannot_hold_the_loop, reader_that_never_reads_is_held_back,
+          fds_held_per_client_are_bounded, pipelining_reader_is_never_cut_off,
+          held_back_reader_outlives_the_frame_deadline,
+          seal_sent_before_exit_is_applied_with_replies_unread)

@@ -815,19 +815,14 @@ START_TEST(status_counts) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("client");
-    TCase *t = add_case(s, "host-pool", start_default, td_stop_clean, 60);
-    add_tests(t, connect_and_handshake, connect_no_daemon, connect_env_socket,
-              alloc_view_attributes, default_pool_is_first, set_device_checks,
-              kept_slabs_pinned_reused_evicted, producer_exits_before_consumers,
-              sigkill_consumer_loses_references, eight_processes_open_at_once,
-              anonymous_buffer_by_id_across_processes, open_waits_for_seal,
-              open_wait_forever_then_seal, open_timeout_and_missing, names_and_errors,
-              pool_full_then_recovers, delete_while_referenced, slices_keep_parent_alive,
-              copy_helpers, mapping_cache_one_map_per_slab, disconnect_with_live_views,
-              unsealed_buffer_of_dead_client_is_freed, threads_share_one_client, status_counts,
-              async_seal_and_release_semantics, disconnect_wakes_a_blocked_open,
-              requests_in_flight_at_exit_are_applied);
-    return run_suite(s);
-}
+SUITE_MAIN("client", "host-pool", start_default, td_stop_clean, 60,
+          connect_and_handshake, connect_no_daemon, connect_env_socket, alloc_view_attributes,
+          default_pool_is_first, set_device_checks, kept_slabs_pinned_reused_evicted,
+          producer_exits_before_consumers, sigkill_consumer_loses_references,
+          eight_processes_open_at_once, anonymous_buffer_by_id_across_processes,
+          open_waits_for_seal, open_wait_forever_then_seal, open_timeout_and_missing,
+          names_and_errors, pool_full_then_recovers, delete_while_referenced,
+          slices_keep_parent_alive, copy_helpers, mapping_cache_one_map_per_slab,
+          disconnect_with_live_views, unsealed_buffer_of_dead_client_is_freed,
+          threads_share_one_client, status_counts, async_seal_and_release_semantics,
+          disconnect_wakes_a_blocked_open, requests_in_flight_at_exit_are_applied)

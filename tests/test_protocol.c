@@ -590,16 +590,12 @@ START_TEST(read_only_fd_and_seal_event) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("protocol");
-    TCase *t = add_case(s, "protocol", start_default, td_stop_clean, 60);
-    add_tests(t, garbage_disconnects_only_that_client, bad_magic_gets_error_then_close,
-              bad_version_header, oversized_frame_rejected, truncated_frame_then_hangup,
-              undecodable_payload, request_before_hello, version_negotiation_fails,
-              empty_request_and_double_hello, unsolicited_fds_are_closed,
-              release_not_held_and_double_release, read_only_fd_and_seal_event,
-              keep_mapped_protocol, status_rows_and_columns_agree,
-              pipelined_requests_answered_in_order, requests_before_hangup_are_answered,
-              waiting_open_fails_when_buffer_goes, wire_strings_with_nul_refused);
-    return run_suite(s);
-}
+SUITE_MAIN("protocol", "protocol", start_default, td_stop_clean, 60,
+          garbage_disconnects_only_that_client, bad_magic_gets_error_then_close,
+          bad_version_header, oversized_frame_rejected, truncated_frame_then_hangup,
+          undecodable_payload, request_before_hello, version_negotiation_fails,
+          empty_request_and_double_hello, unsolicited_fds_are_closed,
+          release_not_held_and_double_release, read_only_fd_and_seal_event,
+          keep_mapped_protocol, status_rows_and_columns_agree,
+          pipelined_requests_answered_in_order, requests_before_hangup_are_answered,
+          waiting_open_fails_when_buffer_goes, wire_strings_with_nul_refused)
