@@ -134,6 +134,22 @@ int td_restart(test_daemon *d, const char *const *args) {
     return r;
 }
 
+void td_takeover(test_daemon *d, const char *pool) {
+    pid_t old = d->pid;
+    fflush(NULL);
+    pid_t succ = fork();
+    ck_assert_int_ge(succ, 0);
+    if (succ == 0) {
+        execl(GPUBUFD_PATH, GPUBUFD_PATH, "--socket", d->socket, "--log-level", "notice",
+              "--pool", pool, "--takeover", (char *)NULL);
+        _exit(127);
+    }
+    int st = -1;
+    ck_assert_int_eq(waitpid(old, &st, 0), old);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the old daemon did not hand over");
+    d->pid = succ;
+}
+
 gpubuf_client *td_connect(const test_daemon *d) {
     gpubuf_client *c = NULL;
     int r = gpubuf_connect(d->socket, &c);

@@ -31,6 +31,10 @@ int td_stop(test_daemon *d);
 /* SIGTERM the daemon, wait for it, and start it again with args on the same
  * socket; returns the old daemon's exit status (or -1). */
 int td_restart(test_daemon *d, const char *const *args);
+/* Start a successor of d's daemon with `--takeover` and `--pool pool` on the
+ * same socket, wait for the old daemon to hand over and exit 0, and make d
+ * the successor's. Fails the test otherwise. */
+void td_takeover(test_daemon *d, const char *pool);
 /* Connect to d, failing the test on error. */
 gpubuf_client *td_connect(const test_daemon *d);
 
