@@ -286,11 +286,8 @@ bool td_wait_client_pid(const test_daemon *d, pid_t pid, int timeout_ms) {
 
 /* The number of clients the daemon lists, asked over the raw connection fd. */
 static size_t raw_n_clients(int fd) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
-    req.id = 2;
-    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    req.status = &st;
+    Gpubuf__Request req = rp_request(2, GPUBUF__REQUEST__BODY_STATUS, &st);
     Gpubuf__Response *r = td_raw_expect(fd, &req, GPUBUF__RESPONSE__BODY_STATUS_REPLY);
     size_t n = r->status_reply->n_clients;
     gpubuf__response__free_unpacked(r, NULL);
