@@ -150,6 +150,34 @@ void td_takeover(test_daemon *d, const char *pool) {
     d->pid = succ;
 }
 
+static void gate(int p[2], int *child_end, int which) {
+    p[0] = p[1] = -1;
+    if (!child_end)
+        return;
+    ck_assert_int_eq(pipe(p), 0);
+    *child_end = p[which];
+}
+
+void td_gates_open(td_gates *g, int *ready_fd, int *hold_fd, int *go_fd) {
+    gate(g->ready, ready_fd, 1);
+    gate(g->hold, hold_fd, 0);
+    gate(g->go, go_fd, 0);
+}
+
+void td_gates_pass(int fd, int n) {
+    char bytes[64];
+    ck_assert(n > 0 && n <= (int)sizeof(bytes));
+    memset(bytes, 'g', (size_t)n);
+    ck_assert_int_eq(write(fd, bytes, (size_t)n), n);
+}
+
+void td_gates_ready(const td_gates *g, int n) {
+    for (int i = 0; i < n; i++) {
+        char x;
+        ck_assert_int_eq(read(g->ready[0], &x, 1), 1);
+    }
+}
+
 gpubuf_client *td_connect(const test_daemon *d) {
     gpubuf_client *c = NULL;
     int r = gpubuf_connect(d->socket, &c);

@@ -68,6 +68,21 @@ bool td_wait_client_pid(const test_daemon *d, pid_t pid, int timeout_ms);
  * connection's fd out of the count. -1 when the others never left. */
 int td_quiet_fds(const test_daemon *d, size_t n, int timeout_ms);
 
+/* Pipes that line up child processes (td_spawn): a child waits for a byte
+ * on go before it opens, writes a byte on ready once it holds its view, and
+ * waits for a byte (or EOF) on hold before it lets go. td_gates_open makes
+ * them and stores the child's ends in *ready_fd, *hold_fd, *go_fd (each may
+ * be NULL: that gate is not made, its fds are -1). */
+typedef struct td_gates {
+    int ready[2], hold[2], go[2];
+} td_gates;
+void td_gates_open(td_gates *g, int *ready_fd, int *hold_fd, int *go_fd);
+/* Write n bytes on fd (one per child: a child reading one must not see EOF
+ * while another still holds the write end). */
+void td_gates_pass(int fd, int n);
+/* Wait until n children wrote on the ready gate. */
+void td_gates_ready(const td_gates *g, int n);
+
 /* Run fn(arg) in a forked child; returns its pid. The child exits with fn's
  * return value. */
 pid_t td_spawn(int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg);

@@ -197,43 +197,31 @@ END_TEST
 
 START_TEST(sigkill_consumer_loses_references) {
     job j = {.name = "victim", .size = MiB, .seed = 9, .go_fd = -1, .timeout_ms = 0};
-    int ready[2], hold[2];
+    td_gates g;
     ck_assert_int_eq(td_wait(td_spawn(produce, &D, &j)), 0);
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(hold), 0);
-    j.ready_fd = ready[1];
-    j.hold_fd = hold[0];
+    td_gates_open(&g, &j.ready_fd, &j.hold_fd, NULL);
     pid_t p = td_spawn(consume, &D, &j);
-    char x;
-    ck_assert_int_eq(read(ready[0], &x, 1), 1);
+    td_gates_ready(&g, 1);
     ck_assert(td_wait_refs(&D, "victim", 1, 1000));
     kill(p, SIGKILL);
     ck_assert_int_eq(td_wait(p), 128 + SIGKILL);
     ck_assert(td_wait_refs(&D, "victim", 0, 2000));
     ck_assert(td_wait_clients(&D, 0, 2000));
-    close(hold[1]);
+    close(g.hold[1]);
 }
 END_TEST
 
 START_TEST(eight_processes_open_at_once) {
     job j = {.name = "shared8", .size = 8 * MiB, .seed = 88, .timeout_ms = 5000};
-    int ready[2], hold[2], go[2];
+    td_gates g;
     pid_t p[8];
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(hold), 0);
-    ck_assert_int_eq(pipe(go), 0);
-    j.ready_fd = ready[1];
-    j.hold_fd = hold[0];
-    j.go_fd = go[0];
+    td_gates_open(&g, &j.ready_fd, &j.hold_fd, &j.go_fd);
     ck_assert_int_eq(td_wait(td_spawn(produce, &D, &j)), 0);
     for (int i = 0; i < 8; i++)
         p[i] = td_spawn(consume, &D, &j);
     /* Release all eight at once. */
-    ck_assert_int_eq(write(go[1], "gggggggg", 8), 8);
-    for (int i = 0; i < 8; i++) {
-        char x;
-        ck_assert_int_eq(read(ready[0], &x, 1), 1);
-    }
+    td_gates_pass(g.go[1], 8);
+    td_gates_ready(&g, 8);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(td_find_buffer(s, "shared8")->refs, 8);
     size_t with_refs = 0;
@@ -243,7 +231,7 @@ START_TEST(eight_processes_open_at_once) {
     ck_assert_uint_eq(with_refs, 8);
     gpubuf_status_free(s);
     /* Children inherited the write end too: send one byte each, not EOF. */
-    ck_assert_int_eq(write(hold[1], "hhhhhhhh", 8), 8);
+    td_gates_pass(g.hold[1], 8);
     for (int i = 0; i < 8; i++)
         ck_assert_int_eq(td_wait(p[i]), 0);
     ck_assert(td_wait_refs(&D, "shared8", 0, 2000));
