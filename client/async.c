@@ -262,9 +262,11 @@ GPUBUF_EXTERN int gpubuf_dispatch(gpubuf_client *c) {
     gpubuf__clear_error();
     GPUBUF_CHECK(c, -EINVAL, "gpubuf_dispatch needs a connection");
     int r = dispatch_call(c);
-    if (r >= 0)
+    if (r >= 0) {
         gpubuf__clear_error();
-    return r;
+        return r;
+    }
+    return gpubuf__result(r);
 }
 
 /* Complete every started request with GPUBUF_EDISCONNECTED and deliver them
