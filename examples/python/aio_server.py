@@ -9,7 +9,7 @@ length (8 bytes, little-endian) and its bytes as soon as a producer seals it
 gpubuf connection: no thread per wait (docs/python.md, "asyncio").
 
 --demo N runs the whole thing in one process and exits: N TCP requests for
-demo.0 .. demo.N-1, and a producer that allocates and seals those frames in
+demo.PID.0 .. demo.PID.N-1, and a producer that allocates and seals those frames in
 random order; every answer is checked. With --cuda the producer writes each
 frame on a CUDA stream with CuPy and seals it in stream order (seal(stream=)),
 without waiting for the GPU: the pool (--pool) must be a CUDA pool; openers
@@ -17,6 +17,7 @@ wait on the seal event before reading.
 """
 import argparse
 import asyncio
+import os
 import random
 import struct
 import sys
@@ -26,6 +27,7 @@ import numpy as np
 import gpubuf
 
 FRAME = 64 << 10
+PREFIX = f"demo.{os.getpid()}"  # the frames stay in the daemon: a new name per run
 
 
 def pattern(i, n=FRAME):
@@ -60,7 +62,7 @@ async def produce(client, n, pool, cuda):
 
         stream = cp.cuda.Stream(non_blocking=True)
     for i in order:
-        b = await client.alloc_async(FRAME, f"demo.{i}", pool)
+        b = await client.alloc_async(FRAME, f"{PREFIX}.{i}", pool)
         if cuda:
             with stream:
                 cp.from_dlpack(b)[:] = cp.asarray(np.frombuffer(pattern(i), dtype=np.uint8))
@@ -79,7 +81,7 @@ async def demo(args):
                                             "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write("".join(f"demo.{i}\n" for i in range(args.demo)).encode())
+        writer.write("".join(f"{PREFIX}.{i}\n" for i in range(args.demo)).encode())
         await writer.drain()
         prod = asyncio.create_task(produce(producer, args.demo, args.pool, args.cuda))
         for i in range(args.demo):
