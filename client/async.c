@@ -34,7 +34,7 @@ struct gpubuf_op {
     gpubuf_buffer_info info;
     char *message;           /* NULL: "" or the code's sentence */
     UT_hash_handle hh;       /* c->ops, by id: sent, not answered */
-    struct gpubuf_op *next;  /* c->ready (utlist LL): answered, not delivered */
+    struct gpubuf_op *next;  /* c->ready (utlist LL, newest first): answered, not delivered */
 };
 
 /* ---- the ready list and the eventfd (c->qlock) ---------------------------- */
@@ -50,8 +50,9 @@ static void kick(gpubuf_client *c) {
 /* op is answered (lock held): onto the ready list. */
 static void op_ready(gpubuf_client *c, gpubuf_op *op) {
     pthread_mutex_lock(&c->qlock);
-    LL_APPEND(c->ready, op);
-    kick(c);
+    LL_PREPEND(c->ready, op); /* newest first: dispatch reverses it */
+    if (!op->next)
+        kick(c); /* the first: the counter was read to zero */
     pthread_mutex_unlock(&c->qlock);
 }
 
@@ -251,7 +252,12 @@ static int dispatch_call(gpubuf_client *c) {
         (void)k;
     }
     pthread_mutex_unlock(&c->qlock);
+    gpubuf_op *rev = NULL; /* in the order the replies came */
     LL_FOREACH_SAFE(list, op, tmp) {
+        op->next = rev;
+        rev = op;
+    }
+    LL_FOREACH_SAFE(rev, op, tmp) {
         deliver(c, op);
         n++;
     }

@@ -168,6 +168,7 @@ START_TEST(ten_thousand_waits_sealed_in_random_order) {
     seen_free(N_WAIT);
     for (int k = 0; k < N_WAIT; k++)
         gpubuf_release(b[k]);
+    free(b);
     ck_assert_int_eq(gpubuf_flush(c), 0);
     gpubuf_status *s = td_status(&D);
     for (size_t i = 0; i < s->n_buffers; i++)
