@@ -98,7 +98,7 @@ static bool mc_closing(const void *conn) {
 }
 
 static const gd_transport mem_transport = {mc_send,     mc_close,   mc_ready,     mc_closing,
-                                           mc_send_fds, mc_fd_room, mc_reply_room};
+                                           mc_send_fds, mc_fd_room, mc_reply_room, NULL};
 
 static uv_loop_t loop;
 static gd_context ctx;
