@@ -6,7 +6,7 @@ pkgs=(build-essential cmake ninja-build pkg-config libuv1-dev libprotobuf-c-dev
       protobuf-c-compiler check libinih-dev libjson-c-dev libsystemd-dev uthash-dev scdoc
       man-db clang libclang-rt-dev python3-dev python3-numpy python3-pytest python3-venv
       libdlpack-dev systemd strace libbsd-dev util-linux
-      debhelper dh-python lintian)
+      debhelper dh-python lintian python3-yaml)
 have_all() {
     command -v cmake >/dev/null && command -v ninja >/dev/null && command -v protoc-c >/dev/null &&
         command -v scdoc >/dev/null && command -v systemd-analyze >/dev/null &&
@@ -19,6 +19,7 @@ have_all() {
     /usr/bin/python3 -c 'import numpy, pytest, ensurepip, sysconfig, os, sys
 sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' 2>/dev/null ||
         return 1
+    /usr/bin/python3 -c 'import yaml' 2>/dev/null || return 1
     [ -e /usr/include/dlpack/dlpack.h ] || return 1
     [ -e /usr/include/bsd/sys/tree.h ] || return 1
     for d in /usr/include ${CMAKE_PREFIX_PATH:+${CMAKE_PREFIX_PATH//:/\/include }/include}; do
