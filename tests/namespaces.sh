@@ -117,6 +117,15 @@ import json, sys
 for c in json.load(sys.stdin)["clients"]:
     print(c["pid"], c["uid"], "detached" if c.get("detached") else "attached")'
 }
+# wait_seen SOCKET REGEX: until a line of seen matches (a client's entry may
+# show a moment after its first reply, on a loaded machine).
+wait_seen() {
+    for _ in $(seq 400); do
+        seen "$1" | grep -qE "$2" && return 0
+        sleep 0.05
+    done
+    return 1
+}
 refs() {
     "$ctl" --socket "$1" --json buffers | python3 -c '
 import json, sys
@@ -158,7 +167,7 @@ expect c1 "proc own" proc
 c1_out=$(inner_pid "${CP[c1]}")
 ask c1 stat nothing-here   # connects
 echo "   $REPLY"
-seen "$sock" | grep -qx "$c1_out $(id -u) attached" ||
+wait_seen "$sock" "^$c1_out $(id -u) attached$" ||
     fail "gpubufd does not see pid $c1_out uid $(id -u): $(seen "$sock")"
 echo "   gpubufd sees the container's pid 1 as pid $c1_out, its uid 0 as uid $(id -u)"
 
@@ -202,7 +211,7 @@ if [ "$mode" = host ] || printf '%s\n' "${kinds[@]}" | grep -qx vmm; then
     wait "$d1" || fail "the old gpubufd exited $? at the takeover ($(cat "$work/daemon.log"))"
     expect c1 "stat refs 1 owner *" stat "/$k/ns/$k/in"
     expect c1 "checked 0" check 7
-    seen "$sock" | grep -qx "$c1_out $(id -u) attached" ||
+    wait_seen "$sock" "^$c1_out $(id -u) attached$" ||
         fail "the session did not resume: $(seen "$sock")"
     echo "   after the takeover: $REPLY; the session of pid $c1_out resumed"
     d1=$d2
@@ -247,7 +256,7 @@ expect r "hello pid 1 self 1 uid 0 gid 0" hello
 expect r "sealed *" alloc mine r/1 4096 1
 expect r "error -13 *" alloc theirs r/2 4096 1
 echo "   root inside, uid $uid_a outside: pool allowed to $uid_a yes, pool of uid 4321: $REPLY"
-seen "$work/acl/gpubufd.sock" | grep -q "^$(inner_pid "${CP[r]}") $uid_a attached$" ||
+wait_seen "$work/acl/gpubufd.sock" "^$(inner_pid "${CP[r]}") $uid_a attached$" ||
     fail "gpubufd does not see uid $uid_a: $(seen "$work/acl/gpubufd.sock")"
 
 say "gpubufd in a user namespace: unmapped peers are the overflow uid"
@@ -259,7 +268,7 @@ client ua "${as_a[@]}" -- "$usock"
 client ub "${as_b[@]}" -- "$usock"
 expect ua "sealed *" alloc host u/a 4096 3
 expect ub "stat refs 0 owner $over" stat u/a
-seen "$usock" | grep -q "^[0-9]* $over attached$" || fail "no overflow uid: $(seen "$usock")"
+wait_seen "$usock" "^[0-9]+ $over attached$" || fail "no overflow uid: $(seen "$usock"; cat "$work/ua.err" "$work/ub.err" "$work/daemon.log")"
 expect ua "sealed *" alloc nobody u/n 4096 3
 expect ua "error -13 *" alloc a u/x 4096 3
 echo "   uid $uid_a seen as $over: pool allowed to $over yes, pool allowed to $uid_a: $REPLY"
