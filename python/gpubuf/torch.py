@@ -52,6 +52,8 @@ _DL = {
     torch.float64: (2, 64, 1), torch.complex64: (5, 64, 1), torch.complex128: (5, 128, 1),
 }
 _BY_NAME = {str(d).split(".")[1]: d for d in _DL}
+# dtypes every torch takes through DLPack (bool only from 2.x: code 6)
+_NATIVE_DLPACK = {n for n in _BY_NAME if n != "bool"}
 
 
 def _dtype_name(dtype):
@@ -145,12 +147,20 @@ def _storage(t):
     return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
 
 
+_sweep = {"owned": 64, "opened": 64}  # sweep expired entries when a table passes this
+
+
+def _swept(table, which, expired):
+    if len(table) > _sweep[which]:
+        for k in [k for k, e in table.items() if expired(e)]:
+            del table[k]
+        _sweep[which] = max(64, 2 * len(table))
+
+
 def _remember(base, buf_id):
     ref = StorageWeakRef(_storage(base))
     with _owned_lock:
-        if len(_owned) > 64:
-            for k in [k for k, e in _owned.items() if e[1].expired()]:
-                del _owned[k]
+        _swept(_owned, "owned", lambda e: e[1].expired())
         _owned[base.data_ptr()] = (buf_id, ref)
 
 
@@ -406,9 +416,7 @@ def _opened_base(c, buf_id, name, pool, one_shot):
         except gpubuf.Error:
             pass  # another uid's, or the lease ran out meanwhile: it goes anyway
     with _opened_lock:
-        if len(_opened) > 64:
-            for k in [k for k, e in _opened.items() if e.expired()]:
-                del _opened[k]
+        _swept(_opened, "opened", lambda e: e.expired())
         _opened[buf_id] = StorageWeakRef(_storage(base))
     return base
 
@@ -653,12 +661,17 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
     out = _StateDict()
     out.version = version
     err = None
-    for k, b in zip(index["keys"], bufs):
+    dtypes = index.get("dtypes") or [None] * len(bufs)
+    for k, b, dt in zip(index["keys"], bufs, dtypes):
         if isinstance(b, gpubuf.Error):
             err = err or b
             continue
         try:
-            t = as_tensor(b)
+            if dt in _NATIVE_DLPACK:  # one torch call: the buffer's own layout
+                t = torch.from_dlpack(b)
+                _remember(t, b.id)
+            else:
+                t = as_tensor(b)
         finally:
             b.release()
         if device is not None and t.device != torch.device(device):
