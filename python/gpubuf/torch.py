@@ -97,11 +97,19 @@ def _pools(c):
         return _st.pools
 
 
+def _hex_uuid(u):
+    """A GPU UUID as 32 lowercase hex digits ("GPU-8f0c...-..." or a uuid object)."""
+    s = str(u).lower()
+    if s.startswith("gpu-"):
+        s = s[4:]
+    s = s.replace("-", "")
+    return s if len(s) == 32 else None
+
+
 def _device_uuid(index):
     try:
-        u = torch.cuda.get_device_properties(index).uuid
-        return bytes.fromhex(str(u).replace("-", "")) if u is not None else None
-    except Exception:  # torch without .uuid
+        return _hex_uuid(torch.cuda.get_device_properties(index).uuid)
+    except Exception:  # a torch without .uuid
         return None
 
 
@@ -125,7 +133,7 @@ def _pool_for(c, device, pool):
     uuid = _device_uuid(index)
     cuda = [p for p in pools if p["kind"] != "host"]
     for p in cuda:
-        if uuid and p.get("device_uuid") and bytes(p["device_uuid"])[:16] == uuid:
+        if uuid and p.get("device_uuid") and _hex_uuid(p["device_uuid"]) == uuid:
             return p["name"]
     for p in cuda:
         if p["device"] == index:
@@ -329,12 +337,17 @@ def _copy_out(c, t, pool, ttl):
     buf_id = buf.id
     try:
         dst = torch.from_dlpack(buf)
-        if nbytes:
-            dst[:nbytes].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
         if dst.is_cuda:
             stream = torch.cuda.current_stream(dst.device)
             if t.is_cuda and t.device != dst.device:
                 stream.wait_stream(torch.cuda.current_stream(t.device))
+            if t.is_cuda:
+                # the caching allocator may not hand t's block to another
+                # stream before this copy ran
+                t.record_stream(stream)
+        if nbytes:
+            dst[:nbytes].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
+        if dst.is_cuda:
             buf.seal(stream=stream)
             ev = torch.cuda.Event()
             ev.record(stream)
@@ -350,6 +363,7 @@ def _copy_out(c, t, pool, ttl):
     except BaseException:
         if buf is not None:
             buf.release()
+            buf = None
             try:
                 c.delete(name, pool=_pool_for(c, t.device, pool))
             except gpubuf.Error:
@@ -589,7 +603,9 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
                 for k, t in items]
         if bufs and bufs[0].is_cuda:
             dev = torch.device("cuda", bufs[0].device)
-            s = stream if stream is not None else torch.cuda.current_stream(dev)
+            cur = torch.cuda.current_stream(dev)
+            s = stream if stream is not None else cur
+            s.wait_stream(cur)  # after the producer's pending work on the tensors
             with torch.cuda.stream(s):
                 for (k, t), b in zip(items, bufs):
                     if t.numel():
@@ -600,6 +616,7 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
                 b.seal(stream=s, **m)
             ev = torch.cuda.Event()
             ev.record(s)
+            cur.wait_stream(s)  # the producer's next writes come after the copies
             _release_after(ev, bufs)
         else:
             for (k, t), b, m in zip(items, bufs, meta):
