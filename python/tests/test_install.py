@@ -55,8 +55,8 @@ def test_pip_install_into_a_venv(tmp_path, daemon):
     site = subprocess.run([str(py), "-c", "import gpubuf, os; print(os.path.dirname(gpubuf.__file__))"],
                           env=env, check=True, stdout=subprocess.PIPE, text=True,
                           cwd=tmp_path).stdout.strip()
-    assert sorted(f for f in os.listdir(site) if f != "__pycache__")[:3] == [
-        "__init__.py", "__init__.pyi", "_gpubuf" + sysconfig.get_config_var("EXT_SUFFIX")]
+    assert sorted(f for f in os.listdir(site) if f != "__pycache__")[:4] == [
+        "__init__.py", "__init__.pyi", "_aio.py", "_gpubuf" + sysconfig.get_config_var("EXT_SUFFIX")]
     assert os.path.exists(os.path.join(site, "py.typed"))
     assert os.path.exists(os.path.join(site, "torch.py"))  # gpubuf.torch (docs/torch.md)
     # Uninstalls cleanly too.
