@@ -33,7 +33,7 @@ except ImportError as e:  # pragma: no cover - exercised where torch is missing
 import gpubuf
 from torch.multiprocessing.reductions import StorageWeakRef
 
-__all__ = ["install", "uninstall", "installed", "client", "empty", "zeros", "as_tensor",
+__all__ = ["install", "uninstall", "installed", "client", "flush", "empty", "zeros", "as_tensor",
            "publish_state_dict", "open_state_dict", "latest_version", "delete_state_dict",
            "DEFAULT_TTL", "DEFAULT_OPEN_TIMEOUT"]
 
@@ -148,6 +148,8 @@ def _pool_for(c, device, pool):
 # address freed and reused by another storage never matches.
 _owned = {}
 _owned_lock = threading.Lock()
+_opened = {}  # buffer id -> StorageWeakRef of its storage in this process
+_opened_lock = threading.Lock()
 _Untyped = getattr(torch, "UntypedStorage", None) or getattr(torch, "_UntypedStorage")
 
 
@@ -170,6 +172,9 @@ def _remember(base, buf_id):
     with _owned_lock:
         _swept(_owned, "owned", lambda e: e[1].expired())
         _owned[base.data_ptr()] = (buf_id, ref)
+    with _opened_lock:  # received here later: the same storage, no second reference
+        _swept(_opened, "opened", lambda e: e.expired())
+        _opened[buf_id] = ref
 
 
 def _lookup(t):
@@ -287,38 +292,56 @@ def zeros(shape, *, dtype=torch.float32, device=None, pool=None, name=None, clie
 
 # ---- copies in flight ------------------------------------------------------------------
 
-# Buffers a stream-ordered copy still writes are released by a helper thread
-# once the copy's event completed, so the mapping stays while the GPU writes
-# it and the sending thread never waits for the GPU.
-_reap = {"pid": None, "queue": None}
-_reap_lock = threading.Lock()
+# Work a helper thread does so that senders and receivers do not wait for it:
+# releasing the sender's view of a buffer a stream-ordered copy still writes
+# (once the copy's event completed: the mapping stays while the GPU writes
+# it, and the sending thread never waits for the GPU), and the receiver's
+# delete of a hand-over buffer's name (a round trip).
+_helper = {"pid": None, "queue": None}
+_helper_lock = threading.Lock()
 
 
-def _reaper(q):
+def _helper_run(q):
     while True:
-        ev, buf = q.get()
+        fn = q.get()
         try:
-            ev.synchronize()
+            fn()
+        except Exception:  # a delete that lost a race with the lease: nothing to do
+            pass
         finally:
-            buf.release()
             q.task_done()
 
 
+def _later(fn):
+    with _helper_lock:
+        if _helper["pid"] != os.getpid():  # first use, or a forked child
+            _helper["queue"] = queue.Queue()
+            _helper["pid"] = os.getpid()
+            threading.Thread(target=_helper_run, args=(_helper["queue"],), daemon=True,
+                             name="gpubuf.torch helper").start()
+        _helper["queue"].put(fn)
+
+
 def _release_after(ev, bufs):
-    with _reap_lock:
-        if _reap["pid"] != os.getpid():  # first use, or a forked child
-            _reap["queue"] = queue.Queue()
-            _reap["pid"] = os.getpid()
-            threading.Thread(target=_reaper, args=(_reap["queue"],), daemon=True,
-                             name="gpubuf.torch release").start()
-        for b in bufs:
-            _reap["queue"].put((ev, b))
+    def release(ev=ev, bufs=bufs):
+        try:
+            ev.synchronize()
+        finally:
+            for b in bufs:
+                b.release()
+    _later(release)
 
 
-def _release_all_at_exit():
-    q = _reap["queue"]
-    if q is not None and _reap["pid"] == os.getpid():
+def flush():
+    """Wait for this process's background work: the release of buffers its
+    stream-ordered copies wrote (after those copies ran) and the deletes of
+    hand-over names it received. Runs at exit too."""
+    q = _helper["queue"]
+    if q is not None and _helper["pid"] == os.getpid():
         q.join()
+
+
+_release_all_at_exit = flush
 
 
 atexit.register(_release_all_at_exit)
@@ -397,6 +420,8 @@ def _rebuild(ticket):
     if version != 1:
         raise RuntimeError("a gpubuf.torch ticket of version %r: the sender runs another "
                            "gpubuf version" % (version,))
+    if socket and _st.socket is None and not os.environ.get("GPUBUF_SOCKET"):
+        _st.socket = socket  # configured nowhere here: the sender's daemon
     c = client()
     base = _opened_base(c, buf_id, name, pool, one_shot)
     t = _view(base, _BY_NAME[dtype], shape, strides, offset)
@@ -407,8 +432,6 @@ def _rebuild(ticket):
     return t
 
 
-_opened = {}  # buffer id -> StorageWeakRef of its storage in this process
-_opened_lock = threading.Lock()
 
 
 def _opened_base(c, buf_id, name, pool, one_shot):
@@ -424,14 +447,9 @@ def _opened_base(c, buf_id, name, pool, one_shot):
         buf.release()
     if one_shot and name:
         # A copy made for this hand-over: received now, its name goes (its
-        # memory with this process's last tensor over it).
-        try:
-            c.delete(name, pool=pool)
-        except gpubuf.Error:
-            pass  # another uid's, or the lease ran out meanwhile: it goes anyway
-    with _opened_lock:
-        _swept(_opened, "opened", lambda e: e.expired())
-        _opened[buf_id] = StorageWeakRef(_storage(base))
+        # memory with this process's last tensor over it). Another uid's, or
+        # one whose lease ran out meanwhile, goes with its lease anyway.
+        _later(lambda: c.delete(name, pool=pool))
     return base
 
 
@@ -454,7 +472,8 @@ def _reduce(t):
                            "you just want to transfer the data, call detach() on the tensor "
                            "before serializing (e.g., putting it on the queue).")
     c = client()
-    found = _lookup(t)
+    # a conjugate or negative view is materialised by the copy: its bit does not travel
+    found = None if (t.is_conj() or t.is_neg()) else _lookup(t)
     one_shot = found is None
     if found is not None:
         buf_id, offset = found
@@ -466,7 +485,8 @@ def _reduce(t):
         offset = 0
         strides = _contiguous(tuple(t.shape))
     ticket = (1, buf_id, name, pool, one_shot, offset, _dtype_name(t.dtype), tuple(t.shape),
-              strides, bool(t.requires_grad), isinstance(t, torch.nn.Parameter), None)
+              strides, bool(t.requires_grad), isinstance(t, torch.nn.Parameter),
+              None if _st.socket is None else str(_st.socket))
     return (_rebuild, (ticket,))
 
 

@@ -58,6 +58,7 @@ def tensors(device):
     m = torch.arange(60, dtype=torch.float32, device=device).reshape(6, 10)
     out.update({"transposed": m.t(), "slice": m[1:5, 2:9:3], "row": m[4],
                 "expanded": m[0:1].expand(3, 10), "empty": m[:0], "scalar": m[2, 3],
+                "conj": sample(torch.complex64, device).conj(),
                 "3d": torch.arange(120, device=device).reshape(2, 3, 20).permute(2, 0, 1)})
     return out
 
@@ -97,6 +98,7 @@ def holder(device, pool, q, r):
     """Receive tensors and hold them until killed."""
     child_install(device, pool)
     held = [q.get() for _ in range(q.get())]
+    gt.flush()  # the deletes of the received names are done: only references remain
     r.put(len(held))
     time.sleep(DEADLINE * 10)
 
