@@ -13,7 +13,7 @@ from test_torch import run_scenario
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch_gpu]
 SCENARIOS = ["queue", "zero_copy", "pool", "killed", "sender_exits", "lease", "versions",
-             "readonly", "assign", "errors", "stream"]
+             "readonly", "assign", "errors", "stream", "cai"]
 
 
 def _cuda_devices():

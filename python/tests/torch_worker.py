@@ -448,6 +448,33 @@ def scenario_stream(device, pool, ctx):
     p.join(DEADLINE)
 
 
+def scenario_cai(device, pool, ctx):
+    """__cuda_array_interface__ carries the producer's layout (dtype, shape,
+    strides, byte offset), as __dlpack__ does; bfloat16 exports bytes."""
+    if device != "cuda":
+        skip("the CUDA Array Interface is for CUDA pools (host: test_batch_meta.py)")
+    c = gt.client()
+    b = c.alloc(16 + 4 * 32, "cai/colmajor", pool, dtype="float32", shape=(4, 8),
+                strides=(1, 4), byte_offset=16)
+    src = torch.arange(32, dtype=torch.float32, device="cuda").reshape(8, 4).t()  # (4, 8)
+    torch.from_dlpack(b.as_array("uint8"))[16:].view(torch.float32).copy_(
+        src.t().reshape(-1))
+    torch.cuda.synchronize()
+    b.seal(sync=True)
+    o = c.open("cai/colmajor")
+    cai = o.__cuda_array_interface__
+    assert cai["shape"] == (4, 8) and cai["typestr"] == "<f4" and cai["strides"] == (4, 16), cai
+    assert cai["data"][0] == o.address + 16
+    t = torch.as_tensor(o, device="cuda")
+    assert t.shape == (4, 8) and t.stride() == (1, 4) and torch.equal(t, src), t
+    h = c.alloc(name="cai/bf16", pool=pool, dtype=(4, 16, 1), shape=(4,))
+    h.seal(sync=True)
+    assert h.__cuda_array_interface__["shape"] == (8,)  # bytes: the interface has no bfloat16
+    del t
+    for x in (o, b, h):
+        x.release()
+
+
 def main():
     scenario, device, pool = sys.argv[1], sys.argv[2], sys.argv[3]
     if device == "cuda" and not torch.cuda.is_available():
