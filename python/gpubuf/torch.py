@@ -116,19 +116,32 @@ def _device_uuid(index):
 def _pool_for(c, device, pool):
     """The pool a tensor of `device` is copied into: pool (a name, or a dict
     by "cpu" / CUDA index), else the pool of that GPU (by UUID, else by
-    ordinal) or the first host pool for CPU tensors, else the default pool."""
+    ordinal) or the first host pool for CPU tensors, else the default pool.
+    A pool of the other kind (host for a CUDA tensor, CUDA for a CPU one)
+    raises NoPoolError: the receiver would get its tensor on another device."""
     if isinstance(pool, dict):
         key = "cpu" if device.type == "cpu" else (device.index or 0)
         pool = pool.get(key, pool.get(str(key)))
-    if pool is not None:
-        return pool
     pools = _pools(c)
-    if device.type == "cpu":
-        for p in pools:
-            if p["kind"] == "host":
-                return p["name"]
-        raise gpubuf.NoPoolError("gpubufd has no host pool for CPU tensors: start it with "
-                                 "--pool NAME=host,capacity=... or pass pool=")
+    if pool is None and device.type == "cpu":
+        pool = next((p["name"] for p in pools if p["kind"] == "host"), None)
+        if pool is None:
+            raise gpubuf.NoPoolError("gpubufd has no host pool for CPU tensors: start it with "
+                                     "--pool NAME=host,capacity=... or pass pool=")
+    elif pool is None:
+        pool = _cuda_pool(pools, device)  # None: the default pool
+    for p in pools:
+        if (p["name"] == pool) if pool is not None else p.get("default"):
+            if (p["kind"] == "host") != (device.type == "cpu"):
+                raise gpubuf.NoPoolError(
+                    "pool %r is a %s pool: a %s tensor needs a %s pool (pass pool=, or start "
+                    "gpubufd with one)" % (p["name"], p["kind"], device.type,
+                                           "host" if device.type == "cpu" else
+                                           "cuda-ipc or cuda-vmm"))
+    return pool
+
+
+def _cuda_pool(pools, device):
     index = device.index if device.index is not None else torch.cuda.current_device()
     uuid = _device_uuid(index)
     cuda = [p for p in pools if p["kind"] != "host"]

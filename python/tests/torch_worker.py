@@ -405,6 +405,17 @@ def scenario_errors(device, pool, ctx):
     else:
         raise AssertionError("a tensor larger than its pool was sent")
     assert not gt_buffers(c)
+    # a pool of the other kind: the receiver would get the tensor on another device
+    other = [p["name"] for p in c.status()["pools"]
+             if (p["kind"] == "host") == (device == "cuda")]
+    if other:
+        gt.install(cpu=(device == "cpu"), pool=other[0])
+        try:
+            ForkingPickler.dumps(sample(torch.float32, device))
+        except gpubuf.NoPoolError as e:
+            print("other kind:", type(e).__name__, e)
+        else:
+            raise AssertionError("a %s tensor was sent through pool %s" % (device, other[0]))
     gt.uninstall()
     # no daemon: a socket nobody listens on
     import socket as so
