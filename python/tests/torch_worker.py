@@ -317,6 +317,7 @@ def scenario_versions(device, pool, ctx):
     sd1 = {k: (t + 1 if t.dtype != torch.bool else ~t) for k, t in sd0.items()}
     assert gt.publish_state_dict(c, prefix, sd1, pool=pool) == 1
     assert gt.latest_version(c, prefix) == 1
+    gt.flush()  # CUDA: this process's views of its copies go once the copies ran
     v0 = [b for b in c.status()["buffers"] if b["name"].startswith(prefix + "/v0/")]
     assert v0 and all(b["state"] == "deleted" and b["refs"] == 1 for b in v0
                       if not b["name"].endswith("/index")), v0
