@@ -640,11 +640,13 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
             s = stream if stream is not None else cur
             s.wait_stream(cur)  # after the producer's pending work on the tensors
             with torch.cuda.stream(s):
+                dsts, srcs = [], []
                 for (k, t), b in zip(items, bufs):
                     if t.numel():
-                        dst = torch.from_dlpack(b)[: t.numel() * t.element_size()]
-                        dst.view(t.dtype).view(t.shape).copy_(t.detach(), non_blocking=True)
-                        del dst
+                        dsts.append(_typed(torch.from_dlpack(b), t))
+                        srcs.append(t.detach())
+                _copy_all(dsts, srcs)
+                del dsts, srcs
             for b, m in zip(bufs, meta):
                 b.seal(stream=s, **m)
             ev = torch.cuda.Event()
@@ -654,9 +656,7 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
         else:
             for (k, t), b, m in zip(items, bufs, meta):
                 if t.numel():
-                    dst = torch.from_dlpack(b)[: t.numel() * t.element_size()]
-                    dst.view(t.dtype).view(t.shape).copy_(t.detach().cpu())
-                    del dst
+                    _typed(torch.from_dlpack(b), t).copy_(t.detach().cpu())
                 b.seal(**m)
             client.release_many(bufs)
         # The index last: a consumer that sees it finds every tensor sealed.
@@ -674,6 +674,26 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
             if v <= version - keep_last:
                 delete_state_dict(client, prefix, v, pool=pool)
     return version
+
+
+def _typed(raw, t):
+    """The bytes `raw` (1-D uint8) as a tensor of t's dtype and shape."""
+    n = t.numel() * t.element_size()
+    return (raw if raw.numel() == n else raw[:n]).view(t.dtype).view(t.shape)
+
+
+def _copy_all(dsts, srcs):
+    """dst.copy_(src) for each pair, on the current stream: in one fused call
+    where torch has one (torch._foreach_copy_), else one copy each."""
+    fused = getattr(torch, "_foreach_copy_", None)
+    if fused is not None and dsts:
+        try:
+            fused(dsts, srcs, non_blocking=True)
+            return
+        except (RuntimeError, TypeError):
+            pass  # mixed devices or an older signature: one copy each below
+    for d, s in zip(dsts, srcs):
+        d.copy_(s, non_blocking=True)
 
 
 def _key(k):
