@@ -644,7 +644,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
      * queued whatever else waits. Too many items: the small error below. */
     size_t items = gd_session_batch_items(req);
     if (items && items <= GD_BATCH_MAX_ITEMS && s->hello_done && s->io->reply_room &&
-        !s->io->reply_room(s->conn, gd_session_batch_reply_bound(items))) {
+        !s->io->reply_room(s->conn, gd_session_batch_reply_bound(items, gd_session_batch_with_meta(req)))) {
         gpubuf__request__free_unpacked(req, NULL);
         return -EAGAIN;
     }

@@ -7,6 +7,9 @@ pkgs=(build-essential cmake ninja-build pkg-config libuv1-dev libprotobuf-c-dev
       man-db clang libclang-rt-dev python3-dev python3-numpy python3-pytest python3-venv
       libdlpack-dev systemd strace libbsd-dev util-linux
       debhelper dh-python lintian python3-yaml)
+# Optional: the gpubuf.torch tests (python/tests/test_torch.py) skip, saying
+# why, where PyTorch cannot be imported.
+optional=(python3-torch)
 have_all() {
     command -v cmake >/dev/null && command -v ninja >/dev/null && command -v protoc-c >/dev/null &&
         command -v scdoc >/dev/null && command -v systemd-analyze >/dev/null &&
@@ -27,7 +30,11 @@ sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' 2>
     done
     return 1
 }
-if have_all; then
+# PyTorch where Debian has it; else its tests skip.
+have_optional() {
+    /usr/bin/python3 -c 'import torch' 2>/dev/null || ! apt-cache show python3-torch >/dev/null 2>&1
+}
+if have_all && { have_optional || [ "${GPUBUF_NO_INSTALL:-0}" = 1 ]; }; then
     exit 0
 fi
 if [ "${GPUBUF_NO_INSTALL:-0}" = 1 ]; then
@@ -39,3 +46,8 @@ sudo=""
 export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${pkgs[@]}" >/dev/null
+for p in "${optional[@]}"; do
+    if ! $sudo apt-get install -y -qq --no-install-recommends "$p" >/dev/null; then
+        echo "deps.sh: $p could not be installed: its tests will be skipped" >&2
+    fi
+done

@@ -79,6 +79,7 @@ def test_pip_install_into_a_venv(tmp_path, daemon):
     assert sorted(f for f in os.listdir(site) if f != "__pycache__")[:4] == [
         "__init__.py", "__init__.pyi", "_aio.py", "_gpubuf" + sysconfig.get_config_var("EXT_SUFFIX")]
     assert os.path.exists(os.path.join(site, "py.typed"))
+    assert os.path.exists(os.path.join(site, "torch.py"))  # gpubuf.torch (docs/torch.md)
     # Uninstalls cleanly too.
     subprocess.run([str(py), "-m", "pip", "uninstall", "-y", "gpubuf"], env=env, check=True,
                    stdout=subprocess.DEVNULL)
