@@ -43,6 +43,7 @@ struct gd_state {
     bool fdstore;
     bool frozen;
     bool failed; /* a write failed: the kept state is behind (logged once) */
+    bool no_journal; /* state_journal = off (measurement only): no record after the start */
     slot slots[2];
     int active;
     uint64_t compact_at; /* compact when the active slot grows past this */

@@ -337,7 +337,7 @@ static void append(gd_state *st, const Gpubuf__StateRecord *rec) {
     uint8_t stack[1024];
     obuf o = {.p = stack, .cap = sizeof(stack)};
     slot *s = &st->slots[st->active];
-    if (st->frozen)
+    if (st->frozen || st->no_journal)
         return;
     uint64_t t0 = gpubuf_now_ns();
     size_t n = gpubuf__state_record__get_packed_size(rec);
@@ -541,8 +541,14 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
         ctx->pools[i]->slab_hook = hook_slab;
         ctx->pools[i]->slab_hook_arg = st;
     }
-    ctx->reg.hooks = &hooks;
-    ctx->reg.hooks_arg = st;
+    st->no_journal = ctx->limits.journal_off != 0;
+    if (st->no_journal)
+        LOG_WARN("state_journal = off (for measurement only): no change is journalled, a restart "
+                 "loses every change made from now on");
+    else {
+        ctx->reg.hooks = &hooks;
+        ctx->reg.hooks_arg = st;
+    }
     ctx->state = st;
     gd_state_store_fd(st, "state-0", st->slots[0].fd);
     gd_state_store_fd(st, "state-1", st->slots[1].fd);
