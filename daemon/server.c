@@ -642,7 +642,12 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     c->out_frames++;
     c->out_fds += (uint32_t)o->n_fds;
     out_add(c, o->len);
-    if (was_empty && !c->corked) {
+    if (was_empty && !c->corked && c->srv->in_frame && c->srv->in_frame != c) {
+        /* A reply another connection's request made (a waiting open it
+         * woke): it leaves when the loop finds the socket writable, after
+         * that request's changes are saved. */
+        update_poll(c);
+    } else if (was_empty && !c->corked) {
         int r = flush_out(c);
         if (r < 0) {
             peer_left(c);
@@ -692,8 +697,11 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
         }
         if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
             break;
-        if (c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length,
-                                c->srv->trace_woke_ns, c->srv->trace_read_ns) == -EAGAIN)
+        c->srv->in_frame = c;
+        r = c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length,
+                                c->srv->trace_woke_ns, c->srv->trace_read_ns);
+        c->srv->in_frame = NULL;
+        if (r == -EAGAIN)
             break; /* held back until the reply memory has room (mem_wait) */
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;

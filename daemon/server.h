@@ -136,6 +136,10 @@ struct gd_server {
     size_t out_bytes; /* queued reply bytes of all connections (max_reply_memory) */
     gd_uid_use *uids; /* uthash by uid: the uids with connections */
     gd_conn *mem_waiters; /* connections whose next frame waits for reply memory */
+    /* The connection whose frame is being handled: replies to others wait
+     * for the next turn of the loop, after that request's changes are in
+     * the saved state (gd_state_end), as its own replies do. */
+    gd_conn *in_frame;
     bool stopping;
     bool work; /* cb.on_work has work left */
     /* GPUBUF_TRACE_TIMING: when the loop woke for the last read, and when

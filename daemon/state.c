@@ -20,6 +20,7 @@
 #include "layout.h"
 #include "log.h"
 #include "saved_state.h"
+#include "state_record.h"
 #include "state_restore.h"
 #include "util.h"
 
@@ -67,41 +68,16 @@ static void store_remove(gd_state *st, const char *name) {
 
 /* ---- writing ----------------------------------------------------------- */
 
-/* A growable byte buffer for records. */
-typedef struct obuf {
-    uint8_t *p;
-    size_t len, cap;
-    bool oom;
-} obuf;
-
-static uint8_t *obuf_room(obuf *o, size_t n) {
-    if (o->oom)
-        return NULL;
-    if (o->cap - o->len < n) {
-        size_t cap = o->cap ? o->cap : 4096;
-        while (cap - o->len < n)
-            cap *= 2;
-        uint8_t *p = realloc(o->p, cap);
-        if (!p) {
-            o->oom = true;
-            return NULL;
-        }
-        o->p = p;
-        o->cap = cap;
-    }
-    return o->p + o->len;
-}
-
-static void header(uint8_t *hdr, uint64_t gen) {
+static void header(uint8_t *hdr, uint32_t version, uint64_t gen) {
     memset(hdr, 0, STATE_HEADER);
     memcpy(hdr, STATE_MAGIC, 8);
-    put32(hdr + 8, STATE_VERSION);
+    put32(hdr + 8, version);
     put64(hdr + 16, gen);
     put64(hdr + 24, gd_state_checksum(hdr, 24));
 }
 
 void gd_state_header(uint8_t *out, uint64_t gen) {
-    header(out, gen);
+    header(out, STATE_VERSION_1, gen);
 }
 
 size_t gd_state_frame(uint8_t *out, const uint8_t *rec, uint32_t n) {
@@ -111,16 +87,15 @@ size_t gd_state_frame(uint8_t *out, const uint8_t *rec, uint32_t n) {
     return (size_t)n + 8;
 }
 
-/* Append one framed record to o. */
-static void put_record(obuf *o, const Gpubuf__StateRecord *rec) {
-    size_t n = gpubuf__state_record__get_packed_size(rec);
-    uint8_t *p = obuf_room(o, 8 + n);
-    if (!p)
-        return;
-    gpubuf__state_record__pack(rec, p + 8);
-    put32(p, (uint32_t)n);
-    put32(p + 4, (uint32_t)gd_state_checksum(p + 8, n));
-    o->len += 8 + n;
+void gd_state_header_v2(uint8_t *out, uint64_t gen) {
+    header(out, STATE_VERSION, gen);
+}
+
+size_t gd_state_frame_v2(uint8_t *out, uint64_t gen, const uint8_t *rec, uint32_t n) {
+    memmove(out + 8, rec, n);
+    put32(out, n);
+    put32(out + 4, gd_se_checksum(gen, out + 8, n));
+    return (size_t)n + 8;
 }
 
 static bool write_all(int fd, const void *buf, size_t len, uint64_t off) {
@@ -148,8 +123,11 @@ static void slot_unmap(slot *s) {
 /* Room for need bytes in the slot's shared mapping: journal records are
  * copied into it, no system call each. The memfd's pages are the kept
  * state itself, so a record is saved once copied, whatever kills the
- * daemon next. The file grows by doubling (1 MiB at least); the zeros past
- * the records end the replay like a torn record. */
+ * daemon next. The file grows by doubling (1 MiB at least) and never
+ * shrinks: a snapshot writes over the pages the slot had (no page faults
+ * on the hot path after the first round); 8 zero bytes after the last
+ * frame end the replay, and a frame of an older generation left further
+ * on fails its checksum (which covers the generation). */
 static bool slot_room(slot *s, uint64_t need) {
     if (s->map && need <= s->cap)
         return true;
@@ -160,7 +138,7 @@ static bool slot_room(slot *s, uint64_t need) {
     if (fstat(s->fd, &sb) == 0 && (uint64_t)sb.st_size > cap)
         cap = (uint64_t)sb.st_size; /* never cut what another start wrote */
     slot_unmap(s);
-    if (ftruncate(s->fd, (off_t)cap) < 0)
+    if ((fstat(s->fd, &sb) < 0 || (uint64_t)sb.st_size < cap) && ftruncate(s->fd, (off_t)cap) < 0)
         return false;
     void *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
     if (m == MAP_FAILED)
@@ -185,60 +163,12 @@ static void slab_msg(Gpubuf__StateSlab *m, const gd_slab *s) {
     m->dedicated = s->dedicated;
 }
 
-/* A buffer's record and what its metadata points to. */
-typedef struct buf_rec {
-    Gpubuf__StateBuffer m;
-    Gpubuf__ArrayLayout wl;
-    gpubuf_layout l;
-} buf_rec;
-
-static void buf_msg(buf_rec *br, const gd_buf *b) {
-    Gpubuf__StateBuffer *m = &br->m;
-    size_t user_len;
-    gpubuf__state_buffer__init(m);
-    m->id = b->id;
-    m->name = b->name ? b->name : (char *)"";
-    m->slab_id = b->blk.slab->id;
-    m->offset = b->blk.offset;
-    m->block_size = b->blk.size;
-    m->size = b->size;
-    m->state = (uint32_t)b->state;
-    m->owner_uid = b->owner_uid;
-    m->owner_session = b->owner_holder;
-    m->charged = b->charged;
-    if (b->has_event) {
-        m->event.data = (uint8_t *)b->event;
-        m->event.len = GD_EVENT_HANDLE_SIZE;
-        m->event_session = b->event_holder;
-    }
-    m->restored = b->restored;
-    if (gd_meta_layout(b, &br->l)) { /* strides only when they were given */
-        gpubuf_layout_to_wire(&br->l, &br->wl);
-        m->layout = &br->wl;
-    }
-    m->user_data.data = (uint8_t *)gd_meta_user(b, &user_len);
-    m->user_data.len = user_len;
-    if (b->lease_slot) {
-        m->lease_ttl_ms = b->lease_ttl_ms;
-        m->lease_expires_ns = b->lease_expires_ns;
-    }
-}
-
 static void holder_msg(Gpubuf__StateSession *m, const gd_holder *h) {
     gpubuf__state_session__init(m);
     m->id = h->id;
     m->pid = (int32_t)h->pid;
     m->uid = (uint32_t)h->uid;
     m->gid = (uint32_t)h->gid;
-}
-
-static void ref_msg(Gpubuf__StateRef *m, uint64_t holder, uint64_t buffer, uint32_t count,
-                    uint32_t ro) {
-    gpubuf__state_ref__init(m);
-    m->session = holder;
-    m->buffer = buffer;
-    m->count = count;
-    m->read_only = ro;
 }
 
 static void counters_msg(Gpubuf__StateCounters *m, const gd_context *ctx) {
@@ -249,29 +179,53 @@ static void counters_msg(Gpubuf__StateCounters *m, const gd_context *ctx) {
     m->restarts = ctx->restarts;
 }
 
-/* A record of one message m of kind what. */
-static Gpubuf__StateRecord record(Gpubuf__StateRecord__RecCase what, void *m) {
+/* A record of one message m of kind what, as an entry of o. */
+static void put_msg(gd_obuf *o, Gpubuf__StateRecord__RecCase what, void *m) {
     Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     rec.rec_case = what;
     switch (what) {
     case GPUBUF__STATE_RECORD__REC_SLAB: rec.slab = m; break;
-    case GPUBUF__STATE_RECORD__REC_BUFFER: rec.buffer = m; break;
     case GPUBUF__STATE_RECORD__REC_SESSION: rec.session = m; break;
-    case GPUBUF__STATE_RECORD__REC_REF: rec.ref = m; break;
     case GPUBUF__STATE_RECORD__REC_COUNTERS: rec.counters = m; break;
     default: break;
     }
-    return rec;
+    gd_se_record(o, &rec);
 }
 
-static void put_msg(obuf *o, Gpubuf__StateRecord__RecCase what, void *m) {
-    Gpubuf__StateRecord rec = record(what, m);
-    put_record(o, &rec);
+/* Frame o->p[start..o->len) (a group, its first byte GD_SE_GROUP) in place:
+ * its 8 bytes of length and checksum were left free before it. */
+static void frame_group(gd_obuf *o, size_t start, uint64_t gen) {
+    uint32_t n = (uint32_t)(o->len - start - 8);
+    put32(o->p + start, n);
+    put32(o->p + start + 4, gd_se_checksum(gen, o->p + start + 8, n));
 }
 
-/* The whole registry as records: counters, slabs, sessions, buffers, refs. */
-static void snapshot(const gd_context *ctx, obuf *o) {
+/* Open a group in o: room for its frame header, then its first byte. */
+static size_t open_group(gd_obuf *o) {
+    size_t start = o->len;
+    uint8_t *p = gd_obuf_room(o, 9);
+    if (p) {
+        memset(p, 0, 9); /* the frame's header (filled by frame_group), GD_SE_GROUP */
+        o->len += 9;
+    }
+    return start;
+}
+
+#define SNAPSHOT_GROUP (256u << 10) /* a snapshot's groups are about this long */
+
+/* The whole registry as groups of entries of generation gen: counters,
+ * slabs, sessions, buffers, refs. Not one group: the header, written
+ * last, makes a snapshot whole. */
+static void snapshot(const gd_context *ctx, gd_obuf *o, uint64_t gen) {
     Gpubuf__StateCounters c;
+    size_t g = open_group(o);
+#define NEXT_GROUP()                                                                               \
+    do {                                                                                           \
+        if (o->len - g > SNAPSHOT_GROUP && !o->oom) {                                              \
+            frame_group(o, g, gen);                                                                \
+            g = open_group(o);                                                                     \
+        }                                                                                          \
+    } while (0)
     counters_msg(&c, ctx);
     put_msg(o, GPUBUF__STATE_RECORD__REC_COUNTERS, &c);
     for (int i = 0; i < ctx->n_pools; i++)
@@ -279,23 +233,38 @@ static void snapshot(const gd_context *ctx, obuf *o) {
             Gpubuf__StateSlab m;
             slab_msg(&m, s);
             put_msg(o, GPUBUF__STATE_RECORD__REC_SLAB, &m);
+            NEXT_GROUP();
         }
     for (const gd_holder *h = ctx->reg.holders; h; h = h->hh.next) {
         Gpubuf__StateSession m;
         holder_msg(&m, h);
         put_msg(o, GPUBUF__STATE_RECORD__REC_SESSION, &m);
+        NEXT_GROUP();
     }
     for (const gd_buf *b = ctx->reg.by_id; b; b = b->hh_id.next) {
-        buf_rec br;
-        buf_msg(&br, b);
-        put_msg(o, GPUBUF__STATE_RECORD__REC_BUFFER, &br.m);
+        gd_se_buffer(o, b);
+        NEXT_GROUP();
     }
     for (const gd_holder *h = ctx->reg.holders; h; h = h->hh.next)
         for (const gd_ref *r = h->refs; r; r = r->hh.next) {
-            Gpubuf__StateRef m;
-            ref_msg(&m, h->id, r->buffer_id, r->count, r->ro);
-            put_msg(o, GPUBUF__STATE_RECORD__REC_REF, &m);
+            gd_se_ref(o, h->id, r->buffer_id, r->count, r->ro);
+            NEXT_GROUP();
         }
+#undef NEXT_GROUP
+    if (!o->oom)
+        frame_group(o, g, gen);
+}
+
+/* Copy len bytes to the slot at off and 8 zero bytes after them (the end
+ * of the replay), through its mapping (or pwrite when it cannot map). */
+static bool slot_put(slot *s, uint64_t off, const uint8_t *p, size_t len) {
+    static const uint8_t end[8];
+    if (slot_room(s, off + len + sizeof(end))) {
+        memcpy(s->map + off, p, len);
+        memset(s->map + off + len, 0, sizeof(end));
+        return true;
+    }
+    return write_all(s->fd, p, len, off) && write_all(s->fd, end, sizeof(end), off + len);
 }
 
 /* Write a full snapshot into the inactive slot and make it the active one.
@@ -303,21 +272,23 @@ static void snapshot(const gd_context *ctx, obuf *o) {
 static int compact(gd_state *st) {
     slot *to = &st->slots[!st->active];
     const slot *from = &st->slots[st->active];
-    obuf o = {0};
-    slot_unmap(to); /* it is cut to nothing and written anew below */
+    gd_obuf o = {0};
     uint8_t hdr[STATE_HEADER];
-    snapshot(st->ctx, &o);
+    uint64_t gen = (from->gen > to->gen ? from->gen : to->gen) + 1, t0 = gpubuf_now_ns();
+    static const uint8_t none[STATE_HEADER];
+    snapshot(st->ctx, &o, gen);
     if (o.oom) {
         free(o.p);
         errno = ENOMEM;
         write_failed(st, "snapshot");
         return -ENOMEM;
     }
-    uint64_t gen = (from->gen > to->gen ? from->gen : to->gen) + 1, t0 = gpubuf_now_ns();
-    header(hdr, gen);
-    /* The header goes last: until then the slot holds nothing valid. */
-    if (ftruncate(to->fd, 0) < 0 || !write_all(to->fd, o.p, o.len, STATE_HEADER) ||
-        !write_all(to->fd, hdr, sizeof(hdr), 0)) {
+    header(hdr, STATE_VERSION, gen);
+    /* The old header goes first, the new one last: in between the slot
+     * holds nothing valid. */
+    if (!slot_put(to, 0, none, sizeof(none)) || !slot_put(to, STATE_HEADER, o.p, o.len) ||
+        !(to->map ? (memcpy(to->map, hdr, sizeof(hdr)), true)
+                  : write_all(to->fd, hdr, sizeof(hdr), 0))) {
         free(o.p);
         write_failed(st, "snapshot");
         return -errno;
@@ -332,78 +303,102 @@ static int compact(gd_state *st) {
     return 0;
 }
 
-/* Append one record to the active slot; compact when it has grown enough. */
-static void append(gd_state *st, const Gpubuf__StateRecord *rec) {
-    uint8_t stack[1024];
-    obuf o = {.p = stack, .cap = sizeof(stack)};
+/* Write the staged entries as one group to the active slot, before any
+ * reply that tells of them leaves (gd_state_end); compact when the slot
+ * has grown enough. */
+static void commit(gd_state *st) {
     slot *s = &st->slots[st->active];
-    if (st->frozen || st->no_journal)
+    gd_obuf *o = &st->stage;
+    if (o->len <= 9 && !o->oom)
         return;
     uint64_t t0 = gpubuf_now_ns();
-    size_t n = gpubuf__state_record__get_packed_size(rec);
-    if (n + 8 > sizeof(stack)) {
-        o.p = NULL;
-        o.cap = 0;
-    }
-    put_record(&o, rec);
-    if (!o.oom && slot_room(s, s->len + o.len)) {
-        memcpy(s->map + s->len, o.p, o.len);
-        s->len += o.len;
-    } else if (o.oom || !write_all(s->fd, o.p, o.len, s->len)) {
+    if (o->oom) {
+        errno = ENOMEM;
         write_failed(st, "journal");
     } else {
-        s->len += o.len;
+        frame_group(o, 0, s->gen);
+        if (slot_put(s, s->len, o->p, o->len))
+            s->len += o->len;
+        else
+            write_failed(st, "journal");
     }
-    if (o.p != stack)
-        free(o.p);
-    st->records++;
+    o->len = 0;
+    o->oom = false;
+    open_group(o);
+    st->groups++;
     st->journal_ns += gpubuf_now_ns() - t0;
     if (s->len > st->compact_at)
         compact(st);
 }
 
-static void append_msg(gd_state *st, Gpubuf__StateRecord__RecCase what, void *m) {
-    Gpubuf__StateRecord rec = record(what, m);
-    append(st, &rec);
+void gd_state_begin(gd_state *st) {
+    if (st)
+        st->depth++;
+}
+
+void gd_state_end(gd_state *st) {
+    if (st && st->depth && --st->depth == 0)
+        commit(st);
+}
+
+/* Make room for one more entry of at most n bytes in the stage; a group
+ * that would grow past STATE_MAX_GROUP is written first (a request never
+ * makes one that large: max_request and the batch limits bound it). */
+static bool stage_room(gd_state *st, size_t n) {
+    if (st->frozen || st->no_journal)
+        return false;
+    if (st->stage.len + n > STATE_MAX_GROUP)
+        commit(st);
+    st->records++;
+    return true;
+}
+
+/* An entry staged: written at once outside of a request. */
+static void staged(gd_state *st) {
+    if (st->depth == 0)
+        commit(st);
 }
 
 static void hook_buf(void *arg, const gd_buf *b) {
-    buf_rec br;
-    buf_msg(&br, b);
-    append_msg(arg, GPUBUF__STATE_RECORD__REC_BUFFER, &br.m);
+    gd_state *st = arg;
+    if (!stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
+        return;
+    gd_se_buffer(&st->stage, b);
+    staged(st);
 }
 
-static void hook_id(gd_state *st, Gpubuf__StateRecord__RecCase what, uint64_t id) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
-    rec.rec_case = what;
-    if (what == GPUBUF__STATE_RECORD__REC_BUFFER_GONE)
-        rec.buffer_gone = id;
-    else if (what == GPUBUF__STATE_RECORD__REC_SESSION_GONE)
-        rec.session_gone = id;
-    else
-        rec.slab_gone = id;
-    append(st, &rec);
+static void hook_id(gd_state *st, int kind, uint64_t id) {
+    if (!stage_room(st, 9))
+        return;
+    gd_se_id(&st->stage, kind, id);
+    staged(st);
 }
 
 static void hook_buf_gone(void *arg, uint64_t id) {
-    hook_id(arg, GPUBUF__STATE_RECORD__REC_BUFFER_GONE, id);
+    hook_id(arg, GD_SE_BUFFER_GONE, id);
 }
 
 static void hook_ref(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t count,
                      uint32_t ro) {
-    Gpubuf__StateRef m;
-    ref_msg(&m, h->id, buffer_id, count, ro);
-    append_msg(arg, GPUBUF__STATE_RECORD__REC_REF, &m);
+    gd_state *st = arg;
+    if (!stage_room(st, 25))
+        return;
+    gd_se_ref(&st->stage, h->id, buffer_id, count, ro);
+    staged(st);
 }
 
 static void hook_holder(void *arg, const gd_holder *h) {
+    gd_state *st = arg;
     Gpubuf__StateSession m;
+    if (!stage_room(st, 256))
+        return;
     holder_msg(&m, h);
-    append_msg(arg, GPUBUF__STATE_RECORD__REC_SESSION, &m);
+    put_msg(&st->stage, GPUBUF__STATE_RECORD__REC_SESSION, &m);
+    staged(st);
 }
 
 static void hook_holder_gone(void *arg, uint64_t id) {
-    hook_id(arg, GPUBUF__STATE_RECORD__REC_SESSION_GONE, id);
+    hook_id(arg, GD_SE_SESSION_GONE, id);
 }
 
 static void hook_slab(void *arg, const gd_slab *s, bool created) {
@@ -414,11 +409,14 @@ static void hook_slab(void *arg, const gd_slab *s, bool created) {
     gd_state_slab_name(name, sizeof(name), s->id);
     if (created) {
         Gpubuf__StateSlab m;
-        slab_msg(&m, s);
-        append_msg(st, GPUBUF__STATE_RECORD__REC_SLAB, &m);
+        if (stage_room(st, 256 + GPUBUF_NAME_MAX)) {
+            slab_msg(&m, s);
+            put_msg(&st->stage, GPUBUF__STATE_RECORD__REC_SLAB, &m);
+            staged(st);
+        }
         gd_state_store_fd(st, name, s->exp.fd);
     } else {
-        hook_id(st, GPUBUF__STATE_RECORD__REC_SLAB_GONE, s->id);
+        hook_id(st, GD_SE_SLAB_GONE, s->id);
         store_remove(st, name);
     }
 }
@@ -541,6 +539,7 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
         ctx->pools[i]->slab_hook = hook_slab;
         ctx->pools[i]->slab_hook_arg = st;
     }
+    open_group(&st->stage);
     st->no_journal = ctx->limits.journal_off != 0;
     if (st->no_journal)
         LOG_WARN("state_journal = off (for measurement only): no change is journalled, a restart "
@@ -574,11 +573,12 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
 void gd_state_freeze(gd_state *st) {
     if (!st || st->frozen)
         return;
+    commit(st);
     st->frozen = true;
-    LOG_INFO("saved state: %llu journal record(s), %.2f us each on average; %llu snapshot(s), "
-             "%.1f ms in all",
-             (unsigned long long)st->records,
-             st->records ? (double)st->journal_ns / 1e3 / (double)st->records : 0.0,
+    LOG_INFO("saved state: %llu journal entries in %llu group(s), %.2f us per group on average; "
+             "%llu snapshot(s), %.1f ms in all",
+             (unsigned long long)st->records, (unsigned long long)st->groups,
+             st->groups ? (double)st->journal_ns / 1e3 / (double)st->groups : 0.0,
              (unsigned long long)st->snapshots, (double)st->snapshot_ns / 1e6);
     st->ctx->reg.hooks = NULL;
     for (int i = 0; i < st->ctx->n_pools; i++)
@@ -596,8 +596,10 @@ int gd_state_rewrite(gd_state *st) {
      * into the slot that is not ours (never into ours, whose generation
      * is the highest it saw): read both generations again, so that ours
      * goes above it, into that slot; ours stays whole meanwhile. */
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
+        slot_unmap(&st->slots[i]); /* its size may have changed meanwhile */
         st->slots[i].gen = gd_state_slot_gen(st->slots[i].fd);
+    }
     if (st->slots[st->active].gen == 0)
         LOG_WARN("saved state: the active slot lost its header; writing a new snapshot");
     return compact(st);
@@ -613,6 +615,7 @@ void gd_state_free(gd_state *st) {
     }
     if (st->ctx->state == st)
         st->ctx->state = NULL;
+    free(st->stage.p);
     free(st);
 }
 
