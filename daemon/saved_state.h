@@ -24,7 +24,7 @@ typedef struct gd_state gd_state;
 
 #define STATE_MAGIC "GPBUFST"   /* 8 bytes with its NUL */
 /* 2: frames hold groups of fixed entries (state_record.h) and their
- * checksum is CRC-32 over the generation, the length and the bytes; 1:
+ * checksum is XXH3 of the bytes seeded with the generation and the length; 1:
  * every frame one packed StateRecord under FNV-1a. A successor reads both. */
 #define STATE_VERSION 2u
 #define STATE_VERSION_1 1u
@@ -67,6 +67,14 @@ struct gd_state {
     uint64_t snapshots, snapshot_ns;
     uv_timer_t expiry;
     bool expiry_on;
+    struct {                 /* a snapshot made a step per turn (state_write.c) */
+        bool on, idle_on;
+        uint64_t gen;        /* the generation it will have */
+        uint64_t *bufs, *holders; /* the ids at its start */
+        size_t n_bufs, n_holders, pos_b, pos_h;
+        gd_obuf out;         /* a step's group, kept: no fresh pages each step */
+        uv_idle_t idle;
+    } snap;
 };
 
 static inline uint32_t gd_state_get32(const uint8_t *p) {

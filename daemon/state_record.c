@@ -5,7 +5,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
+/* xxHash inline (XXH3): the header alone, nothing to link. */
+#define XXH_INLINE_ALL
+#include <xxhash.h>
 
 #include "layout.h"
 
@@ -32,26 +34,44 @@ uint8_t *gd_obuf_room(gd_obuf *o, size_t n) {
     return o->p + o->len;
 }
 
-static uint8_t *put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-    return p + 4;
+/* Little-endian stores: one move each where the machine is little-endian. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline uint8_t *put64(uint8_t *p, uint64_t v) {
+    memcpy(p, &v, 8);
+    return p + 8;
 }
 
-static uint8_t *put64(uint8_t *p, uint64_t v) {
+static inline uint8_t *put32(uint8_t *p, uint32_t v) {
+    memcpy(p, &v, 4);
+    return p + 4;
+}
+#else
+static inline uint8_t *put64(uint8_t *p, uint64_t v) {
     for (int i = 0; i < 8; i++)
         p[i] = (uint8_t)(v >> (8 * i));
     return p + 8;
 }
 
-static uint8_t *put16(uint8_t *p, uint16_t v) {
+static inline uint8_t *put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+    return p + 4;
+}
+#endif
+
+static inline uint8_t *put16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
     return p + 2;
 }
 
+/* Room for n bytes: the common case (room left) inline. */
+static inline uint8_t *room(gd_obuf *o, size_t n) {
+    return !o->oom && o->cap - o->len >= n ? o->p + o->len : gd_obuf_room(o, n);
+}
+
 void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro) {
-    uint8_t *p = gd_obuf_room(o, 25);
+    uint8_t *p = room(o, 25);
     if (!p)
         return;
     *p++ = GD_SE_REF;
@@ -63,7 +83,7 @@ void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, ui
 }
 
 void gd_se_id(gd_obuf *o, int kind, uint64_t id) {
-    uint8_t *p = gd_obuf_room(o, 9);
+    uint8_t *p = room(o, 9);
     if (!p)
         return;
     *p = (uint8_t)kind;
@@ -129,10 +149,9 @@ void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec) {
 }
 
 uint32_t gd_se_checksum(uint64_t gen, const uint8_t *p, uint32_t n) {
-    uint8_t pre[12];
-    put32(put64(pre, gen), n);
-    uLong c = crc32(0L, pre, sizeof(pre));
-    return (uint32_t)crc32(c, p, n);
+    /* The length in the seed too: a frame read with a torn length fails. */
+    XXH64_hash_t h = XXH3_64bits_withSeed(p, n, gen ^ ((uint64_t)n << 40));
+    return (uint32_t)(h ^ (h >> 32));
 }
 
 /* ---- decoding ---------------------------------------------------------- */

@@ -50,9 +50,10 @@ void gd_se_id(gd_obuf *o, int kind, uint64_t id);
 void gd_se_buffer(gd_obuf *o, const gd_buf *b);
 void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec);
 
-/* The checksum of a frame of version 2: CRC-32 of the slot's generation,
- * the frame's length and its bytes, so that a frame left over from an
- * older generation in the same memfd never passes. */
+/* The checksum of a frame of version 2: XXH3 (64 bits folded to 32) of its
+ * bytes, seeded with the slot's generation and the frame's length, so that
+ * a frame left over from an older generation in the same memfd, or read
+ * with a torn length, fails. */
 uint32_t gd_se_checksum(uint64_t gen, const uint8_t *p, uint32_t n);
 
 /* Decode the entries of a group (p[0..n), after its first byte) into

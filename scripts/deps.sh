@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libuv1-dev libprotobuf-c-dev
       protobuf-c-compiler check libinih-dev libjson-c-dev libsystemd-dev uthash-dev scdoc
       man-db clang libclang-rt-dev python3-dev python3-numpy python3-pytest python3-venv
-      libdlpack-dev systemd strace libbsd-dev zlib1g-dev)
+      libdlpack-dev systemd strace libbsd-dev libxxhash-dev)
 have_all() {
     command -v cmake >/dev/null && command -v ninja >/dev/null && command -v protoc-c >/dev/null &&
         command -v scdoc >/dev/null && command -v systemd-analyze >/dev/null &&
@@ -18,7 +18,7 @@ sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' 2>
         return 1
     [ -e /usr/include/dlpack/dlpack.h ] || return 1
     [ -e /usr/include/bsd/sys/tree.h ] || return 1
-    [ -e /usr/include/zlib.h ] || return 1
+    [ -e /usr/include/xxhash.h ] || return 1
     for d in /usr/include ${CMAKE_PREFIX_PATH:+${CMAKE_PREFIX_PATH//:/\/include }/include}; do
         [ -e "$d/uthash.h" ] && return 0
     done

@@ -3,7 +3,10 @@
  * is SIGKILLed, twice, under a service manager that keeps its fds
  * (tests/fdstore.c). After each restart, for every round of every client:
  * each batch the client saw answered is there, and the batch in flight is
- * there whole or not at all (the K buffers of a round always agree). */
+ * there whole or not at all (the K buffers of a round always agree). The
+ * daemon holds FILL more buffers throughout, so that the journal's
+ * snapshots take many turns of the loop (state_write.c) and the SIGKILL
+ * can fall in one; they all come back. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +26,8 @@
 #define K 64          /* buffers per batch */
 #define MAX_ROUNDS 4096
 #define SIZE 4096u
+#define FILL 40000 /* buffers kept throughout */
+#define FILL_BATCH 1000
 
 /* What a client logs after each answer: round r reached step (1..5). */
 typedef struct logrec {
@@ -164,6 +169,36 @@ static uint32_t check_client(const gpubuf_status *s, int cycle, int proc, const 
     return n ? last_round : 0;
 }
 
+/* FILL named, sealed buffers nobody references. */
+static void fill(const test_daemon *d) {
+    gpubuf_client *c = td_connect(d);
+    static char names[FILL_BATCH][32];
+    const char *pn[FILL_BATCH];
+    uint64_t sizes[FILL_BATCH];
+    gpubuf_buffer *b[FILL_BATCH];
+    for (int i = 0; i < FILL; i += FILL_BATCH) {
+        for (int k = 0; k < FILL_BATCH; k++) {
+            snprintf(names[k], sizeof(names[k]), "fill/%d", i + k);
+            pn[k] = names[k];
+            sizes[k] = 256;
+        }
+        ck_assert_int_eq(gpubuf_alloc_many(c, "host", FILL_BATCH, sizes, pn, GPUBUF_ALLOC_SEAL, b,
+                                           NULL),
+                         0);
+        ck_assert_int_eq(gpubuf_release_many(b, FILL_BATCH, NULL), 0);
+    }
+    gpubuf_disconnect(c);
+}
+
+static void check_fill(const gpubuf_status *s) {
+    size_t n = 0;
+    for (size_t i = 0; i < s->n_buffers; i++)
+        if (strncmp(s->buffers[i].name, "fill/", 5) == 0 &&
+            s->buffers[i].state == GPUBUF_STATE_SEALED && s->buffers[i].refs == 0)
+            n++;
+    ck_assert_uint_eq(n, FILL);
+}
+
 /* One cycle: 16 clients stream batches; once every one logged some rounds,
  * SIGKILL, restart, check. */
 static void cycle_once(fake_sd *m, const char *const *args, int cycle) {
@@ -204,6 +239,7 @@ static void cycle_once(fake_sd *m, const char *const *args, int cycle) {
     fsd_start(m, args);
     gpubuf_status *s = td_status(&m->d);
     uint32_t rounds = 0;
+    check_fill(s);
     int mid = 0;
     for (int i = 0; i < PROCS; i++)
         rounds += check_client(s, cycle, i, logs[i], &mid);
@@ -218,6 +254,7 @@ START_TEST(sigkill_amid_batches_of_16_processes) {
     const char *args[] = {"--pool", "host=host,capacity=1G", NULL};
     fsd_init(&m);
     fsd_start(&m, args);
+    fill(&m.d);
     for (int cycle = 0; cycle < 2; cycle++)
         cycle_once(&m, args, cycle);
     fsd_cleanup(&m);
