@@ -113,6 +113,8 @@ struct gd_conn {
     gd_conn *next, *prev;   /* utlist DL: the server's connections */
     gd_conn *reap_next;     /* utlist LL: closed, waiting for the reaper */
     gd_conn *pending_next;  /* utlist LL: frames left after the per-wake-up cap */
+    bool held;              /* on the server's held list (in_frame) */
+    gd_conn *held_next;     /* utlist LL: replies held while another's frame was handled */
 };
 
 struct gd_server {
@@ -140,6 +142,7 @@ struct gd_server {
      * for the next turn of the loop, after that request's changes are in
      * the saved state (gd_state_end), as its own replies do. */
     gd_conn *in_frame;
+    gd_conn *held; /* utlist LL: the other connections it gave replies to */
     bool stopping;
     bool work; /* cb.on_work has work left */
     /* GPUBUF_TRACE_TIMING: when the loop woke for the last read, and when
