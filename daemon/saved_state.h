@@ -70,8 +70,9 @@ struct gd_state {
     struct {                 /* a snapshot made a step per turn (state_write.c) */
         bool on, idle_on;
         uint64_t gen;        /* the generation it will have */
-        uint64_t *bufs, *holders; /* the ids at its start */
-        size_t n_bufs, n_holders, pos_b, pos_h;
+        const struct gd_buf *cursor; /* the next buffer of by_id to write, NULL: done */
+        uint64_t *holders;   /* the session ids at its start */
+        size_t n_holders, pos_h;
         gd_obuf out;         /* a step's group, kept: no fresh pages each step */
         uv_idle_t idle;
     } snap;

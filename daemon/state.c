@@ -130,6 +130,7 @@ static void hook_id(gd_state *st, int kind, uint64_t id) {
 }
 
 static void hook_buf_gone(void *arg, uint64_t id) {
+    gd_state_snap_gone(arg, id);
     hook_id(arg, GD_SE_BUFFER_GONE, id);
 }
 
@@ -328,10 +329,11 @@ void gd_state_freeze(gd_state *st) {
     commit(st);
     st->frozen = true;
     LOG_INFO("saved state: %llu journal entries in %llu group(s), %.2f us per group on average; "
-             "%llu snapshot(s), %.1f ms in all",
+             "%llu snapshot(s), %.1f ms in all; memfds mapped %.1f and %.1f MiB",
              (unsigned long long)st->records, (unsigned long long)st->groups,
              st->groups ? (double)st->journal_ns / 1e3 / (double)st->groups : 0.0,
-             (unsigned long long)st->snapshots, (double)st->snapshot_ns / 1e6);
+             (unsigned long long)st->snapshots, (double)st->snapshot_ns / 1e6,
+             (double)st->slots[0].cap / 1048576.0, (double)st->slots[1].cap / 1048576.0);
     st->ctx->reg.hooks = NULL;
     for (int i = 0; i < st->ctx->n_pools; i++)
         st->ctx->pools[i]->slab_hook = NULL;

@@ -37,5 +37,7 @@ void gd_state_snap_close(gd_state *st);
 void gd_state_snap_start(gd_state *st);
 void gd_state_snap_abort(gd_state *st);
 void gd_state_snap_journal(gd_state *st, gd_obuf *group);
+/* Buffer id left the registry (the buf_gone hook): the walk steps past it. */
+void gd_state_snap_gone(gd_state *st, uint64_t id);
 
 #endif

@@ -12,6 +12,10 @@
 #include <unistd.h>
 #include <uthash.h>
 
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23 /* Linux 5.14 */
+#endif
+
 #include "log.h"
 #include "state_record.h"
 #include "util.h"
@@ -109,6 +113,10 @@ static bool slot_room(slot *s, uint64_t need) {
         if (m == MAP_FAILED)
             return false;
     }
+    /* The new pages at once, in one call, rather than a fault each on the
+     * journal's path (kernels before 5.14 say EINVAL: they fault). */
+    uint64_t had = s->map ? s->cap : 0; /* mremap kept those */
+    madvise((uint8_t *)m + had, cap - had, MADV_POPULATE_WRITE);
     s->map = m;
     s->cap = cap;
     return true;
@@ -294,8 +302,9 @@ void gd_se_session(gd_obuf *o, const gd_holder *h) {
 
 /* A snapshot made while the daemon serves goes into the inactive slot a
  * group per turn of the loop (SNAPSHOT_GROUP bytes): first the counters,
- * slabs and sessions of its start, then the buffers and the references of
- * the ids listed at its start, as they are when their group is written.
+ * slabs and sessions of its start, then the buffers (a walk of the
+ * registry's by_id list) and the references of the sessions of its start,
+ * as they are when their group is written.
  * Meanwhile every journal group goes into both slots, in order: records are
  * upserts keyed by id (a reference count, not a change of it), so replaying
  * the slot in order gives the registry as it is, whatever step a change
@@ -305,9 +314,9 @@ void gd_se_session(gd_obuf *o, const gd_holder *h) {
 static void snap_stop(gd_state *st) {
     if (st->snap.idle_on)
         uv_idle_stop(&st->snap.idle);
-    free(st->snap.bufs);
     free(st->snap.holders);
-    st->snap.bufs = st->snap.holders = NULL;
+    st->snap.holders = NULL;
+    st->snap.cursor = NULL;
     st->snap.on = false;
     /* The step buffer stays for the next snapshot (freed with the state). */
 }
@@ -364,13 +373,9 @@ static void snap_step(uv_idle_t *idle) {
     o->len = 0;
     o->oom = false;
     size_t g = gd_group_open(o);
-    while (st->snap.pos_b < st->snap.n_bufs && o->len < SNAPSHOT_GROUP) {
-        const gd_buf *b = gd_registry_find_id(reg, st->snap.bufs[st->snap.pos_b++]);
-        if (b)
-            gd_se_buffer(o, b);
-    }
-    while (st->snap.pos_b == st->snap.n_bufs && st->snap.pos_h < st->snap.n_holders &&
-           o->len < SNAPSHOT_GROUP) {
+    for (; st->snap.cursor && o->len < SNAPSHOT_GROUP; st->snap.cursor = st->snap.cursor->hh_id.next)
+        gd_se_buffer(o, st->snap.cursor);
+    while (!st->snap.cursor && st->snap.pos_h < st->snap.n_holders && o->len < SNAPSHOT_GROUP) {
         const gd_holder *h;
         uint64_t id = st->snap.holders[st->snap.pos_h++];
         HASH_FIND(hh, reg->holders, &id, sizeof(id), h);
@@ -378,7 +383,7 @@ static void snap_step(uv_idle_t *idle) {
             gd_se_ref(o, h->id, r->buffer_id, r->count, r->ro);
     }
     bool ok = o->len <= 9 || snap_put(st, o, g);
-    if (ok && st->snap.pos_b == st->snap.n_bufs && st->snap.pos_h == st->snap.n_holders)
+    if (ok && !st->snap.cursor && st->snap.pos_h == st->snap.n_holders)
         snap_finish(st);
     st->snapshot_ns += gpubuf_now_ns() - t0;
 }
@@ -388,7 +393,7 @@ void gd_state_snap_start(gd_state *st) {
     slot *to = &st->slots[!st->active];
     const slot *from = &st->slots[st->active];
     static const uint8_t none[STATE_HEADER];
-    size_t nb = 0, nh = 0;
+    size_t nh = 0;
     if (st->snap.on || st->frozen)
         return;
     if (!st->snap.idle_on) { /* no loop (tests): a whole snapshot at once */
@@ -398,21 +403,20 @@ void gd_state_snap_start(gd_state *st) {
     uint64_t t0 = gpubuf_now_ns();
     for (const gd_holder *h = reg->holders; h; h = h->hh.next)
         nh++;
-    st->snap.bufs = malloc((reg->n_buffers + 1) * sizeof(uint64_t));
     st->snap.holders = malloc((nh + 1) * sizeof(uint64_t));
-    if (!st->snap.bufs || !st->snap.holders) {
+    if (!st->snap.holders) {
         snap_stop(st);
         gd_state_compact(st);
         return;
     }
-    for (const gd_buf *b = reg->by_id; b && nb < reg->n_buffers; b = b->hh_id.next)
-        st->snap.bufs[nb++] = b->id;
     nh = 0;
     for (const gd_holder *h = reg->holders; h; h = h->hh.next)
         st->snap.holders[nh++] = h->id;
-    st->snap.n_bufs = nb;
     st->snap.n_holders = nh;
-    st->snap.pos_b = st->snap.pos_h = 0;
+    st->snap.pos_h = 0;
+    /* The buffers in the order of by_id (no lookup each): one gone meanwhile
+     * moves the cursor on (gd_state_snap_gone); new ones come at the end. */
+    st->snap.cursor = reg->by_id;
     st->snap.gen = (from->gen > to->gen ? from->gen : to->gen) + 1;
     st->snap.on = true;
     /* The old header goes first: from here until the end the slot holds
@@ -437,6 +441,12 @@ void gd_state_snap_start(gd_state *st) {
     }
     free(o.p);
     st->snapshot_ns += gpubuf_now_ns() - t0;
+}
+
+void gd_state_snap_gone(gd_state *st, uint64_t id) {
+    /* Out of by_id already, not freed yet: its next is still the walk's. */
+    if (st->snap.cursor && st->snap.cursor->id == id)
+        st->snap.cursor = st->snap.cursor->hh_id.next;
 }
 
 void gd_state_snap_init(gd_state *st, uv_loop_t *loop) {
