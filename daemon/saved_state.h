@@ -64,6 +64,8 @@ struct gd_state {
     uint64_t journal_ns;  /* time spent writing those */
     gd_obuf stage;        /* the group being made: the entries of this request */
     unsigned depth;       /* gd_state_begin() without its gd_state_end() */
+    uint64_t last_buf;    /* the buffer of the stage's last buffer entry (0: none) */
+    size_t last_buf_off, last_buf_len; /* where that entry is in the stage */
     uint64_t snapshots, snapshot_ns;
     uv_timer_t expiry;
     bool expiry_on;

@@ -79,6 +79,7 @@ static void commit(gd_state *st) {
     }
     o->len = 0;
     o->oom = false;
+    st->last_buf = 0;
     gd_group_open(o);
     st->groups++;
     st->journal_ns += gpubuf_now_ns() - t0;
@@ -114,11 +115,34 @@ static void staged(gd_state *st) {
         commit(st);
 }
 
+/* A buffer's entry; one that replaces the last entry of the same buffer in
+ * the group being made, at the same length (an alloc and its seal in one
+ * batch), is written over it: the group is applied whole, so the earlier
+ * state of the buffer is never seen. */
 static void hook_buf(void *arg, const gd_buf *b) {
     gd_state *st = arg;
+    gd_obuf *o = &st->stage;
     if (!stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
         return;
-    gd_se_buffer(&st->stage, b);
+    size_t at = o->len;
+    gd_se_buffer(o, b);
+    if (!o->oom && st->last_buf == b->id && st->last_buf_off + (o->len - at) <= at &&
+        st->last_buf_len == o->len - at) {
+        memcpy(o->p + st->last_buf_off, o->p + at, o->len - at);
+        o->len = at;
+    } else {
+        st->last_buf = b->id;
+        st->last_buf_off = at;
+        st->last_buf_len = o->len - at;
+    }
+    staged(st);
+}
+
+static void hook_buf_state(void *arg, const gd_buf *b) {
+    gd_state *st = arg;
+    if (!stage_room(st, 13))
+        return;
+    gd_se_buffer_state(&st->stage, b->id, (uint32_t)b->state);
     staged(st);
 }
 
@@ -176,6 +200,7 @@ static void hook_slab(void *arg, const gd_slab *s, bool created) {
 static const gd_registry_hooks hooks = {
     .buf = hook_buf,
     .buf_gone = hook_buf_gone,
+    .buf_state = hook_buf_state,
     .ref = hook_ref,
     .holder = hook_holder,
     .holder_gone = hook_holder_gone,

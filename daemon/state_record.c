@@ -91,6 +91,15 @@ void gd_se_id(gd_obuf *o, int kind, uint64_t id) {
     o->len += 9;
 }
 
+void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state) {
+    uint8_t *p = room(o, 13);
+    if (!p)
+        return;
+    *p = GD_SE_BUFFER_STATE;
+    put32(put64(p + 1, id), state);
+    o->len += 13;
+}
+
 void gd_se_buffer(gd_obuf *o, const gd_buf *b) {
     gpubuf_layout l;
     Gpubuf__ArrayLayout wl;
@@ -305,6 +314,15 @@ static int dec_entry(rd *r, Gpubuf__StateRecord *rec) {
         }
         return 0;
     case GD_SE_BUFFER: return dec_buffer(r, rec);
+    case GD_SE_BUFFER_STATE: {
+        Gpubuf__StateBufferState *m = malloc(sizeof(*m));
+        if (!m)
+            return -ENOMEM;
+        gpubuf__state_buffer_state__init(m);
+        rec->rec_case = GPUBUF__STATE_RECORD__REC_BUFFER_STATE;
+        rec->buffer_state = m;
+        return u64(r, &m->id) && u32(r, &m->state) ? 0 : -EINVAL;
+    }
     default: return -EINVAL;
     }
 }

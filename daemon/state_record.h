@@ -15,6 +15,8 @@
  *                (a packed ArrayLayout) if any, the user bytes
  *   RECORD       u32 n, then n bytes of a packed StateRecord (slabs,
  *                sessions, counters: rare)
+ *   BUFFER_STATE u64 id, u32 state: only the state changed (DELETED: the
+ *                lease went too)
  *
  * A group is the unit of the journal: every change one request made (a
  * whole batch) is one group, written before the request's reply is sent,
@@ -39,6 +41,7 @@ enum {
     GD_SE_SLAB_GONE = 4,
     GD_SE_BUFFER = 5,
     GD_SE_RECORD = 6,
+    GD_SE_BUFFER_STATE = 7,
 };
 
 /* Room for n more bytes at o->p + o->len, or NULL (o->oom set). */
@@ -48,6 +51,7 @@ uint8_t *gd_obuf_room(gd_obuf *o, size_t n);
 void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro);
 void gd_se_id(gd_obuf *o, int kind, uint64_t id);
 void gd_se_buffer(gd_obuf *o, const gd_buf *b);
+void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state);
 void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec);
 
 /* The checksum of a frame of version 2: XXH3 (64 bits folded to 32) of its

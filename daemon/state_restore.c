@@ -166,6 +166,27 @@ static bool set_ref(replay *rp, const Gpubuf__StateRef *m) {
     return true;
 }
 
+/* A buffer's state alone (its record came before). */
+static bool set_state(replay *rp, const Gpubuf__StateBufferState *m) {
+    r_entry *e;
+    if (!id_ok(rp, "buffer state", "id", m->id))
+        return true;
+    HASH_FIND(hh, rp->bufs, &m->id, sizeof(m->id), e);
+    if (!e) {
+        LOG_WARN_LIMITED("restore: dropped the state of buffer %llu: no record of that buffer "
+                         "comes before",
+                         (unsigned long long)m->id);
+        rp->bad++;
+        return true;
+    }
+    BUF_OF(e)->state = m->state; /* checked with the rest of the buffer at restore */
+    if (m->state == GPUBUF_STATE_DELETED) {
+        BUF_OF(e)->lease_ttl_ms = 0;
+        BUF_OF(e)->lease_expires_ns = 0;
+    }
+    return true;
+}
+
 /* Apply one record; false when out of memory. */
 static bool apply(replay *rp, Gpubuf__StateRecord *rec) {
     switch (rec->rec_case) {
@@ -201,6 +222,8 @@ static bool apply(replay *rp, Gpubuf__StateRecord *rec) {
         return true;
     case GPUBUF__STATE_RECORD__REC_REF:
         return set_ref(rp, rec->ref);
+    case GPUBUF__STATE_RECORD__REC_BUFFER_STATE:
+        return set_state(rp, rec->buffer_state);
     default:
         rp->bad++;
         return true;

@@ -65,10 +65,21 @@ START_TEST(entries_decode_to_their_records) {
     n += ref_entry(g + n);
     g[n++] = GD_SE_BUFFER_GONE;
     n += le(g + n, 7, 8);
+    g[n++] = GD_SE_BUFFER_STATE;
+    n += le(g + n, 9, 8);
+    n += le(g + n, GPUBUF_STATE_DELETED, 4);
     Gpubuf__StateRecord **r;
     size_t k;
     ck_assert_int_eq(gd_se_decode(g, n, &r, &k), 0);
+    ck_assert_uint_eq(k, 4);
+    ck_assert_int_eq(r[3]->rec_case, GPUBUF__STATE_RECORD__REC_BUFFER_STATE);
+    ck_assert_uint_eq(r[3]->buffer_state->id, 9);
+    ck_assert_uint_eq(r[3]->buffer_state->state, GPUBUF_STATE_DELETED);
+    ck_assert_int_eq(gd_se_decode(g, n - 1, &r, &k), -EINVAL); /* cut in its state */
+    ck_assert_int_eq(gd_se_decode(g, n - 13, &r, &k), 0);      /* without it */
     ck_assert_uint_eq(k, 3);
+    free_recs(r, k);
+    ck_assert_int_eq(gd_se_decode(g, n, &r, &k), 0);
     ck_assert_int_eq(r[0]->rec_case, GPUBUF__STATE_RECORD__REC_BUFFER);
     const Gpubuf__StateBuffer *b = r[0]->buffer;
     ck_assert_uint_eq(b->id, 7);
