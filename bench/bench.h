@@ -102,6 +102,7 @@ void expect_device0(const gpubuf_buffer *b);
 
 /* The phase groups, in the order main() runs them. */
 int latency_phase(void);     /* latency.c */
+int async_phase(void);       /* async.c: event loops */
 int cold_phase(void);        /* cold_open.c */
 void throughput_phase(void); /* throughput.c: runs in the calling process */
 #ifdef GPUBUF_HAVE_CUDA

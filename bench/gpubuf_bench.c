@@ -157,5 +157,7 @@ int main(int argc, char **argv) {
         batch_mixed_phase();
     if (want("meta") && meta_phase())
         return 1;
+    if (want("async") && async_phase())
+        return 1;
     return vmm_failed ? 1 : 0;
 }

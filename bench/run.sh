@@ -183,7 +183,7 @@ stop_daemon() {
 start_daemon
 only=""
 if [ $base = 1 ]; then
-    only=latency,cold,throughput,crash,scale
+    only=latency,cold,throughput,crash,scale,async
     [ $mode = gpu ] && only=$only,bandwidth
     # Peer access needs a second GPU: a buffer of gpu0 read on GPU 1.
     [ $mode = gpu ] && [ "$(nvidia-smi -L | wc -l)" -ge 2 ] && only=$only,peer

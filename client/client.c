@@ -135,6 +135,8 @@ static int connect_call(const char *path, gpubuf_client **ret) {
     c->device = -1;
     atomic_init(&c->refs, 1);
     pthread_mutex_init(&c->lock, NULL);
+    pthread_mutex_init(&c->qlock, NULL);
+    c->ep = c->efd = -1;
     c->max_request = GPUBUF_WIRE_MAX_REQUEST;
 
     snprintf(c->path, sizeof(c->path), "%s", path);
@@ -179,6 +181,8 @@ void gpubuf__client_unref(gpubuf_client *c) {
     free(c->rbuf);
     if (c->fd >= 0)
         close(c->fd);
+    gpubuf__async_free(c);
+    pthread_mutex_destroy(&c->qlock);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -203,6 +207,8 @@ GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
      * memory another process maps). */
     gpubuf__mapping_drop_idle(c, false, false);
     pthread_mutex_unlock(&c->lock);
+    /* Started requests end now, each delivered once (GPUBUF_EDISCONNECTED). */
+    gpubuf__async_close(c);
     /* Now the daemon drops every reference and pin of this connection. */
     shutdown(c->fd, SHUT_RDWR);
     gpubuf__client_unref(c);

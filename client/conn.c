@@ -21,6 +21,7 @@
 #define GPUBUF_MAX_PENDING 64
 
 static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds);
+static int reconnect(gpubuf_client *c);
 
 /* Close the fds a reply brought. */
 static void close_fds(const int *fds, int n) {
@@ -94,6 +95,7 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
         free(frame);
     if (r < 0) {
         c->broken = true;
+        gpubuf__async_fail_all(c, GPUBUF_EDISCONNECTED);
         if ((r == -EPIPE || r == -ECONNRESET) && goodbye(c, &r))
             return r;
         gpubuf__set_error("sending to gpubufd: %s", strerror(-r));
@@ -127,6 +129,11 @@ static int fill_rbuf(gpubuf_client *c, size_t need) {
     int fds[GPUBUF_WIRE_MAX_FDS];
     int n_fds;
     bool trunc;
+    if (c->nonblock) {
+        struct pollfd p = {.fd = c->fd, .events = POLLIN};
+        if (poll(&p, 1, 0) == 0)
+            return -EAGAIN;
+    }
     ssize_t n = gpubuf_wire_recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, fds,
                                  GPUBUF_WIRE_MAX_FDS, &n_fds, &trunc);
     for (int i = 0; i < n_fds; i++) {
@@ -158,6 +165,7 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n
     while (c->rlen - c->rpos - GPUBUF_WIRE_HEADER_SIZE < h.length)
         if ((r = fill_rbuf(c, GPUBUF_WIRE_HEADER_SIZE + h.length)) < 0)
             goto broken;
+
     uint64_t t_wake = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     Gpubuf__Response *resp =
         gpubuf__response__unpack(NULL, h.length, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE);
@@ -196,8 +204,18 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n
     *ret = resp;
     return 0;
 broken:
+    if (r == -EAGAIN && c->nonblock)
+        return r; /* no whole frame yet: what was read stays read ahead */
     c->broken = true;
     gpubuf__set_error("reading from gpubufd: %s", gpubuf_strerror(r));
+    gpubuf__async_fail_all(c, r);
+    return r;
+}
+
+int gpubuf__read_reply_nb(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds) {
+    c->nonblock = true;
+    int r = read_reply(c, ret, fds, n_fds);
+    c->nonblock = false;
     return r;
 }
 
@@ -214,6 +232,32 @@ static int recover(gpubuf_client *c, int r, const Gpubuf__Request *req, bool uns
                    bool may_resend);
 static int session_lost_error(gpubuf_client *c, bool unsent);
 
+void gpubuf__settle_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int n_fds) {
+    if (resp->id == 0 && resp->status < 0) {
+        /* Connection-level error (shutdown, bad frame): the stream ends. */
+        c->broken = true;
+        c->pending = 0;
+        gpubuf__set_error("%s", resp->message && *resp->message ? resp->message
+                                                                  : gpubuf_strerror(resp->status));
+        gpubuf__async_fail_all(c, resp->status);
+        gpubuf__response__free_unpacked(resp, NULL);
+        close_fds(fds, n_fds);
+        return;
+    }
+    if (gpubuf__async_reply(c, resp, fds, n_fds))
+        return;
+    if (c->pending > 0) {
+        settle_async(c, resp, fds, n_fds);
+        return;
+    }
+    /* Nobody asked for it: the stream is out of step. */
+    gpubuf__response__free_unpacked(resp, NULL);
+    close_fds(fds, n_fds);
+    c->broken = true;
+    gpubuf__set_error("gpubufd sent an unexpected reply");
+    gpubuf__async_fail_all(c, GPUBUF_EPROTOCOL);
+}
+
 int gpubuf__drain_locked(gpubuf_client *c) {
     while (c->pending > 0) {
         Gpubuf__Response *resp;
@@ -228,11 +272,32 @@ int gpubuf__drain_locked(gpubuf_client *c) {
             c->broken = true;
             c->pending = 0;
             r = resp->status;
+            gpubuf__async_fail_all(c, r);
             gpubuf__response__free_unpacked(resp, NULL);
             close_fds(fds, n_fds);
             return recover(c, r, NULL, false, false);
         }
+        if (gpubuf__async_reply(c, resp, fds, n_fds))
+            continue;
         settle_async(c, resp, fds, n_fds);
+    }
+    return 0;
+}
+
+int gpubuf__send_op_locked(gpubuf_client *c, Gpubuf__Request *req) {
+    /* A connection lost earlier: reconnect first, as a synchronous call does. */
+    if (c->broken && !c->closing && c->reconnect_ms > 0 && c->session_id && reconnect(c) < 0)
+        return gpubuf__fail(GPUBUF_EDISCONNECTED,
+                            "the connection to gpubufd is closed and reconnecting failed for "
+                            "%d ms: this request was not sent",
+                            c->reconnect_ms);
+    if (c->session_lost)
+        return session_lost_error(c, true);
+    int r = send_request(c, req);
+    for (int tries = 0; r < 0; tries++) {
+        if ((r = recover(c, r, req, true, tries == 0)) != 1)
+            return r;
+        r = send_request(c, req);
     }
     return 0;
 }
@@ -392,6 +457,7 @@ static int reconnect(gpubuf_client *c) {
     if (c->pending && !c->async_error)
         c->async_error = -ECONNRESET;
     c->pending = 0;
+    gpubuf__async_fail_all(c, -ECONNRESET);
     for (int i = 0; i < c->n_rfds; i++)
         close(c->rfds[i]);
     c->n_rfds = 0;
@@ -408,6 +474,7 @@ static int reconnect(gpubuf_client *c) {
         if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
             c->fd = fd;
             c->broken = false;
+            gpubuf__async_watch(c);
             r = gpubuf__hello_locked(c, true);
             if (r == 0)
                 return 0;
@@ -552,10 +619,15 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
         r = read_reply(c, &resp, fds, &n_fds);
         if (r < 0)
             return r;
-        if (resp->id == req->id || resp->id == 0 || c->pending == 0)
+        if (resp->id == req->id || resp->id == 0)
+            break;
+        if (gpubuf__async_reply(c, resp, fds, n_fds))
+            continue; /* a started request's: delivered by gpubuf_dispatch() */
+        if (c->pending == 0)
             break;
         settle_async(c, resp, fds, n_fds);
     }
+    gpubuf__async_kick(c);
     if (resp->id != req->id && resp->id != 0) {
         gpubuf__response__free_unpacked(resp, NULL);
         close_fds(fds, n_fds);
@@ -569,6 +641,7 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
          * daemon handled: this one was not. */
         c->broken = true;
         c->pending = 0;
+        gpubuf__async_fail_all(c, resp->status);
         *ret_unsent = resp->status == -ESHUTDOWN;
     }
     if (resp->status < 0) {

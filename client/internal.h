@@ -101,6 +101,14 @@ struct gpubuf_client {
     int rfds[2 * GPUBUF_WIRE_MAX_FDS];
     int n_rfds;
     int async_error;     /* first error an asynchronous request got, 0 if none */
+    /* async.c: requests started for an event loop (docs/client-api.md,
+     * "Event loops"). ops (uthash by request id, lock held): sent, not yet
+     * answered; ready (utlist LL, qlock held): answered, not yet delivered. */
+    struct gpubuf_op *ops;
+    struct gpubuf_op *ready;
+    pthread_mutex_t qlock; /* the ready list and the eventfd; taken inside lock */
+    int ep, efd;         /* gpubuf_client_fd(): epoll over fd and efd; -1 until asked */
+    bool nonblock;       /* read_reply() returns -EAGAIN instead of blocking */
     gpubuf_mapping *maps;
     uint32_t n_maps;
     int device;          /* gpubuf_set_device(): context to map into, -1: the memory's GPU */
@@ -269,7 +277,30 @@ void gpubuf__mapping_orphan_all(gpubuf_client *c);
 /* Unmap everything and release retained contexts (last reference gone). */
 void gpubuf__mapping_clear(gpubuf_client *c);
 
+/* ---- async.c: requests for event loops ------------------------------------ */
+typedef struct gpubuf_op gpubuf_op;
+/* resp answers a started request: consume it (and its fds) into a completion
+ * and return true (lock held). */
+bool gpubuf__async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int n_fds);
+/* The connection went: every started request ends with r, once (lock held). */
+void gpubuf__async_fail_all(gpubuf_client *c, int r);
+/* After a synchronous call (lock held): bytes read ahead wait for dispatch. */
+void gpubuf__async_kick(gpubuf_client *c);
+/* The socket is new (reconnect; lock held): watch it in the epoll fd. */
+void gpubuf__async_watch(gpubuf_client *c);
+/* gpubuf_disconnect(): complete and deliver what is started (lock not held). */
+void gpubuf__async_close(gpubuf_client *c);
+/* Close the epoll fd and the eventfd (last reference). */
+void gpubuf__async_free(gpubuf_client *c);
+
 /* ---- conn.c: the stream to the daemon -------------------------------------- */
+/* Send a request whose reply gpubuf__async_reply() takes (lock held): like a
+ * synchronous request's send, with the same reconnects. */
+int gpubuf__send_op_locked(gpubuf_client *c, Gpubuf__Request *req);
+/* Read one reply without blocking: -EAGAIN when no whole frame is there. */
+int gpubuf__read_reply_nb(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds);
+/* Account for a reply that no call waits for (dispatch; lock held). */
+void gpubuf__settle_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int n_fds);
 /* Send req and wait for its response (lock held by the caller).
  * *ret_fd receives an fd that came with the response, or -1. */
 int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,

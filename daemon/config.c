@@ -214,11 +214,12 @@ static const key_def daemon_keys[] = {
      CFG(quota.meta_bytes_per_uid), NULL, NULL, false},
     {"max_meta_bytes", NULL, parse_u64, 0, UINT64_MAX, 256u << 20, CFG(quota.meta_bytes), NULL,
      NULL, false},
+    {"max_waiters_per_client", NULL, parse_u32, 1, GD_MAX_WAITERS_LIMIT,
+     GD_MAX_WAITERS_PER_CLIENT, CFG(limits.max_waiters_per_client), NULL, NULL, false},
 };
 
 /* Limits with no key: fixed defaults. */
 #define DEFAULT_FRAMES_PER_WAKEUP 32
-#define DEFAULT_MAX_WAITERS GD_MAX_WAITERS_PER_CLIENT
 #define DEFAULT_MAX_QUEUED_REPLIES 4096
 
 /* [pool:NAME] */
@@ -262,7 +263,6 @@ void gd_config_init(gd_config *c) {
     set_defaults(daemon_keys, N_KEYS(daemon_keys), c);
     c->log_level = -1;
     c->limits.frames_per_wakeup = DEFAULT_FRAMES_PER_WAKEUP;
-    c->limits.max_waiters_per_client = DEFAULT_MAX_WAITERS;
     c->limits.max_queued_replies = DEFAULT_MAX_QUEUED_REPLIES;
 }
 

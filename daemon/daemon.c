@@ -22,6 +22,10 @@ static unsigned conn_fd_room(const void *conn) {
     return gd_conn_fd_room(conn);
 }
 
+static unsigned conn_fds_held(const void *conn) {
+    return gd_conn_fds_held(conn);
+}
+
 static bool conn_reply_room(void *conn, size_t bound) {
     return gd_conn_reply_room(conn, bound);
 }
@@ -46,6 +50,7 @@ static const gd_transport conn_transport = {
     .send_fds = conn_send_fds,
     .fd_room = conn_fd_room,
     .reply_room = conn_reply_room,
+    .fds_held = conn_fds_held,
 };
 
 static void *on_open(void *data, gd_conn *c, pid_t pid, uid_t uid, gid_t gid) {

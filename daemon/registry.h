@@ -345,6 +345,10 @@ int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, 
 void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *pools, int n,
                             const gd_pool *searched, const char *name, gd_err *err);
 
+/* The uid SO_PEERCRED gives a peer whose uid has no mapping in gpubufd's
+ * user namespace (/proc/sys/kernel/overflowuid, read once; 65534). */
+uint32_t gd_overflow_uid(void);
+
 /* Restore (state.c): a detached holder of a previous run, with its id; NULL
  * for an id of 0, beyond GD_ID_MAX or taken. */
 gd_holder *gd_registry_restore_holder(gd_registry *r, uint64_t id, pid_t pid, uid_t uid,

@@ -37,6 +37,8 @@ typedef struct gd_transport {
      * When not, the request is left unhandled (gd_session_frame() returns
      * -EAGAIN) and the transport hands it again later. NULL: always. */
     bool (*reply_room)(void *conn, size_t bound);
+    /* How many fds the connection's queued replies hold now. NULL: none. */
+    unsigned (*fds_held)(const void *conn);
 } gd_transport;
 
 typedef struct gd_session {
@@ -51,6 +53,7 @@ typedef struct gd_session {
     bool hello_done;
     uint64_t caps; /* capability bits granted at hello (GPUBUF_CAP_*) */
     uint32_t n_waiters;
+    struct session_waiter *waiting; /* its waiting opens by request id (uthash; session.c) */
     int cur_type;                   /* gd_req_type being handled, -1 between requests (metrics) */
     gd_end_reason end;              /* why the session closed the connection itself, if it did */
     struct gd_session *next, *prev; /* utlist DL: ctx->sessions */

@@ -28,12 +28,13 @@
  * it (gd_conn_fd_room(): one for a single request, up to
  * GD_BATCH_REPLY_FDS for a batch), so requests make the daemon hold at most
  * this many fds for a connection; waiting opens answered later add at most
- * max_waiters_per_client (docs/security.md). */
+ * GD_WAITER_REPLY_FDS (docs/security.md). */
 #define OUT_FDS_HIGH_WATER ((unsigned)GD_QUEUED_REPLY_FDS)
 /* Backpressure on the number of queued replies, far below
  * max_queued_replies: a pass adds at most one reply per frame and waiting
- * opens at most max_waiters_per_client more, so a client that reads its
- * replies, however late, is held back and never meets that limit. */
+ * opens at most max_waiters_per_client more (counted on top of the limit),
+ * so a client that reads its replies, however late, is held back and never
+ * meets it. */
 #define OUT_FRAMES_HIGH_WATER 1024u
 /* What the final drain of a departed client reads at most. */
 #define DRAIN_MAX (4u << 20)
@@ -577,6 +578,10 @@ static int flush_some(gd_conn *c) {
     return 0;
 }
 
+unsigned gd_conn_fds_held(const gd_conn *c) {
+    return c->out_fds;
+}
+
 unsigned gd_conn_fd_room(const gd_conn *c) {
     return c->out_fds < OUT_FDS_HIGH_WATER ? OUT_FDS_HIGH_WATER - c->out_fds : 0;
 }
@@ -593,7 +598,10 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     assert(n_fds >= 0 && n_fds <= (int)GPUBUF_WIRE_MAX_FDS);
     if (c->closing || c->peer_gone)
         return -ECONNRESET;
-    if (c->out_frames >= c->srv->limits->max_queued_replies) {
+    /* The answers of its waiting opens come on top of the replies to its
+     * requests: a client that reads late is not dropped for them. */
+    if (c->out_frames >=
+        c->srv->limits->max_queued_replies + c->srv->limits->max_waiters_per_client) {
         LOG_WARN_LIMITED("pid %d reads none of its %u queued replies; disconnecting", (int)c->pid,
                          c->out_frames);
         conn_end(c, GD_CLOSE_BACKLOG);

@@ -192,6 +192,8 @@ bool gd_conn_reply_room(gd_conn *c, size_t bound);
 /* How many more fds the connection's queued replies may hold before its
  * requests wait (at least 1 while one is being handled). */
 unsigned gd_conn_fd_room(const gd_conn *c);
+/* How many fds the connection's queued replies hold (dups not yet sent). */
+unsigned gd_conn_fds_held(const gd_conn *c);
 /* The handshake is done: the handshake deadline gives way to the frame one. */
 void gd_conn_ready(gd_conn *c);
 /* Schedule the connection's teardown; safe from any callback. */

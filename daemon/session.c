@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <uthash.h>
 #include <utlist.h>
 
 #include "gpubuf.pb-c.h"
@@ -26,6 +27,7 @@ typedef struct session_waiter {
     gd_session *s;
     uint64_t request_id;
     bool has_timer;
+    UT_hash_handle hh; /* gd_session.waiting, by request_id (cancel) */
 } session_waiter;
 
 /* Close the connection, for why (the first reason counts). */
@@ -118,6 +120,7 @@ static void waiter_closed(uv_handle_t *h) {
 static void waiter_dispose(session_waiter *sw) {
     assert(sw->s->n_waiters > 0);
     sw->s->n_waiters--;
+    HASH_DEL(sw->s->waiting, sw);
     if (sw->has_timer) {
         uv_timer_stop(&sw->timer);
         uv_close((uv_handle_t *)&sw->timer, waiter_closed);
@@ -126,10 +129,31 @@ static void waiter_dispose(session_waiter *sw) {
     }
 }
 
+/* The answer to a woken open needs an fd (the client does not map the slab
+ * yet) while the connection's queued replies hold their share of fds and
+ * those of woken opens (GD_WAITER_REPLY_FDS more): the fd budget of
+ * docs/security.md. */
+static bool waiter_fd_budget_full(const gd_session *s, const gd_opened *o) {
+    const gd_buf *b = o->buf;
+    if (client_maps(s, o) || !s->io->fds_held)
+        return false;
+    if (!o->read_only && b->blk.slab->exp.fd < 0)
+        return false; /* a cuda-ipc handle travels in the message */
+    return s->io->fds_held(s->conn) >= GD_QUEUED_REPLY_FDS + GD_WAITER_REPLY_FDS;
+}
+
 static void waiter_wake(gd_waiter *w, gd_buf *b) {
     session_waiter *sw = (session_waiter *)w;
     (void)b; /* w->opened describes it */
-    reply_open(sw->s, sw->request_id, &w->opened);
+    if (waiter_fd_budget_full(sw->s, &w->opened)) {
+        gd_session_open_undo(sw->s, w->opened.buf, w->opened.read_only);
+        reply_open_error(sw, -EAGAIN,
+                         "the buffer was sealed, but this connection's unread replies hold "
+                         "as many file descriptors as gpubufd keeps for it: read the replies "
+                         "(dispatch them), then open the buffer again");
+    } else {
+        reply_open(sw->s, sw->request_id, &w->opened);
+    }
     free(w->name);
     waiter_dispose(sw);
 }
@@ -186,7 +210,10 @@ static void waiter_timeout(uv_timer_t *t) {
  * any), as a clause for the client's message. */
 static void refusal(const gd_session *s, const gd_holder *old, uint64_t sid, char *why,
                     size_t len) {
-    if (old && old->detached)
+    if (old && old->detached && s->pid == 0)
+        snprintf(why, len, "gpubufd cannot see this process's pid (its PID namespace is not "
+                           "gpubufd's or below it), so it cannot tell it is the session's");
+    else if (old && old->detached)
         snprintf(why, len, "session %llu belongs to another process",
                  (unsigned long long)sid);
     else if (old)
@@ -212,7 +239,9 @@ static bool resume(gd_session *s, const Gpubuf__Hello *h, uint64_t **ret_lost, s
     uint64_t sid = h->resume_session;
     size_t n = 0;
     HASH_FIND(hh, reg->holders, &sid, sizeof(sid), old);
-    if (!old || !old->detached || old->pid != s->pid || old->uid != s->uid) {
+    /* pid 0: the peer's PID namespace is not gpubufd's or a descendant of
+     * it; every such peer shows pid 0, so the pid proves nothing. */
+    if (!old || !old->detached || s->pid == 0 || old->pid != s->pid || old->uid != s->uid) {
         refusal(s, old, sid, why, why_len);
         LOG_INFO("pid %d: no session %llu to resume (%s)", (int)s->pid,
                  (unsigned long long)sid, why);
@@ -407,7 +436,12 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     const char *name = t.name;
     uint64_t bid = t.id;
     if (s->n_waiters >= s->ctx->limits.max_waiters_per_client) {
-        gd_session_reply_error(s, id, -EAGAIN, "too many pending opens on this connection");
+        char msg[192];
+        snprintf(msg, sizeof(msg),
+                 "too many pending opens on this connection: it has %u waiting, the most "
+                 "max_waiters_per_client allows; wait for some to end, or use another connection",
+                 s->n_waiters);
+        gd_session_reply_error(s, id, -EAGAIN, msg);
         return;
     }
     session_waiter *sw = calloc(1, sizeof(*sw));
@@ -443,7 +477,24 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
         assert(r == 0);
     }
     s->n_waiters++;
+    HASH_ADD(hh, s->waiting, request_id, sizeof(sw->request_id), sw);
     gd_registry_wait(reg, &sw->w);
+}
+
+/* Cancel a waiting open of this connection: it is answered ECANCELED, its
+ * wait and timer go. One not waiting (woken, timed out, never sent) is left
+ * alone; the cancel succeeds either way. */
+static void do_cancel(gd_session *s, uint64_t id, const Gpubuf__CancelRequest *q) {
+    session_waiter *sw;
+    uint64_t rid = q->request_id;
+    HASH_FIND(hh, s->waiting, &rid, sizeof(rid), sw);
+    if (sw) {
+        gd_registry_unwait(&s->ctx->reg, &sw->w);
+        reply_open_error(sw, -ECANCELED, "the open was cancelled by the client");
+        free(sw->w.name);
+        waiter_dispose(sw);
+    }
+    gd_session_reply_error(s, id, 0, "");
 }
 
 static void do_release(gd_session *s, uint64_t id, const Gpubuf__ReleaseRequest *q) {
@@ -644,6 +695,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
         gd_session_batch_state(s, req->id, req->batch_state);
         break;
     case GPUBUF__REQUEST__BODY_TAKEOVER: do_takeover(s, req->id, req->takeover); break;
+    case GPUBUF__REQUEST__BODY_CANCEL: do_cancel(s, req->id, req->cancel); break;
     default:
         gd_session_reply_error(s, req->id, -ENOTSUP, "unknown request type");
         break;

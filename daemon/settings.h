@@ -17,7 +17,7 @@ typedef struct gd_limits {
     uint32_t max_queued_replies;     /* a client that reads none of them is dropped */
     uint32_t handshake_timeout_ms;   /* connected but no hello yet; 0: none */
     uint32_t frame_timeout_ms;       /* half a frame received, the rest missing; 0: none */
-    uint32_t max_waiters_per_client; /* pending opens per connection */
+    uint32_t max_waiters_per_client; /* pending opens per connection (config key) */
     uint64_t max_reply_memory;       /* queued reply bytes of all connections together */
     uint32_t resume_timeout_ms;      /* restored sessions not resumed by then are dropped */
     uint32_t journal_off;            /* state_journal = off: no journal after the start (measurement) */
@@ -25,11 +25,19 @@ typedef struct gd_limits {
 
 /* The fds one connection can make the daemon hold: requests stop being
  * handled while this many queued replies hold an fd (the server's
- * backpressure), and waiting opens answered later add at most
- * GD_MAX_WAITERS_PER_CLIENT more; plus the connection's socket. */
+ * backpressure), and the answers of waiting opens woken later hold at most
+ * GD_WAITER_REPLY_FDS more (a woken open whose answer would pass that fails
+ * with EAGAIN, its reference given back); plus the connection's socket. */
 #define GD_QUEUED_REPLY_FDS 64
-#define GD_MAX_WAITERS_PER_CLIENT 64
-#define GD_FDS_PER_CLIENT (1 + GD_QUEUED_REPLY_FDS + GD_MAX_WAITERS_PER_CLIENT)
+#define GD_WAITER_REPLY_FDS 64
+#define GD_FDS_PER_CLIENT (1 + GD_QUEUED_REPLY_FDS + GD_WAITER_REPLY_FDS)
+/* Waiting opens per connection by default (max_waiters_per_client), and the
+ * most the key takes: each costs the daemon about GD_WAITER_BYTES while it
+ * waits (the waiter, its name, its timer, its index entries) and one queued
+ * answer of at most GD_SMALL_REPLY bytes once woken (docs/security.md). */
+#define GD_MAX_WAITERS_PER_CLIENT 16384
+#define GD_MAX_WAITERS_LIMIT 1000000
+#define GD_WAITER_BYTES 512
 /* Batches (docs/protocol.md): items per request, and the slabs (each with
  * its fd on host and cuda-vmm pools) one reply describes at most. A batch
  * reply also carries no more fds than the connection's room below

@@ -35,4 +35,14 @@ static inline int run_suite(Suite *s) {
     return failed ? 1 : 0;
 }
 
+/* The main() of a suite of one test case: SUITE_MAIN("suite", "case", setup,
+ * teardown, timeout, test, ...) (add_case's arguments, then the tests). */
+#define SUITE_MAIN(suite, tcase, setup, teardown, timeout, ...)                                 \
+    int main(void) {                                                                           \
+        Suite *s_ = suite_create(suite);                                                       \
+        add_tests(add_case(s_, tcase, setup, teardown, timeout), __VA_ARGS__);                 \
+        return run_suite(s_);                                                                  \
+    }
+
 #endif
+

@@ -21,13 +21,10 @@ int raw_connect(void) {
 
 /* Write one framed stat-by-id request at out; returns its length. */
 size_t pack_stat(uint8_t *out, uint64_t request_id, uint64_t buffer_id) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
     st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
     st.buffer_id = buffer_id;
-    req.id = request_id;
-    req.body_case = GPUBUF__REQUEST__BODY_STAT;
-    req.stat = &st;
+    Gpubuf__Request req = rp_request(request_id, GPUBUF__REQUEST__BODY_STAT, &st);
     return rp_frame(out, &req);
 }
 
@@ -62,23 +59,17 @@ int raw_call(int fd, Gpubuf__Request *req, uint64_t *ret_buf, uint64_t *ret_slab
 
 int raw_alloc_named(int fd, uint64_t size, const char *name, uint64_t *ret_buf,
                     uint64_t *ret_slab, bool *ret_keepable) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = size;
     if (name)
         a.name = (char *)name;
-    req.id = 10;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
+    Gpubuf__Request req = rp_request(10, GPUBUF__REQUEST__BODY_ALLOC, &a);
     return raw_call(fd, &req, ret_buf, ret_slab, ret_keepable);
 }
 
 Gpubuf__Response *raw_status(int fd, bool columnar) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
     sr.columnar = columnar;
-    req.id = 20;
-    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    req.status = &sr;
+    Gpubuf__Request req = rp_request(20, GPUBUF__REQUEST__BODY_STATUS, &sr);
     return td_raw_expect(fd, &req, GPUBUF__RESPONSE__BODY_STATUS_REPLY);
 }

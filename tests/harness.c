@@ -134,6 +134,50 @@ int td_restart(test_daemon *d, const char *const *args) {
     return r;
 }
 
+void td_takeover(test_daemon *d, const char *pool) {
+    pid_t old = d->pid;
+    fflush(NULL);
+    pid_t succ = fork();
+    ck_assert_int_ge(succ, 0);
+    if (succ == 0) {
+        execl(GPUBUFD_PATH, GPUBUFD_PATH, "--socket", d->socket, "--log-level", "notice",
+              "--pool", pool, "--takeover", (char *)NULL);
+        _exit(127);
+    }
+    int st = -1;
+    ck_assert_int_eq(waitpid(old, &st, 0), old);
+    ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "the old daemon did not hand over");
+    d->pid = succ;
+}
+
+static void gate(int p[2], int *child_end, int which) {
+    p[0] = p[1] = -1;
+    if (!child_end)
+        return;
+    ck_assert_int_eq(pipe(p), 0);
+    *child_end = p[which];
+}
+
+void td_gates_open(td_gates *g, int *ready_fd, int *hold_fd, int *go_fd) {
+    gate(g->ready, ready_fd, 1);
+    gate(g->hold, hold_fd, 0);
+    gate(g->go, go_fd, 0);
+}
+
+void td_gates_pass(int fd, int n) {
+    char bytes[64];
+    ck_assert(n > 0 && n <= (int)sizeof(bytes));
+    memset(bytes, 'g', (size_t)n);
+    ck_assert_int_eq(write(fd, bytes, (size_t)n), n);
+}
+
+void td_gates_ready(const td_gates *g, int n) {
+    for (int i = 0; i < n; i++) {
+        char x;
+        ck_assert_int_eq(read(g->ready[0], &x, 1), 1);
+    }
+}
+
 gpubuf_client *td_connect(const test_daemon *d) {
     gpubuf_client *c = NULL;
     int r = gpubuf_connect(d->socket, &c);
@@ -270,11 +314,8 @@ bool td_wait_client_pid(const test_daemon *d, pid_t pid, int timeout_ms) {
 
 /* The number of clients the daemon lists, asked over the raw connection fd. */
 static size_t raw_n_clients(int fd) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
-    req.id = 2;
-    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    req.status = &st;
+    Gpubuf__Request req = rp_request(2, GPUBUF__REQUEST__BODY_STATUS, &st);
     Gpubuf__Response *r = td_raw_expect(fd, &req, GPUBUF__RESPONSE__BODY_STATUS_REPLY);
     size_t n = r->status_reply->n_clients;
     gpubuf__response__free_unpacked(r, NULL);

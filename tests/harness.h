@@ -31,6 +31,10 @@ int td_stop(test_daemon *d);
 /* SIGTERM the daemon, wait for it, and start it again with args on the same
  * socket; returns the old daemon's exit status (or -1). */
 int td_restart(test_daemon *d, const char *const *args);
+/* Start a successor of d's daemon with `--takeover` and `--pool pool` on the
+ * same socket, wait for the old daemon to hand over and exit 0, and make d
+ * the successor's. Fails the test otherwise. */
+void td_takeover(test_daemon *d, const char *pool);
 /* Connect to d, failing the test on error. */
 gpubuf_client *td_connect(const test_daemon *d);
 
@@ -63,6 +67,21 @@ bool td_wait_client_pid(const test_daemon *d, pid_t pid, int timeout_ms);
  * fds of the clients that left are closed), counts, and leaves that
  * connection's fd out of the count. -1 when the others never left. */
 int td_quiet_fds(const test_daemon *d, size_t n, int timeout_ms);
+
+/* Pipes that line up child processes (td_spawn): a child waits for a byte
+ * on go before it opens, writes a byte on ready once it holds its view, and
+ * waits for a byte (or EOF) on hold before it lets go. td_gates_open makes
+ * them and stores the child's ends in *ready_fd, *hold_fd, *go_fd (each may
+ * be NULL: that gate is not made, its fds are -1). */
+typedef struct td_gates {
+    int ready[2], hold[2], go[2];
+} td_gates;
+void td_gates_open(td_gates *g, int *ready_fd, int *hold_fd, int *go_fd);
+/* Write n bytes on fd (one per child: a child reading one must not see EOF
+ * while another still holds the write end). */
+void td_gates_pass(int fd, int n);
+/* Wait until n children wrote on the ready gate. */
+void td_gates_ready(const td_gates *g, int n);
 
 /* Run fn(arg) in a forked child; returns its pid. The child exits with fn's
  * return value. */

@@ -24,6 +24,16 @@ void rp_hello_init(rp_hello *h, uint64_t caps, const char *client_name) {
     h->req.hello = &h->hello;
 }
 
+Gpubuf__Request rp_request(uint64_t id, Gpubuf__Request__BodyCase body, void *msg) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    req.id = id;
+    req.body_case = body;
+    /* Every member of the body union is a pointer to a message: store msg
+     * in whichever body names. */
+    memcpy(&req.hello, &msg, sizeof(msg));
+    return req;
+}
+
 size_t rp_frame_size(const Gpubuf__Request *req) {
     return GPUBUF_WIRE_HEADER_SIZE + gpubuf__request__get_packed_size(req);
 }

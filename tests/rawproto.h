@@ -20,6 +20,11 @@ typedef struct rp_hello {
 /* A hello with capability bits caps and client_name (NULL: none). */
 void rp_hello_init(rp_hello *h, uint64_t caps, const char *client_name);
 
+/* A request with id and the body msg of kind body (a Gpubuf__...Request
+ * or Gpubuf__Hello that body names): the three lines every hand-built
+ * request needs. */
+Gpubuf__Request rp_request(uint64_t id, Gpubuf__Request__BodyCase body, void *msg);
+
 /* Write req framed (header and body) at out, which has room for
  * rp_frame_size(req) bytes; returns the frame's length. */
 size_t rp_frame(uint8_t *out, const Gpubuf__Request *req);

@@ -60,11 +60,8 @@ static gpubuf_client *publish_long_names(int n) {
 
 /* One status request frame (rows) in frame; returns its length. */
 static size_t status_frame(uint8_t frame[64]) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
-    req.id = 9;
-    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    req.status = &st;
+    Gpubuf__Request req = rp_request(9, GPUBUF__REQUEST__BODY_STATUS, &st);
     size_t n = gpubuf__request__pack(&req, frame + GPUBUF_WIRE_HEADER_SIZE);
     gpubuf_wire_header_encode(frame, (uint32_t)n);
     return n + GPUBUF_WIRE_HEADER_SIZE;
@@ -174,13 +171,10 @@ static uint8_t *pack_opens(int n, const char *name, size_t *ret_len) {
     uint8_t *buf = malloc((size_t)n * (GPUBUF_WIRE_HEADER_SIZE + 32 + strlen(name)));
     size_t len = 0;
     for (int i = 0; i < n; i++) {
-        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
         Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
         o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
         o.name = (char *)name;
-        req.id = 10 + (uint64_t)i;
-        req.body_case = GPUBUF__REQUEST__BODY_OPEN;
-        req.open = &o;
+        Gpubuf__Request req = rp_request(10 + (uint64_t)i, GPUBUF__REQUEST__BODY_OPEN, &o);
         size_t k = gpubuf__request__pack(&req, buf + len + GPUBUF_WIRE_HEADER_SIZE);
         gpubuf_wire_header_encode(buf + len, (uint32_t)k);
         len += GPUBUF_WIRE_HEADER_SIZE + k;
@@ -346,7 +340,6 @@ END_TEST
  * returns its length. */
 static uint8_t *batch_open_frame(uint64_t request_id, const uint64_t *ids, int n_ids, int n,
                                  size_t *ret_len) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
     uint64_t *all = malloc((size_t)n * sizeof(*all));
     ck_assert_ptr_nonnull(all);
@@ -354,9 +347,7 @@ static uint8_t *batch_open_frame(uint64_t request_id, const uint64_t *ids, int n
         all[i] = ids[i % n_ids];
     q.n_buffer_ids = (size_t)n;
     q.buffer_ids = all;
-    req.id = request_id;
-    req.body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
-    req.batch_open = &q;
+    Gpubuf__Request req = rp_request(request_id, GPUBUF__REQUEST__BODY_BATCH_OPEN, &q);
     size_t len = gpubuf__request__get_packed_size(&req);
     uint8_t *buf = malloc(GPUBUF_WIRE_HEADER_SIZE + len);
     ck_assert_ptr_nonnull(buf);
@@ -610,11 +601,8 @@ START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
      * that fill 1 MiB) and holds the rest back, or is about to. */
     ck_assert(td_wait_requests(&D, "status", since, 12, 60000));
     Gpubuf__SealRequest seal = GPUBUF__SEAL_REQUEST__INIT;
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     seal.buffer_id = id;
-    req.id = 3;
-    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
-    req.seal = &seal;
+    Gpubuf__Request req = rp_request(3, GPUBUF__REQUEST__BODY_SEAL, &seal);
     len = 0;
     len += rp_frame(buf + len, &req);
     ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, len, -1), 0);
@@ -632,14 +620,10 @@ START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("backpressure");
-    TCase *t = add_case(s, "backpressure", start_default, td_stop_clean, 60);
-    add_tests(t, big_replies_unread_stay_bounded, reply_memory_is_bounded_across_connections,
-              batch_reply_memory_is_bounded_across_connections,
-              departed_writer_cannot_hold_the_loop, reader_that_never_reads_is_held_back,
-              fds_held_per_client_are_bounded, pipelining_reader_is_never_cut_off,
-              held_back_reader_outlives_the_frame_deadline,
-              seal_sent_before_exit_is_applied_with_replies_unread);
-    return run_suite(s);
-}
+SUITE_MAIN("backpressure", "backpressure", start_default, td_stop_clean, 60,
+          big_replies_unread_stay_bounded, reply_memory_is_bounded_across_connections,
+          batch_reply_memory_is_bounded_across_connections,
+          departed_writer_cannot_hold_the_loop, reader_that_never_reads_is_held_back,
+          fds_held_per_client_are_bounded, pipelining_reader_is_never_cut_off,
+          held_back_reader_outlives_the_frame_deadline,
+          seal_sent_before_exit_is_applied_with_replies_unread)

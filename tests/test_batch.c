@@ -273,11 +273,7 @@ START_TEST(batch_names_are_per_pool) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("batch");
-    TCase *t = add_case(s, "host-pool", start, td_stop_clean, 60);
-    add_tests(t, open_and_release_a_thousand_in_one_call, partial_failures_inside_a_batch,
-              read_only_opens_by_id, more_slabs_than_one_reply_carries, long_batches_are_split,
-              batch_names_are_per_pool);
-    return run_suite(s);
-}
+SUITE_MAIN("batch", "host-pool", start, td_stop_clean, 60,
+          open_and_release_a_thousand_in_one_call, partial_failures_inside_a_batch,
+          read_only_opens_by_id, more_slabs_than_one_reply_carries, long_batches_are_split,
+          batch_names_are_per_pool)

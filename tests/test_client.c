@@ -197,43 +197,31 @@ END_TEST
 
 START_TEST(sigkill_consumer_loses_references) {
     job j = {.name = "victim", .size = MiB, .seed = 9, .go_fd = -1, .timeout_ms = 0};
-    int ready[2], hold[2];
+    td_gates g;
     ck_assert_int_eq(td_wait(td_spawn(produce, &D, &j)), 0);
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(hold), 0);
-    j.ready_fd = ready[1];
-    j.hold_fd = hold[0];
+    td_gates_open(&g, &j.ready_fd, &j.hold_fd, NULL);
     pid_t p = td_spawn(consume, &D, &j);
-    char x;
-    ck_assert_int_eq(read(ready[0], &x, 1), 1);
+    td_gates_ready(&g, 1);
     ck_assert(td_wait_refs(&D, "victim", 1, 1000));
     kill(p, SIGKILL);
     ck_assert_int_eq(td_wait(p), 128 + SIGKILL);
     ck_assert(td_wait_refs(&D, "victim", 0, 2000));
     ck_assert(td_wait_clients(&D, 0, 2000));
-    close(hold[1]);
+    close(g.hold[1]);
 }
 END_TEST
 
 START_TEST(eight_processes_open_at_once) {
     job j = {.name = "shared8", .size = 8 * MiB, .seed = 88, .timeout_ms = 5000};
-    int ready[2], hold[2], go[2];
+    td_gates g;
     pid_t p[8];
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(hold), 0);
-    ck_assert_int_eq(pipe(go), 0);
-    j.ready_fd = ready[1];
-    j.hold_fd = hold[0];
-    j.go_fd = go[0];
+    td_gates_open(&g, &j.ready_fd, &j.hold_fd, &j.go_fd);
     ck_assert_int_eq(td_wait(td_spawn(produce, &D, &j)), 0);
     for (int i = 0; i < 8; i++)
         p[i] = td_spawn(consume, &D, &j);
     /* Release all eight at once. */
-    ck_assert_int_eq(write(go[1], "gggggggg", 8), 8);
-    for (int i = 0; i < 8; i++) {
-        char x;
-        ck_assert_int_eq(read(ready[0], &x, 1), 1);
-    }
+    td_gates_pass(g.go[1], 8);
+    td_gates_ready(&g, 8);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(td_find_buffer(s, "shared8")->refs, 8);
     size_t with_refs = 0;
@@ -243,7 +231,7 @@ START_TEST(eight_processes_open_at_once) {
     ck_assert_uint_eq(with_refs, 8);
     gpubuf_status_free(s);
     /* Children inherited the write end too: send one byte each, not EOF. */
-    ck_assert_int_eq(write(hold[1], "hhhhhhhh", 8), 8);
+    td_gates_pass(g.hold[1], 8);
     for (int i = 0; i < 8; i++)
         ck_assert_int_eq(td_wait(p[i]), 0);
     ck_assert(td_wait_refs(&D, "shared8", 0, 2000));
@@ -815,19 +803,14 @@ START_TEST(status_counts) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("client");
-    TCase *t = add_case(s, "host-pool", start_default, td_stop_clean, 60);
-    add_tests(t, connect_and_handshake, connect_no_daemon, connect_env_socket,
-              alloc_view_attributes, default_pool_is_first, set_device_checks,
-              kept_slabs_pinned_reused_evicted, producer_exits_before_consumers,
-              sigkill_consumer_loses_references, eight_processes_open_at_once,
-              anonymous_buffer_by_id_across_processes, open_waits_for_seal,
-              open_wait_forever_then_seal, open_timeout_and_missing, names_and_errors,
-              pool_full_then_recovers, delete_while_referenced, slices_keep_parent_alive,
-              copy_helpers, mapping_cache_one_map_per_slab, disconnect_with_live_views,
-              unsealed_buffer_of_dead_client_is_freed, threads_share_one_client, status_counts,
-              async_seal_and_release_semantics, disconnect_wakes_a_blocked_open,
-              requests_in_flight_at_exit_are_applied);
-    return run_suite(s);
-}
+SUITE_MAIN("client", "host-pool", start_default, td_stop_clean, 60,
+          connect_and_handshake, connect_no_daemon, connect_env_socket, alloc_view_attributes,
+          default_pool_is_first, set_device_checks, kept_slabs_pinned_reused_evicted,
+          producer_exits_before_consumers, sigkill_consumer_loses_references,
+          eight_processes_open_at_once, anonymous_buffer_by_id_across_processes,
+          open_waits_for_seal, open_wait_forever_then_seal, open_timeout_and_missing,
+          names_and_errors, pool_full_then_recovers, delete_while_referenced,
+          slices_keep_parent_alive, copy_helpers, mapping_cache_one_map_per_slab,
+          disconnect_with_live_views, unsealed_buffer_of_dead_client_is_freed,
+          threads_share_one_client, status_counts, async_seal_and_release_semantics,
+          disconnect_wakes_a_blocked_open, requests_in_flight_at_exit_are_applied)

@@ -167,25 +167,17 @@ static int gpu_consume(const test_daemon *d, void *arg) {
 }
 
 START_TEST(eight_gpu_consumers_at_once) {
-    int ready[2], hold[2], go[2];
+    td_gates g;
     job j = {.size = 32 * MiB};
     pid_t p[8];
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(hold), 0);
-    ck_assert_int_eq(pipe(go), 0);
-    j.ready_fd = ready[1];
-    j.hold_fd = hold[0];
-    j.go_fd = go[0];
+    td_gates_open(&g, &j.ready_fd, &j.hold_fd, &j.go_fd);
     ck_assert_int_eq(td_wait(td_spawn(gpu_produce, &D, &j)), 0);
     for (int i = 0; i < 8; i++)
         p[i] = td_spawn(gpu_consume, &D, &j);
-    ck_assert_int_eq(write(go[1], "gggggggg", 8), 8);
-    for (int i = 0; i < 8; i++) {
-        char x;
-        ck_assert_int_eq(read(ready[0], &x, 1), 1);
-    }
+    td_gates_pass(g.go[1], 8);
+    td_gates_ready(&g, 8);
     ck_assert(td_wait_refs(&D, "g", 8, 1000));
-    ck_assert_int_eq(write(hold[1], "hhhhhhhh", 8), 8);
+    td_gates_pass(g.hold[1], 8);
     for (int i = 0; i < 8; i++)
         ck_assert_int_eq(td_wait(p[i]), 0);
     ck_assert(td_wait_refs(&D, "g", 0, 2000));
@@ -193,16 +185,12 @@ START_TEST(eight_gpu_consumers_at_once) {
 END_TEST
 
 START_TEST(sigkill_gpu_consumer) {
-    int ready[2], hold[2];
+    td_gates g;
     job j = {.size = 8 * MiB, .go_fd = -1};
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(hold), 0);
-    j.ready_fd = ready[1];
-    j.hold_fd = hold[0];
+    td_gates_open(&g, &j.ready_fd, &j.hold_fd, NULL);
     ck_assert_int_eq(td_wait(td_spawn(gpu_produce, &D, &j)), 0);
     pid_t p = td_spawn(gpu_consume, &D, &j);
-    char x;
-    ck_assert_int_eq(read(ready[0], &x, 1), 1);
+    td_gates_ready(&g, 1);
     ck_assert(td_wait_refs(&D, "g", 1, 1000));
     kill(p, SIGKILL);
     ck_assert_int_eq(td_wait(p), 128 + SIGKILL);
@@ -317,24 +305,20 @@ static int big_client(const test_daemon *d, void *arg) {
 }
 
 START_TEST(cuda_out_of_memory) {
-    int ready[2], hold[2];
+    td_gates g;
     job j = {.size = 2 * GiB, .go_fd = -1};
-    char x;
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(hold), 0);
-    j.ready_fd = ready[1];
-    j.hold_fd = hold[0];
+    td_gates_open(&g, &j.ready_fd, &j.hold_fd, NULL);
     int fds0 = td_count_fds(D.pid);
     ck_assert_int_gt(fds0, 0);
     pid_t hog = td_spawn(hog_body, &D, &j);
-    ck_assert_int_eq(read(ready[0], &x, 1), 1);
+    td_gates_ready(&g, 1);
     ck_assert_int_eq(td_wait(td_spawn(oom_client, &D, NULL)), 0);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(s->n_buffers, 0); /* the failed alloc left nothing behind */
     ck_assert_uint_eq(s->pools[0].used, 0);
     ck_assert_uint_le(s->pools[0].reserved, 64 * MiB); /* at most the small one's slab */
     gpubuf_status_free(s);
-    ck_assert_int_eq(write(hold[1], "h", 1), 1);
+    td_gates_pass(g.hold[1], 1);
     ck_assert_int_eq(td_wait(hog), 0);
     ck_assert_int_eq(td_wait(td_spawn(big_client, &D, NULL)), 0);
     s = td_status(&D);
@@ -397,21 +381,17 @@ static int term_consumer(const test_daemon *d, void *arg) {
 START_TEST(sigterm_with_gpu_clients) {
     static const char *const args[] = {"--pool", "gpu0=cuda-ipc,device=0,capacity=16G,slab=64M",
                                        NULL};
-    int ready[2], go[2];
+    td_gates g;
     job pj = {.size = 64 * MiB, .go_fd = -1, .ready_fd = -1, .hold_fd = -1};
     term_job tj = {.socket = D.socket};
-    char x;
-    ck_assert_int_eq(pipe(ready), 0);
-    ck_assert_int_eq(pipe(go), 0);
-    tj.ready_fd = ready[1];
-    tj.go_fd = go[0];
+    td_gates_open(&g, &tj.ready_fd, NULL, &tj.go_fd);
     ck_assert_int_eq(td_wait(td_spawn(gpu_produce, &D, &pj)), 0);
     pid_t p = td_spawn(term_consumer, &D, &tj);
-    ck_assert_int_eq(read(ready[0], &x, 1), 1);
+    td_gates_ready(&g, 1);
     ck_assert(td_wait_refs(&D, "g", 1, 1000));
     /* SIGTERM with a GPU view mapped in a live client: the daemon exits 0. */
     ck_assert_int_eq(td_restart(&D, args), 0);
-    ck_assert_int_eq(write(go[1], "g", 1), 1);
+    td_gates_pass(g.go[1], 1);
     ck_assert_int_eq(td_wait(p), 0);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(s->n_buffers, 0);

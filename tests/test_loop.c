@@ -56,23 +56,17 @@ static void put_req(uint8_t **buf, size_t *len, size_t *cap, Gpubuf__Request *re
 }
 
 static void put_alloc(uint8_t **buf, size_t *len, size_t *cap, uint64_t id, uint64_t size) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.pool = "frag";
     a.size = size;
-    req.id = id;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
+    Gpubuf__Request req = rp_request(id, GPUBUF__REQUEST__BODY_ALLOC, &a);
     put_req(buf, len, cap, &req);
 }
 
 static void put_release(uint8_t **buf, size_t *len, size_t *cap, uint64_t id, uint64_t bid) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__ReleaseRequest r = GPUBUF__RELEASE_REQUEST__INIT;
     r.buffer_id = bid;
-    req.id = id;
-    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    req.release = &r;
+    Gpubuf__Request req = rp_request(id, GPUBUF__REQUEST__BODY_RELEASE, &r);
     put_req(buf, len, cap, &req);
 }
 
@@ -321,14 +315,11 @@ START_TEST(simultaneous_expiries_are_all_answered) {
     uint8_t *buf = NULL;
     size_t len = 0, cap = 0;
     for (int i = 0; i < WAITS; i++) {
-        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
         Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
         o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
         o.name = "never";
         o.timeout_ms = 500;
-        req.id = 100 + (uint64_t)i;
-        req.body_case = GPUBUF__REQUEST__BODY_OPEN;
-        req.open = &o;
+        Gpubuf__Request req = rp_request(100 + (uint64_t)i, GPUBUF__REQUEST__BODY_OPEN, &o);
         put_req(&buf, &len, &cap, &req);
     }
     int fds[CLIENTS];

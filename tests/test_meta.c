@@ -461,11 +461,7 @@ START_TEST(gpubufctl_shows_layout_and_lease) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("meta");
-    TCase *t = add_case(s, "meta", start_default, td_stop_clean, 60);
-    add_tests(t, metadata_round_trip, metadata_bounds, lease_expires_unreferenced,
-              lease_expires_while_referenced, lease_renewed_by_owner,
-              lease_renew_by_other_uid_refused, gpubufctl_shows_layout_and_lease);
-    return run_suite(s);
-}
+SUITE_MAIN("meta", "meta", start_default, td_stop_clean, 60,
+          metadata_round_trip, metadata_bounds, lease_expires_unreferenced,
+          lease_expires_while_referenced, lease_renewed_by_owner,
+          lease_renew_by_other_uid_refused, gpubufctl_shows_layout_and_lease)

@@ -411,14 +411,6 @@ START_TEST(renew_rules) {
 }
 END_TEST
 
-static Suite *meta_suite(void) {
-    Suite *s = suite_create("meta_registry");
-    TCase *tc = add_case(s, "meta", NULL, NULL, 0);
-    add_tests(tc, layout_bounds, wire_layout_bounds, meta_at_alloc_and_seal, meta_charge_figures,
-              lease_heap_order, lease_expiry_while_referenced, renew_rules);
-    return s;
-}
-
-int main(void) {
-    return run_suite(meta_suite());
-}
+SUITE_MAIN("meta_registry", "meta", NULL, NULL, 0,
+          layout_bounds, wire_layout_bounds, meta_at_alloc_and_seal, meta_charge_figures,
+          lease_heap_order, lease_expiry_while_referenced, renew_rules)

@@ -437,14 +437,10 @@ START_TEST(pool_flags_override_config) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("operations");
-    TCase *t = add_case(s, "operations", start_default, td_stop_clean, 60);
-    add_tests(t, sigterm_with_live_clients, second_daemon_refuses_live_socket,
-              gpubufctl_table_and_json, client_names_clean_in_gpubufctl, gpubufctl_exit_codes,
-              config_file_errors_name_file_and_line, config_file_pools_used,
-              check_config_refuses_what_startup_refuses, config_values_cannot_overflow,
-              default_configuration_without_gpu, bad_flags_exit_2,
-              refuses_to_replace_a_regular_file, pool_flags_override_config);
-    return run_suite(s);
-}
+SUITE_MAIN("operations", "operations", start_default, td_stop_clean, 60,
+          sigterm_with_live_clients, second_daemon_refuses_live_socket,
+          gpubufctl_table_and_json, client_names_clean_in_gpubufctl, gpubufctl_exit_codes,
+          config_file_errors_name_file_and_line, config_file_pools_used,
+          check_config_refuses_what_startup_refuses, config_values_cannot_overflow,
+          default_configuration_without_gpu, bad_flags_exit_2,
+          refuses_to_replace_a_regular_file, pool_flags_override_config)

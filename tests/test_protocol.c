@@ -129,11 +129,8 @@ END_TEST
 
 START_TEST(request_before_hello) {
     int fd = raw_connect();
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
-    req.id = 5;
-    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    req.status = &st;
+    Gpubuf__Request req = rp_request(5, GPUBUF__REQUEST__BODY_STATUS, &st);
     td_raw_send(fd, &req);
     expect_refusal(fd, GPUBUF_EPROTOCOL, 5, NULL);
 }
@@ -215,23 +212,17 @@ static int raw_alloc(int fd, uint64_t size, uint64_t *ret_buf, uint64_t *ret_sla
 }
 
 static int raw_release(int fd, uint64_t buffer_id, bool keep) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
     rel.buffer_id = buffer_id;
     rel.keep_mapped = keep;
-    req.id = 11;
-    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    req.release = &rel;
+    Gpubuf__Request req = rp_request(11, GPUBUF__REQUEST__BODY_RELEASE, &rel);
     return raw_call(fd, &req, NULL, NULL, NULL);
 }
 
 static int raw_unmap(int fd, uint64_t slab_id) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__UnmapRequest u = GPUBUF__UNMAP_REQUEST__INIT;
     u.slab_id = slab_id;
-    req.id = 12;
-    req.body_case = GPUBUF__REQUEST__BODY_UNMAP;
-    req.unmap = &u;
+    Gpubuf__Request req = rp_request(12, GPUBUF__REQUEST__BODY_UNMAP, &u);
     return raw_call(fd, &req, NULL, NULL, NULL);
 }
 
@@ -328,14 +319,11 @@ END_TEST
 START_TEST(release_not_held_and_double_release) {
     int fd = raw_connect();
     td_raw_hello(fd);
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
     int mfd;
     a.size = 1000;
-    req.id = 2;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
+    Gpubuf__Request req = rp_request(2, GPUBUF__REQUEST__BODY_ALLOC, &a);
     td_raw_send(fd, &req);
     Gpubuf__Response *r = rp_recv(fd, &mfd);
     ck_assert_ptr_nonnull(r);
@@ -456,10 +444,7 @@ START_TEST(wire_strings_with_nul_refused) {
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = 4096;
     a.name = "frames#evil";
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    req.id = 2;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
+    Gpubuf__Request req = rp_request(2, GPUBUF__REQUEST__BODY_ALLOC, &a);
     expect_nul_refused(fd, &req, "frames#evil", "name");
     a.name = "fine";
     a.pool = "host#x";
@@ -511,13 +496,10 @@ START_TEST(read_only_fd_and_seal_event) {
     int fd = raw_connect(), afd = -1;
     uint64_t buf, slab;
     td_raw_hello(fd);
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = 4096;
     a.name = "rofd";
-    req.id = 2;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
+    Gpubuf__Request req = rp_request(2, GPUBUF__REQUEST__BODY_ALLOC, &a);
     ck_assert_int_eq(raw_call(fd, &req, &buf, &slab, NULL), 0);
 
     /* A seal event must be 64 bytes, and needs a CUDA pool. */
@@ -590,16 +572,12 @@ START_TEST(read_only_fd_and_seal_event) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("protocol");
-    TCase *t = add_case(s, "protocol", start_default, td_stop_clean, 60);
-    add_tests(t, garbage_disconnects_only_that_client, bad_magic_gets_error_then_close,
-              bad_version_header, oversized_frame_rejected, truncated_frame_then_hangup,
-              undecodable_payload, request_before_hello, version_negotiation_fails,
-              empty_request_and_double_hello, unsolicited_fds_are_closed,
-              release_not_held_and_double_release, read_only_fd_and_seal_event,
-              keep_mapped_protocol, status_rows_and_columns_agree,
-              pipelined_requests_answered_in_order, requests_before_hangup_are_answered,
-              waiting_open_fails_when_buffer_goes, wire_strings_with_nul_refused);
-    return run_suite(s);
-}
+SUITE_MAIN("protocol", "protocol", start_default, td_stop_clean, 60,
+          garbage_disconnects_only_that_client, bad_magic_gets_error_then_close,
+          bad_version_header, oversized_frame_rejected, truncated_frame_then_hangup,
+          undecodable_payload, request_before_hello, version_negotiation_fails,
+          empty_request_and_double_hello, unsolicited_fds_are_closed,
+          release_not_held_and_double_release, read_only_fd_and_seal_event,
+          keep_mapped_protocol, status_rows_and_columns_agree,
+          pipelined_requests_answered_in_order, requests_before_hangup_are_answered,
+          waiting_open_fails_when_buffer_goes, wire_strings_with_nul_refused)

@@ -240,10 +240,6 @@ START_TEST(copies_between_views) {
 }
 END_TEST
 
-int main(void) {
-    Suite *s = suite_create("readonly");
-    TCase *t = add_case(s, "host", start_default, td_stop_clean, 0);
-    add_tests(t, read_only_open_maps_read_only, read_only_waiting_open,
-              stream_requests_on_host_pools, copies_between_views);
-    return run_suite(s);
-}
+SUITE_MAIN("readonly", "host", start_default, td_stop_clean, 0,
+          read_only_open_maps_read_only, read_only_waiting_open, stream_requests_on_host_pools,
+          copies_between_views)

@@ -30,6 +30,17 @@ static void hold_two(gpubuf_client *c, gpubuf_buffer **va, gpubuf_buffer **vu) {
     td_fill(gpubuf_buffer_host_ptr(*vu), SIZE, 2);
 }
 
+/* A daemon with a fake systemd fd store (m), the sealed "a" in it, and a
+ * client holding "a" and the unsealed "u" (hold_two). */
+static gpubuf_client *start_holding_two(fake_sd *m, gpubuf_buffer **va, gpubuf_buffer **vu) {
+    fsd_init(m);
+    fsd_start(m, k_pool);
+    td_produce(&m->d, "a", SIZE, 1);
+    gpubuf_client *c = td_connect(&m->d);
+    hold_two(c, va, vu);
+    return c;
+}
+
 /* The state of buffer name in d, -1 when it is not there. */
 static int state_of(const test_daemon *d, const char *name) {
     gpubuf_status *s = td_status(d);
@@ -58,11 +69,7 @@ static void stat_ok(gpubuf_client *c, const char *name) {
 START_TEST(idle_client_with_saved_state) {
     fake_sd m;
     gpubuf_buffer *va = NULL, *vu = NULL;
-    fsd_init(&m);
-    fsd_start(&m, k_pool);
-    td_produce(&m.d, "a", SIZE, 1);
-    gpubuf_client *c = td_connect(&m.d);
-    hold_two(c, &va, &vu);
+    gpubuf_client *c = start_holding_two(&m, &va, &vu);
 
     ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
     fsd_start(&m, k_pool);
@@ -146,11 +153,7 @@ static void in_flight(fake_sd *m, void *(*fn)(void *), call *k) {
 START_TEST(in_flight_requests) {
     fake_sd m;
     gpubuf_buffer *va = NULL, *vu = NULL;
-    fsd_init(&m);
-    fsd_start(&m, k_pool);
-    td_produce(&m.d, "a", SIZE, 1);
-    gpubuf_client *c = td_connect(&m.d);
-    hold_two(c, &va, &vu);
+    gpubuf_client *c = start_holding_two(&m, &va, &vu);
 
     call k = {.c = c};
     in_flight(&m, stat_thread, &k);
@@ -187,18 +190,7 @@ START_TEST(idle_client_after_takeover) {
     td_produce(&d, "a", SIZE, 1);
     gpubuf_client *c = td_connect(&d);
     hold_two(c, &va, &vu);
-    pid_t old = d.pid;
-    pid_t succ = fork();
-    ck_assert_int_ge(succ, 0);
-    if (succ == 0) {
-        execl(GPUBUFD_PATH, GPUBUFD_PATH, "--socket", d.socket, "--log-level", "notice",
-              "--pool", "host=host,capacity=256M", "--takeover", (char *)NULL);
-        _exit(127);
-    }
-    int st = -1;
-    ck_assert_int_eq(waitpid(old, &st, 0), old);
-    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    d.pid = succ;
+    td_takeover(&d, "host=host,capacity=256M");
     stat_ok(c, "a");
     ck_assert(td_wait_refs(&d, "a", 1, 30000));
     ck_assert(td_wait_refs(&d, "u", 1, 30000));

@@ -250,18 +250,7 @@ START_TEST(takeover_keeps_the_buffer) {
     td_produce(&d, "big", BIG, SEED);
     consumer_start(&k, &d);
     ck_assert(td_wait_refs(&d, "big", 1, 5000));
-    pid_t old = d.pid;
-    pid_t succ = fork();
-    ck_assert_int_ge(succ, 0);
-    if (succ == 0) {
-        execl(GPUBUFD_PATH, GPUBUFD_PATH, "--socket", d.socket, "--log-level", "notice",
-              "--pool", "host=host,capacity=1G", "--takeover", (char *)NULL);
-        _exit(127);
-    }
-    int st = -1;
-    ck_assert_int_eq(waitpid(old, &st, 0), old);
-    ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-    d.pid = succ;
+    td_takeover(&d, "host=host,capacity=1G");
     check_resumed(&d, k.pid, 1);
     ck_assert_int_eq(reader_stop(&k), 0);
     ck_assert(td_wait_refs(&d, "big", 0, 5000));

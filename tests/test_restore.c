@@ -423,15 +423,7 @@ START_TEST(bad_records_are_dropped) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("restore");
-    TCase *t = add_case(s, "restore", NULL, NULL, 60);
-    add_tests(t, buffer_id_near_2_64_is_refused, next_buffer_id_near_2_64_is_ignored,
-              session_id_near_2_64_is_refused, slab_id_near_2_64_is_refused,
-              huge_reference_count_is_one_step, bad_records_are_dropped);
-    return s;
-}
-
-int main(void) {
-    return run_suite(suite());
-}
+SUITE_MAIN("restore", "restore", NULL, NULL, 60,
+          buffer_id_near_2_64_is_refused, next_buffer_id_near_2_64_is_ignored,
+          session_id_near_2_64_is_refused, slab_id_near_2_64_is_refused,
+          huge_reference_count_is_one_step, bad_records_are_dropped)

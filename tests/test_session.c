@@ -98,7 +98,7 @@ static bool mc_closing(const void *conn) {
 }
 
 static const gd_transport mem_transport = {mc_send,     mc_close,   mc_ready,     mc_closing,
-                                           mc_send_fds, mc_fd_room, mc_reply_room};
+                                           mc_send_fds, mc_fd_room, mc_reply_room, NULL};
 
 static uv_loop_t loop;
 static gd_context ctx;
@@ -215,14 +215,11 @@ static void finish(memconn *a, memconn *b) {
  * default pool); the reply. */
 static const Gpubuf__Response *alloc_in(memconn *m, const char *pool, const char *name,
                                         uint64_t size) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = size;
     a.pool = (char *)pool;
     a.name = (char *)(name ? name : "");
-    req.id = 10;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
+    Gpubuf__Request req = rp_request(10, GPUBUF__REQUEST__BODY_ALLOC, &a);
     ck_assert_int_eq(mc_request(m, &req), 1);
     return last(m);
 }
@@ -232,25 +229,19 @@ static const Gpubuf__Response *alloc(memconn *m, const char *name, uint64_t size
 }
 
 static void seal(memconn *m, uint64_t id) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__SealRequest q = GPUBUF__SEAL_REQUEST__INIT;
     q.buffer_id = id;
-    req.id = 11;
-    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
-    req.seal = &q;
+    Gpubuf__Request req = rp_request(11, GPUBUF__REQUEST__BODY_SEAL, &q);
     mc_request(m, &req);
 }
 
 /* Open by name; returns the number of replies (0 while it waits). */
 static int open_name(memconn *m, const char *name, int timeout_ms) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__OpenRequest q = GPUBUF__OPEN_REQUEST__INIT;
     q.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
     q.name = (char *)name;
     q.timeout_ms = timeout_ms;
-    req.id = 12;
-    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    req.open = &q;
+    Gpubuf__Request req = rp_request(12, GPUBUF__REQUEST__BODY_OPEN, &q);
     return mc_request(m, &req);
 }
 
@@ -490,12 +481,9 @@ END_TEST
 
 START_TEST(status_lists_live_sessions_only) {
     memconn a, b;
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest q = GPUBUF__STATUS_REQUEST__INIT;
     start(0, &a, 1000, &b, 1001);
-    req.id = 5;
-    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    req.status = &q;
+    Gpubuf__Request req = rp_request(5, GPUBUF__REQUEST__BODY_STATUS, &q);
     ck_assert_int_eq(mc_request(&a, &req), 1);
     ck_assert_uint_eq(last(&a)->status_reply->n_clients, 2);
     ck_assert_uint_eq(last(&a)->status_reply->n_pools, 1);
@@ -690,11 +678,8 @@ START_TEST(publishers_rule_refuses_with_reason) {
     session_of(&root, 0);
     publish_in(&root, "pub", "root-frames");
     /* Status shows the rule and the default pool. */
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__StatusRequest sq = GPUBUF__STATUS_REQUEST__INIT;
-    req.id = 30;
-    req.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    req.status = &sq;
+    Gpubuf__Request req = rp_request(30, GPUBUF__REQUEST__BODY_STATUS, &sq);
     ck_assert_int_eq(mc_request(&root, &req), 1);
     const Gpubuf__StatusReply *st = last(&root)->status_reply;
     ck_assert_uint_eq(st->n_pools, 2);
@@ -771,7 +756,6 @@ static const char *item_msg(const Gpubuf__BatchReply *br, uint32_t i) {
 static const Gpubuf__BatchReply *batch_open(memconn *m, char **names, size_t n_names,
                                             uint64_t *ids, size_t n_ids, uint64_t *mapped,
                                             size_t n_mapped) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
     q.n_names = n_names;
     q.names = names;
@@ -779,44 +763,35 @@ static const Gpubuf__BatchReply *batch_open(memconn *m, char **names, size_t n_n
     q.buffer_ids = ids;
     q.n_mapped_slabs = n_mapped;
     q.mapped_slabs = mapped;
-    req.id = 20;
-    req.body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
-    req.batch_open = &q;
+    Gpubuf__Request req = rp_request(20, GPUBUF__REQUEST__BODY_BATCH_OPEN, &q);
     ck_assert_int_eq(mc_request(m, &req), 1);
     return batch_reply(m, n_names + n_ids);
 }
 
 static const Gpubuf__Response *batch_state(memconn *m, Gpubuf__BatchStateOp op, char **names,
                                            size_t n_names, uint64_t *ids, size_t n_ids) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__BatchStateRequest q = GPUBUF__BATCH_STATE_REQUEST__INIT;
     q.op = op;
     q.n_names = n_names;
     q.names = names;
     q.n_buffer_ids = n_ids;
     q.buffer_ids = ids;
-    req.id = 21;
-    req.body_case = GPUBUF__REQUEST__BODY_BATCH_STATE;
-    req.batch_state = &q;
+    Gpubuf__Request req = rp_request(21, GPUBUF__REQUEST__BODY_BATCH_STATE, &q);
     ck_assert_int_eq(mc_request(m, &req), 1);
     return last(m);
 }
 
 static const Gpubuf__Response *batch_release(memconn *m, uint64_t *ids, size_t n) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__BatchReleaseRequest q = GPUBUF__BATCH_RELEASE_REQUEST__INIT;
     q.n_buffer_ids = n;
     q.buffer_ids = ids;
-    req.id = 22;
-    req.body_case = GPUBUF__REQUEST__BODY_BATCH_RELEASE;
-    req.batch_release = &q;
+    Gpubuf__Request req = rp_request(22, GPUBUF__REQUEST__BODY_BATCH_RELEASE, &q);
     ck_assert_int_eq(mc_request(m, &req), 1);
     return last(m);
 }
 
 static const Gpubuf__Response *batch_alloc(memconn *m, uint64_t size, size_t n, bool seal,
                                            uint64_t *mapped, size_t n_mapped) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__BatchAllocRequest q = GPUBUF__BATCH_ALLOC_REQUEST__INIT;
     uint64_t sizes[64];
     ck_assert_uint_le(n, 64);
@@ -827,9 +802,7 @@ static const Gpubuf__Response *batch_alloc(memconn *m, uint64_t size, size_t n, 
     q.seal = seal;
     q.n_mapped_slabs = n_mapped;
     q.mapped_slabs = mapped;
-    req.id = 23;
-    req.body_case = GPUBUF__REQUEST__BODY_BATCH_ALLOC;
-    req.batch_alloc = &q;
+    Gpubuf__Request req = rp_request(23, GPUBUF__REQUEST__BODY_BATCH_ALLOC, &q);
     ck_assert_int_eq(mc_request(m, &req), 1);
     return last(m);
 }
@@ -1000,13 +973,10 @@ START_TEST(batch_waits_for_reply_memory) {
         ids[i] = x;
         names[i] = i % 2 ? longname : missing;
     }
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
     q.n_names = 8;
     q.names = names;
-    req.id = 30;
-    req.body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
-    req.batch_open = &q;
+    Gpubuf__Request req = rp_request(30, GPUBUF__REQUEST__BODY_BATCH_OPEN, &q);
     ck_assert_int_eq(mc_request(&a, &req), 0);
     ck_assert_int_eq(a.frame_rc, -EAGAIN);
     ck_assert_uint_eq(a.asked, gd_session_batch_reply_bound(8));
@@ -1056,14 +1026,11 @@ static void hello_caps(memconn *m, uint64_t caps) {
 /* Open name (read-only if ro); the reply must succeed. Returns whether it
  * carried the slab's fd (checked against Response.fds). */
 static bool open_fd(memconn *m, const char *name, bool ro) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__OpenRequest q = GPUBUF__OPEN_REQUEST__INIT;
     q.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
     q.name = (char *)name;
     q.read_only = ro;
-    req.id = 12;
-    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    req.open = &q;
+    Gpubuf__Request req = rp_request(12, GPUBUF__REQUEST__BODY_OPEN, &q);
     ck_assert_int_eq(mc_request(m, &req), 1);
     const Gpubuf__Response *r = last(m);
     ck_assert_int_eq(r->status, 0);
@@ -1073,14 +1040,11 @@ static bool open_fd(memconn *m, const char *name, bool ro) {
 }
 
 static void release_ref(memconn *m, uint64_t id, bool ro, bool keep) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__ReleaseRequest q = GPUBUF__RELEASE_REQUEST__INIT;
     q.buffer_id = id;
     q.read_only = ro;
     q.keep_mapped = keep;
-    req.id = 13;
-    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    req.release = &q;
+    Gpubuf__Request req = rp_request(13, GPUBUF__REQUEST__BODY_RELEASE, &q);
     ck_assert_int_eq(mc_request(m, &req), 1);
     ck_assert_int_eq(last(m)->status, 0);
 }
@@ -1136,12 +1100,9 @@ START_TEST(slab_fd_is_sent_only_when_not_mapped) {
     ck_assert_uint_eq(a.s->holder->n_kept, 1);
     ck_assert(!open_fd(&a, "x", false));
     release_ref(&a, x, false, true);
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__UnmapRequest u = GPUBUF__UNMAP_REQUEST__INIT;
     u.slab_id = slab;
-    req.id = 14;
-    req.body_case = GPUBUF__REQUEST__BODY_UNMAP;
-    req.unmap = &u;
+    Gpubuf__Request req = rp_request(14, GPUBUF__REQUEST__BODY_UNMAP, &u);
     ck_assert_int_eq(mc_request(&a, &req), 1);
     ck_assert_int_eq(last(&a)->status, 0);
     ck_assert(open_fd(&a, "x", false));

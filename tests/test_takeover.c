@@ -272,14 +272,6 @@ START_TEST(simultaneous_successors) {
 }
 END_TEST
 
-static Suite *suite(void) {
-    Suite *s = suite_create("takeover");
-    TCase *t = add_case(s, "takeover", NULL, NULL, 150);
-    add_tests(t, failed_successor_leaves_the_daemon_serving, killed_successor_loses_nothing,
-              second_successor_is_refused, simultaneous_successors);
-    return s;
-}
-
-int main(void) {
-    return run_suite(suite());
-}
+SUITE_MAIN("takeover", "takeover", NULL, NULL, 150,
+          failed_successor_leaves_the_daemon_serving, killed_successor_loses_nothing,
+          second_successor_is_refused, simultaneous_successors)

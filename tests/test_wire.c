@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "gpubuf.pb-c.h"
+#include "rawproto.h"
 #include "gpubuf/gpubuf.h"
 #include "util.h"
 #include "wire.h"
@@ -307,14 +308,11 @@ END_TEST
  * fields (a size whose varint holds 0x00) are not strings. */
 START_TEST(wire_nul_strings) {
     uint8_t buf[512];
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = 1ull << 35; /* varint with 0x80 0x80 ... bytes */
     a.name = "frames@evil";
     a.pool = "pool";
-    req.id = 256;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
+    Gpubuf__Request req = rp_request(256, GPUBUF__REQUEST__BODY_ALLOC, &a);
     size_t n = gpubuf__request__pack(&req, buf);
     ck_assert_ptr_null(gpubuf_wire_nul_string(&gpubuf__request__descriptor, buf, n));
     uint8_t *at = memmem(buf, n, "frames@evil", 11);

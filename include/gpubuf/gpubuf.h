@@ -790,6 +790,58 @@ GPUBUF_EXTERN int gpubuf_status_buffer_at(const gpubuf_status *s, size_t i,
 GPUBUF_EXTERN int gpubuf_status_client_at(const gpubuf_status *s, size_t i,
                                           gpubuf_status_client_item *ret);
 
+/* ---- Event loops (docs/client-api.md, "Event loops") ------------------------
+ * The _start calls send their request and return at once with a handle; the
+ * completion is delivered by gpubuf_dispatch(), called when gpubuf_client_fd()
+ * is readable, through the callback given (exactly once per started request,
+ * including cancelled ones and those the connection's loss ends). */
+typedef struct gpubuf_completion {
+    uint64_t handle;          /* what the _start call returned */
+    int result;               /* 0, or a negative code (-ECANCELED once cancelled) */
+    gpubuf_buffer *view;      /* open, alloc: the new root view, yours to release; else NULL */
+    gpubuf_buffer_info info;  /* stat: the buffer; zero otherwise */
+    void *user;               /* as given to the _start call */
+    const char *message;      /* "" on success, else the sentence (also the thread's message) */
+} gpubuf_completion;
+
+/* Called by gpubuf_dispatch() on its thread, without the connection's lock:
+ * it may start, cancel and make synchronous calls. done lives for the call. */
+typedef void (*gpubuf_done_fn)(gpubuf_client *c, const gpubuf_completion *done);
+
+/* A file descriptor that is readable while completions wait to be dispatched
+ * (for epoll, poll, select, uv_poll_t, asyncio add_reader): level-triggered.
+ * Owned by c; the same for the connection's life, across reconnects. */
+GPUBUF_EXTERN int gpubuf_client_fd(gpubuf_client *c);
+/* Deliver the completions that wait, without blocking: the number delivered
+ * (0 when none), or a negative code (-EINVAL). */
+GPUBUF_EXTERN int gpubuf_dispatch(gpubuf_client *c);
+/* Cancel a started request: its callback comes with -ECANCELED (at the next
+ * gpubuf_dispatch()), and what it would have taken is given back; a waiting
+ * open stops waiting in the daemon. -ENOENT when handle names no request
+ * that is still to be delivered. */
+GPUBUF_EXTERN int gpubuf_cancel(gpubuf_client *c, uint64_t handle);
+/* Open by name (name not NULL) or id, as gpubuf_open_with() (o: flags
+ * GPUBUF_OPEN_READONLY and GPUBUF_OPEN_OWNER, timeout_ms, pool; NULL: no
+ * wait). */
+GPUBUF_EXTERN int gpubuf_open_start(gpubuf_client *c, const char *name, uint64_t id,
+                                    const gpubuf_lookup *o, gpubuf_done_fn cb, void *user,
+                                    uint64_t *ret);
+/* Allocate, as gpubuf_alloc(). */
+GPUBUF_EXTERN int gpubuf_alloc_start(gpubuf_client *c, const char *pool, uint64_t size,
+                                     const char *name, gpubuf_done_fn cb, void *user,
+                                     uint64_t *ret);
+/* Seal, as gpubuf_seal_sync(): the completion says whether the daemon sealed it. */
+GPUBUF_EXTERN int gpubuf_seal_start(gpubuf_buffer *b, gpubuf_done_fn cb, void *user,
+                                    uint64_t *ret);
+/* Delete by name or id, as gpubuf_delete_with(). */
+GPUBUF_EXTERN int gpubuf_delete_start(gpubuf_client *c, const char *name, uint64_t id,
+                                      const gpubuf_lookup *o, gpubuf_done_fn cb, void *user,
+                                      uint64_t *ret);
+/* Stat by name or id, as gpubuf_stat_with(): the completion's info. */
+GPUBUF_EXTERN int gpubuf_stat_start(gpubuf_client *c, const char *name, uint64_t id,
+                                    const gpubuf_lookup *o, gpubuf_done_fn cb, void *user,
+                                    uint64_t *ret);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,6 +29,7 @@ typedef struct {
     int active;
     bool closing;
     PyObject *socket; /* the path given, or None */
+    PyObject *aio_loop; /* the asyncio loop that watches the client's fd (aio.c), or NULL */
 } GpubufClient;
 
 /* A view of a buffer (gpubuf_buffer). `b` is NULL once released. A view whose
@@ -91,6 +92,31 @@ PyObject *gpubufpy_layout_dict(const gpubuf_layout *l);
 int gpubufpy_meta_args(PyObject *dtype, PyObject *shape, PyObject *strides,
                        unsigned long long byte_offset, PyObject *user, PyObject *ttl,
                        gpubuf_layout *layout, Py_buffer *user_buf, gpubuf_meta *ret);
+
+/* aio.c: the asyncio methods of Client, and forgetting the loop at close. */
+PyObject *gpubufpy_aio_open(GpubufClient *self, PyObject *args, PyObject *kw);
+PyObject *gpubufpy_aio_open_id(GpubufClient *self, PyObject *args, PyObject *kw);
+PyObject *gpubufpy_aio_alloc(GpubufClient *self, PyObject *args, PyObject *kw);
+PyObject *gpubufpy_aio_seal(GpubufClient *self, PyObject *args, PyObject *kw);
+PyObject *gpubufpy_aio_dispatch(GpubufClient *self, PyObject *unused);
+void gpubufpy_aio_close(GpubufClient *self);
+#define GPUBUFPY_AIO_METHODS                                                                       \
+    {"open_async", (PyCFunction)(void (*)(void))gpubufpy_aio_open, METH_VARARGS | METH_KEYWORDS,  \
+     "open_async(name, timeout=None, *, readonly=False, pool=None) -> awaitable Buffer\n\n"       \
+     "open() for asyncio: await it. timeout None waits until the name is sealed."},               \
+        {"open_id_async", (PyCFunction)(void (*)(void))gpubufpy_aio_open_id,                      \
+         METH_VARARGS | METH_KEYWORDS,                                                            \
+         "open_id_async(id, timeout=None, *, readonly=False, pool=None) -> awaitable Buffer"},     \
+        {"alloc_async", (PyCFunction)(void (*)(void))gpubufpy_aio_alloc,                          \
+         METH_VARARGS | METH_KEYWORDS,                                                            \
+         "alloc_async(size, name=None, pool=None) -> awaitable Buffer"},                          \
+        {"seal_async", (PyCFunction)(void (*)(void))gpubufpy_aio_seal,                            \
+         METH_VARARGS | METH_KEYWORDS,                                                            \
+         "seal_async(buffer) -> awaitable None: seal, the daemon's answer awaited"},              \
+    {                                                                                              \
+        "_dispatch", (PyCFunction)gpubufpy_aio_dispatch, METH_NOARGS,                              \
+            "deliver the completions that wait (the asyncio reader callback)"                      \
+    }
 
 /* A new Buffer object owning view b (consumes the reference). */
 PyObject *gpubufpy_buffer_new(GpubufClient *client, gpubuf_buffer *b);

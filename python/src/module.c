@@ -29,6 +29,7 @@ static gpubuf_client *client_enter(GpubufClient *self) {
 }
 
 static void client_disconnect(GpubufClient *self) {
+    gpubufpy_aio_close(self);
     gpubuf_client *c = self->c;
     self->c = NULL;
     if (!c)
@@ -871,6 +872,7 @@ static PyObject *client_release_many(GpubufClient *self, PyObject *seq) {
 }
 
 static PyMethodDef client_methods[] = {
+    GPUBUFPY_AIO_METHODS,
     {"alloc", (PyCFunction)(void (*)(void))client_alloc, METH_VARARGS | METH_KEYWORDS,
      "alloc(size=None, name=None, pool=None, *, dtype=None, shape=None, strides=None, "
      "byte_offset=0, user_data=None, ttl=None) -> Buffer\n\nAllocate size bytes (the daemon's "

@@ -271,13 +271,10 @@ int main(int argc, char **argv) {
     save(dir, "hello", b, n);
 
     /* hello, alloc named, seal 1, open by name, stat, release, delete, status */
-    Gpubuf__Request r = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     a.size = 4096;
     a.name = (char *)"seed/a";
-    r.id = 2;
-    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    r.alloc = &a;
+    Gpubuf__Request r = rp_request(2, GPUBUF__REQUEST__BODY_ALLOC, &a);
     n += put(b + n, &r);
     Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
     s.buffer_id = 1;
@@ -441,7 +438,6 @@ int main(int argc, char **argv) {
      * held references, one named twice; a takeover request (refused: the
      * target has no takeover); a status. */
     {
-        Gpubuf__Request q = GPUBUF__REQUEST__INIT;
         rp_hello h;
         Gpubuf__HeldRef hr[3] = {GPUBUF__HELD_REF__INIT, GPUBUF__HELD_REF__INIT,
                                  GPUBUF__HELD_REF__INIT};
@@ -460,9 +456,7 @@ int main(int argc, char **argv) {
         h.hello.held = ph;
         n = put(b, &h.req);
         tk.path = (char *)"/tmp/seed.takeover";
-        q.id = 2;
-        q.body_case = GPUBUF__REQUEST__BODY_TAKEOVER;
-        q.takeover = &tk;
+        Gpubuf__Request q = rp_request(2, GPUBUF__REQUEST__BODY_TAKEOVER, &tk);
         n += put(b + n, &q);
         q.id = 3;
         q.body_case = GPUBUF__REQUEST__BODY_STATUS;

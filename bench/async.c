@@ -1,0 +1,128 @@
+/* async: requests for event loops (issue 23). An asynchronous open
+ * (gpubuf_open_start, poll, gpubuf_dispatch) against the synchronous one;
+ * 10,000 waiting opens on one connection completed after their seals; the
+ * daemon's memory per waiting open. */
+#include <poll.h>
+#include <stdlib.h>
+
+#include "bench.h"
+
+static int g_done;
+static gpubuf_buffer *g_last; /* the latency loop releases it outside the timing */
+static gpubuf_buffer **g_views; /* the waits keep their views until the timing ends */
+
+static void on_done(gpubuf_client *c, const gpubuf_completion *d) {
+    (void)c;
+    if (d->result < 0) {
+        fprintf(stderr, "async: %s\n", d->message);
+        _exit(1);
+    }
+    if (g_views)
+        g_views[g_done] = d->view;
+    else if (g_last == (gpubuf_buffer *)1)
+        g_last = d->view;
+    else
+        gpubuf_release(d->view);
+    g_done++;
+}
+
+/* Dispatch until g_done reaches want. */
+static void wait_done(gpubuf_client *c, int want) {
+    struct pollfd p = {.fd = gpubuf_client_fd(c), .events = POLLIN};
+    while (g_done < want) {
+        if (poll(&p, 1, 30000) != 1) {
+            fprintf(stderr, "async: no completion for 30 s\n");
+            _exit(1);
+        }
+        CHECK(gpubuf_dispatch(c));
+    }
+}
+
+static void async_bench(void) {
+    enum { N = 5000, WARM = 500, LIVE = 64, WAITS = 10000 };
+    int n = g_quick ? 1000 : N;
+    gpubuf_client *c = conn(), *p = conn();
+    double *t = calloc((size_t)n + WARM, sizeof(*t));
+    gpubuf_buffer *keep[LIVE], *b;
+    char name[64];
+    uint64_t h;
+    for (int i = 0; i < LIVE; i++) {
+        snprintf(name, sizeof(name), "bench/async.%d.%d", (int)getpid(), i);
+        CHECK(gpubuf_alloc(p, g_pool, 4096, name, &keep[i]));
+        CHECK(gpubuf_seal_sync(keep[i]));
+    }
+    /* Warm open, synchronous then asynchronous, of the same sealed buffers. */
+    for (int i = 0; i < n + WARM; i++) {
+        snprintf(name, sizeof(name), "bench/async.%d.%d", (int)getpid(), i % LIVE);
+        double a = now_us();
+        CHECK(gpubuf_open(c, name, 0, &b));
+        t[i] = now_us() - a;
+        CHECK(gpubuf_release(b));
+    }
+    report("async_sync_open", t + WARM, n);
+    g_done = 0;
+    for (int i = 0; i < n + WARM; i++) {
+        snprintf(name, sizeof(name), "bench/async.%d.%d", (int)getpid(), i % LIVE);
+        g_last = (gpubuf_buffer *)1;
+        double a = now_us();
+        CHECK(gpubuf_open_start(c, name, 0, NULL, on_done, NULL, &h));
+        wait_done(c, i + 1);
+        t[i] = now_us() - a;
+        CHECK(gpubuf_release(g_last));
+    }
+    g_last = NULL;
+    report("async_open", t + WARM, n);
+
+    /* 10,000 waiting opens, their buffers sealed by another connection;
+     * timed from the last seal applied to the last completion delivered. */
+    long rss0 = daemon_rss_kib();
+    g_done = 0;
+    gpubuf_lookup o = {.timeout_ms = -1};
+    for (int i = 0; i < WAITS; i++) {
+        snprintf(name, sizeof(name), "bench/wait.%d.%d", (int)getpid(), i);
+        CHECK(gpubuf_open_start(c, name, 0, &o, on_done, NULL, &h));
+    }
+    gpubuf_buffer_info info;
+    gpubuf_stat(c, "bench/none", &info); /* a round trip: all of them wait now */
+    long rss1 = daemon_rss_kib();
+    if (rss0 > 0 && rss1 > 0)
+        printf("async_daemon_bytes_per_waiting_open %.0f\n",
+               (double)(rss1 - rss0) * 1024.0 / WAITS);
+    gpubuf_buffer **made = calloc(WAITS, sizeof(*made));
+    for (int i = 0; i < WAITS; i++) {
+        snprintf(name, sizeof(name), "bench/wait.%d.%d", (int)getpid(), i);
+        CHECK(gpubuf_alloc(p, g_pool, 256, name, &made[i]));
+    }
+    g_views = calloc(WAITS, sizeof(*g_views));
+    double a = now_us();
+    for (int i = 0; i < WAITS; i++)
+        CHECK(gpubuf_seal(made[i]));
+    CHECK(gpubuf_flush(p));
+    double sealed = now_us();
+    wait_done(c, WAITS);
+    double end = now_us();
+    printf("async_seal_10k_us %.0f\n", sealed - a);
+    printf("async_completions_per_s %.0f\n", WAITS / ((end - a) / 1e6));
+    printf("async_completions_after_seals_per_s %.0f\n", WAITS / ((end - sealed) / 1e6));
+    CHECK(gpubuf_release_many(g_views, WAITS, NULL));
+    free(g_views);
+    g_views = NULL;
+    for (int i = 0; i < WAITS; i++) {
+        CHECK(gpubuf_release(made[i]));
+        snprintf(name, sizeof(name), "bench/wait.%d.%d", (int)getpid(), i);
+        CHECK(gpubuf_delete(p, name));
+    }
+    for (int i = 0; i < LIVE; i++) {
+        CHECK(gpubuf_release(keep[i]));
+        snprintf(name, sizeof(name), "bench/async.%d.%d", (int)getpid(), i);
+        CHECK(gpubuf_delete(p, name));
+    }
+    free(made);
+    free(t);
+    gpubuf_disconnect(p);
+    gpubuf_disconnect(c);
+}
+
+int async_phase(void) {
+    return run_child(async_bench) == 0 ? 0 : 1;
+}
