@@ -221,7 +221,7 @@ stop_daemon
 # The phases before them run too, so that both daemons are in the same
 # condition when the goal phases run (registry, slabs, journal length).
 pair_only=""
-[ $base = 1 ] && pair_only=latency,cold,throughput,crash,scale
+[ $base = 1 ] && pair_only=latency,cold,throughput,crash,scale,async
 [ $batch = 1 ] && pair_only=${pair_only:-latency},batch,batchmix
 if [ $pairs = 1 ] && [ -n "$pair_only" ]; then
     printf '[daemon]\nstate_journal = off\n' >"$out/nojournal.conf"
