@@ -75,6 +75,7 @@ START_TEST(entries_decode_to_their_records) {
     ck_assert_int_eq(r[3]->rec_case, GPUBUF__STATE_RECORD__REC_BUFFER_STATE);
     ck_assert_uint_eq(r[3]->buffer_state->id, 9);
     ck_assert_uint_eq(r[3]->buffer_state->state, GPUBUF_STATE_DELETED);
+    free_recs(r, k);
     ck_assert_int_eq(gd_se_decode(g, n - 1, &r, &k), -EINVAL); /* cut in its state */
     ck_assert_int_eq(gd_se_decode(g, n - 13, &r, &k), 0);      /* without it */
     ck_assert_uint_eq(k, 3);
