@@ -117,8 +117,10 @@ static void staged(gd_state *st) {
 
 /* A buffer's entry; one that replaces the last entry of the same buffer in
  * the group being made, at the same length (an alloc and its seal in one
- * batch), is written over it: the group is applied whole, so the earlier
- * state of the buffer is never seen. */
+ * batch), with no state or removal entry of any buffer since, is written
+ * over it: the group is applied whole, so the earlier state of the buffer
+ * is never seen, and nothing between the two entries depends on it
+ * (references are counts, applied in any order to one buffer record). */
 static void hook_buf(void *arg, const gd_buf *b) {
     gd_state *st = arg;
     gd_obuf *o = &st->stage;
@@ -142,6 +144,7 @@ static void hook_buf_state(void *arg, const gd_buf *b) {
     gd_state *st = arg;
     if (!stage_room(st, 13))
         return;
+    st->last_buf = 0; /* a later entry of the buffer must come after this one */
     gd_se_buffer_state(&st->stage, b->id, (uint32_t)b->state);
     staged(st);
 }
@@ -154,6 +157,8 @@ static void hook_id(gd_state *st, int kind, uint64_t id) {
 }
 
 static void hook_buf_gone(void *arg, uint64_t id) {
+    gd_state *st = arg;
+    st->last_buf = 0;
     gd_state_snap_gone(arg, id);
     hook_id(arg, GD_SE_BUFFER_GONE, id);
 }
