@@ -650,7 +650,15 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     c->out_frames++;
     c->out_fds += (uint32_t)o->n_fds;
     out_add(c, o->len);
-    if (was_empty && !c->corked) {
+    if (was_empty && !c->corked && c->srv->in_frame && c->srv->in_frame != c) {
+        /* A reply another connection's request made (a waiting open it
+         * woke): it leaves once that request is done and its changes are
+         * saved (flush_held). */
+        if (!c->held) {
+            c->held = true;
+            LL_PREPEND2(c->srv->held, c, held_next);
+        }
+    } else if (was_empty && !c->corked) {
         int r = flush_out(c);
         if (r < 0) {
             peer_left(c);
@@ -660,6 +668,24 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
             update_poll(c);
     }
     return 0;
+}
+
+/* Send the replies held while another connection's frame was handled
+ * (gd_conn_send_fds): its changes are saved now (the frame callback's
+ * gd_state_end). A connection closed meanwhile is still allocated (freed
+ * by its close callback). */
+static void flush_held(gd_server *srv) {
+    while (srv->held) {
+        gd_conn *h = srv->held;
+        LL_DELETE2(srv->held, h, held_next);
+        h->held = false;
+        if (h->closing || !h->out || h->corked)
+            continue;
+        if (flush_out(h) < 0)
+            peer_left(h);
+        else
+            update_poll(h);
+    }
 }
 
 /* Handle up to limit complete frames from c->in; their replies leave in as
@@ -700,8 +726,13 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
         }
         if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
             break;
-        if (c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length,
-                                c->srv->trace_woke_ns, c->srv->trace_read_ns) == -EAGAIN)
+        c->srv->in_frame = c;
+        r = c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length,
+                                c->srv->trace_woke_ns, c->srv->trace_read_ns);
+        c->srv->in_frame = NULL;
+        if (c->srv->held)
+            flush_held(c->srv);
+        if (r == -EAGAIN)
             break; /* held back until the reply memory has room (mem_wait) */
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;

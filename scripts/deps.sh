@@ -5,7 +5,7 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config libuv1-dev libprotobuf-c-dev
       protobuf-c-compiler check libinih-dev libjson-c-dev libsystemd-dev uthash-dev scdoc
       man-db clang libclang-rt-dev python3-dev python3-numpy python3-pytest python3-venv
-      libdlpack-dev systemd strace libbsd-dev util-linux
+      libdlpack-dev systemd strace libbsd-dev util-linux libxxhash-dev
       debhelper dh-python lintian python3-yaml)
 # Optional: the gpubuf.torch tests (python/tests/test_torch.py) skip, saying
 # why, where PyTorch cannot be imported.
@@ -25,6 +25,7 @@ sys.exit(not os.path.exists(sysconfig.get_paths()["include"] + "/Python.h"))' 2>
     /usr/bin/python3 -c 'import yaml' 2>/dev/null || return 1
     [ -e /usr/include/dlpack/dlpack.h ] || return 1
     [ -e /usr/include/bsd/sys/tree.h ] || return 1
+    [ -e /usr/include/xxhash.h ] || return 1
     for d in /usr/include ${CMAKE_PREFIX_PATH:+${CMAKE_PREFIX_PATH//:/\/include }/include}; do
         [ -e "$d/uthash.h" ] && return 0
     done
