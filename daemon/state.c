@@ -421,6 +421,8 @@ size_t gd_state_fds(gd_state *st, gd_kept_fd **ret) {
     }
     for (int p = 0; p < st->ctx->n_pools; p++)
         for (gd_slab *s = st->ctx->pools[p]->slabs; s && i < n; s = s->next) {
+            if (s->exp.fd < 0)
+                continue; /* cuda-ipc: no fd outlives the daemon (as in the fd store) */
             gd_state_slab_name(out[i].name, sizeof(out[i].name), s->id);
             out[i++].fd = s->exp.fd;
         }

@@ -35,8 +35,9 @@ void gd_state_freeze(gd_state *st);
 int gd_state_rewrite(gd_state *st);
 /* Free st (after gd_state_freeze); its fds are closed. NULL is fine. */
 void gd_state_free(gd_state *st);
-/* The fds to hand to a successor: the state memfds and every slab's, with
- * their names. *ret is allocated (free it); the fds stay st's. */
+/* The fds to hand to a successor: the state memfds and every slab's that
+ * has one (a cuda-ipc slab has none: its buffers end with this daemon, as
+ * at a restart), with their names. *ret is allocated (free it); the fds stay st's. */
 size_t gd_state_fds(gd_state *st, gd_kept_fd **ret);
 /* Hand fd to the service manager under name (no-op without fdstore). */
 void gd_state_store_fd(gd_state *st, const char *name, int fd);

@@ -208,7 +208,14 @@ if [ "$mode" = host ] || printf '%s\n' "${kinds[@]}" | grep -qx vmm; then
         2>>"$work/daemon.log" &
     d2=$!
     daemons+=("$d2")
-    wait "$d1" || fail "the old gpubufd exited $? at the takeover ($(cat "$work/daemon.log"))"
+    # The old gpubufd exits 0 once the successor serves. A takeover that fails
+    # leaves the old one serving and the successor gone: fail then, rather than
+    # wait for an exit that does not come.
+    st=0
+    wait -n -p done_pid "$d1" "$d2" || st=$?
+    [ "$done_pid" = "$d1" ] ||
+        fail "the takeover failed: the successor exited $st ($(cat "$work/daemon.log"))"
+    [ "$st" = 0 ] || fail "the old gpubufd exited $st at the takeover ($(cat "$work/daemon.log"))"
     expect c1 "stat refs 1 owner *" stat "/$k/ns/$k/in"
     expect c1 "checked 0" check 7
     wait_seen "$sock" "^$c1_out $(id -u) attached$" ||

@@ -423,7 +423,37 @@ START_TEST(bad_records_are_dropped) {
 }
 END_TEST
 
+/* A slab without an fd (a cuda-ipc slab: its memory cannot outlive the
+ * daemon) is left out of what a takeover hands over: an fd of -1 in the
+ * handover made sendmsg fail (EBADF) and every takeover of a daemon with a
+ * cuda-ipc slab give up. */
+START_TEST(handover_leaves_out_slabs_without_an_fd) {
+    fx f;
+    fx_init(&f);
+    base(&f);
+    restore(&f);
+    gd_slab *s = gd_registry_find_id(&f.ctx.reg, 1)->blk.slab;
+    int fd = s->exp.fd;
+    ck_assert_int_ge(fd, 0);
+    gd_kept_fd *fds = NULL;
+    size_t n = gd_state_fds(f.ctx.state, &fds);
+    ck_assert_uint_eq(n, 3); /* state-0, state-1, slab-1 */
+    free(fds);
+    s->exp.fd = -1;
+    n = gd_state_fds(f.ctx.state, &fds);
+    ck_assert_uint_eq(n, 2);
+    for (size_t i = 0; i < n; i++) {
+        ck_assert_int_ge(fds[i].fd, 0);
+        ck_assert_str_eq(fds[i].name, i == 0 ? "state-0" : "state-1");
+    }
+    free(fds);
+    s->exp.fd = fd;
+    fx_free(&f);
+}
+END_TEST
+
 SUITE_MAIN("restore", "restore", NULL, NULL, 60,
           buffer_id_near_2_64_is_refused, next_buffer_id_near_2_64_is_ignored,
           session_id_near_2_64_is_refused, slab_id_near_2_64_is_refused,
-          huge_reference_count_is_one_step, bad_records_are_dropped)
+          huge_reference_count_is_one_step, bad_records_are_dropped,
+          handover_leaves_out_slabs_without_an_fd)
