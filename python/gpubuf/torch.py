@@ -601,9 +601,11 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
                        keep_last=1, ttl=None):
     """Publish every tensor of state_dict under `prefix` as version `version`
     (None: the latest + 1, or 0) in one batch allocation: copied on `stream`
-    (None: the current stream), sealed stream-ordered with each tensor's dtype,
-    shape and key as metadata, plus an index buffer (key order, names,
-    version). Older versions beyond the last `keep_last` are deleted (None:
+    (None: the current stream), sealed stream-ordered, plus an index buffer
+    (key order, names, version, each tensor's dtype and shape). On host pools
+    each buffer also carries its tensor's dtype, shape and key as metadata; a
+    seal on a CUDA stream carries none, so open_state_dict takes them from the
+    index. Older versions beyond the last `keep_last` are deleted (None:
     keep all); each goes when its last consumer releases it. Returns the version."""
     items = list(state_dict.items())
     for k, t in items:
@@ -647,8 +649,11 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
                         srcs.append(t.detach())
                 _copy_all(dsts, srcs)
                 del dsts, srcs
-            for b, m in zip(bufs, meta):
-                b.seal(stream=s, **m)
+            # A seal on a stream carries no metadata (Buffer.seal): each
+            # tensor's dtype and shape travel in the index, which
+            # open_state_dict reads (its key and ttl are the index's).
+            for b in bufs:
+                b.seal(stream=s)
             ev = torch.cuda.Event()
             ev.record(s)
             cur.wait_stream(s)  # the producer's next writes come after the copies
@@ -732,12 +737,16 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
     out.version = version
     err = None
     dtypes = index.get("dtypes") or [None] * len(bufs)
-    for k, b, dt in zip(index["keys"], bufs, dtypes):
+    shapes = index.get("shapes") or [None] * len(bufs)
+    for k, b, dt, shape in zip(index["keys"], bufs, dtypes, shapes):
         if isinstance(b, gpubuf.Error):
             err = err or b
             continue
         try:
-            if dt in _NATIVE_DLPACK:  # one torch call: the buffer's own layout
+            if b.layout is None and dt in _BY_NAME and shape is not None:
+                # sealed on a stream (no metadata there): the index's layout
+                t = as_tensor(b, _BY_NAME[dt], shape)
+            elif dt in _NATIVE_DLPACK:  # one torch call: the buffer's own layout
                 t = torch.from_dlpack(b)
                 _remember(t, b.id)
             else:
