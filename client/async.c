@@ -124,7 +124,7 @@ bool gpubuf__async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int
     }
     if (fd >= 0)
         close(fd);
-    gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf__resp_free(c, resp);
     op_ready(c, op);
     return true;
 }
