@@ -57,6 +57,8 @@ static void conn_free_out(gd_conn *c);
 static void update_poll(gd_conn *c);
 static void maybe_pend(gd_conn *c);
 static void conn_end(gd_conn *c, gd_close_reason why);
+static void pass_begin(gd_server *srv);
+static void pass_end(gd_server *srv);
 
 /* Deadline for a connection whose handshake is not done, or that sits on
  * half a frame. */
@@ -128,7 +130,9 @@ static bool drain_step(gd_conn *c, uint32_t *turn_left) {
     c->reaping = true;
     c->closing = false;
     for (;;) {
+        pass_begin(c->srv);
         int n = process_frames_corked(c, budget);
+        pass_end(c->srv);
         if (c->closing || n < 0) {
             done = true;
             break;
@@ -651,6 +655,15 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     c->out_fds += (uint32_t)o->n_fds;
     out_add(c, o->len);
     if (was_empty && !c->corked) {
+        if (c->srv->in_pass) {
+            /* A reply caused by another connection's frames (a woken
+             * open): written with the others of this pass. */
+            if (!c->deferred) {
+                c->deferred = true;
+                LL_PREPEND2(c->srv->deferred, c, defer_next);
+            }
+            return 0;
+        }
         int r = flush_out(c);
         if (r < 0) {
             peer_left(c);
@@ -662,10 +675,37 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     return 0;
 }
 
+/* A pass over a connection's frames begins. */
+static void pass_begin(gd_server *srv) {
+    srv->in_pass++;
+}
+
+/* A pass ends: write the replies it queued on other connections, one
+ * write per connection (up to 64 frames each, as flush_some() goes). The
+ * connections are all alive: none is freed before the loop's close phase. */
+static void pass_end(gd_server *srv) {
+    assert(srv->in_pass > 0);
+    if (--srv->in_pass > 0)
+        return;
+    while (srv->deferred) {
+        gd_conn *c = srv->deferred;
+        LL_DELETE2(srv->deferred, c, defer_next);
+        c->deferred = false;
+        if (c->peer_gone || !c->out)
+            continue;
+        if (flush_out(c) < 0)
+            peer_left(c);
+        else if (c->out)
+            update_poll(c);
+    }
+}
+
 /* Handle up to limit complete frames from c->in; their replies leave in as
  * few writes as possible. Returns the number handled, or -1 when the
  * connection was closed. */
 static int process_frames(gd_conn *c, uint32_t limit) {
+    gd_server *srv = c->srv;
+    pass_begin(srv);
     c->corked = true;
     int r = process_frames_corked(c, limit);
     c->corked = false;
@@ -679,6 +719,7 @@ static int process_frames(gd_conn *c, uint32_t limit) {
     } else if (c->mem_wait) {
         update_poll(c); /* stop reading while the frame waits */
     }
+    pass_end(srv);
     return c->closing ? -1 : r;
 }
 

@@ -113,6 +113,8 @@ struct gd_conn {
     gd_conn *next, *prev;   /* utlist DL: the server's connections */
     gd_conn *reap_next;     /* utlist LL: closed, waiting for the reaper */
     gd_conn *pending_next;  /* utlist LL: frames left after the per-wake-up cap */
+    gd_conn *defer_next;    /* utlist LL: the server's deferred (replies of this pass) */
+    bool deferred;          /* on that list */
 };
 
 struct gd_server {
@@ -138,6 +140,11 @@ struct gd_server {
     gd_conn *mem_waiters; /* connections whose next frame waits for reply memory */
     bool stopping;
     bool work; /* cb.on_work has work left */
+    /* While a connection's frames are handled (a pass), replies they cause
+     * on other connections (woken opens) are written at the end of the
+     * pass, in one write per connection, not one each. */
+    uint32_t in_pass;
+    gd_conn *deferred;
     /* GPUBUF_TRACE_TIMING: when the loop woke for the last read, and when
      * its recvmsg returned; handed up with each frame (on_frame). */
     uint64_t trace_woke_ns, trace_read_ns;
