@@ -116,6 +116,7 @@ struct gpubuf_client {
      * answered; ready (utlist LL, qlock held): answered, not yet delivered. */
     struct gpubuf_op *ops;
     struct gpubuf_op *ready;
+    struct gpubuf_many *manys; /* async_many.c: batches started, not complete (utlist DL; lock) */
     pthread_mutex_t qlock; /* the ready list and the eventfd; taken inside lock */
     int ep, efd;         /* gpubuf_client_fd(): epoll over fd and efd; -1 until asked */
     bool nonblock;       /* read_reply() returns -EAGAIN instead of blocking */
@@ -303,6 +304,15 @@ void gpubuf__async_watch(gpubuf_client *c);
 void gpubuf__async_close(gpubuf_client *c);
 /* Close the epoll fd and the eventfd (last reference). */
 void gpubuf__async_free(gpubuf_client *c);
+
+/* ---- batch.c ------------------------------------------------------------------ */
+/* Views for the items of an open batch reply br (item k of the reply is item
+ * idx[k] of a call of n_all items): ret[i] and status[i] set (0, or the
+ * item's error), fds consumed; retry[0..*ret_n_retry) the items to send
+ * again (EAGAIN: their slab did not fit). 0, or a protocol error (lock held). */
+int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const int *fds,
+                        int n_fds, const size_t *idx, size_t n, size_t n_all, bool read_only,
+                        gpubuf_buffer **ret, int *status, size_t *retry, size_t *ret_n_retry);
 
 /* ---- reply_arena.c ----------------------------------------------------------- */
 /* The allocator to unpack a reply into, or NULL (malloc) while one is live. */
