@@ -245,13 +245,28 @@ int gpubuf__many_cancel(gpubuf_client *c, uint64_t handle) {
     }
     if (!m)
         return -ENOENT;
-    if (!m->op->cancelled) {
-        m->op->cancelled = true;
-        HASH_ITER(hh, c->ops, op, tmp) {
-            if (op->many == m && op->waits)
-                gpubuf__async_send_cancel(c, op->id);
-        }
+    if (m->op->cancelled)
+        return 0;
+    m->op->cancelled = true;
+    /* The ids first: sending may read replies (which end parts) or meet the
+     * connection's end (which ends them all), changing c->ops. */
+    size_t n = 0, k = 0;
+    HASH_ITER(hh, c->ops, op, tmp) {
+        n += op->many == m && op->waits;
     }
+    uint64_t *ids = malloc((n + 1) * sizeof(*ids));
+    if (!ids)
+        return 0; /* the waits run to their end; the batch is delivered cancelled */
+    HASH_ITER(hh, c->ops, op, tmp) {
+        if (op->many == m && op->waits)
+            ids[k++] = op->id;
+    }
+    for (k = 0; k < n && !c->broken; k++) {
+        HASH_FIND(hh, c->ops, &ids[k], sizeof(ids[k]), op);
+        if (op)
+            gpubuf__async_send_cancel(c, ids[k]);
+    }
+    free(ids);
     return 0;
 }
 
