@@ -170,8 +170,10 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n
     /* A reply read without blocking is settled before the next is read:
      * it is unpacked into the connection's arena (reply_arena.c). */
     ProtobufCAllocator *al = c->nonblock ? gpubuf__arena_take(&c->arena) : NULL;
-    Gpubuf__Response *resp =
-        gpubuf__response__unpack(al, h.length, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE);
+    const uint8_t *body = c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE;
+    Gpubuf__Response *resp = al ? gpubuf__reply_fast(&c->arena, body, h.length) : NULL;
+    if (!resp)
+        resp = gpubuf__response__unpack(al, h.length, body);
     if (al)
         gpubuf__arena_unpacked(&c->arena, resp);
     if (t_wake && resp) {

@@ -319,6 +319,10 @@ int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const in
 ProtobufCAllocator *gpubuf__arena_take(gpubuf__arena *a);
 /* The reply unpacked with the allocator gpubuf__arena_take() gave (or NULL). */
 void gpubuf__arena_unpacked(gpubuf__arena *a, Gpubuf__Response *resp);
+/* reply_fast.c: a reply of the common shape (id, status, message, fds, a
+ * Buffer with its Slab) decoded into the arena as protobuf-c would; NULL:
+ * not that shape (the arena as it was), unpack it with protobuf-c. */
+Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size_t len);
 /* Free a reply, unpacked into the arena or with malloc (lock held). */
 void gpubuf__resp_free(gpubuf_client *c, Gpubuf__Response *resp);
 
