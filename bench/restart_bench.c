@@ -193,13 +193,13 @@ int main(int argc, char **argv) {
     printf("restart_%s_takeover_to_serving_ms %.1f\n", kind, took);
     printf("restart_%s_restore_logged_ms %.1f\n", kind, logged_figure("restart 1: restored", " in ", false));
     printf("restart_%s_snapshot_write_ms %.1f\n", kind,
-           logged_figure("saved state: a snapshot of", " written in ", true));
+           logged_figure("saved state: a snapshot of", " made in ", true));
     printf("restart_%s_snapshot_bytes %.0f\n", kind,
            logged_figure("saved state: a snapshot of", "a snapshot of ", true));
     printf("restart_%s_records_replayed %.0f\n", kind,
            logged_figure("restart 1: restored", "from ", false));
-    printf("restart_%s_journal_record_us %.2f\n", kind,
-           logged_figure("journal record(s)", "record(s), ", false));
+    printf("restart_%s_journal_group_us %.2f\n", kind,
+           logged_figure("journal entries in", "group(s), ", false));
     printf("restart_%s_ratio_to_fresh %.1f\n", kind, took / fresh);
     printf("restart_%s_alloc_seal_us %.2f\n", kind, fill * 1e3 / (double)n);
     unlink(g_log);

@@ -4,6 +4,14 @@
 # table of ratios against the anchors (bench/report.py).
 #
 #   bench/run.sh [--host] [--only base|vmm|batch|meta|restart[,...]] [--out DIR] [--trace]
+#                [--no-journal-pairs]
+#
+# Journal pairs: the phases of the goals that restart survival must not slow
+# down (latency, cold, throughput of the base group; batch, batchmix) run a
+# second time against a fresh gpubufd with state_journal = off (a key for
+# measurement only), and the report gives each of those rows with the
+# journal off and the ratio on/off (goal <= 1.1). --no-journal-pairs skips
+# that second run.
 #
 # --trace: the daemon and the benchmark record a timestamp at each step of
 # every request (GPUBUF_TRACE_TIMING=1, files in DIR/trace), and the report
@@ -32,11 +40,13 @@ mode=gpu
 out=${TMPDIR:-/tmp}/gpubuf-bench
 groups=""
 trace=0
-usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch|meta|restart[,...]] [--out DIR] [--trace]" >&2; exit 2; }
+pairs=1
+usage() { echo "usage: bench/run.sh [--host] [--only base|vmm|batch|meta|restart[,...]] [--out DIR] [--trace] [--no-journal-pairs]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case $1 in
     --host) mode=host ;;
     --trace) trace=1 ;;
+    --no-journal-pairs) pairs=0 ;;
     --out) [ $# -ge 2 ] || usage; out=$2; shift ;;
     --only) [ $# -ge 2 ] || usage; groups=$2; shift ;;
     *) usage ;;
@@ -151,17 +161,26 @@ if [ $trace = 1 ]; then
 fi
 # gpubuf, on its own socket.
 sock=$out/gpubufd.sock
-rm -f "$sock"
 pools=(--pool "gpu0=$kind,capacity=32G,slab=64M" --pool "cold=$kind,capacity=2G,slab=2M")
 # cuda-vmm pools on the same GPU: vmm for warm opens, hand-overs and copies;
 # vmmcold and vmmcold64 for cold opens (every buffer fills one slab).
 [ $vmm = 1 ] && pools+=(--pool "vmm=cuda-vmm,device=0,capacity=32G,slab=64M"
     --pool "vmmcold=cuda-vmm,device=0,capacity=2G,slab=2M"
     --pool "vmmcold64=cuda-vmm,device=0,capacity=8G,slab=64M")
-"$build/daemon/gpubufd" --socket "$sock" --log-level warning "${pools[@]}" &
-daemon=$!
-trap 'kill $daemon 2>/dev/null || true' EXIT
-for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+daemon=
+start_daemon() { # [config file]
+    rm -f "$sock"
+    "$build/daemon/gpubufd" --socket "$sock" --log-level warning ${1:+--config "$1"} "${pools[@]}" &
+    daemon=$!
+    trap 'kill $daemon 2>/dev/null || true' EXIT
+    for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+}
+stop_daemon() {
+    kill $daemon
+    wait $daemon || true
+    trap - EXIT
+}
+start_daemon
 only=""
 if [ $base = 1 ]; then
     only=latency,cold,throughput,crash,scale,async
@@ -174,11 +193,14 @@ fi
 [ $batch = 1 ] && [ $base = 0 ] && only=${only:+$only,}latency
 [ $batch = 1 ] && only=${only:+$only,}batch,batchmix
 [ $meta = 1 ] && only=${only:+$only,}meta
+run_bench() { # phases output
+    "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
+        --pool gpu0 --vmm-pool vmm --vmm-cold-pools vmmcold,vmmcold64 \
+        --only "$1" | tee "$2"
+}
 # A failed phase still leaves the figures of the others for the report.
 bench_rc=0
-"$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
-    --pool gpu0 --vmm-pool vmm --vmm-cold-pools vmmcold,vmmcold64 \
-    --only $only | tee "$out/gpubuf.txt" || bench_rc=$?
+run_bench $only "$out/gpubuf.txt" || bench_rc=$?
 phase "gpubuf benchmarks done"
 : >"$out/python.txt"
 if [ $base = 0 ]; then
@@ -193,11 +215,23 @@ elif ls "$build"/python/gpubuf/_gpubuf*.so >/dev/null 2>&1; then
 else
     echo "bench/run.sh: the Python package was not built (see $out/cmake.log)" >&2
 fi
-kill $daemon
-wait $daemon || true
-trap - EXIT
-python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" "$out/python.txt" |
-    tee "$out/report.md"
+stop_daemon
+# The same goal phases with the journal off, on a fresh daemon.
+: >"$out/gpubuf-nojournal.txt"
+# The phases before them run too, so that both daemons are in the same
+# condition when the goal phases run (registry, slabs, journal length).
+pair_only=""
+[ $base = 1 ] && pair_only=latency,cold,throughput,crash,scale,async
+[ $batch = 1 ] && pair_only=${pair_only:-latency},batch,batchmix
+if [ $pairs = 1 ] && [ -n "$pair_only" ]; then
+    printf '[daemon]\nstate_journal = off\n' >"$out/nojournal.conf"
+    start_daemon "$out/nojournal.conf"
+    run_bench $pair_only "$out/gpubuf-nojournal.txt" || bench_rc=$?
+    stop_daemon
+    phase "journal-off pairs done"
+fi
+python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" "$out/python.txt" \
+    "$out/gpubuf-nojournal.txt" | tee "$out/report.md"
 if [ $trace = 1 ]; then
     for t in open alloc; do
         echo

@@ -139,6 +139,9 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
     bool columns = br->n_buffer_id == n && br->n_size == n && br->n_offset == n &&
                    br->n_slab_id == n && br->n_slabs <= GPUBUF_WIRE_MAX_FDS &&
                    br->events.len == br->n_event_items * 64;
+    /* Each item's metadata (open batches; daemons before it send none). */
+    bool meta = br->n_layouts == n && br->n_user_data == n;
+    columns = columns && (meta || (br->n_layouts == 0 && br->n_user_data == 0));
     /* Host and cuda-vmm slabs carry an fd, in the order of slabs. */
     for (size_t s = 0; columns && s < br->n_slabs; s++) {
         int kind = br->slabs[s]->kind;
@@ -176,9 +179,22 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
             continue;
         }
         uint64_t key = br->slab_id[k] * 2 + (read_only ? 1 : 0);
-        gpubuf_mapping *m;
-        HASH_FIND(hh, c->maps, &key, sizeof(key), m);
-        if (m) {
+        gpubuf_mapping *m = NULL;
+        /* The layout and user bytes first, as a single open's: a malformed
+         * one maps nothing. */
+        gpubuf_buffer vm = {0};
+        if (meta && (br->layouts[k]->dtype_bits || br->user_data[k].len)) {
+            Gpubuf__Buffer mb = GPUBUF__BUFFER__INIT;
+            mb.size = br->size[k];
+            mb.layout = br->layouts[k]->dtype_bits ? br->layouts[k] : NULL;
+            mb.user_data = br->user_data[k];
+            r = gpubuf__view_meta(&vm, &mb);
+        }
+        if (r == 0)
+            HASH_FIND(hh, c->maps, &key, sizeof(key), m);
+        if (r < 0) {
+            /* the item fails below */
+        } else if (m) {
             gpubuf__mapping_hold(c, m);
         } else {
             size_t s = 0;
@@ -204,6 +220,13 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
                                  read_only, event, &ret[i]);
             if (r < 0)
                 gpubuf__mapping_put(c, m);
+        }
+        if (r == 0) {
+            ret[i]->layout = vm.layout;
+            ret[i]->user = vm.user;
+            ret[i]->user_len = vm.user_len;
+        } else {
+            gpubuf__view_meta_free(&vm);
         }
         if (r < 0) {
             /* Not usable here: the reference the daemon took goes back. */
@@ -303,6 +326,7 @@ static void build_open(Gpubuf__Request *req, const size_t *idx, size_t n, uint64
         sc->o.buffer_ids = sc->ids;
     }
     sc->o.read_only = a->read_only;
+    sc->o.with_meta = true;
     sc->o.n_mapped_slabs = n_mapped;
     sc->o.mapped_slabs = mapped;
     req->body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;
@@ -641,6 +665,7 @@ static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_stat
         r = 0;
     pthread_mutex_unlock(&c->lock);
     for (size_t k = 0; k < n_last; k++) {
+        gpubuf__view_meta_free(last[k]); /* its layout and user bytes, as gpubuf_release */
         free(last[k]);
         gpubuf__client_unref(c);
     }
@@ -666,6 +691,71 @@ GPUBUF_EXTERN int gpubuf_open_many(gpubuf_client *c, size_t n, const char *const
     GPUBUF_CHECK(!(flags & ~(unsigned)GPUBUF_OPEN_READONLY), -EINVAL, "unknown open flags 0x%x",
                  flags);
     int r = open_many_call(c, n, names, ids, flags, ret, ret_status);
+    return r > 0 ? r : gpubuf__result(r);
+}
+
+/* The items of a batch open that were not sealed yet (-ENOENT), opened
+ * each with a single waiting open until the one deadline; 0 or -ENOMEM. */
+static int open_many_wait(gpubuf_client *c, size_t n, const char *const *names,
+                          const uint64_t *ids, const gpubuf_lookup *o, gpubuf_buffer **ret,
+                          int *st) {
+    uint64_t deadline = gpubuf_now_ns() + (uint64_t)(o->timeout_ms > 0 ? o->timeout_ms : 0) *
+                                              1000000u;
+    for (size_t i = 0; i < n; i++) {
+        if (st[i] != -ENOENT)
+            continue;
+        gpubuf_lookup w = {.flags = o->flags & GPUBUF_OPEN_READONLY, .timeout_ms = -1};
+        if (o->timeout_ms > 0) {
+            uint64_t now = gpubuf_now_ns();
+            /* at least 1 ms: a deadline that passed still asks once */
+            w.timeout_ms = now >= deadline ? 1 : (int)((deadline - now + 999999u) / 1000000u);
+        }
+        st[i] = gpubuf_open_with(c, names ? names[i] : NULL, names ? 0 : ids[i], &w, &ret[i]);
+        if (st[i] < 0)
+            ret[i] = NULL;
+    }
+    return 0;
+}
+
+GPUBUF_EXTERN int gpubuf_open_many_with(gpubuf_client *c, size_t n, const char *const *names,
+                                        const uint64_t *ids, const gpubuf_lookup *o,
+                                        gpubuf_buffer **ret, int *ret_status) {
+    gpubuf_lookup none = {0};
+    gpubuf__clear_error();
+    if (!o)
+        o = &none;
+    GPUBUF_CHECK(c && (ret || !n), -EINVAL,
+                 "gpubuf_open_many_with needs a connection and its items");
+    GPUBUF_CHECK(names || ids || !n, -EINVAL, "gpubuf_open_many_with needs names or ids");
+    GPUBUF_CHECK(!(o->flags & ~(unsigned)GPUBUF_OPEN_READONLY), -EINVAL,
+                 "unknown open flags 0x%x (a batch takes GPUBUF_OPEN_READONLY; pools and "
+                 "owners go in qualified names)",
+                 o->flags);
+    GPUBUF_CHECK(!o->pool, -EINVAL,
+                 "a batch open looks names up per item: write \"/POOL/NAME\" instead of pool");
+    int *st = ret_status ? ret_status : calloc(n + 1, sizeof(int));
+    if (!st)
+        return gpubuf__result(-ENOMEM);
+    int r = open_many_call(c, n, names, ids, o->flags, ret, st);
+    if (r > 0 && o->timeout_ms != 0) {
+        char first[384];
+        snprintf(first, sizeof(first), "%s", gpubuf_last_error_message());
+        open_many_wait(c, n, names, ids, o, ret, st);
+        size_t failed = 0, at = n;
+        for (size_t i = 0; i < n; i++)
+            if (st[i] < 0 && failed++ == 0)
+                at = i;
+        r = (int)failed;
+        if (failed && st[at] != -ENOENT && st[at] != -ETIMEDOUT)
+            gpubuf__set_error("%s", first);
+        else if (failed)
+            gpubuf__set_error("%zu of %zu items failed; the first: item %zu: %s", failed, n, at,
+                              gpubuf_strerror(st[at]));
+        else
+            gpubuf__clear_error();
+    }
+    if (st != ret_status)
+        free(st);
     return r > 0 ? r : gpubuf__result(r);
 }
 

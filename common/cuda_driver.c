@@ -8,10 +8,11 @@
 #include <string.h>
 
 #include "gpubuf/gpubuf.h"
+#include "procns.h"
 
 static gpubuf_cuda g_cu;
 static int g_status = GPUBUF_ENODRIVER;
-static char g_error[256] = "CUDA driver not loaded";
+static char g_error[768] = "CUDA driver not loaded";
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static CUresult g_init_result = CUDA_SUCCESS;
 /* The UUIDs of the devices this process sees, read once after cuInit: the set
@@ -122,6 +123,12 @@ static void load_once(void) {
     g_init_result = r;
     if (r != CUDA_SUCCESS) {
         gpubuf_cuda_describe(r, "cuInit", g_error, sizeof(g_error));
+        /* In a new PID namespace with its parent's /proc the driver fails
+         * with CUDA_ERROR_OPERATING_SYSTEM: say that, and what to do. */
+        char why[400];
+        size_t used = strlen(g_error);
+        if (r == CUDA_ERROR_OPERATING_SYSTEM && gpubuf_proc_foreign(why, sizeof(why)))
+            snprintf(g_error + used, sizeof(g_error) - used, ": %s", why);
         g_status = GPUBUF_ECUDA;
         return;
     }

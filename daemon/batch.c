@@ -36,6 +36,14 @@ typedef struct batch {
     Gpubuf__Slab *pslabs[GD_BATCH_REPLY_FDS];
     int fds[GD_BATCH_REPLY_FDS];
     unsigned n_slabs, n_fds, max_slabs;
+    /* open with with_meta: each item's layout, user bytes and lease (they
+     * point into the buffers, which the items' references keep) */
+    bool with_meta;
+    Gpubuf__ArrayLayout *layouts;
+    Gpubuf__ArrayLayout **playouts;
+    ProtobufCBinaryData *users;
+    uint64_t *lease_left;
+    uint64_t now_ns;
 } batch;
 
 static int u64_cmp(const void *a, const void *b) {
@@ -52,6 +60,56 @@ static void batch_free(batch *bt) {
     free(bt->perrs);
     free(bt->events);
     free(bt->mapped);
+    free(bt->layouts);
+    free(bt->playouts);
+    free(bt->users);
+    free(bt->lease_left);
+}
+
+/* Make room for each item's metadata (open with with_meta); false (and an
+ * error reply) without memory. */
+static bool batch_meta_init(batch *bt, uint64_t id) {
+    size_t n = bt->n;
+    bt->with_meta = true;
+    bt->layouts = calloc(n + 1, sizeof(*bt->layouts));
+    bt->playouts = calloc(n + 1, sizeof(*bt->playouts));
+    bt->users = calloc(n + 1, sizeof(*bt->users));
+    bt->lease_left = calloc(n + 1, sizeof(*bt->lease_left));
+    if (!bt->layouts || !bt->playouts || !bt->users || !bt->lease_left) {
+        batch_free(bt);
+        gd_session_reply_error(bt->s, id, -ENOMEM, "out of memory");
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        gpubuf__array_layout__init(&bt->layouts[i]);
+        bt->playouts[i] = &bt->layouts[i];
+    }
+    bt->now_ns = gpubuf_now_ns();
+    return true;
+}
+
+/* Item i's metadata: b's layout (none: an empty ArrayLayout, dtype_bits 0),
+ * user bytes and lease. */
+static void batch_meta(batch *bt, size_t i, const gd_buf *b) {
+    const gd_meta *me = b->meta;
+    Gpubuf__ArrayLayout *l = &bt->layouts[i];
+    if (me && me->has_layout) {
+        l->dtype_code = me->dtype.code;
+        l->dtype_bits = me->dtype.bits;
+        l->dtype_lanes = me->dtype.lanes;
+        l->n_shape = me->ndim;
+        l->shape = (int64_t *)me->dims;
+        if (me->has_strides) {
+            l->n_strides = me->ndim;
+            l->strides = (int64_t *)me->dims + me->ndim;
+        }
+        l->byte_offset = me->byte_offset;
+    }
+    size_t len;
+    const uint8_t *user = gd_meta_user(b, &len);
+    bt->users[i].data = (uint8_t *)user;
+    bt->users[i].len = user ? len : 0;
+    bt->lease_left[i] = gd_registry_lease_left_ms(b, bt->now_ns);
 }
 
 /* Start a batch of n items; false (and an error reply) when it is refused
@@ -180,6 +238,8 @@ static void batch_ok(batch *bt, size_t i, const gd_buf *b) {
     bt->slab_ids[i] = b->blk.slab->id;
     bt->states[i] = (uint32_t)b->state;
     batch_name(bt, b->name);
+    if (bt->with_meta)
+        batch_meta(bt, i, b);
 }
 
 /* Item i took a reference to b (open, alloc): describe its slab and its seal
@@ -230,6 +290,12 @@ static void batch_reply_send(batch *bt, uint64_t id) {
         br.events.data = bt->events;
         br.events.len = bt->n_ev * GD_EVENT_HANDLE_SIZE;
     }
+    if (bt->with_meta) {
+        br.n_layouts = br.n_user_data = br.n_lease_left_ms = n;
+        br.layouts = bt->playouts;
+        br.user_data = bt->users;
+        br.lease_left_ms = bt->lease_left;
+    }
     s->ctx->metrics.batch[bt->type - GD_REQ_BATCH_OPEN].items += n;
     resp.id = id;
     resp.fds = bt->n_fds;
@@ -240,7 +306,7 @@ static void batch_reply_send(batch *bt, uint64_t id) {
      * is queued whatever the budget says now, so the references its items
      * took always reach the client. */
     size_t len = gpubuf__response__get_packed_size(&resp);
-    assert(len <= gd_session_batch_reply_bound(n));
+    assert(len <= gd_session_batch_reply_bound(n, bt->with_meta));
     s->io->send_fds(s->conn, len, gd_session_pack, &resp, bt->fds, (int)bt->n_fds, true);
     batch_free(bt);
 }
@@ -266,6 +332,8 @@ void gd_session_batch_open(gd_session *s, uint64_t id, const Gpubuf__BatchOpenRe
     if (!batch_init(&bt, s, id, GD_REQ_BATCH_OPEN, n, true, q->mapped_slabs, q->n_mapped_slabs))
         return;
     bt.read_only = q->read_only;
+    if (q->with_meta && !batch_meta_init(&bt, id))
+        return;
     for (size_t i = 0; i < n; i++) {
         gd_err err = {0};
         gd_buf *b;
@@ -387,10 +455,20 @@ void gd_session_batch_state(gd_session *s, uint64_t id, const Gpubuf__BatchState
  * the envelope, the column tags and lengths. */
 #define BATCH_SLAB_REPLY_MAX 160u
 #define BATCH_REPLY_FIXED 256u
+/* An item's metadata at most (with_meta): its ArrayLayout (three varints,
+ * shape and strides of GPUBUF_LAYOUT_MAX_NDIM varints each, the byte
+ * offset, tags and lengths), its user bytes and its lease. */
+#define BATCH_ITEM_META_MAX                                                                   \
+    ((5u + 3u * 6u + 2u * (5u + GPUBUF_LAYOUT_MAX_NDIM * 10u) + 11u) + \
+     (5u + GPUBUF_USER_DATA_MAX) + 11u)
 
-size_t gd_session_batch_reply_bound(size_t n) {
+size_t gd_session_batch_reply_bound(size_t n, bool with_meta) {
     return BATCH_REPLY_FIXED + GD_BATCH_REPLY_FDS * BATCH_SLAB_REPLY_MAX +
-           n * BATCH_ITEM_REPLY_MAX;
+           n * (BATCH_ITEM_REPLY_MAX + (with_meta ? BATCH_ITEM_META_MAX : 0u));
+}
+
+bool gd_session_batch_with_meta(const Gpubuf__Request *req) {
+    return req->body_case == GPUBUF__REQUEST__BODY_BATCH_OPEN && req->batch_open->with_meta;
 }
 
 /* The items of a batch request (0 for any other request). */

@@ -3,6 +3,7 @@
 #ifndef GPUBUFD_BATCH_H
 #define GPUBUFD_BATCH_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -15,7 +16,9 @@ void gd_session_batch_state(gd_session *s, uint64_t id, const Gpubuf__BatchState
 /* The items of a batch request (0 for any other request). */
 size_t gd_session_batch_items(const Gpubuf__Request *req);
 /* The largest reply a batch of n items can get (about 2.5 MiB for
- * GD_BATCH_MAX_ITEMS items). */
-size_t gd_session_batch_reply_bound(size_t n);
+ * GD_BATCH_MAX_ITEMS items; about 22 MiB with each item's metadata). */
+size_t gd_session_batch_reply_bound(size_t n, bool with_meta);
+/* An open batch whose reply carries each item's metadata. */
+bool gd_session_batch_with_meta(const Gpubuf__Request *req);
 
 #endif

@@ -5,6 +5,7 @@
 
 #include "config.h"
 #include "session.h"
+#include "state.h"
 
 /* The server's connections as the sessions' transport. */
 static int conn_send(void *conn, size_t len, void (*pack)(const void *msg, uint8_t *dst),
@@ -57,9 +58,15 @@ static void *on_open(void *data, gd_conn *c, pid_t pid, uid_t uid, gid_t gid) {
     return gd_session_new(&d->ctx, &conn_transport, c, pid, uid, gid);
 }
 
+/* Every change a request makes is saved as one group before its reply
+ * leaves (state.h: gd_state_begin). */
 static int on_frame(void *user, const uint8_t *payload, size_t len, uint64_t woke_ns,
                     uint64_t read_ns) {
-    return gd_session_frame_at(user, payload, len, woke_ns, read_ns);
+    gd_state *st = ((gd_session *)user)->ctx->state;
+    gd_state_begin(st);
+    int r = gd_session_frame_at(user, payload, len, woke_ns, read_ns);
+    gd_state_end(st);
+    return r;
 }
 
 static void on_bad_frame(void *user, int err) {

@@ -711,7 +711,7 @@ void gd_registry_unpublish(gd_registry *r, gd_buf *b) {
         HASH_DELETE(hh_name, r->by_name, b);
         b->in_name_index = false;
     }
-    HOOK(r, buf, b);
+    HOOK_STATE(r, b);
     gd_registry_buf_maybe_free(r, b);
 }
 
@@ -758,7 +758,7 @@ static uint32_t holder_drop_refs(gd_registry *r, gd_holder *h, uint32_t budget) 
                     HASH_DELETE(hh_name, r->by_name, b);
                     b->in_name_index = false;
                 }
-                HOOK(r, buf, b);
+                HOOK_STATE(r, b);
             }
             gd_registry_buf_maybe_free(r, b);
         }

@@ -112,10 +112,15 @@ struct gd_holder {
  * (state.c) follows every change as it happens. Each is optional. */
 typedef struct gd_registry_hooks {
     void (*buf)(void *arg, const gd_buf *b); /* created, or its state, event changed */
+    /* After the buffer left the registry's tables, before it is freed: a
+     * walk of by_id that stopped at it may still step to its next. */
     void (*buf_gone)(void *arg, uint64_t id);
     void (*ref)(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t count, uint32_t ro);
     void (*holder)(void *arg, const gd_holder *h);
     void (*holder_gone)(void *arg, uint64_t id);
+    /* Only its state changed (deleted: its lease and name index went too);
+     * NULL: buf is called instead. */
+    void (*buf_state)(void *arg, const gd_buf *b);
 } gd_registry_hooks;
 
 /* What an open hands out, in one answer: the buffer it took a reference to
@@ -339,6 +344,10 @@ int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, 
  * (a consumer that forgot to name the pool learns which one to name). */
 void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *pools, int n,
                             const gd_pool *searched, const char *name, gd_err *err);
+
+/* The uid SO_PEERCRED gives a peer whose uid has no mapping in gpubufd's
+ * user namespace (/proc/sys/kernel/overflowuid, read once; 65534). */
+uint32_t gd_overflow_uid(void);
 
 /* Restore (state.c): a detached holder of a previous run, with its id; NULL
  * for an id of 0, beyond GD_ID_MAX or taken. */

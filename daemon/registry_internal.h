@@ -19,6 +19,15 @@
             (r)->hooks->fn((r)->hooks_arg, __VA_ARGS__);                                           \
     } while (0)
 
+/* Only b's state changed: buf_state, or buf where there is none. */
+#define HOOK_STATE(r, b)                                                                           \
+    do {                                                                                           \
+        if ((r)->hooks && (r)->hooks->buf_state)                                                   \
+            (r)->hooks->buf_state((r)->hooks_arg, (b));                                            \
+        else                                                                                       \
+            HOOK(r, buf, (b));                                                                     \
+    } while (0)
+
 /* uid's usage record; with create, made when missing (NULL: out of memory). */
 gd_uid_usage *gd_registry_uid_usage(gd_registry *r, uid_t uid, bool create);
 /* Free b: uncharge it, take it out of the lease heap, the indexes and its

@@ -148,6 +148,21 @@ void gd_registry_hint_pools(gd_registry *r, const gd_holder *h, gd_pool *const *
     }
 }
 
+uint32_t gd_overflow_uid(void) {
+    static uint32_t uid;
+    if (!uid) {
+        unsigned v = 65534;
+        FILE *f = fopen("/proc/sys/kernel/overflowuid", "r");
+        if (f) {
+            if (fscanf(f, "%u", &v) != 1 || v == 0)
+                v = 65534;
+            fclose(f);
+        }
+        uid = v;
+    }
+    return uid;
+}
+
 int gd_registry_find_owned(gd_registry *r, gd_holder *h, const gd_target *t, const char *what,
                            gd_buf **ret, gd_err *err) {
     gd_buf *b;
@@ -156,6 +171,16 @@ int gd_registry_find_owned(gd_registry *r, gd_holder *h, const gd_target *t, con
         return rc;
     if (!b || b->state == GPUBUF_STATE_DELETED)
         return not_found(r, t, err);
+    /* Peers of user namespaces with no mapping in gpubufd's all show up as
+     * the overflow uid: being that uid proves nothing, so a buffer owned by
+     * it is its creating session's (docs/security.md, "Namespaces"). */
+    if (h->uid != 0 && h->uid == b->owner_uid && b->owner_uid == gd_overflow_uid() &&
+        b->owner_holder != h->id)
+        return gd_err_set(err, -EPERM,
+                          "buffer %llu ('%s') belongs to the overflow uid %u (a peer whose "
+                          "user namespace has no mapping in gpubufd's): only the session that "
+                          "made it or root may %s",
+                          (unsigned long long)b->id, b->name ? b->name : "", b->owner_uid, what);
     if (h->uid != 0 && h->uid != b->owner_uid)
         return gd_err_set(err, -EPERM,
                           "buffer %llu ('%s') belongs to uid %u: only its owner or root may "

@@ -23,12 +23,24 @@ typedef struct gd_kept_fd {
 typedef struct gd_state gd_state;
 
 #define STATE_MAGIC "GPBUFST"   /* 8 bytes with its NUL */
-#define STATE_VERSION 1u
+/* 2: frames hold groups of fixed entries (state_record.h) and their
+ * checksum is XXH3 of the bytes seeded with the generation and the length; 1:
+ * every frame one packed StateRecord under FNV-1a. A successor reads both. */
+#define STATE_VERSION 2u
+#define STATE_VERSION_1 1u
 #define GD_STATE_HEADER 32u /* a slot's header (state.h: gd_state_header()) */
 #define STATE_HEADER GD_STATE_HEADER
 #define STATE_MAX_RECORD (1u << 20) /* one record is a few hundred bytes */
 #define STATE_MIN_COMPACT (1ull << 20)
 #define STATE_MAP_MIN (1ull << 20) /* the journal mapping grows from here */
+#define STATE_MAX_GROUP (64u << 20) /* one group (version 2): a request's changes */
+
+/* A growable byte buffer. */
+typedef struct gd_obuf {
+    uint8_t *p;
+    size_t len, cap;
+    bool oom;
+} gd_obuf;
 
 typedef struct slot {
     int fd;
@@ -43,14 +55,29 @@ struct gd_state {
     bool fdstore;
     bool frozen;
     bool failed; /* a write failed: the kept state is behind (logged once) */
+    bool no_journal; /* state_journal = off (measurement only): no record after the start */
     slot slots[2];
     int active;
     uint64_t compact_at; /* compact when the active slot grows past this */
-    uint64_t records;     /* journal records written */
-    uint64_t journal_ns;  /* time spent writing them */
+    uint64_t records;     /* journal entries written */
+    uint64_t groups;      /* and the groups (frames) they went in */
+    uint64_t journal_ns;  /* time spent writing those */
+    gd_obuf stage;        /* the group being made: the entries of this request */
+    unsigned depth;       /* gd_state_begin() without its gd_state_end() */
+    uint64_t last_buf;    /* the buffer of the stage's last buffer entry (0: none) */
+    size_t last_buf_off, last_buf_len; /* where that entry is in the stage */
     uint64_t snapshots, snapshot_ns;
     uv_timer_t expiry;
     bool expiry_on;
+    struct {                 /* a snapshot made a step per turn (state_write.c) */
+        bool on, idle_on;
+        uint64_t gen;        /* the generation it will have */
+        const struct gd_buf *cursor; /* the next buffer of by_id to write, NULL: done */
+        uint64_t *holders;   /* the session ids at its start */
+        size_t n_holders, pos_h;
+        gd_obuf out;         /* a step's group, kept: no fresh pages each step */
+        uv_idle_t idle;
+    } snap;
 };
 
 static inline uint32_t gd_state_get32(const uint8_t *p) {

@@ -57,8 +57,6 @@ static void conn_free_out(gd_conn *c);
 static void update_poll(gd_conn *c);
 static void maybe_pend(gd_conn *c);
 static void conn_end(gd_conn *c, gd_close_reason why);
-static void pass_begin(gd_server *srv);
-static void pass_end(gd_server *srv);
 
 /* Deadline for a connection whose handshake is not done, or that sits on
  * half a frame. */
@@ -130,9 +128,7 @@ static bool drain_step(gd_conn *c, uint32_t *turn_left) {
     c->reaping = true;
     c->closing = false;
     for (;;) {
-        pass_begin(c->srv);
         int n = process_frames_corked(c, budget);
-        pass_end(c->srv);
         if (c->closing || n < 0) {
             done = true;
             break;
@@ -654,16 +650,16 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     c->out_frames++;
     c->out_fds += (uint32_t)o->n_fds;
     out_add(c, o->len);
-    if (was_empty && !c->corked) {
-        if (c->srv->in_pass) {
-            /* A reply caused by another connection's frames (a woken
-             * open): written with the others of this pass. */
-            if (!c->deferred) {
-                c->deferred = true;
-                LL_PREPEND2(c->srv->deferred, c, defer_next);
-            }
-            return 0;
+    if (was_empty && !c->corked && c->srv->in_frame && c->srv->in_frame != c) {
+        /* A reply another connection's request made (a waiting open it
+         * woke): it leaves once that request's batch of frames is done and
+         * their changes are saved (flush_held): one write for the answers
+         * of many seals. */
+        if (!c->held) {
+            c->held = true;
+            LL_PREPEND2(c->srv->held, c, held_next);
         }
+    } else if (was_empty && !c->corked) {
         int r = flush_out(c);
         if (r < 0) {
             peer_left(c);
@@ -675,28 +671,21 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     return 0;
 }
 
-/* A pass over a connection's frames begins. */
-static void pass_begin(gd_server *srv) {
-    srv->in_pass++;
-}
-
-/* A pass ends: write the replies it queued on other connections, one
- * write per connection (up to 64 frames each, as flush_some() goes). The
- * connections are all alive: none is freed before the loop's close phase. */
-static void pass_end(gd_server *srv) {
-    assert(srv->in_pass > 0);
-    if (--srv->in_pass > 0)
-        return;
-    while (srv->deferred) {
-        gd_conn *c = srv->deferred;
-        LL_DELETE2(srv->deferred, c, defer_next);
-        c->deferred = false;
-        if (c->peer_gone || !c->out)
+/* Send the replies held while another connection's frames were handled
+ * (gd_conn_send_fds), at the end of that batch of frames: their changes are
+ * saved now (the frame callback's gd_state_end). A connection closed
+ * meanwhile is still allocated (freed by its close callback). */
+static void flush_held(gd_server *srv) {
+    while (srv->held) {
+        gd_conn *h = srv->held;
+        LL_DELETE2(srv->held, h, held_next);
+        h->held = false;
+        if (h->closing || !h->out || h->corked)
             continue;
-        if (flush_out(c) < 0)
-            peer_left(c);
-        else if (c->out)
-            update_poll(c);
+        if (flush_out(h) < 0)
+            peer_left(h);
+        else
+            update_poll(h);
     }
 }
 
@@ -704,8 +693,6 @@ static void pass_end(gd_server *srv) {
  * few writes as possible. Returns the number handled, or -1 when the
  * connection was closed. */
 static int process_frames(gd_conn *c, uint32_t limit) {
-    gd_server *srv = c->srv;
-    pass_begin(srv);
     c->corked = true;
     int r = process_frames_corked(c, limit);
     c->corked = false;
@@ -719,7 +706,6 @@ static int process_frames(gd_conn *c, uint32_t limit) {
     } else if (c->mem_wait) {
         update_poll(c); /* stop reading while the frame waits */
     }
-    pass_end(srv);
     return c->closing ? -1 : r;
 }
 
@@ -737,16 +723,24 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
             if (c->srv->cb.on_bad_frame)
                 c->srv->cb.on_bad_frame(c->user, r);
             conn_end(c, GD_CLOSE_BAD_FRAME);
-            return -1;
+            break;
         }
         if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
             break;
-        if (c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length,
-                                c->srv->trace_woke_ns, c->srv->trace_read_ns) == -EAGAIN)
+        c->srv->in_frame = c;
+        r = c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length,
+                                c->srv->trace_woke_ns, c->srv->trace_read_ns);
+        c->srv->in_frame = NULL;
+        if (r == -EAGAIN)
             break; /* held back until the reply memory has room (mem_wait) */
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;
     }
+    /* The replies these frames gave other connections (woken opens) leave
+     * now, one write per connection for the whole batch rather than one
+     * per frame: every frame's changes are saved by now. */
+    if (c->srv->held)
+        flush_held(c->srv);
     if (pos) {
         memmove(c->in, c->in + pos, c->in_len - pos);
         c->in_len -= pos;

@@ -113,8 +113,8 @@ struct gd_conn {
     gd_conn *next, *prev;   /* utlist DL: the server's connections */
     gd_conn *reap_next;     /* utlist LL: closed, waiting for the reaper */
     gd_conn *pending_next;  /* utlist LL: frames left after the per-wake-up cap */
-    gd_conn *defer_next;    /* utlist LL: the server's deferred (replies of this pass) */
-    bool deferred;          /* on that list */
+    bool held;              /* on the server's held list (in_frame) */
+    gd_conn *held_next;     /* utlist LL: replies held while another's frame was handled */
 };
 
 struct gd_server {
@@ -138,13 +138,13 @@ struct gd_server {
     size_t out_bytes; /* queued reply bytes of all connections (max_reply_memory) */
     gd_uid_use *uids; /* uthash by uid: the uids with connections */
     gd_conn *mem_waiters; /* connections whose next frame waits for reply memory */
+    /* The connection whose frame is being handled: replies to others wait
+     * for the next turn of the loop, after that request's changes are in
+     * the saved state (gd_state_end), as its own replies do. */
+    gd_conn *in_frame;
+    gd_conn *held; /* utlist LL: the other connections it gave replies to */
     bool stopping;
     bool work; /* cb.on_work has work left */
-    /* While a connection's frames are handled (a pass), replies they cause
-     * on other connections (woken opens) are written at the end of the
-     * pass, in one write per connection, not one each. */
-    uint32_t in_pass;
-    gd_conn *deferred;
     /* GPUBUF_TRACE_TIMING: when the loop woke for the last read, and when
      * its recvmsg returned; handed up with each frame (on_frame). */
     uint64_t trace_woke_ns, trace_read_ns;

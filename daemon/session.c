@@ -210,7 +210,10 @@ static void waiter_timeout(uv_timer_t *t) {
  * any), as a clause for the client's message. */
 static void refusal(const gd_session *s, const gd_holder *old, uint64_t sid, char *why,
                     size_t len) {
-    if (old && old->detached)
+    if (old && old->detached && s->pid == 0)
+        snprintf(why, len, "gpubufd cannot see this process's pid (its PID namespace is not "
+                           "gpubufd's or below it), so it cannot tell it is the session's");
+    else if (old && old->detached)
         snprintf(why, len, "session %llu belongs to another process",
                  (unsigned long long)sid);
     else if (old)
@@ -236,7 +239,9 @@ static bool resume(gd_session *s, const Gpubuf__Hello *h, uint64_t **ret_lost, s
     uint64_t sid = h->resume_session;
     size_t n = 0;
     HASH_FIND(hh, reg->holders, &sid, sizeof(sid), old);
-    if (!old || !old->detached || old->pid != s->pid || old->uid != s->uid) {
+    /* pid 0: the peer's PID namespace is not gpubufd's or a descendant of
+     * it; every such peer shows pid 0, so the pid proves nothing. */
+    if (!old || !old->detached || s->pid == 0 || old->pid != s->pid || old->uid != s->uid) {
         refusal(s, old, sid, why, why_len);
         LOG_INFO("pid %d: no session %llu to resume (%s)", (int)s->pid,
                  (unsigned long long)sid, why);
@@ -639,7 +644,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
      * queued whatever else waits. Too many items: the small error below. */
     size_t items = gd_session_batch_items(req);
     if (items && items <= GD_BATCH_MAX_ITEMS && s->hello_done && s->io->reply_room &&
-        !s->io->reply_room(s->conn, gd_session_batch_reply_bound(items))) {
+        !s->io->reply_room(s->conn, gd_session_batch_reply_bound(items, gd_session_batch_with_meta(req)))) {
         gpubuf__request__free_unpacked(req, NULL);
         return -EAGAIN;
     }

@@ -20,6 +20,7 @@ typedef struct gd_limits {
     uint32_t max_waiters_per_client; /* pending opens per connection (config key) */
     uint64_t max_reply_memory;       /* queued reply bytes of all connections together */
     uint32_t resume_timeout_ms;      /* restored sessions not resumed by then are dropped */
+    uint32_t journal_off;            /* state_journal = off: no journal after the start (measurement) */
 } gd_limits;
 
 /* The fds one connection can make the daemon hold: requests stop being

@@ -20,18 +20,10 @@
 #include "layout.h"
 #include "log.h"
 #include "saved_state.h"
+#include "state_internal.h"
+#include "state_record.h"
 #include "state_restore.h"
 #include "util.h"
-
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
 
 /* ---- the fd store ------------------------------------------------------ */
 
@@ -65,345 +57,131 @@ static void store_remove(gd_state *st, const char *name) {
 #endif
 }
 
-/* ---- writing ----------------------------------------------------------- */
-
-/* A growable byte buffer for records. */
-typedef struct obuf {
-    uint8_t *p;
-    size_t len, cap;
-    bool oom;
-} obuf;
-
-static uint8_t *obuf_room(obuf *o, size_t n) {
-    if (o->oom)
-        return NULL;
-    if (o->cap - o->len < n) {
-        size_t cap = o->cap ? o->cap : 4096;
-        while (cap - o->len < n)
-            cap *= 2;
-        uint8_t *p = realloc(o->p, cap);
-        if (!p) {
-            o->oom = true;
-            return NULL;
-        }
-        o->p = p;
-        o->cap = cap;
-    }
-    return o->p + o->len;
-}
-
-static void header(uint8_t *hdr, uint64_t gen) {
-    memset(hdr, 0, STATE_HEADER);
-    memcpy(hdr, STATE_MAGIC, 8);
-    put32(hdr + 8, STATE_VERSION);
-    put64(hdr + 16, gen);
-    put64(hdr + 24, gd_state_checksum(hdr, 24));
-}
-
-void gd_state_header(uint8_t *out, uint64_t gen) {
-    header(out, gen);
-}
-
-size_t gd_state_frame(uint8_t *out, const uint8_t *rec, uint32_t n) {
-    memmove(out + 8, rec, n);
-    put32(out, n);
-    put32(out + 4, (uint32_t)gd_state_checksum(out + 8, n));
-    return (size_t)n + 8;
-}
-
-/* Append one framed record to o. */
-static void put_record(obuf *o, const Gpubuf__StateRecord *rec) {
-    size_t n = gpubuf__state_record__get_packed_size(rec);
-    uint8_t *p = obuf_room(o, 8 + n);
-    if (!p)
-        return;
-    gpubuf__state_record__pack(rec, p + 8);
-    put32(p, (uint32_t)n);
-    put32(p + 4, (uint32_t)gd_state_checksum(p + 8, n));
-    o->len += 8 + n;
-}
-
-static bool write_all(int fd, const void *buf, size_t len, uint64_t off) {
-    const uint8_t *p = buf;
-    while (len) {
-        ssize_t w = pwrite(fd, p, len, (off_t)off);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0)
-            return false;
-        p += w;
-        len -= (size_t)w;
-        off += (uint64_t)w;
-    }
-    return true;
-}
-
-static void slot_unmap(slot *s) {
-    if (s->map)
-        munmap(s->map, s->cap);
-    s->map = NULL;
-    s->cap = 0;
-}
-
-/* Room for need bytes in the slot's shared mapping: journal records are
- * copied into it, no system call each. The memfd's pages are the kept
- * state itself, so a record is saved once copied, whatever kills the
- * daemon next. The file grows by doubling (1 MiB at least); the zeros past
- * the records end the replay like a torn record. */
-static bool slot_room(slot *s, uint64_t need) {
-    if (s->map && need <= s->cap)
-        return true;
-    uint64_t cap = s->cap * 2 > need ? s->cap * 2 : need;
-    if (cap < STATE_MAP_MIN)
-        cap = STATE_MAP_MIN;
-    struct stat sb;
-    if (fstat(s->fd, &sb) == 0 && (uint64_t)sb.st_size > cap)
-        cap = (uint64_t)sb.st_size; /* never cut what another start wrote */
-    slot_unmap(s);
-    if (ftruncate(s->fd, (off_t)cap) < 0)
-        return false;
-    void *m = mmap(NULL, cap, PROT_READ | PROT_WRITE, MAP_SHARED, s->fd, 0);
-    if (m == MAP_FAILED)
-        return false;
-    s->map = m;
-    s->cap = cap;
-    return true;
-}
-
-static void write_failed(gd_state *st, const char *what) {
-    if (!st->failed)
-        LOG_ERR("saving the state (%s): %s; a restart now would lose changes", what,
-                strerror(errno));
-    st->failed = true;
-}
-
-static void slab_msg(Gpubuf__StateSlab *m, const gd_slab *s) {
-    gpubuf__state_slab__init(m);
-    m->id = s->id;
-    m->pool = s->pool->name;
-    m->size = s->size;
-    m->dedicated = s->dedicated;
-}
-
-/* A buffer's record and what its metadata points to. */
-typedef struct buf_rec {
-    Gpubuf__StateBuffer m;
-    Gpubuf__ArrayLayout wl;
-    gpubuf_layout l;
-} buf_rec;
-
-static void buf_msg(buf_rec *br, const gd_buf *b) {
-    Gpubuf__StateBuffer *m = &br->m;
-    size_t user_len;
-    gpubuf__state_buffer__init(m);
-    m->id = b->id;
-    m->name = b->name ? b->name : (char *)"";
-    m->slab_id = b->blk.slab->id;
-    m->offset = b->blk.offset;
-    m->block_size = b->blk.size;
-    m->size = b->size;
-    m->state = (uint32_t)b->state;
-    m->owner_uid = b->owner_uid;
-    m->owner_session = b->owner_holder;
-    m->charged = b->charged;
-    if (b->has_event) {
-        m->event.data = (uint8_t *)b->event;
-        m->event.len = GD_EVENT_HANDLE_SIZE;
-        m->event_session = b->event_holder;
-    }
-    m->restored = b->restored;
-    if (gd_meta_layout(b, &br->l)) { /* strides only when they were given */
-        gpubuf_layout_to_wire(&br->l, &br->wl);
-        m->layout = &br->wl;
-    }
-    m->user_data.data = (uint8_t *)gd_meta_user(b, &user_len);
-    m->user_data.len = user_len;
-    if (b->lease_slot) {
-        m->lease_ttl_ms = b->lease_ttl_ms;
-        m->lease_expires_ns = b->lease_expires_ns;
-    }
-}
-
-static void holder_msg(Gpubuf__StateSession *m, const gd_holder *h) {
-    gpubuf__state_session__init(m);
-    m->id = h->id;
-    m->pid = (int32_t)h->pid;
-    m->uid = (uint32_t)h->uid;
-    m->gid = (uint32_t)h->gid;
-}
-
-static void ref_msg(Gpubuf__StateRef *m, uint64_t holder, uint64_t buffer, uint32_t count,
-                    uint32_t ro) {
-    gpubuf__state_ref__init(m);
-    m->session = holder;
-    m->buffer = buffer;
-    m->count = count;
-    m->read_only = ro;
-}
-
-static void counters_msg(Gpubuf__StateCounters *m, const gd_context *ctx) {
-    gpubuf__state_counters__init(m);
-    m->next_buffer_id = ctx->reg.next_buffer_id;
-    m->next_session_id = ctx->reg.next_holder_id;
-    m->next_slab_id = ctx->slab_ids;
-    m->restarts = ctx->restarts;
-}
-
-/* A record of one message m of kind what. */
-static Gpubuf__StateRecord record(Gpubuf__StateRecord__RecCase what, void *m) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
-    rec.rec_case = what;
-    switch (what) {
-    case GPUBUF__STATE_RECORD__REC_SLAB: rec.slab = m; break;
-    case GPUBUF__STATE_RECORD__REC_BUFFER: rec.buffer = m; break;
-    case GPUBUF__STATE_RECORD__REC_SESSION: rec.session = m; break;
-    case GPUBUF__STATE_RECORD__REC_REF: rec.ref = m; break;
-    case GPUBUF__STATE_RECORD__REC_COUNTERS: rec.counters = m; break;
-    default: break;
-    }
-    return rec;
-}
-
-static void put_msg(obuf *o, Gpubuf__StateRecord__RecCase what, void *m) {
-    Gpubuf__StateRecord rec = record(what, m);
-    put_record(o, &rec);
-}
-
-/* The whole registry as records: counters, slabs, sessions, buffers, refs. */
-static void snapshot(const gd_context *ctx, obuf *o) {
-    Gpubuf__StateCounters c;
-    counters_msg(&c, ctx);
-    put_msg(o, GPUBUF__STATE_RECORD__REC_COUNTERS, &c);
-    for (int i = 0; i < ctx->n_pools; i++)
-        for (gd_slab *s = ctx->pools[i]->slabs; s; s = s->next) {
-            Gpubuf__StateSlab m;
-            slab_msg(&m, s);
-            put_msg(o, GPUBUF__STATE_RECORD__REC_SLAB, &m);
-        }
-    for (const gd_holder *h = ctx->reg.holders; h; h = h->hh.next) {
-        Gpubuf__StateSession m;
-        holder_msg(&m, h);
-        put_msg(o, GPUBUF__STATE_RECORD__REC_SESSION, &m);
-    }
-    for (const gd_buf *b = ctx->reg.by_id; b; b = b->hh_id.next) {
-        buf_rec br;
-        buf_msg(&br, b);
-        put_msg(o, GPUBUF__STATE_RECORD__REC_BUFFER, &br.m);
-    }
-    for (const gd_holder *h = ctx->reg.holders; h; h = h->hh.next)
-        for (const gd_ref *r = h->refs; r; r = r->hh.next) {
-            Gpubuf__StateRef m;
-            ref_msg(&m, h->id, r->buffer_id, r->count, r->ro);
-            put_msg(o, GPUBUF__STATE_RECORD__REC_REF, &m);
-        }
-}
-
-/* Write a full snapshot into the inactive slot and make it the active one.
- * The active slot is not touched: a kill at any point leaves one whole. */
-static int compact(gd_state *st) {
-    slot *to = &st->slots[!st->active];
-    const slot *from = &st->slots[st->active];
-    obuf o = {0};
-    slot_unmap(to); /* it is cut to nothing and written anew below */
-    uint8_t hdr[STATE_HEADER];
-    snapshot(st->ctx, &o);
-    if (o.oom) {
-        free(o.p);
-        errno = ENOMEM;
-        write_failed(st, "snapshot");
-        return -ENOMEM;
-    }
-    uint64_t gen = (from->gen > to->gen ? from->gen : to->gen) + 1, t0 = gpubuf_now_ns();
-    header(hdr, gen);
-    /* The header goes last: until then the slot holds nothing valid. */
-    if (ftruncate(to->fd, 0) < 0 || !write_all(to->fd, o.p, o.len, STATE_HEADER) ||
-        !write_all(to->fd, hdr, sizeof(hdr), 0)) {
-        free(o.p);
-        write_failed(st, "snapshot");
-        return -errno;
-    }
-    to->gen = gen;
-    to->len = STATE_HEADER + o.len;
-    st->snapshots++;
-    st->snapshot_ns += gpubuf_now_ns() - t0;
-    st->active = !st->active;
-    st->compact_at = to->len * 2 > STATE_MIN_COMPACT ? to->len * 2 : STATE_MIN_COMPACT;
-    free(o.p);
-    return 0;
-}
-
-/* Append one record to the active slot; compact when it has grown enough. */
-static void append(gd_state *st, const Gpubuf__StateRecord *rec) {
-    uint8_t stack[1024];
-    obuf o = {.p = stack, .cap = sizeof(stack)};
+/* Write the staged entries as one group to the active slot, before any
+ * reply that tells of them leaves (gd_state_end), and into the snapshot
+ * under way if any; start a snapshot when the slot has grown enough. */
+static void commit(gd_state *st) {
     slot *s = &st->slots[st->active];
-    if (st->frozen)
+    gd_obuf *o = &st->stage;
+    if (o->len <= 9 && !o->oom)
         return;
     uint64_t t0 = gpubuf_now_ns();
-    size_t n = gpubuf__state_record__get_packed_size(rec);
-    if (n + 8 > sizeof(stack)) {
-        o.p = NULL;
-        o.cap = 0;
-    }
-    put_record(&o, rec);
-    if (!o.oom && slot_room(s, s->len + o.len)) {
-        memcpy(s->map + s->len, o.p, o.len);
-        s->len += o.len;
-    } else if (o.oom || !write_all(s->fd, o.p, o.len, s->len)) {
-        write_failed(st, "journal");
+    if (o->oom) {
+        errno = ENOMEM;
+        gd_state_write_failed(st, "journal");
     } else {
-        s->len += o.len;
+        gd_group_frame(o, 0, s->gen);
+        if (gd_slot_put(s, s->len, o->p, o->len))
+            s->len += o->len;
+        else
+            gd_state_write_failed(st, "journal");
+        gd_state_snap_journal(st, o);
     }
-    if (o.p != stack)
-        free(o.p);
-    st->records++;
+    o->len = 0;
+    o->oom = false;
+    st->last_buf = 0;
+    gd_group_open(o);
+    st->groups++;
     st->journal_ns += gpubuf_now_ns() - t0;
     if (s->len > st->compact_at)
-        compact(st);
+        gd_state_snap_start(st);
 }
 
-static void append_msg(gd_state *st, Gpubuf__StateRecord__RecCase what, void *m) {
-    Gpubuf__StateRecord rec = record(what, m);
-    append(st, &rec);
+void gd_state_begin(gd_state *st) {
+    if (st)
+        st->depth++;
 }
 
+void gd_state_end(gd_state *st) {
+    if (st && st->depth && --st->depth == 0)
+        commit(st);
+}
+
+/* Make room for one more entry of at most n bytes in the stage; a group
+ * that would grow past STATE_MAX_GROUP is written first (a request never
+ * makes one that large: max_request and the batch limits bound it). */
+static bool stage_room(gd_state *st, size_t n) {
+    if (st->frozen || st->no_journal)
+        return false;
+    if (st->stage.len + n > STATE_MAX_GROUP)
+        commit(st);
+    st->records++;
+    return true;
+}
+
+/* An entry staged: written at once outside of a request. */
+static void staged(gd_state *st) {
+    if (st->depth == 0)
+        commit(st);
+}
+
+/* A buffer's entry; one that replaces the last entry of the same buffer in
+ * the group being made, at the same length (an alloc and its seal in one
+ * batch), with no state or removal entry of any buffer since, is written
+ * over it: the group is applied whole, so the earlier state of the buffer
+ * is never seen, and nothing between the two entries depends on it
+ * (references are counts, applied in any order to one buffer record). */
 static void hook_buf(void *arg, const gd_buf *b) {
-    buf_rec br;
-    buf_msg(&br, b);
-    append_msg(arg, GPUBUF__STATE_RECORD__REC_BUFFER, &br.m);
+    gd_state *st = arg;
+    gd_obuf *o = &st->stage;
+    if (!stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
+        return;
+    size_t at = o->len;
+    gd_se_buffer(o, b);
+    if (!o->oom && st->last_buf == b->id && st->last_buf_off + (o->len - at) <= at &&
+        st->last_buf_len == o->len - at) {
+        memcpy(o->p + st->last_buf_off, o->p + at, o->len - at);
+        o->len = at;
+    } else {
+        st->last_buf = b->id;
+        st->last_buf_off = at;
+        st->last_buf_len = o->len - at;
+    }
+    staged(st);
 }
 
-static void hook_id(gd_state *st, Gpubuf__StateRecord__RecCase what, uint64_t id) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
-    rec.rec_case = what;
-    if (what == GPUBUF__STATE_RECORD__REC_BUFFER_GONE)
-        rec.buffer_gone = id;
-    else if (what == GPUBUF__STATE_RECORD__REC_SESSION_GONE)
-        rec.session_gone = id;
-    else
-        rec.slab_gone = id;
-    append(st, &rec);
+static void hook_buf_state(void *arg, const gd_buf *b) {
+    gd_state *st = arg;
+    if (!stage_room(st, 13))
+        return;
+    st->last_buf = 0; /* a later entry of the buffer must come after this one */
+    gd_se_buffer_state(&st->stage, b->id, (uint32_t)b->state);
+    staged(st);
+}
+
+static void hook_id(gd_state *st, int kind, uint64_t id) {
+    if (!stage_room(st, 9))
+        return;
+    gd_se_id(&st->stage, kind, id);
+    staged(st);
 }
 
 static void hook_buf_gone(void *arg, uint64_t id) {
-    hook_id(arg, GPUBUF__STATE_RECORD__REC_BUFFER_GONE, id);
+    gd_state *st = arg;
+    st->last_buf = 0;
+    gd_state_snap_gone(arg, id);
+    hook_id(arg, GD_SE_BUFFER_GONE, id);
 }
 
 static void hook_ref(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t count,
                      uint32_t ro) {
-    Gpubuf__StateRef m;
-    ref_msg(&m, h->id, buffer_id, count, ro);
-    append_msg(arg, GPUBUF__STATE_RECORD__REC_REF, &m);
+    gd_state *st = arg;
+    if (!stage_room(st, 25))
+        return;
+    gd_se_ref(&st->stage, h->id, buffer_id, count, ro);
+    staged(st);
 }
 
 static void hook_holder(void *arg, const gd_holder *h) {
-    Gpubuf__StateSession m;
-    holder_msg(&m, h);
-    append_msg(arg, GPUBUF__STATE_RECORD__REC_SESSION, &m);
+    gd_state *st = arg;
+    if (!stage_room(st, 256))
+        return;
+    gd_se_session(&st->stage, h);
+    staged(st);
 }
 
 static void hook_holder_gone(void *arg, uint64_t id) {
-    hook_id(arg, GPUBUF__STATE_RECORD__REC_SESSION_GONE, id);
+    hook_id(arg, GD_SE_SESSION_GONE, id);
 }
 
 static void hook_slab(void *arg, const gd_slab *s, bool created) {
@@ -413,12 +191,13 @@ static void hook_slab(void *arg, const gd_slab *s, bool created) {
         return;
     gd_state_slab_name(name, sizeof(name), s->id);
     if (created) {
-        Gpubuf__StateSlab m;
-        slab_msg(&m, s);
-        append_msg(st, GPUBUF__STATE_RECORD__REC_SLAB, &m);
+        if (stage_room(st, 256 + GPUBUF_NAME_MAX)) {
+            gd_se_slab(&st->stage, s);
+            staged(st);
+        }
         gd_state_store_fd(st, name, s->exp.fd);
     } else {
-        hook_id(st, GPUBUF__STATE_RECORD__REC_SLAB_GONE, s->id);
+        hook_id(st, GD_SE_SLAB_GONE, s->id);
         store_remove(st, name);
     }
 }
@@ -426,6 +205,7 @@ static void hook_slab(void *arg, const gd_slab *s, bool created) {
 static const gd_registry_hooks hooks = {
     .buf = hook_buf,
     .buf_gone = hook_buf_gone,
+    .buf_state = hook_buf_state,
     .ref = hook_ref,
     .holder = hook_holder,
     .holder_gone = hook_holder_gone,
@@ -526,7 +306,7 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
     }
     /* A fresh snapshot of what was restored, then the journal follows it. */
     uint64_t t0 = gpubuf_now_ns();
-    if (compact(st) < 0) {
+    if (gd_state_compact(st) < 0) {
         gd_state_free(st);
         return gd_err_set(err, -EIO, "cannot write the state memfd");
     }
@@ -541,8 +321,15 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
         ctx->pools[i]->slab_hook = hook_slab;
         ctx->pools[i]->slab_hook_arg = st;
     }
-    ctx->reg.hooks = &hooks;
-    ctx->reg.hooks_arg = st;
+    gd_group_open(&st->stage);
+    st->no_journal = ctx->limits.journal_off != 0;
+    if (st->no_journal)
+        LOG_WARN("state_journal = off (for measurement only): no change is journalled, a restart "
+                 "loses every change made from now on");
+    else {
+        ctx->reg.hooks = &hooks;
+        ctx->reg.hooks_arg = st;
+    }
     ctx->state = st;
     gd_state_store_fd(st, "state-0", st->slots[0].fd);
     gd_state_store_fd(st, "state-1", st->slots[1].fd);
@@ -552,6 +339,7 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
             gd_state_slab_name(name, sizeof(name), s->id);
             gd_state_store_fd(st, name, s->exp.fd);
         }
+    gd_state_snap_init(st, ctx->loop);
     if (uv_timer_init(ctx->loop, &st->expiry) == 0) {
         st->expiry.data = st;
         st->expiry_on = true;
@@ -568,12 +356,14 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
 void gd_state_freeze(gd_state *st) {
     if (!st || st->frozen)
         return;
+    commit(st);
     st->frozen = true;
-    LOG_INFO("saved state: %llu journal record(s), %.2f us each on average; %llu snapshot(s), "
-             "%.1f ms in all",
-             (unsigned long long)st->records,
-             st->records ? (double)st->journal_ns / 1e3 / (double)st->records : 0.0,
-             (unsigned long long)st->snapshots, (double)st->snapshot_ns / 1e6);
+    LOG_INFO("saved state: %llu journal entries in %llu group(s), %.2f us per group on average; "
+             "%llu snapshot(s), %.1f ms in all; memfds mapped %.1f and %.1f MiB",
+             (unsigned long long)st->records, (unsigned long long)st->groups,
+             st->groups ? (double)st->journal_ns / 1e3 / (double)st->groups : 0.0,
+             (unsigned long long)st->snapshots, (double)st->snapshot_ns / 1e6,
+             (double)st->slots[0].cap / 1048576.0, (double)st->slots[1].cap / 1048576.0);
     st->ctx->reg.hooks = NULL;
     for (int i = 0; i < st->ctx->n_pools; i++)
         st->ctx->pools[i]->slab_hook = NULL;
@@ -581,6 +371,7 @@ void gd_state_freeze(gd_state *st) {
         st->expiry_on = false;
         uv_close((uv_handle_t *)&st->expiry, NULL);
     }
+    gd_state_snap_close(st);
 }
 
 int gd_state_rewrite(gd_state *st) {
@@ -590,23 +381,29 @@ int gd_state_rewrite(gd_state *st) {
      * into the slot that is not ours (never into ours, whose generation
      * is the highest it saw): read both generations again, so that ours
      * goes above it, into that slot; ours stays whole meanwhile. */
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
+        gd_slot_unmap(&st->slots[i]); /* its size may have changed meanwhile */
         st->slots[i].gen = gd_state_slot_gen(st->slots[i].fd);
+    }
     if (st->slots[st->active].gen == 0)
         LOG_WARN("saved state: the active slot lost its header; writing a new snapshot");
-    return compact(st);
+    gd_state_snap_abort(st);
+    return gd_state_compact(st);
 }
 
 void gd_state_free(gd_state *st) {
     if (!st)
         return;
     for (int i = 0; i < 2; i++) {
-        slot_unmap(&st->slots[i]);
+        gd_slot_unmap(&st->slots[i]);
         if (st->slots[i].fd >= 0)
             close(st->slots[i].fd);
     }
     if (st->ctx->state == st)
         st->ctx->state = NULL;
+    gd_state_snap_abort(st);
+    free(st->snap.out.p);
+    free(st->stage.p);
     free(st);
 }
 

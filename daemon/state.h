@@ -45,14 +45,27 @@ void gd_state_store_fd(gd_state *st, const char *name, int fd);
  * references go through gd_registry_reap() (ctx->want_work), a bounded
  * number per turn of the loop. Returns how many went. */
 uint32_t gd_state_expire(gd_state *st);
-/* The saved state's framing, for tests and the fuzz target that write
- * states as a previous daemon would: gd_state_header() fills the 32-byte
- * header of a slot of generation gen; gd_state_frame() writes one record
+/* The saved state's framing of version 1, for tests and the fuzz target
+ * that write states as a previous daemon did: gd_state_header() fills the
+ * 32-byte header of a slot of generation gen; gd_state_frame() writes one record
  * (n bytes of a packed StateRecord, n <= 1 MiB) with its length and
  * checksum to out (n + 8 bytes) and returns n + 8. The header's size is
  * GD_STATE_HEADER (saved_state.h). */
 void gd_state_header(uint8_t *out, uint64_t gen);
 size_t gd_state_frame(uint8_t *out, const uint8_t *rec, uint32_t n);
+/* The changes between gd_state_begin() and its gd_state_end() (one request:
+ * daemon.c around each frame) go into the journal as one group, replayed
+ * whole or not at all, written at gd_state_end(): before the reply that
+ * tells of them leaves (server.c holds the other connections' replies
+ * meanwhile). Nested calls count; outside of them a change is written at
+ * once. NULL is fine. */
+void gd_state_begin(gd_state *st);
+void gd_state_end(gd_state *st);
+/* The writers of a version 2 state (tests, fuzz): gd_state_header_v2()
+ * fills the header of generation gen, gd_state_frame_v2() frames n bytes
+ * (a packed StateRecord, or a group: state_record.h) of that generation. */
+void gd_state_header_v2(uint8_t *out, uint64_t gen);
+size_t gd_state_frame_v2(uint8_t *out, uint64_t gen, const uint8_t *rec, uint32_t n);
 /* Bytes of the active state memfd, and the records written since start
  * (status, benchmarks). */
 uint64_t gd_state_bytes(const gd_state *st);

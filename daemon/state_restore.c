@@ -17,6 +17,7 @@
 #include "gpubuf_state.pb-c.h"
 #include "layout.h"
 #include "log.h"
+#include "state_record.h"
 #include "util.h"
 
 /* ---- reading ----------------------------------------------------------- */
@@ -165,6 +166,27 @@ static bool set_ref(replay *rp, const Gpubuf__StateRef *m) {
     return true;
 }
 
+/* A buffer's state alone (its record came before). */
+static bool set_state(replay *rp, const Gpubuf__StateBufferState *m) {
+    r_entry *e;
+    if (!id_ok(rp, "buffer state", "id", m->id))
+        return true;
+    HASH_FIND(hh, rp->bufs, &m->id, sizeof(m->id), e);
+    if (!e) {
+        LOG_WARN_LIMITED("restore: dropped the state of buffer %llu: no record of that buffer "
+                         "comes before",
+                         (unsigned long long)m->id);
+        rp->bad++;
+        return true;
+    }
+    BUF_OF(e)->state = m->state; /* checked with the rest of the buffer at restore */
+    if (m->state == GPUBUF_STATE_DELETED) {
+        BUF_OF(e)->lease_ttl_ms = 0;
+        BUF_OF(e)->lease_expires_ns = 0;
+    }
+    return true;
+}
+
 /* Apply one record; false when out of memory. */
 static bool apply(replay *rp, Gpubuf__StateRecord *rec) {
     switch (rec->rec_case) {
@@ -200,53 +222,106 @@ static bool apply(replay *rp, Gpubuf__StateRecord *rec) {
         return true;
     case GPUBUF__STATE_RECORD__REC_REF:
         return set_ref(rp, rec->ref);
+    case GPUBUF__STATE_RECORD__REC_BUFFER_STATE:
+        return set_state(rp, rec->buffer_state);
     default:
         rp->bad++;
         return true;
     }
 }
 
-/* The generation of a slot's header, 0 when it has none valid. */
-uint64_t gd_state_slot_gen(int fd) {
+/* The version of a slot's valid header (its generation in *gen), or 0. */
+static uint32_t slot_header(int fd, uint64_t *gen) {
     uint8_t hdr[STATE_HEADER];
+    *gen = 0;
     if (pread(fd, hdr, sizeof(hdr), 0) != (ssize_t)sizeof(hdr))
         return 0;
-    if (memcmp(hdr, STATE_MAGIC, 8) != 0 || gd_state_get32(hdr + 8) != STATE_VERSION ||
-        gd_state_get64(hdr + 24) != gd_state_checksum(hdr, 24))
+    if (memcmp(hdr, STATE_MAGIC, 8) != 0 || gd_state_get64(hdr + 24) != gd_state_checksum(hdr, 24))
         return 0;
-    return gd_state_get64(hdr + 16);
+    uint32_t v = gd_state_get32(hdr + 8);
+    if (v != STATE_VERSION_1 && v != STATE_VERSION) {
+        LOG_ERR_LIMITED("restore: the saved state is of version %u; this gpubufd reads versions "
+                        "%u and %u only (it was written by a newer gpubufd): it is not restored. "
+                        "Run the newer gpubufd again to keep its buffers",
+                        v, STATE_VERSION_1, STATE_VERSION);
+        return 0;
+    }
+    *gen = gd_state_get64(hdr + 16);
+    return v;
+}
+
+uint64_t gd_state_slot_gen(int fd) {
+    uint64_t gen;
+    return slot_header(fd, &gen) ? gen : 0;
+}
+
+/* One packed StateRecord applied. 0, -EINVAL (not a record), -ENOMEM. */
+static int replay_record(replay *rp, const uint8_t *p, uint32_t n) {
+    Gpubuf__StateRecord *rec = gpubuf__state_record__unpack(NULL, n, p);
+    if (!rec)
+        return -EINVAL;
+    bool ok = apply(rp, rec);
+    gpubuf__state_record__free_unpacked(rec, NULL);
+    rp->records++;
+    return ok ? 0 : -ENOMEM;
+}
+
+/* A group (version 2): decoded whole first, then applied, so that a group
+ * is replayed whole or not at all. */
+static int replay_group(replay *rp, const uint8_t *p, uint32_t n) {
+    Gpubuf__StateRecord **recs;
+    size_t k;
+    int r = gd_se_decode(p, n, &recs, &k);
+    if (r < 0)
+        return r;
+    for (size_t i = 0; i < k; i++) {
+        if (r == 0 && !apply(rp, recs[i]))
+            r = -ENOMEM;
+        gpubuf__state_record__free_unpacked(recs[i], NULL);
+    }
+    rp->records += k;
+    free(recs);
+    return r;
 }
 
 /* Replay the records of a slot, up to the first torn or bad one; *ret_end
  * is where they end. */
 static bool replay_slot(replay *rp, int fd, uint64_t *ret_end) {
     struct stat sb;
-    if (fstat(fd, &sb) < 0 || sb.st_size < (off_t)STATE_HEADER)
+    uint64_t gen;
+    uint32_t version = slot_header(fd, &gen);
+    if (!version || fstat(fd, &sb) < 0 || sb.st_size < (off_t)STATE_HEADER)
         return false;
     size_t size = (size_t)sb.st_size;
     uint8_t *map = mmap(NULL, size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED)
         return false;
     size_t off = STATE_HEADER;
-    bool ok = true;
-    while (ok && size - off >= 8) {
+    int r = 0;
+    while (r == 0 && size - off >= 8) {
         uint32_t n = gd_state_get32(map + off), sum = gd_state_get32(map + off + 4);
-        if (n > STATE_MAX_RECORD || n > size - off - 8 ||
-            (uint32_t)gd_state_checksum(map + off + 8, n) != sum)
-            break;
-        Gpubuf__StateRecord *rec = gpubuf__state_record__unpack(NULL, n, map + off + 8);
-        if (!rec) {
+        const uint8_t *p = map + off + 8;
+        if (version == STATE_VERSION_1) {
+            if (n > STATE_MAX_RECORD || n > size - off - 8 ||
+                (uint32_t)gd_state_checksum(p, n) != sum)
+                break;
+            r = replay_record(rp, p, n);
+        } else {
+            /* 8 zero bytes end the frames; older ones may follow. */
+            if (n == 0 || n > STATE_MAX_GROUP || n > size - off - 8 ||
+                gd_se_checksum(gen, p, n) != sum)
+                break;
+            r = p[0] == GD_SE_GROUP ? replay_group(rp, p + 1, n - 1) : replay_record(rp, p, n);
+        }
+        if (r == -EINVAL) {
             rp->bad++;
             break;
         }
-        ok = apply(rp, rec);
-        gpubuf__state_record__free_unpacked(rec, NULL);
-        rp->records++;
         off += 8 + n;
     }
     munmap(map, size);
     *ret_end = off;
-    return ok;
+    return r != -ENOMEM;
 }
 
 /* ---- restoring --------------------------------------------------------- */

@@ -3,8 +3,9 @@
 # package for the `python3` on PATH (the one with CuPy, PyTorch, Numba), run the
 # package's CTest suites (python_host, python_install, python_gpu), the GPU
 # tests again verbosely (each consumer's output, skips and their reasons),
-# Arrow's increment_by_one across processes by hand, and bench/run.sh (which
-# runs bench/python_bench.py next to the anchors).
+# Arrow's increment_by_one across processes by hand, the gpubuf.torch examples,
+# bench/run.sh (which runs bench/python_bench.py next to the anchors) and
+# bench/torch_bench.py.
 #
 #   scripts/python-gpu.sh [OUT]      (default OUT: /tmp/gpubuf-python-gpu)
 #
@@ -48,12 +49,23 @@ GPUBUF_SOCKET=$sock PYTHONPATH=$build/python "$py" examples/python/producer.py -
     --size 256M || rc=1
 GPUBUF_SOCKET=$sock PYTHONPATH=$build/python "$py" examples/python/consumer.py --name py/frame \
     --delete || rc=1
+if "$py" -c 'import torch' 2>/dev/null; then
+    step "gpubuf.torch examples (docs/torch.md)"
+    GPUBUF_SOCKET=$sock PYTHONPATH=$build/python "$py" examples/python/torch_queue.py || rc=1
+    GPUBUF_SOCKET=$sock PYTHONPATH=$build/python "$py" examples/python/torch_weight_sync.py \
+        --consumers 3 || rc=1
+fi
 kill "$daemon"
 wait "$daemon" 2>/dev/null
 
 if [ "${GPUBUF_NO_BENCH:-0}" != 1 ]; then
     step "bench/run.sh --out $out/bench"
     bench/run.sh --out "$out/bench" || rc=1
+    if "$py" -c 'import torch; assert torch.cuda.is_available()' 2>/dev/null; then
+        step "bench/torch_bench.py (docs/performance.md, gpubuf.torch)"
+        PYTHONPATH=$build/python "$py" bench/torch_bench.py --gpubufd "$build/daemon/gpubufd" |
+            tee "$out/torch_bench.txt" || rc=1
+    fi
 fi
 echo
 [ $rc = 0 ] && echo "python-gpu: all passed" || echo "python-gpu: FAILURES above"

@@ -49,6 +49,12 @@ echo "== build and test (RelWithDebInfo, -Werror)"
 run_suite build-test -DCMAKE_BUILD_TYPE=RelWithDebInfo "${py_opt[@]}"
 GPUBUF_PYTHON=${GPUBUF_PYTHON:-/usr/bin/python3} \
     ./scripts/check-install.sh  # install into a staging prefix, build examples/out-of-tree against it
+if [ "${GPUBUF_NO_DEBIAN:-0}" != 1 ]; then
+    # Build the Debian packages, lintian, install, smoke-test, purge (root).
+    sudo=""
+    [ "$(id -u)" = 0 ] || sudo="sudo"
+    $sudo env GPUBUF_JOBS="$jobs" ./scripts/check-debian.sh
+fi
 if [ "${GPUBUF_SKIP_SANITIZERS:-0}" != 1 ]; then
     echo "== build and test with address,undefined sanitizers"
     ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

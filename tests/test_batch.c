@@ -273,7 +273,62 @@ START_TEST(batch_names_are_per_pool) {
 }
 END_TEST
 
+/* Batch opens carry each buffer's layout and user bytes as single opens do,
+ * and gpubuf_open_many_with() waits for items not sealed yet. */
+START_TEST(batch_opens_carry_metadata_and_wait) {
+    gpubuf_client *p = td_connect(&D), *c = td_connect(&D);
+    gpubuf_layout l = {.dtype = {2, 32, 1}, .ndim = 2, .shape = {3, 4}, .byte_offset = 16,
+                       .strides = {1, 3}, .has_strides = 1};
+    gpubuf_meta m = {.layout = &l, .user_data = "key", .user_size = 3};
+    gpubuf_buffer *a, *b, *got[3], *late = NULL;
+    int st[3];
+    ck_assert_int_eq(gpubuf_alloc_with(p, "host", 16 + 48, "meta/a", &m, &a), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(a), 0);
+    ck_assert_int_eq(gpubuf_alloc(p, "host", 64, "meta/b", &b), 0);
+    ck_assert_int_eq(gpubuf_seal_sync(b), 0);
+    const char *const names[3] = {"meta/a", "meta/b", "meta/late"};
+    /* No waiting: the missing item fails at once. */
+    ck_assert_int_eq(gpubuf_open_many(c, 3, names, NULL, 0, got, st), 1);
+    ck_assert_int_eq(st[2], -ENOENT);
+    const gpubuf_layout *gl = gpubuf_buffer_layout(got[0]);
+    ck_assert_ptr_nonnull(gl);
+    ck_assert_int_eq(gl->dtype.code, 2);
+    ck_assert_int_eq(gl->ndim, 2);
+    ck_assert_int_eq(gl->shape[1], 4);
+    ck_assert_int_eq(gl->strides[1], 3);
+    ck_assert_int_eq(gl->has_strides, 1);
+    ck_assert_uint_eq(gl->byte_offset, 16);
+    size_t ulen;
+    const void *u = gpubuf_buffer_user_data(got[0], &ulen);
+    ck_assert_uint_eq(ulen, 3);
+    ck_assert_mem_eq(u, "key", 3);
+    ck_assert_ptr_null(gpubuf_buffer_layout(got[1]));
+    ck_assert_ptr_null(gpubuf_buffer_user_data(got[1], NULL));
+    ck_assert_int_eq(gpubuf_release_many(got, 2, NULL), 0);
+    /* A timeout: the unsealed item fails with ETIMEDOUT, the others open. */
+    ck_assert_int_eq(gpubuf_alloc(p, "host", 64, "meta/late", &late), 0);
+    gpubuf_lookup o = {.timeout_ms = 50};
+    ck_assert_int_eq(gpubuf_open_many_with(c, 3, names, NULL, &o, got, st), 1);
+    ck_assert_int_eq(st[0], 0);
+    ck_assert_int_eq(st[2], -ETIMEDOUT);
+    ck_assert_ptr_null(got[2]);
+    ck_assert_int_eq(gpubuf_release_many(got, 2, NULL), 0);
+    /* Sealed in time: every item opens, with one deadline. */
+    ck_assert_int_eq(gpubuf_seal_sync(late), 0);
+    o.timeout_ms = 10000;
+    ck_assert_int_eq(gpubuf_open_many_with(c, 3, names, NULL, &o, got, st), 0);
+    ck_assert_int_eq(gpubuf_release_many(got, 3, NULL), 0);
+    /* Options a batch does not take. */
+    gpubuf_lookup bad = {.pool = "host"};
+    ck_assert_int_eq(gpubuf_open_many_with(c, 3, names, NULL, &bad, got, st), -EINVAL);
+    gpubuf_buffer *mine[3] = {a, b, late};
+    ck_assert_int_eq(gpubuf_release_many(mine, 3, NULL), 0);
+    gpubuf_disconnect(c);
+    gpubuf_disconnect(p);
+}
+END_TEST
+
 SUITE_MAIN("batch", "host-pool", start, td_stop_clean, 60,
           open_and_release_a_thousand_in_one_call, partial_failures_inside_a_batch,
           read_only_opens_by_id, more_slabs_than_one_reply_carries, long_batches_are_split,
-          batch_names_are_per_pool)
+          batch_names_are_per_pool, batch_opens_carry_metadata_and_wait)

@@ -1458,7 +1458,7 @@ static void hk_holder_gone(void *a, uint64_t id) {
 }
 
 START_TEST(test_hooks_follow_changes) {
-    static const gd_registry_hooks hk = {hk_buf, hk_gone, hk_ref, hk_holder, hk_holder_gone};
+    static const gd_registry_hooks hk = {hk_buf, hk_gone, hk_ref, hk_holder, hk_holder_gone, NULL};
     env e;
     gd_buf *b;
     env_init(&e);

@@ -83,14 +83,20 @@ async def demo(args):
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
         writer.write("".join(f"{PREFIX}.{i}\n" for i in range(args.demo)).encode())
         await writer.drain()
-        prod = asyncio.create_task(produce(producer, args.demo, args.pool, args.cuda))
-        for i in range(args.demo):
-            (n,) = struct.unpack("<q", await reader.readexactly(8))
-            if n < 0:
-                sys.exit(f"demo.{i}: {await reader.readline()}")
-            if await reader.readexactly(n) != pattern(i):
-                sys.exit(f"demo.{i}: wrong contents")
-        await prod
+
+        async def check_answers():
+            for i in range(args.demo):
+                (n,) = struct.unpack("<q", await reader.readexactly(8))
+                if n < 0:
+                    sys.exit(f"demo.{i}: {await reader.readline()}")
+                if await reader.readexactly(n) != pattern(i):
+                    sys.exit(f"demo.{i}: wrong contents")
+
+        # Together: a producer that fails ends the demo with its error instead
+        # of leaving the reader waiting for frames that never come.
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(produce(producer, args.demo, args.pool, args.cuda))
+            tg.create_task(check_answers())
         writer.close()
         server.close()
         await server.wait_closed()

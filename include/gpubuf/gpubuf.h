@@ -603,6 +603,17 @@ GPUBUF_EXTERN int gpubuf_open_many(gpubuf_client *c, size_t n, const char *const
                                    const uint64_t *ids, unsigned flags, gpubuf_buffer **ret,
                                    int *ret_status);
 
+/** gpubuf_open_many() with options: o->flags GPUBUF_OPEN_READONLY;
+ * o->timeout_ms as gpubuf_open_with(): items not sealed yet (-ENOENT from the
+ * batch) are waited for, each with a waiting open, until one deadline for
+ * all (0: no waiting; < 0: forever); such items fail with -ETIMEDOUT when it
+ * passes. o->pool must be NULL (items name their pool: "/POOL/NAME"). Views
+ * from batch opens carry their buffer's layout and user bytes
+ * (gpubuf_buffer_layout(), gpubuf_buffer_user_data()) as single opens do. */
+GPUBUF_EXTERN int gpubuf_open_many_with(gpubuf_client *c, size_t n, const char *const *names,
+                                        const uint64_t *ids, const gpubuf_lookup *o,
+                                        gpubuf_buffer **ret, int *ret_status);
+
 /** Allocate n buffers of sizes[i] bytes from pool (NULL: the default), named
  * names[i] (names NULL, or an entry NULL or "": anonymous). flags:
  * GPUBUF_ALLOC_SEAL. */

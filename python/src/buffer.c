@@ -445,6 +445,7 @@ static PyObject *buf_get_cai(GpubufBuffer *self, void *unused) {
         return NULL;
     }
     buf_export(self, &e, &size);
+    e.layout = gpubuf_buffer_layout(self->b); /* the producer's, as __dlpack__ */
     d = gpubufpy_export_cai(&e);
     if (d)
         self->cai_exported = true;
@@ -459,7 +460,8 @@ static int buf_getbuffer(GpubufBuffer *self, Py_buffer *view, int flags) {
         return -1;
     }
     buf_export(self, &e, &size);
-    return gpubufpy_export_getbuffer(&e, (PyObject *)self, view, flags, NULL);
+    e.layout = gpubuf_buffer_layout(self->b); /* the producer's, as __dlpack__ */
+    return gpubufpy_export_getbuffer(&e, (PyObject *)self, view, flags, self->layout_strides);
 }
 
 static void buf_releasebuffer(GpubufBuffer *self, Py_buffer *view) {

@@ -261,15 +261,60 @@ PyObject *gpubufpy_shape_tuple(const export_t *e) {
     return t;
 }
 
+/* The element type of a stored layout when the CUDA Array Interface and the
+ * buffer protocol can name it (one lane of bool, int, uint, float, complex);
+ * false for the others (bfloat16, float8, vectors): those export the bytes. */
+static bool layout_dtype(const gpubuf_layout *l, dtype_t *ret) {
+    static const char kinds[] = {[0] = 'i', [1] = 'u', [2] = 'f', [5] = 'c', [6] = 'b'};
+    if (!l || l->dtype.lanes != 1 || l->dtype.code >= sizeof(kinds) || !kinds[l->dtype.code] ||
+        l->dtype.bits % 8)
+        return false;
+    dtype_t d = {kinds[l->dtype.code], l->dtype.bits / 8};
+    if (!dtype_valid(d))
+        return false;
+    *ret = d;
+    return true;
+}
+
+_Static_assert(sizeof(Py_ssize_t) == sizeof(int64_t), "shapes are shared with Py_buffer");
+
+/* The producer's layout through the CUDA Array Interface: its dtype, shape,
+ * strides (bytes; None when C-contiguous) and element 0's address. */
+static PyObject *cai_layout(const export_t *e, dtype_t dt) {
+    const gpubuf_layout *l = e->layout;
+    char typestr[8];
+    PyObject *shape = PyTuple_New(l->ndim), *strides = Py_NewRef(Py_None), *d = NULL;
+    if (shape && l->has_strides) {
+        Py_SETREF(strides, PyTuple_New(l->ndim));
+        for (uint32_t i = 0; strides && i < l->ndim; i++)
+            PyTuple_SET_ITEM(strides, i, PyLong_FromLongLong(l->strides[i] * dt.itemsize));
+    }
+    for (uint32_t i = 0; shape && i < l->ndim; i++)
+        PyTuple_SET_ITEM(shape, i, PyLong_FromLongLong(l->shape[i]));
+    if (shape && strides && !PyErr_Occurred()) {
+        gpubufpy_dtype_typestr(dt, typestr);
+        d = Py_BuildValue("{sOsss(KO)sisOsO}", "shape", shape, "typestr", typestr, "data",
+                          (unsigned long long)(gpubuf_buffer_device_ptr(e->b) + l->byte_offset),
+                          gpubuf_buffer_read_only(e->b) ? Py_True : Py_False, "version", 3,
+                          "strides", strides, "stream", Py_None);
+    }
+    Py_XDECREF(shape);
+    Py_XDECREF(strides);
+    return d;
+}
+
 PyObject *gpubufpy_export_cai(const export_t *e) {
     char typestr[8];
     PyObject *shape, *d;
+    dtype_t ldt;
     if (gpubufpy_is_host(e->b)) {
         PyErr_SetString(PyExc_AttributeError,
                         "a host-pool buffer has no __cuda_array_interface__: use the buffer "
                         "protocol (memoryview, numpy.frombuffer) or __dlpack__");
         return NULL;
     }
+    if (layout_dtype(e->layout, &ldt))
+        return cai_layout(e, ldt);
     if (!(shape = gpubufpy_shape_tuple(e)))
         return NULL;
     gpubufpy_dtype_typestr(e->dt, typestr);
@@ -415,6 +460,49 @@ PyObject *gpubufpy_export_dlpack(const export_t *e, PyObject *args, PyObject *kw
     return cap;
 }
 
+/* The producer's layout through the buffer protocol (a host pool's buffer;
+ * strides: room for MAX_NDIM, filled with byte strides). */
+static int getbuffer_layout(const export_t *e, PyObject *exporter, Py_buffer *view, int flags,
+                            Py_ssize_t *strides, dtype_t dt) {
+    const gpubuf_layout *l = e->layout;
+    Py_ssize_t len = dt.itemsize;
+    int ro = gpubuf_buffer_read_only(e->b);
+    bool contiguous = true;
+    int64_t want = dt.itemsize;
+    for (int i = (int)l->ndim - 1; i >= 0; i--) {
+        strides[i] = (Py_ssize_t)(l->strides[i] * dt.itemsize);
+        len *= (Py_ssize_t)l->shape[i];
+        if (l->shape[i] != 1 && strides[i] != want)
+            contiguous = false;
+        want *= l->shape[i];
+    }
+    if (ro && (flags & PyBUF_WRITABLE) == PyBUF_WRITABLE) {
+        PyErr_SetString(PyExc_BufferError, "the buffer was opened read-only");
+        return -1;
+    }
+    if ((flags & PyBUF_STRIDES) != PyBUF_STRIDES && !contiguous) {
+        PyErr_SetString(PyExc_BufferError, "the buffer's layout is not C-contiguous: ask for "
+                                           "strides (PyBUF_STRIDES), as memoryview and NumPy do");
+        return -1;
+    }
+    if ((flags & PyBUF_ND) != PyBUF_ND && l->ndim != 1) {
+        PyErr_SetString(PyExc_BufferError, "a layout of several dimensions needs PyBUF_ND");
+        return -1;
+    }
+    view->obj = Py_NewRef(exporter);
+    view->buf = (char *)gpubuf_buffer_host_ptr(e->b) + l->byte_offset;
+    view->len = len;
+    view->readonly = ro;
+    view->itemsize = dt.itemsize;
+    view->format = (flags & PyBUF_FORMAT) ? (char *)dtype_format(dt) : NULL;
+    view->ndim = (int)l->ndim;
+    view->shape = (flags & PyBUF_ND) ? (Py_ssize_t *)l->shape : NULL;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? strides : NULL;
+    view->suboffsets = NULL;
+    view->internal = gpubuf_buffer_ref(e->b);
+    return 0;
+}
+
 /* The buffer protocol, for host pools. */
 int gpubufpy_export_getbuffer(const export_t *e, PyObject *exporter, Py_buffer *view, int flags,
                               Py_ssize_t *strides) {
@@ -426,6 +514,9 @@ int gpubufpy_export_getbuffer(const export_t *e, PyObject *exporter, Py_buffer *
                         "numba), or copy_to_host()");
         return -1;
     }
+    dtype_t ldt;
+    if (strides && layout_dtype(e->layout, &ldt))
+        return getbuffer_layout(e, exporter, view, flags, strides, ldt);
     for (int i = 0; i < e->ndim; i++)
         len *= e->shape[i];
     int ro = gpubuf_buffer_read_only(e->b);

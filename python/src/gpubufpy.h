@@ -42,6 +42,9 @@ typedef struct {
     GpubufClient *client;
     pid_t pid;
     bool cai_exported;
+    /* the buffer protocol's byte strides of the producer's layout (all its
+     * exports describe the same layout) */
+    Py_ssize_t layout_strides[32];
 } GpubufBuffer;
 
 extern PyTypeObject GpubufClient_Type;

@@ -711,13 +711,15 @@ struct many_args {
     uint64_t *sizes;
     const char *pool;
     unsigned flags;
+    int timeout_ms; /* open_many: gpubuf_open_many_with() */
     gpubuf_buffer **views;
     int *st;
 };
 
 static int op_open_many(gpubuf_client *c, void *arg) {
     struct many_args *a = arg;
-    int r = gpubuf_open_many(c, a->n, a->names, a->ids, a->flags, a->views, a->st);
+    gpubuf_lookup o = {.flags = a->flags, .timeout_ms = a->timeout_ms};
+    int r = gpubuf_open_many_with(c, a->n, a->names, a->ids, &o, a->views, a->st);
     return r > 0 ? 0 : r;
 }
 
@@ -746,11 +748,12 @@ static PyObject *many_finish(GpubufClient *self, PyObject *fast, struct many_arg
 }
 
 static PyObject *client_open_many(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"targets", "readonly", NULL};
-    PyObject *seq, *fast = NULL;
+    static char *kwlist[] = {"targets", "readonly", "timeout", NULL};
+    PyObject *seq, *fast = NULL, *timeout = Py_None;
     struct many_args a = {0};
     int ro = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$p:open_many", kwlist, &seq, &ro) ||
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$pO:open_many", kwlist, &seq, &ro, &timeout) ||
+        (a.timeout_ms = timeout_ms_arg(timeout)) == -2 ||
         targets_arg(seq, &fast, &a.names, &a.ids, &a.n) < 0)
         return NULL;
     a.flags = ro ? GPUBUF_OPEN_READONLY : 0;
@@ -916,9 +919,11 @@ static PyMethodDef client_methods[] = {
      "close()\n\nDisconnect. The daemon drops every reference of this connection: release "
      "views (and their exports) first."},
     {"open_many", (PyCFunction)(void (*)(void))client_open_many, METH_VARARGS | METH_KEYWORDS,
-     "open_many(targets, *, readonly=False) -> list\n\nOpen many sealed buffers in one round "
-     "trip: targets are names (str) or ids (int). Each entry of the result is a Buffer, or the "
-     "gpubuf.Error of that item (no waiting: an unsealed one is NotFoundError)."},
+     "open_many(targets, *, readonly=False, timeout=None) -> list\n\nOpen many sealed buffers "
+     "in one round trip: targets are names (str) or ids (int). Each entry of the result is a "
+     "Buffer (with its layout and user data), or the gpubuf.Error of that item. timeout as in "
+     "open(): None fails an unsealed item at once (NotFoundError), seconds wait for them all "
+     "until one deadline (WaitTimeoutError)."},
     {"alloc_many", (PyCFunction)(void (*)(void))client_alloc_many, METH_VARARGS | METH_KEYWORDS,
      "alloc_many(sizes, names=None, pool=None, *, seal=False) -> list\n\nAllocate many "
      "buffers in one round trip (sealed at once with seal=True); Buffers or per-item errors."},

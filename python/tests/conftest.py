@@ -98,6 +98,7 @@ def env_for(daemon):
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a GPU, CuPy and a cuda-ipc pool")
     config.addinivalue_line("markers", "install: pip installs ./python into a virtual environment")
+    config.addinivalue_line("markers", "torch_gpu: gpubuf.torch on CUDA tensors (PyTorch, a GPU)")
     config._gpubuf_counts = {"passed": 0, "failed": 0, "skipped": 0}
 
 

@@ -10,8 +10,11 @@
  * Both are records as [u16 length][packed StateRecord]; this target frames
  * them with their lengths and checksums (a mutated checksum would stop
  * almost every input at the first record) behind a valid header in
- * state-0. With bit 31 of L set, the journal bytes go in as they are,
- * after the framed snapshot: torn and bad frames. Every slab record of a
+ * state-0. With bit 30 of L set, the state is of version 2 (the current
+ * one): a record whose first byte is 0 is a group of fixed entries
+ * (daemon/state_record.h); else of version 1, as a predecessor wrote it.
+ * With bit 31 of L set, the journal bytes go in as they are, after the
+ * framed snapshot: torn and bad frames. Every slab record of a
  * size that fits gets a sealed memfd named slab-ID (at most 8), as kept
  * fds would be; one more slab fd no record names is kept too. */
 #include <fcntl.h>
@@ -27,6 +30,7 @@
 #include "log.h"
 #include "state.h"
 #include "state_check.h"
+#include "state_record.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
@@ -39,7 +43,10 @@ typedef struct input {
     size_t n_kept, n_slabs;
     uint8_t *state;
     size_t len;
+    bool v2;
 } input;
+
+#define GEN 2 /* the generation of the slot this target writes */
 
 static void die(const char *what) {
     fprintf(stderr, "fuzz_state: %s\n", what);
@@ -78,13 +85,26 @@ static void frame(input *in, const uint8_t *p, size_t n) {
         n -= 2;
         if (len > n)
             len = n;
-        Gpubuf__StateRecord *rec = gpubuf__state_record__unpack(NULL, len, p);
-        if (rec) {
-            if (rec->rec_case == GPUBUF__STATE_RECORD__REC_SLAB)
-                slab_fd(in, rec->slab);
-            gpubuf__state_record__free_unpacked(rec, NULL);
+        Gpubuf__StateRecord **recs = NULL;
+        size_t k = 0;
+        if (in->v2 && len && p[0] == GD_SE_GROUP) {
+            if (gd_se_decode(p + 1, len - 1, &recs, &k) < 0)
+                k = 0;
+        } else {
+            Gpubuf__StateRecord *rec = gpubuf__state_record__unpack(NULL, len, p);
+            if (rec && (recs = malloc(sizeof(*recs))))
+                recs[k++] = rec;
+            else if (rec)
+                gpubuf__state_record__free_unpacked(rec, NULL);
         }
-        in->len += gd_state_frame(in->state + in->len, p, (uint32_t)len);
+        for (size_t i = 0; i < k; i++) {
+            if (recs[i]->rec_case == GPUBUF__STATE_RECORD__REC_SLAB)
+                slab_fd(in, recs[i]->slab);
+            gpubuf__state_record__free_unpacked(recs[i], NULL);
+        }
+        free(recs);
+        in->len += in->v2 ? gd_state_frame_v2(in->state + in->len, GEN, p, (uint32_t)len)
+                          : gd_state_frame(in->state + in->len, p, (uint32_t)len);
         p += len;
         n -= len;
     }
@@ -100,14 +120,18 @@ static void setup(input *in, const uint8_t *data, size_t size) {
         size -= 4;
     }
     bool raw = l >> 31;
-    size_t snap = l & 0x7fffffffu;
+    in->v2 = (l >> 30) & 1;
+    size_t snap = l & 0x3fffffffu;
     if (snap > size)
         snap = size;
     /* Framing adds 8 bytes per record of at least 2 input bytes. */
     in->state = malloc(GD_STATE_HEADER + 4 * size + 64);
     if (!in->state)
         die("out of memory");
-    gd_state_header(in->state, 2);
+    if (in->v2)
+        gd_state_header_v2(in->state, GEN);
+    else
+        gd_state_header(in->state, GEN);
     in->len = GD_STATE_HEADER;
     frame(in, data, snap);
     if (raw) {

@@ -71,8 +71,8 @@ static size_t state_input(gd_context *ctx, uint64_t snap, bool raw, uint8_t *out
         if (rn == 0 || rn > end - off - 8 || len + 8 + rn > cap)
             break;
         if (raw && off >= snap) {
-            memcpy(out + len, slot + off, 8 + rn);
-            len += 8 + rn;
+            /* Framed again for fuzz_state.c's slot (generation 2). */
+            len += gd_state_frame_v2(out + len, 2, slot + off + 8, rn);
         } else {
             out[len] = (uint8_t)rn;
             out[len + 1] = (uint8_t)(rn >> 8);
@@ -87,7 +87,7 @@ static size_t state_input(gd_context *ctx, uint64_t snap, bool raw, uint8_t *out
         memcpy(out + len, "\x40\0\0\0\x12\x34\x56\x78torn", 12);
         len += 12;
     }
-    l |= raw ? 0x80000000u : 0;
+    l |= (raw ? 0x80000000u : 0) | 0x40000000u; /* version 2 */
     for (int i = 0; i < 4; i++)
         out[i] = (uint8_t)(l >> (8 * i));
     free(slot);
@@ -210,9 +210,11 @@ static void state_seeds(const char *dir) {
     gd_buf *big = seed_alloc(&ctx, a, host, 2u << 20, "seed/big", true);
     gd_buf *y = seed_alloc(&ctx, a, small, 1000, "seed/small", true);
     gd_buf *o = NULL;
+    gd_state_begin(ctx.state); /* one group of three entries, as a batch makes */
     gd_registry_open_mode(&ctx.reg, c, NULL, x->id, false, &o, NULL, &err);
     gd_registry_open_mode(&ctx.reg, c, NULL, x->id, true, &o, NULL, &err);
     gd_registry_open_mode(&ctx.reg, c, NULL, y->id, false, &o, NULL, &err);
+    gd_state_end(ctx.state);
     gd_registry_release(&ctx.reg, a, big->id, &err);
     gd_registry_delete(&ctx.reg, a, NULL, big->id, &err);
     save(dir, "limits", out, limits_input(out));
