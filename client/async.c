@@ -20,22 +20,7 @@
  * stays readable for the rest (fairness to the other fds of the loop). */
 #define DISPATCH_MAX_FRAMES 16384
 
-enum op_kind { OP_OPEN, OP_ALLOC, OP_SEAL, OP_DELETE, OP_STAT };
-
-struct gpubuf_op {
-    uint64_t id;
-    enum op_kind kind;
-    bool cancelled;
-    bool waits;              /* an open that may wait in the daemon (cancel sends cancel) */
-    gpubuf_done_fn cb;
-    void *user;
-    int result;
-    gpubuf_buffer *view;
-    gpubuf_buffer_info info;
-    char *message;           /* NULL: "" or the code's sentence */
-    UT_hash_handle hh;       /* c->ops, by id: sent, not answered */
-    struct gpubuf_op *next;  /* c->ready (utlist LL, newest first): answered, not delivered */
-};
+#include "async_internal.h"
 
 /* ---- the ready list and the eventfd (c->qlock) ---------------------------- */
 
@@ -72,9 +57,17 @@ void gpubuf__async_fail_all(gpubuf_client *c, int r) {
              msg && *msg ? ": " : "", msg ? msg : "");
     HASH_ITER(hh, c->ops, op, tmp) {
         HASH_DEL(c->ops, op);
+        if (op->kind == OP_PART) {
+            gpubuf__many_part_fail(c, op, r, why); /* the batch completes with its last part */
+            continue;
+        }
         op_set_error(op, r, why);
         op_ready(c, op);
     }
+}
+
+void gpubuf__async_ready(gpubuf_client *c, gpubuf_op *op) {
+    op_ready(c, op);
 }
 
 /* The stream holds bytes read ahead that nobody reads now (lock held): let
@@ -99,6 +92,10 @@ bool gpubuf__async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int
     if (!op)
         return false;
     HASH_DEL(c->ops, op);
+    if (op->kind == OP_PART) {
+        gpubuf__many_part_reply(c, op, resp, fds, n_fds);
+        return true;
+    }
     if (n_fds > 0)
         fd = fds[0];
     for (int i = 1; i < n_fds; i++)
@@ -124,7 +121,7 @@ bool gpubuf__async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int
     }
     if (fd >= 0)
         close(fd);
-    gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf__resp_free(c, resp);
     op_ready(c, op);
     return true;
 }
@@ -158,6 +155,10 @@ static int async_init(gpubuf_client *c) {
     pthread_mutex_unlock(&c->qlock);
     gpubuf__async_watch(c);
     return 0;
+}
+
+int gpubuf__async_init(gpubuf_client *c) {
+    return async_init(c);
 }
 
 /* The socket changed (connect, reconnect; lock held): watch the new one. */
@@ -210,6 +211,18 @@ static void read_available(gpubuf_client *c) {
 
 static void deliver(gpubuf_client *c, gpubuf_op *op) {
     gpubuf_completion done = {.handle = op->id, .user = op->user};
+    if (op->kind == OP_MANY) {
+        gpubuf__many_complete(c, op, &done); /* its result, message and arrays */
+        gpubuf__clear_error();
+        if (done.result != 0)
+            gpubuf__set_error("%s", op->message ? op->message : gpubuf_strerror(done.result));
+        done.message = gpubuf_last_error_message();
+        op->cb(c, &done);
+        gpubuf__many_free(op);
+        free(op->message);
+        free(op);
+        return;
+    }
     if (op->cancelled) {
         gpubuf_release(op->view); /* what it took goes back */
         op->view = NULL;
@@ -313,6 +326,22 @@ static int start(gpubuf_client *c, Gpubuf__Request *req, enum op_kind kind, bool
     return 0;
 }
 
+int gpubuf__async_part(gpubuf_client *c, Gpubuf__Request *req, gpubuf_many *m, bool waits,
+                       size_t *items, size_t n) {
+    uint64_t id;
+    int r = start(c, req, OP_PART, waits, NULL, NULL, &id);
+    if (r < 0) {
+        free(items);
+        return r;
+    }
+    gpubuf_op *op;
+    HASH_FIND(hh, c->ops, &id, sizeof(id), op);
+    op->many = m;
+    op->items = items;
+    op->n_items = n;
+    return 0;
+}
+
 static int locked_start(gpubuf_client *c, Gpubuf__Request *req, enum op_kind kind, bool waits,
                         gpubuf_done_fn cb, void *user, uint64_t *ret) {
     pthread_mutex_lock(&c->lock);
@@ -404,24 +433,39 @@ static int target_start(gpubuf_client *c, const char *what, const char *name, ui
     return locked_start(c, &req, kind, false, cb, user, ret);
 }
 
+void gpubuf__async_send_cancel(gpubuf_client *c, uint64_t id) {
+    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
+    Gpubuf__CancelRequest q = GPUBUF__CANCEL_REQUEST__INIT;
+    if (c->broken)
+        return; /* a lost connection completes the open anyway */
+    /* The daemon answers the open ECANCELED (or has answered it). */
+    q.request_id = id;
+    req.body_case = GPUBUF__REQUEST__BODY_CANCEL;
+    req.cancel = &q;
+    int s = gpubuf__send_async_locked(c, &req);
+    (void)s;
+}
+
 static int cancel_call(gpubuf_client *c, uint64_t handle) {
     gpubuf_op *op;
     int r = 0;
     pthread_mutex_lock(&c->lock);
     HASH_FIND(hh, c->ops, &handle, sizeof(handle), op);
     if (op) {
-        if (!op->cancelled && op->waits && !c->broken) {
-            /* The daemon answers the open ECANCELED (or has answered it). */
-            Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-            Gpubuf__CancelRequest q = GPUBUF__CANCEL_REQUEST__INIT;
-            q.request_id = handle;
-            req.body_case = GPUBUF__REQUEST__BODY_CANCEL;
-            req.cancel = &q;
-            int s = gpubuf__send_async_locked(c, &req);
-            (void)s; /* a lost connection completes the open anyway */
+        if (op->kind == OP_PART) {
+            op = NULL; /* a batch's part is no handle of the caller's */
+        } else {
+            if (!op->cancelled && op->waits)
+                gpubuf__async_send_cancel(c, handle);
+            op->cancelled = true;
         }
-        op->cancelled = true;
-    } else {
+    }
+    if (!op && (r = gpubuf__many_cancel(c, handle)) == 0) {
+        pthread_mutex_unlock(&c->lock);
+        return 0;
+    }
+    if (!op) {
+        r = 0;
         pthread_mutex_lock(&c->qlock);
         LL_FOREACH(c->ready, op) {
             if (op->id == handle)

@@ -244,6 +244,13 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
     return 0;
 }
 
+int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const int *fds,
+                        int n_fds, const size_t *idx, size_t n, size_t n_all, bool read_only,
+                        gpubuf_buffer **ret, int *status, size_t *retry, size_t *ret_n_retry) {
+    batch_call bc = {.c = c, .n = n_all, .status = status};
+    return make_views(&bc, br, fds, n_fds, idx, n, read_only, ret, retry, ret_n_retry);
+}
+
 /* An open or alloc batch: send the items listed in idx (n of them), make
  * views, send those that got EAGAIN again while replies bring slabs. The
  * request is built by build(req, idx, n, mapped, n_mapped, arg). */

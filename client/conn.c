@@ -167,8 +167,15 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n
             goto broken;
 
     uint64_t t_wake = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
-    Gpubuf__Response *resp =
-        gpubuf__response__unpack(NULL, h.length, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE);
+    /* A reply read without blocking is settled before the next is read:
+     * it is unpacked into the connection's arena (reply_arena.c). */
+    ProtobufCAllocator *al = c->nonblock ? gpubuf__arena_take(&c->arena) : NULL;
+    const uint8_t *body = c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE;
+    Gpubuf__Response *resp = al ? gpubuf__reply_fast(&c->arena, body, h.length) : NULL;
+    if (!resp)
+        resp = gpubuf__response__unpack(al, h.length, body);
+    if (al)
+        gpubuf__arena_unpacked(&c->arena, resp);
     if (t_wake && resp) {
         gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_WAKE, t_wake);
         gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_DECODED, 0);
@@ -191,7 +198,7 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n
         /* The fds travel on this frame's first byte: they have been received
          * by the time the frame is complete. */
         if (resp->fds > GPUBUF_WIRE_MAX_FDS || (int)resp->fds > c->n_rfds) {
-            gpubuf__response__free_unpacked(resp, NULL);
+            gpubuf__resp_free(c, resp);
             r = GPUBUF_EPROTOCOL;
             goto broken;
         }
@@ -225,7 +232,7 @@ static void settle_async(gpubuf_client *c, Gpubuf__Response *resp, const int *fd
     if (resp->status < 0 && c->async_error == 0)
         c->async_error = resp->status;
     c->pending--;
-    gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf__resp_free(c, resp);
 }
 
 static int recover(gpubuf_client *c, int r, const Gpubuf__Request *req, bool unsent,
@@ -240,7 +247,7 @@ void gpubuf__settle_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, in
         gpubuf__set_error("%s", resp->message && *resp->message ? resp->message
                                                                   : gpubuf_strerror(resp->status));
         gpubuf__async_fail_all(c, resp->status);
-        gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf__resp_free(c, resp);
         close_fds(fds, n_fds);
         return;
     }
@@ -251,7 +258,7 @@ void gpubuf__settle_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, in
         return;
     }
     /* Nobody asked for it: the stream is out of step. */
-    gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf__resp_free(c, resp);
     close_fds(fds, n_fds);
     c->broken = true;
     gpubuf__set_error("gpubufd sent an unexpected reply");

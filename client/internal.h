@@ -53,6 +53,16 @@ typedef struct gpubuf_held {
     UT_hash_handle hh;
 } gpubuf_held;
 
+/* reply_arena.c: where a reply read by gpubuf_dispatch() is unpacked (one
+ * at a time; what does not fit comes from malloc). */
+typedef struct gpubuf__arena {
+    ProtobufCAllocator alloc;
+    Gpubuf__Response *live; /* the reply unpacked here and not yet freed */
+    size_t used;
+    bool spilled;           /* some of live's fields came from malloc */
+    _Alignas(16) unsigned char block[4096];
+} gpubuf__arena;
+
 /* Reconnecting after the daemon went away (docs/client-api.md, "Restart"). */
 #define GPUBUF_RECONNECT_MS_DEFAULT 10000 /* keep trying that long */
 #define GPUBUF_RECONNECT_FIRST_MS 10      /* first pause, doubling ... */
@@ -106,9 +116,11 @@ struct gpubuf_client {
      * answered; ready (utlist LL, qlock held): answered, not yet delivered. */
     struct gpubuf_op *ops;
     struct gpubuf_op *ready;
+    struct gpubuf_many *manys; /* async_many.c: batches started, not complete (utlist DL; lock) */
     pthread_mutex_t qlock; /* the ready list and the eventfd; taken inside lock */
     int ep, efd;         /* gpubuf_client_fd(): epoll over fd and efd; -1 until asked */
     bool nonblock;       /* read_reply() returns -EAGAIN instead of blocking */
+    gpubuf__arena arena; /* the replies read without blocking (reply_arena.c; lock held) */
     gpubuf_mapping *maps;
     uint32_t n_maps;
     int device;          /* gpubuf_set_device(): context to map into, -1: the memory's GPU */
@@ -292,6 +304,27 @@ void gpubuf__async_watch(gpubuf_client *c);
 void gpubuf__async_close(gpubuf_client *c);
 /* Close the epoll fd and the eventfd (last reference). */
 void gpubuf__async_free(gpubuf_client *c);
+
+/* ---- batch.c ------------------------------------------------------------------ */
+/* Views for the items of an open batch reply br (item k of the reply is item
+ * idx[k] of a call of n_all items): ret[i] and status[i] set (0, or the
+ * item's error), fds consumed; retry[0..*ret_n_retry) the items to send
+ * again (EAGAIN: their slab did not fit). 0, or a protocol error (lock held). */
+int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const int *fds,
+                        int n_fds, const size_t *idx, size_t n, size_t n_all, bool read_only,
+                        gpubuf_buffer **ret, int *status, size_t *retry, size_t *ret_n_retry);
+
+/* ---- reply_arena.c ----------------------------------------------------------- */
+/* The allocator to unpack a reply into, or NULL (malloc) while one is live. */
+ProtobufCAllocator *gpubuf__arena_take(gpubuf__arena *a);
+/* The reply unpacked with the allocator gpubuf__arena_take() gave (or NULL). */
+void gpubuf__arena_unpacked(gpubuf__arena *a, Gpubuf__Response *resp);
+/* reply_fast.c: a reply of the common shape (id, status, message, fds, a
+ * Buffer with its Slab) decoded into the arena as protobuf-c would; NULL:
+ * not that shape (the arena as it was), unpack it with protobuf-c. */
+Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size_t len);
+/* Free a reply, unpacked into the arena or with malloc (lock held). */
+void gpubuf__resp_free(gpubuf_client *c, Gpubuf__Response *resp);
 
 /* ---- conn.c: the stream to the daemon -------------------------------------- */
 /* Send a request whose reply gpubuf__async_reply() takes (lock held): like a

@@ -103,7 +103,10 @@ int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_
         event_import(b);
 #endif
     }
-    snprintf(b->name, sizeof(b->name), "%s", name ? name : "");
+    if (name) { /* cut to the room, as snprintf would (calloc zeroed the rest) */
+        size_t n = strnlen(name, sizeof(b->name) - 1);
+        memcpy(b->name, name, n);
+    }
     b->gen = c->gen;
     gpubuf__held(c, b->id, b->read_only, true);
     atomic_fetch_add(&c->refs, 1);

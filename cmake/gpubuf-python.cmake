@@ -5,8 +5,9 @@
 # GPUBUF_PYTHON_INSTALL_DIR (relative to the install prefix).
 #
 # GPUBUF_WITH_PYTHON: AUTO builds it when the interpreter's Python.h, NumPy and
-# dlpack.h (and pytest, for the tests) are found and no sanitizer is on (a sanitized extension does not
-# load into a plain interpreter); ON requires it; OFF skips it. Choose the
+# dlpack.h (and pytest, for the tests) are found and no sanitizer is on (a sanitized extension
+# loads into a plain interpreter only with the ASan runtime preloaded, which the tests do:
+# python/CMakeLists.txt); ON requires it; OFF skips it. Choose the
 # interpreter with -DPython3_EXECUTABLE=/usr/bin/python3.
 set(GPUBUF_WITH_PYTHON AUTO CACHE STRING "Build the Python package gpubuf (AUTO, ON, OFF)")
 set_property(CACHE GPUBUF_WITH_PYTHON PROPERTY STRINGS AUTO ON OFF)

@@ -652,8 +652,9 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     out_add(c, o->len);
     if (was_empty && !c->corked && c->srv->in_frame && c->srv->in_frame != c) {
         /* A reply another connection's request made (a waiting open it
-         * woke): it leaves once that request is done and its changes are
-         * saved (flush_held). */
+         * woke): it leaves once that request's batch of frames is done and
+         * their changes are saved (flush_held): one write for the answers
+         * of many seals. */
         if (!c->held) {
             c->held = true;
             LL_PREPEND2(c->srv->held, c, held_next);
@@ -670,10 +671,10 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     return 0;
 }
 
-/* Send the replies held while another connection's frame was handled
- * (gd_conn_send_fds): its changes are saved now (the frame callback's
- * gd_state_end). A connection closed meanwhile is still allocated (freed
- * by its close callback). */
+/* Send the replies held while another connection's frames were handled
+ * (gd_conn_send_fds), at the end of that batch of frames: their changes are
+ * saved now (the frame callback's gd_state_end). A connection closed
+ * meanwhile is still allocated (freed by its close callback). */
 static void flush_held(gd_server *srv) {
     while (srv->held) {
         gd_conn *h = srv->held;
@@ -722,7 +723,7 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
             if (c->srv->cb.on_bad_frame)
                 c->srv->cb.on_bad_frame(c->user, r);
             conn_end(c, GD_CLOSE_BAD_FRAME);
-            return -1;
+            break;
         }
         if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
             break;
@@ -730,13 +731,16 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
         r = c->srv->cb.on_frame(c->user, c->in + pos + GPUBUF_WIRE_HEADER_SIZE, h.length,
                                 c->srv->trace_woke_ns, c->srv->trace_read_ns);
         c->srv->in_frame = NULL;
-        if (c->srv->held)
-            flush_held(c->srv);
         if (r == -EAGAIN)
             break; /* held back until the reply memory has room (mem_wait) */
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;
     }
+    /* The replies these frames gave other connections (woken opens) leave
+     * now, one write per connection for the whole batch rather than one
+     * per frame: every frame's changes are saved by now. */
+    if (c->srv->held)
+        flush_held(c->srv);
     if (pos) {
         memmove(c->in, c->in + pos, c->in_len - pos);
         c->in_len -= pos;

@@ -813,6 +813,13 @@ typedef struct gpubuf_completion {
     gpubuf_buffer_info info;  /* stat: the buffer; zero otherwise */
     void *user;               /* as given to the _start call */
     const char *message;      /* "" on success, else the sentence (also the thread's message) */
+    /* gpubuf_open_many_start: result is the number of items that failed (0:
+     * all opened), or -ECANCELED; views[i] is item i's root view (NULL for a
+     * failed item; the views are yours to release, the arrays live for the
+     * callback), statuses[i] its result. 0 and NULL for other requests. */
+    size_t n;
+    gpubuf_buffer *const *views;
+    const int *statuses;
 } gpubuf_completion;
 
 /* Called by gpubuf_dispatch() on its thread, without the connection's lock:
@@ -852,6 +859,17 @@ GPUBUF_EXTERN int gpubuf_delete_start(gpubuf_client *c, const char *name, uint64
 GPUBUF_EXTERN int gpubuf_stat_start(gpubuf_client *c, const char *name, uint64_t id,
                                     const gpubuf_lookup *o, gpubuf_done_fn cb, void *user,
                                     uint64_t *ret);
+/* Open n buffers by names[i] (names not NULL; plain or "/POOL/NAME") or
+ * else by ids[i], in batch requests as gpubuf_open_many(), with one
+ * completion for them all (its n, views, statuses). o: flags
+ * GPUBUF_OPEN_READONLY; timeout_ms as gpubuf_open_with(): 0 (or o NULL) no
+ * waiting (an item not sealed yet fails with -ENOENT), else items not sealed
+ * yet wait, each with a waiting open, until one deadline for all (< 0:
+ * forever), then fail with -ETIMEDOUT; o->pool must be NULL. Cancelling the
+ * handle ends the waits and gives every view back. */
+GPUBUF_EXTERN int gpubuf_open_many_start(gpubuf_client *c, size_t n, const char *const *names,
+                                         const uint64_t *ids, const gpubuf_lookup *o,
+                                         gpubuf_done_fn cb, void *user, uint64_t *ret);
 
 #ifdef __cplusplus
 }

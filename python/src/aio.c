@@ -1,4 +1,5 @@
-/* asyncio: Client.open_async, open_id_async, alloc_async, seal_async. Each
+/* asyncio: Client.open_async, open_id_async, alloc_async, seal_async,
+ * open_many_async. Each
  * starts its request (gpubuf_*_start) and returns an asyncio Future of the
  * running loop; the client's fd is watched with loop.add_reader, whose
  * callback (Client._dispatch) calls gpubuf_dispatch(), which resolves the
@@ -47,7 +48,22 @@ typedef struct aio_req {
     PyObject *fut;
     GpubufClient *client;
     bool want_view; /* open, alloc: the result is a Buffer; seal: None */
+    bool many;      /* open_many: a list of Buffers and exceptions */
 } aio_req;
+
+/* A batch's result list (views taken), or NULL with an exception. */
+static PyObject *many_result(GpubufClient *client, const gpubuf_completion *d) {
+    gpubuf_buffer **views = PyMem_Calloc(d->n + 1, sizeof(*views));
+    if (!views) {
+        for (size_t i = 0; i < d->n; i++)
+            gpubufpy_view_drop(d->views[i], client->pid);
+        return PyErr_NoMemory();
+    }
+    memcpy(views, d->views, d->n * sizeof(*views));
+    PyObject *out = results_list(client, views, d->statuses, d->n);
+    PyMem_Free(views);
+    return out;
+}
 
 /* gpubuf_dispatch() calls this, on the loop's thread (or in close()). */
 static void on_done(gpubuf_client *c, const gpubuf_completion *d) {
@@ -59,15 +75,19 @@ static void on_done(gpubuf_client *c, const gpubuf_completion *d) {
     PyObject *r = NULL;
     (void)c;
     if (is_done != 0) {
-        /* Cancelled meanwhile: the view goes back. */
+        /* Cancelled meanwhile: the views go back. */
         gpubufpy_view_drop(d->view, q->client->pid);
+        for (size_t i = 0; i < d->n; i++)
+            gpubufpy_view_drop(d->views[i], q->client->pid);
     } else if (d->result < 0) {
         PyObject *e = error_object(d->result, d->message);
         if (e)
             r = PyObject_CallMethod(q->fut, "set_exception", "O", e);
         Py_XDECREF(e);
     } else {
-        PyObject *v = q->want_view ? gpubufpy_buffer_new(q->client, d->view) : Py_NewRef(Py_None);
+        PyObject *v = q->many        ? many_result(q->client, d)
+                      : q->want_view ? gpubufpy_buffer_new(q->client, d->view)
+                                     : Py_NewRef(Py_None);
         if (v)
             r = PyObject_CallMethod(q->fut, "set_result", "O", v);
         Py_XDECREF(v);
@@ -324,4 +344,38 @@ PyObject *gpubufpy_aio_seal(GpubufClient *self, PyObject *args, PyObject *kw) {
         r = gpubuf_seal_start(b->b, on_done, q, &h);
     Py_END_ALLOW_THREADS
     return finish(self, q, r, h);
+}
+
+PyObject *gpubufpy_aio_open_many(GpubufClient *self, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"targets", "timeout", "readonly", NULL};
+    PyObject *seq, *fast = NULL, *timeout = Py_None;
+    const char **names = NULL;
+    uint64_t *ids = NULL;
+    size_t n = 0;
+    int ro = 0;
+    gpubuf_lookup o = {0};
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$Op:open_many_async", kwlist, &seq, &timeout,
+                                     &ro))
+        return NULL;
+    if ((o.timeout_ms = timeout_arg(timeout)) == -2)
+        return NULL;
+    o.flags = ro ? GPUBUF_OPEN_READONLY : 0;
+    if (targets_arg(seq, &fast, &names, &ids, &n) < 0)
+        return NULL;
+    aio_req *q = begin(self, true);
+    PyObject *out = NULL;
+    if (q) {
+        uint64_t h = 0;
+        int r;
+        q->many = true;
+        /* The call copies the names: they may go with fast after it. */
+        Py_BEGIN_ALLOW_THREADS
+            r = gpubuf_open_many_start(self->c, n, names, names ? NULL : ids, &o, on_done, q, &h);
+        Py_END_ALLOW_THREADS
+        out = finish(self, q, r, h);
+    }
+    free(names);
+    free(ids);
+    Py_XDECREF(fast);
+    return out;
 }

@@ -96,11 +96,19 @@ int gpubufpy_meta_args(PyObject *dtype, PyObject *shape, PyObject *strides,
                        unsigned long long byte_offset, PyObject *user, PyObject *ttl,
                        gpubuf_layout *layout, Py_buffer *user_buf, gpubuf_meta *ret);
 
+/* module.c: the items of a batch call (names or ids, malloc'ed; *ret_fast
+ * holds them), and its results as a list of Buffers and exceptions (the
+ * views are taken: entries become NULL). */
+int targets_arg(PyObject *seq, PyObject **ret_fast, const char ***names, uint64_t **ids,
+                size_t *n);
+PyObject *results_list(GpubufClient *self, gpubuf_buffer **views, const int *st, size_t n);
+
 /* aio.c: the asyncio methods of Client, and forgetting the loop at close. */
 PyObject *gpubufpy_aio_open(GpubufClient *self, PyObject *args, PyObject *kw);
 PyObject *gpubufpy_aio_open_id(GpubufClient *self, PyObject *args, PyObject *kw);
 PyObject *gpubufpy_aio_alloc(GpubufClient *self, PyObject *args, PyObject *kw);
 PyObject *gpubufpy_aio_seal(GpubufClient *self, PyObject *args, PyObject *kw);
+PyObject *gpubufpy_aio_open_many(GpubufClient *self, PyObject *args, PyObject *kw);
 PyObject *gpubufpy_aio_dispatch(GpubufClient *self, PyObject *unused);
 void gpubufpy_aio_close(GpubufClient *self);
 #define GPUBUFPY_AIO_METHODS                                                                       \
@@ -116,6 +124,10 @@ void gpubufpy_aio_close(GpubufClient *self);
         {"seal_async", (PyCFunction)(void (*)(void))gpubufpy_aio_seal,                            \
          METH_VARARGS | METH_KEYWORDS,                                                            \
          "seal_async(buffer) -> awaitable None: seal, the daemon's answer awaited"},              \
+        {"open_many_async", (PyCFunction)(void (*)(void))gpubufpy_aio_open_many,                  \
+         METH_VARARGS | METH_KEYWORDS,                                                            \
+         "open_many_async(targets, *, timeout=None, readonly=False) -> awaitable list\n\n"        \
+         "open_many() for asyncio: names or ids; items not sealed yet wait (one deadline)."},     \
     {                                                                                              \
         "_dispatch", (PyCFunction)gpubufpy_aio_dispatch, METH_NOARGS,                              \
             "deliver the completions that wait (the asyncio reader callback)"                      \

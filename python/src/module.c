@@ -639,8 +639,8 @@ static PyObject *item_exception(int r) {
 
 /* The items of seq: names (str) or ids (int), all of one kind. Fills
  * names or ids (n entries, malloc'ed); -1 with an exception set. */
-static int targets_arg(PyObject *seq, PyObject **ret_fast, const char ***names, uint64_t **ids,
-                       size_t *n) {
+int targets_arg(PyObject *seq, PyObject **ret_fast, const char ***names, uint64_t **ids,
+                size_t *n) {
     PyObject *fast = PySequence_Fast(seq, "expected a sequence of names or of ids");
     if (!fast)
         return -1;
@@ -678,8 +678,7 @@ fail:
 
 /* A list of n results: Buffer objects for views, exceptions for failures
  * (views may be NULL: None for successes). */
-static PyObject *results_list(GpubufClient *self, gpubuf_buffer **views, const int *st,
-                              size_t n) {
+PyObject *results_list(GpubufClient *self, gpubuf_buffer **views, const int *st, size_t n) {
     PyObject *out = PyList_New((Py_ssize_t)n);
     for (size_t i = 0; out && i < n; i++) {
         PyObject *o;

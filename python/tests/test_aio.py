@@ -106,6 +106,41 @@ def test_taskgroup(daemon):
     asyncio.run(main())
 
 
+def test_open_many_async(daemon):
+    async def main():
+        with gpubuf.Client(daemon.socket) as c, gpubuf.Client(daemon.socket) as p:
+            names = [f"aio/many.{i}" for i in range(40)]
+            for i in range(20):  # half sealed before, half after the start
+                produce(p, names[i], bytes([i]) * 8).release()
+            t = asyncio.ensure_future(c.open_many_async(names + ["/nopool/x"], timeout=30))
+            await asyncio.sleep(0)
+            for i in range(20, 40):
+                produce(p, names[i], bytes([i]) * 8).release()
+            got = await t
+            assert len(got) == 41 and isinstance(got[40], gpubuf.Error)
+            for i, b in enumerate(got[:40]):
+                assert b.name == names[i] and b.to_pybytes() == bytes([i]) * 8
+                b.release()
+            # By id, no waiting: an unknown id fails alone.
+            q = produce(p, "aio/many.id", b"q" * 4)
+            got = await c.open_many_async([q.id, 999999], timeout=0, readonly=True)
+            assert got[0].to_pybytes() == b"q" * 4 and isinstance(got[1], gpubuf.NotFoundError)
+            got[0].release()
+            q.release()
+            # Cancelled while items wait: the waits and the views go.
+            t = asyncio.ensure_future(c.open_many_async([names[0], "aio/many.never"]))
+            await asyncio.sleep(0)
+            settled(c)
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(t, 0.2)
+            settled(c)  # the daemon ended the wait; its answer was read by this call
+            c._dispatch()  # the batch completes: its view goes back
+            c.flush()
+            assert buffer_refs(c, names[0]) == 0
+
+    asyncio.run(main())
+
+
 def test_ten_thousand_awaits_on_one_loop(daemon):
     n = 10000
 

@@ -131,3 +131,49 @@ def test_from_dlpack_gets_the_producers_dtype_and_shape(gpu_daemon, producer, dt
         assert st["user_data"] == producer.encode()
         c.delete(name)
 
+
+
+ASYNC_MANY = r"""
+import asyncio, sys
+import gpubuf
+
+async def main(pool):
+    with gpubuf.Client() as c, gpubuf.Client() as p:
+        names = [f"gpu/many.{pool}.{i}" for i in range(64)]
+        made = []
+        def produce(i):
+            b = p.alloc(4096, names[i], pool=pool)
+            b.copy_from_host(bytes([i]) * 4096)
+            b.seal()
+            made.append(b)
+        for i in range(32):  # half sealed before the start, half after
+            produce(i)
+        p.flush()
+        t = asyncio.ensure_future(c.open_many_async([f"/{pool}/{n}" for n in names], timeout=60))
+        await asyncio.sleep(0)
+        c.status()  # the batch is answered and its waits started once dispatched
+        for i in range(32, 64):
+            produce(i)
+        p.flush()
+        got = await t
+        for i, b in enumerate(got):
+            assert not isinstance(b, Exception), (i, b)
+            assert b.to_pybytes() == bytes([i]) * 4096, i
+            b.release()
+        for b in made:
+            b.release()
+    print("ok", pool)
+
+asyncio.run(main(sys.argv[1]))
+"""
+
+
+@pytest.mark.parametrize("pool", ["gpu0", "vmm"])
+def test_open_many_async_on_cuda_pools(gpu_daemon, pool):
+    """open_many_async on cuda-ipc and cuda-vmm pools (IPC handles and fds in
+    batch replies, waits for the items sealed after the start), in a process
+    of its own."""
+    r = subprocess.run([sys.executable, "-c", ASYNC_MANY, pool], env=env_for(gpu_daemon),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=180)
+    print(r.stdout)
+    assert r.returncode == 0 and f"ok {pool}" in r.stdout, r.stdout

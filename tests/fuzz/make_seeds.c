@@ -2,7 +2,8 @@
  * then every request type) for the target "daemon". make_seeds --state DIR:
  * saved states the daemon's own code wrote, in the input format of the
  * target "state" (fuzz_state.c), and one with ids and counts at their
- * limits. */
+ * limits. make_seeds --reply DIR: replies as the daemon answers opens
+ * (target "reply", fuzz_reply.c). */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -257,11 +258,81 @@ static void state_seeds(const char *dir) {
     uv_loop_close(&loop);
 }
 
+/* ---- replies (target "reply") ------------------------------------------ */
+
+/* Errors, and buffers as opens, allocs and stats get them: with and
+ * without a slab, CUDA handles, a seal event, user bytes and a lease, a
+ * layout (which the fast decoder leaves to protobuf-c). */
+static void reply_seeds(const char *dir) {
+    static uint8_t ev[64], uuid[16], ipc[64], user[40], out[1024];
+    memset(ev, 7, sizeof(ev));
+    memset(uuid, 9, sizeof(uuid));
+    memset(ipc, 3, sizeof(ipc));
+    memset(user, 5, sizeof(user));
+    for (int i = 0; i < 12; i++) {
+        Gpubuf__Response r = GPUBUF__RESPONSE__INIT;
+        Gpubuf__Buffer b = GPUBUF__BUFFER__INIT;
+        Gpubuf__Slab s = GPUBUF__SLAB__INIT;
+        Gpubuf__ArrayLayout l = GPUBUF__ARRAY_LAYOUT__INIT;
+        char name[32];
+        r.id = 1000 + (uint64_t)i * 77777;
+        if (i == 1 || i == 2) {
+            r.status = i == 1 ? -2 : -11;
+            r.message = (char *)"no such buffer";
+        } else if (i >= 3) {
+            r.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
+            r.buffer = &b;
+            b.buffer_id = 42 + (uint64_t)i;
+            b.name = (char *)"frame.123";
+            b.pool = (char *)"gpu0";
+            b.size = 256u << i;
+            b.offset = 4096u * (uint64_t)i;
+            b.state = GPUBUF__BUFFER_STATE__BUFFER_STATE_SEALED;
+            b.refs = 3;
+            b.owner_uid = 1000;
+            b.slab_id = 7;
+            b.read_only = i % 2;
+            if (i != 5) {
+                b.slab = &s;
+                s.slab_id = 7;
+                s.kind = (Gpubuf__PoolKind)(1 + i % 3);
+                s.device = i % 3 == 0 ? -1 : 0;
+                s.size = 64u << 20;
+                s.keepable = 1;
+            }
+            if (i == 6) {
+                b.event_handle = (ProtobufCBinaryData){sizeof(ev), ev};
+                s.device_uuid = (ProtobufCBinaryData){sizeof(uuid), uuid};
+                s.ipc_handle = (ProtobufCBinaryData){sizeof(ipc), ipc};
+            }
+            if (i == 7) {
+                b.user_data = (ProtobufCBinaryData){sizeof(user), user};
+                b.lease_left_ms = 5000;
+                b.lease_ttl_ms = 60000;
+            }
+            r.fds = i == 8;
+            b.restored = i == 8;
+            if (i == 9) {
+                b.layout = &l;
+                l.dtype_code = 2;
+                l.dtype_bits = 32;
+                l.dtype_lanes = 1;
+            }
+        }
+        snprintf(name, sizeof(name), "reply_%02d", i);
+        save(dir, name, out, gpubuf__response__pack(&r, out));
+    }
+}
+
 int main(int argc, char **argv) {
     uint8_t b[4096];
     size_t n;
     if (argc == 3 && strcmp(argv[1], "--state") == 0) {
         state_seeds(argv[2]);
+        return 0;
+    }
+    if (argc == 3 && strcmp(argv[1], "--reply") == 0) {
+        reply_seeds(argv[2]);
         return 0;
     }
     if (argc != 2)

@@ -1,0 +1,224 @@
+/* libgpubuf-client: the replies an event loop reads most, decoded without
+ * protobuf-c's generic unpack. A Response whose fields are id, status,
+ * message, fds and a Buffer (with a Slab) is what every woken open, alloc,
+ * seal and stat answer is; protobuf-c's unpack of it costs about 4,300
+ * instructions (docs/performance.md, "Asynchronous opens"), this one a tenth.
+ * It builds the very structs protobuf-c builds, in the connection's arena
+ * (reply_arena.c), and declines (NULL) whatever is not that shape: another
+ * body, a layout, a field it does not know, a field twice, a wire type that
+ * does not match, a block too small. protobuf-c then decodes it as before,
+ * so a declined reply means nothing but the slower path.
+ * tests/test_reply_fast.c checks it against protobuf-c on generated and
+ * mutated replies. */
+#include <string.h>
+
+#include "internal.h"
+
+typedef struct rd {
+    const uint8_t *p, *end;
+    gpubuf__arena *a;
+} rd;
+
+/* Room in the arena; NULL when the block is full (no spill: decline). */
+static void *take(rd *r, size_t size) {
+    gpubuf__arena *a = r->a;
+    size = (size + 15u) & ~(size_t)15u;
+    if (size > sizeof(a->block) - a->used)
+        return NULL;
+    void *p = a->block + a->used;
+    a->used += size;
+    return p;
+}
+
+static bool varint_long(rd *r, uint64_t *v);
+
+/* Most varints of a reply are one byte (tags, small numbers, flags). */
+static inline bool varint(rd *r, uint64_t *v) {
+    if (r->p < r->end && *r->p < 0x80) {
+        *v = *r->p++;
+        return true;
+    }
+    return varint_long(r, v);
+}
+
+static bool varint_long(rd *r, uint64_t *v) {
+    uint64_t x = 0;
+    for (unsigned shift = 0; shift < 64 && r->p < r->end; shift += 7) {
+        uint8_t b = *r->p++;
+        if (shift == 63 && (b & 0x7e))
+            return false; /* bits past 64: left to protobuf-c */
+        x |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = x;
+            return true;
+        }
+    }
+    return false; /* truncated, or longer than 10 bytes */
+}
+
+/* A length-delimited field: its bytes [*ret, *ret + *len). */
+static bool span(rd *r, const uint8_t **ret, size_t *len) {
+    uint64_t n;
+    if (!varint(r, &n) || n > (uint64_t)(r->end - r->p))
+        return false;
+    *ret = r->p;
+    *len = (size_t)n;
+    r->p += n;
+    return true;
+}
+
+static bool str(rd *r, char **out) {
+    const uint8_t *s;
+    size_t n;
+    char *c;
+    if (!span(r, &s, &n) || !(c = take(r, n + 1)))
+        return false;
+    memcpy(c, s, n);
+    c[n] = 0;
+    *out = c;
+    return true;
+}
+
+static bool bytes(rd *r, ProtobufCBinaryData *out) {
+    const uint8_t *s;
+    size_t n;
+    if (!span(r, &s, &n))
+        return false;
+    out->len = n;
+    out->data = NULL;
+    if (n > 0) {
+        if (!(out->data = take(r, n)))
+            return false;
+        memcpy(out->data, s, n);
+    }
+    return true;
+}
+
+/* The next field's number and wire type; false at the end. Each number
+ * once (seen: a bit per field number below 64; above: declined). */
+static inline bool tag(rd *r, uint32_t *field, uint32_t *wt, uint64_t *seen, bool *bad) {
+    uint64_t t;
+    if (r->p == r->end)
+        return false;
+    if (!varint(r, &t) || (t >> 3) == 0 || (t >> 3) >= 64 || (*seen >> (t >> 3) & 1)) {
+        *bad = true;
+        return false;
+    }
+    *seen |= 1ull << (t >> 3);
+    *field = (uint32_t)(t >> 3);
+    *wt = (uint32_t)(t & 7);
+    return true;
+}
+
+enum { WT_VARINT = 0, WT_LEN = 2 };
+
+static bool slab(rd *r, Gpubuf__Slab *m) {
+    uint64_t seen = 0, v = 0;
+    uint32_t f, wt;
+    bool bad = false;
+    while (!bad && tag(r, &f, &wt, &seen, &bad)) {
+        if (wt != (f == 4 || f == 6 ? WT_LEN : WT_VARINT))
+            return false;
+        switch (f) {
+        case 1: bad = !varint(r, &v), m->slab_id = v; break;
+        case 2: bad = !varint(r, &v), m->kind = (Gpubuf__PoolKind)(int32_t)v; break;
+        case 3: bad = !varint(r, &v), m->device = (int32_t)v; break;
+        case 4: bad = !bytes(r, &m->device_uuid); break;
+        case 5: bad = !varint(r, &v), m->size = v; break;
+        case 6: bad = !bytes(r, &m->ipc_handle); break;
+        case 7: bad = !varint(r, &v), m->keepable = v != 0; break;
+        case 8: bad = !varint(r, &v), m->read_only = v != 0; break;
+        default: return false;
+        }
+    }
+    return !bad;
+}
+
+static bool buffer(rd *r, Gpubuf__Buffer *m) {
+    uint64_t seen = 0, v = 0;
+    uint32_t f, wt;
+    bool bad = false;
+    while (!bad && tag(r, &f, &wt, &seen, &bad)) {
+        bool len = f == 2 || f == 3 || f == 8 || f == 11 || f == 14;
+        if (wt != (len ? WT_LEN : WT_VARINT))
+            return false;
+        switch (f) {
+        case 1: bad = !varint(r, &v), m->buffer_id = v; break;
+        case 2: bad = !str(r, &m->name); break;
+        case 3: bad = !str(r, &m->pool); break;
+        case 4: bad = !varint(r, &v), m->size = v; break;
+        case 5: bad = !varint(r, &v), m->offset = v; break;
+        case 6: bad = !varint(r, &v), m->state = (Gpubuf__BufferState)(int32_t)v; break;
+        case 7: bad = !varint(r, &v), m->refs = (uint32_t)v; break;
+        case 8: {
+            rd sub = {.a = r->a};
+            size_t n;
+            Gpubuf__Slab *s = take(r, sizeof(*s));
+            if (!s || !span(r, &sub.p, &n))
+                return false;
+            sub.end = sub.p + n;
+            *s = (Gpubuf__Slab)GPUBUF__SLAB__INIT;
+            bad = !slab(&sub, s);
+            m->slab = s;
+            break;
+        }
+        case 9: bad = !varint(r, &v), m->owner_uid = (uint32_t)v; break;
+        case 10: bad = !varint(r, &v), m->slab_id = v; break;
+        case 11: bad = !bytes(r, &m->event_handle); break;
+        case 12: bad = !varint(r, &v), m->read_only = v != 0; break;
+        case 14: bad = !bytes(r, &m->user_data); break;
+        case 15: bad = !varint(r, &v), m->lease_left_ms = v; break;
+        case 16: bad = !varint(r, &v), m->lease_ttl_ms = v; break;
+        case 17: bad = !varint(r, &v), m->restored = v != 0; break;
+        default: return false; /* 13 (a layout) and anything newer */
+        }
+    }
+    return !bad;
+}
+
+static bool response(rd *r, Gpubuf__Response *m) {
+    uint64_t seen = 0, v = 0;
+    uint32_t f, wt;
+    bool bad = false;
+    while (!bad && tag(r, &f, &wt, &seen, &bad)) {
+        if (wt != (f == 3 || f == 11 ? WT_LEN : WT_VARINT))
+            return false;
+        switch (f) {
+        case 1: bad = !varint(r, &v), m->id = v; break;
+        case 2:
+            bad = !varint(r, &v);
+            m->status = (int32_t)((uint32_t)v >> 1) ^ -(int32_t)((uint32_t)v & 1);
+            break;
+        case 3: bad = !str(r, &m->message); break;
+        case 4: bad = !varint(r, &v), m->fds = (uint32_t)v; break;
+        case 11: {
+            rd sub = {.a = r->a};
+            size_t n;
+            Gpubuf__Buffer *b = take(r, sizeof(*b));
+            if (!b || !span(r, &sub.p, &n))
+                return false;
+            sub.end = sub.p + n;
+            *b = (Gpubuf__Buffer)GPUBUF__BUFFER__INIT;
+            bad = !buffer(&sub, b);
+            m->body_case = GPUBUF__RESPONSE__BODY_BUFFER;
+            m->buffer = b;
+            break;
+        }
+        default: return false; /* the other bodies, anything newer */
+        }
+    }
+    return !bad;
+}
+
+Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size_t len) {
+    rd r = {.p = data, .end = data + len, .a = a};
+    size_t used = a->used;
+    Gpubuf__Response *m = take(&r, sizeof(*m));
+    if (m) {
+        *m = (Gpubuf__Response)GPUBUF__RESPONSE__INIT;
+        if (response(&r, m))
+            return m;
+    }
+    a->used = used; /* declined: what it took goes back */
+    return NULL;
+}

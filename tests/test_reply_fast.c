@@ -1,0 +1,218 @@
+/* The decoder of common replies (client/reply_fast.c) against protobuf-c:
+ * on replies packed by protobuf-c with every field of Response, Buffer and
+ * Slab in turn, and on those replies cut, flipped and spliced, whatever it
+ * accepts protobuf-c accepts, field for field the same; what it declines
+ * protobuf-c still decodes (the slower path). */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_main.h"
+#include "internal.h"
+
+static uint64_t rnd64(void) {
+    return (uint64_t)rand() << 40 ^ (uint64_t)rand() << 20 ^ (uint64_t)rand();
+}
+
+/* Small or large, at random: varints of 1 to 10 bytes. */
+static uint64_t some(void) {
+    switch (rand() % 4) {
+    case 0: return 0;
+    case 1: return (uint64_t)(rand() % 128);
+    case 2: return (uint64_t)(rand() % 100000);
+    default: return rnd64();
+    }
+}
+
+static char g_str[3][300];
+static uint8_t g_bytes[4][80];
+
+static char *some_str(int k) {
+    int n = rand() % 3 == 0 ? 0 : rand() % 280;
+    for (int i = 0; i < n; i++)
+        g_str[k][i] = (char)(rand() % 2 ? 'a' + rand() % 26 : 1 + rand() % 255);
+    g_str[k][n] = 0;
+    return g_str[k];
+}
+
+static ProtobufCBinaryData some_bytes(int k) {
+    ProtobufCBinaryData d = {0, NULL};
+    if (rand() % 3) {
+        d.len = (size_t)(rand() % 80);
+        for (size_t i = 0; i < d.len; i++)
+            g_bytes[k][i] = (uint8_t)rand();
+        d.data = d.len ? g_bytes[k] : NULL;
+    }
+    return d;
+}
+
+/* A reply with some of its fields set, packed; *len its size. */
+static uint8_t *make_reply(size_t *len) {
+    Gpubuf__Response r = GPUBUF__RESPONSE__INIT;
+    Gpubuf__Buffer b = GPUBUF__BUFFER__INIT;
+    Gpubuf__Slab s = GPUBUF__SLAB__INIT;
+    Gpubuf__ArrayLayout l = GPUBUF__ARRAY_LAYOUT__INIT;
+    r.id = some();
+    r.status = rand() % 2 ? 0 : -(rand() % 2000);
+    if (rand() % 3 == 0)
+        r.message = some_str(0);
+    r.fds = (uint32_t)(rand() % 3);
+    if (rand() % 5) {
+        r.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
+        r.buffer = &b;
+        b.buffer_id = some();
+        b.name = some_str(1);
+        b.pool = some_str(2);
+        b.size = some();
+        b.offset = some();
+        b.state = (Gpubuf__BufferState)(rand() % 4);
+        b.refs = (uint32_t)some();
+        b.owner_uid = (uint32_t)some();
+        b.slab_id = some();
+        b.event_handle = some_bytes(0);
+        b.read_only = rand() % 2;
+        b.restored = rand() % 2;
+        b.user_data = some_bytes(1);
+        b.lease_left_ms = some();
+        b.lease_ttl_ms = some();
+        if (rand() % 8 == 0)
+            b.layout = &l; /* declined: left to protobuf-c */
+        if (rand() % 4) {
+            b.slab = &s;
+            s.slab_id = some();
+            s.kind = (Gpubuf__PoolKind)(rand() % 4);
+            s.device = rand() % 2 ? -1 : rand() % 8;
+            s.device_uuid = some_bytes(2);
+            s.size = some();
+            s.ipc_handle = some_bytes(3);
+            s.keepable = rand() % 2;
+            s.read_only = rand() % 2;
+        }
+    }
+    *len = gpubuf__response__get_packed_size(&r);
+    uint8_t *out = malloc(*len + 1);
+    ck_assert_ptr_nonnull(out);
+    gpubuf__response__pack(&r, out);
+    return out;
+}
+
+static void same_bytes(ProtobufCBinaryData a, ProtobufCBinaryData b) {
+    ck_assert_uint_eq(a.len, b.len);
+    if (a.len)
+        ck_assert_int_eq(memcmp(a.data, b.data, a.len), 0);
+}
+
+static void same(const Gpubuf__Response *f, const Gpubuf__Response *p) {
+    ck_assert_uint_eq(f->id, p->id);
+    ck_assert_int_eq(f->status, p->status);
+    ck_assert_str_eq(f->message, p->message);
+    ck_assert_uint_eq(f->fds, p->fds);
+    ck_assert_int_eq(f->body_case, p->body_case);
+    if (f->body_case != GPUBUF__RESPONSE__BODY_BUFFER)
+        return;
+    const Gpubuf__Buffer *a = f->buffer, *b = p->buffer;
+    ck_assert_uint_eq(a->buffer_id, b->buffer_id);
+    ck_assert_str_eq(a->name, b->name);
+    ck_assert_str_eq(a->pool, b->pool);
+    ck_assert_uint_eq(a->size, b->size);
+    ck_assert_uint_eq(a->offset, b->offset);
+    ck_assert_int_eq(a->state, b->state);
+    ck_assert_uint_eq(a->refs, b->refs);
+    ck_assert_uint_eq(a->owner_uid, b->owner_uid);
+    ck_assert_uint_eq(a->slab_id, b->slab_id);
+    same_bytes(a->event_handle, b->event_handle);
+    ck_assert_int_eq(a->read_only, b->read_only);
+    ck_assert_int_eq(a->restored, b->restored);
+    ck_assert_ptr_null(a->layout);
+    ck_assert_ptr_null(b->layout);
+    same_bytes(a->user_data, b->user_data);
+    ck_assert_uint_eq(a->lease_left_ms, b->lease_left_ms);
+    ck_assert_uint_eq(a->lease_ttl_ms, b->lease_ttl_ms);
+    ck_assert_int_eq(a->slab == NULL, b->slab == NULL);
+    if (!a->slab)
+        return;
+    const Gpubuf__Slab *s = a->slab, *t = b->slab;
+    ck_assert_uint_eq(s->slab_id, t->slab_id);
+    ck_assert_int_eq(s->kind, t->kind);
+    ck_assert_int_eq(s->device, t->device);
+    same_bytes(s->device_uuid, t->device_uuid);
+    ck_assert_uint_eq(s->size, t->size);
+    same_bytes(s->ipc_handle, t->ipc_handle);
+    ck_assert_int_eq(s->keepable, t->keepable);
+    ck_assert_int_eq(s->read_only, t->read_only);
+}
+
+static gpubuf__arena A;
+
+/* Decode data both ways: what the fast path accepts must agree. */
+static int check_one(const uint8_t *data, size_t len) {
+    A.used = 0;
+    A.live = NULL;
+    Gpubuf__Response *f = gpubuf__reply_fast(&A, data, len);
+    Gpubuf__Response *p = gpubuf__response__unpack(NULL, len, data);
+    if (f) {
+        ck_assert_msg(p != NULL, "the fast path accepted %zu bytes protobuf-c refuses", len);
+        same(f, p);
+    } else {
+        ck_assert_uint_eq(A.used, 0); /* declined: the arena as it was */
+    }
+    if (p)
+        gpubuf__response__free_unpacked(p, NULL);
+    return f != NULL;
+}
+
+START_TEST(fast_replies_equal_protobuf_c) {
+    int accepted = 0, declined = 0;
+    srand(23);
+    for (int i = 0; i < 20000; i++) {
+        size_t len;
+        uint8_t *d = make_reply(&len);
+        if (check_one(d, len))
+            accepted++;
+        else
+            declined++;
+        free(d);
+    }
+    /* Most are the common shape; those with a layout or another body are not. */
+    ck_assert_int_gt(accepted, 10000);
+    ck_assert_int_gt(declined, 500);
+}
+END_TEST
+
+START_TEST(mutated_replies_never_disagree) {
+    srand(24);
+    for (int i = 0; i < 30000; i++) {
+        size_t len;
+        uint8_t *d = make_reply(&len);
+        switch (i % 4) {
+        case 0: len = len ? (size_t)rand() % len : 0; break; /* cut */
+        case 1:
+            for (int k = 0; len && k < 1 + rand() % 3; k++)
+                d[rand() % len] ^= (uint8_t)(1u << (rand() % 8));
+            break;
+        case 2:
+            if (len)
+                d[rand() % len] = (uint8_t)rand();
+            break;
+        default: /* a field repeated: the reply twice */
+        {
+            uint8_t *two = malloc(2 * len + 1);
+            memcpy(two, d, len);
+            memcpy(two + len, d, len);
+            free(d);
+            d = two;
+            len *= 2;
+        }
+        }
+        check_one(d, len);
+        free(d);
+    }
+}
+END_TEST
+
+int main(void) {
+    Suite *s = suite_create("reply_fast");
+    TCase *t = add_case(s, "decode", NULL, NULL, 0);
+    add_tests(t, fast_replies_equal_protobuf_c, mutated_replies_never_disagree);
+    return run_suite(s);
+}
