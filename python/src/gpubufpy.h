@@ -96,7 +96,22 @@ int gpubufpy_meta_args(PyObject *dtype, PyObject *shape, PyObject *strides,
                        unsigned long long byte_offset, PyObject *user, PyObject *ttl,
                        gpubuf_layout *layout, Py_buffer *user_buf, gpubuf_meta *ret);
 
-/* module.c: the items of a batch call (names or ids, malloc'ed; *ret_fast
+/* module.c: run op(c, arg) on self's connection without the GIL, raising
+ * its error (0, or -1 with an exception set); a name argument (str) as
+ * UTF-8 (NULL with an exception set); a timeout in seconds as ms (None: 0; -1 for
+ * forever, -2 with an exception set). */
+typedef int (*client_op)(gpubuf_client *c, void *arg);
+int client_run(GpubufClient *self, client_op op, void *arg);
+const char *name_arg(PyObject *o, const char *what);
+int timeout_ms_arg(PyObject *o);
+
+/* many.c: Client's batch methods. */
+PyObject *client_open_many(GpubufClient *self, PyObject *args, PyObject *kw);
+PyObject *client_alloc_many(GpubufClient *self, PyObject *args, PyObject *kw);
+PyObject *client_delete_many(GpubufClient *self, PyObject *seq);
+PyObject *client_release_many(GpubufClient *self, PyObject *seq);
+
+/* many.c: the items of a batch call (names or ids, malloc'ed; *ret_fast
  * holds them), and its results as a list of Buffers and exceptions (the
  * views are taken: entries become NULL). */
 int targets_arg(PyObject *seq, PyObject **ret_fast, const char ***names, uint64_t **ids,
