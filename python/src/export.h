@@ -42,4 +42,9 @@ int gpubufpy_export_getbuffer(const export_t *e, PyObject *exporter, Py_buffer *
                               Py_ssize_t *strides);
 PyObject *gpubufpy_export_array(const export_t *e, PyObject *exporter);
 
+/* arrayview.c: a new ArrayView of self's whole buffer as ndim dimensions of
+ * shape (C order) of element type dt; it holds its own buffer reference. */
+PyObject *gpubufpy_arrayview_new(GpubufBuffer *self, dtype_t dt, int ndim,
+                                 const Py_ssize_t *shape);
+
 #endif

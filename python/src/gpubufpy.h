@@ -1,7 +1,7 @@
 /* The gpubuf Python extension (_gpubuf): declarations shared by its files.
  *
  * module.c  the module and the Client type
- * buffer.c  the Buffer and ArrayView types and their exports
+ * buffer.c  the Buffer type; arrayview.c its typed views (ArrayView); export.c their exports
  * errors.c  the exceptions, error translation, helpers of both
  *           (__cuda_array_interface__, DLPack, the buffer protocol)
  *
