@@ -183,66 +183,6 @@ int gd_server_init(gd_server *srv, uv_loop_t *loop, const gd_limits *limits,
     return 0;
 }
 
-/* The queued replies of c's uid leave room for bytes more: within the uid's
- * share of max_reply_memory, or nothing of the uid's is queued. */
-static bool uid_room(const gd_conn *c, size_t bytes) {
-    return !c->uu || c->uu->out_bytes == 0 ||
-           c->uu->out_bytes + bytes <= GD_UID_REPLY_SHARE(c->srv->limits->max_reply_memory);
-}
-
-/* The uid's queued replies fill its share: its connections with replies
- * queued are held back (backlogged()). */
-static bool uid_full(const gd_conn *c) {
-    return c->uu && c->uu->out_bytes >= GD_UID_REPLY_SHARE(c->srv->limits->max_reply_memory);
-}
-
-static void out_add(gd_conn *c, size_t len) {
-    c->out_bytes += len;
-    c->srv->out_bytes += len;
-    if (c->uu)
-        c->uu->out_bytes += len;
-}
-
-static void out_sub(gd_conn *c, size_t len) {
-    assert(c->out_bytes >= len && c->srv->out_bytes >= len);
-    c->out_bytes -= len;
-    c->srv->out_bytes -= len;
-    if (c->uu) {
-        assert(c->uu->out_bytes >= len);
-        c->uu->out_bytes -= len;
-    }
-}
-
-/* Count an accepted connection under its uid. False when out of memory. */
-bool gd_conn_uid_attach(gd_conn *c) {
-    gd_server *srv = c->srv;
-    gd_uid_use *u;
-    HASH_FIND(hh, srv->uids, &c->uid, sizeof(c->uid), u);
-    if (!u) {
-        if (!(u = calloc(1, sizeof(*u))))
-            return false;
-        u->uid = c->uid;
-        HASH_ADD(hh, srv->uids, uid, sizeof(u->uid), u);
-    }
-    u->n_conns++;
-    c->uu = u;
-    return true;
-}
-
-/* The connection is freed (its queue was dropped before). */
-static void uid_detach(gd_conn *c) {
-    gd_uid_use *u = c->uu;
-    if (!u)
-        return;
-    c->uu = NULL;
-    assert(u->n_conns > 0);
-    if (--u->n_conns == 0) {
-        assert(u->out_bytes == 0);
-        HASH_DEL(c->srv->uids, u);
-        free(u);
-    }
-}
-
 /* Queued replies were written or dropped: connections waiting for reply
  * memory whose frame now fits go on, first come first (one that does not
  * fit the global budget stops the rest, so a large batch is not passed over
@@ -255,34 +195,13 @@ static void mem_wake(gd_server *srv) {
         size_t used = srv->out_bytes + sum;
         if (used != 0 && used + c->mem_wait > srv->limits->max_reply_memory)
             break;
-        if (!uid_room(c, c->mem_wait))
+        if (!gd_budget_uid_room(c, c->mem_wait))
             continue;
         sum += c->mem_wait;
         DL_DELETE2(srv->mem_waiters, c, mw_prev, mw_next);
         c->mem_wait = 0;
         update_poll(c);
         maybe_pend(c);
-    }
-}
-
-bool gd_conn_reply_room(gd_conn *c, size_t bound) {
-    gd_server *srv = c->srv;
-    if (c->closing || c->peer_gone || c->draining)
-        return true; /* its replies are dropped */
-    if ((srv->out_bytes == 0 || srv->out_bytes + bound <= srv->limits->max_reply_memory) &&
-        uid_room(c, bound))
-        return true;
-    if (!c->mem_wait) {
-        c->mem_wait = bound ? bound : 1;
-        DL_APPEND2(srv->mem_waiters, c, mw_prev, mw_next);
-    }
-    return false;
-}
-
-static void mem_unwait(gd_conn *c) {
-    if (c->mem_wait) {
-        DL_DELETE2(c->srv->mem_waiters, c, mw_prev, mw_next);
-        c->mem_wait = 0;
     }
 }
 
@@ -295,7 +214,7 @@ static void conn_free_out(gd_conn *c) {
         free(o);
     }
     bool freed = c->out_bytes > 0;
-    out_sub(c, c->out_bytes);
+    gd_budget_out_sub(c, c->out_bytes);
     c->out_frames = 0;
     c->out_fds = 0;
     if (freed)
@@ -304,7 +223,7 @@ static void conn_free_out(gd_conn *c) {
 
 static void on_timer_closed(uv_handle_t *h) {
     gd_conn *c = h->data;
-    uid_detach(c);
+    gd_budget_uid_detach(c);
     close(c->fd);
     free(c->in);
     free(c);
@@ -444,7 +363,7 @@ static void conn_end(gd_conn *c, gd_close_reason why) {
     if (c->closing)
         return;
     c->closing = true;
-    mem_unwait(c);
+    gd_budget_mem_unwait(c);
     uv_poll_stop(&c->poll);
     uv_timer_stop(&c->timer);
     LL_PREPEND2(c->srv->reap, c, reap_next);
@@ -501,7 +420,7 @@ int gd_conn_start(gd_server *srv, gd_conn *c) {
 static bool backlogged(const gd_conn *c) {
     return c->mem_wait || c->out_bytes >= OUT_HIGH_WATER || c->out_fds >= OUT_FDS_HIGH_WATER ||
            c->out_frames >= OUT_FRAMES_HIGH_WATER ||
-           (c->out_bytes && (c->srv->out_bytes >= c->srv->limits->max_reply_memory || uid_full(c)));
+           (c->out_bytes && (c->srv->out_bytes >= c->srv->limits->max_reply_memory || gd_budget_uid_full(c)));
 }
 
 /* Watch what the connection needs now. Only a change reaches libuv:
@@ -571,7 +490,7 @@ static int flush_some(gd_conn *c) {
                              GPUBUF_TRACE_D_WRITTEN, 0);
             assert(c->out_frames > 0);
             c->out_frames--;
-            out_sub(c, o->len);
+            gd_budget_out_sub(c, o->len);
             free(o);
         }
     }
@@ -614,7 +533,7 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     }
     if (plen > GD_SMALL_REPLY && n_fds == 0 && !bounded &&
         (c->srv->out_bytes + GPUBUF_WIRE_HEADER_SIZE + plen > c->srv->limits->max_reply_memory ||
-         !uid_room(c, GPUBUF_WIRE_HEADER_SIZE + plen)))
+         !gd_budget_uid_room(c, GPUBUF_WIRE_HEADER_SIZE + plen)))
         return -EAGAIN; /* nothing queued: the caller answers with a small error */
     /* The fds live after the data, aligned. */
     data_len = (GPUBUF_WIRE_HEADER_SIZE + plen + sizeof(int) - 1) / sizeof(int) * sizeof(int);
@@ -649,7 +568,7 @@ int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, 
     DL_APPEND(c->out, o);
     c->out_frames++;
     c->out_fds += (uint32_t)o->n_fds;
-    out_add(c, o->len);
+    gd_budget_out_add(c, o->len);
     if (was_empty && !c->corked && c->srv->in_frame && c->srv->in_frame != c) {
         /* A reply another connection's request made (a waiting open it
          * woke): it leaves once that request's batch of frames is done and

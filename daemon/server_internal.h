@@ -12,8 +12,22 @@
 /* Set up the handles of an accepted connection. On failure c is freed and
  * its fd closed (through close callbacks when a handle was initialised). */
 int gd_conn_start(gd_server *srv, gd_conn *c);
-/* Count an accepted connection under its uid. False when out of memory. */
+/* budget.c: count an accepted connection under its uid (false when out of
+ * memory), and let it go when the connection is freed (its queue was
+ * dropped before). */
 bool gd_conn_uid_attach(gd_conn *c);
+void gd_budget_uid_detach(gd_conn *c);
+/* The queued replies of c's uid leave room for bytes more: within the uid's
+ * share of max_reply_memory, or nothing of the uid's is queued. */
+bool gd_budget_uid_room(const gd_conn *c, size_t bytes);
+/* The uid's queued replies fill its share: its connections with replies
+ * queued are held back. */
+bool gd_budget_uid_full(const gd_conn *c);
+/* len bytes of replies queued on c, or written or dropped. */
+void gd_budget_out_add(gd_conn *c, size_t len);
+void gd_budget_out_sub(gd_conn *c, size_t len);
+/* c no longer waits for reply memory. */
+void gd_budget_mem_unwait(gd_conn *c);
 /* Start, keep or stop c's deadline (handshake, or half a frame). */
 void gd_conn_arm_timer(gd_conn *c);
 
