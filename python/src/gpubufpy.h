@@ -23,13 +23,14 @@
 /* A connection. `active` counts calls of any thread that run without the GIL
  * on it; close() while some run only marks it `closing` and the last of them
  * disconnects, so the connection is never freed under a running call. */
-typedef struct {
+typedef struct GpubufClient {
     PyObject_HEAD gpubuf_client *c;
     pid_t pid; /* the process that connected: a forked child may not use it */
     int active;
     bool closing;
     PyObject *socket; /* the path given, or None */
     PyObject *aio_loop; /* the asyncio loop that watches the client's fd (aio.c), or NULL */
+    void (*on_disconnect)(struct GpubufClient *self); /* before the connection goes (aio.c's) */
 } GpubufClient;
 
 /* A view of a buffer (gpubuf_buffer). `b` is NULL once released. A view whose
@@ -96,10 +97,16 @@ int gpubufpy_meta_args(PyObject *dtype, PyObject *shape, PyObject *strides,
                        unsigned long long byte_offset, PyObject *user, PyObject *ttl,
                        gpubuf_layout *layout, Py_buffer *user_buf, gpubuf_meta *ret);
 
-/* module.c: run op(c, arg) on self's connection without the GIL, raising
- * its error (0, or -1 with an exception set); a name argument (str) as
- * UTF-8 (NULL with an exception set); a timeout in seconds as ms (None: 0; -1 for
- * forever, -2 with an exception set). */
+/* call.c: start a call on self's connection that runs without the GIL (NULL
+ * with an exception set when the client is closed or another process's),
+ * end it (the last call of a closing client disconnects), disconnect; run
+ * op(c, arg) without the GIL, raising its error (0, or -1 with an exception
+ * set); a name argument (str) as UTF-8 (NULL with an exception set); a
+ * timeout in seconds as ms (None: 0; -1 for forever, -2 with an exception
+ * set). */
+gpubuf_client *client_enter(GpubufClient *self);
+void client_leave(GpubufClient *self);
+void client_disconnect(GpubufClient *self);
 typedef int (*client_op)(gpubuf_client *c, void *arg);
 int client_run(GpubufClient *self, client_op op, void *arg);
 const char *name_arg(PyObject *o, const char *what);

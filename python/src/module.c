@@ -13,55 +13,6 @@
 
 /* ---- Client ----------------------------------------------------------------------- */
 
-/* Start a call that will run without the GIL; NULL with an exception set when
- * the client is closed or belongs to another process. */
-static gpubuf_client *client_enter(GpubufClient *self) {
-    if (!self->c || self->closing) {
-        PyErr_SetString(PyExc_ValueError, "the gpubuf client is closed");
-        return NULL;
-    }
-    if (self->pid != getpid()) {
-        gpubufpy_raise_fork(self->pid);
-        return NULL;
-    }
-    self->active++;
-    return self->c;
-}
-
-static void client_disconnect(GpubufClient *self) {
-    gpubufpy_aio_close(self);
-    gpubuf_client *c = self->c;
-    self->c = NULL;
-    if (!c)
-        return;
-    if (self->pid != getpid())
-        return; /* the parent's socket: leave it alone */
-    Py_BEGIN_ALLOW_THREADS
-        gpubuf_disconnect(c);
-    Py_END_ALLOW_THREADS
-}
-
-static void client_leave(GpubufClient *self) {
-    if (--self->active == 0 && self->closing)
-        client_disconnect(self);
-}
-
-/* Run op(c, arg) on the connection without the GIL and raise its error.
- * Returns 0, or -1 with an exception set. */
-int client_run(GpubufClient *self, client_op op, void *arg) {
-    gpubuf_client *c = client_enter(self);
-    int r;
-    if (!c)
-        return -1;
-    Py_BEGIN_ALLOW_THREADS
-        r = op(c, arg);
-    Py_END_ALLOW_THREADS
-    if (r < 0)
-        gpubufpy_raise(r);
-    client_leave(self);
-    return r < 0 ? -1 : 0;
-}
-
 static int client_init(GpubufClient *self, PyObject *args, PyObject *kw) {
     static char *kwlist[] = {"socket", NULL};
     PyObject *sock = Py_None, *bytes = NULL;
@@ -89,6 +40,7 @@ static int client_init(GpubufClient *self, PyObject *args, PyObject *kw) {
     }
     self->c = c;
     self->pid = getpid();
+    self->on_disconnect = gpubufpy_aio_close; /* forgets the asyncio loop's reader */
     Py_INCREF(sock);
     Py_XSETREF(self->socket, sock);
     return 0;
@@ -122,41 +74,6 @@ static PyObject *client_exit_ctx(GpubufClient *self, PyObject *args) {
     return client_close(self, NULL);
 }
 
-/* A name argument: str, 1..GPUBUF_NAME_MAX bytes of UTF-8 (the library
- * checks the characters). */
-const char *name_arg(PyObject *o, const char *what) {
-    Py_ssize_t n;
-    const char *s;
-    if (!PyUnicode_Check(o)) {
-        PyErr_Format(PyExc_TypeError, "%s must be str, not %.100s", what, Py_TYPE(o)->tp_name);
-        return NULL;
-    }
-    s = PyUnicode_AsUTF8AndSize(o, &n);
-    if (s && (size_t)n != strlen(s)) {
-        PyErr_Format(PyExc_ValueError, "%s contains a NUL character", what);
-        return NULL;
-    }
-    return s;
-}
-
-/* timeout in seconds (None: do not wait; math.inf: wait forever) to the
- * library's milliseconds; -2 with an exception set on error. */
-int timeout_ms_arg(PyObject *o) {
-    double t;
-    if (o == Py_None)
-        return 0;
-    t = PyFloat_AsDouble(o);
-    if (t == -1.0 && PyErr_Occurred())
-        return -2;
-    if (isnan(t) || t < 0) {
-        PyErr_SetString(PyExc_ValueError, "timeout must be None, a number of seconds >= 0, or "
-                                          "math.inf to wait forever");
-        return -2;
-    }
-    if (t * 1000.0 >= (double)INT_MAX)
-        return -1;
-    return (int)ceil(t * 1000.0);
-}
 
 /* Waits are cut into slices this long: between them the thread takes the GIL
  * back to notice signals (KeyboardInterrupt) and close() from another thread. */
