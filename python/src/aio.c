@@ -171,30 +171,22 @@ static PyObject *cancel_cb(PyObject *self, PyObject *fut) {
 
 static PyMethodDef cancel_def = {"_gpubuf_cancel", cancel_cb, METH_O, NULL};
 
+/* module.attr, a new reference; NULL with an exception set. */
+static PyObject *attr_of(const char *module, const char *attr) {
+    PyObject *m = PyImport_ImportModule(module);
+    PyObject *a = m ? PyObject_GetAttrString(m, attr) : NULL;
+    Py_XDECREF(m);
+    return a;
+}
+
 /* A future on the running loop and its completion record. */
 static aio_req *begin(GpubufClient *self, bool want_view) {
-    if (!self->c || self->closing) {
-        PyErr_SetString(PyExc_ValueError, "the gpubuf client is closed");
+    if (client_usable(self) < 0)
         return NULL;
-    }
-    if (self->pid != getpid()) {
-        gpubufpy_raise_fork(self->pid);
+    if (!get_running_loop && !(get_running_loop = attr_of("asyncio", "get_running_loop")))
         return NULL;
-    }
-    if (!get_running_loop) {
-        PyObject *m = PyImport_ImportModule("asyncio");
-        get_running_loop = m ? PyObject_GetAttrString(m, "get_running_loop") : NULL;
-        Py_XDECREF(m);
-        if (!get_running_loop)
-            return NULL;
-    }
-    if (!await_fn) {
-        PyObject *m = PyImport_ImportModule("gpubuf._aio");
-        await_fn = m ? PyObject_GetAttrString(m, "_await") : NULL;
-        Py_XDECREF(m);
-        if (!await_fn)
-            return NULL;
-    }
+    if (!await_fn && !(await_fn = attr_of("gpubuf._aio", "_await")))
+        return NULL;
     PyObject *loop = PyObject_CallNoArgs(get_running_loop);
     if (!loop)
         return NULL; /* RuntimeError: no running event loop */

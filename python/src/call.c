@@ -10,16 +10,22 @@
 /* Start a call that will run without the GIL; NULL with an exception set when
  * the client is closed or belongs to another process. */
 gpubuf_client *client_enter(GpubufClient *self) {
+    if (client_usable(self) < 0)
+        return NULL;
+    self->active++;
+    return self->c;
+}
+
+int client_usable(GpubufClient *self) {
     if (!self->c || self->closing) {
         PyErr_SetString(PyExc_ValueError, "the gpubuf client is closed");
-        return NULL;
+        return -1;
     }
     if (self->pid != getpid()) {
         gpubufpy_raise_fork(self->pid);
-        return NULL;
+        return -1;
     }
-    self->active++;
-    return self->c;
+    return 0;
 }
 
 void client_disconnect(GpubufClient *self) {

@@ -105,6 +105,9 @@ int gpubufpy_meta_args(PyObject *dtype, PyObject *shape, PyObject *strides,
  * timeout in seconds as ms (None: 0; -1 for forever, -2 with an exception
  * set). */
 gpubuf_client *client_enter(GpubufClient *self);
+/* 0 when self is connected, not closing and this process's; else -1 with an
+ * exception set. */
+int client_usable(GpubufClient *self);
 void client_leave(GpubufClient *self);
 void client_disconnect(GpubufClient *self);
 typedef int (*client_op)(gpubuf_client *c, void *arg);
