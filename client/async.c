@@ -22,6 +22,9 @@
 
 #include "async_internal.h"
 
+static void async_watch(gpubuf_client *c);
+static const struct gpubuf__async_hooks async_hooks;
+
 /* ---- the ready list and the eventfd (c->qlock) ---------------------------- */
 
 static void kick(gpubuf_client *c) {
@@ -49,7 +52,7 @@ static void op_set_error(gpubuf_op *op, int r, const char *msg) {
 
 /* Every request still unanswered ends with r (lock held): the connection
  * went. Each is on the ready list once. */
-void gpubuf__async_fail_all(gpubuf_client *c, int r) {
+static void async_fail_all(gpubuf_client *c, int r) {
     gpubuf_op *op, *tmp;
     const char *msg = gpubuf_last_error_message();
     char why[256];
@@ -58,7 +61,7 @@ void gpubuf__async_fail_all(gpubuf_client *c, int r) {
     HASH_ITER(hh, c->ops, op, tmp) {
         HASH_DEL(c->ops, op);
         if (op->kind == OP_PART) {
-            gpubuf__many_part_fail(c, op, r, why); /* the batch completes with its last part */
+            c->many_hooks->part_fail(c, op, r, why); /* the batch completes with its last part */
             continue;
         }
         op_set_error(op, r, why);
@@ -72,7 +75,7 @@ void gpubuf__async_ready(gpubuf_client *c, gpubuf_op *op) {
 
 /* The stream holds bytes read ahead that nobody reads now (lock held): let
  * the loop's next gpubuf_dispatch() cut them. */
-void gpubuf__async_kick(gpubuf_client *c) {
+static void async_kick(gpubuf_client *c) {
     if (c->ops && c->rpos < c->rlen) {
         pthread_mutex_lock(&c->qlock);
         kick(c);
@@ -82,7 +85,7 @@ void gpubuf__async_kick(gpubuf_client *c) {
 
 /* resp answers a started request? Then it is consumed (fds included) and
  * true returned (lock held). */
-bool gpubuf__async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int n_fds) {
+static bool async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int n_fds) {
     gpubuf_op *op;
     uint64_t id = resp->id;
     int fd = -1;
@@ -93,7 +96,7 @@ bool gpubuf__async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int
         return false;
     HASH_DEL(c->ops, op);
     if (op->kind == OP_PART) {
-        gpubuf__many_part_reply(c, op, resp, fds, n_fds);
+        c->many_hooks->part_reply(c, op, resp, fds, n_fds);
         return true;
     }
     if (n_fds > 0)
@@ -131,6 +134,7 @@ bool gpubuf__async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int
 /* Make the epoll fd and the eventfd (lock held). */
 static int async_init(gpubuf_client *c) {
     struct epoll_event ev = {.events = EPOLLIN};
+    c->async_hooks = &async_hooks; /* from now on conn.c tells this layer */
     if (c->ep >= 0)
         return 0;
     int ep = epoll_create1(EPOLL_CLOEXEC);
@@ -153,7 +157,7 @@ static int async_init(gpubuf_client *c) {
     c->ep = ep;
     c->efd = efd;
     pthread_mutex_unlock(&c->qlock);
-    gpubuf__async_watch(c);
+    async_watch(c);
     return 0;
 }
 
@@ -162,7 +166,7 @@ int gpubuf__async_init(gpubuf_client *c) {
 }
 
 /* The socket changed (connect, reconnect; lock held): watch the new one. */
-void gpubuf__async_watch(gpubuf_client *c) {
+static void async_watch(gpubuf_client *c) {
     struct epoll_event ev = {.events = EPOLLIN};
     if (c->ep < 0 || c->fd < 0)
         return;
@@ -171,7 +175,7 @@ void gpubuf__async_watch(gpubuf_client *c) {
         kick(c); /* not watched: the loop polls through the eventfd instead */
 }
 
-void gpubuf__async_free(gpubuf_client *c) {
+static void async_free(gpubuf_client *c) {
     if (c->ep >= 0)
         close(c->ep);
     if (c->efd >= 0)
@@ -212,13 +216,13 @@ static void read_available(gpubuf_client *c) {
 static void deliver(gpubuf_client *c, gpubuf_op *op) {
     gpubuf_completion done = {.handle = op->id, .user = op->user};
     if (op->kind == OP_MANY) {
-        gpubuf__many_complete(c, op, &done); /* its result, message and arrays */
+        c->many_hooks->complete(c, op, &done); /* its result, message and arrays */
         gpubuf__clear_error();
         if (done.result != 0)
             gpubuf__set_error("%s", op->message ? op->message : gpubuf_strerror(done.result));
         done.message = gpubuf_last_error_message();
         op->cb(c, &done);
-        gpubuf__many_free(op);
+        c->many_hooks->free(op);
         free(op->message);
         free(op);
         return;
@@ -290,11 +294,11 @@ GPUBUF_EXTERN int gpubuf_dispatch(gpubuf_client *c) {
 
 /* Complete every started request with GPUBUF_EDISCONNECTED and deliver them
  * (gpubuf_disconnect(), lock not held). */
-void gpubuf__async_close(gpubuf_client *c) {
+static void async_close(gpubuf_client *c) {
     pthread_mutex_lock(&c->lock);
     bool any = c->ops != NULL;
     if (any)
-        gpubuf__async_fail_all(c, GPUBUF_EDISCONNECTED);
+        async_fail_all(c, GPUBUF_EDISCONNECTED);
     pthread_mutex_unlock(&c->lock);
     pthread_mutex_lock(&c->qlock);
     any = any || c->ready != NULL;
@@ -302,6 +306,16 @@ void gpubuf__async_close(gpubuf_client *c) {
     if (any)
         dispatch_call(c);
 }
+
+/* What the connection layer and gpubuf_disconnect() call (c->async_hooks). */
+static const struct gpubuf__async_hooks async_hooks = {
+    .reply = async_reply,
+    .fail_all = async_fail_all,
+    .kick = async_kick,
+    .watch = async_watch,
+    .close = async_close,
+    .free = async_free,
+};
 
 /* ---- starting and cancelling ----------------------------------------------- */
 
@@ -460,7 +474,7 @@ static int cancel_call(gpubuf_client *c, uint64_t handle) {
             op->cancelled = true;
         }
     }
-    if (!op && (r = gpubuf__many_cancel(c, handle)) == 0) {
+    if (!op && c->many_hooks && (r = c->many_hooks->cancel(c, handle)) == 0) {
         pthread_mutex_unlock(&c->lock);
         return 0;
     }

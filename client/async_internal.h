@@ -39,17 +39,22 @@ void gpubuf__async_ready(gpubuf_client *c, gpubuf_op *op);
 /* Send a cancel of the waiting open id (lock held). */
 void gpubuf__async_send_cancel(gpubuf_client *c, uint64_t id);
 
-/* async_many.c */
-/* A part's reply (lock held): consumed, fds and resp too; op freed. */
-void gpubuf__many_part_reply(gpubuf_client *c, gpubuf_op *op, Gpubuf__Response *resp, int *fds,
-                             int n_fds);
-/* A part ends with r without a reply (the connection went; lock held); op freed. */
-void gpubuf__many_part_fail(gpubuf_client *c, gpubuf_op *op, int r, const char *why);
-/* The batch's completion fields; cancelled: its views go back first. */
-void gpubuf__many_complete(gpubuf_client *c, gpubuf_op *op, gpubuf_completion *done);
-/* Free what the batch op holds (after its delivery). */
-void gpubuf__many_free(gpubuf_op *op);
-/* Cancel the batch named handle (lock held): 0, or -ENOENT if none. */
-int gpubuf__many_cancel(gpubuf_client *c, uint64_t handle);
+/* async_many.c: what async.c calls for a batch (OP_MANY) and its parts
+ * (OP_PART), through c->many_hooks, which async_many.c sets (lock held)
+ * when a connection starts its first batch: async.c, the layer below, does
+ * not call async_many.c by name. */
+struct gpubuf__many_hooks {
+    /* A part's reply (lock held): consumed, fds and resp too; op freed. */
+    void (*part_reply)(gpubuf_client *c, gpubuf_op *op, Gpubuf__Response *resp, int *fds,
+                       int n_fds);
+    /* A part ends with r without a reply (the connection went; lock held); op freed. */
+    void (*part_fail)(gpubuf_client *c, gpubuf_op *op, int r, const char *why);
+    /* The batch's completion fields; cancelled: its views go back first. */
+    void (*complete)(gpubuf_client *c, gpubuf_op *op, gpubuf_completion *done);
+    /* Free what the batch op holds (after its delivery). */
+    void (*free)(gpubuf_op *op);
+    /* Cancel the batch named handle (lock held): 0, or -ENOENT if none. */
+    int (*cancel)(gpubuf_client *c, uint64_t handle);
+};
 
 #endif

@@ -195,7 +195,7 @@ static void batch_reply(gpubuf_client *c, gpubuf_op *op, Gpubuf__Response *resp,
     free(retry);
 }
 
-void gpubuf__many_part_reply(gpubuf_client *c, gpubuf_op *op, Gpubuf__Response *resp, int *fds,
+static void many_part_reply(gpubuf_client *c, gpubuf_op *op, Gpubuf__Response *resp, int *fds,
                              int n_fds) {
     gpubuf_many *m = op->many;
     if (!op->waits) {
@@ -225,7 +225,7 @@ void gpubuf__many_part_reply(gpubuf_client *c, gpubuf_op *op, Gpubuf__Response *
     part_done(c, m);
 }
 
-void gpubuf__many_part_fail(gpubuf_client *c, gpubuf_op *op, int r, const char *why) {
+static void many_part_fail(gpubuf_client *c, gpubuf_op *op, int r, const char *why) {
     gpubuf_many *m = op->many;
     (void)why;
     for (size_t k = 0; k < op->n_items; k++)
@@ -236,7 +236,7 @@ void gpubuf__many_part_fail(gpubuf_client *c, gpubuf_op *op, int r, const char *
     part_done(c, m);
 }
 
-int gpubuf__many_cancel(gpubuf_client *c, uint64_t handle) {
+static int many_cancel(gpubuf_client *c, uint64_t handle) {
     gpubuf_many *m;
     gpubuf_op *op, *tmp;
     DL_FOREACH(c->manys, m) {
@@ -270,7 +270,7 @@ int gpubuf__many_cancel(gpubuf_client *c, uint64_t handle) {
     return 0;
 }
 
-void gpubuf__many_complete(gpubuf_client *c, gpubuf_op *op, gpubuf_completion *done) {
+static void many_complete(gpubuf_client *c, gpubuf_op *op, gpubuf_completion *done) {
     gpubuf_many *m = op->many;
     size_t failed = 0, first = 0;
     (void)c;
@@ -303,7 +303,7 @@ void gpubuf__many_complete(gpubuf_client *c, gpubuf_op *op, gpubuf_completion *d
     done->statuses = m->status;
 }
 
-void gpubuf__many_free(gpubuf_op *op) {
+static void many_free(gpubuf_op *op) {
     gpubuf_many *m = op->many;
     if (!m)
         return;
@@ -321,6 +321,15 @@ void gpubuf__many_free(gpubuf_op *op) {
 /* ---- the call ----------------------------------------------------------------- */
 
 /* The batch and its op, items copied and checked; NULL: out of memory. */
+/* What async.c calls for a batch and its parts (c->many_hooks). */
+static const struct gpubuf__many_hooks many_hooks = {
+    .part_reply = many_part_reply,
+    .part_fail = many_part_fail,
+    .complete = many_complete,
+    .free = many_free,
+    .cancel = many_cancel,
+};
+
 static gpubuf_many *many_new(size_t n, const char *const *names, const uint64_t *ids,
                              const gpubuf_lookup *o, gpubuf_done_fn cb, void *user) {
     gpubuf_many *m = calloc(1, sizeof(*m));
@@ -361,7 +370,7 @@ static gpubuf_many *many_new(size_t n, const char *const *names, const uint64_t 
         }
     }
     if (!ok) {
-        gpubuf__many_free(op);
+        many_free(op);
         free(op);
         return NULL;
     }
@@ -377,7 +386,7 @@ static int open_many_start(gpubuf_client *c, size_t n, const char *const *names,
     if (!m || !items) {
         if (m) {
             gpubuf_op *op = m->op;
-            gpubuf__many_free(op);
+            many_free(op);
             free(op);
         }
         free(items);
@@ -387,12 +396,13 @@ static int open_many_start(gpubuf_client *c, size_t n, const char *const *names,
         if (m->status[i] == 0)
             items[n_items++] = i;
     pthread_mutex_lock(&c->lock);
+    c->many_hooks = &many_hooks; /* from now on async.c hands a batch's requests here */
     int r = gpubuf__async_init(c);
     if (r == 0 && c->broken && c->reconnect_ms <= 0)
         r = gpubuf__fail(GPUBUF_EDISCONNECTED, "the connection to gpubufd is closed");
     if (r < 0) {
         pthread_mutex_unlock(&c->lock);
-        gpubuf__many_free(m->op);
+        many_free(m->op);
         free(m->op);
         free(items);
         return r;

@@ -181,7 +181,8 @@ void gpubuf__client_unref(gpubuf_client *c) {
     free(c->rbuf);
     if (c->fd >= 0)
         close(c->fd);
-    gpubuf__async_free(c);
+    if (c->async_hooks)
+        c->async_hooks->free(c);
     pthread_mutex_destroy(&c->qlock);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -208,7 +209,8 @@ GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
     gpubuf__mapping_drop_idle(c, false, false);
     pthread_mutex_unlock(&c->lock);
     /* Started requests end now, each delivered once (GPUBUF_EDISCONNECTED). */
-    gpubuf__async_close(c);
+    if (c->async_hooks)
+        c->async_hooks->close(c);
     /* Now the daemon drops every reference and pin of this connection. */
     shutdown(c->fd, SHUT_RDWR);
     gpubuf__client_unref(c);
@@ -238,53 +240,6 @@ int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer
     return r;
 }
 
-/* 0, or -EINVAL / -ENAMETOOLONG with the rule the name breaks. */
-static int name_check(const char *name) {
-    char msg[256];
-    int r = gpubuf_name_check(name, strlen(name), msg, sizeof(msg));
-    if (r < 0)
-        gpubuf__set_error("%s", msg);
-    return r;
-}
-
-/* Split a name ("NAME" or "/POOL/NAME") and merge o's pool and owner into l;
- * allowed: the flags the call takes. 0, or -EINVAL / -ENAMETOOLONG with the
- * reason set. */
-int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const gpubuf_lookup *o,
-                        unsigned allowed, lookup *l) {
-    static const gpubuf_lookup none;
-    char msg[512];
-    int r;
-    if (!o)
-        o = &none;
-    memset(l, 0, sizeof(*l));
-    gpubuf__expected_owner__init(&l->owner);
-    if (o->flags & ~allowed)
-        return gpubuf__fail(-EINVAL, "%s: unknown flags 0x%x", what, o->flags & ~allowed);
-    if (name) {
-        if ((r = gpubuf_name_split(name, l->pool, &l->name, msg, sizeof(msg))) < 0)
-            return gpubuf__fail(r, "%s", msg);
-        if ((r = name_check(l->name)) < 0)
-            return r;
-    }
-    l->id = id;
-    if (o->pool && *o->pool) {
-        if (l->pool[0] && strcmp(l->pool, o->pool) != 0)
-            return gpubuf__fail(-EINVAL,
-                                "%s: '%s' names pool '%s' but pool '%s' was given: name one pool",
-                                what, name, l->pool, o->pool);
-        if (strlen(o->pool) > GPUBUF_NAME_MAX)
-            return gpubuf__fail(-ENAMETOOLONG, "%s: a pool name is at most %d bytes", what,
-                                GPUBUF_NAME_MAX);
-        snprintf(l->pool, sizeof(l->pool), "%s", o->pool);
-    }
-    if (o->flags & GPUBUF_OPEN_OWNER) {
-        l->has_owner = true;
-        l->owner.uid = o->owner_uid;
-    }
-    return 0;
-}
-
 static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
                       gpubuf_buffer **ret) {
     int r;
@@ -309,20 +264,6 @@ static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const c
         (*ret)->sealable = true;
     }
     return r;
-}
-
-/* The target, pool and owner of an open, stat or delete request from l
- * (name and id are one protobuf oneof: only one is written). Returns true
- * for a target by name. */
-bool gpubuf__lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
-                         Gpubuf__ExpectedOwner **owner) {
-    if (l->name)
-        *name = (char *)l->name;
-    else
-        *id = l->id;
-    *pool = l->pool;
-    *owner = l->has_owner ? &l->owner : NULL;
-    return l->name != NULL;
 }
 
 static int open_with_call(gpubuf_client *c, const char *name, uint64_t id,
@@ -368,26 +309,7 @@ static int simple_request(gpubuf_client *c, Gpubuf__Request *req) {
     return r;
 }
 
-int gpubuf__seal_check(gpubuf_buffer **pb) {
-    gpubuf_buffer *b = *pb;
-    while (b->parent) /* a slice seals the buffer it belongs to */
-        b = b->parent;
-    *pb = b;
-    int r = gpubuf__view_check(b);
-    if (r < 0)
-        return r;
-    if (b->sealable)
-        return 0;
-    if (b->allocated) {
-        gpubuf__set_error("the buffer is already sealed");
-        return GPUBUF_ESTATE;
-    }
-    gpubuf__set_error("this view comes from gpubuf_open: the buffer is sealed already, and only "
-                      "the connection that allocated a buffer seals it");
-    return -EPERM;
-}
-
-static int seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_stream) {
+static int seal_call(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_stream) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
     uint8_t ev[64];
@@ -431,21 +353,21 @@ static int seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_strea
 GPUBUF_EXTERN int gpubuf_seal_stream(gpubuf_buffer *b, gpubuf_stream stream) {
     gpubuf__clear_error();
     GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
-    int r = seal(b, false, stream, true);
+    int r = seal_call(b, false, stream, true);
     return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
     gpubuf__clear_error();
     GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
-    int r = seal(b, false, NULL, false);
+    int r = seal_call(b, false, NULL, false);
     return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b) {
     gpubuf__clear_error();
     GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
-    int r = seal(b, true, NULL, false);
+    int r = seal_call(b, true, NULL, false);
     return gpubuf__result(r);
 }
 
@@ -463,19 +385,6 @@ static int delete_with_call(gpubuf_client *c, const char *name, uint64_t id,
     req.body_case = GPUBUF__REQUEST__BODY_DELETE;
     req.delete_ = &d;
     return simple_request(c, &req);
-}
-
-void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
-    memset(o, 0, sizeof(*o));
-    o->id = m->buffer_id;
-    snprintf(o->name, sizeof(o->name), "%s", m->name ? m->name : "");
-    snprintf(o->pool, sizeof(o->pool), "%s", m->pool ? m->pool : "");
-    o->size = m->size;
-    o->state = (gpubuf_state)m->state;
-    o->refs = m->refs;
-    o->owner_uid = m->owner_uid;
-    o->offset = m->offset;
-    o->slab_id = m->slab_id;
 }
 
 GPUBUF_EXTERN int gpubuf_set_reconnect(gpubuf_client *c, int ms) {

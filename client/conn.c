@@ -21,6 +21,28 @@
 #define GPUBUF_MAX_PENDING 64
 
 static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds);
+
+/* ---- telling the event-loop layer (c->async_hooks; lock held) ------------
+ * async.c sets the hooks when the connection first uses it; until then no
+ * request of it was started and there is nothing to tell. */
+static void async_fail_all(gpubuf_client *c, int r) {
+    if (c->async_hooks)
+        c->async_hooks->fail_all(c, r);
+}
+
+static bool async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int n_fds) {
+    return c->async_hooks && c->async_hooks->reply(c, resp, fds, n_fds);
+}
+
+static void async_watch(gpubuf_client *c) {
+    if (c->async_hooks)
+        c->async_hooks->watch(c);
+}
+
+static void async_kick(gpubuf_client *c) {
+    if (c->async_hooks)
+        c->async_hooks->kick(c);
+}
 static int reconnect(gpubuf_client *c);
 
 /* Close the fds a reply brought. */
@@ -95,7 +117,7 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
         free(frame);
     if (r < 0) {
         c->broken = true;
-        gpubuf__async_fail_all(c, GPUBUF_EDISCONNECTED);
+        async_fail_all(c, GPUBUF_EDISCONNECTED);
         if ((r == -EPIPE || r == -ECONNRESET) && goodbye(c, &r))
             return r;
         gpubuf__set_error("sending to gpubufd: %s", strerror(-r));
@@ -215,7 +237,7 @@ broken:
         return r; /* no whole frame yet: what was read stays read ahead */
     c->broken = true;
     gpubuf__set_error("reading from gpubufd: %s", gpubuf_strerror(r));
-    gpubuf__async_fail_all(c, r);
+    async_fail_all(c, r);
     return r;
 }
 
@@ -246,12 +268,12 @@ void gpubuf__settle_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, in
         c->pending = 0;
         gpubuf__set_error("%s", resp->message && *resp->message ? resp->message
                                                                   : gpubuf_strerror(resp->status));
-        gpubuf__async_fail_all(c, resp->status);
+        async_fail_all(c, resp->status);
         gpubuf__resp_free(c, resp);
         close_fds(fds, n_fds);
         return;
     }
-    if (gpubuf__async_reply(c, resp, fds, n_fds))
+    if (async_reply(c, resp, fds, n_fds))
         return;
     if (c->pending > 0) {
         settle_async(c, resp, fds, n_fds);
@@ -262,7 +284,7 @@ void gpubuf__settle_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, in
     close_fds(fds, n_fds);
     c->broken = true;
     gpubuf__set_error("gpubufd sent an unexpected reply");
-    gpubuf__async_fail_all(c, GPUBUF_EPROTOCOL);
+    async_fail_all(c, GPUBUF_EPROTOCOL);
 }
 
 int gpubuf__drain_locked(gpubuf_client *c) {
@@ -279,12 +301,12 @@ int gpubuf__drain_locked(gpubuf_client *c) {
             c->broken = true;
             c->pending = 0;
             r = resp->status;
-            gpubuf__async_fail_all(c, r);
+            async_fail_all(c, r);
             gpubuf__response__free_unpacked(resp, NULL);
             close_fds(fds, n_fds);
             return recover(c, r, NULL, false, false);
         }
-        if (gpubuf__async_reply(c, resp, fds, n_fds))
+        if (async_reply(c, resp, fds, n_fds))
             continue;
         settle_async(c, resp, fds, n_fds);
     }
@@ -464,7 +486,7 @@ static int reconnect(gpubuf_client *c) {
     if (c->pending && !c->async_error)
         c->async_error = -ECONNRESET;
     c->pending = 0;
-    gpubuf__async_fail_all(c, -ECONNRESET);
+    async_fail_all(c, -ECONNRESET);
     for (int i = 0; i < c->n_rfds; i++)
         close(c->rfds[i]);
     c->n_rfds = 0;
@@ -481,7 +503,7 @@ static int reconnect(gpubuf_client *c) {
         if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
             c->fd = fd;
             c->broken = false;
-            gpubuf__async_watch(c);
+            async_watch(c);
             r = gpubuf__hello_locked(c, true);
             if (r == 0)
                 return 0;
@@ -628,13 +650,13 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
             return r;
         if (resp->id == req->id || resp->id == 0)
             break;
-        if (gpubuf__async_reply(c, resp, fds, n_fds))
+        if (async_reply(c, resp, fds, n_fds))
             continue; /* a started request's: delivered by gpubuf_dispatch() */
         if (c->pending == 0)
             break;
         settle_async(c, resp, fds, n_fds);
     }
-    gpubuf__async_kick(c);
+    async_kick(c);
     if (resp->id != req->id && resp->id != 0) {
         gpubuf__response__free_unpacked(resp, NULL);
         close_fds(fds, n_fds);
@@ -648,7 +670,7 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
          * daemon handled: this one was not. */
         c->broken = true;
         c->pending = 0;
-        gpubuf__async_fail_all(c, resp->status);
+        async_fail_all(c, resp->status);
         *ret_unsent = resp->status == -ESHUTDOWN;
     }
     if (resp->status < 0) {

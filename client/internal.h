@@ -117,6 +117,15 @@ struct gpubuf_client {
     struct gpubuf_op *ops;
     struct gpubuf_op *ready;
     struct gpubuf_many *manys; /* async_many.c: batches started, not complete (utlist DL; lock) */
+    /* The event-loop layer's hooks: set (lock held) by async.c when a
+     * connection first uses it (gpubuf_client_fd(), a _start call); NULL
+     * until then, when nothing of it exists to tell. The connection layer
+     * (conn.c) and gpubuf_disconnect() reach the layer above them only
+     * through these, never by name. */
+    const struct gpubuf__async_hooks *async_hooks;
+    /* async_many.c's, set (lock held) when the first batch starts: what
+     * async.c calls for a batch's requests (async_internal.h). */
+    const struct gpubuf__many_hooks *many_hooks;
     pthread_mutex_t qlock; /* the ready list and the eventfd; taken inside lock */
     int ep, efd;         /* gpubuf_client_fd(): epoll over fd and efd; -1 until asked */
     bool nonblock;       /* read_reply() returns -EAGAIN instead of blocking */
@@ -182,6 +191,10 @@ void gpubuf__client_unref(gpubuf_client *c);
 /* A request answered with a Buffer that becomes a root view (alloc,
  * open, and meta.c's alloc with metadata). */
 int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret);
+
+/* ---- verbs_common.c: what the verbs (client.c, meta.c, batch.c) and the
+ * event-loop layer (async.c) share: names and lookups, buffer info, the seal
+ * check; over view.c ------------------------------------------------------- */
 /* What open, stat, delete and renew name: the plain name and the pool it is
  * looked up in, the expected owner. */
 typedef struct lookup {
@@ -291,19 +304,23 @@ void gpubuf__mapping_clear(gpubuf_client *c);
 
 /* ---- async.c: requests for event loops ------------------------------------ */
 typedef struct gpubuf_op gpubuf_op;
-/* resp answers a started request: consume it (and its fds) into a completion
- * and return true (lock held). */
-bool gpubuf__async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int n_fds);
-/* The connection went: every started request ends with r, once (lock held). */
-void gpubuf__async_fail_all(gpubuf_client *c, int r);
-/* After a synchronous call (lock held): bytes read ahead wait for dispatch. */
-void gpubuf__async_kick(gpubuf_client *c);
-/* The socket is new (reconnect; lock held): watch it in the epoll fd. */
-void gpubuf__async_watch(gpubuf_client *c);
-/* gpubuf_disconnect(): complete and deliver what is started (lock not held). */
-void gpubuf__async_close(gpubuf_client *c);
-/* Close the epoll fd and the eventfd (last reference). */
-void gpubuf__async_free(gpubuf_client *c);
+/* What the connection layer (conn.c) and gpubuf_disconnect() tell the
+ * event-loop layer, through c->async_hooks (each lock held unless said). */
+struct gpubuf__async_hooks {
+    /* resp answers a started request: consume it (and its fds) into a
+     * completion and return true. */
+    bool (*reply)(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int n_fds);
+    /* The connection went: every started request ends with r, once. */
+    void (*fail_all)(gpubuf_client *c, int r);
+    /* After a synchronous call: bytes read ahead wait for dispatch. */
+    void (*kick)(gpubuf_client *c);
+    /* The socket is new (reconnect): watch it in the epoll fd. */
+    void (*watch)(gpubuf_client *c);
+    /* gpubuf_disconnect(): complete and deliver what is started (lock not held). */
+    void (*close)(gpubuf_client *c);
+    /* Close the epoll fd and the eventfd (last reference; lock not held). */
+    void (*free)(gpubuf_client *c);
+};
 
 /* ---- batch.c ------------------------------------------------------------------ */
 /* Views for the items of an open batch reply br (item k of the reply is item
