@@ -651,7 +651,14 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
                 del dsts, srcs
             # A seal on a stream carries no metadata (Buffer.seal): each
             # tensor's dtype and shape travel in the index, which
-            # open_state_dict reads (its key and ttl are the index's).
+            # open_state_dict reads (its key is the index's). The lease
+            # cannot wait for the seal: each buffer gets it now (renew
+            # starts one on a buffer that has none), one round trip each,
+            # only when a ttl is asked for; else the tensors would outlive
+            # the index's lease forever.
+            if ttl is not None:
+                for b in bufs:
+                    client.renew(b.id, ttl)
             for b in bufs:
                 b.seal(stream=s)
             ev = torch.cuda.Event()

@@ -15,7 +15,7 @@ if importlib.util.find_spec("torch") is None:  # pragma: no cover
                 allow_module_level=True)
 
 HERE = SRC / "python" / "tests"
-SCENARIOS = ["queue", "zero_copy", "pool", "fork", "killed", "sender_exits", "lease",
+SCENARIOS = ["queue", "zero_copy", "pool", "fork", "killed", "sender_exits", "lease", "sd_lease",
              "versions", "readonly", "assign", "errors"]
 
 

@@ -302,6 +302,25 @@ def scenario_lease(device, pool, ctx):
         raise AssertionError("a ticket whose lease ran out opened")
 
 
+def scenario_sd_lease(device, pool, ctx):
+    """publish_state_dict(ttl=...): every buffer of the version has the lease
+    (the tensors too, where they are sealed on a CUDA stream, which carries no
+    metadata), and the whole version goes when it runs out."""
+    c = gt.client()
+    prefix = "sdlease/%d" % os.getpid()
+    sd = {"w": torch.ones(8, 4, device=device), "b": torch.arange(4, device=device)}
+    before = {p["name"]: p["used"] for p in c.status()["pools"]}
+    v = gt.publish_state_dict(c, prefix, sd, pool=pool, ttl=1)
+    gt.flush()  # CUDA: this process's views go once the copies ran
+    mine = [b for b in c.status()["buffers"] if b["name"].startswith(prefix + "/")]
+    assert len(mine) == 3 and all(b["lease_left"] is not None for b in mine), mine
+    wait_for("the version's leases to run out",
+             lambda: not [b for b in c.status()["buffers"] if b["id"] in
+                          {m["id"] for m in mine}])
+    assert gt.latest_version(c, prefix) is None, v
+    assert {p["name"]: p["used"] for p in c.status()["pools"]} == before
+
+
 def scenario_versions(device, pool, ctx):
     c = gt.client()
     prefix = "sd/policy"
