@@ -71,6 +71,8 @@ class _State:
         self.given = None       # a Client passed to install(), used in its own process only
         self.pools = None       # status()["pools"], cached per process
         self.counter = itertools.count()
+        self.pool_cache = {}    # _pool_for()'s answers, per process
+        self.pool_pid = None
 
 
 _st = _State()
@@ -87,6 +89,7 @@ def client():
             _st.client = gpubuf.Client(_st.socket)
             _st.pid = pid
             _st.pools = None
+            _st.pool_cache = {}
         return _st.client
 
 
@@ -114,6 +117,25 @@ def _device_uuid(index):
 
 
 def _pool_for(c, device, pool):
+    """_resolve_pool(), remembered per process by device and pool argument
+    (the pools are status()'s, cached per process too): a send resolves its
+    pool once, not by a device-property look-up and a scan of the pools."""
+    try:
+        key = (device.type, device.index, pool if not isinstance(pool, dict)
+               else tuple(sorted(pool.items(), key=str)))
+        hash(key)
+    except TypeError:
+        return _resolve_pool(c, device, pool)
+    with _st.lock:
+        if _st.pool_pid != os.getpid():
+            _st.pool_cache, _st.pool_pid = {}, os.getpid()
+        found = _st.pool_cache.get(key)
+    if found is None:
+        found = _st.pool_cache[key] = (_resolve_pool(c, device, pool),)
+    return found[0]
+
+
+def _resolve_pool(c, device, pool):
     """The pool a tensor of `device` is copied into: pool (a name, or a dict
     by "cpu" / CUDA index), else the pool of that GPU (by UUID, else by
     ordinal) or the first host pool for CPU tensors, else the default pool.
@@ -366,10 +388,11 @@ def _unique_name():
 
 def _copy_out(c, t, pool, ttl):
     """Copy t's elements (C order) into a new named buffer with a lease,
-    stream-ordered; returns its name and id."""
+    stream-ordered; returns its name, id and pool."""
     nbytes = t.numel() * t.element_size()
     name = _unique_name()
-    buf = c.alloc(max(nbytes, 1), name, _pool_for(c, t.device, pool), ttl=ttl)
+    pool = _pool_for(c, t.device, pool)
+    buf = c.alloc(max(nbytes, 1), name, pool, ttl=ttl)
     buf_id = buf.id
     try:
         dst = torch.from_dlpack(buf)
@@ -395,13 +418,13 @@ def _copy_out(c, t, pool, ttl):
                 torch.cuda.current_stream(t.device).synchronize()
             del dst
             buf.seal()
-        return name, buf_id
+        return name, buf_id, pool
     except BaseException:
         if buf is not None:
             buf.release()
             buf = None
             try:
-                c.delete(name, pool=_pool_for(c, t.device, pool))
+                c.delete(name, pool=pool)
             except gpubuf.Error:
                 pass
         raise
@@ -493,8 +516,7 @@ def _reduce(t):
         name, pool = "", None
         strides = tuple(t.stride())
     else:
-        name, buf_id = _copy_out(c, t.detach(), _cfg.pool, _cfg.ttl)
-        pool = _pool_for(c, t.device, _cfg.pool)
+        name, buf_id, pool = _copy_out(c, t.detach(), _cfg.pool, _cfg.ttl)
         offset = 0
         strides = _contiguous(tuple(t.shape))
     ticket = (1, buf_id, name, pool, one_shot, offset, _dtype_name(t.dtype), tuple(t.shape),
@@ -651,7 +673,14 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
                 del dsts, srcs
             # A seal on a stream carries no metadata (Buffer.seal): each
             # tensor's dtype and shape travel in the index, which
-            # open_state_dict reads (its key and ttl are the index's).
+            # open_state_dict reads (its key is the index's). The lease
+            # cannot wait for the seal: each buffer gets it now (renew
+            # starts one on a buffer that has none), one round trip each,
+            # only when a ttl is asked for; else the tensors would outlive
+            # the index's lease forever.
+            if ttl is not None:
+                for b in bufs:
+                    client.renew(b.id, ttl)
             for b in bufs:
                 b.seal(stream=s)
             ev = torch.cuda.Event()

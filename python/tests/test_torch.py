@@ -15,7 +15,7 @@ if importlib.util.find_spec("torch") is None:  # pragma: no cover
                 allow_module_level=True)
 
 HERE = SRC / "python" / "tests"
-SCENARIOS = ["queue", "zero_copy", "pool", "fork", "killed", "sender_exits", "lease",
+SCENARIOS = ["queue", "zero_copy", "pool", "fork", "killed", "sender_exits", "lease", "sd_lease",
              "versions", "readonly", "assign", "errors"]
 
 
@@ -32,3 +32,11 @@ def run_scenario(daemon, scenario, device, pool, timeout=600):
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_torch_cpu(daemon, scenario):
     run_scenario(daemon, scenario, "cpu", "host")
+
+
+@pytest.mark.parametrize("scenario", ["zero_copy", "killed"])
+def test_torch_cpu_other_pool(daemon, scenario):
+    """The scenarios that name a buffer, in a pool that is not the daemon's
+    default ("tiny"; "host" is): names are per pool, so every look-up of
+    such a name says its pool, as on the GPU, where "vmm" is not the default."""
+    run_scenario(daemon, scenario, "cpu", "tiny")

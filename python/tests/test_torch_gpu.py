@@ -12,7 +12,7 @@ from conftest import SRC, Daemon, env_for
 from test_torch import run_scenario
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch_gpu]
-SCENARIOS = ["queue", "zero_copy", "pool", "killed", "sender_exits", "lease", "versions",
+SCENARIOS = ["queue", "zero_copy", "pool", "killed", "sender_exits", "lease", "sd_lease", "versions",
              "readonly", "assign", "errors", "stream", "cai"]
 
 

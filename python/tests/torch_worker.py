@@ -146,8 +146,14 @@ def sd_consumer(prefix, device, cmd, r):
 
 # ---- scenarios -------------------------------------------------------------------------------
 
+EARLIER = set()  # ids of hand-over buffers in the daemon before this scenario began
+
+
 def gt_buffers(c):
-    return [b for b in c.status()["buffers"] if b["name"].startswith(".gpubuf-torch/")]
+    """This scenario's hand-over buffers (those of an earlier scenario on the
+    same daemon are that scenario's to check)."""
+    return [b for b in c.status()["buffers"]
+            if b["name"].startswith(".gpubuf-torch/") and b["id"] not in EARLIER]
 
 
 def scenario_queue(device, pool, ctx):
@@ -201,11 +207,11 @@ def scenario_zero_copy(device, pool, ctx):
     want = torch.zeros(4, 8)
     want[1:3, ::2] = 7
     assert torch.equal(t.cpu(), want), t
-    assert c.stat("zc/shared")["refs"] == 2  # this process and the receiver, one each
+    assert c.stat("zc/shared", pool=pool)["refs"] == 2  # this process and the receiver, one each
     assert not gt_buffers(c)  # nothing was copied
     q.put(None)
     p.join(DEADLINE)
-    wait_for("the receiver's reference to go", lambda: c.stat("zc/shared")["refs"] == 1)
+    wait_for("the receiver's reference to go", lambda: c.stat("zc/shared", pool=pool)["refs"] == 1)
 
 
 def scenario_pool(device, pool, ctx):
@@ -253,14 +259,14 @@ def scenario_killed(device, pool, ctx):
     q.put(shared[10:20])  # the same buffer: still one reference in that process
     q.put(sample(torch.float32, device))  # a copy
     assert r.get(timeout=DEADLINE) == 3
-    assert c.stat("kill/shared")["refs"] == 2
+    assert c.stat("kill/shared", pool=pool)["refs"] == 2
     # the copy: the receiver's reference (the sender's goes once its copy ran)
     wait_for("the sender's reference to the copy to go",
              lambda: [b["refs"] for b in gt_buffers(c)] == [1])
     os.kill(p.pid, signal.SIGKILL)
     p.join(DEADLINE)
     wait_for("the killed receiver's references to go",
-             lambda: c.stat("kill/shared")["refs"] == 1 and not gt_buffers(c))
+             lambda: c.stat("kill/shared", pool=pool)["refs"] == 1 and not gt_buffers(c))
 
 
 def scenario_sender_exits(device, pool, ctx):
@@ -294,6 +300,25 @@ def scenario_lease(device, pool, ctx):
         print("late receiver:", type(e).__name__, e)
     else:
         raise AssertionError("a ticket whose lease ran out opened")
+
+
+def scenario_sd_lease(device, pool, ctx):
+    """publish_state_dict(ttl=...): every buffer of the version has the lease
+    (the tensors too, where they are sealed on a CUDA stream, which carries no
+    metadata), and the whole version goes when it runs out."""
+    c = gt.client()
+    prefix = "sdlease/%d" % os.getpid()
+    sd = {"w": torch.ones(8, 4, device=device), "b": torch.arange(4, device=device)}
+    before = {p["name"]: p["used"] for p in c.status()["pools"]}
+    v = gt.publish_state_dict(c, prefix, sd, pool=pool, ttl=1)
+    gt.flush()  # CUDA: this process's views go once the copies ran
+    mine = [b for b in c.status()["buffers"] if b["name"].startswith(prefix + "/")]
+    assert len(mine) == 3 and all(b["lease_left"] is not None for b in mine), mine
+    wait_for("the version's leases to run out",
+             lambda: not [b for b in c.status()["buffers"] if b["id"] in
+                          {m["id"] for m in mine}])
+    assert gt.latest_version(c, prefix) is None, v
+    assert {p["name"]: p["used"] for p in c.status()["pools"]} == before
 
 
 def scenario_versions(device, pool, ctx):
@@ -492,8 +517,30 @@ def main():
     if device == "cuda" and not torch.cuda.is_available():
         skip("torch %s has no CUDA here" % torch.__version__)
     ctx = mp.get_context("spawn")
-    globals()["scenario_" + scenario](device, pool, ctx)
+    try:
+        with gpubuf.Client() as c:
+            EARLIER.update(b["id"] for b in gt_buffers(c))
+    except gpubuf.Error:
+        pass  # no daemon: the scenario says what it expects
+    try:
+        globals()["scenario_" + scenario](device, pool, ctx)
+    finally:
+        end_children()
     print("ok " + scenario)
+
+
+def end_children():
+    """SIGKILL the children a scenario left (a failed check leaves a writer
+    waiting on its queue, or a holder holding references): else this process
+    would wait for them at exit (multiprocessing joins its children), and
+    their references would outlive the scenario into the daemon's next one."""
+    import multiprocessing
+    for p in multiprocessing.active_children():
+        try:
+            os.kill(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.join(DEADLINE)
 
 
 if __name__ == "__main__":
