@@ -246,16 +246,8 @@ static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const c
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     lookup l = {0};
-    if (name && *name) {
-        gpubuf_lookup o = {.pool = pool};
-        if ((r = gpubuf__lookup_make("alloc", name, 0, &o, 0, &l)) < 0)
-            return r;
-        pool = l.pool;
-        name = l.name;
-    }
-    a.pool = (char *)(pool ? pool : "");
-    a.size = size;
-    a.name = (char *)(name ? name : "");
+    if ((r = gpubuf__alloc_fill(&a, pool, size, name, &l)) < 0)
+        return r;
     req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
     req.alloc = &a;
     r = gpubuf__buffer_request(c, &req, ret);

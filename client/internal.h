@@ -210,6 +210,11 @@ int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const g
                         unsigned allowed, lookup *l);
 bool gpubuf__lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
                          Gpubuf__ExpectedOwner **owner);
+/* An alloc request's pool, size and name ("NAME" or "/POOL/NAME", NULL or
+ * "": anonymous) in a; l holds the split name. 0 or a negative code with
+ * the thread's message set. */
+int gpubuf__alloc_fill(Gpubuf__AllocRequest *a, const char *pool, uint64_t size,
+                       const char *name, lookup *l);
 /* The fields of a Buffer message as the public gpubuf_buffer_info. */
 void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m);
 /* What the daemon could refuse a seal of b for, checked here: 0, GPUBUF_ESTATE

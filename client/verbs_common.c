@@ -56,6 +56,22 @@ int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const g
     return 0;
 }
 
+int gpubuf__alloc_fill(Gpubuf__AllocRequest *a, const char *pool, uint64_t size,
+                       const char *name, lookup *l) {
+    if (name && *name) {
+        gpubuf_lookup o = {.pool = pool};
+        int r = gpubuf__lookup_make("alloc", name, 0, &o, 0, l);
+        if (r < 0)
+            return r;
+        pool = l->pool;
+        name = l->name;
+    }
+    a->pool = (char *)(pool ? pool : "");
+    a->size = size;
+    a->name = (char *)(name ? name : "");
+    return 0;
+}
+
 /* The target, pool and owner of an open, stat or delete request from l
  * (name and id are one protobuf oneof: only one is written). Returns true
  * for a target by name. */
