@@ -120,7 +120,7 @@ for c in json.load(sys.stdin)["clients"]:
 # wait_seen SOCKET REGEX: until a line of seen matches (a client's entry may
 # show a moment after its first reply, on a loaded machine).
 wait_seen() {
-    for _ in $(seq 400); do
+    for _ in $(seq 2000); do
         seen "$1" | grep -qE "$2" && return 0
         sleep 0.05
     done

@@ -286,7 +286,8 @@ def scenario_sender_exits(device, pool, ctx):
 def scenario_lease(device, pool, ctx):
     """A tensor sent and never received goes when its lease runs out."""
     from multiprocessing.reduction import ForkingPickler
-    gt.install(cpu=(device == "cpu"), pool=pool, ttl=1, open_timeout=1)
+    # ttl: long enough that a loaded machine still sees the lease before it ends
+    gt.install(cpu=(device == "cpu"), pool=pool, ttl=6, open_timeout=1)
     c = gt.client()
     before = c.status()["pools"]
     data = bytes(ForkingPickler.dumps(sample(torch.float32, device)))
@@ -310,7 +311,7 @@ def scenario_sd_lease(device, pool, ctx):
     prefix = "sdlease/%d" % os.getpid()
     sd = {"w": torch.ones(8, 4, device=device), "b": torch.arange(4, device=device)}
     before = {p["name"]: p["used"] for p in c.status()["pools"]}
-    v = gt.publish_state_dict(c, prefix, sd, pool=pool, ttl=1)
+    v = gt.publish_state_dict(c, prefix, sd, pool=pool, ttl=6)  # see scenario_lease
     gt.flush()  # CUDA: this process's views go once the copies ran
     mine = [b for b in c.status()["buffers"] if b["name"].startswith(prefix + "/")]
     assert len(mine) == 3 and all(b["lease_left"] is not None for b in mine), mine
