@@ -10,6 +10,7 @@
  * so a declined reply means nothing but the slower path.
  * tests/test_reply_fast.c checks it against protobuf-c on generated and
  * mutated replies. */
+#include <limits.h>
 #include <string.h>
 
 #include "internal.h"
@@ -56,10 +57,20 @@ static bool varint_long(rd *r, uint64_t *v) {
     return false; /* truncated, or longer than 10 bytes */
 }
 
+/* protobuf-c reads a tag or a length prefix of at most 5 bytes (a longer,
+ * padded one is an error there) and no length over INT_MAX: the same bounds
+ * here, or this would accept what protobuf-c refuses. */
+enum { PREFIX_MAX = 5 };
+
+static inline bool prefix(rd *r, uint64_t *v) {
+    const uint8_t *start = r->p;
+    return varint(r, v) && r->p - start <= PREFIX_MAX;
+}
+
 /* A length-delimited field: its bytes [*ret, *ret + *len). */
 static bool span(rd *r, const uint8_t **ret, size_t *len) {
     uint64_t n;
-    if (!varint(r, &n) || n > (uint64_t)(r->end - r->p))
+    if (!prefix(r, &n) || n > INT_MAX || n > (uint64_t)(r->end - r->p))
         return false;
     *ret = r->p;
     *len = (size_t)n;
@@ -100,7 +111,7 @@ static inline bool tag(rd *r, uint32_t *field, uint32_t *wt, uint64_t *seen, boo
     uint64_t t;
     if (r->p == r->end)
         return false;
-    if (!varint(r, &t) || (t >> 3) == 0 || (t >> 3) >= 64 || (*seen >> (t >> 3) & 1)) {
+    if (!prefix(r, &t) || (t >> 3) == 0 || (t >> 3) >= 64 || (*seen >> (t >> 3) & 1)) {
         *bad = true;
         return false;
     }

@@ -210,9 +210,27 @@ START_TEST(mutated_replies_never_disagree) {
 }
 END_TEST
 
+/* protobuf-c refuses a tag or a length prefix padded past 5 bytes (the
+ * fuzzer found both accepted here); a padded varint value of up to 10 bytes
+ * it reads, and so does this decoder. */
+START_TEST(padded_prefixes_follow_protobuf_c) {
+    static const uint8_t tag6[] = {0x88, 0x80, 0x80, 0x80, 0x80, 0x00, 0x05};
+    static const uint8_t tag5[] = {0x88, 0x80, 0x80, 0x80, 0x00, 0x05};
+    static const uint8_t len6[] = {0x1a, 0x85, 0x80, 0x80, 0x80, 0x80, 0x00, 'h', 'e', 'l', 'l', 'o'};
+    static const uint8_t len5[] = {0x1a, 0x85, 0x80, 0x80, 0x80, 0x00, 'h', 'e', 'l', 'l', 'o'};
+    static const uint8_t val10[] = {0x08, 0x81, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x00};
+    ck_assert(!check_one(tag6, sizeof(tag6)));
+    ck_assert(check_one(tag5, sizeof(tag5)));
+    ck_assert(!check_one(len6, sizeof(len6)));
+    ck_assert(check_one(len5, sizeof(len5)));
+    ck_assert(check_one(val10, sizeof(val10)));
+}
+END_TEST
+
 int main(void) {
     Suite *s = suite_create("reply_fast");
     TCase *t = add_case(s, "decode", NULL, NULL, 0);
-    add_tests(t, fast_replies_equal_protobuf_c, mutated_replies_never_disagree);
+    add_tests(t, fast_replies_equal_protobuf_c, mutated_replies_never_disagree,
+              padded_prefixes_follow_protobuf_c);
     return run_suite(s);
 }

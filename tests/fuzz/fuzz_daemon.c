@@ -22,6 +22,8 @@ static uv_loop_t loop;
 static gd_daemon d;
 static char sock_path[108];
 
+static void remove_socket(void) { unlink(sock_path); }
+
 static void setup(void) {
     static int done;
     gd_backend *be;
@@ -42,6 +44,7 @@ static void setup(void) {
     snprintf(sock_path, sizeof(sock_path), "/tmp/gpubuf-fuzz-%d.sock", (int)getpid());
     if (gd_server_listen_path(&d.srv, sock_path, 0600, (gid_t)-1) < 0)
         abort();
+    atexit(remove_socket); /* no socket file left in /tmp after a run */
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
