@@ -19,6 +19,7 @@
 #include "backend.h"
 #include "pool.h"
 #include "check_main.h"
+#include "fuzz/core_helpers.h"
 
 /* Where the calls under test write their error (one per test process). */
 static gd_err tp_err;
@@ -88,13 +89,6 @@ static uint32_t count_slabs(const gd_pool *p) {
     for (const gd_slab *s = p->slabs; s; s = s->next)
         n++;
     return n;
-}
-
-static bool slab_in_pool(const gd_pool *p, const gd_slab *slab) {
-    for (const gd_slab *s = p->slabs; s; s = s->next)
-        if (s == slab)
-            return true;
-    return false;
 }
 
 /* True when fd is closed in this process. */
@@ -185,7 +179,7 @@ static void check_pool(const gd_pool *p, const gd_block *live, size_t n_live) {
     REQUIRE(sp != NULL);
     size_t k = 0;
     for (i = 0; i < n_live; i++) {
-        if (!slab_in_pool(p, live[i].slab))
+        if (!ch_slab_in_pool(p, live[i].slab))
             ck_abort_msg("live block %zu has a destroyed slab", i);
         sp[k++] = (span){live[i].slab->id, live[i].offset, live[i].size, false};
     }
@@ -950,7 +944,7 @@ START_TEST(test_spare_slab_policy) {
     gd_pool_release(p, &a);
     ck_assert_uint_eq(p->n_slabs, 3);
     ck_assert_uint_eq(p->reserved, 3 * p->slab_size);
-    ck_assert(slab_in_pool(p, sa));
+    ck_assert(ch_slab_in_pool(p, sa));
     ck_assert(!fd_closed(fd_a));
     ck_assert_uint_eq(sa->blocks, 0);
     ck_assert_uint_eq(sa->n_free, 1);
@@ -961,7 +955,7 @@ START_TEST(test_spare_slab_policy) {
     ck_assert(fd_closed(fd_b));
     ck_assert_uint_eq(p->n_slabs, 2);
     ck_assert_uint_eq(p->reserved, 2 * p->slab_size);
-    ck_assert(slab_in_pool(p, sa));
+    ck_assert(ch_slab_in_pool(p, sa));
 
     /* The spare is reused before any new slab is made. */
     uint64_t ids = counter;
@@ -973,7 +967,7 @@ START_TEST(test_spare_slab_policy) {
     /* Emptying the half-used slab now: no other spare, so it stays. */
     gd_slab *sc = c.slab;
     gd_pool_release(p, &c);
-    ck_assert(slab_in_pool(p, sc));
+    ck_assert(ch_slab_in_pool(p, sc));
     ck_assert_uint_eq(p->n_slabs, 2);
     /* And emptying sa while sc is the spare destroys sa. */
     int fd_sa = sa->exp.fd;
