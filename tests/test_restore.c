@@ -70,6 +70,16 @@ static void put(fx *f, Gpubuf__StateRecord *rec) {
     f->len += gd_state_frame(f->recs + f->len, f->recs + f->len + 8, (uint32_t)n);
 }
 
+/* Append a record whose body is msg, of kind c. Every member of the
+ * record's union is a pointer to a message (or an id, which these tests
+ * do not write): msg is stored in whichever c names. */
+static void put_msg(fx *f, Gpubuf__StateRecord__RecCase c, void *msg) {
+    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
+    rec.rec_case = c;
+    memcpy(&rec.slab, &msg, sizeof(msg));
+    put(f, &rec);
+}
+
 static void keep(fx *f, const char *name, int fd) {
     ck_assert_uint_lt(f->n_kept, 8);
     snprintf(f->kept[f->n_kept].name, sizeof(f->kept[0].name), "%s", name);
@@ -78,15 +88,12 @@ static void keep(fx *f, const char *name, int fd) {
 
 /* A slab record, and its memory kept as a host slab's: a sealed memfd. */
 static void slab(fx *f, uint64_t id) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateSlab m = GPUBUF__STATE_SLAB__INIT;
     char name[64];
     m.id = id;
     m.pool = (char *)"host";
     m.size = SLAB;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_SLAB;
-    rec.slab = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_SLAB, &m);
     int fd = memfd_create("slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(ftruncate(fd, SLAB), 0);
@@ -99,7 +106,6 @@ static void slab(fx *f, uint64_t id) {
  * ttl_ms (0: none). */
 static void buf_ttl(fx *f, uint64_t id, const char *name, uint64_t slab_id, uint64_t offset,
                     uint64_t ttl_ms) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateBuffer m = GPUBUF__STATE_BUFFER__INIT;
     m.id = id;
     m.name = (char *)name;
@@ -110,9 +116,7 @@ static void buf_ttl(fx *f, uint64_t id, const char *name, uint64_t slab_id, uint
     m.owner_uid = 1000;
     m.lease_ttl_ms = ttl_ms;
     m.lease_expires_ns = ttl_ms ? UINT64_MAX / 2 : 0;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_BUFFER;
-    rec.buffer = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_BUFFER, &m);
 }
 
 static void buf(fx *f, uint64_t id, const char *name, uint64_t slab_id, uint64_t offset) {
@@ -120,38 +124,29 @@ static void buf(fx *f, uint64_t id, const char *name, uint64_t slab_id, uint64_t
 }
 
 static void session(fx *f, uint64_t id) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateSession m = GPUBUF__STATE_SESSION__INIT;
     m.id = id;
     m.pid = 4242;
     m.uid = m.gid = 1000;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_SESSION;
-    rec.session = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_SESSION, &m);
 }
 
 static void ref(fx *f, uint64_t session_id, uint64_t buffer_id, uint32_t count, uint32_t ro) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateRef m = GPUBUF__STATE_REF__INIT;
     m.session = session_id;
     m.buffer = buffer_id;
     m.count = count;
     m.read_only = ro;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_REF;
-    rec.ref = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_REF, &m);
 }
 
 static void counters(fx *f, uint64_t buffers, uint64_t sessions, uint64_t slabs) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateCounters m = GPUBUF__STATE_COUNTERS__INIT;
     m.next_buffer_id = buffers;
     m.next_session_id = sessions;
     m.next_slab_id = slabs;
     m.restarts = 1;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_COUNTERS;
-    rec.counters = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_COUNTERS, &m);
 }
 
 static double cpu_s(void) {
