@@ -184,9 +184,10 @@ static void base(fx *f) {
     buf(f, 2, "two", 1, KB4);
 }
 
-/* Allocate n anonymous buffers; each gets an id nobody has, and ids 1 and
- * 2 still find "one" and "two" (stat by id answers the right buffer). */
-static void alloc_fresh(fx *f, int n) {
+/* How each test whose ids must continue ends: allocate n anonymous
+ * buffers; each gets an id nobody has, and ids 1 and 2 still find "one"
+ * and "two" (stat by id answers the right buffer); then free f. */
+static void fresh_then_free(fx *f, int n) {
     char msg[256];
     const char *bad = state_check_fresh(&f->ctx, f->pool, n, msg, sizeof(msg));
     ck_assert_msg(!bad, "after new allocations: %s", bad);
@@ -205,6 +206,7 @@ static void alloc_fresh(fx *f, int n) {
     ck_assert_str_eq(one->name, "one");
     ck_assert_str_eq(two->name, "two");
     gd_registry_holder_drop(&f->ctx.reg, h);
+    fx_free(f);
 }
 
 /* Finding 3: a buffer of id 2^64 - 1 made the next ids 0, 1, 2. It is
@@ -223,8 +225,7 @@ START_TEST(buffer_id_near_2_64_is_refused) {
     ck_assert_ptr_null(gd_registry_find_name(&f.ctx.reg, "huge"));
     ck_assert_uint_eq(f.ctx.reg.n_buffers, 2);
     ck_assert_uint_eq(f.ctx.reg.next_buffer_id, 2);
-    alloc_fresh(&f, 3);
-    fx_free(&f);
+    fresh_then_free(&f, 3);
 
     fx_init(&f);
     base(&f);
@@ -254,8 +255,7 @@ START_TEST(next_buffer_id_near_2_64_is_ignored) {
         base(&f);
         restore(&f);
         ck_assert_uint_eq(f.ctx.reg.next_buffer_id, 2);
-        alloc_fresh(&f, 3);
-        fx_free(&f);
+        fresh_then_free(&f, 3);
     }
 }
 END_TEST
@@ -281,8 +281,7 @@ START_TEST(session_id_near_2_64_is_refused) {
     ck_assert_ptr_nonnull(h);
     ck_assert_uint_eq(h->id, 4);
     gd_registry_holder_drop(&f.ctx.reg, h);
-    alloc_fresh(&f, 2);
-    fx_free(&f);
+    fresh_then_free(&f, 2);
 
     /* The last session id: restored, and then no new session (refused with
      * EOVERFLOW, not given id 0). */
@@ -413,8 +412,7 @@ START_TEST(bad_records_are_dropped) {
     ck_assert_uint_eq(gd_registry_find_id(&f.ctx.reg, 2)->refs, 0);
     /* Ids that were in the records stay used: new ones come after. */
     ck_assert_uint_ge(f.ctx.reg.next_buffer_id, 12);
-    alloc_fresh(&f, 2);
-    fx_free(&f);
+    fresh_then_free(&f, 2);
 }
 END_TEST
 
