@@ -14,6 +14,7 @@
 
 #include "cuda_driver.h"
 #include "gpu_batch.h"
+#include "gpu_helpers.h"
 #include "harness.h"
 #include "internal.h"
 #include "pattern.h"
@@ -119,12 +120,17 @@ static int views_body(const test_daemon *d, void *arg) {
     return 0;
 }
 
-START_TEST(views_copies_and_mapping_cache) {
-    ck_assert_int_eq(td_wait(td_spawn(views_body, &D, NULL)), 0);
+/* No buffer left in D, and its first pool's bytes all back. */
+static void assert_nothing_left(void) {
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(s->n_buffers, 0);
     ck_assert_uint_eq(s->pools[0].used, 0);
     gpubuf_status_free(s);
+}
+
+START_TEST(views_copies_and_mapping_cache) {
+    ck_assert_int_eq(td_wait(td_spawn(views_body, &D, NULL)), 0);
+    assert_nothing_left();
 }
 END_TEST
 
@@ -134,15 +140,8 @@ typedef struct job {
 } job;
 
 static int gpu_produce(const test_daemon *d, void *arg) {
-    job *j = arg;
-    gpubuf_client *c;
-    gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", j->size, "g", &b) < 0)
-        return 1;
-    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), j->size,
-                                   7) < 0)
-        return 2;
-    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
+    const job *j = arg;
+    return gpu_produce_sealed(d, "gpu0", j->size, "g", -1, -1, 7);
 }
 
 static int gpu_consume(const test_daemon *d, void *arg) {
@@ -285,23 +284,25 @@ static int oom_client(const test_daemon *d, void *arg) {
     return 0;
 }
 
-/* Once memory is back: the same 4 GiB request works and holds the data. */
-static int big_client(const test_daemon *d, void *arg) {
+/* A new client of the daemon at socket allocates size bytes named name in
+ * "gpu0", fills and checks them on the GPU (gpu_fill_verify), releases them
+ * and disconnects: 0; 1: the connect or alloc failed; 2: the check did. */
+static int alloc_check_free(const char *socket, uint64_t size, const char *name, uint32_t seed) {
     gpubuf_client *c;
     gpubuf_buffer *b;
-    uint64_t bad = 1;
-    (void)arg;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", 4 * GiB, "oom-big", &b) < 0)
+    if (gpubuf_connect(socket, &c) < 0 || gpubuf_alloc(c, "gpu0", size, name, &b) < 0)
         return 1;
-    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), 4 * GiB,
-                                   6) < 0 ||
-        gpubuf_pattern_verify_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
-                                     4 * GiB, 6, &bad) < 0 ||
-        bad)
+    if (gpu_fill_verify(b, size, seed) < 0)
         return 2;
     gpubuf_release(b);
     gpubuf_disconnect(c);
     return 0;
+}
+
+/* Once memory is back: the same 4 GiB request works and holds the data. */
+static int big_client(const test_daemon *d, void *arg) {
+    (void)arg;
+    return alloc_check_free(d->socket, 4 * GiB, "oom-big", 6);
 }
 
 START_TEST(cuda_out_of_memory) {
@@ -343,7 +344,7 @@ typedef struct term_job {
 static int term_consumer(const test_daemon *d, void *arg) {
     term_job *j = arg;
     gpubuf_client *c;
-    gpubuf_buffer *b, *n;
+    gpubuf_buffer *b;
     gpubuf_buffer_info info;
     uint64_t bad = 1;
     char x;
@@ -364,18 +365,8 @@ static int term_consumer(const test_daemon *d, void *arg) {
         return 4;
     gpubuf_release(b); /* unmaps locally */
     gpubuf_disconnect(c);
-    if (gpubuf_connect(j->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", 16 * MiB, "after", &n) < 0)
-        return 5;
-    bad = 1;
-    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(n), gpubuf_buffer_device_ptr(n), 16 * MiB,
-                                   8) < 0 ||
-        gpubuf_pattern_verify_device(gpubuf_buffer_device(n), gpubuf_buffer_device_ptr(n),
-                                     16 * MiB, 8, &bad) < 0 ||
-        bad)
-        return 6;
-    gpubuf_release(n);
-    gpubuf_disconnect(c);
-    return 0;
+    r = alloc_check_free(j->socket, 16 * MiB, "after", 8); /* 1, 2: 5, 6 */
+    return r ? 4 + r : 0;
 }
 
 START_TEST(sigterm_with_gpu_clients) {
@@ -393,10 +384,7 @@ START_TEST(sigterm_with_gpu_clients) {
     ck_assert_int_eq(td_restart(&D, args), 0);
     td_gates_pass(g.go[1], 1);
     ck_assert_int_eq(td_wait(p), 0);
-    gpubuf_status *s = td_status(&D);
-    ck_assert_uint_eq(s->n_buffers, 0);
-    ck_assert_uint_eq(s->pools[0].used, 0);
-    gpubuf_status_free(s);
+    assert_nothing_left();
 }
 END_TEST
 
@@ -411,18 +399,10 @@ typedef struct peer_job {
 } peer_job;
 
 static int produce_on(const test_daemon *d, void *arg) {
-    peer_job *j = arg;
-    gpubuf_client *c;
-    gpubuf_buffer *b;
+    const peer_job *j = arg;
     char pool[16];
     snprintf(pool, sizeof(pool), "gpu%d", j->memory_device);
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, pool, j->size, j->name, &b) < 0)
-        return 1;
-    if (gpubuf_buffer_device(b) != j->memory_device ||
-        gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), j->size,
-                                   j->seed) < 0)
-        return 2;
-    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
+    return gpu_produce_sealed(d, pool, j->size, j->name, -1, j->memory_device, j->seed);
 }
 
 /* Open j->name mapped on j->device and check every word with a kernel there. */

@@ -14,6 +14,7 @@
 
 #include "cuda_driver.h"
 #include "check_main.h"
+#include "gpu_helpers.h"
 #include "fdstore.h"
 #include "gpu_batch.h"
 #include "harness.h"
@@ -265,14 +266,8 @@ END_TEST
 /* ---- read-only opens ----------------------------------------------------- */
 
 static int fill_and_seal(const test_daemon *d, void *arg) {
-    story *j = arg;
-    gpubuf_client *c;
-    gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, j->pool, j->size, j->name, &b) < 0)
-        return 1;
-    if (gpubuf_pattern_fill_device(0, gpubuf_buffer_device_ptr(b), j->size, j->seed) < 0)
-        return 2;
-    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
+    const story *j = arg;
+    return gpu_produce_sealed(d, j->pool, j->size, j->name, 0, -1, j->seed);
 }
 
 /* Read through a read-only view, then write through it: the kernel faults. */
@@ -405,15 +400,8 @@ typedef struct peer {
 } peer;
 
 static int peer_produce(const test_daemon *d, void *arg) {
-    peer *j = arg;
-    gpubuf_client *c;
-    gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, j->pool, 256 * MiB, j->name, &b) < 0)
-        return 1;
-    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
-                                   256 * MiB, j->seed) < 0)
-        return 2;
-    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
+    const peer *j = arg;
+    return gpu_produce_sealed(d, j->pool, 256 * MiB, j->name, -1, -1, j->seed);
 }
 
 static int peer_consume(const test_daemon *d, void *arg) {
