@@ -148,16 +148,12 @@ static int gpu_consume(const test_daemon *d, void *arg) {
     job *j = arg;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    uint64_t bad = 1;
     char x;
     if (j->go_fd >= 0 && read(j->go_fd, &x, 1) != 1)
         return 1;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, "g", 5000, &b) < 0)
-        return 2;
-    if (gpubuf_pattern_verify_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
-                                     gpubuf_buffer_size(b), 7, &bad) < 0 ||
-        bad != 0)
-        return 3;
+    int r = gpu_open_verified(d->socket, "g", 5000, 7, &c, &b); /* 1, 2: 2, 3 */
+    if (r)
+        return 1 + r;
     if (write(j->ready_fd, "r", 1) != 1)
         return 4;
     if (read(j->hold_fd, &x, 1) != 1)
@@ -345,19 +341,15 @@ static int term_consumer(const test_daemon *d, void *arg) {
     term_job *j = arg;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    gpubuf_buffer_info info;
-    uint64_t bad = 1;
     char x;
     (void)d;
-    if (gpubuf_connect(j->socket, &c) < 0 || gpubuf_open(c, "g", 5000, &b) < 0)
-        return 1;
-    if (gpubuf_pattern_verify_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
-                                     gpubuf_buffer_size(b), 7, &bad) < 0 ||
-        bad)
-        return 2;
+    int r = gpu_open_verified(j->socket, "g", 5000, 7, &c, &b);
+    if (r)
+        return r;
     if (write(j->ready_fd, "r", 1) != 1 || read(j->go_fd, &x, 1) != 1)
         return 3;
-    int r = gpubuf_stat(c, "g", &info);
+    gpubuf_buffer_info info;
+    r = gpubuf_stat(c, "g", &info);
     printf("sigterm: request after the daemon stopped: %s: %s\n", gpubuf_err_name(r),
            gpubuf_last_error_message());
     fflush(stdout);
@@ -500,21 +492,17 @@ START_TEST(ipc_batches_open_alloc_release) {
 END_TEST
 
 int main(void) {
-    g_ngpus = td_probe_gpus(g_uuid, 8);
-    if (g_ngpus < 1) {
-        printf("test_gpu: no CUDA driver or device: skipped\n");
-        return 77;
-    }
-    Suite *s = suite_create("gpu");
-    TCase *t = add_case(s, "cuda-ipc", start_gpu, td_stop_clean, 120);
-    add_tests(t, user_story_256mib, views_copies_and_mapping_cache, eight_gpu_consumers_at_once,
-              sigkill_gpu_consumer, dedicated_slab_1gib, cuda_out_of_memory,
-              sigterm_with_gpu_clients, set_device_same_gpu, ipc_batches_open_alloc_release);
-    if (g_ngpus >= 2) {
-        TCase *m = add_case(s, "multi-gpu", start_default_config, td_stop_clean, 120);
-        add_tests(m, default_config_pool_per_gpu, cross_device_1gib);
-    } else {
-        printf("test_gpu: %d GPU: the multi-gpu cases need two\n", g_ngpus);
-    }
-    return run_suite(s);
+    const gpu_case cases[] = {
+        {"cuda-ipc", start_gpu, td_stop_clean,
+         (const TTest *const[]){user_story_256mib, views_copies_and_mapping_cache,
+                                eight_gpu_consumers_at_once, sigkill_gpu_consumer,
+                                dedicated_slab_1gib, cuda_out_of_memory, sigterm_with_gpu_clients,
+                                set_device_same_gpu, ipc_batches_open_alloc_release, NULL},
+         1, NULL},
+        {"multi-gpu", start_default_config, td_stop_clean,
+         (const TTest *const[]){default_config_pool_per_gpu, cross_device_1gib, NULL}, 2,
+         "the multi-gpu cases need two"},
+    };
+    return gpu_suite_main("test_gpu", "gpu", &g_ngpus, g_uuid, cases,
+                          sizeof(cases) / sizeof(cases[0]));
 }

@@ -533,29 +533,25 @@ START_TEST(vmm_batches_open_alloc_release) {
 END_TEST
 
 int main(void) {
-    g_ngpus = td_probe_gpus(g_uuid, 8);
-    if (g_ngpus < 1) {
-        printf("test_gpu_vmm: no CUDA driver or device: skipped\n");
-        return 77;
-    }
-    Suite *s = suite_create("gpu-vmm");
-    TCase *t = add_case(s, "cuda-vmm", start_vmm, td_stop_clean, 120);
-    add_tests(t, vmm_user_story_256mib, vmm_stream_ordered_1gib, ipc_stream_ordered_256mib,
-              vmm_release_while_kernel_runs, vmm_read_only_faults_alone, vmm_stream_copies,
-              vmm_batches_open_alloc_release);
-    if (g_ngpus >= 2) {
-        TCase *m = add_case(s, "cuda-vmm-peer", start_vmm_two, td_stop_clean, 120);
-        tcase_add_test(m, vmm_peer_access);
-    } else {
-        printf("test_gpu_vmm: %d GPU: the peer-access case needs two\n", g_ngpus);
-    }
+    const gpu_case cases[] = {
+        {"cuda-vmm", start_vmm, td_stop_clean,
+         (const TTest *const[]){vmm_user_story_256mib, vmm_stream_ordered_1gib,
+                                ipc_stream_ordered_256mib, vmm_release_while_kernel_runs,
+                                vmm_read_only_faults_alone, vmm_stream_copies,
+                                vmm_batches_open_alloc_release, NULL},
+         1, NULL},
+        {"cuda-vmm-peer", start_vmm_two, td_stop_clean,
+         (const TTest *const[]){vmm_peer_access, NULL}, 2, "the peer-access case needs two"},
 #ifdef GPUBUF_TEST_SYSTEMD
-    TCase *r = add_case(s, "cuda-vmm-restart", NULL, NULL, 120);
-    tcase_add_test(r, vmm_restart_keeps_buffer);
-#else
+        {"cuda-vmm-restart", NULL, NULL, (const TTest *const[]){vmm_restart_keeps_buffer, NULL},
+         1, NULL},
+#endif
+    };
+#ifndef GPUBUF_TEST_SYSTEMD
     (void)vmm_restart_keeps_buffer;
     printf("test_gpu_vmm: gpubufd is built without libsystemd (no fd store): the restart "
            "case does not run\n");
 #endif
-    return run_suite(s);
+    return gpu_suite_main("test_gpu_vmm", "gpu-vmm", &g_ngpus, g_uuid, cases,
+                          sizeof(cases) / sizeof(cases[0]));
 }

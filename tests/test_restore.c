@@ -47,6 +47,11 @@ static void fx_init(fx *f) {
     ck_assert_int_eq(gd_context_add_pool(&f->ctx, f->pool), 0);
 }
 
+/* Declare the fixture f and start it (fx_init). */
+#define FX(f)                                                                                      \
+    fx f;                                                                                          \
+    fx_init(&f)
+
 static void fx_free(fx *f) {
     gd_state_freeze(f->ctx.state);
     gd_state_free(f->ctx.state);
@@ -214,8 +219,7 @@ static void fresh_then_free(fx *f, int n) {
  * restored, and then buffer ids are used up: an alloc is refused, never
  * wrapped. */
 START_TEST(buffer_id_near_2_64_is_refused) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     base(&f);
     buf(&f, U64MAX, "huge", 1, 2 * KB4);
     buf(&f, GD_ID_MAX + 1, "beyond", 1, 3 * KB4);
@@ -249,8 +253,7 @@ END_TEST
 START_TEST(next_buffer_id_near_2_64_is_ignored) {
     const uint64_t bad[] = {U64MAX, 1ull << 63, GD_ID_MAX + 1};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        fx f;
-        fx_init(&f);
+        FX(f);
         counters(&f, bad[i], 0, 0);
         base(&f);
         restore(&f);
@@ -264,8 +267,7 @@ END_TEST
  * 2^64 - 1 made new sessions get ids 0, 1, ...: dropped and ignored; the
  * holder made next gets a fresh id. */
 START_TEST(session_id_near_2_64_is_refused) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     counters(&f, 0, U64MAX, 0);
     base(&f);
     session(&f, 3);
@@ -301,8 +303,7 @@ END_TEST
  * closed); a saved next_slab_id of 2^64 - 1 is ignored; a new slab gets a
  * fresh id. */
 START_TEST(slab_id_near_2_64_is_refused) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     counters(&f, 0, 0, U64MAX);
     base(&f);
     slab(&f, U64MAX);
@@ -335,8 +336,7 @@ END_TEST
  * seconds. A second count that would take the session past 2^32 - 1 is
  * dropped. */
 START_TEST(huge_reference_count_is_one_step) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     base(&f);
     session(&f, 5);
     ref(&f, 5, 1, UINT32_MAX, UINT32_MAX);
@@ -421,8 +421,7 @@ END_TEST
  * handover made sendmsg fail (EBADF) and every takeover of a daemon with a
  * cuda-ipc slab give up. */
 START_TEST(handover_leaves_out_slabs_without_an_fd) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     base(&f);
     restore(&f);
     gd_slab *s = gd_registry_find_id(&f.ctx.reg, 1)->blk.slab;
