@@ -73,6 +73,17 @@ static gd_pool *pool_make(uint64_t capacity, uint64_t slab_size, uint64_t *count
     return p;
 }
 
+/* How a test ends: release the n blocks of live in order, check that every
+ * byte is back (and that slabs slabs remain, when slabs >= 0), free p. */
+static void release_all_free(gd_pool *p, gd_block *live, size_t n, int slabs) {
+    for (size_t i = 0; i < n; i++)
+        gd_pool_release(p, &live[i]);
+    ck_assert_uint_eq(p->used, 0);
+    if (slabs >= 0)
+        ck_assert_uint_eq(p->n_slabs, (uint32_t)slabs);
+    gd_pool_free(p);
+}
+
 /* Allocate and fail the test on error. */
 static gd_block alloc_ok(gd_pool *p, uint64_t size, uint64_t align) {
     gd_block b;
@@ -341,10 +352,7 @@ START_TEST(test_default_alignment) {
         ck_assert_uint_eq(live[i].size, round_up(sizes[i], al));
         check_pool(p, live, i + 1);
     }
-    for (size_t i = 0; i < n; i++)
-        gd_pool_release(p, &live[i]);
-    ck_assert_uint_eq(p->used, 0);
-    gd_pool_free(p);
+    release_all_free(p, live, n, -1);
 }
 END_TEST
 
@@ -570,10 +578,7 @@ START_TEST(test_blocks_disjoint_in_memory) {
         }
     for (size_t k = 0; k < n_maps; k++)
         munmap(maps[k], slabs[k]->size);
-    for (size_t i = 0; i < N; i++)
-        gd_pool_release(p, &live[i]);
-    ck_assert_uint_eq(p->used, 0);
-    gd_pool_free(p);
+    release_all_free(p, live, N, -1);
 }
 END_TEST
 
@@ -725,11 +730,7 @@ START_TEST(test_fragmentation) {
     live[n++] = rest;
     live[n++] = fit;
     check_pool(p, live, n);
-    for (size_t i = 0; i < n; i++)
-        gd_pool_release(p, &live[i]);
-    ck_assert_uint_eq(p->used, 0);
-    ck_assert_uint_eq(p->n_slabs, 1);
-    gd_pool_free(p);
+    release_all_free(p, live, n, 1);
 }
 END_TEST
 
@@ -803,10 +804,7 @@ START_TEST(test_best_fit) {
     for (int i = 0; i < 5; i++)
         live[n++] = guard[i];
     check_pool(p, live, n);
-    for (size_t i = 0; i < n; i++)
-        gd_pool_release(p, &live[i]);
-    ck_assert_uint_eq(p->used, 0);
-    gd_pool_free(p);
+    release_all_free(p, live, n, -1);
 }
 END_TEST
 
@@ -849,11 +847,7 @@ START_TEST(test_growth_to_capacity) {
     b[1] = alloc_ok(p, 1, 0);
     ck_assert_ptr_eq(b[1].slab, freed);
     check_pool(p, b, 3);
-    for (int i = 0; i < 3; i++)
-        gd_pool_release(p, &b[i]);
-    ck_assert_uint_eq(p->used, 0);
-    ck_assert_uint_eq(p->n_slabs, 1);
-    gd_pool_free(p);
+    release_all_free(p, b, 3, 1);
 }
 END_TEST
 
