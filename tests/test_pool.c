@@ -73,6 +73,12 @@ static gd_pool *pool_make(uint64_t capacity, uint64_t slab_size, uint64_t *count
     return p;
 }
 
+/* Declare p, a pool_make of capacity with SLAB slabs, and counter, its
+ * slab-id counter (from 0). */
+#define POOL_MAKE(p, capacity)                                                                     \
+    uint64_t counter = 0;                                                                          \
+    gd_pool *p = pool_make((capacity), SLAB, &counter)
+
 /* How a test ends: release the n blocks of live in order, check that every
  * byte is back (and that slabs slabs remain, when slabs >= 0), free p. */
 static void release_all_free(gd_pool *p, gd_block *live, size_t n, int slabs) {
@@ -226,8 +232,7 @@ static void check_pool(const gd_pool *p, const gd_block *live, size_t n_live) {
 /* ---- basic accounting ------------------------------------------------------ */
 
 START_TEST(test_alloc_free_accounting) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t al = p->be->alignment;
 
     ck_assert_uint_eq(p->slab_size, round_up(SLAB, p->be->granularity));
@@ -337,8 +342,7 @@ END_TEST
 START_TEST(test_default_alignment) {
     static const uint64_t sizes[] = {1, 3, 17, 255, 256, 257, 1000, 4095, 4097, 12345, 65537};
     const size_t n = sizeof(sizes) / sizeof(sizes[0]);
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t al = p->be->alignment;
     gd_block live[sizeof(sizes) / sizeof(sizes[0])];
 
@@ -357,8 +361,7 @@ START_TEST(test_default_alignment) {
 END_TEST
 
 START_TEST(test_explicit_alignment) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t al = p->be->alignment, gran = p->be->granularity;
     gd_block live[64];
     size_t n = 0;
@@ -407,8 +410,7 @@ START_TEST(test_explicit_alignment) {
 END_TEST
 
 START_TEST(test_invalid_size_alignment) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t gran = p->be->granularity, al = p->be->alignment;
     const uint64_t bad_align[] = {3, al + 1, al * 3, gran - 1, gran * 2, gran + al, 1ull << 63};
     gd_block b;
@@ -585,8 +587,7 @@ END_TEST
 /* ---- coalescing and fragmentation ------------------------------------------ */
 
 START_TEST(test_coalesce_three) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t q = p->slab_size / 4;
 
     /* A|B|C|D fill one slab; D keeps the slab from emptying. */
@@ -634,8 +635,7 @@ END_TEST
 START_TEST(test_coalesce_all_orders) {
     static const int orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2},
                                      {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t unit = p->slab_size / 8;
 
     for (int o = 0; o < 6; o++) {
@@ -676,8 +676,7 @@ END_TEST
 
 START_TEST(test_fragmentation) {
     enum { N = 8 };
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(2 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 2 * MIB);
     uint64_t unit = p->slab_size / N;
     gd_block b[N];
 
@@ -735,8 +734,7 @@ START_TEST(test_fragmentation) {
 END_TEST
 
 START_TEST(test_best_fit) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t u = p->slab_size / 64, al = p->be->alignment;
 
     /* g|H4|g|H8|g|H3|g|H5|g and the tail: holes of 4, 8, 3 and 5 units
@@ -811,9 +809,8 @@ END_TEST
 /* ---- growth, capacity, dedicated slabs, spares ----------------------------- */
 
 START_TEST(test_growth_to_capacity) {
-    uint64_t counter = 0;
     /* A capacity that is not a multiple of the slab size: 3 slabs fit. */
-    gd_pool *p = pool_make(3 * MIB + MIB / 2, SLAB, &counter);
+    POOL_MAKE(p, 3 * MIB + MIB / 2);
     gd_block b[3];
     for (uint32_t i = 0; i < 3; i++) {
         b[i] = alloc_ok(p, p->slab_size, 0);
@@ -852,8 +849,7 @@ START_TEST(test_growth_to_capacity) {
 END_TEST
 
 START_TEST(test_dedicated_slab) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t al = p->be->alignment, gran = p->be->granularity;
     uint64_t req = p->slab_size + 1;
 
@@ -925,8 +921,7 @@ START_TEST(test_dedicated_slab) {
 END_TEST
 
 START_TEST(test_spare_slab_policy) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     gd_block a = alloc_ok(p, p->slab_size, 0);
     gd_block b = alloc_ok(p, p->slab_size, 0);
     gd_block c = alloc_ok(p, p->slab_size / 2, 0);
@@ -1048,8 +1043,7 @@ START_TEST(test_slab_ids_shared_counter) {
 END_TEST
 
 START_TEST(test_slab_memfd) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     gd_block a = alloc_ok(p, p->slab_size, 0);
     gd_block b = alloc_ok(p, 100, 0);
     gd_block d = alloc_ok(p, p->slab_size + 5000, 0);
@@ -1104,8 +1098,7 @@ START_TEST(test_slab_memfd) {
 END_TEST
 
 START_TEST(test_pool_free_closes_everything) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(8 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 8 * MIB);
     int fds[6];
     for (int i = 0; i < 6; i++) {
         gd_block b = alloc_ok(p, i == 5 ? 2 * p->slab_size : p->slab_size - 4096, 0);
@@ -1132,8 +1125,7 @@ END_TEST
 /* gd_pool_alloc_prefer: best fit among the preferred slabs that have
  * room; slabs of other pools, dedicated slabs and full slabs are passed over. */
 START_TEST(test_alloc_prefer) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(8 * SLAB, SLAB, &counter);
+    POOL_MAKE(p, 8 * SLAB);
     gd_pool *other = pool_make(2 * SLAB, SLAB, &counter);
     gd_block a = alloc_ok(p, SLAB / 2, 0);
     gd_block big = alloc_ok(p, SLAB - 64 * KIB, 0); /* second slab, 64 KiB left */
@@ -1160,21 +1152,15 @@ START_TEST(test_alloc_prefer) {
     gd_pool_release(p, &b);
     ck_assert_int_eq(gd_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 2, &b, &tp_err), 0);
     ck_assert_ptr_eq(b.slab, big.slab);
-    gd_pool_release(p, &b);
-    gd_pool_release(p, &fill);
-    gd_pool_release(p, &a);
-    gd_pool_release(p, &big);
-    gd_pool_release(p, &ded);
     gd_pool_release(other, &o);
-    ck_assert_uint_eq(p->used, 0);
-    gd_pool_free(p);
     gd_pool_free(other);
+    gd_block left[] = {b, fill, a, big, ded};
+    release_all_free(p, left, 5, -1);
 }
 END_TEST
 
 START_TEST(test_spare_slab_given_back_for_dedicated) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(3 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 3 * MIB);
     gd_block a = alloc_ok(p, p->slab_size, 0);
     gd_block b = alloc_ok(p, p->slab_size, 0);
     gd_block c = alloc_ok(p, p->slab_size, 0);
