@@ -508,12 +508,7 @@ START_TEST(vmm_restart_keeps_buffer) {
     reader_start(&k, &m.d);
     int fds_before = td_count_fds(m.d.pid);
 
-    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
-    fsd_start(&m, args);
-    vmm_check_resumed(&m.d, k.pid, 1);
-    ck_assert_int_eq(fsd_kill(&m, SIGTERM), 0);
-    fsd_start(&m, args);
-    vmm_check_resumed(&m.d, k.pid, 2);
+    fsd_restart_twice(&m, args, vmm_check_resumed, k.pid);
 
     ck_assert_int_eq(reader_stop(&k), 0);
     ck_assert(td_wait_refs(&m.d, "vr", 0, 5000));
