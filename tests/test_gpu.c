@@ -280,25 +280,26 @@ static int oom_client(const test_daemon *d, void *arg) {
     return 0;
 }
 
-/* A new client of the daemon at socket allocates size bytes named name in
- * "gpu0", fills and checks them on the GPU (gpu_fill_verify), releases them
- * and disconnects: 0; 1: the connect or alloc failed; 2: the check did. */
-static int alloc_check_free(const char *socket, uint64_t size, const char *name, uint32_t seed) {
+typedef struct alloc_job {
+    uint64_t size;
+    const char *name;
+    uint32_t seed;
+} alloc_job;
+
+/* A new client of d allocates j->size bytes named j->name in "gpu0", fills
+ * and checks them on the GPU (gpu_fill_verify), releases them and
+ * disconnects: 0; 1: the connect or alloc failed; 2: the check did. */
+static int alloc_check_free(const test_daemon *d, void *arg) {
+    const alloc_job *j = arg;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    if (gpubuf_connect(socket, &c) < 0 || gpubuf_alloc(c, "gpu0", size, name, &b) < 0)
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", j->size, j->name, &b) < 0)
         return 1;
-    if (gpu_fill_verify(b, size, seed) < 0)
+    if (gpu_fill_verify(b, j->size, j->seed) < 0)
         return 2;
     gpubuf_release(b);
     gpubuf_disconnect(c);
     return 0;
-}
-
-/* Once memory is back: the same 4 GiB request works and holds the data. */
-static int big_client(const test_daemon *d, void *arg) {
-    (void)arg;
-    return alloc_check_free(d->socket, 4 * GiB, "oom-big", 6);
 }
 
 START_TEST(cuda_out_of_memory) {
@@ -317,7 +318,9 @@ START_TEST(cuda_out_of_memory) {
     gpubuf_status_free(s);
     td_gates_pass(g.hold[1], 1);
     ck_assert_int_eq(td_wait(hog), 0);
-    ck_assert_int_eq(td_wait(td_spawn(big_client, &D, NULL)), 0);
+    /* Once memory is back: the same 4 GiB request works and holds the data. */
+    alloc_job big = {.size = 4 * GiB, .name = "oom-big", .seed = 6};
+    ck_assert_int_eq(td_wait(td_spawn(alloc_check_free, &D, &big)), 0);
     s = td_status(&D);
     ck_assert_uint_eq(s->n_buffers, 0);
     ck_assert_uint_eq(s->pools[0].used, 0);
@@ -342,7 +345,6 @@ static int term_consumer(const test_daemon *d, void *arg) {
     gpubuf_client *c;
     gpubuf_buffer *b;
     char x;
-    (void)d;
     int r = gpu_open_verified(j->socket, "g", 5000, 7, &c, &b);
     if (r)
         return r;
@@ -357,7 +359,8 @@ static int term_consumer(const test_daemon *d, void *arg) {
         return 4;
     gpubuf_release(b); /* unmaps locally */
     gpubuf_disconnect(c);
-    r = alloc_check_free(j->socket, 16 * MiB, "after", 8); /* 1, 2: 5, 6 */
+    /* d: the same socket as j->socket, the restarted daemon's. */
+    r = alloc_check_free(d, &(alloc_job){.size = 16 * MiB, .name = "after", .seed = 8}); /* 5, 6 */
     return r ? 4 + r : 0;
 }
 
