@@ -200,6 +200,17 @@ int fsd_kill(fake_sd *m, int sig) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+void fsd_restart_twice(fake_sd *m, const char *const *args,
+                       void (*check)(const test_daemon *d, pid_t pid, uint32_t restarts),
+                       pid_t pid) {
+    ck_assert_int_eq(fsd_kill(m, SIGKILL), 128 + SIGKILL);
+    fsd_start(m, args);
+    check(&m->d, pid, 1);
+    ck_assert_int_eq(fsd_kill(m, SIGTERM), 0);
+    fsd_start(m, args);
+    check(&m->d, pid, 2);
+}
+
 int fsd_count(const fake_sd *m, const char *prefix) {
     int k = 0;
     for (int i = 0; i < m->n; i++)

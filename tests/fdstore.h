@@ -8,6 +8,8 @@
 #define GPUBUF_TEST_FDSTORE_H
 
 #include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
 
 #include "harness.h"
 
@@ -34,6 +36,12 @@ bool fsd_wait(fake_sd *m, const char *what, int ms);
 /* Send sig to the daemon, wait for its end and read what it sent before;
  * its exit code, or 128 + signal. */
 int fsd_kill(fake_sd *m, int sig);
+/* Restart the daemon (args as for fsd_start) by SIGKILL, then again by
+ * SIGTERM; after each start, check(&m->d, pid, n), n the restarts so far
+ * (1, then 2), sees that the client of process pid resumed. */
+void fsd_restart_twice(fake_sd *m, const char *const *args,
+                       void (*check)(const test_daemon *d, pid_t pid, uint32_t restarts),
+                       pid_t pid);
 /* Stored fds whose name starts with prefix. */
 int fsd_count(const fake_sd *m, const char *prefix);
 /* The stored fd named name, or -1. */

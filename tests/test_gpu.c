@@ -14,6 +14,7 @@
 
 #include "cuda_driver.h"
 #include "gpu_batch.h"
+#include "gpu_helpers.h"
 #include "harness.h"
 #include "internal.h"
 #include "pattern.h"
@@ -119,12 +120,17 @@ static int views_body(const test_daemon *d, void *arg) {
     return 0;
 }
 
-START_TEST(views_copies_and_mapping_cache) {
-    ck_assert_int_eq(td_wait(td_spawn(views_body, &D, NULL)), 0);
+/* No buffer left in D, and its first pool's bytes all back. */
+static void assert_nothing_left(void) {
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(s->n_buffers, 0);
     ck_assert_uint_eq(s->pools[0].used, 0);
     gpubuf_status_free(s);
+}
+
+START_TEST(views_copies_and_mapping_cache) {
+    ck_assert_int_eq(td_wait(td_spawn(views_body, &D, NULL)), 0);
+    assert_nothing_left();
 }
 END_TEST
 
@@ -134,31 +140,20 @@ typedef struct job {
 } job;
 
 static int gpu_produce(const test_daemon *d, void *arg) {
-    job *j = arg;
-    gpubuf_client *c;
-    gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", j->size, "g", &b) < 0)
-        return 1;
-    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), j->size,
-                                   7) < 0)
-        return 2;
-    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
+    const job *j = arg;
+    return gpu_produce_sealed(d, "gpu0", j->size, "g", -1, -1, 7);
 }
 
 static int gpu_consume(const test_daemon *d, void *arg) {
     job *j = arg;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    uint64_t bad = 1;
     char x;
     if (j->go_fd >= 0 && read(j->go_fd, &x, 1) != 1)
         return 1;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, "g", 5000, &b) < 0)
-        return 2;
-    if (gpubuf_pattern_verify_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
-                                     gpubuf_buffer_size(b), 7, &bad) < 0 ||
-        bad != 0)
-        return 3;
+    int r = gpu_open_verified(d->socket, "g", 5000, 7, &c, &b); /* 1, 2: 2, 3 */
+    if (r)
+        return 1 + r;
     if (write(j->ready_fd, "r", 1) != 1)
         return 4;
     if (read(j->hold_fd, &x, 1) != 1)
@@ -285,19 +280,22 @@ static int oom_client(const test_daemon *d, void *arg) {
     return 0;
 }
 
-/* Once memory is back: the same 4 GiB request works and holds the data. */
-static int big_client(const test_daemon *d, void *arg) {
+typedef struct alloc_job {
+    uint64_t size;
+    const char *name;
+    uint32_t seed;
+} alloc_job;
+
+/* A new client of d allocates j->size bytes named j->name in "gpu0", fills
+ * and checks them on the GPU (gpu_fill_verify), releases them and
+ * disconnects: 0; 1: the connect or alloc failed; 2: the check did. */
+static int alloc_check_free(const test_daemon *d, void *arg) {
+    const alloc_job *j = arg;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    uint64_t bad = 1;
-    (void)arg;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", 4 * GiB, "oom-big", &b) < 0)
+    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", j->size, j->name, &b) < 0)
         return 1;
-    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), 4 * GiB,
-                                   6) < 0 ||
-        gpubuf_pattern_verify_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
-                                     4 * GiB, 6, &bad) < 0 ||
-        bad)
+    if (gpu_fill_verify(b, j->size, j->seed) < 0)
         return 2;
     gpubuf_release(b);
     gpubuf_disconnect(c);
@@ -320,7 +318,9 @@ START_TEST(cuda_out_of_memory) {
     gpubuf_status_free(s);
     td_gates_pass(g.hold[1], 1);
     ck_assert_int_eq(td_wait(hog), 0);
-    ck_assert_int_eq(td_wait(td_spawn(big_client, &D, NULL)), 0);
+    /* Once memory is back: the same 4 GiB request works and holds the data. */
+    alloc_job big = {.size = 4 * GiB, .name = "oom-big", .seed = 6};
+    ck_assert_int_eq(td_wait(td_spawn(alloc_check_free, &D, &big)), 0);
     s = td_status(&D);
     ck_assert_uint_eq(s->n_buffers, 0);
     ck_assert_uint_eq(s->pools[0].used, 0);
@@ -343,20 +343,15 @@ typedef struct term_job {
 static int term_consumer(const test_daemon *d, void *arg) {
     term_job *j = arg;
     gpubuf_client *c;
-    gpubuf_buffer *b, *n;
-    gpubuf_buffer_info info;
-    uint64_t bad = 1;
+    gpubuf_buffer *b;
     char x;
-    (void)d;
-    if (gpubuf_connect(j->socket, &c) < 0 || gpubuf_open(c, "g", 5000, &b) < 0)
-        return 1;
-    if (gpubuf_pattern_verify_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
-                                     gpubuf_buffer_size(b), 7, &bad) < 0 ||
-        bad)
-        return 2;
+    int r = gpu_open_verified(j->socket, "g", 5000, 7, &c, &b);
+    if (r)
+        return r;
     if (write(j->ready_fd, "r", 1) != 1 || read(j->go_fd, &x, 1) != 1)
         return 3;
-    int r = gpubuf_stat(c, "g", &info);
+    gpubuf_buffer_info info;
+    r = gpubuf_stat(c, "g", &info);
     printf("sigterm: request after the daemon stopped: %s: %s\n", gpubuf_err_name(r),
            gpubuf_last_error_message());
     fflush(stdout);
@@ -364,18 +359,9 @@ static int term_consumer(const test_daemon *d, void *arg) {
         return 4;
     gpubuf_release(b); /* unmaps locally */
     gpubuf_disconnect(c);
-    if (gpubuf_connect(j->socket, &c) < 0 || gpubuf_alloc(c, "gpu0", 16 * MiB, "after", &n) < 0)
-        return 5;
-    bad = 1;
-    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(n), gpubuf_buffer_device_ptr(n), 16 * MiB,
-                                   8) < 0 ||
-        gpubuf_pattern_verify_device(gpubuf_buffer_device(n), gpubuf_buffer_device_ptr(n),
-                                     16 * MiB, 8, &bad) < 0 ||
-        bad)
-        return 6;
-    gpubuf_release(n);
-    gpubuf_disconnect(c);
-    return 0;
+    /* d: the same socket as j->socket, the restarted daemon's. */
+    r = alloc_check_free(d, &(alloc_job){.size = 16 * MiB, .name = "after", .seed = 8}); /* 5, 6 */
+    return r ? 4 + r : 0;
 }
 
 START_TEST(sigterm_with_gpu_clients) {
@@ -393,10 +379,7 @@ START_TEST(sigterm_with_gpu_clients) {
     ck_assert_int_eq(td_restart(&D, args), 0);
     td_gates_pass(g.go[1], 1);
     ck_assert_int_eq(td_wait(p), 0);
-    gpubuf_status *s = td_status(&D);
-    ck_assert_uint_eq(s->n_buffers, 0);
-    ck_assert_uint_eq(s->pools[0].used, 0);
-    gpubuf_status_free(s);
+    assert_nothing_left();
 }
 END_TEST
 
@@ -411,18 +394,10 @@ typedef struct peer_job {
 } peer_job;
 
 static int produce_on(const test_daemon *d, void *arg) {
-    peer_job *j = arg;
-    gpubuf_client *c;
-    gpubuf_buffer *b;
+    const peer_job *j = arg;
     char pool[16];
     snprintf(pool, sizeof(pool), "gpu%d", j->memory_device);
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, pool, j->size, j->name, &b) < 0)
-        return 1;
-    if (gpubuf_buffer_device(b) != j->memory_device ||
-        gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), j->size,
-                                   j->seed) < 0)
-        return 2;
-    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
+    return gpu_produce_sealed(d, pool, j->size, j->name, -1, j->memory_device, j->seed);
 }
 
 /* Open j->name mapped on j->device and check every word with a kernel there. */
@@ -520,21 +495,17 @@ START_TEST(ipc_batches_open_alloc_release) {
 END_TEST
 
 int main(void) {
-    g_ngpus = td_probe_gpus(g_uuid, 8);
-    if (g_ngpus < 1) {
-        printf("test_gpu: no CUDA driver or device: skipped\n");
-        return 77;
-    }
-    Suite *s = suite_create("gpu");
-    TCase *t = add_case(s, "cuda-ipc", start_gpu, td_stop_clean, 120);
-    add_tests(t, user_story_256mib, views_copies_and_mapping_cache, eight_gpu_consumers_at_once,
-              sigkill_gpu_consumer, dedicated_slab_1gib, cuda_out_of_memory,
-              sigterm_with_gpu_clients, set_device_same_gpu, ipc_batches_open_alloc_release);
-    if (g_ngpus >= 2) {
-        TCase *m = add_case(s, "multi-gpu", start_default_config, td_stop_clean, 120);
-        add_tests(m, default_config_pool_per_gpu, cross_device_1gib);
-    } else {
-        printf("test_gpu: %d GPU: the multi-gpu cases need two\n", g_ngpus);
-    }
-    return run_suite(s);
+    const gpu_case cases[] = {
+        {"cuda-ipc", start_gpu, td_stop_clean,
+         (const TTest *const[]){user_story_256mib, views_copies_and_mapping_cache,
+                                eight_gpu_consumers_at_once, sigkill_gpu_consumer,
+                                dedicated_slab_1gib, cuda_out_of_memory, sigterm_with_gpu_clients,
+                                set_device_same_gpu, ipc_batches_open_alloc_release, NULL},
+         1, NULL},
+        {"multi-gpu", start_default_config, td_stop_clean,
+         (const TTest *const[]){default_config_pool_per_gpu, cross_device_1gib, NULL}, 2,
+         "the multi-gpu cases need two"},
+    };
+    return gpu_suite_main("test_gpu", "gpu", &g_ngpus, g_uuid, cases,
+                          sizeof(cases) / sizeof(cases[0]));
 }

@@ -14,6 +14,7 @@
 
 #include "cuda_driver.h"
 #include "check_main.h"
+#include "gpu_helpers.h"
 #include "fdstore.h"
 #include "gpu_batch.h"
 #include "harness.h"
@@ -265,14 +266,8 @@ END_TEST
 /* ---- read-only opens ----------------------------------------------------- */
 
 static int fill_and_seal(const test_daemon *d, void *arg) {
-    story *j = arg;
-    gpubuf_client *c;
-    gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, j->pool, j->size, j->name, &b) < 0)
-        return 1;
-    if (gpubuf_pattern_fill_device(0, gpubuf_buffer_device_ptr(b), j->size, j->seed) < 0)
-        return 2;
-    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
+    const story *j = arg;
+    return gpu_produce_sealed(d, j->pool, j->size, j->name, 0, -1, j->seed);
 }
 
 /* Read through a read-only view, then write through it: the kernel faults. */
@@ -405,15 +400,8 @@ typedef struct peer {
 } peer;
 
 static int peer_produce(const test_daemon *d, void *arg) {
-    peer *j = arg;
-    gpubuf_client *c;
-    gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, j->pool, 256 * MiB, j->name, &b) < 0)
-        return 1;
-    if (gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b),
-                                   256 * MiB, j->seed) < 0)
-        return 2;
-    return gpubuf_seal_sync(b) < 0 ? 3 : 0;
+    const peer *j = arg;
+    return gpu_produce_sealed(d, j->pool, 256 * MiB, j->name, -1, -1, j->seed);
 }
 
 static int peer_consume(const test_daemon *d, void *arg) {
@@ -520,12 +508,7 @@ START_TEST(vmm_restart_keeps_buffer) {
     reader_start(&k, &m.d);
     int fds_before = td_count_fds(m.d.pid);
 
-    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
-    fsd_start(&m, args);
-    vmm_check_resumed(&m.d, k.pid, 1);
-    ck_assert_int_eq(fsd_kill(&m, SIGTERM), 0);
-    fsd_start(&m, args);
-    vmm_check_resumed(&m.d, k.pid, 2);
+    fsd_restart_twice(&m, args, vmm_check_resumed, k.pid);
 
     ck_assert_int_eq(reader_stop(&k), 0);
     ck_assert(td_wait_refs(&m.d, "vr", 0, 5000));
@@ -545,29 +528,25 @@ START_TEST(vmm_batches_open_alloc_release) {
 END_TEST
 
 int main(void) {
-    g_ngpus = td_probe_gpus(g_uuid, 8);
-    if (g_ngpus < 1) {
-        printf("test_gpu_vmm: no CUDA driver or device: skipped\n");
-        return 77;
-    }
-    Suite *s = suite_create("gpu-vmm");
-    TCase *t = add_case(s, "cuda-vmm", start_vmm, td_stop_clean, 120);
-    add_tests(t, vmm_user_story_256mib, vmm_stream_ordered_1gib, ipc_stream_ordered_256mib,
-              vmm_release_while_kernel_runs, vmm_read_only_faults_alone, vmm_stream_copies,
-              vmm_batches_open_alloc_release);
-    if (g_ngpus >= 2) {
-        TCase *m = add_case(s, "cuda-vmm-peer", start_vmm_two, td_stop_clean, 120);
-        tcase_add_test(m, vmm_peer_access);
-    } else {
-        printf("test_gpu_vmm: %d GPU: the peer-access case needs two\n", g_ngpus);
-    }
+    const gpu_case cases[] = {
+        {"cuda-vmm", start_vmm, td_stop_clean,
+         (const TTest *const[]){vmm_user_story_256mib, vmm_stream_ordered_1gib,
+                                ipc_stream_ordered_256mib, vmm_release_while_kernel_runs,
+                                vmm_read_only_faults_alone, vmm_stream_copies,
+                                vmm_batches_open_alloc_release, NULL},
+         1, NULL},
+        {"cuda-vmm-peer", start_vmm_two, td_stop_clean,
+         (const TTest *const[]){vmm_peer_access, NULL}, 2, "the peer-access case needs two"},
 #ifdef GPUBUF_TEST_SYSTEMD
-    TCase *r = add_case(s, "cuda-vmm-restart", NULL, NULL, 120);
-    tcase_add_test(r, vmm_restart_keeps_buffer);
-#else
+        {"cuda-vmm-restart", NULL, NULL, (const TTest *const[]){vmm_restart_keeps_buffer, NULL},
+         1, NULL},
+#endif
+    };
+#ifndef GPUBUF_TEST_SYSTEMD
     (void)vmm_restart_keeps_buffer;
     printf("test_gpu_vmm: gpubufd is built without libsystemd (no fd store): the restart "
            "case does not run\n");
 #endif
-    return run_suite(s);
+    return gpu_suite_main("test_gpu_vmm", "gpu-vmm", &g_ngpus, g_uuid, cases,
+                          sizeof(cases) / sizeof(cases[0]));
 }

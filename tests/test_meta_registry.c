@@ -43,6 +43,13 @@ static void env_fini(env *e) {
     gd_pool_free(e->pool);
 }
 
+/* env_init, and two holders of uid 1000 (pids 1 and 2). */
+static void env_init_pair(env *e, gd_holder **a, gd_holder **b) {
+    env_init(e);
+    *a = gd_registry_holder_new(&e->reg, 1, 1000, 1000);
+    *b = gd_registry_holder_new(&e->reg, 2, 1000, 1000);
+}
+
 static int renew(env *e, gd_holder *h, const char *name, uint64_t id, uint64_t ttl_ms,
                  gd_buf **ret) {
     gd_target t = {.name = name, .id = id};
@@ -147,9 +154,8 @@ END_TEST
 
 START_TEST(meta_at_alloc_and_seal) {
     env e;
-    env_init(&e);
-    gd_holder *h = gd_registry_holder_new(&e.reg, 1, 1000, 1000);
-    gd_holder *h2 = gd_registry_holder_new(&e.reg, 2, 1000, 1000);
+    gd_holder *h, *h2;
+    env_init_pair(&e, &h, &h2);
     int64_t shape[2] = {16, 16};
     gpubuf_layout l = f32(2, shape), got;
     uint8_t user[GPUBUF_USER_DATA_MAX + 1];
@@ -223,9 +229,8 @@ static uint64_t uid_meta(const gd_registry *r, uid_t uid) {
  * and freeing gives everything back. */
 START_TEST(meta_charge_figures) {
     env e;
-    env_init(&e);
-    gd_holder *h = gd_registry_holder_new(&e.reg, 1, 1000, 1000);
-    gd_holder *h2 = gd_registry_holder_new(&e.reg, 2, 1000, 1000);
+    gd_holder *h, *h2;
+    env_init_pair(&e, &h, &h2);
     gd_holder *other = gd_registry_holder_new(&e.reg, 3, 2000, 2000);
     int64_t shape[2] = {16, 16};
     gpubuf_layout l = f32(2, shape);
@@ -349,9 +354,8 @@ END_TEST
 
 START_TEST(lease_expiry_while_referenced) {
     env e;
-    env_init(&e);
-    gd_holder *p = gd_registry_holder_new(&e.reg, 1, 1000, 1000);
-    gd_holder *c = gd_registry_holder_new(&e.reg, 2, 1000, 1000);
+    gd_holder *p, *c;
+    env_init_pair(&e, &p, &c);
     gd_meta_args m = {.ttl_ms = 10};
     gd_buf *b, *o;
     ck_assert_int_eq(alloc_meta(&e, p, 4096, "x", &m, &b), 0);

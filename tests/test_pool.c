@@ -19,6 +19,7 @@
 #include "backend.h"
 #include "pool.h"
 #include "check_main.h"
+#include "fuzz/core_helpers.h"
 
 /* Where the calls under test write their error (one per test process). */
 static gd_err tp_err;
@@ -72,6 +73,23 @@ static gd_pool *pool_make(uint64_t capacity, uint64_t slab_size, uint64_t *count
     return p;
 }
 
+/* Declare p, a pool_make of capacity with SLAB slabs, and counter, its
+ * slab-id counter (from 0). */
+#define POOL_MAKE(p, capacity)                                                                     \
+    uint64_t counter = 0;                                                                          \
+    gd_pool *p = pool_make((capacity), SLAB, &counter)
+
+/* How a test ends: release the n blocks of live in order, check that every
+ * byte is back (and that slabs slabs remain, when slabs >= 0), free p. */
+static void release_all_free(gd_pool *p, gd_block *live, size_t n, int slabs) {
+    for (size_t i = 0; i < n; i++)
+        gd_pool_release(p, &live[i]);
+    ck_assert_uint_eq(p->used, 0);
+    if (slabs >= 0)
+        ck_assert_uint_eq(p->n_slabs, (uint32_t)slabs);
+    gd_pool_free(p);
+}
+
 /* Allocate and fail the test on error. */
 static gd_block alloc_ok(gd_pool *p, uint64_t size, uint64_t align) {
     gd_block b;
@@ -88,13 +106,6 @@ static uint32_t count_slabs(const gd_pool *p) {
     for (const gd_slab *s = p->slabs; s; s = s->next)
         n++;
     return n;
-}
-
-static bool slab_in_pool(const gd_pool *p, const gd_slab *slab) {
-    for (const gd_slab *s = p->slabs; s; s = s->next)
-        if (s == slab)
-            return true;
-    return false;
 }
 
 /* True when fd is closed in this process. */
@@ -185,7 +196,7 @@ static void check_pool(const gd_pool *p, const gd_block *live, size_t n_live) {
     REQUIRE(sp != NULL);
     size_t k = 0;
     for (i = 0; i < n_live; i++) {
-        if (!slab_in_pool(p, live[i].slab))
+        if (!ch_slab_in_pool(p, live[i].slab))
             ck_abort_msg("live block %zu has a destroyed slab", i);
         sp[k++] = (span){live[i].slab->id, live[i].offset, live[i].size, false};
     }
@@ -221,8 +232,7 @@ static void check_pool(const gd_pool *p, const gd_block *live, size_t n_live) {
 /* ---- basic accounting ------------------------------------------------------ */
 
 START_TEST(test_alloc_free_accounting) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t al = p->be->alignment;
 
     ck_assert_uint_eq(p->slab_size, round_up(SLAB, p->be->granularity));
@@ -332,8 +342,7 @@ END_TEST
 START_TEST(test_default_alignment) {
     static const uint64_t sizes[] = {1, 3, 17, 255, 256, 257, 1000, 4095, 4097, 12345, 65537};
     const size_t n = sizeof(sizes) / sizeof(sizes[0]);
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t al = p->be->alignment;
     gd_block live[sizeof(sizes) / sizeof(sizes[0])];
 
@@ -347,16 +356,12 @@ START_TEST(test_default_alignment) {
         ck_assert_uint_eq(live[i].size, round_up(sizes[i], al));
         check_pool(p, live, i + 1);
     }
-    for (size_t i = 0; i < n; i++)
-        gd_pool_release(p, &live[i]);
-    ck_assert_uint_eq(p->used, 0);
-    gd_pool_free(p);
+    release_all_free(p, live, n, -1);
 }
 END_TEST
 
 START_TEST(test_explicit_alignment) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t al = p->be->alignment, gran = p->be->granularity;
     gd_block live[64];
     size_t n = 0;
@@ -405,8 +410,7 @@ START_TEST(test_explicit_alignment) {
 END_TEST
 
 START_TEST(test_invalid_size_alignment) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t gran = p->be->granularity, al = p->be->alignment;
     const uint64_t bad_align[] = {3, al + 1, al * 3, gran - 1, gran * 2, gran + al, 1ull << 63};
     gd_block b;
@@ -576,18 +580,14 @@ START_TEST(test_blocks_disjoint_in_memory) {
         }
     for (size_t k = 0; k < n_maps; k++)
         munmap(maps[k], slabs[k]->size);
-    for (size_t i = 0; i < N; i++)
-        gd_pool_release(p, &live[i]);
-    ck_assert_uint_eq(p->used, 0);
-    gd_pool_free(p);
+    release_all_free(p, live, N, -1);
 }
 END_TEST
 
 /* ---- coalescing and fragmentation ------------------------------------------ */
 
 START_TEST(test_coalesce_three) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t q = p->slab_size / 4;
 
     /* A|B|C|D fill one slab; D keeps the slab from emptying. */
@@ -635,8 +635,7 @@ END_TEST
 START_TEST(test_coalesce_all_orders) {
     static const int orders[6][3] = {{0, 1, 2}, {0, 2, 1}, {1, 0, 2},
                                      {1, 2, 0}, {2, 0, 1}, {2, 1, 0}};
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t unit = p->slab_size / 8;
 
     for (int o = 0; o < 6; o++) {
@@ -677,8 +676,7 @@ END_TEST
 
 START_TEST(test_fragmentation) {
     enum { N = 8 };
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(2 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 2 * MIB);
     uint64_t unit = p->slab_size / N;
     gd_block b[N];
 
@@ -731,17 +729,12 @@ START_TEST(test_fragmentation) {
     live[n++] = rest;
     live[n++] = fit;
     check_pool(p, live, n);
-    for (size_t i = 0; i < n; i++)
-        gd_pool_release(p, &live[i]);
-    ck_assert_uint_eq(p->used, 0);
-    ck_assert_uint_eq(p->n_slabs, 1);
-    gd_pool_free(p);
+    release_all_free(p, live, n, 1);
 }
 END_TEST
 
 START_TEST(test_best_fit) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t u = p->slab_size / 64, al = p->be->alignment;
 
     /* g|H4|g|H8|g|H3|g|H5|g and the tail: holes of 4, 8, 3 and 5 units
@@ -809,19 +802,15 @@ START_TEST(test_best_fit) {
     for (int i = 0; i < 5; i++)
         live[n++] = guard[i];
     check_pool(p, live, n);
-    for (size_t i = 0; i < n; i++)
-        gd_pool_release(p, &live[i]);
-    ck_assert_uint_eq(p->used, 0);
-    gd_pool_free(p);
+    release_all_free(p, live, n, -1);
 }
 END_TEST
 
 /* ---- growth, capacity, dedicated slabs, spares ----------------------------- */
 
 START_TEST(test_growth_to_capacity) {
-    uint64_t counter = 0;
     /* A capacity that is not a multiple of the slab size: 3 slabs fit. */
-    gd_pool *p = pool_make(3 * MIB + MIB / 2, SLAB, &counter);
+    POOL_MAKE(p, 3 * MIB + MIB / 2);
     gd_block b[3];
     for (uint32_t i = 0; i < 3; i++) {
         b[i] = alloc_ok(p, p->slab_size, 0);
@@ -855,17 +844,12 @@ START_TEST(test_growth_to_capacity) {
     b[1] = alloc_ok(p, 1, 0);
     ck_assert_ptr_eq(b[1].slab, freed);
     check_pool(p, b, 3);
-    for (int i = 0; i < 3; i++)
-        gd_pool_release(p, &b[i]);
-    ck_assert_uint_eq(p->used, 0);
-    ck_assert_uint_eq(p->n_slabs, 1);
-    gd_pool_free(p);
+    release_all_free(p, b, 3, 1);
 }
 END_TEST
 
 START_TEST(test_dedicated_slab) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     uint64_t al = p->be->alignment, gran = p->be->granularity;
     uint64_t req = p->slab_size + 1;
 
@@ -937,8 +921,7 @@ START_TEST(test_dedicated_slab) {
 END_TEST
 
 START_TEST(test_spare_slab_policy) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     gd_block a = alloc_ok(p, p->slab_size, 0);
     gd_block b = alloc_ok(p, p->slab_size, 0);
     gd_block c = alloc_ok(p, p->slab_size / 2, 0);
@@ -950,7 +933,7 @@ START_TEST(test_spare_slab_policy) {
     gd_pool_release(p, &a);
     ck_assert_uint_eq(p->n_slabs, 3);
     ck_assert_uint_eq(p->reserved, 3 * p->slab_size);
-    ck_assert(slab_in_pool(p, sa));
+    ck_assert(ch_slab_in_pool(p, sa));
     ck_assert(!fd_closed(fd_a));
     ck_assert_uint_eq(sa->blocks, 0);
     ck_assert_uint_eq(sa->n_free, 1);
@@ -961,7 +944,7 @@ START_TEST(test_spare_slab_policy) {
     ck_assert(fd_closed(fd_b));
     ck_assert_uint_eq(p->n_slabs, 2);
     ck_assert_uint_eq(p->reserved, 2 * p->slab_size);
-    ck_assert(slab_in_pool(p, sa));
+    ck_assert(ch_slab_in_pool(p, sa));
 
     /* The spare is reused before any new slab is made. */
     uint64_t ids = counter;
@@ -973,7 +956,7 @@ START_TEST(test_spare_slab_policy) {
     /* Emptying the half-used slab now: no other spare, so it stays. */
     gd_slab *sc = c.slab;
     gd_pool_release(p, &c);
-    ck_assert(slab_in_pool(p, sc));
+    ck_assert(ch_slab_in_pool(p, sc));
     ck_assert_uint_eq(p->n_slabs, 2);
     /* And emptying sa while sc is the spare destroys sa. */
     int fd_sa = sa->exp.fd;
@@ -1060,8 +1043,7 @@ START_TEST(test_slab_ids_shared_counter) {
 END_TEST
 
 START_TEST(test_slab_memfd) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(4 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 4 * MIB);
     gd_block a = alloc_ok(p, p->slab_size, 0);
     gd_block b = alloc_ok(p, 100, 0);
     gd_block d = alloc_ok(p, p->slab_size + 5000, 0);
@@ -1116,8 +1098,7 @@ START_TEST(test_slab_memfd) {
 END_TEST
 
 START_TEST(test_pool_free_closes_everything) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(8 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 8 * MIB);
     int fds[6];
     for (int i = 0; i < 6; i++) {
         gd_block b = alloc_ok(p, i == 5 ? 2 * p->slab_size : p->slab_size - 4096, 0);
@@ -1144,8 +1125,7 @@ END_TEST
 /* gd_pool_alloc_prefer: best fit among the preferred slabs that have
  * room; slabs of other pools, dedicated slabs and full slabs are passed over. */
 START_TEST(test_alloc_prefer) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(8 * SLAB, SLAB, &counter);
+    POOL_MAKE(p, 8 * SLAB);
     gd_pool *other = pool_make(2 * SLAB, SLAB, &counter);
     gd_block a = alloc_ok(p, SLAB / 2, 0);
     gd_block big = alloc_ok(p, SLAB - 64 * KIB, 0); /* second slab, 64 KiB left */
@@ -1172,21 +1152,15 @@ START_TEST(test_alloc_prefer) {
     gd_pool_release(p, &b);
     ck_assert_int_eq(gd_pool_alloc_prefer(p, 32 * KIB, 0, prefer, 2, &b, &tp_err), 0);
     ck_assert_ptr_eq(b.slab, big.slab);
-    gd_pool_release(p, &b);
-    gd_pool_release(p, &fill);
-    gd_pool_release(p, &a);
-    gd_pool_release(p, &big);
-    gd_pool_release(p, &ded);
     gd_pool_release(other, &o);
-    ck_assert_uint_eq(p->used, 0);
-    gd_pool_free(p);
     gd_pool_free(other);
+    gd_block left[] = {b, fill, a, big, ded};
+    release_all_free(p, left, 5, -1);
 }
 END_TEST
 
 START_TEST(test_spare_slab_given_back_for_dedicated) {
-    uint64_t counter = 0;
-    gd_pool *p = pool_make(3 * MIB, SLAB, &counter);
+    POOL_MAKE(p, 3 * MIB);
     gd_block a = alloc_ok(p, p->slab_size, 0);
     gd_block b = alloc_ok(p, p->slab_size, 0);
     gd_block c = alloc_ok(p, p->slab_size, 0);

@@ -158,25 +158,13 @@ static int wait_ro(const test_daemon *d, void *arg) {
     return 0;
 }
 
-static bool waiting(const test_daemon *d, int timeout_ms) {
-    for (int t = 0; t < timeout_ms; t += 10) {
-        gpubuf_status *s = td_status(d);
-        size_t n = s->n_clients;
-        gpubuf_status_free(s);
-        if (n >= 3) /* the producer, the waiter, and the asker */
-            return true;
-        td_sleep_ms(10);
-    }
-    return false;
-}
-
 START_TEST(read_only_waiting_open) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *b;
     ck_assert_int_eq(gpubuf_alloc(c, "host", 64 * 1024, "ro/later", &b), 0);
     gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), 64 * 1024, 9);
     pid_t p = td_spawn(wait_ro, &D, NULL);
-    ck_assert(waiting(&D, 5000));
+    ck_assert(td_wait_waiting_opens(&D, 1, 5000)); /* the child's open waits */
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
     ck_assert_int_eq(td_wait(p), 0);
     gpubuf_release(b);

@@ -105,13 +105,7 @@ START_TEST(sigkill_and_sigterm_keep_the_buffer) {
     consumer_start(&k, &m.d);
     ck_assert(td_wait_refs(&m.d, "big", 1, 5000));
 
-    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
-    fsd_start(&m, k_pool);
-    check_resumed(&m.d, k.pid, 1);
-
-    ck_assert_int_eq(fsd_kill(&m, SIGTERM), 0);
-    fsd_start(&m, k_pool);
-    check_resumed(&m.d, k.pid, 2);
+    fsd_restart_twice(&m, k_pool, check_resumed, k.pid);
     ck_assert_int_eq(fsd_count(&m, "slab-"), 1);
 
     ck_assert_int_eq(reader_stop(&k), 0);

@@ -47,6 +47,11 @@ static void fx_init(fx *f) {
     ck_assert_int_eq(gd_context_add_pool(&f->ctx, f->pool), 0);
 }
 
+/* Declare the fixture f and start it (fx_init). */
+#define FX(f)                                                                                      \
+    fx f;                                                                                          \
+    fx_init(&f)
+
 static void fx_free(fx *f) {
     gd_state_freeze(f->ctx.state);
     gd_state_free(f->ctx.state);
@@ -70,6 +75,16 @@ static void put(fx *f, Gpubuf__StateRecord *rec) {
     f->len += gd_state_frame(f->recs + f->len, f->recs + f->len + 8, (uint32_t)n);
 }
 
+/* Append a record whose body is msg, of kind c. Every member of the
+ * record's union is a pointer to a message (or an id, which these tests
+ * do not write): msg is stored in whichever c names. */
+static void put_msg(fx *f, Gpubuf__StateRecord__RecCase c, void *msg) {
+    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
+    rec.rec_case = c;
+    memcpy(&rec.slab, &msg, sizeof(msg));
+    put(f, &rec);
+}
+
 static void keep(fx *f, const char *name, int fd) {
     ck_assert_uint_lt(f->n_kept, 8);
     snprintf(f->kept[f->n_kept].name, sizeof(f->kept[0].name), "%s", name);
@@ -78,15 +93,12 @@ static void keep(fx *f, const char *name, int fd) {
 
 /* A slab record, and its memory kept as a host slab's: a sealed memfd. */
 static void slab(fx *f, uint64_t id) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateSlab m = GPUBUF__STATE_SLAB__INIT;
     char name[64];
     m.id = id;
     m.pool = (char *)"host";
     m.size = SLAB;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_SLAB;
-    rec.slab = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_SLAB, &m);
     int fd = memfd_create("slab", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     ck_assert_int_ge(fd, 0);
     ck_assert_int_eq(ftruncate(fd, SLAB), 0);
@@ -99,7 +111,6 @@ static void slab(fx *f, uint64_t id) {
  * ttl_ms (0: none). */
 static void buf_ttl(fx *f, uint64_t id, const char *name, uint64_t slab_id, uint64_t offset,
                     uint64_t ttl_ms) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateBuffer m = GPUBUF__STATE_BUFFER__INIT;
     m.id = id;
     m.name = (char *)name;
@@ -110,9 +121,7 @@ static void buf_ttl(fx *f, uint64_t id, const char *name, uint64_t slab_id, uint
     m.owner_uid = 1000;
     m.lease_ttl_ms = ttl_ms;
     m.lease_expires_ns = ttl_ms ? UINT64_MAX / 2 : 0;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_BUFFER;
-    rec.buffer = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_BUFFER, &m);
 }
 
 static void buf(fx *f, uint64_t id, const char *name, uint64_t slab_id, uint64_t offset) {
@@ -120,38 +129,29 @@ static void buf(fx *f, uint64_t id, const char *name, uint64_t slab_id, uint64_t
 }
 
 static void session(fx *f, uint64_t id) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateSession m = GPUBUF__STATE_SESSION__INIT;
     m.id = id;
     m.pid = 4242;
     m.uid = m.gid = 1000;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_SESSION;
-    rec.session = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_SESSION, &m);
 }
 
 static void ref(fx *f, uint64_t session_id, uint64_t buffer_id, uint32_t count, uint32_t ro) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateRef m = GPUBUF__STATE_REF__INIT;
     m.session = session_id;
     m.buffer = buffer_id;
     m.count = count;
     m.read_only = ro;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_REF;
-    rec.ref = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_REF, &m);
 }
 
 static void counters(fx *f, uint64_t buffers, uint64_t sessions, uint64_t slabs) {
-    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
     Gpubuf__StateCounters m = GPUBUF__STATE_COUNTERS__INIT;
     m.next_buffer_id = buffers;
     m.next_session_id = sessions;
     m.next_slab_id = slabs;
     m.restarts = 1;
-    rec.rec_case = GPUBUF__STATE_RECORD__REC_COUNTERS;
-    rec.counters = &m;
-    put(f, &rec);
+    put_msg(f, GPUBUF__STATE_RECORD__REC_COUNTERS, &m);
 }
 
 static double cpu_s(void) {
@@ -189,9 +189,10 @@ static void base(fx *f) {
     buf(f, 2, "two", 1, KB4);
 }
 
-/* Allocate n anonymous buffers; each gets an id nobody has, and ids 1 and
- * 2 still find "one" and "two" (stat by id answers the right buffer). */
-static void alloc_fresh(fx *f, int n) {
+/* How each test whose ids must continue ends: allocate n anonymous
+ * buffers; each gets an id nobody has, and ids 1 and 2 still find "one"
+ * and "two" (stat by id answers the right buffer); then free f. */
+static void fresh_then_free(fx *f, int n) {
     char msg[256];
     const char *bad = state_check_fresh(&f->ctx, f->pool, n, msg, sizeof(msg));
     ck_assert_msg(!bad, "after new allocations: %s", bad);
@@ -210,6 +211,7 @@ static void alloc_fresh(fx *f, int n) {
     ck_assert_str_eq(one->name, "one");
     ck_assert_str_eq(two->name, "two");
     gd_registry_holder_drop(&f->ctx.reg, h);
+    fx_free(f);
 }
 
 /* Finding 3: a buffer of id 2^64 - 1 made the next ids 0, 1, 2. It is
@@ -217,8 +219,7 @@ static void alloc_fresh(fx *f, int n) {
  * restored, and then buffer ids are used up: an alloc is refused, never
  * wrapped. */
 START_TEST(buffer_id_near_2_64_is_refused) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     base(&f);
     buf(&f, U64MAX, "huge", 1, 2 * KB4);
     buf(&f, GD_ID_MAX + 1, "beyond", 1, 3 * KB4);
@@ -228,8 +229,7 @@ START_TEST(buffer_id_near_2_64_is_refused) {
     ck_assert_ptr_null(gd_registry_find_name(&f.ctx.reg, "huge"));
     ck_assert_uint_eq(f.ctx.reg.n_buffers, 2);
     ck_assert_uint_eq(f.ctx.reg.next_buffer_id, 2);
-    alloc_fresh(&f, 3);
-    fx_free(&f);
+    fresh_then_free(&f, 3);
 
     fx_init(&f);
     base(&f);
@@ -253,14 +253,12 @@ END_TEST
 START_TEST(next_buffer_id_near_2_64_is_ignored) {
     const uint64_t bad[] = {U64MAX, 1ull << 63, GD_ID_MAX + 1};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        fx f;
-        fx_init(&f);
+        FX(f);
         counters(&f, bad[i], 0, 0);
         base(&f);
         restore(&f);
         ck_assert_uint_eq(f.ctx.reg.next_buffer_id, 2);
-        alloc_fresh(&f, 3);
-        fx_free(&f);
+        fresh_then_free(&f, 3);
     }
 }
 END_TEST
@@ -269,8 +267,7 @@ END_TEST
  * 2^64 - 1 made new sessions get ids 0, 1, ...: dropped and ignored; the
  * holder made next gets a fresh id. */
 START_TEST(session_id_near_2_64_is_refused) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     counters(&f, 0, U64MAX, 0);
     base(&f);
     session(&f, 3);
@@ -286,8 +283,7 @@ START_TEST(session_id_near_2_64_is_refused) {
     ck_assert_ptr_nonnull(h);
     ck_assert_uint_eq(h->id, 4);
     gd_registry_holder_drop(&f.ctx.reg, h);
-    alloc_fresh(&f, 2);
-    fx_free(&f);
+    fresh_then_free(&f, 2);
 
     /* The last session id: restored, and then no new session (refused with
      * EOVERFLOW, not given id 0). */
@@ -307,8 +303,7 @@ END_TEST
  * closed); a saved next_slab_id of 2^64 - 1 is ignored; a new slab gets a
  * fresh id. */
 START_TEST(slab_id_near_2_64_is_refused) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     counters(&f, 0, 0, U64MAX);
     base(&f);
     slab(&f, U64MAX);
@@ -341,8 +336,7 @@ END_TEST
  * seconds. A second count that would take the session past 2^32 - 1 is
  * dropped. */
 START_TEST(huge_reference_count_is_one_step) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     base(&f);
     session(&f, 5);
     ref(&f, 5, 1, UINT32_MAX, UINT32_MAX);
@@ -418,8 +412,7 @@ START_TEST(bad_records_are_dropped) {
     ck_assert_uint_eq(gd_registry_find_id(&f.ctx.reg, 2)->refs, 0);
     /* Ids that were in the records stay used: new ones come after. */
     ck_assert_uint_ge(f.ctx.reg.next_buffer_id, 12);
-    alloc_fresh(&f, 2);
-    fx_free(&f);
+    fresh_then_free(&f, 2);
 }
 END_TEST
 
@@ -428,8 +421,7 @@ END_TEST
  * handover made sendmsg fail (EBADF) and every takeover of a daemon with a
  * cuda-ipc slab give up. */
 START_TEST(handover_leaves_out_slabs_without_an_fd) {
-    fx f;
-    fx_init(&f);
+    FX(f);
     base(&f);
     restore(&f);
     gd_slab *s = gd_registry_find_id(&f.ctx.reg, 1)->blk.slab;

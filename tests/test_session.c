@@ -212,6 +212,13 @@ static void finish(memconn *a, memconn *b) {
     ctx_fini();
 }
 
+/* Send the request msg (of kind body) with id; it must be answered at once
+ * (last(m) is the reply). */
+static void send_answered(memconn *m, uint64_t id, Gpubuf__Request__BodyCase body, void *msg) {
+    Gpubuf__Request req = rp_request(id, body, msg);
+    ck_assert_int_eq(mc_request(m, &req), 1);
+}
+
 /* Allocate size bytes named name (NULL: anonymous) in pool ("": the
  * default pool); the reply. */
 static const Gpubuf__Response *alloc_in(memconn *m, const char *pool, const char *name,
@@ -220,8 +227,7 @@ static const Gpubuf__Response *alloc_in(memconn *m, const char *pool, const char
     a.size = size;
     a.pool = (char *)pool;
     a.name = (char *)(name ? name : "");
-    Gpubuf__Request req = rp_request(10, GPUBUF__REQUEST__BODY_ALLOC, &a);
-    ck_assert_int_eq(mc_request(m, &req), 1);
+    send_answered(m, 10, GPUBUF__REQUEST__BODY_ALLOC, &a);
     return last(m);
 }
 
@@ -236,14 +242,20 @@ static void seal(memconn *m, uint64_t id) {
     mc_request(m, &req);
 }
 
-/* Open by name; returns the number of replies (0 while it waits). */
-static int open_name(memconn *m, const char *name, int timeout_ms) {
+/* Open by name (read-only if ro); returns the number of replies (0 while
+ * it waits). */
+static int open_name_ro(memconn *m, const char *name, int timeout_ms, bool ro) {
     Gpubuf__OpenRequest q = GPUBUF__OPEN_REQUEST__INIT;
     q.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
     q.name = (char *)name;
     q.timeout_ms = timeout_ms;
+    q.read_only = ro;
     Gpubuf__Request req = rp_request(12, GPUBUF__REQUEST__BODY_OPEN, &q);
     return mc_request(m, &req);
+}
+
+static int open_name(memconn *m, const char *name, int timeout_ms) {
+    return open_name_ro(m, name, timeout_ms, false);
 }
 
 START_TEST(first_request_must_be_hello) {
@@ -546,6 +558,15 @@ static memconn *session_of(memconn *m, uid_t uid) {
     return m;
 }
 
+/* ctx_init_pub(false) and a session each for a squatter and for a trusted
+ * producer and consumer. */
+static void squat_init(memconn *squatter, memconn *producer, memconn *consumer) {
+    ctx_init_pub(false);
+    session_of(squatter, SQUATTER);
+    session_of(producer, TRUSTED);
+    session_of(consumer, TRUSTED);
+}
+
 /* A sealed buffer of m named name in pool ("" : the default); its id. */
 static uint64_t publish_in(memconn *m, const char *pool, const char *name) {
     const Gpubuf__Response *r = alloc_in(m, pool, name, 64);
@@ -606,10 +627,7 @@ static bool has(const Gpubuf__Response *r, const char *text) {
  * get the trusted buffers. */
 START_TEST(names_cannot_be_squatted_across_pools) {
     memconn squatter, producer, consumer;
-    ctx_init_pub(false);
-    session_of(&squatter, SQUATTER);
-    session_of(&producer, TRUSTED);
-    session_of(&consumer, TRUSTED);
+    squat_init(&squatter, &producer, &consumer);
     uint64_t fake = publish_in(&squatter, "pub", "frames");
     /* The squatter cannot reach the default pool at all. */
     ck_assert_int_eq(alloc_in(&squatter, "", "frames2", 64)->status, -EACCES);
@@ -698,10 +716,7 @@ END_TEST
  * waiting open is refused when such a buffer is sealed under its name. */
 START_TEST(expected_owner_mismatch_is_refused) {
     memconn squatter, producer, consumer;
-    ctx_init_pub(false);
-    session_of(&squatter, SQUATTER);
-    session_of(&producer, TRUSTED);
-    session_of(&consumer, TRUSTED);
+    squat_init(&squatter, &producer, &consumer);
     publish_in(&squatter, "pub", "frames");
     uint64_t mine = publish_in(&producer, "pub", "mine");
     for (int body = 0; body < 3; body++) {
@@ -754,18 +769,21 @@ static const char *item_msg(const Gpubuf__BatchReply *br, uint32_t i) {
     return "";
 }
 
+/* The targets of a batch request q (names, then buffer ids), and the slabs
+ * the client has mapped. */
+#define BATCH_TARGETS(q, names_, n_names_, ids_, n_ids_)                                          \
+    ((q).n_names = (n_names_), (q).names = (names_), (q).n_buffer_ids = (n_ids_),                \
+     (q).buffer_ids = (ids_))
+#define BATCH_MAPPED(q, mapped_, n_mapped_)                                                       \
+    ((q).n_mapped_slabs = (n_mapped_), (q).mapped_slabs = (mapped_))
+
 static const Gpubuf__BatchReply *batch_open(memconn *m, char **names, size_t n_names,
                                             uint64_t *ids, size_t n_ids, uint64_t *mapped,
                                             size_t n_mapped) {
     Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
-    q.n_names = n_names;
-    q.names = names;
-    q.n_buffer_ids = n_ids;
-    q.buffer_ids = ids;
-    q.n_mapped_slabs = n_mapped;
-    q.mapped_slabs = mapped;
-    Gpubuf__Request req = rp_request(20, GPUBUF__REQUEST__BODY_BATCH_OPEN, &q);
-    ck_assert_int_eq(mc_request(m, &req), 1);
+    BATCH_TARGETS(q, names, n_names, ids, n_ids);
+    BATCH_MAPPED(q, mapped, n_mapped);
+    send_answered(m, 20, GPUBUF__REQUEST__BODY_BATCH_OPEN, &q);
     return batch_reply(m, n_names + n_ids);
 }
 
@@ -773,12 +791,8 @@ static const Gpubuf__Response *batch_state(memconn *m, Gpubuf__BatchStateOp op, 
                                            size_t n_names, uint64_t *ids, size_t n_ids) {
     Gpubuf__BatchStateRequest q = GPUBUF__BATCH_STATE_REQUEST__INIT;
     q.op = op;
-    q.n_names = n_names;
-    q.names = names;
-    q.n_buffer_ids = n_ids;
-    q.buffer_ids = ids;
-    Gpubuf__Request req = rp_request(21, GPUBUF__REQUEST__BODY_BATCH_STATE, &q);
-    ck_assert_int_eq(mc_request(m, &req), 1);
+    BATCH_TARGETS(q, names, n_names, ids, n_ids);
+    send_answered(m, 21, GPUBUF__REQUEST__BODY_BATCH_STATE, &q);
     return last(m);
 }
 
@@ -786,8 +800,7 @@ static const Gpubuf__Response *batch_release(memconn *m, uint64_t *ids, size_t n
     Gpubuf__BatchReleaseRequest q = GPUBUF__BATCH_RELEASE_REQUEST__INIT;
     q.n_buffer_ids = n;
     q.buffer_ids = ids;
-    Gpubuf__Request req = rp_request(22, GPUBUF__REQUEST__BODY_BATCH_RELEASE, &q);
-    ck_assert_int_eq(mc_request(m, &req), 1);
+    send_answered(m, 22, GPUBUF__REQUEST__BODY_BATCH_RELEASE, &q);
     return last(m);
 }
 
@@ -801,10 +814,8 @@ static const Gpubuf__Response *batch_alloc(memconn *m, uint64_t size, size_t n, 
     q.n_sizes = n;
     q.sizes = sizes;
     q.seal = seal;
-    q.n_mapped_slabs = n_mapped;
-    q.mapped_slabs = mapped;
-    Gpubuf__Request req = rp_request(23, GPUBUF__REQUEST__BODY_BATCH_ALLOC, &q);
-    ck_assert_int_eq(mc_request(m, &req), 1);
+    BATCH_MAPPED(q, mapped, n_mapped);
+    send_answered(m, 23, GPUBUF__REQUEST__BODY_BATCH_ALLOC, &q);
     return last(m);
 }
 
@@ -1027,12 +1038,7 @@ static void hello_caps(memconn *m, uint64_t caps) {
 /* Open name (read-only if ro); the reply must succeed. Returns whether it
  * carried the slab's fd (checked against Response.fds). */
 static bool open_fd(memconn *m, const char *name, bool ro) {
-    Gpubuf__OpenRequest q = GPUBUF__OPEN_REQUEST__INIT;
-    q.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
-    q.name = (char *)name;
-    q.read_only = ro;
-    Gpubuf__Request req = rp_request(12, GPUBUF__REQUEST__BODY_OPEN, &q);
-    ck_assert_int_eq(mc_request(m, &req), 1);
+    ck_assert_int_eq(open_name_ro(m, name, 0, ro), 1);
     const Gpubuf__Response *r = last(m);
     ck_assert_int_eq(r->status, 0);
     ck_assert_uint_eq(r->fds, m->fds[m->n - 1] >= 0 ? 1 : 0);
@@ -1045,8 +1051,7 @@ static void release_ref(memconn *m, uint64_t id, bool ro, bool keep) {
     q.buffer_id = id;
     q.read_only = ro;
     q.keep_mapped = keep;
-    Gpubuf__Request req = rp_request(13, GPUBUF__REQUEST__BODY_RELEASE, &q);
-    ck_assert_int_eq(mc_request(m, &req), 1);
+    send_answered(m, 13, GPUBUF__REQUEST__BODY_RELEASE, &q);
     ck_assert_int_eq(last(m)->status, 0);
 }
 

@@ -14,6 +14,7 @@
 #include "backend.h"
 #include "log.h"
 #include "pool.h"
+#include "core_helpers.h"
 #include "daemon.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -26,8 +27,6 @@ static void remove_socket(void) { unlink(sock_path); }
 
 static void setup(void) {
     static int done;
-    gd_backend *be;
-    gd_pool *pool;
     if (done)
         return;
     done = 1;
@@ -37,9 +36,7 @@ static void setup(void) {
         abort();
     d.ctx.limits.max_waiters_per_client = 8;
     /* Deadlines do not fire inside one input's short run. */
-    if (gd_backend_host_new(&be, NULL) < 0 ||
-        gd_pool_new("host", be, 64u << 20, 1u << 20, &d.ctx.slab_ids, &pool, NULL) < 0 ||
-        gd_context_add_pool(&d.ctx, pool) < 0)
+    if (!ch_host_pool(&d.ctx, "host", 64u << 20, 1u << 20))
         abort();
     snprintf(sock_path, sizeof(sock_path), "/tmp/gpubuf-fuzz-%d.sock", (int)getpid());
     if (gd_server_listen_path(&d.srv, sock_path, 0600, (gid_t)-1) < 0)

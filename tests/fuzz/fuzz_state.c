@@ -26,6 +26,7 @@
 
 #include "backend.h"
 #include "context.h"
+#include "core_helpers.h"
 #include "gpubuf_state.pb-c.h"
 #include "log.h"
 #include "state.h"
@@ -150,11 +151,8 @@ static void setup(input *in, const uint8_t *data, size_t size) {
 }
 
 static gd_pool *add_pool(gd_context *ctx, const char *name, uint64_t cap, uint64_t slab) {
-    gd_backend *be;
-    gd_pool *pool;
-    if (gd_backend_host_new(&be, NULL) < 0 ||
-        gd_pool_new(name, be, cap, slab, &ctx->slab_ids, &pool, NULL) < 0 ||
-        gd_context_add_pool(ctx, pool) < 0)
+    gd_pool *pool = ch_host_pool(ctx, name, cap, slab);
+    if (!pool)
         die("pool");
     return pool;
 }

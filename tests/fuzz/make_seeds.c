@@ -13,6 +13,7 @@
 
 #include "backend.h"
 #include "context.h"
+#include "core_helpers.h"
 #include "gpubuf.pb-c.h"
 #include "gpubuf_state.pb-c.h"
 #include "log.h"
@@ -22,6 +23,12 @@
 
 static size_t put(uint8_t *out, Gpubuf__Request *req) {
     return rp_frame(out, req);
+}
+
+/* Write the request id with body msg (of kind body) framed at out. */
+static size_t add(uint8_t *out, uint64_t id, Gpubuf__Request__BodyCase body, void *msg) {
+    Gpubuf__Request r = rp_request(id, body, msg);
+    return put(out, &r);
 }
 
 static size_t hello(uint8_t *out) {
@@ -96,11 +103,8 @@ static size_t state_input(gd_context *ctx, uint64_t snap, bool raw, uint8_t *out
 }
 
 static gd_pool *seed_pool(gd_context *ctx, const char *name, uint64_t cap, uint64_t slab) {
-    gd_backend *be;
-    gd_pool *pool;
-    if (gd_backend_host_new(&be, NULL) < 0 ||
-        gd_pool_new(name, be, cap, slab, &ctx->slab_ids, &pool, NULL) < 0 ||
-        gd_context_add_pool(ctx, pool) < 0)
+    gd_pool *pool = ch_host_pool(ctx, name, cap, slab);
+    if (!pool)
         exit(1);
     return pool;
 }
@@ -324,6 +328,58 @@ static void reply_seeds(const char *dir) {
     }
 }
 
+/* ---- conversations (target "daemon") ------------------------------------ */
+
+/* Each writes one request framed at out and returns its length; a field
+ * left out stays at its default. */
+static size_t alloc_req(uint8_t *out, uint64_t id, uint64_t size, const char *name,
+                        uint32_t alignment) {
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    a.size = size;
+    a.name = (char *)name;
+    a.alignment = alignment;
+    return add(out, id, GPUBUF__REQUEST__BODY_ALLOC, &a);
+}
+
+static size_t seal_req(uint8_t *out, uint64_t id, uint64_t buffer_id, uint8_t *ev, size_t ev_len) {
+    Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
+    s.buffer_id = buffer_id;
+    s.event_handle.data = ev;
+    s.event_handle.len = ev_len;
+    return add(out, id, GPUBUF__REQUEST__BODY_SEAL, &s);
+}
+
+/* An open by name (name not NULL) or by buffer_id. */
+static size_t open_req(uint8_t *out, uint64_t id, const char *name, uint64_t buffer_id,
+                       int32_t timeout_ms, bool read_only) {
+    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
+    if (name) {
+        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
+        o.name = (char *)name;
+    } else {
+        o.target_case = GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
+        o.buffer_id = buffer_id;
+    }
+    o.timeout_ms = timeout_ms;
+    o.read_only = read_only;
+    return add(out, id, GPUBUF__REQUEST__BODY_OPEN, &o);
+}
+
+static size_t release_req(uint8_t *out, uint64_t id, uint64_t buffer_id, bool keep_mapped,
+                          bool read_only) {
+    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
+    rel.buffer_id = buffer_id;
+    rel.keep_mapped = keep_mapped;
+    rel.read_only = read_only;
+    return add(out, id, GPUBUF__REQUEST__BODY_RELEASE, &rel);
+}
+
+static size_t status_req(uint8_t *out, uint64_t id, bool columnar) {
+    Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
+    sr.columnar = columnar;
+    return add(out, id, GPUBUF__REQUEST__BODY_STATUS, &sr);
+}
+
 int main(int argc, char **argv) {
     uint8_t b[4096];
     size_t n;
@@ -342,73 +398,27 @@ int main(int argc, char **argv) {
     save(dir, "hello", b, n);
 
     /* hello, alloc named, seal 1, open by name, stat, release, delete, status */
-    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
-    a.size = 4096;
-    a.name = (char *)"seed/a";
-    Gpubuf__Request r = rp_request(2, GPUBUF__REQUEST__BODY_ALLOC, &a);
-    n += put(b + n, &r);
-    Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
-    s.buffer_id = 1;
-    r.id = 3;
-    r.body_case = GPUBUF__REQUEST__BODY_SEAL;
-    r.seal = &s;
-    n += put(b + n, &r);
-    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
-    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
-    o.name = (char *)"seed/a";
-    o.timeout_ms = 0;
-    r.id = 4;
-    r.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    r.open = &o;
-    n += put(b + n, &r);
+    n += alloc_req(b + n, 2, 4096, "seed/a", 0);
+    n += seal_req(b + n, 3, 1, NULL, 0);
+    n += open_req(b + n, 4, "seed/a", 0, 0, false);
     Gpubuf__StatRequest st = GPUBUF__STAT_REQUEST__INIT;
     st.target_case = GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
     st.buffer_id = 1;
-    r.id = 5;
-    r.body_case = GPUBUF__REQUEST__BODY_STAT;
-    r.stat = &st;
-    n += put(b + n, &r);
-    Gpubuf__ReleaseRequest rel = GPUBUF__RELEASE_REQUEST__INIT;
-    rel.buffer_id = 1;
-    r.id = 6;
-    r.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    r.release = &rel;
-    n += put(b + n, &r);
-    n += put(b + n, &r); /* double release */
+    n += add(b + n, 5, GPUBUF__REQUEST__BODY_STAT, &st);
+    n += release_req(b + n, 6, 1, false, false);
+    n += release_req(b + n, 6, 1, false, false); /* double release */
     Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
     d.target_case = GPUBUF__DELETE_REQUEST__TARGET_NAME;
     d.name = (char *)"seed/a";
-    r.id = 7;
-    r.body_case = GPUBUF__REQUEST__BODY_DELETE;
-    r.delete_ = &d;
-    n += put(b + n, &r);
-    Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
-    r.id = 8;
-    r.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    r.status = &sr;
-    n += put(b + n, &r);
+    n += add(b + n, 7, GPUBUF__REQUEST__BODY_DELETE, &d);
+    n += status_req(b + n, 8, false);
     save(dir, "lifecycle", b, n);
 
     /* hello, anonymous alloc, waiting opens by id and by name */
     n = hello(b);
-    a.name = (char *)"";
-    a.alignment = 4096;
-    r.id = 2;
-    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    r.alloc = &a;
-    n += put(b + n, &r);
-    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
-    o.buffer_id = 2;
-    o.timeout_ms = 50;
-    r.id = 3;
-    r.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    r.open = &o;
-    n += put(b + n, &r);
-    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
-    o.name = (char *)"later";
-    o.timeout_ms = -1;
-    r.id = 4;
-    n += put(b + n, &r);
+    n += alloc_req(b + n, 2, 4096, "", 4096);
+    n += open_req(b + n, 3, NULL, 2, 50, false);
+    n += open_req(b + n, 4, "later", 0, -1, false);
     save(dir, "waits", b, n);
 
     /* KEEP_MAPPED: hello with the capability, alloc, release keeping the
@@ -418,91 +428,30 @@ int main(int argc, char **argv) {
         rp_hello_init(&h, GPUBUF_CAP_KEEP_MAPPED, NULL);
         n = put(b, &h.req);
     }
-    a.name = (char *)"";
-    a.alignment = 0;
-    a.size = 4096;
-    r.id = 2;
-    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    r.alloc = &a;
-    n += put(b + n, &r);
-    rel.buffer_id = 1;
-    rel.keep_mapped = 1;
-    r.id = 3;
-    r.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    r.release = &rel;
-    n += put(b + n, &r);
+    n += alloc_req(b + n, 2, 4096, "", 0);
+    n += release_req(b + n, 3, 1, true, false);
     Gpubuf__UnmapRequest u = GPUBUF__UNMAP_REQUEST__INIT;
     u.slab_id = 1;
-    r.id = 4;
-    r.body_case = GPUBUF__REQUEST__BODY_UNMAP;
-    r.unmap = &u;
-    n += put(b + n, &r);
-    n += put(b + n, &r);
-    a.size = 64u << 20;
-    r.id = 5;
-    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    r.alloc = &a;
-    n += put(b + n, &r);
-    rel.buffer_id = 2;
-    r.id = 6;
-    r.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    r.release = &rel;
-    n += put(b + n, &r);
-    sr.columnar = 1;
-    r.id = 7;
-    r.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    r.status = &sr;
-    n += put(b + n, &r);
+    n += add(b + n, 4, GPUBUF__REQUEST__BODY_UNMAP, &u);
+    n += add(b + n, 4, GPUBUF__REQUEST__BODY_UNMAP, &u);
+    n += alloc_req(b + n, 5, 64u << 20, "", 0);
+    n += release_req(b + n, 6, 2, true, false);
+    n += status_req(b + n, 7, true);
     save(dir, "kept", b, n);
 
     /* Read-only opens and seal events: alloc, a seal with a short event
      * handle, a seal with a full one (refused on host pools), a plain seal,
      * a read-only open, a read-only release, a waiting read-only open, status */
     n = hello(b);
-    a.name = (char *)"seed/ro";
-    a.size = 8192;
-    r.id = 2;
-    r.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    r.alloc = &a;
-    n += put(b + n, &r);
+    n += alloc_req(b + n, 2, 8192, "seed/ro", 0);
     uint8_t ev[64] = {0x42};
-    s.buffer_id = 1;
-    s.event_handle.data = ev;
-    s.event_handle.len = 10;
-    r.id = 3;
-    r.body_case = GPUBUF__REQUEST__BODY_SEAL;
-    r.seal = &s;
-    n += put(b + n, &r);
-    s.event_handle.len = 64;
-    n += put(b + n, &r);
-    s.event_handle.len = 0;
-    n += put(b + n, &r);
-    o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
-    o.name = (char *)"seed/ro";
-    o.timeout_ms = 0;
-    o.read_only = 1;
-    r.id = 4;
-    r.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    r.open = &o;
-    n += put(b + n, &r);
-    rel.buffer_id = 1;
-    rel.keep_mapped = 0;
-    rel.read_only = 1;
-    r.id = 5;
-    r.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    r.release = &rel;
-    n += put(b + n, &r);
-    o.name = (char *)"seed/ro2";
-    o.timeout_ms = 20;
-    r.id = 6;
-    r.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    r.open = &o;
-    n += put(b + n, &r);
-    sr.columnar = 0;
-    r.id = 7;
-    r.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    r.status = &sr;
-    n += put(b + n, &r);
+    n += seal_req(b + n, 3, 1, ev, 10);
+    n += seal_req(b + n, 3, 1, ev, 64);
+    n += seal_req(b + n, 3, 1, ev, 0);
+    n += open_req(b + n, 4, "seed/ro", 0, 0, true);
+    n += release_req(b + n, 5, 1, false, true);
+    n += open_req(b + n, 6, "seed/ro2", 0, 20, true);
+    n += status_req(b + n, 7, false);
     save(dir, "readonly", b, n);
 
     /* Restart: a hello resuming a session (none is detached here) with
@@ -527,12 +476,8 @@ int main(int argc, char **argv) {
         h.hello.held = ph;
         n = put(b, &h.req);
         tk.path = (char *)"/tmp/seed.takeover";
-        Gpubuf__Request q = rp_request(2, GPUBUF__REQUEST__BODY_TAKEOVER, &tk);
-        n += put(b + n, &q);
-        q.id = 3;
-        q.body_case = GPUBUF__REQUEST__BODY_STATUS;
-        q.status = &sr;
-        n += put(b + n, &q);
+        n += add(b + n, 2, GPUBUF__REQUEST__BODY_TAKEOVER, &tk);
+        n += status_req(b + n, 3, false);
         save(dir, "restart", b, n);
     }
     return 0;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 
 #include "context.h"
+#include "core_helpers.h"
 
 static const char *sc_fail(char *msg, size_t len, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -65,13 +66,6 @@ static const char *sc_slabs(const gd_context *ctx, char *msg, size_t len) {
     return NULL;
 }
 
-static bool sc_slab_of_pool(const gd_pool *p, const gd_slab *s) {
-    for (const gd_slab *t = p->slabs; t; t = t->next)
-        if (t == s)
-            return true;
-    return false;
-}
-
 static const char *sc_buffers(gd_context *ctx, char *msg, size_t len) {
     gd_registry *r = &ctx->reg;
     uint32_t n = 0, named = 0;
@@ -84,7 +78,7 @@ static const char *sc_buffers(gd_context *ctx, char *msg, size_t len) {
         if (gd_registry_find_id(r, b->id) != b)
             SC_FAIL("buffer id %llu finds another buffer", (unsigned long long)b->id);
         const gd_slab *s = b->blk.slab;
-        if (!s || s->pool != b->pool || !sc_slab_of_pool(b->pool, s))
+        if (!s || s->pool != b->pool || !ch_slab_in_pool(b->pool, s))
             SC_FAIL("buffer %llu: its slab is not in its pool", (unsigned long long)b->id);
         if (b->blk.size == 0 || b->blk.offset >= s->size || b->blk.size > s->size - b->blk.offset ||
             b->size == 0 || b->size > b->blk.size)
