@@ -31,15 +31,24 @@ static gpubuf_buffer *buf_view(GpubufBuffer *self) {
     return self->b;
 }
 
-static void buf_export(GpubufBuffer *self, export_t *e, Py_ssize_t *size) {
-    *size = (Py_ssize_t)gpubuf_buffer_size(self->b);
+/* The export of a view that is not released: its bytes (uint8, 1-D), with
+ * the producer's layout (dtype and shape, when it gave them) where
+ * with_layout. False with exc set when it was released (ValueError as
+ * buf_view(), or the exception a protocol expects). */
+static bool buf_export(GpubufBuffer *self, export_t *e, bool with_layout, PyObject *exc) {
+    if (!self->b) {
+        PyErr_SetString(exc, "the gpubuf Buffer was released");
+        return false;
+    }
     e->b = self->b;
     e->client = self->client;
     e->pid = self->pid;
     e->dt = (dtype_t){'u', 1};
     e->ndim = 1;
-    e->shape = size;
-    e->layout = NULL;
+    e->len = (Py_ssize_t)gpubuf_buffer_size(self->b);
+    e->shape = &e->len;
+    e->layout = with_layout ? gpubuf_buffer_layout(self->b) : NULL;
+    return true;
 }
 
 static void buf_dealloc(GpubufBuffer *self) {
@@ -408,44 +417,28 @@ static PyObject *buf_as_array(GpubufBuffer *self, PyObject *args, PyObject *kw) 
 
 static PyObject *buf_dlpack(GpubufBuffer *self, PyObject *args, PyObject *kw) {
     export_t e;
-    Py_ssize_t size;
-    if (!buf_view(self))
+    if (!buf_export(self, &e, true, PyExc_ValueError))
         return NULL;
-    buf_export(self, &e, &size);
-    /* The producer's dtype and shape when it gave them. */
-    e.layout = gpubuf_buffer_layout(self->b);
     return gpubufpy_export_dlpack(&e, args, kw);
 }
 
 static PyObject *buf_dlpack_device(GpubufBuffer *self, PyObject *unused) {
     export_t e;
-    Py_ssize_t size;
-    if (!buf_view(self))
-        return NULL;
-    buf_export(self, &e, &size);
-    return gpubufpy_export_dlpack_device(&e);
+    return buf_export(self, &e, false, PyExc_ValueError) ? gpubufpy_export_dlpack_device(&e) : NULL;
 }
 
 static PyObject *buf_array(GpubufBuffer *self, PyObject *args, PyObject *kw) {
     export_t e;
-    Py_ssize_t size;
-    if (!buf_view(self))
-        return NULL;
-    buf_export(self, &e, &size);
-    return gpubufpy_export_array(&e, (PyObject *)self);
+    return buf_export(self, &e, false, PyExc_ValueError)
+               ? gpubufpy_export_array(&e, (PyObject *)self)
+               : NULL;
 }
 
+/* The array interface and the buffer protocol describe the producer's
+ * layout, as __dlpack__ does. */
 static PyObject *buf_get_cai(GpubufBuffer *self, void *unused) {
     export_t e;
-    Py_ssize_t size;
-    PyObject *d;
-    if (!self->b) {
-        PyErr_SetString(PyExc_AttributeError, "the gpubuf Buffer was released");
-        return NULL;
-    }
-    buf_export(self, &e, &size);
-    e.layout = gpubuf_buffer_layout(self->b); /* the producer's, as __dlpack__ */
-    d = gpubufpy_export_cai(&e);
+    PyObject *d = buf_export(self, &e, true, PyExc_AttributeError) ? gpubufpy_export_cai(&e) : NULL;
     if (d)
         self->cai_exported = true;
     return d;
@@ -453,13 +446,8 @@ static PyObject *buf_get_cai(GpubufBuffer *self, void *unused) {
 
 static int buf_getbuffer(GpubufBuffer *self, Py_buffer *view, int flags) {
     export_t e;
-    Py_ssize_t size;
-    if (!self->b) {
-        PyErr_SetString(PyExc_BufferError, "the gpubuf Buffer was released");
+    if (!buf_export(self, &e, true, PyExc_BufferError))
         return -1;
-    }
-    buf_export(self, &e, &size);
-    e.layout = gpubuf_buffer_layout(self->b); /* the producer's, as __dlpack__ */
     return gpubufpy_export_getbuffer(&e, (PyObject *)self, view, flags, self->layout_strides);
 }
 

@@ -24,6 +24,7 @@ typedef struct {
     dtype_t dt;
     int ndim;
     const Py_ssize_t *shape;
+    Py_ssize_t len; /* a Buffer's export: its size in bytes, the one dimension shape points to */
     const gpubuf_layout *layout; /* DLPack: the buffer's stored layout, instead of dt and shape */
 } export_t;
 
