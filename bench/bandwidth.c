@@ -59,14 +59,23 @@ static void view_vs_local(const gpubuf_buffer *b, int device, uint64_t n, double
     cu->MemFree(src_local);
 }
 
+/* A buffer of size bytes in --pool named name, filled with the pattern of
+ * seed on its GPU; exits on failure. */
+static gpubuf_buffer *alloc_filled(gpubuf_client *c, const char *name, uint64_t size,
+                                   uint32_t seed) {
+    gpubuf_buffer *b;
+    CHECK(gpubuf_alloc(c, g_pool, size, name, &b));
+    CHECK(gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), size,
+                                     seed));
+    return b;
+}
+
 /* Device-to-device copy bandwidth: source a gpubuf view vs a local cuMemAlloc
  * (bytes read + written per second, like the anchor). */
 static void bandwidth(void) {
     const uint64_t big = 1ull << 30;
     gpubuf_client *c = conn();
-    gpubuf_buffer *b;
-    CHECK(gpubuf_alloc(c, g_pool, big, "bench/bw", &b));
-    CHECK(gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), big, 1));
+    gpubuf_buffer *b = alloc_filled(c, "bench/bw", big, 1);
     view_vs_local(b, gpubuf_buffer_device(b), big, 2.0, "dtod_GBps_gpubuf_view_median",
                   "dtod_GBps_local_median");
     gpubuf_release(b);
@@ -80,9 +89,7 @@ static void bandwidth(void) {
 static void peer_setup(void) {
     const uint64_t big = 1ull << 30;
     gpubuf_client *c = conn();
-    gpubuf_buffer *b;
-    CHECK(gpubuf_alloc(c, g_pool, big, "bench/peer", &b));
-    CHECK(gpubuf_pattern_fill_device(gpubuf_buffer_device(b), gpubuf_buffer_device_ptr(b), big, 3));
+    gpubuf_buffer *b = alloc_filled(c, "bench/peer", big, 3);
     CHECK(gpubuf_seal_sync(b));
     printf("peer_buffer_device %d\n", gpubuf_buffer_device(b));
     gpubuf_disconnect(c);

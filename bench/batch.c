@@ -105,8 +105,9 @@ static void batch_mixed_worker(int idx, double secs, int fd, int ready_fd, int g
     gpubuf_disconnect(c);
 }
 
-void batch_mixed_phase(void) {
+int batch_mixed_phase(void) {
     printf("batch_mixed_ops_per_s_%dproc %.0f\n", g_procs, workers_ops_per_s(batch_mixed_worker));
+    return 0;
 }
 
 int batch_phase(void) {

@@ -104,7 +104,7 @@ void expect_device0(const gpubuf_buffer *b);
 int latency_phase(void);     /* latency.c */
 int async_phase(void);       /* async.c: event loops */
 int cold_phase(void);        /* cold_open.c */
-void throughput_phase(void); /* throughput.c: runs in the calling process */
+int throughput_phase(void);  /* throughput.c: runs in the calling process; 0 */
 #ifdef GPUBUF_HAVE_CUDA
 int bandwidth_phase(void); /* bandwidth.c */
 int peer_phase(void);      /* bandwidth.c */
@@ -120,7 +120,7 @@ int copies_phase(void);                                     /* copies.c */
 int crash_phase(void);        /* crash.c */
 int scale_phase(void);        /* scale.c */
 int batch_phase(void);        /* batch.c */
-void batch_mixed_phase(void); /* batch.c: runs in the calling process */
+int batch_mixed_phase(void);  /* batch.c: runs in the calling process; 0 */
 int meta_phase(void);         /* meta.c */
 
 #endif

@@ -41,26 +41,30 @@ typedef struct copy_case {
     uint64_t n;
 } copy_case;
 
+/* The copy of k between local allocations (local_copy, a driver call) or
+ * through the gpubuf views (view_copy, a gpubuf call); exits on failure. */
+#define LOCAL_OR_VIEW(local_copy, view_copy)                                                       \
+    do {                                                                                           \
+        if (local)                                                                                 \
+            CU(g, local_copy);                                                                     \
+        else                                                                                       \
+            CHECK(view_copy);                                                                      \
+    } while (0)
+
 static void copy_enqueue(const bench_gpu *g, const copy_case *k, int local) {
     gpubuf_stream s = (gpubuf_stream)g->st;
     switch (k->kind) {
     case COPY_H2D:
-        if (local)
-            CU(g, MemcpyHtoDAsync(k->ldst, k->host, (size_t)k->n, g->st));
-        else
-            CHECK(gpubuf_buffer_copy_from_host_async(k->dst, 0, k->host, k->n, s));
+        LOCAL_OR_VIEW(MemcpyHtoDAsync(k->ldst, k->host, (size_t)k->n, g->st),
+                      gpubuf_buffer_copy_from_host_async(k->dst, 0, k->host, k->n, s));
         break;
     case COPY_D2H:
-        if (local)
-            CU(g, MemcpyDtoHAsync(k->host, k->lsrc, (size_t)k->n, g->st));
-        else
-            CHECK(gpubuf_buffer_copy_to_host_async(k->src, 0, k->host, k->n, s));
+        LOCAL_OR_VIEW(MemcpyDtoHAsync(k->host, k->lsrc, (size_t)k->n, g->st),
+                      gpubuf_buffer_copy_to_host_async(k->src, 0, k->host, k->n, s));
         break;
     default:
-        if (local)
-            CU(g, MemcpyDtoDAsync(k->ldst, k->lsrc, (size_t)k->n, g->st));
-        else
-            CHECK(gpubuf_buffer_copy(k->dst, 0, k->src, 0, k->n, s));
+        LOCAL_OR_VIEW(MemcpyDtoDAsync(k->ldst, k->lsrc, (size_t)k->n, g->st),
+                      gpubuf_buffer_copy(k->dst, 0, k->src, 0, k->n, s));
         break;
     }
 }

@@ -18,11 +18,11 @@
  * This file parses the options and runs the phases in order; each group of
  * phases has a file of its own, named for what it measures, and bench.h
  * holds what they share. */
-#include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "bench.h"
+#include "bench_opts.h"
 
 /* Names are per pool: the phases on --pool open their buffers by plain
  * names, which the daemon looks up in its default (first) pool; the other
@@ -101,63 +101,58 @@ static int vmm_phases(void) {
     return failed;
 }
 
+/* The options of the usage at the top of this file. */
+static const bench_opt opts[] = {
+    {"socket", 's', BENCH_OPT_STR, &g_sock},
+    {"pool", 'p', BENCH_OPT_STR, &g_pool},
+    {"cold-pool", 'c', BENCH_OPT_STR, &g_cold_pool},
+    {"procs", 'n', BENCH_OPT_INT, &g_procs},
+    {"only", 'o', BENCH_OPT_STR, &g_only},
+    {"quick", 'q', BENCH_OPT_FLAG, &g_quick},
+    {"daemon-pid", 0, BENCH_OPT_INT, &g_daemon_pid},
+    {"ctl", 0, BENCH_OPT_STR, &g_ctl},
+    {"vmm-pool", 0, BENCH_OPT_STR, &g_vmm_pool},
+    {"vmm-cold-pools", 0, BENCH_OPT_STR, &g_vmm_cold_pools},
+};
+
+/* The phases main() runs before and after vmm_phases(), in order: the
+ * first that fails ends the run. */
+typedef struct phase {
+    const char *name; /* its name in --only */
+    int (*run)(void);
+} phase;
+
+static const phase before_vmm[] = {
+    {"latency", latency_phase},     {"cold", cold_phase}, {"throughput", throughput_phase},
+#ifdef GPUBUF_HAVE_CUDA
+    {"bandwidth", bandwidth_phase}, {"peer", peer_phase},
+#endif
+};
+
+/* After the vmm phases: these compare figures with each other and with
+ * anchors, on a daemon without the 100k buffers of scale. */
+static const phase after_vmm[] = {
+    {"crash", crash_phase},          {"scale", scale_phase}, {"batch", batch_phase},
+    {"batchmix", batch_mixed_phase}, {"meta", meta_phase},   {"async", async_phase},
+};
+
+static int run_phases(const phase *p, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (want(p[i].name) && p[i].run())
+            return -1;
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    static const struct option opts[] = {{"socket", required_argument, NULL, 's'},
-                                         {"pool", required_argument, NULL, 'p'},
-                                         {"cold-pool", required_argument, NULL, 'c'},
-                                         {"procs", required_argument, NULL, 'n'},
-                                         {"only", required_argument, NULL, 'o'},
-                                         {"quick", no_argument, NULL, 'q'},
-                                         {"daemon-pid", required_argument, NULL, 'P'},
-                                         {"ctl", required_argument, NULL, 'C'},
-                                         {"vmm-pool", required_argument, NULL, 'V'},
-                                         {"vmm-cold-pools", required_argument, NULL, 'W'},
-                                         {NULL, 0, NULL, 0}};
-    int opt;
-    while ((opt = getopt_long(argc, argv, "s:p:c:n:o:q", opts, NULL)) != -1) {
-        switch (opt) {
-        case 's': g_sock = optarg; break;
-        case 'p': g_pool = optarg; break;
-        case 'c': g_cold_pool = optarg; break;
-        case 'n': g_procs = atoi(optarg); break;
-        case 'o': g_only = optarg; break;
-        case 'q': g_quick = 1; break;
-        case 'P': g_daemon_pid = atoi(optarg); break;
-        case 'C': g_ctl = optarg; break;
-        case 'V': g_vmm_pool = optarg; break;
-        case 'W': g_vmm_cold_pools = optarg; break;
-        default: return 2;
-        }
-    }
+    if (bench_opts_parse(argc, argv, opts, sizeof(opts) / sizeof(opts[0])) < 0)
+        return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (check_default_pool() < 0)
         return 1;
-    if (want("latency") && latency_phase())
+    if (run_phases(before_vmm, sizeof(before_vmm) / sizeof(before_vmm[0])) < 0)
         return 1;
-    if (want("cold") && cold_phase())
-        return 1;
-    if (want("throughput"))
-        throughput_phase();
-#ifdef GPUBUF_HAVE_CUDA
-    if (want("bandwidth") && bandwidth_phase())
-        return 1;
-    if (want("peer") && peer_phase())
-        return 1;
-#endif
-    /* Before crash and scale: these compare figures with each other and
-     * with anchors, on a daemon without the 100k buffers of scale. */
     int vmm_failed = vmm_phases();
-    if (want("crash") && crash_phase())
-        return 1;
-    if (want("scale") && scale_phase())
-        return 1;
-    if (want("batch") && batch_phase())
-        return 1;
-    if (want("batchmix"))
-        batch_mixed_phase();
-    if (want("meta") && meta_phase())
-        return 1;
-    if (want("async") && async_phase())
+    if (run_phases(after_vmm, sizeof(after_vmm) / sizeof(after_vmm[0])) < 0)
         return 1;
     return vmm_failed ? 1 : 0;
 }

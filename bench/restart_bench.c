@@ -11,7 +11,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <getopt.h>
 #include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -21,6 +20,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_opts.h"
 #include "gpubuf/gpubuf.h"
 
 static double now_ms(void) {
@@ -99,25 +99,15 @@ static int fail(const char *why) {
 }
 
 int main(int argc, char **argv) {
-    static const struct option opts[] = {{"gpubufd", required_argument, NULL, 'd'},
-                                         {"socket", required_argument, NULL, 's'},
-                                         {"pool", required_argument, NULL, 'p'},
-                                         {"buffers", required_argument, NULL, 'n'},
-                                         {"size", required_argument, NULL, 'z'},
-                                         {NULL, 0, NULL, 0}};
     long n = 100000, size = 4096;
-    int opt;
+    const bench_opt opts[] = {
+        {"gpubufd", 0, BENCH_OPT_STR, &g_gpubufd}, {"socket", 0, BENCH_OPT_STR, &g_socket},
+        {"pool", 0, BENCH_OPT_STR, &g_pool},       {"buffers", 0, BENCH_OPT_LONG, &n},
+        {"size", 0, BENCH_OPT_LONG, &size},
+    };
     char log[512];
-    while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
-        switch (opt) {
-        case 'd': g_gpubufd = optarg; break;
-        case 's': g_socket = optarg; break;
-        case 'p': g_pool = optarg; break;
-        case 'n': n = strtol(optarg, NULL, 10); break;
-        case 'z': size = strtol(optarg, NULL, 10); break;
-        default: return 2;
-        }
-    }
+    if (bench_opts_parse(argc, argv, opts, sizeof(opts) / sizeof(opts[0])) < 0)
+        return 2;
     if (!g_gpubufd || !g_socket || n <= 0 || size <= 0) {
         fprintf(stderr, "usage: gpubuf_restart_bench --gpubufd PATH --socket PATH "
                         "[--pool NAME=KIND,...] [--buffers N] [--size BYTES]\n");

@@ -58,6 +58,7 @@ static void mixed_worker(int idx, double secs, int fd, int ready_fd, int go_fd) 
     gpubuf_disconnect(c);
 }
 
-void throughput_phase(void) {
+int throughput_phase(void) {
     printf("gpubuf_mixed_ops_per_s_%dproc %.0f\n", g_procs, workers_ops_per_s(mixed_worker));
+    return 0;
 }

@@ -22,6 +22,23 @@ uint64_t gpubuf_pattern_mismatches(const void *p, uint64_t len, uint32_t seed) {
 }
 
 #ifdef GPUBUF_HAVE_CUDA
+/* What both loops below share: the start of a grid-stride loop (the word
+ * index in %rd4, the stride in %rd5), and word %rd4 of the pattern of seed
+ * %r1 into %r6 (gpubuf_pattern_word). */
+#define PTX_GRID_STRIDE_START                                                                      \
+    "  mov.u32 %r2, %ctaid.x;\n"                                                                   \
+    "  mov.u32 %r3, %ntid.x;\n"                                                                    \
+    "  mov.u32 %r4, %tid.x;\n"                                                                     \
+    "  mov.u32 %r5, %nctaid.x;\n"                                                                  \
+    "  cvt.u64.u32 %rd3, %r4;\n"                                                                   \
+    "  mad.wide.u32 %rd4, %r2, %r3, %rd3;\n"                                                       \
+    "  mul.wide.u32 %rd5, %r5, %r3;\n"
+
+#define PTX_PATTERN_WORD                                                                           \
+    "  cvt.u32.u64 %r6, %rd4;\n"                                                                   \
+    "  mul.lo.u32 %r6, %r6, 0x9E3779B1;\n"                                                         \
+    "  xor.b32 %r6, %r6, %r1;\n"
+
 /* Grid-stride loops over 32-bit words. */
 static const char ptx[] =
     ".version 7.0\n"
@@ -37,19 +54,11 @@ static const char ptx[] =
     "  ld.param.u64 %rd2, [p_n];\n"
     "  ld.param.u32 %r1, [p_seed];\n"
     "  cvta.to.global.u64 %rd1, %rd1;\n"
-    "  mov.u32 %r2, %ctaid.x;\n"
-    "  mov.u32 %r3, %ntid.x;\n"
-    "  mov.u32 %r4, %tid.x;\n"
-    "  mov.u32 %r5, %nctaid.x;\n"
-    "  cvt.u64.u32 %rd3, %r4;\n"
-    "  mad.wide.u32 %rd4, %r2, %r3, %rd3;\n"
-    "  mul.wide.u32 %rd5, %r5, %r3;\n"
+    PTX_GRID_STRIDE_START
     "FILL_LOOP:\n"
     "  setp.ge.u64 %p, %rd4, %rd2;\n"
     "  @%p bra FILL_DONE;\n"
-    "  cvt.u32.u64 %r6, %rd4;\n"
-    "  mul.lo.u32 %r6, %r6, 0x9E3779B1;\n"
-    "  xor.b32 %r6, %r6, %r1;\n"
+    PTX_PATTERN_WORD
     "  shl.b64 %rd6, %rd4, 2;\n"
     "  add.u64 %rd7, %rd1, %rd6;\n"
     "  st.global.u32 [%rd7], %r6;\n"
@@ -71,22 +80,14 @@ static const char ptx[] =
     "  ld.param.u64 %rd8, [p_bad];\n"
     "  cvta.to.global.u64 %rd1, %rd1;\n"
     "  cvta.to.global.u64 %rd8, %rd8;\n"
-    "  mov.u32 %r2, %ctaid.x;\n"
-    "  mov.u32 %r3, %ntid.x;\n"
-    "  mov.u32 %r4, %tid.x;\n"
-    "  mov.u32 %r5, %nctaid.x;\n"
-    "  cvt.u64.u32 %rd3, %r4;\n"
-    "  mad.wide.u32 %rd4, %r2, %r3, %rd3;\n"
-    "  mul.wide.u32 %rd5, %r5, %r3;\n"
+    PTX_GRID_STRIDE_START
     "VERIFY_LOOP:\n"
     "  setp.ge.u64 %p, %rd4, %rd2;\n"
     "  @%p bra VERIFY_DONE;\n"
     "  shl.b64 %rd6, %rd4, 2;\n"
     "  add.u64 %rd7, %rd1, %rd6;\n"
     "  ld.global.u32 %r7, [%rd7];\n"
-    "  cvt.u32.u64 %r6, %rd4;\n"
-    "  mul.lo.u32 %r6, %r6, 0x9E3779B1;\n"
-    "  xor.b32 %r6, %r6, %r1;\n"
+    PTX_PATTERN_WORD
     "  setp.eq.u32 %p, %r6, %r7;\n"
     "  @%p bra VERIFY_NEXT;\n"
     "  atom.global.add.u32 %r8, [%rd8], 1;\n"

@@ -1,6 +1,7 @@
 /* Helpers shared by the CUDA anchor programs (ipc_bench.c, vmm_bench.c): clock,
- * statistics, whole reads and writes, file descriptors over a Unix socket, and
- * a check of CUDA driver results that exits with the error's name. */
+ * statistics, whole reads and writes, file descriptors over a Unix socket, a
+ * check of CUDA driver results that exits with the error's name, and the two
+ * processes of a measurement. */
 #ifndef GPUBUF_ANCHOR_UTIL_H
 #define GPUBUF_ANCHOR_UTIL_H
 #include <cuda.h>
@@ -8,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -40,5 +42,21 @@ static inline int recv_fd(int sock) {
 /* The primary context of device 0, current on this thread. */
 static inline CUcontext init_ctx(void) {
   CUdevice d; CUcontext c; CK(cuInit(0)); CK(cuDeviceGet(&d, 0)); CK(cuDevicePrimaryCtxRetain(&c, d)); CK(cuCtxSetCurrent(c)); return c;
+}
+
+/* The two processes of a measurement, forked before cuInit with stdout line
+ * buffered: importer (forked first) and exporter, each on one end of a Unix
+ * socketpair; waits for both and gives their wait statuses. 0, or 1 with a
+ * message when there is no socketpair. */
+static inline int run_pair(void (*exporter)(int), void (*importer)(int), int *st_exporter, int *st_importer) {
+  int sv[2]; if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) { perror("socketpair"); return 1; }
+  setvbuf(stdout, NULL, _IOLBF, 0);
+  pid_t c = fork();
+  if (c == 0) { close(sv[0]); importer(sv[1]); _exit(0); }
+  pid_t p = fork();
+  if (p == 0) { close(sv[1]); exporter(sv[0]); _exit(0); }
+  close(sv[0]); close(sv[1]);
+  *st_exporter = *st_importer = 0; waitpid(p, st_exporter, 0); waitpid(c, st_importer, 0);
+  return 0;
 }
 #endif

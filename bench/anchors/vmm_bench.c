@@ -138,14 +138,8 @@ static void importer(int s) {
 }
 
 int main(void) {
-  int sv[2]; if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv)) { perror("socketpair"); return 1; }
-  setvbuf(stdout, NULL, _IOLBF, 0);
-  pid_t c = fork();
-  if (c == 0) { close(sv[0]); importer(sv[1]); _exit(0); }
-  pid_t p = fork();
-  if (p == 0) { close(sv[1]); exporter(sv[0]); _exit(0); }
-  close(sv[0]); close(sv[1]);
-  int st1 = 0, st2 = 0; waitpid(p, &st1, 0); waitpid(c, &st2, 0);
+  int st1, st2;
+  if (run_pair(exporter, importer, &st1, &st2)) return 1;
   int ok = WIFEXITED(st1) && WEXITSTATUS(st1) == 0 && WIFEXITED(st2) && WEXITSTATUS(st2) == 0;
   if (!ok) fprintf(stderr, "vmm_bench: exporter status %d, importer status %d\n", st1, st2);
   return ok ? 0 : 1;

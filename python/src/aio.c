@@ -235,6 +235,47 @@ static PyObject *finish(GpubufClient *self, aio_req *q, int r, uint64_t h) {
     return coro;
 }
 
+/* A request of the asyncio methods: one of the library's *_start calls
+ * with its arguments. */
+typedef struct aio_call {
+    enum { CALL_OPEN, CALL_OPEN_MANY, CALL_ALLOC, CALL_SEAL } kind;
+    const char *name;     /* open: by name, or NULL for by id; alloc: its name */
+    uint64_t id;          /* open by id */
+    gpubuf_lookup lookup; /* open, open_many */
+    size_t n;             /* open_many: n names, or ids where names is NULL */
+    const char **names;
+    const uint64_t *ids;
+    const char *pool; /* alloc */
+    uint64_t size;    /* alloc */
+    gpubuf_buffer *b; /* seal */
+} aio_call;
+
+static int start_call(GpubufClient *self, const aio_call *a, aio_req *q, uint64_t *h) {
+    switch (a->kind) {
+    case CALL_OPEN: return gpubuf_open_start(self->c, a->name, a->id, &a->lookup, on_done, q, h);
+    case CALL_OPEN_MANY:
+        return gpubuf_open_many_start(self->c, a->n, a->names, a->ids, &a->lookup, on_done, q, h);
+    case CALL_ALLOC: return gpubuf_alloc_start(self->c, a->pool, a->size, a->name, on_done, q, h);
+    case CALL_SEAL: return gpubuf_seal_start(a->b, on_done, q, h);
+    }
+    return -EINVAL;
+}
+
+/* Starts a (outside the GIL): the awaitable of its future, or NULL with the
+ * exception. */
+static PyObject *submit(GpubufClient *self, const aio_call *a) {
+    aio_req *q = begin(self, a->kind != CALL_SEAL);
+    if (!q)
+        return NULL;
+    q->many = a->kind == CALL_OPEN_MANY;
+    uint64_t h = 0;
+    int r;
+    Py_BEGIN_ALLOW_THREADS
+        r = start_call(self, a, q, &h);
+    Py_END_ALLOW_THREADS
+    return finish(self, q, r, h);
+}
+
 /* Seconds (None: wait until sealed, math.inf too) as a timeout in ms; -2
  * with an exception. */
 static int timeout_arg(PyObject *o) {
@@ -255,18 +296,11 @@ static int timeout_arg(PyObject *o) {
 
 static PyObject *open_common(GpubufClient *self, const char *name, uint64_t id, PyObject *timeout,
                              int ro, const char *pool) {
-    gpubuf_lookup o = {.pool = pool, .flags = ro ? GPUBUF_OPEN_READONLY : 0};
-    if ((o.timeout_ms = timeout_arg(timeout)) == -2)
+    aio_call a = {.kind = CALL_OPEN, .name = name, .id = id};
+    a.lookup = (gpubuf_lookup){.pool = pool, .flags = ro ? GPUBUF_OPEN_READONLY : 0};
+    if ((a.lookup.timeout_ms = timeout_arg(timeout)) == -2)
         return NULL;
-    aio_req *q = begin(self, true);
-    if (!q)
-        return NULL;
-    uint64_t h = 0;
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-        r = gpubuf_open_start(self->c, name, id, &o, on_done, q, &h);
-    Py_END_ALLOW_THREADS
-    return finish(self, q, r, h);
+    return submit(self, &a);
 }
 
 PyObject *gpubufpy_aio_open(GpubufClient *self, PyObject *args, PyObject *kw) {
@@ -302,15 +336,8 @@ PyObject *gpubufpy_aio_alloc(GpubufClient *self, PyObject *args, PyObject *kw) {
         PyErr_SetString(PyExc_ValueError, "size 0: a buffer holds at least 1 byte");
         return NULL;
     }
-    aio_req *q = begin(self, true);
-    if (!q)
-        return NULL;
-    uint64_t h = 0;
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-        r = gpubuf_alloc_start(self->c, pool, size, name, on_done, q, &h);
-    Py_END_ALLOW_THREADS
-    return finish(self, q, r, h);
+    aio_call a = {.kind = CALL_ALLOC, .pool = pool, .size = size, .name = name};
+    return submit(self, &a);
 }
 
 PyObject *gpubufpy_aio_seal(GpubufClient *self, PyObject *args, PyObject *kw) {
@@ -327,15 +354,8 @@ PyObject *gpubufpy_aio_seal(GpubufClient *self, PyObject *args, PyObject *kw) {
                                           "seal it with that one");
         return NULL;
     }
-    aio_req *q = begin(self, false);
-    if (!q)
-        return NULL;
-    uint64_t h = 0;
-    int r;
-    Py_BEGIN_ALLOW_THREADS
-        r = gpubuf_seal_start(b->b, on_done, q, &h);
-    Py_END_ALLOW_THREADS
-    return finish(self, q, r, h);
+    aio_call a = {.kind = CALL_SEAL, .b = b->b};
+    return submit(self, &a);
 }
 
 PyObject *gpubufpy_aio_open_many(GpubufClient *self, PyObject *args, PyObject *kw) {
@@ -345,27 +365,20 @@ PyObject *gpubufpy_aio_open_many(GpubufClient *self, PyObject *args, PyObject *k
     uint64_t *ids = NULL;
     size_t n = 0;
     int ro = 0;
-    gpubuf_lookup o = {0};
+    aio_call a = {.kind = CALL_OPEN_MANY};
     if (!PyArg_ParseTupleAndKeywords(args, kw, "O|$Op:open_many_async", kwlist, &seq, &timeout,
                                      &ro))
         return NULL;
-    if ((o.timeout_ms = timeout_arg(timeout)) == -2)
+    if ((a.lookup.timeout_ms = timeout_arg(timeout)) == -2)
         return NULL;
-    o.flags = ro ? GPUBUF_OPEN_READONLY : 0;
+    a.lookup.flags = ro ? GPUBUF_OPEN_READONLY : 0;
     if (targets_arg(seq, &fast, &names, &ids, &n) < 0)
         return NULL;
-    aio_req *q = begin(self, true);
-    PyObject *out = NULL;
-    if (q) {
-        uint64_t h = 0;
-        int r;
-        q->many = true;
-        /* The call copies the names: they may go with fast after it. */
-        Py_BEGIN_ALLOW_THREADS
-            r = gpubuf_open_many_start(self->c, n, names, names ? NULL : ids, &o, on_done, q, &h);
-        Py_END_ALLOW_THREADS
-        out = finish(self, q, r, h);
-    }
+    a.n = n;
+    a.names = names;
+    a.ids = names ? NULL : ids;
+    /* The call copies the names: they may go with fast after it. */
+    PyObject *out = submit(self, &a);
     free(names);
     free(ids);
     Py_XDECREF(fast);

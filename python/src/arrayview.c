@@ -143,11 +143,12 @@ static PyObject *av_repr(GpubufArrayView *v) {
 }
 
 static PyMethodDef av_methods[] = {
-    {"__dlpack__", (PyCFunction)(void (*)(void))av_dlpack, METH_VARARGS | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)"},
+    GPUBUFPY_KW_METHOD("__dlpack__", av_dlpack,
+                       "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)"),
     {"__dlpack_device__", (PyCFunction)av_dlpack_device, METH_NOARGS, NULL},
-    {"__array__", (PyCFunction)(void (*)(void))av_array, METH_VARARGS | METH_KEYWORDS,
-     "__array__(dtype=None, copy=None): NumPy's fallback; TypeError for CUDA buffers."},
+    GPUBUFPY_KW_METHOD(
+        "__array__", av_array,
+        "__array__(dtype=None, copy=None): NumPy's fallback; TypeError for CUDA buffers."),
     {NULL},
 };
 
@@ -165,15 +166,8 @@ static PyGetSetDef av_getset[] = {
 };
 
 PyTypeObject GpubufArrayView_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpubuf.ArrayView",
-    .tp_basicsize = sizeof(GpubufArrayView),
-    .tp_dealloc = (destructor)av_dealloc,
-    .tp_repr = (reprfunc)av_repr,
+    GPUBUFPY_TYPE_SLOTS("gpubuf.ArrayView", GpubufArrayView, av),
     .tp_as_buffer = &av_as_buffer,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A typed view of a Buffer (Buffer.as_array). Keeps the buffer's memory and "
               "daemon reference alive for its whole life.",
-    .tp_methods = av_methods,
-    .tp_getset = av_getset,
 };
-

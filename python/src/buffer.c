@@ -31,15 +31,24 @@ static gpubuf_buffer *buf_view(GpubufBuffer *self) {
     return self->b;
 }
 
-static void buf_export(GpubufBuffer *self, export_t *e, Py_ssize_t *size) {
-    *size = (Py_ssize_t)gpubuf_buffer_size(self->b);
+/* The export of a view that is not released: its bytes (uint8, 1-D), with
+ * the producer's layout (dtype and shape, when it gave them) where
+ * with_layout. False with exc set when it was released (ValueError as
+ * buf_view(), or the exception a protocol expects). */
+static bool buf_export(GpubufBuffer *self, export_t *e, bool with_layout, PyObject *exc) {
+    if (!self->b) {
+        PyErr_SetString(exc, "the gpubuf Buffer was released");
+        return false;
+    }
     e->b = self->b;
     e->client = self->client;
     e->pid = self->pid;
     e->dt = (dtype_t){'u', 1};
     e->ndim = 1;
-    e->shape = size;
-    e->layout = NULL;
+    e->len = (Py_ssize_t)gpubuf_buffer_size(self->b);
+    e->shape = &e->len;
+    e->layout = with_layout ? gpubuf_buffer_layout(self->b) : NULL;
+    return true;
 }
 
 static void buf_dealloc(GpubufBuffer *self) {
@@ -342,32 +351,13 @@ static int shape_arg(PyObject *o, uint64_t nbytes, dtype_t dt, int *ret_ndim, Py
         *ret_ndim = 1;
         return 0;
     }
-    if (PyLong_Check(o)) {
-        ndim = 1;
-        shape[0] = PyLong_AsSsize_t(o);
-        if (shape[0] == -1 && PyErr_Occurred())
-            return -1;
-    } else {
-        PyObject *seq = PySequence_Fast(o, "shape must be None, an int or a sequence of ints");
-        if (!seq)
-            return -1;
-        Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-        if (n > MAX_NDIM) {
-            Py_DECREF(seq);
-            PyErr_Format(PyExc_ValueError, "shape has %zd dimensions, at most %d", n, MAX_NDIM);
-            return -1;
-        }
-        ndim = (int)n;
-        for (int i = 0; i < ndim; i++) {
-            shape[i] = PyLong_AsSsize_t(PySequence_Fast_GET_ITEM(seq, i));
-            if (shape[i] == -1 && PyErr_Occurred()) {
-                Py_DECREF(seq);
-                return -1;
-            }
-        }
-        Py_DECREF(seq);
-    }
+    int64_t dims[MAX_NDIM];
+    ndim = gpubufpy_ints_arg(o, "shape", "shape must be None, an int or a sequence of ints",
+                             MAX_NDIM, true, dims);
+    if (ndim < 0)
+        return -1;
     for (int i = 0; i < ndim; i++) {
+        shape[i] = (Py_ssize_t)dims[i];
         if (shape[i] < 0) {
             PyErr_SetString(PyExc_ValueError, "shape entries must be >= 0");
             return -1;
@@ -408,44 +398,28 @@ static PyObject *buf_as_array(GpubufBuffer *self, PyObject *args, PyObject *kw) 
 
 static PyObject *buf_dlpack(GpubufBuffer *self, PyObject *args, PyObject *kw) {
     export_t e;
-    Py_ssize_t size;
-    if (!buf_view(self))
+    if (!buf_export(self, &e, true, PyExc_ValueError))
         return NULL;
-    buf_export(self, &e, &size);
-    /* The producer's dtype and shape when it gave them. */
-    e.layout = gpubuf_buffer_layout(self->b);
     return gpubufpy_export_dlpack(&e, args, kw);
 }
 
 static PyObject *buf_dlpack_device(GpubufBuffer *self, PyObject *unused) {
     export_t e;
-    Py_ssize_t size;
-    if (!buf_view(self))
-        return NULL;
-    buf_export(self, &e, &size);
-    return gpubufpy_export_dlpack_device(&e);
+    return buf_export(self, &e, false, PyExc_ValueError) ? gpubufpy_export_dlpack_device(&e) : NULL;
 }
 
 static PyObject *buf_array(GpubufBuffer *self, PyObject *args, PyObject *kw) {
     export_t e;
-    Py_ssize_t size;
-    if (!buf_view(self))
-        return NULL;
-    buf_export(self, &e, &size);
-    return gpubufpy_export_array(&e, (PyObject *)self);
+    return buf_export(self, &e, false, PyExc_ValueError)
+               ? gpubufpy_export_array(&e, (PyObject *)self)
+               : NULL;
 }
 
+/* The array interface and the buffer protocol describe the producer's
+ * layout, as __dlpack__ does. */
 static PyObject *buf_get_cai(GpubufBuffer *self, void *unused) {
     export_t e;
-    Py_ssize_t size;
-    PyObject *d;
-    if (!self->b) {
-        PyErr_SetString(PyExc_AttributeError, "the gpubuf Buffer was released");
-        return NULL;
-    }
-    buf_export(self, &e, &size);
-    e.layout = gpubuf_buffer_layout(self->b); /* the producer's, as __dlpack__ */
-    d = gpubufpy_export_cai(&e);
+    PyObject *d = buf_export(self, &e, true, PyExc_AttributeError) ? gpubufpy_export_cai(&e) : NULL;
     if (d)
         self->cai_exported = true;
     return d;
@@ -453,13 +427,8 @@ static PyObject *buf_get_cai(GpubufBuffer *self, void *unused) {
 
 static int buf_getbuffer(GpubufBuffer *self, Py_buffer *view, int flags) {
     export_t e;
-    Py_ssize_t size;
-    if (!self->b) {
-        PyErr_SetString(PyExc_BufferError, "the gpubuf Buffer was released");
+    if (!buf_export(self, &e, true, PyExc_BufferError))
         return -1;
-    }
-    buf_export(self, &e, &size);
-    e.layout = gpubuf_buffer_layout(self->b); /* the producer's, as __dlpack__ */
     return gpubufpy_export_getbuffer(&e, (PyObject *)self, view, flags, self->layout_strides);
 }
 
@@ -531,16 +500,17 @@ static PyObject *buf_repr(GpubufBuffer *self) {
 }
 
 static PyMethodDef buf_methods[] = {
-    {"seal", (PyCFunction)(void (*)(void))buf_seal, METH_VARARGS | METH_KEYWORDS,
-     "seal(sync=False, *, stream=None, dtype=None, shape=None, strides=None, byte_offset=0, "
-     "user_data=None, ttl=None)\n\nPublish the buffer (allocated by this connection): "
-     "others can open it. sync=False sends the seal without waiting (a waiting open sees it; "
-     "errors surface at Client.flush()); sync=True returns once the daemon applied it. "
-     "stream (a CUDA stream: an int handle, a torch.cuda.Stream or a cupy.cuda.Stream): seal "
-     "in stream order, after the work queued on it, without waiting for the GPU; openers' "
-     "streams wait for it (wait(), or __dlpack__(stream=...)). dtype, shape, strides, "
-     "byte_offset, user_data, ttl: set the buffer's metadata at the seal (as Client.alloc; "
-     "synchronous, not with stream)."},
+    GPUBUFPY_KW_METHOD(
+        "seal", buf_seal,
+        "seal(sync=False, *, stream=None, dtype=None, shape=None, strides=None, byte_offset=0, "
+        "user_data=None, ttl=None)\n\nPublish the buffer (allocated by this connection): "
+        "others can open it. sync=False sends the seal without waiting (a waiting open sees it; "
+        "errors surface at Client.flush()); sync=True returns once the daemon applied it. "
+        "stream (a CUDA stream: an int handle, a torch.cuda.Stream or a cupy.cuda.Stream): seal "
+        "in stream order, after the work queued on it, without waiting for the GPU; openers' "
+        "streams wait for it (wait(), or __dlpack__(stream=...)). dtype, shape, strides, "
+        "byte_offset, user_data, ttl: set the buffer's metadata at the seal (as Client.alloc; "
+        "synchronous, not with stream)."),
     {"wait", (PyCFunction)buf_wait, METH_O,
      "wait(stream)\n\nMake a CUDA stream wait, on the GPU, for the work the producer sealed "
      "with seal(stream=...); returns at once when it sealed without a stream. "
@@ -549,31 +519,36 @@ static PyMethodDef buf_methods[] = {
      "release()\n\nDrop this view. The daemon reference goes when no export (DLPack tensor, "
      "memoryview, ArrayView, a consumer of __cuda_array_interface__) still uses it. "
      "Idempotent."},
-    {"slice", (PyCFunction)(void (*)(void))buf_slice, METH_VARARGS | METH_KEYWORDS,
-     "slice(offset, length=-1) -> Buffer\n\nA zero-copy view of length bytes (-1: to the end) "
-     "that keeps this one alive."},
-    {"copy_to_host", (PyCFunction)(void (*)(void))buf_copy_to_host, METH_VARARGS | METH_KEYWORDS,
-     "copy_to_host(position=0, nbytes=-1, buf=None)\n\nCopy nbytes (-1: to the end, or until "
-     "buf is full) from position into buf (any writable buffer), or into a new bytearray. "
-     "Returns buf or the bytearray."},
-    {"copy_from_host", (PyCFunction)(void (*)(void))buf_copy_from_host,
-     METH_VARARGS | METH_KEYWORDS,
-     "copy_from_host(data, position=0) -> int\n\nCopy data (any C-contiguous object with the "
-     "buffer protocol) into the buffer at position. Returns the number of bytes copied."},
+    GPUBUFPY_KW_METHOD(
+        "slice", buf_slice,
+        "slice(offset, length=-1) -> Buffer\n\nA zero-copy view of length bytes (-1: to the end) "
+        "that keeps this one alive."),
+    GPUBUFPY_KW_METHOD(
+        "copy_to_host", buf_copy_to_host,
+        "copy_to_host(position=0, nbytes=-1, buf=None)\n\nCopy nbytes (-1: to the end, or until "
+        "buf is full) from position into buf (any writable buffer), or into a new bytearray. "
+        "Returns buf or the bytearray."),
+    GPUBUFPY_KW_METHOD(
+        "copy_from_host", buf_copy_from_host,
+        "copy_from_host(data, position=0) -> int\n\nCopy data (any C-contiguous object with the "
+        "buffer protocol) into the buffer at position. Returns the number of bytes copied."),
     {"to_pybytes", (PyCFunction)buf_to_pybytes, METH_NOARGS,
      "to_pybytes() -> bytes\n\nA copy of the whole view."},
-    {"as_array", (PyCFunction)(void (*)(void))buf_as_array, METH_VARARGS | METH_KEYWORDS,
-     "as_array(dtype='uint8', shape=None) -> ArrayView\n\nA typed, C-contiguous view for "
-     "consumers that need a dtype: cupy.asarray, torch.as_tensor, numba.cuda.as_cuda_array, "
-     "numpy.asarray (host pools), *.from_dlpack. shape=None: the whole view, 1-D."},
-    {"__dlpack__", (PyCFunction)(void (*)(void))buf_dlpack, METH_VARARGS | METH_KEYWORDS,
-     "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\nA DLPack "
-     "capsule with the buffer's layout (dtype, shape, strides, byte offset) when it has one, "
-     "else of the bytes (uint8, 1-D); kDLCUDA for CUDA pools, kDLCPU for host pools."},
+    GPUBUFPY_KW_METHOD(
+        "as_array", buf_as_array,
+        "as_array(dtype='uint8', shape=None) -> ArrayView\n\nA typed, C-contiguous view for "
+        "consumers that need a dtype: cupy.asarray, torch.as_tensor, numba.cuda.as_cuda_array, "
+        "numpy.asarray (host pools), *.from_dlpack. shape=None: the whole view, 1-D."),
+    GPUBUFPY_KW_METHOD(
+        "__dlpack__", buf_dlpack,
+        "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\nA DLPack "
+        "capsule with the buffer's layout (dtype, shape, strides, byte offset) when it has one, "
+        "else of the bytes (uint8, 1-D); kDLCUDA for CUDA pools, kDLCPU for host pools."),
     {"__dlpack_device__", (PyCFunction)buf_dlpack_device, METH_NOARGS,
      "__dlpack_device__() -> (device_type, device_id)"},
-    {"__array__", (PyCFunction)(void (*)(void))buf_array, METH_VARARGS | METH_KEYWORDS,
-     "__array__(dtype=None, copy=None): NumPy's fallback; TypeError for CUDA buffers."},
+    GPUBUFPY_KW_METHOD(
+        "__array__", buf_array,
+        "__array__(dtype=None, copy=None): NumPy's fallback; TypeError for CUDA buffers."),
     {"__enter__", (PyCFunction)buf_enter, METH_NOARGS, NULL},
     {"__exit__", (PyCFunction)buf_exit, METH_VARARGS, NULL},
     {NULL},
@@ -611,17 +586,11 @@ static PyGetSetDef buf_getset[] = {
 };
 
 PyTypeObject GpubufBuffer_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpubuf.Buffer",
-    .tp_basicsize = sizeof(GpubufBuffer),
-    .tp_dealloc = (destructor)buf_dealloc,
-    .tp_repr = (reprfunc)buf_repr,
+    GPUBUFPY_TYPE_SLOTS("gpubuf.Buffer", GpubufBuffer, buf),
     .tp_as_buffer = &buf_as_buffer,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A view of a gpubuf buffer (from Client.alloc, open, open_id or Buffer.slice). "
               "Holds one daemon reference until released; a context manager that releases "
               "it.",
-    .tp_methods = buf_methods,
-    .tp_getset = buf_getset,
 };
 
 /* ---- metadata arguments --------------------------------------------------------------- */

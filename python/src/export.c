@@ -136,25 +136,30 @@ static int dtype_dlpack(dtype_t d, DLDataType *ret) {
 
 /* ---- layouts ----------------------------------------------------------------------- */
 
-/* A sequence of at most MAX_NDIM ints into out; its length, or -1 (exception set). */
-static int int_tuple_arg(PyObject *o, const char *what, int64_t *out) {
+/* An int as int64_t: PyLong_AsSsize_t (int objects only) where as_ssize,
+ * else PyLong_AsLongLong (anything with __index__). */
+static int64_t int_of(PyObject *o, bool as_ssize) {
+    return as_ssize ? (int64_t)PyLong_AsSsize_t(o) : (int64_t)PyLong_AsLongLong(o);
+}
+
+int gpubufpy_ints_arg(PyObject *o, const char *what, const char *not_seq, int max, bool as_ssize,
+                      int64_t *out) {
     PyObject *seq;
     if (PyLong_Check(o)) {
-        out[0] = PyLong_AsLongLong(o);
+        out[0] = int_of(o, as_ssize);
         return out[0] == -1 && PyErr_Occurred() ? -1 : 1;
     }
-    seq = PySequence_Fast(o, "shape and strides must be an int or a sequence of ints");
+    seq = PySequence_Fast(o, not_seq);
     if (!seq)
         return -1;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    if (n > GPUBUF_LAYOUT_MAX_NDIM) {
+    if (n > max) {
         Py_DECREF(seq);
-        PyErr_Format(PyExc_ValueError, "%s has %zd dimensions, at most %d", what, n,
-                     GPUBUF_LAYOUT_MAX_NDIM);
+        PyErr_Format(PyExc_ValueError, "%s has %zd dimensions, at most %d", what, n, max);
         return -1;
     }
     for (Py_ssize_t i = 0; i < n; i++) {
-        out[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        out[i] = int_of(PySequence_Fast_GET_ITEM(seq, i), as_ssize);
         if (out[i] == -1 && PyErr_Occurred()) {
             Py_DECREF(seq);
             return -1;
@@ -162,6 +167,12 @@ static int int_tuple_arg(PyObject *o, const char *what, int64_t *out) {
     }
     Py_DECREF(seq);
     return (int)n;
+}
+
+/* A layout's shape or strides (what). */
+static int ints_arg(PyObject *o, const char *what, int64_t *out) {
+    return gpubufpy_ints_arg(o, what, "shape and strides must be an int or a sequence of ints",
+                             GPUBUF_LAYOUT_MAX_NDIM, false, out);
 }
 
 int gpubufpy_layout_arg(PyObject *dtype, PyObject *shape, PyObject *strides,
@@ -185,12 +196,12 @@ int gpubufpy_layout_arg(PyObject *dtype, PyObject *shape, PyObject *strides,
             return -1;
         ret->dtype = (gpubuf_dtype){dl.code, dl.bits, dl.lanes};
     }
-    int n = shape == Py_None ? 0 : int_tuple_arg(shape, "shape", ret->shape);
+    int n = shape == Py_None ? 0 : ints_arg(shape, "shape", ret->shape);
     if (n < 0)
         return -1;
     ret->ndim = (uint32_t)n;
     if (strides != Py_None) {
-        int k = int_tuple_arg(strides, "strides", ret->strides);
+        int k = ints_arg(strides, "strides", ret->strides);
         if (k < 0)
             return -1;
         if (k != n) {

@@ -24,6 +24,7 @@ typedef struct {
     dtype_t dt;
     int ndim;
     const Py_ssize_t *shape;
+    Py_ssize_t len; /* a Buffer's export: its size in bytes, the one dimension shape points to */
     const gpubuf_layout *layout; /* DLPack: the buffer's stored layout, instead of dt and shape */
 } export_t;
 
@@ -32,6 +33,12 @@ typedef struct {
 int gpubufpy_dtype_arg(PyObject *o, dtype_t *ret);
 /* The array interface's typestr of d ("<f4"). */
 void gpubufpy_dtype_typestr(dtype_t d, char out[8]);
+/* An int, or a sequence of at most max ints (what: its name in the error
+ * of a longer one; not_seq: the TypeError of anything else), into out: how
+ * many, or -1 with an exception set. as_ssize: int objects only, converted
+ * as Py_ssize_t (else anything with __index__, as long long). */
+int gpubufpy_ints_arg(PyObject *o, const char *what, const char *not_seq, int max, bool as_ssize,
+                      int64_t *out);
 bool gpubufpy_is_host(gpubuf_buffer *b);
 PyObject *gpubufpy_shape_tuple(const export_t *e);
 PyObject *gpubufpy_export_cai(const export_t *e);

@@ -52,6 +52,22 @@ extern PyTypeObject GpubufClient_Type;
 extern PyTypeObject GpubufBuffer_Type;
 extern PyTypeObject GpubufArrayView_Type;
 
+/* The slots every type of the module sets, from its name, its struct and
+ * the prefix of its functions and tables: prefix_dealloc, prefix_repr,
+ * prefix_methods and prefix_getset. */
+#define GPUBUFPY_TYPE_SLOTS(name, type, prefix)                                                    \
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = name,                                                 \
+    .tp_basicsize = sizeof(type),                                                                  \
+    .tp_dealloc = (destructor)prefix##_dealloc,                                                    \
+    .tp_repr = (reprfunc)prefix##_repr,                                                            \
+    .tp_flags = Py_TPFLAGS_DEFAULT,                                                                \
+    .tp_methods = prefix##_methods,                                                                \
+    .tp_getset = prefix##_getset
+
+/* A row of a methods table: a method taking (args, kwargs). */
+#define GPUBUFPY_KW_METHOD(name, fn, doc)                                                          \
+    { name, (PyCFunction)(void (*)(void))fn, METH_VARARGS | METH_KEYWORDS, doc }
+
 /* Raise the exception for a libgpubuf-client error code, right after the
  * call that returned it on this thread: with that call's message (the
  * library clears the message when a call starts and sets it when the call
@@ -137,22 +153,22 @@ PyObject *gpubufpy_aio_open_many(GpubufClient *self, PyObject *args, PyObject *k
 PyObject *gpubufpy_aio_dispatch(GpubufClient *self, PyObject *unused);
 void gpubufpy_aio_close(GpubufClient *self);
 #define GPUBUFPY_AIO_METHODS                                                                       \
-    {"open_async", (PyCFunction)(void (*)(void))gpubufpy_aio_open, METH_VARARGS | METH_KEYWORDS,  \
-     "open_async(name, timeout=None, *, readonly=False, pool=None) -> awaitable Buffer\n\n"       \
-     "open() for asyncio: await it. timeout None waits until the name is sealed."},               \
-        {"open_id_async", (PyCFunction)(void (*)(void))gpubufpy_aio_open_id,                      \
-         METH_VARARGS | METH_KEYWORDS,                                                            \
-         "open_id_async(id, timeout=None, *, readonly=False, pool=None) -> awaitable Buffer"},     \
-        {"alloc_async", (PyCFunction)(void (*)(void))gpubufpy_aio_alloc,                          \
-         METH_VARARGS | METH_KEYWORDS,                                                            \
-         "alloc_async(size, name=None, pool=None) -> awaitable Buffer"},                          \
-        {"seal_async", (PyCFunction)(void (*)(void))gpubufpy_aio_seal,                            \
-         METH_VARARGS | METH_KEYWORDS,                                                            \
-         "seal_async(buffer) -> awaitable None: seal, the daemon's answer awaited"},              \
-        {"open_many_async", (PyCFunction)(void (*)(void))gpubufpy_aio_open_many,                  \
-         METH_VARARGS | METH_KEYWORDS,                                                            \
-         "open_many_async(targets, *, timeout=None, readonly=False) -> awaitable list\n\n"        \
-         "open_many() for asyncio: names or ids; items not sealed yet wait (one deadline)."},     \
+    GPUBUFPY_KW_METHOD("open_async", gpubufpy_aio_open,                                            \
+                       "open_async(name, timeout=None, *, readonly=False, pool=None) -> "          \
+                       "awaitable Buffer\n\nopen() for asyncio: await it. timeout None waits "     \
+                       "until the name is sealed."),                                               \
+        GPUBUFPY_KW_METHOD("open_id_async", gpubufpy_aio_open_id,                                  \
+                           "open_id_async(id, timeout=None, *, readonly=False, pool=None) -> "     \
+                           "awaitable Buffer"),                                                    \
+        GPUBUFPY_KW_METHOD("alloc_async", gpubufpy_aio_alloc,                                      \
+                           "alloc_async(size, name=None, pool=None) -> awaitable Buffer"),         \
+        GPUBUFPY_KW_METHOD("seal_async", gpubufpy_aio_seal,                                        \
+                           "seal_async(buffer) -> awaitable None: seal, the daemon's answer "      \
+                           "awaited"),                                                             \
+        GPUBUFPY_KW_METHOD("open_many_async", gpubufpy_aio_open_many,                              \
+                           "open_many_async(targets, *, timeout=None, readonly=False) -> "         \
+                           "awaitable list\n\nopen_many() for asyncio: names or ids; items not "   \
+                           "sealed yet wait (one deadline)."),                                     \
     {                                                                                              \
         "_dispatch", (PyCFunction)gpubufpy_aio_dispatch, METH_NOARGS,                              \
             "deliver the completions that wait (the asyncio reader callback)"                      \

@@ -541,37 +541,43 @@ static PyObject *client_repr(GpubufClient *self) {
 
 static PyMethodDef client_methods[] = {
     GPUBUFPY_AIO_METHODS,
-    {"alloc", (PyCFunction)(void (*)(void))client_alloc, METH_VARARGS | METH_KEYWORDS,
-     "alloc(size=None, name=None, pool=None, *, dtype=None, shape=None, strides=None, "
-     "byte_offset=0, user_data=None, ttl=None) -> Buffer\n\nAllocate size bytes (the daemon's "
-     "default pool unless pool names one). The new buffer is writable; seal() publishes it "
-     "under name. name=None makes an anonymous buffer, opened by id. dtype (a name such as "
-     "'float32', a NumPy dtype, or a DLPack (code, bits, lanes) tuple), shape and strides (in "
-     "elements; None: C order) give the buffer an array layout that openers' __dlpack__ "
-     "exports (size defaults to the bytes it spans); user_data (at most 4096 bytes) travels "
-     "with it; ttl (seconds) gives it a lease: the daemon deletes it then unless renewed."},
-    {"open", (PyCFunction)(void (*)(void))client_open, METH_VARARGS | METH_KEYWORDS,
-     "open(name, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen a "
-     "sealed buffer by name and take one reference. Names are per pool: the name is looked up "
-     "in pool, or in POOL for a name '/POOL/NAME', else in the daemon's default pool. "
-     "timeout: None or 0 fails at once (NotFoundError) when the name is not published; "
-     "seconds to wait for it (WaitTimeoutError); math.inf waits forever. readonly: map it "
-     "read-only (host and cuda-vmm pools; NotSupportedError on cuda-ipc). owner: the uid the "
-     "buffer must belong to (PermissionError otherwise)."},
-    {"open_id", (PyCFunction)(void (*)(void))client_open_id, METH_VARARGS | METH_KEYWORDS,
-     "open_id(id, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen "
-     "a sealed buffer by its id (see open; pool: the buffer must be in that pool)."},
-    {"delete", (PyCFunction)(void (*)(void))client_delete, METH_VARARGS | METH_KEYWORDS,
-     "delete(name_or_id, *, pool=None, owner=None)\n\nUnpublish a buffer (looked up as open "
-     "does); its memory returns to the pool when the last reference goes."},
-    {"stat", (PyCFunction)(void (*)(void))client_stat, METH_VARARGS | METH_KEYWORDS,
-     "stat(name_or_id, *, pool=None, owner=None) -> dict\n\nDescribe a buffer (looked up as "
-     "open does) without taking a reference, with its layout (dict or None), user_data "
-     "(bytes or None) and lease_left (seconds or None)."},
-    {"renew", (PyCFunction)(void (*)(void))client_renew, METH_VARARGS | METH_KEYWORDS,
-     "renew(name_or_id, ttl=None)\n\nRenew a buffer's lease: it expires ttl seconds from now "
-     "(None: its own time to live again). By name ('NAME' or '/POOL/NAME') or id. Its "
-     "owner's uid or root only (PermissionError)."},
+    GPUBUFPY_KW_METHOD(
+        "alloc", client_alloc,
+        "alloc(size=None, name=None, pool=None, *, dtype=None, shape=None, strides=None, "
+        "byte_offset=0, user_data=None, ttl=None) -> Buffer\n\nAllocate size bytes (the daemon's "
+        "default pool unless pool names one). The new buffer is writable; seal() publishes it "
+        "under name. name=None makes an anonymous buffer, opened by id. dtype (a name such as "
+        "'float32', a NumPy dtype, or a DLPack (code, bits, lanes) tuple), shape and strides (in "
+        "elements; None: C order) give the buffer an array layout that openers' __dlpack__ "
+        "exports (size defaults to the bytes it spans); user_data (at most 4096 bytes) travels "
+        "with it; ttl (seconds) gives it a lease: the daemon deletes it then unless renewed."),
+    GPUBUFPY_KW_METHOD(
+        "open", client_open,
+        "open(name, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen a "
+        "sealed buffer by name and take one reference. Names are per pool: the name is looked up "
+        "in pool, or in POOL for a name '/POOL/NAME', else in the daemon's default pool. "
+        "timeout: None or 0 fails at once (NotFoundError) when the name is not published; "
+        "seconds to wait for it (WaitTimeoutError); math.inf waits forever. readonly: map it "
+        "read-only (host and cuda-vmm pools; NotSupportedError on cuda-ipc). owner: the uid the "
+        "buffer must belong to (PermissionError otherwise)."),
+    GPUBUFPY_KW_METHOD(
+        "open_id", client_open_id,
+        "open_id(id, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen "
+        "a sealed buffer by its id (see open; pool: the buffer must be in that pool)."),
+    GPUBUFPY_KW_METHOD(
+        "delete", client_delete,
+        "delete(name_or_id, *, pool=None, owner=None)\n\nUnpublish a buffer (looked up as open "
+        "does); its memory returns to the pool when the last reference goes."),
+    GPUBUFPY_KW_METHOD(
+        "stat", client_stat,
+        "stat(name_or_id, *, pool=None, owner=None) -> dict\n\nDescribe a buffer (looked up as "
+        "open does) without taking a reference, with its layout (dict or None), user_data "
+        "(bytes or None) and lease_left (seconds or None)."),
+    GPUBUFPY_KW_METHOD(
+        "renew", client_renew,
+        "renew(name_or_id, ttl=None)\n\nRenew a buffer's lease: it expires ttl seconds from now "
+        "(None: its own time to live again). By name ('NAME' or '/POOL/NAME') or id. Its "
+        "owner's uid or root only (PermissionError)."),
     {"status", (PyCFunction)client_status, METH_NOARGS,
      "status() -> dict\n\nA snapshot of the daemon: {'pools': [...], 'buffers': [...], "
      "'clients': [...], 'uptime_ms': int, 'version': str}."},
@@ -584,15 +590,17 @@ static PyMethodDef client_methods[] = {
     {"close", (PyCFunction)client_close, METH_NOARGS,
      "close()\n\nDisconnect. The daemon drops every reference of this connection: release "
      "views (and their exports) first."},
-    {"open_many", (PyCFunction)(void (*)(void))client_open_many, METH_VARARGS | METH_KEYWORDS,
-     "open_many(targets, *, readonly=False, timeout=None) -> list\n\nOpen many sealed buffers "
-     "in one round trip: targets are names (str) or ids (int). Each entry of the result is a "
-     "Buffer (with its layout and user data), or the gpubuf.Error of that item. timeout as in "
-     "open(): None fails an unsealed item at once (NotFoundError), seconds wait for them all "
-     "until one deadline (WaitTimeoutError)."},
-    {"alloc_many", (PyCFunction)(void (*)(void))client_alloc_many, METH_VARARGS | METH_KEYWORDS,
-     "alloc_many(sizes, names=None, pool=None, *, seal=False) -> list\n\nAllocate many "
-     "buffers in one round trip (sealed at once with seal=True); Buffers or per-item errors."},
+    GPUBUFPY_KW_METHOD(
+        "open_many", client_open_many,
+        "open_many(targets, *, readonly=False, timeout=None) -> list\n\nOpen many sealed buffers "
+        "in one round trip: targets are names (str) or ids (int). Each entry of the result is a "
+        "Buffer (with its layout and user data), or the gpubuf.Error of that item. timeout as in "
+        "open(): None fails an unsealed item at once (NotFoundError), seconds wait for them all "
+        "until one deadline (WaitTimeoutError)."),
+    GPUBUFPY_KW_METHOD(
+        "alloc_many", client_alloc_many,
+        "alloc_many(sizes, names=None, pool=None, *, seal=False) -> list\n\nAllocate many "
+        "buffers in one round trip (sealed at once with seal=True); Buffers or per-item errors."),
     {"delete_many", (PyCFunction)client_delete_many, METH_O,
      "delete_many(targets) -> list\n\nUnpublish many buffers (names or ids): None or the "
      "item's gpubuf.Error for each."},
@@ -610,16 +618,10 @@ static PyGetSetDef client_getset[] = {
 };
 
 PyTypeObject GpubufClient_Type = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "gpubuf.Client",
-    .tp_basicsize = sizeof(GpubufClient),
-    .tp_dealloc = (destructor)client_dealloc,
-    .tp_repr = (reprfunc)client_repr,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    GPUBUFPY_TYPE_SLOTS("gpubuf.Client", GpubufClient, client),
     .tp_doc = "Client(socket=None)\n\nA connection to gpubufd. socket: the daemon's socket "
               "path; None: $GPUBUF_SOCKET, else /run/gpubuf/gpubufd.sock. Safe to share "
               "between threads; a context manager that closes it.",
-    .tp_methods = client_methods,
-    .tp_getset = client_getset,
     .tp_init = (initproc)client_init,
     .tp_new = PyType_GenericNew,
 };
