@@ -53,7 +53,7 @@ typedef struct gpubuf_held {
     UT_hash_handle hh;
 } gpubuf_held;
 
-/* reply_arena.c: where a reply read by gpubuf_dispatch() is unpacked (one
+/* reply_fast.c: where a reply read by gpubuf_dispatch() is unpacked (one
  * at a time; what does not fit comes from malloc). */
 typedef struct gpubuf__arena {
     ProtobufCAllocator alloc;
@@ -129,7 +129,7 @@ struct gpubuf_client {
     pthread_mutex_t qlock; /* the ready list and the eventfd; taken inside lock */
     int ep, efd;         /* gpubuf_client_fd(): epoll over fd and efd; -1 until asked */
     bool nonblock;       /* read_reply() returns -EAGAIN instead of blocking */
-    gpubuf__arena arena; /* the replies read without blocking (reply_arena.c; lock held) */
+    gpubuf__arena arena; /* the replies read without blocking (reply_fast.c; lock held) */
     gpubuf_mapping *maps;
     uint32_t n_maps;
     int device;          /* gpubuf_set_device(): context to map into, -1: the memory's GPU */
@@ -336,14 +336,15 @@ int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const in
                         int n_fds, const size_t *idx, size_t n, size_t n_all, bool read_only,
                         gpubuf_buffer **ret, int *status, size_t *retry, size_t *ret_n_retry);
 
-/* ---- reply_arena.c ----------------------------------------------------------- */
-/* The allocator to unpack a reply into, or NULL (malloc) while one is live. */
-ProtobufCAllocator *gpubuf__arena_take(gpubuf__arena *a);
-/* The reply unpacked with the allocator gpubuf__arena_take() gave (or NULL). */
-void gpubuf__arena_unpacked(gpubuf__arena *a, Gpubuf__Response *resp);
-/* reply_fast.c: a reply of the common shape (id, status, message, fds, a
- * Buffer with its Slab) decoded into the arena as protobuf-c would; NULL:
- * not that shape (the arena as it was), unpack it with protobuf-c. */
+/* ---- reply_fast.c: decoding a reply ----------------------------------------- */
+/* The reply in body (len bytes), unpacked into the arena when in_arena (a
+ * reply read without blocking) and no other reply lives there, else with
+ * malloc; NULL when it is malformed. */
+Gpubuf__Response *gpubuf__reply_decode(gpubuf__arena *a, bool in_arena, const uint8_t *body,
+                                       size_t len);
+/* A reply of the common shape (id, status, message, fds, a Buffer with its
+ * Slab) decoded into the arena as protobuf-c would; NULL: not that shape
+ * (the arena as it was), unpack it with protobuf-c. */
 Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size_t len);
 /* Free a reply, unpacked into the arena or with malloc (lock held). */
 void gpubuf__resp_free(gpubuf_client *c, Gpubuf__Response *resp);
