@@ -385,7 +385,7 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
     Gpubuf__HeldRef *held = NULL, **pheld = NULL;
     Gpubuf__Response *resp;
     char name[64];
-    int rfd, r;
+    int r;
     size_t n = resume ? HASH_COUNT(c->held) : 0, i = 0;
     /* A HeldRef packs into at most 24 bytes: the claims that fit in one
      * request of the daemon's max_request go; views beyond them lose their
@@ -421,18 +421,12 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
     req.body_case = GPUBUF__REQUEST__BODY_HELLO;
     req.hello = &hello;
     c->in_hello = true;
-    r = gpubuf__rpc_locked(c, &req, &resp, &rfd);
+    r = gpubuf__rpc_reply_locked(c, &req, GPUBUF__RESPONSE__BODY_HELLO, &resp);
     c->in_hello = false;
     free(held);
     free(pheld);
     if (r < 0)
         return r;
-    if (rfd >= 0)
-        close(rfd);
-    if (resp->body_case != GPUBUF__RESPONSE__BODY_HELLO) {
-        gpubuf__response__free_unpacked(resp, NULL);
-        return GPUBUF_EPROTOCOL;
-    }
     const Gpubuf__HelloReply *hr = resp->hello;
     c->session_id = hr->session_id;
     if (hr->max_request >= 256)
@@ -679,6 +673,21 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
     *ret = resp;
     memcpy(ret_fds, fds, (size_t)n_fds * sizeof(int));
     *ret_n_fds = n_fds;
+    return 0;
+}
+
+int gpubuf__rpc_reply_locked(gpubuf_client *c, Gpubuf__Request *req, int body_case,
+                             Gpubuf__Response **ret) {
+    int fd;
+    int r = gpubuf__rpc_locked(c, req, ret, &fd);
+    if (r < 0)
+        return r;
+    if (fd >= 0)
+        close(fd);
+    if (body_case != GPUBUF__RESPONSE__BODY__NOT_SET && (int)(*ret)->body_case != body_case) {
+        gpubuf__response__free_unpacked(*ret, NULL);
+        return GPUBUF_EPROTOCOL;
+    }
     return 0;
 }
 

@@ -87,6 +87,18 @@ static bool span(rd *r, const uint8_t **ret, size_t *len) {
     return true;
 }
 
+/* A sub-message: room for its struct (size bytes) in the arena, and *sub
+ * over its bytes; NULL (decline) when either is missing. */
+static void *submsg(rd *r, size_t size, rd *sub) {
+    size_t n;
+    void *m = take(r, size);
+    if (!m || !span(r, &sub->p, &n))
+        return NULL;
+    sub->end = sub->p + n;
+    sub->a = r->a;
+    return m;
+}
+
 static bool str(rd *r, char **out) {
     const uint8_t *s;
     size_t n;
@@ -171,12 +183,10 @@ static bool buffer(rd *r, Gpubuf__Buffer *m) {
         case 6: bad = !varint(r, &v), m->state = (Gpubuf__BufferState)(int32_t)v; break;
         case 7: bad = !varint(r, &v), m->refs = (uint32_t)v; break;
         case 8: {
-            rd sub = {.a = r->a};
-            size_t n;
-            Gpubuf__Slab *s = take(r, sizeof(*s));
-            if (!s || !span(r, &sub.p, &n))
+            rd sub;
+            Gpubuf__Slab *s = submsg(r, sizeof(*s), &sub);
+            if (!s)
                 return false;
-            sub.end = sub.p + n;
             *s = (Gpubuf__Slab)GPUBUF__SLAB__INIT;
             bad = !slab(&sub, s);
             m->slab = s;
@@ -212,12 +222,10 @@ static bool response(rd *r, Gpubuf__Response *m) {
         case 3: bad = !str(r, &m->message); break;
         case 4: bad = !varint(r, &v), m->fds = (uint32_t)v; break;
         case 11: {
-            rd sub = {.a = r->a};
-            size_t n;
-            Gpubuf__Buffer *b = take(r, sizeof(*b));
-            if (!b || !span(r, &sub.p, &n))
+            rd sub;
+            Gpubuf__Buffer *b = submsg(r, sizeof(*b), &sub);
+            if (!b)
                 return false;
-            sub.end = sub.p + n;
             *b = (Gpubuf__Buffer)GPUBUF__BUFFER__INIT;
             bad = !buffer(&sub, b);
             m->body_case = GPUBUF__RESPONSE__BODY_BUFFER;
