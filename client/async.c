@@ -369,14 +369,9 @@ static int open_start(gpubuf_client *c, const char *name, uint64_t id, const gpu
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__OpenRequest q = GPUBUF__OPEN_REQUEST__INIT;
     lookup l;
-    int r = gpubuf__lookup_make("open", name, id, o, GPUBUF_OPEN_READONLY | GPUBUF_OPEN_OWNER, &l);
+    int r = gpubuf__open_fill(&q, &l, name, id, o);
     if (r < 0)
         return r;
-    q.target_case = gpubuf__lookup_fill(&l, &q.name, &q.buffer_id, &q.pool, &q.owner)
-                        ? GPUBUF__OPEN_REQUEST__TARGET_NAME
-                        : GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
-    q.timeout_ms = o ? o->timeout_ms : 0;
-    q.read_only = o && (o->flags & GPUBUF_OPEN_READONLY);
     req.body_case = GPUBUF__REQUEST__BODY_OPEN;
     req.open = &q;
     return locked_start(c, &req, OP_OPEN, q.timeout_ms != 0, cb, user, ret);

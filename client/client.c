@@ -240,17 +240,11 @@ int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer
     return r;
 }
 
-static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
-                      gpubuf_buffer **ret) {
-    int r;
+int gpubuf__alloc_request(gpubuf_client *c, Gpubuf__AllocRequest *a, gpubuf_buffer **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
-    lookup l = {0};
-    if ((r = gpubuf__alloc_fill(&a, pool, size, name, &l)) < 0)
-        return r;
     req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
-    r = gpubuf__buffer_request(c, &req, ret);
+    req.alloc = a;
+    int r = gpubuf__buffer_request(c, &req, ret);
     if (r == 0) {
         (*ret)->allocated = true;
         (*ret)->sealable = true;
@@ -258,20 +252,24 @@ static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const c
     return r;
 }
 
+static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
+                      gpubuf_buffer **ret) {
+    int r;
+    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
+    lookup l = {0};
+    if ((r = gpubuf__alloc_fill(&a, pool, size, name, &l)) < 0)
+        return r;
+    return gpubuf__alloc_request(c, &a, ret);
+}
+
 static int open_with_call(gpubuf_client *c, const char *name, uint64_t id,
                           const gpubuf_lookup *opts, gpubuf_buffer **ret) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
     lookup l;
-    int r;
-    r = gpubuf__lookup_make("open", name, id, opts, GPUBUF_OPEN_READONLY | GPUBUF_OPEN_OWNER, &l);
+    int r = gpubuf__open_fill(&o, &l, name, id, opts);
     if (r < 0)
         return r;
-    o.target_case = gpubuf__lookup_fill(&l, &o.name, &o.buffer_id, &o.pool, &o.owner)
-                        ? GPUBUF__OPEN_REQUEST__TARGET_NAME
-                        : GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
-    o.timeout_ms = opts ? opts->timeout_ms : 0;
-    o.read_only = opts && (opts->flags & GPUBUF_OPEN_READONLY);
     req.body_case = GPUBUF__REQUEST__BODY_OPEN;
     req.open = &o;
     return gpubuf__buffer_request(c, &req, ret);
@@ -289,15 +287,11 @@ static int open_call(gpubuf_client *c, const char *name, uint64_t id, int timeou
 /* A request whose reply carries no body we need. */
 static int simple_request(gpubuf_client *c, Gpubuf__Request *req) {
     Gpubuf__Response *resp;
-    int fd, r;
     pthread_mutex_lock(&c->lock);
-    r = gpubuf__rpc_locked(c, req, &resp, &fd);
+    int r = gpubuf__rpc_reply_locked(c, req, GPUBUF__RESPONSE__BODY__NOT_SET, &resp);
     pthread_mutex_unlock(&c->lock);
-    if (r == 0) {
-        if (fd >= 0)
-            close(fd);
+    if (r == 0)
         gpubuf__response__free_unpacked(resp, NULL);
-    }
     return r;
 }
 
@@ -324,13 +318,9 @@ static int seal_call(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_
         if (wait) {
             /* Its own reply, not an earlier asynchronous request's error. */
             Gpubuf__Response *resp;
-            int fd;
-            r = gpubuf__rpc_locked(c, &req, &resp, &fd);
-            if (r == 0) {
-                if (fd >= 0)
-                    close(fd);
+            r = gpubuf__rpc_reply_locked(c, &req, GPUBUF__RESPONSE__BODY__NOT_SET, &resp);
+            if (r == 0)
                 gpubuf__response__free_unpacked(resp, NULL);
-            }
         } else {
             /* Nothing left for the daemon to refuse: send without waiting. */
             r = gpubuf__send_async_locked(c, &req);

@@ -22,27 +22,9 @@
 
 static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds);
 
-/* ---- telling the event-loop layer (c->async_hooks; lock held) ------------
- * async.c sets the hooks when the connection first uses it; until then no
- * request of it was started and there is nothing to tell. */
-static void async_fail_all(gpubuf_client *c, int r) {
-    if (c->async_hooks)
-        c->async_hooks->fail_all(c, r);
-}
-
-static bool async_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, int n_fds) {
-    return c->async_hooks && c->async_hooks->reply(c, resp, fds, n_fds);
-}
-
-static void async_watch(gpubuf_client *c) {
-    if (c->async_hooks)
-        c->async_hooks->watch(c);
-}
-
-static void async_kick(gpubuf_client *c) {
-    if (c->async_hooks)
-        c->async_hooks->kick(c);
-}
+/* The event-loop layer is told through c->async_hooks (lock held): async.c
+ * sets them when the connection first uses it; until then (NULL) no request
+ * of it was started and there is nothing to tell. */
 static int reconnect(gpubuf_client *c);
 
 /* Close the fds a reply brought. */
@@ -117,7 +99,8 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
         free(frame);
     if (r < 0) {
         c->broken = true;
-        async_fail_all(c, GPUBUF_EDISCONNECTED);
+        if (c->async_hooks)
+            c->async_hooks->fail_all(c, GPUBUF_EDISCONNECTED);
         if ((r == -EPIPE || r == -ECONNRESET) && goodbye(c, &r))
             return r;
         gpubuf__set_error("sending to gpubufd: %s", strerror(-r));
@@ -177,27 +160,27 @@ static int fill_rbuf(gpubuf_client *c, size_t need) {
  * fds[0..*n_fds). */
 static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds) {
     gpubuf_frame_header h;
+    size_t need = 0; /* bytes the frame needs read ahead; 0: what is there may do */
     int r;
-    while (c->rlen - c->rpos < GPUBUF_WIRE_HEADER_SIZE)
-        if ((r = fill_rbuf(c, GPUBUF_WIRE_HEADER_SIZE)) < 0)
+    for (;;) {
+        if (need > 0 && (r = fill_rbuf(c, need)) < 0)
             goto broken;
-    r = gpubuf_wire_header_decode(c->rbuf + c->rpos, GPUBUF_WIRE_MAX_RESPONSE, &h);
-    if (r < 0)
-        goto broken;
-    while (c->rlen - c->rpos - GPUBUF_WIRE_HEADER_SIZE < h.length)
-        if ((r = fill_rbuf(c, GPUBUF_WIRE_HEADER_SIZE + h.length)) < 0)
+        need = GPUBUF_WIRE_HEADER_SIZE;
+        if (c->rlen - c->rpos < need)
+            continue;
+        r = gpubuf_wire_header_decode(c->rbuf + c->rpos, GPUBUF_WIRE_MAX_RESPONSE, &h);
+        if (r < 0)
             goto broken;
+        need += h.length;
+        if (c->rlen - c->rpos >= need)
+            break;
+    }
 
     uint64_t t_wake = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
-    /* A reply read without blocking is settled before the next is read:
-     * it is unpacked into the connection's arena (reply_arena.c). */
-    ProtobufCAllocator *al = c->nonblock ? gpubuf__arena_take(&c->arena) : NULL;
-    const uint8_t *body = c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE;
-    Gpubuf__Response *resp = al ? gpubuf__reply_fast(&c->arena, body, h.length) : NULL;
-    if (!resp)
-        resp = gpubuf__response__unpack(al, h.length, body);
-    if (al)
-        gpubuf__arena_unpacked(&c->arena, resp);
+    /* A reply read without blocking is settled before the next is read: it
+     * is unpacked into the connection's arena. */
+    Gpubuf__Response *resp = gpubuf__reply_decode(
+        &c->arena, c->nonblock, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE, h.length);
     if (t_wake && resp) {
         gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_WAKE, t_wake);
         gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_DECODED, 0);
@@ -237,7 +220,8 @@ broken:
         return r; /* no whole frame yet: what was read stays read ahead */
     c->broken = true;
     gpubuf__set_error("reading from gpubufd: %s", gpubuf_strerror(r));
-    async_fail_all(c, r);
+    if (c->async_hooks)
+        c->async_hooks->fail_all(c, r);
     return r;
 }
 
@@ -268,12 +252,13 @@ void gpubuf__settle_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, in
         c->pending = 0;
         gpubuf__set_error("%s", resp->message && *resp->message ? resp->message
                                                                   : gpubuf_strerror(resp->status));
-        async_fail_all(c, resp->status);
+        if (c->async_hooks)
+            c->async_hooks->fail_all(c, resp->status);
         gpubuf__resp_free(c, resp);
         close_fds(fds, n_fds);
         return;
     }
-    if (async_reply(c, resp, fds, n_fds))
+    if (c->async_hooks && c->async_hooks->reply(c, resp, fds, n_fds))
         return;
     if (c->pending > 0) {
         settle_async(c, resp, fds, n_fds);
@@ -284,7 +269,8 @@ void gpubuf__settle_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, in
     close_fds(fds, n_fds);
     c->broken = true;
     gpubuf__set_error("gpubufd sent an unexpected reply");
-    async_fail_all(c, GPUBUF_EPROTOCOL);
+    if (c->async_hooks)
+        c->async_hooks->fail_all(c, GPUBUF_EPROTOCOL);
 }
 
 int gpubuf__drain_locked(gpubuf_client *c) {
@@ -301,12 +287,13 @@ int gpubuf__drain_locked(gpubuf_client *c) {
             c->broken = true;
             c->pending = 0;
             r = resp->status;
-            async_fail_all(c, r);
+            if (c->async_hooks)
+                c->async_hooks->fail_all(c, r);
             gpubuf__response__free_unpacked(resp, NULL);
             close_fds(fds, n_fds);
             return recover(c, r, NULL, false, false);
         }
-        if (async_reply(c, resp, fds, n_fds))
+        if (c->async_hooks && c->async_hooks->reply(c, resp, fds, n_fds))
             continue;
         settle_async(c, resp, fds, n_fds);
     }
@@ -398,7 +385,7 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
     Gpubuf__HeldRef *held = NULL, **pheld = NULL;
     Gpubuf__Response *resp;
     char name[64];
-    int rfd, r;
+    int r;
     size_t n = resume ? HASH_COUNT(c->held) : 0, i = 0;
     /* A HeldRef packs into at most 24 bytes: the claims that fit in one
      * request of the daemon's max_request go; views beyond them lose their
@@ -434,18 +421,12 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
     req.body_case = GPUBUF__REQUEST__BODY_HELLO;
     req.hello = &hello;
     c->in_hello = true;
-    r = gpubuf__rpc_locked(c, &req, &resp, &rfd);
+    r = gpubuf__rpc_reply_locked(c, &req, GPUBUF__RESPONSE__BODY_HELLO, &resp);
     c->in_hello = false;
     free(held);
     free(pheld);
     if (r < 0)
         return r;
-    if (rfd >= 0)
-        close(rfd);
-    if (resp->body_case != GPUBUF__RESPONSE__BODY_HELLO) {
-        gpubuf__response__free_unpacked(resp, NULL);
-        return GPUBUF_EPROTOCOL;
-    }
     const Gpubuf__HelloReply *hr = resp->hello;
     c->session_id = hr->session_id;
     if (hr->max_request >= 256)
@@ -486,7 +467,8 @@ static int reconnect(gpubuf_client *c) {
     if (c->pending && !c->async_error)
         c->async_error = -ECONNRESET;
     c->pending = 0;
-    async_fail_all(c, -ECONNRESET);
+    if (c->async_hooks)
+        c->async_hooks->fail_all(c, -ECONNRESET);
     for (int i = 0; i < c->n_rfds; i++)
         close(c->rfds[i]);
     c->n_rfds = 0;
@@ -503,7 +485,8 @@ static int reconnect(gpubuf_client *c) {
         if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0) {
             c->fd = fd;
             c->broken = false;
-            async_watch(c);
+            if (c->async_hooks)
+                c->async_hooks->watch(c);
             r = gpubuf__hello_locked(c, true);
             if (r == 0)
                 return 0;
@@ -609,12 +592,15 @@ static int recover(gpubuf_client *c, int r, const Gpubuf__Request *req, bool uns
 
 int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                            int *ret_fds, int *ret_n_fds) {
+    bool unsent = true;
+    int r = 0;
+    /* Each try first recovers from the failure of the one before. */
     for (int tries = 0;; tries++) {
-        bool unsent = true;
-        int r = rpc(c, req, ret, ret_fds, ret_n_fds, &unsent);
-        if (r >= 0)
+        if (r < 0 && (r = recover(c, r, req, unsent, tries == 1)) != 1)
             return r;
-        if ((r = recover(c, r, req, unsent, tries == 0)) != 1)
+        unsent = true;
+        r = rpc(c, req, ret, ret_fds, ret_n_fds, &unsent);
+        if (r >= 0)
             return r;
     }
 }
@@ -650,13 +636,14 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
             return r;
         if (resp->id == req->id || resp->id == 0)
             break;
-        if (async_reply(c, resp, fds, n_fds))
+        if (c->async_hooks && c->async_hooks->reply(c, resp, fds, n_fds))
             continue; /* a started request's: delivered by gpubuf_dispatch() */
         if (c->pending == 0)
             break;
         settle_async(c, resp, fds, n_fds);
     }
-    async_kick(c);
+    if (c->async_hooks)
+        c->async_hooks->kick(c);
     if (resp->id != req->id && resp->id != 0) {
         gpubuf__response__free_unpacked(resp, NULL);
         close_fds(fds, n_fds);
@@ -670,7 +657,8 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
          * daemon handled: this one was not. */
         c->broken = true;
         c->pending = 0;
-        async_fail_all(c, resp->status);
+        if (c->async_hooks)
+            c->async_hooks->fail_all(c, resp->status);
         *ret_unsent = resp->status == -ESHUTDOWN;
     }
     if (resp->status < 0) {
@@ -685,6 +673,21 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
     *ret = resp;
     memcpy(ret_fds, fds, (size_t)n_fds * sizeof(int));
     *ret_n_fds = n_fds;
+    return 0;
+}
+
+int gpubuf__rpc_reply_locked(gpubuf_client *c, Gpubuf__Request *req, int body_case,
+                             Gpubuf__Response **ret) {
+    int fd;
+    int r = gpubuf__rpc_locked(c, req, ret, &fd);
+    if (r < 0)
+        return r;
+    if (fd >= 0)
+        close(fd);
+    if (body_case != GPUBUF__RESPONSE__BODY__NOT_SET && (int)(*ret)->body_case != body_case) {
+        gpubuf__response__free_unpacked(*ret, NULL);
+        return GPUBUF_EPROTOCOL;
+    }
     return 0;
 }
 

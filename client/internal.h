@@ -53,7 +53,7 @@ typedef struct gpubuf_held {
     UT_hash_handle hh;
 } gpubuf_held;
 
-/* reply_arena.c: where a reply read by gpubuf_dispatch() is unpacked (one
+/* reply_fast.c: where a reply read by gpubuf_dispatch() is unpacked (one
  * at a time; what does not fit comes from malloc). */
 typedef struct gpubuf__arena {
     ProtobufCAllocator alloc;
@@ -129,7 +129,7 @@ struct gpubuf_client {
     pthread_mutex_t qlock; /* the ready list and the eventfd; taken inside lock */
     int ep, efd;         /* gpubuf_client_fd(): epoll over fd and efd; -1 until asked */
     bool nonblock;       /* read_reply() returns -EAGAIN instead of blocking */
-    gpubuf__arena arena; /* the replies read without blocking (reply_arena.c; lock held) */
+    gpubuf__arena arena; /* the replies read without blocking (reply_fast.c; lock held) */
     gpubuf_mapping *maps;
     uint32_t n_maps;
     int device;          /* gpubuf_set_device(): context to map into, -1: the memory's GPU */
@@ -191,6 +191,8 @@ void gpubuf__client_unref(gpubuf_client *c);
 /* A request answered with a Buffer that becomes a root view (alloc,
  * open, and meta.c's alloc with metadata). */
 int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret);
+/* The alloc request a, answered with the new root view (allocated, sealable). */
+int gpubuf__alloc_request(gpubuf_client *c, Gpubuf__AllocRequest *a, gpubuf_buffer **ret);
 
 /* ---- verbs_common.c: what the verbs (client.c, meta.c, batch.c) and the
  * event-loop layer (async.c) share: names and lookups, buffer info, the seal
@@ -210,11 +212,26 @@ int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const g
                         unsigned allowed, lookup *l);
 bool gpubuf__lookup_fill(lookup *l, char **name, uint64_t *id, char **pool,
                          Gpubuf__ExpectedOwner **owner);
+/* An open request's target, wait and access from name or id and o; l holds
+ * the split name. 0 or a negative code with the thread's message set. */
+int gpubuf__open_fill(Gpubuf__OpenRequest *q, lookup *l, const char *name, uint64_t id,
+                      const gpubuf_lookup *o);
 /* An alloc request's pool, size and name ("NAME" or "/POOL/NAME", NULL or
  * "": anonymous) in a; l holds the split name. 0 or a negative code with
  * the thread's message set. */
 int gpubuf__alloc_fill(Gpubuf__AllocRequest *a, const char *pool, uint64_t size,
                        const char *name, lookup *l);
+/* The fields of the Buffer message m that the public gpubuf_buffer_info and
+ * gpubuf_status_buffer o share by name. */
+#define GPUBUF_COPY_BUFFER_FIELDS(o, m)                                                            \
+    do {                                                                                           \
+        (o)->size = (m)->size;                                                                     \
+        (o)->state = (gpubuf_state)(m)->state;                                                     \
+        (o)->refs = (m)->refs;                                                                     \
+        (o)->owner_uid = (m)->owner_uid;                                                           \
+        (o)->offset = (m)->offset;                                                                 \
+        (o)->slab_id = (m)->slab_id;                                                               \
+    } while (0)
 /* The fields of a Buffer message as the public gpubuf_buffer_info. */
 void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m);
 /* What the daemon could refuse a seal of b for, checked here: 0, GPUBUF_ESTATE
@@ -336,14 +353,15 @@ int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const in
                         int n_fds, const size_t *idx, size_t n, size_t n_all, bool read_only,
                         gpubuf_buffer **ret, int *status, size_t *retry, size_t *ret_n_retry);
 
-/* ---- reply_arena.c ----------------------------------------------------------- */
-/* The allocator to unpack a reply into, or NULL (malloc) while one is live. */
-ProtobufCAllocator *gpubuf__arena_take(gpubuf__arena *a);
-/* The reply unpacked with the allocator gpubuf__arena_take() gave (or NULL). */
-void gpubuf__arena_unpacked(gpubuf__arena *a, Gpubuf__Response *resp);
-/* reply_fast.c: a reply of the common shape (id, status, message, fds, a
- * Buffer with its Slab) decoded into the arena as protobuf-c would; NULL:
- * not that shape (the arena as it was), unpack it with protobuf-c. */
+/* ---- reply_fast.c: decoding a reply ----------------------------------------- */
+/* The reply in body (len bytes), unpacked into the arena when in_arena (a
+ * reply read without blocking) and no other reply lives there, else with
+ * malloc; NULL when it is malformed. */
+Gpubuf__Response *gpubuf__reply_decode(gpubuf__arena *a, bool in_arena, const uint8_t *body,
+                                       size_t len);
+/* A reply of the common shape (id, status, message, fds, a Buffer with its
+ * Slab) decoded into the arena as protobuf-c would; NULL: not that shape
+ * (the arena as it was), unpack it with protobuf-c. */
 Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size_t len);
 /* Free a reply, unpacked into the arena or with malloc (lock held). */
 void gpubuf__resp_free(gpubuf_client *c, Gpubuf__Response *resp);
@@ -360,6 +378,11 @@ void gpubuf__settle_reply(gpubuf_client *c, Gpubuf__Response *resp, int *fds, in
  * *ret_fd receives an fd that came with the response, or -1. */
 int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                        int *ret_fd);
+/* The same for a reply that carries no fd we need (one that came is closed),
+ * of body body_case (GPUBUF__RESPONSE__BODY__NOT_SET: any); another body is
+ * GPUBUF_EPROTOCOL. */
+int gpubuf__rpc_reply_locked(gpubuf_client *c, Gpubuf__Request *req, int body_case,
+                             Gpubuf__Response **ret);
 /* The same for a reply that may carry several fds (a batch reply):
  * ret_fds[0..*ret_n_fds), at most GPUBUF_WIRE_MAX_FDS. */
 int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,

@@ -128,18 +128,6 @@ fail:
     return cr == CUDA_ERROR_OUT_OF_MEMORY ? -ENOMEM : GPUBUF_ECUDA;
 }
 
-static void unmap_vmm(gpubuf_mapping *m) {
-    const gpubuf_cuda *cu;
-    CUcontext ignored;
-    if (gpubuf_cuda_load(&cu) < 0)
-        return;
-    cu->CtxPushCurrent(m->ctx);
-    cu->MemUnmap((CUdeviceptr)m->base, (size_t)m->size);
-    cu->MemAddressFree((CUdeviceptr)m->base, (size_t)m->size);
-    cu->MemRelease(m->vmm);
-    cu->CtxPopCurrent(&ignored);
-}
-
 static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg) {
     const gpubuf_cuda *cu;
     CUipcMemHandle h;
@@ -168,13 +156,20 @@ static int map_cuda(gpubuf_client *c, gpubuf_mapping *m, const Gpubuf__Slab *msg
     return 0;
 }
 
-static void unmap_cuda(gpubuf_mapping *m) {
+/* Unmap a cuda-ipc or cuda-vmm slab, in the context it was mapped in. */
+static void unmap_device(gpubuf_mapping *m) {
     const gpubuf_cuda *cu;
     CUcontext ignored;
     if (gpubuf_cuda_load(&cu) < 0)
         return;
     cu->CtxPushCurrent(m->ctx);
-    cu->IpcCloseMemHandle((CUdeviceptr)m->base);
+    if (m->kind == GPUBUF_POOL_CUDA_VMM) {
+        cu->MemUnmap((CUdeviceptr)m->base, (size_t)m->size);
+        cu->MemAddressFree((CUdeviceptr)m->base, (size_t)m->size);
+        cu->MemRelease(m->vmm);
+    } else {
+        cu->IpcCloseMemHandle((CUdeviceptr)m->base);
+    }
     cu->CtxPopCurrent(&ignored);
 }
 #endif
@@ -341,10 +336,8 @@ static void unmap(gpubuf_mapping *m) {
     if (m->host)
         munmap(m->host, (size_t)m->size);
 #ifdef GPUBUF_HAVE_CUDA
-    else if (m->kind == GPUBUF_POOL_CUDA_IPC)
-        unmap_cuda(m);
-    else if (m->kind == GPUBUF_POOL_CUDA_VMM)
-        unmap_vmm(m);
+    else if (m->kind == GPUBUF_POOL_CUDA_IPC || m->kind == GPUBUF_POOL_CUDA_VMM)
+        unmap_device(m);
 #endif
 }
 

@@ -57,7 +57,6 @@ static void meta_to_wire(const gpubuf_meta *meta, Gpubuf__ArrayLayout *wl,
 
 static int alloc_with_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
                            const gpubuf_meta *meta, gpubuf_buffer **ret) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
     Gpubuf__ArrayLayout wl;
     int r;
@@ -76,14 +75,7 @@ static int alloc_with_call(gpubuf_client *c, const char *pool, uint64_t size, co
     a.name = (char *)(name ? name : "");
     if (meta)
         meta_to_wire(meta, &wl, &a.layout, &a.user_data, &a.ttl_ms);
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = &a;
-    r = gpubuf__buffer_request(c, &req, ret);
-    if (r == 0) {
-        (*ret)->allocated = true;
-        (*ret)->sealable = true;
-    }
-    return r;
+    return gpubuf__alloc_request(c, &a, ret);
 }
 
 GPUBUF_EXTERN int gpubuf_alloc_with(gpubuf_client *c, const char *pool, uint64_t size,
@@ -141,21 +133,10 @@ GPUBUF_EXTERN int gpubuf_seal_sync_with(gpubuf_buffer *b, const gpubuf_meta *met
 
 /* Send req and keep its Buffer reply in *ret (free with free_unpacked). */
 static int buffer_reply(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret) {
-    Gpubuf__Response *resp;
-    int fd, r;
     pthread_mutex_lock(&c->lock);
-    r = gpubuf__rpc_locked(c, req, &resp, &fd);
+    int r = gpubuf__rpc_reply_locked(c, req, GPUBUF__RESPONSE__BODY_BUFFER, ret);
     pthread_mutex_unlock(&c->lock);
-    if (r < 0)
-        return r;
-    if (fd >= 0)
-        close(fd);
-    if (resp->body_case != GPUBUF__RESPONSE__BODY_BUFFER) {
-        gpubuf__response__free_unpacked(resp, NULL);
-        return GPUBUF_EPROTOCOL;
-    }
-    *ret = resp;
-    return 0;
+    return r;
 }
 
 static int renew_call(gpubuf_client *c, const char *name, uint64_t id, uint64_t ttl_ms) {

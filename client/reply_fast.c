@@ -1,16 +1,25 @@
-/* libgpubuf-client: the replies an event loop reads most, decoded without
- * protobuf-c's generic unpack. A Response whose fields are id, status,
+/* libgpubuf-client: decoding a reply. The replies read without blocking
+ * (gpubuf_dispatch()) are unpacked into the connection's arena: each such
+ * reply is settled (its completion built, its view made) before the next one
+ * is read, so its fields can live in one block the connection keeps and
+ * reuses: no malloc per field and no walk to free them. A reply larger than
+ * the block (array metadata, user bytes) takes the rest from malloc and frees
+ * it as before.
+ *
+ * The replies an event loop reads most are decoded without protobuf-c's
+ * generic unpack. A Response whose fields are id, status,
  * message, fds and a Buffer (with a Slab) is what every woken open, alloc,
  * seal and stat answer is; protobuf-c's unpack of it costs about 4,300
  * instructions (docs/performance.md, "Asynchronous opens"), this one a tenth.
  * It builds the very structs protobuf-c builds, in the connection's arena
- * (reply_arena.c), and declines (NULL) whatever is not that shape: another
+ * (below), and declines (NULL) whatever is not that shape: another
  * body, a layout, a field it does not know, a field twice, a wire type that
  * does not match, a block too small. protobuf-c then decodes it as before,
  * so a declined reply means nothing but the slower path.
  * tests/test_reply_fast.c checks it against protobuf-c on generated and
  * mutated replies. */
 #include <limits.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -76,6 +85,18 @@ static bool span(rd *r, const uint8_t **ret, size_t *len) {
     *len = (size_t)n;
     r->p += n;
     return true;
+}
+
+/* A sub-message: room for its struct (size bytes) in the arena, and *sub
+ * over its bytes; NULL (decline) when either is missing. */
+static void *submsg(rd *r, size_t size, rd *sub) {
+    size_t n;
+    void *m = take(r, size);
+    if (!m || !span(r, &sub->p, &n))
+        return NULL;
+    sub->end = sub->p + n;
+    sub->a = r->a;
+    return m;
 }
 
 static bool str(rd *r, char **out) {
@@ -162,12 +183,10 @@ static bool buffer(rd *r, Gpubuf__Buffer *m) {
         case 6: bad = !varint(r, &v), m->state = (Gpubuf__BufferState)(int32_t)v; break;
         case 7: bad = !varint(r, &v), m->refs = (uint32_t)v; break;
         case 8: {
-            rd sub = {.a = r->a};
-            size_t n;
-            Gpubuf__Slab *s = take(r, sizeof(*s));
-            if (!s || !span(r, &sub.p, &n))
+            rd sub;
+            Gpubuf__Slab *s = submsg(r, sizeof(*s), &sub);
+            if (!s)
                 return false;
-            sub.end = sub.p + n;
             *s = (Gpubuf__Slab)GPUBUF__SLAB__INIT;
             bad = !slab(&sub, s);
             m->slab = s;
@@ -203,12 +222,10 @@ static bool response(rd *r, Gpubuf__Response *m) {
         case 3: bad = !str(r, &m->message); break;
         case 4: bad = !varint(r, &v), m->fds = (uint32_t)v; break;
         case 11: {
-            rd sub = {.a = r->a};
-            size_t n;
-            Gpubuf__Buffer *b = take(r, sizeof(*b));
-            if (!b || !span(r, &sub.p, &n))
+            rd sub;
+            Gpubuf__Buffer *b = submsg(r, sizeof(*b), &sub);
+            if (!b)
                 return false;
-            sub.end = sub.p + n;
             *b = (Gpubuf__Buffer)GPUBUF__BUFFER__INIT;
             bad = !buffer(&sub, b);
             m->body_case = GPUBUF__RESPONSE__BODY_BUFFER;
@@ -232,4 +249,58 @@ Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size
     }
     a->used = used; /* declined: what it took goes back */
     return NULL;
+}
+
+/* ---- the arena, and the one way in: a reply's bytes to a Response ----- */
+
+static void *arena_alloc(void *data, size_t size) {
+    gpubuf__arena *a = data;
+    size = (size + 15u) & ~(size_t)15u;
+    if (size <= sizeof(a->block) - a->used) {
+        void *p = a->block + a->used;
+        a->used += size;
+        return p;
+    }
+    a->spilled = true;
+    return malloc(size);
+}
+
+static bool arena_owns(const gpubuf__arena *a, const void *p) {
+    const unsigned char *q = p;
+    return q >= a->block && q < a->block + sizeof(a->block);
+}
+
+static void arena_free(void *data, void *p) {
+    if (!arena_owns(data, p))
+        free(p);
+}
+
+Gpubuf__Response *gpubuf__reply_decode(gpubuf__arena *a, bool in_arena, const uint8_t *body,
+                                       size_t len) {
+    if (!in_arena || a->live) /* one reply at a time: this one goes to malloc */
+        return gpubuf__response__unpack(NULL, len, body);
+    a->alloc.alloc = arena_alloc;
+    a->alloc.free = arena_free;
+    a->alloc.allocator_data = a;
+    a->used = 0;
+    a->spilled = false;
+    Gpubuf__Response *resp = gpubuf__reply_fast(a, body, len);
+    if (!resp)
+        resp = gpubuf__response__unpack(&a->alloc, len, body);
+    a->live = resp; /* NULL: the unpack failed and gave back what it took */
+    return resp;
+}
+
+void gpubuf__resp_free(gpubuf_client *c, Gpubuf__Response *resp) {
+    gpubuf__arena *a = &c->arena;
+    if (!resp)
+        return;
+    if (resp != a->live) {
+        gpubuf__response__free_unpacked(resp, NULL);
+        return;
+    }
+    if (a->spilled)
+        gpubuf__response__free_unpacked(resp, &a->alloc); /* frees only what spilled */
+    a->live = NULL;
+    a->used = 0;
 }

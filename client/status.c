@@ -149,21 +149,15 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
     Gpubuf__StatusRequest sr = GPUBUF__STATUS_REQUEST__INIT;
     Gpubuf__Response *resp;
     gpubuf_status *s;
-    int fd, r;
+    int r;
     sr.columnar = true; /* a daemon without columns answers with buffers */
     req.body_case = GPUBUF__REQUEST__BODY_STATUS;
     req.status = &sr;
     pthread_mutex_lock(&c->lock);
-    r = gpubuf__rpc_locked(c, &req, &resp, &fd);
+    r = gpubuf__rpc_reply_locked(c, &req, GPUBUF__RESPONSE__BODY_STATUS_REPLY, &resp);
     pthread_mutex_unlock(&c->lock);
     if (r < 0)
         return r;
-    if (fd >= 0)
-        close(fd);
-    if (resp->body_case != GPUBUF__RESPONSE__BODY_STATUS_REPLY) {
-        gpubuf__response__free_unpacked(resp, NULL);
-        return GPUBUF_EPROTOCOL;
-    }
     Gpubuf__StatusReply *st = resp->status_reply;
     const Gpubuf__BufferColumns *col = st->buffer_columns;
     size_t n_buffers = col ? col->n_id : st->n_buffers;
@@ -228,12 +222,7 @@ static int status_get_call(gpubuf_client *c, gpubuf_status **ret) {
         o->id = m->buffer_id;
         o->name = m->name ? m->name : "";
         o->pool = m->pool ? m->pool : "";
-        o->size = m->size;
-        o->state = (gpubuf_state)m->state;
-        o->refs = m->refs;
-        o->owner_uid = m->owner_uid;
-        o->offset = m->offset;
-        o->slab_id = m->slab_id;
+        GPUBUF_COPY_BUFFER_FIELDS(o, m);
     }
     s->n_buffers = n_buffers;
     for (size_t i = 0; i < st->n_clients; i++) {

@@ -56,6 +56,19 @@ int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const g
     return 0;
 }
 
+int gpubuf__open_fill(Gpubuf__OpenRequest *q, lookup *l, const char *name, uint64_t id,
+                      const gpubuf_lookup *o) {
+    int r = gpubuf__lookup_make("open", name, id, o, GPUBUF_OPEN_READONLY | GPUBUF_OPEN_OWNER, l);
+    if (r < 0)
+        return r;
+    q->target_case = gpubuf__lookup_fill(l, &q->name, &q->buffer_id, &q->pool, &q->owner)
+                         ? GPUBUF__OPEN_REQUEST__TARGET_NAME
+                         : GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
+    q->timeout_ms = o ? o->timeout_ms : 0;
+    q->read_only = o && (o->flags & GPUBUF_OPEN_READONLY);
+    return 0;
+}
+
 int gpubuf__alloc_fill(Gpubuf__AllocRequest *a, const char *pool, uint64_t size,
                        const char *name, lookup *l) {
     if (name && *name) {
@@ -110,10 +123,5 @@ void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
     o->id = m->buffer_id;
     snprintf(o->name, sizeof(o->name), "%s", m->name ? m->name : "");
     snprintf(o->pool, sizeof(o->pool), "%s", m->pool ? m->pool : "");
-    o->size = m->size;
-    o->state = (gpubuf_state)m->state;
-    o->refs = m->refs;
-    o->owner_uid = m->owner_uid;
-    o->offset = m->offset;
-    o->slab_id = m->slab_id;
+    GPUBUF_COPY_BUFFER_FIELDS(o, m);
 }

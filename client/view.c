@@ -82,26 +82,25 @@ static void event_import(gpubuf_buffer *b) {
 }
 #endif
 
-int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_t offset,
-                     uint64_t size, const char *name, bool read_only, const uint8_t *event,
+/* A new root view of buffer id, size bytes at offset of its slab, before its
+ * mapping (lock held): it holds one daemon reference (the held set counts
+ * it) and one reference to c. event: the seal event's handle, or NULL. */
+static int view_make(gpubuf_client *c, uint64_t id, uint64_t offset, uint64_t size,
+                     const char *name, bool read_only, const uint8_t *event,
                      gpubuf_buffer **ret) {
     gpubuf_buffer *b = calloc(1, sizeof(*b));
     if (!b)
         return -ENOMEM;
     atomic_init(&b->refs, 1);
     b->c = c;
-    b->map = map;
     b->id = id;
     b->offset = offset;
     b->size = size;
     b->owns_ref = true;
-    b->read_only = read_only && map->read_only;
+    b->read_only = read_only;
     if (event) {
         memcpy(b->event_handle, event, sizeof(b->event_handle));
         b->has_event = true;
-#ifdef GPUBUF_HAVE_CUDA
-        event_import(b);
-#endif
     }
     if (name) { /* cut to the room, as snprintf would (calloc zeroed the rest) */
         size_t n = strnlen(name, sizeof(b->name) - 1);
@@ -114,7 +113,28 @@ int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_
     return 0;
 }
 
-/* Build a root view from a Buffer reply. Lock held. Consumes fd. */
+/* The view's mapping came: b takes map's view count, and imports its seal
+ * event in map's context. */
+static void view_attach(gpubuf_buffer *b, gpubuf_mapping *map) {
+    b->map = map;
+#ifdef GPUBUF_HAVE_CUDA
+    if (b->has_event)
+        event_import(b);
+#endif
+}
+
+int gpubuf__view_new(gpubuf_client *c, gpubuf_mapping *map, uint64_t id, uint64_t offset,
+                     uint64_t size, const char *name, bool read_only, const uint8_t *event,
+                     gpubuf_buffer **ret) {
+    int r = view_make(c, id, offset, size, name, read_only && map->read_only, event, ret);
+    if (r == 0)
+        view_attach(*ret, map);
+    return r;
+}
+
+/* Build a root view from a Buffer reply. Lock held. Consumes fd. The view
+ * is made first, then the slab mapped under it: a mapping is never made
+ * for a view that cannot be. */
 static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_buffer **ret) {
     gpubuf_mapping *map;
     gpubuf_buffer *b;
@@ -133,22 +153,28 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
         gpubuf__view_meta_free(&meta);
         return r;
     }
-    r = gpubuf__mapping_get(c, m->slab, fd, &map);
-    if (r == 0) {
-        r = gpubuf__view_new(c, map, m->buffer_id, m->offset, m->size, m->name, m->read_only,
-                             m->event_handle.len == sizeof(b->event_handle) ? m->event_handle.data
-                                                                            : NULL,
-                             ret);
-        if (r < 0)
-            gpubuf__mapping_put(c, map);
+    /* The mapping's access is the slab's: read only when the slab is. */
+    r = view_make(c, m->buffer_id, m->offset, m->size, m->name,
+                  m->read_only && m->slab->read_only,
+                  m->event_handle.len == sizeof(meta.event_handle) ? m->event_handle.data : NULL,
+                  &b);
+    if (r < 0) {
+        if (fd >= 0)
+            close(fd);
+    } else if ((r = gpubuf__mapping_get(c, m->slab, fd, &map)) < 0) {
+        gpubuf__held(c, b->id, b->read_only, false);
+        atomic_fetch_sub(&c->refs, 1);
+        free(b);
     }
     if (r < 0) {
         gpubuf__view_meta_free(&meta);
         return r;
     }
-    (*ret)->layout = meta.layout;
-    (*ret)->user = meta.user;
-    (*ret)->user_len = meta.user_len;
+    view_attach(b, map);
+    b->layout = meta.layout;
+    b->user = meta.user;
+    b->user_len = meta.user_len;
+    *ret = b;
     return 0;
 }
 
