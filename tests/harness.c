@@ -185,6 +185,16 @@ gpubuf_client *td_connect(const test_daemon *d) {
     return c;
 }
 
+gpubuf_client *td_start_connect(test_daemon *d, const char *const *args) {
+    td_start(d, args);
+    return td_connect(d);
+}
+
+void td_disconnect_stop(test_daemon *d, gpubuf_client *c) {
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(d), 0);
+}
+
 void td_produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed) {
     gpubuf_client *c = td_connect(d);
     gpubuf_buffer *b = NULL;
@@ -320,6 +330,32 @@ static size_t raw_n_clients(int fd) {
     size_t n = r->status_reply->n_clients;
     gpubuf__response__free_unpacked(r, NULL);
     return n;
+}
+
+bool td_wait_connect(const char *path, gpubuf_client **ret, int timeout_ms) {
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        if (gpubuf_connect(path, ret) == 0)
+            return true;
+        sleep_ms(10);
+    }
+    *ret = NULL;
+    return false;
+}
+
+bool td_wait_file_has(const char *path, const char *text, int timeout_ms) {
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        FILE *f = fopen(path, "r");
+        if (f) {
+            char buf[1 << 16];
+            size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            if (strstr(buf, text))
+                return true;
+        }
+        sleep_ms(10);
+    }
+    return false;
 }
 
 int td_quiet_fds(const test_daemon *d, size_t n, int timeout_ms) {
@@ -489,6 +525,20 @@ char *td_capture(const char *cmd, int *ret_code) {
     int st = pclose(f);
     *ret_code = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
     return out;
+}
+
+char *td_capture_exit(const char *cmd, int want) {
+    int code;
+    char *out = td_capture(cmd, &code);
+    ck_assert_msg(want < 0 || code == want, "%s: exit %d (not %d): %s", cmd, code, want, out);
+    return out;
+}
+
+char *td_ctl(const test_daemon *d, const char *args, int want) {
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s --socket %s %s", GPUBUFCTL_PATH,
+             d ? d->socket : "/nonexistent.sock", args);
+    return td_capture_exit(cmd, want);
 }
 
 static void copy_file(const char *from, const char *to) {

@@ -37,6 +37,11 @@ int td_restart(test_daemon *d, const char *const *args);
 void td_takeover(test_daemon *d, const char *pool);
 /* Connect to d, failing the test on error. */
 gpubuf_client *td_connect(const test_daemon *d);
+/* td_start(d, args), then td_connect(d). */
+gpubuf_client *td_start_connect(test_daemon *d, const char *const *args);
+/* Disconnect c and stop d (td_stop), failing the test unless it exited
+ * cleanly. */
+void td_disconnect_stop(test_daemon *d, gpubuf_client *c);
 
 /* Allocate `name` (size bytes) in pool "host" of d, fill it with the
  * pattern of seed (td_fill), seal it and let it go: it stays, sealed, with
@@ -61,6 +66,12 @@ bool td_wait_requests(const test_daemon *d, const char *type, uint64_t since, ui
                       int timeout_ms);
 /* Poll status until the daemon lists a client of process pid. */
 bool td_wait_client_pid(const test_daemon *d, pid_t pid, int timeout_ms);
+/* Retry gpubuf_connect(path, ret) every 10 ms until it succeeds (true), for
+ * up to timeout_ms of waiting (false, *ret NULL). */
+bool td_wait_connect(const char *path, gpubuf_client **ret, int timeout_ms);
+/* Poll the file at path (every 10 ms, up to timeout_ms of waiting) until
+ * its first 64 KiB contain text. */
+bool td_wait_file_has(const char *path, const char *text, int timeout_ms);
 /* The daemon's open fds once every connection that left is closed: over a
  * connection of its own, waits (up to timeout_ms) until the daemon lists n
  * clients besides that one, asks once more (a turn of the loop later, the
@@ -112,6 +123,12 @@ int td_write_file(const char *path, const char *text);
 /* Run a shell command; returns its standard output (free it) and stores
  * its exit code (or 128 + signal) in *ret_code. */
 char *td_capture(const char *cmd, int *ret_code);
+/* td_capture, and the command must exit with code want (-1: any). */
+char *td_capture_exit(const char *cmd, int want);
+/* Run gpubufctl --socket SOCKET args (shell words; redirections allowed),
+ * SOCKET being d's (d NULL: one that is not there); it must exit with code
+ * want (-1: any). Returns its output (free it). */
+char *td_ctl(const test_daemon *d, const char *args, int want);
 /* Copies an executable and the shared libraries beside it (lib*.so*) into a
  * new folder under /tmp that every uid may enter (0755), so that a test that
  * drops privileges can run it wherever the build tree lives (a clone under a

@@ -59,25 +59,14 @@ static void says(char *out, const char *const *words) {
     free(out);
 }
 
-/* Run cmd in a shell; it must exit with code want (-1: any); returns its
- * output (free it). */
-static char *capture_exit(const char *cmd, int want) {
-    int code;
-    char *out = td_capture(cmd, &code);
-    ck_assert_msg(want < 0 || code == want, "%s: exit %d (not %d): %s", cmd, code, want, out);
-    return out;
-}
-
 /* Run cmd; it must exit with code want, and say every one of the words. */
-#define capture_says(cmd, want, ...) says(capture_exit((cmd), (want)), WORDS(__VA_ARGS__))
+#define capture_says(cmd, want, ...) says(td_capture_exit((cmd), (want)), WORDS(__VA_ARGS__))
 
-/* Run gpubufctl with args (stderr into the output; d NULL: a socket that is
- * not there); it must exit with code want (-1: any); its output (free it). */
+/* Run gpubufctl with args, stderr into the output (td_ctl). */
 static char *ctl_exit(const test_daemon *d, const char *args, int want) {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>&1", GPUBUFCTL_PATH,
-             d ? d->socket : "/nonexistent.sock", args);
-    return capture_exit(cmd, want);
+    char words[1024];
+    snprintf(words, sizeof(words), "%s 2>&1", args);
+    return td_ctl(d, words, want);
 }
 
 /* gpubufctl with args must exit with code want and say every one of the
@@ -103,18 +92,6 @@ static gpubuf_client *connect_retry(const test_daemon *d) {
 /* The one pool most tests here need. */
 static const char *const ONE_POOL[] = {"--pool", "p=host,capacity=16M", NULL};
 
-/* Start d with args and connect to it. */
-static gpubuf_client *up(test_daemon *d, const char *const *args) {
-    td_start(d, args);
-    return td_connect(d);
-}
-
-/* Disconnect c and stop d, which must exit cleanly. */
-static void down(test_daemon *d, gpubuf_client *c) {
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(d), 0);
-}
-
 /* ---- connecting -------------------------------------------------------- */
 
 START_TEST(no_daemon_says_start_it_or_set_the_socket) {
@@ -133,7 +110,7 @@ START_TEST(no_daemon_says_start_it_or_set_the_socket) {
     /* The producer prints the reason once, not twice. */
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "%s/gpubuf-producer --socket %s 2>&1", EXAMPLES_DIR, path);
-    char *out = capture_exit(cmd, 1);
+    char *out = td_capture_exit(cmd, 1);
     ck_assert_int_eq(td_count(out, "cannot connect"), 1);
     ck_assert_int_eq(td_count(out, "No such file or directory"), 0);
     says(out, WORDS("Is gpubufd running?"));
@@ -298,7 +275,7 @@ START_TEST(larger_than_the_pool_is_not_full) {
     test_daemon d;
     const char *args[] = {"--pool", "h=host,capacity=64M,slab=16M", "--pool", "g=host,capacity=16M",
                           NULL};
-    gpubuf_client *c = up(&d, args);
+    gpubuf_client *c = td_start_connect(&d, args);
     gpubuf_buffer *b[8];
     /* Old: "pool 'h' is full: 0 of 67108864 bytes in slabs, 1099511627776 more needed". */
     ck_assert_int_eq(gpubuf_alloc(c, "h", 1ull << 40, NULL, &b[0]), GPUBUF_EPOOLFULL);
@@ -313,7 +290,7 @@ START_TEST(larger_than_the_pool_is_not_full) {
                           "16.0 MiB more needed", "release or delete buffers");
     for (int i = 0; i < 4; i++)
         gpubuf_release(b[i]);
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -321,18 +298,18 @@ START_TEST(unknown_pool_lists_the_pools) {
     test_daemon d;
     const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host,capacity=16M",
                           NULL};
-    gpubuf_client *c = up(&d, args);
+    gpubuf_client *c = td_start_connect(&d, args);
     gpubuf_buffer *b;
     /* Old: "no pool named 'nope'". */
     ck_assert_int_eq(gpubuf_alloc(c, "nope", 4096, NULL, &b), GPUBUF_ENOPOOL);
     ck_assert_message_has("no pool named 'nope'", "pools: gpu0, staging", "default pool 'gpu0'");
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
 START_TEST(name_rule_and_size_zero) {
     test_daemon d;
-    gpubuf_client *c = up(&d, ONE_POOL);
+    gpubuf_client *c = td_start_connect(&d, ONE_POOL);
     gpubuf_buffer *b;
     /* Old: "invalid name '/x': 1..255 bytes of A-Z a-z 0-9 . _ : / @ + -", which lists '/'. */
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "/x", &b), -EINVAL);
@@ -344,13 +321,13 @@ START_TEST(name_rule_and_size_zero) {
     ck_assert_message_has("size 0", "at least 1 byte");
     ck_assert_ptr_null(strstr(gpubuf_last_error_message(), "name"));
     /* The daemon gives the same rule to a client that does not check. */
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
 START_TEST(last_error_message_belongs_to_the_last_call) {
     test_daemon d;
-    gpubuf_client *c = up(&d, ONE_POOL);
+    gpubuf_client *c = td_start_connect(&d, ONE_POOL);
     gpubuf_buffer *b, *s;
     gpubuf_buffer_info info;
     ck_assert_int_eq(gpubuf_open(c, "missing", 0, &b), -ENOENT);
@@ -373,7 +350,7 @@ START_TEST(last_error_message_belongs_to_the_last_call) {
     ck_assert_message_has("already sealed");
     ck_assert_int_eq(gpubuf_release(b), 0);
     ck_assert_str_eq(gpubuf_last_error_message(), "");
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -382,7 +359,7 @@ END_TEST
  * "\x1b", so no message can drive the terminal that shows it. */
 START_TEST(names_in_messages_are_escaped) {
     test_daemon d;
-    gpubuf_client *c = up(&d, ONE_POOL);
+    gpubuf_client *c = td_start_connect(&d, ONE_POOL);
     static const struct {
         const char *name, *says;
     } cases[] = {
@@ -400,7 +377,7 @@ START_TEST(names_in_messages_are_escaped) {
         ck_assert_msg(strstr(m, cases[i].says) != NULL, "case %zu: %s", i, m);
         ck_assert_msg(!strchr(m, '\033') && !strchr(m, '\a'), "case %zu: raw control in %s", i, m);
     }
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -425,7 +402,7 @@ START_TEST(consumer_says_what_it_waits_for) {
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "%s/gpubuf-consumer --socket %s --name no/such --timeout 1500 2>&1",
              EXAMPLES_DIR, d.socket);
-    char *out = capture_exit(cmd, 1);
+    char *out = td_capture_exit(cmd, 1);
     /* The wait is announced before it starts. */
     ck_assert_ptr_nonnull(strstr(out, "waiting up to"));
     ck_assert(strstr(out, "waiting up to") < strstr(out, "timed out"));
@@ -437,7 +414,7 @@ START_TEST(consumer_says_what_it_waits_for) {
              "%s/gpubuf-producer --socket %s --name here --size 4K 2>&1 && "
              "%s/gpubuf-consumer --socket %s --name here 2>&1",
              EXAMPLES_DIR, d.socket, EXAMPLES_DIR, d.socket);
-    out = capture_exit(cmd, 0);
+    out = td_capture_exit(cmd, 0);
     ck_assert_ptr_null(strstr(out, "waiting"));
     says(out, WORDS("0 mismatches"));
     ck_assert_int_eq(td_stop(&d), 0);
@@ -446,14 +423,40 @@ END_TEST
 
 /* ---- gpubufctl ---------------------------------------------------------- */
 
+/* gpubufctl with args exits with code and says says. */
+typedef struct ctl_case {
+    const char *args, *says;
+    int code;
+} ctl_case;
+
+/* Run each of the n cases; check(case, output) checks more of each. */
+static void ctl_cases(const test_daemon *d, const ctl_case *cases, size_t n,
+                      void (*check)(const ctl_case *c, const char *out)) {
+    for (size_t i = 0; i < n; i++) {
+        char *out = ctl_exit(d, cases[i].args, cases[i].code);
+        must_contain(out, cases[i].says);
+        check(&cases[i], out);
+        free(out);
+    }
+}
+
+/* Usage errors point at --help instead of printing all of it. */
+static void points_at_help(const ctl_case *c, const char *out) {
+    if (c->code == 2 && strncmp(c->args, "--pool nope", 11))
+        must_contain(out, "(see gpubufctl --help)");
+    ck_assert_ptr_null(strstr(out, "Usage:"));
+}
+
+static void no_raw_control(const ctl_case *c, const char *out) {
+    ck_assert_msg(!strchr(out, '\033') && !strchr(out, '\a'), "gpubufctl %s: raw control in %s",
+                  c->args, out);
+}
+
 START_TEST(gpubufctl_names_bad_commands_and_values) {
     test_daemon d;
     const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
     td_start(&d, args);
-    static const struct {
-        const char *args, *says;
-        int code;
-    } cases[] = {
+    static const ctl_case cases[] = {
         {"bogus", "unknown command 'bogus'; commands: status, pools", 2},
         {"--bogus", "unknown option '--bogus'", 2},
         {"-x", "unknown option '-x'", 2},
@@ -471,15 +474,7 @@ START_TEST(gpubufctl_names_bad_commands_and_values) {
         {"--pool nope pools", "no pool named 'nope'; pools: gpu0, staging", 2},
         {"--pool nope --json buffers", "no pool named 'nope'", 2},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        char *out = ctl_exit(&d, cases[i].args, cases[i].code);
-        must_contain(out, cases[i].says);
-        /* Usage errors point at --help instead of printing all of it. */
-        if (cases[i].code == 2 && strncmp(cases[i].args, "--pool nope", 11))
-            must_contain(out, "(see gpubufctl --help)");
-        ck_assert_ptr_null(strstr(out, "Usage:"));
-        free(out);
-    }
+    ctl_cases(&d, cases, sizeof(cases) / sizeof(cases[0]), points_at_help);
     ctl_says(NULL, "pools", 3, "Is gpubufd running?");
     char *out = ctl_exit(&d, "--pool gpu0 pools", 0);
     ck_assert_ptr_null(strstr(out, "staging"));
@@ -552,7 +547,7 @@ START_TEST(gpubufctl_delete_by_name_and_id) {
     ctl_says(&d, "delete nope 12345", 4, "delete nope: no buffer named 'nope'",
              "use 'gpubufctl delete --id 12345'");
     gpubuf_release(x);
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -655,7 +650,7 @@ START_TEST(gpubufctl_output_replaces_the_file) {
     ck_assert_str_eq(out, ""); /* nothing on stdout */
     free(out);
     snprintf(cmd, sizeof(cmd), "cat %s; ls %s", path, dir);
-    out = capture_exit(cmd, -1);
+    out = td_capture_exit(cmd, -1);
     ck_assert_ptr_null(strstr(out, ".tmp.")); /* the temporary file was renamed */
     says(out, WORDS("# TYPE gpubuf_requests_total counter"));
     /* A directory that does not exist: exit 4, named. */
@@ -700,7 +695,7 @@ START_TEST(gpubufctl_output_never_follows_a_planted_link) {
     ck_assert_int_eq(td_wait(pid), 0);
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "cat %s %s", victim, victim2);
-    char *out = capture_exit(cmd, -1);
+    char *out = td_capture_exit(cmd, -1);
     ck_assert_msg(strcmp(out, "precious\nprecious\n") == 0,
                   "the target of a planted link was written: %.80s", out);
     free(out);
@@ -715,7 +710,7 @@ START_TEST(gpubufctl_output_never_follows_a_planted_link) {
              "ls -A %s | grep -v -x -e gpubuf.prom -e victim -e victim2 "
              "-e 'gpubuf.prom.tmp.[0-9]*'",
              dir);
-    out = capture_exit(cmd, -1);
+    out = td_capture_exit(cmd, -1);
     ck_assert_msg(out[0] == '\0', "left behind: %s", out);
     free(out);
     ck_assert_int_eq(td_stop(&d), 0);
@@ -728,10 +723,7 @@ END_TEST
 START_TEST(gpubufctl_escapes_control_characters_in_arguments) {
     test_daemon d;
     td_start(&d, ONE_POOL);
-    static const struct {
-        const char *args, *says;
-        int code;
-    } cases[] = {
+    static const ctl_case cases[] = {
         {"delete '\033[2J'", "gpubufctl: delete \\x1b[2J: invalid name '\\x1b[2J'", 4},
         {"delete 'x\033[2J'", "gpubufctl: delete x\\x1b[2J: invalid name 'x\\x1b[2J'", 4},
         {"delete '/\033]0;x\a/y'", "no pool named '\\x1b]0;x\\x07'", 4},
@@ -746,13 +738,7 @@ START_TEST(gpubufctl_escapes_control_characters_in_arguments) {
         {"--pool '\033[31m' pools", "no pool named '\\x1b[31m'", 2},
         {"-o '/nonexistent/\033[2J/x' metrics", "cannot write /nonexistent/\\x1b[2J/x", 4},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        char *out = ctl_exit(&d, cases[i].args, cases[i].code);
-        must_contain(out, cases[i].says);
-        ck_assert_msg(!strchr(out, '\033') && !strchr(out, '\a'), "case %zu: raw control in %s", i,
-                      out);
-        free(out);
-    }
+    ctl_cases(&d, cases, sizeof(cases) / sizeof(cases[0]), no_raw_control);
     ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -768,7 +754,7 @@ static char *complete(const test_daemon *d, const char *line) {
              "COMP_WORDS=(%s); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); "
              "COMP_LINE=\"${COMP_WORDS[*]}\"; _gpubufctl; printf \"%%s\\n\" \"${COMPREPLY[@]}\"'",
              bindir, d->socket, SOURCE_DIR, line);
-    return capture_exit(cmd, 0);
+    return td_capture_exit(cmd, 0);
 }
 
 /* The completion of line is exactly want. */
@@ -781,7 +767,7 @@ static void complete_is(const test_daemon *d, const char *line, const char *want
 START_TEST(bash_completion) {
     test_daemon d;
     const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
-    gpubuf_client *c = up(&d, args);
+    gpubuf_client *c = td_start_connect(&d, args);
     gpubuf_buffer *b;
     gpubuf_buffer *b0;
     ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frame/1", &b), 0);
@@ -797,7 +783,7 @@ START_TEST(bash_completion) {
     says(complete(&d, "gpubufctl --json \"\""), WORDS("buffers\n", "metrics\n"));
     gpubuf_release(b);
     gpubuf_release(b0);
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -806,7 +792,7 @@ END_TEST
 START_TEST(gpubufctl_names_per_pool) {
     test_daemon d;
     const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
-    gpubuf_client *c = up(&d, args);
+    gpubuf_client *c = td_start_connect(&d, args);
     gpubuf_buffer *a, *b, *x;
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "frames", &a), 0);
     ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frames", &b), 0);
@@ -837,7 +823,7 @@ START_TEST(gpubufctl_names_per_pool) {
     ck_assert_ptr_null(td_find_buffer(s, "x"));
     gpubuf_status_free(s);
     free(ctl_exit(&d, "delete frames", 0));
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -957,7 +943,7 @@ START_TEST(counters_move_with_requests) {
              "gpubuf_request_duration_seconds_count{type=\"alloc\"} 3\n",
              "# TYPE gpubuf_request_duration_seconds histogram\n");
     gpubuf_release(a);
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -984,7 +970,7 @@ START_TEST(counters_of_refusals) {
     gpubuf_status_free(s0);
     gpubuf_status_free(s1);
     gpubuf_disconnect(c1);
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -993,7 +979,7 @@ END_TEST
 START_TEST(batch_counters_are_shown) {
     test_daemon d;
     const char *args[] = {"--pool", "p=host,capacity=64M,slab=16M", NULL};
-    gpubuf_client *c = up(&d, args);
+    gpubuf_client *c = td_start_connect(&d, args);
     enum { N = 5 };
     uint64_t sizes[N];
     gpubuf_buffer *b[N], *o[N + 1];
@@ -1035,7 +1021,7 @@ START_TEST(batch_counters_are_shown) {
              "\"batches\":[{\"type\":\"batch_open\",\"items\":6,\"item_errors\":1}");
     ctl_says(&d, "status", 0,
              "batch items: open 6 (1 failed), release 10, alloc 5, seal 0, delete 0\n");
-    down(&d, c);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
