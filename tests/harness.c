@@ -195,6 +195,25 @@ void td_disconnect_stop(test_daemon *d, gpubuf_client *c) {
     ck_assert_int_eq(td_stop(d), 0);
 }
 
+int td_open_once(const test_daemon *d, const char *name, uint64_t id, int timeout_ms,
+                 int ready_fd) {
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    int r = gpubuf_connect(d->socket, &c);
+    if (r < 0)
+        return r;
+    if (ready_fd >= 0 && write(ready_fd, "c", 1) != 1)
+        r = -EPIPE;
+    else if (name)
+        r = gpubuf_open(c, name, timeout_ms, &b);
+    else
+        r = gpubuf_open_id(c, id, timeout_ms, &b);
+    if (r == 0)
+        gpubuf_release(b);
+    gpubuf_disconnect(c);
+    return r;
+}
+
 void td_produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed) {
     gpubuf_client *c = td_connect(d);
     gpubuf_buffer *b = NULL;
@@ -631,6 +650,15 @@ Gpubuf__Response *td_raw_hello_caps(int fd, uint64_t caps) {
     Gpubuf__Response *r = td_raw_expect(fd, &h.req, GPUBUF__RESPONSE__BODY_HELLO);
     ck_assert_uint_eq(r->hello->version, 1);
     return r;
+}
+
+void td_raw_status(int fd, const Gpubuf__Request *req, int status) {
+    td_raw_send(fd, req);
+    Gpubuf__Response *r = rp_recv(fd, NULL);
+    ck_assert_msg(r != NULL, "no response to request %llu", (unsigned long long)req->id);
+    ck_assert_uint_eq(r->id, req->id);
+    ck_assert_int_eq(r->status, status);
+    gpubuf__response__free_unpacked(r, NULL);
 }
 
 void td_raw_hello(int fd) {

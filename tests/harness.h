@@ -43,6 +43,13 @@ gpubuf_client *td_start_connect(test_daemon *d, const char *const *args);
  * cleanly. */
 void td_disconnect_stop(test_daemon *d, gpubuf_client *c);
 
+/* For a child process: connect to d (and write a byte on ready_fd, when
+ * >= 0, once connected), open name (name NULL: buffer id) waiting up to
+ * timeout_ms, release it and disconnect. Returns the open's result, or the
+ * connect's when that failed. */
+int td_open_once(const test_daemon *d, const char *name, uint64_t id, int timeout_ms,
+                 int ready_fd);
+
 /* Allocate `name` (size bytes) in pool "host" of d, fill it with the
  * pattern of seed (td_fill), seal it and let it go: it stays, sealed, with
  * no reference. */
@@ -157,6 +164,8 @@ int td_raw_connect(const test_daemon *d, int timeout_s);
 void td_raw_send(int fd, const Gpubuf__Request *req);
 /* Send req; its response must succeed with the given body. Free it. */
 Gpubuf__Response *td_raw_expect(int fd, const Gpubuf__Request *req, int body_case);
+/* Send req; its response (of req's id) must come with status `status`. */
+void td_raw_status(int fd, const Gpubuf__Request *req, int status);
 /* Hello with capability bits caps; the reply (version 1; free it). */
 Gpubuf__Response *td_raw_hello_caps(int fd, uint64_t caps);
 /* Hello without capabilities; the reply must succeed. */

@@ -27,6 +27,13 @@
 #include "check_main.h"
 #include "daemon_fixture.h"
 
+/* A client that says on the pipe *arg when it is connected and then waits
+ * for a buffer never sealed; 0 when the open fails as the daemon stops. */
+static int open_until_shutdown(const test_daemon *d, void *arg) {
+    int r = td_open_once(d, "never-sealed", 0, -1, *(int *)arg);
+    return r == -ESHUTDOWN || r == GPUBUF_EDISCONNECTED ? 0 : 2;
+}
+
 START_TEST(sigterm_with_live_clients) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *b;
@@ -34,17 +41,7 @@ START_TEST(sigterm_with_live_clients) {
     /* A second client blocked in a waiting open. */
     int sync[2];
     ck_assert_int_eq(pipe(sync), 0);
-    pid_t p = fork();
-    if (p == 0) {
-        gpubuf_client *w;
-        gpubuf_buffer *x;
-        if (gpubuf_connect(D.socket, &w) < 0)
-            _exit(1);
-        if (write(sync[1], "c", 1) != 1)
-            _exit(3);
-        int r = gpubuf_open(w, "never-sealed", -1, &x);
-        _exit(r == -ESHUTDOWN || r == GPUBUF_EDISCONNECTED ? 0 : 2);
-    }
+    pid_t p = td_spawn(open_until_shutdown, &D, &sync[1]);
     char ch;
     ck_assert_int_eq(read(sync[0], &ch, 1), 1);
     ck_assert(td_wait_waiting_opens(&D, 1, 10000)); /* the open reaches the daemon and waits */

@@ -854,13 +854,7 @@ static uint64_t named(const gpubuf_named_counter *v, size_t n, const char *name)
 
 /* Open name in a child process (a client of its own) and exit. */
 static int open_and_exit(const test_daemon *d, void *arg) {
-    gpubuf_client *c;
-    gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, arg, 0, &b) < 0)
-        return 1;
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
-    return 0;
+    return td_open_once(d, arg, 0, 0, -1) < 0;
 }
 
 START_TEST(counters_move_with_requests) {
