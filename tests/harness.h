@@ -37,6 +37,9 @@ int td_restart(test_daemon *d, const char *const *args);
 void td_takeover(test_daemon *d, const char *pool);
 /* Connect to d, failing the test on error. */
 gpubuf_client *td_connect(const test_daemon *d);
+/* A NULL-terminated argument list, written in place:
+ * td_start(&d, TD_ARGS("--pool", "p=host")). */
+#define TD_ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
 /* td_start(d, args), then td_connect(d). */
 gpubuf_client *td_start_connect(test_daemon *d, const char *const *args);
 /* Disconnect c and stop d (td_stop), failing the test unless it exited
@@ -47,8 +50,7 @@ void td_disconnect_stop(test_daemon *d, gpubuf_client *c);
  * >= 0, once connected), open name (name NULL: buffer id) waiting up to
  * timeout_ms, release it and disconnect. Returns the open's result, or the
  * connect's when that failed. */
-int td_open_once(const test_daemon *d, const char *name, uint64_t id, int timeout_ms,
-                 int ready_fd);
+int td_open_once(const test_daemon *d, const char *name, uint64_t id, int timeout_ms, int ready_fd);
 
 /* Allocate `name` (size bytes) in pool "host" of d, fill it with the
  * pattern of seed (td_fill), seal it and let it go: it stays, sealed, with

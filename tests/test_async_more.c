@@ -82,9 +82,9 @@ static const char *item_name(char name[32], const char *prefix, int i) {
 static void start_waiting_open(gpubuf_client *c, const char *prefix, int i, uint64_t *h) {
     char name[32];
     gpubuf_lookup o = {.timeout_ms = -1};
-    ck_assert_int_eq(gpubuf_open_start(c, item_name(name, prefix, i), 0, &o, on_done,
-                                       (void *)(intptr_t)i, h),
-                     0);
+    ck_assert_int_eq(
+        gpubuf_open_start(c, item_name(name, prefix, i), 0, &o, on_done, (void *)(intptr_t)i, h),
+        0);
 }
 
 static void memset_release(gpubuf_buffer **b, int n) {

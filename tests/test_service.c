@@ -15,9 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check_main.h"
 #include "harness.h"
 #include "util.h"
-#include "check_main.h"
 
 static char dir[64];
 
@@ -216,9 +216,8 @@ END_TEST
 
 START_TEST(metrics_parse_as_prometheus_text) {
     test_daemon d;
-    const char *args[] = {"--pool", "m0=host,capacity=64M", "--pool", "m1=host,capacity=32M",
-                          NULL};
-    gpubuf_client *c = td_start_connect(&d, args);
+    gpubuf_client *c = td_start_connect(
+        &d, TD_ARGS("--pool", "m0=host,capacity=64M", "--pool", "m1=host,capacity=32M"));
     gpubuf_buffer *b;
     ck_assert_int_eq(gpubuf_alloc(c, "m1", 3 << 20, "met", &b), 0);
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
@@ -281,9 +280,8 @@ END_TEST
 
 START_TEST(gpubufctl_filters) {
     test_daemon d;
-    const char *args[] = {"--pool", "f0=host,capacity=64M", "--pool", "f1=host,capacity=64M",
-                          NULL};
-    gpubuf_client *c = td_start_connect(&d, args);
+    gpubuf_client *c = td_start_connect(
+        &d, TD_ARGS("--pool", "f0=host,capacity=64M", "--pool", "f1=host,capacity=64M"));
     gpubuf_buffer *a, *b, *x;
     ck_assert_int_eq(gpubuf_alloc(c, "f0", 4096, "job1/a", &a), 0);
     ck_assert_int_eq(gpubuf_alloc(c, "f1", 4096, "job2/b", &b), 0);

@@ -273,9 +273,8 @@ END_TEST
 
 START_TEST(larger_than_the_pool_is_not_full) {
     test_daemon d;
-    const char *args[] = {"--pool", "h=host,capacity=64M,slab=16M", "--pool", "g=host,capacity=16M",
-                          NULL};
-    gpubuf_client *c = td_start_connect(&d, args);
+    gpubuf_client *c = td_start_connect(
+        &d, TD_ARGS("--pool", "h=host,capacity=64M,slab=16M", "--pool", "g=host,capacity=16M"));
     gpubuf_buffer *b[8];
     /* Old: "pool 'h' is full: 0 of 67108864 bytes in slabs, 1099511627776 more needed". */
     ck_assert_int_eq(gpubuf_alloc(c, "h", 1ull << 40, NULL, &b[0]), GPUBUF_EPOOLFULL);
@@ -296,9 +295,8 @@ END_TEST
 
 START_TEST(unknown_pool_lists_the_pools) {
     test_daemon d;
-    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host,capacity=16M",
-                          NULL};
-    gpubuf_client *c = td_start_connect(&d, args);
+    gpubuf_client *c = td_start_connect(
+        &d, TD_ARGS("--pool", "gpu0=host,capacity=16M", "--pool", "staging=host,capacity=16M"));
     gpubuf_buffer *b;
     /* Old: "no pool named 'nope'". */
     ck_assert_int_eq(gpubuf_alloc(c, "nope", 4096, NULL, &b), GPUBUF_ENOPOOL);
@@ -766,8 +764,8 @@ static void complete_is(const test_daemon *d, const char *line, const char *want
 
 START_TEST(bash_completion) {
     test_daemon d;
-    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
-    gpubuf_client *c = td_start_connect(&d, args);
+    gpubuf_client *c =
+        td_start_connect(&d, TD_ARGS("--pool", "gpu0=host,capacity=16M", "--pool", "staging=host"));
     gpubuf_buffer *b;
     gpubuf_buffer *b0;
     ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frame/1", &b), 0);
@@ -791,8 +789,8 @@ END_TEST
  * where plain names are looked up; delete takes /POOL/NAME or --pool. */
 START_TEST(gpubufctl_names_per_pool) {
     test_daemon d;
-    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
-    gpubuf_client *c = td_start_connect(&d, args);
+    gpubuf_client *c =
+        td_start_connect(&d, TD_ARGS("--pool", "gpu0=host,capacity=16M", "--pool", "staging=host"));
     gpubuf_buffer *a, *b, *x;
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "frames", &a), 0);
     ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frames", &b), 0);
@@ -972,8 +970,7 @@ END_TEST
  * status and gpubufctl (table, JSON, metrics). */
 START_TEST(batch_counters_are_shown) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=64M,slab=16M", NULL};
-    gpubuf_client *c = td_start_connect(&d, args);
+    gpubuf_client *c = td_start_connect(&d, TD_ARGS("--pool", "p=host,capacity=64M,slab=16M"));
     enum { N = 5 };
     uint64_t sizes[N];
     gpubuf_buffer *b[N], *o[N + 1];
