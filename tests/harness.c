@@ -171,6 +171,14 @@ void td_gates_pass(int fd, int n) {
     ck_assert_int_eq(write(fd, bytes, (size_t)n), n);
 }
 
+void td_gates_run(const td_gates *g, pid_t *pids, int n,
+                  int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg) {
+    for (int i = 0; i < n; i++)
+        pids[i] = td_spawn(fn, d, arg);
+    td_gates_pass(g->go[1], n);
+    td_gates_ready(g, n);
+}
+
 void td_gates_ready(const td_gates *g, int n) {
     for (int i = 0; i < n; i++) {
         char x;
@@ -195,6 +203,18 @@ void td_disconnect_stop(test_daemon *d, gpubuf_client *c) {
     ck_assert_int_eq(td_stop(d), 0);
 }
 
+int td_connect_alloc(const test_daemon *d, const char *pool, uint64_t size, const char *name,
+                     gpubuf_client **ret_c, gpubuf_buffer **ret_b) {
+    int r = gpubuf_connect(d->socket, ret_c);
+    return r < 0 ? r : gpubuf_alloc(*ret_c, pool, size, name, ret_b);
+}
+
+int td_connect_open(const test_daemon *d, const char *name, int timeout_ms,
+                    gpubuf_client **ret_c, gpubuf_buffer **ret_b) {
+    int r = gpubuf_connect(d->socket, ret_c);
+    return r < 0 ? r : gpubuf_open(*ret_c, name, timeout_ms, ret_b);
+}
+
 int td_open_once(const test_daemon *d, const char *name, uint64_t id, int timeout_ms,
                  int ready_fd) {
     gpubuf_client *c;
@@ -212,6 +232,14 @@ int td_open_once(const test_daemon *d, const char *name, uint64_t id, int timeou
         gpubuf_release(b);
     gpubuf_disconnect(c);
     return r;
+}
+
+gpubuf_buffer *td_alloc(gpubuf_client *c, const char *pool, uint64_t size, const char *name) {
+    gpubuf_buffer *b = NULL;
+    int r = gpubuf_alloc(c, pool, size, name, &b);
+    ck_assert_msg(r == 0, "alloc %s of %llu bytes: %s (%s)", name ? name : "(no name)",
+                  (unsigned long long)size, gpubuf_strerror(r), gpubuf_last_error_message());
+    return b;
 }
 
 void td_produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed) {

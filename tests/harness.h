@@ -46,11 +46,22 @@ gpubuf_client *td_start_connect(test_daemon *d, const char *const *args);
  * cleanly. */
 void td_disconnect_stop(test_daemon *d, gpubuf_client *c);
 
+/* For a child process (nothing here fails the test): connect to d and
+ * allocate (or open, waiting up to timeout_ms) name, into *ret_c and
+ * *ret_b; 0, or the connect's or the call's error. */
+int td_connect_alloc(const test_daemon *d, const char *pool, uint64_t size, const char *name,
+                     gpubuf_client **ret_c, gpubuf_buffer **ret_b);
+int td_connect_open(const test_daemon *d, const char *name, int timeout_ms,
+                    gpubuf_client **ret_c, gpubuf_buffer **ret_b);
 /* For a child process: connect to d (and write a byte on ready_fd, when
  * >= 0, once connected), open name (name NULL: buffer id) waiting up to
  * timeout_ms, release it and disconnect. Returns the open's result, or the
  * connect's when that failed. */
 int td_open_once(const test_daemon *d, const char *name, uint64_t id, int timeout_ms, int ready_fd);
+
+/* Allocate name (NULL: none) of size bytes in pool (NULL: the default) on
+ * c; fails the test on error. */
+gpubuf_buffer *td_alloc(gpubuf_client *c, const char *pool, uint64_t size, const char *name);
 
 /* Allocate `name` (size bytes) in pool "host" of d, fill it with the
  * pattern of seed (td_fill), seal it and let it go: it stays, sealed, with
@@ -102,6 +113,11 @@ void td_gates_open(td_gates *g, int *ready_fd, int *hold_fd, int *go_fd);
 void td_gates_pass(int fd, int n);
 /* Wait until n children wrote on the ready gate. */
 void td_gates_ready(const td_gates *g, int n);
+/* Spawn n children running fn(d, arg) (td_spawn; their pids in pids), let
+ * them all go at once (a byte each on the go gate) and wait until all n
+ * are ready. */
+void td_gates_run(const td_gates *g, pid_t *pids, int n,
+                  int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg);
 
 /* Run fn(arg) in a forked child; returns its pid. The child exits with fn's
  * return value. */

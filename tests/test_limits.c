@@ -440,7 +440,7 @@ static int wait_late(const test_daemon *d, void *arg) {
     (void)arg;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, "late", 20000, &b) < 0)
+    if (td_connect_open(d, "late", 20000, &c, &b) < 0)
         return 1;
     int r = memcmp(gpubuf_buffer_host_ptr(b), "root", 4) ? 2 : 0;
     gpubuf_release(b);
