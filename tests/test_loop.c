@@ -354,15 +354,11 @@ START_TEST(simultaneous_expiries_are_all_answered) {
 }
 END_TEST
 
-static Suite *loop_suite(void) {
-    Suite *s = suite_create("loop");
-    TCase *tc = add_case(s, "bounded passes", NULL, NULL, 110);
-    add_tests(tc, bystander_is_served_while_a_fragmented_pool_is_worked,
-              simultaneous_expiries_are_all_answered);
-    return s;
-}
-
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
-    return run_suite(loop_suite());
+    Suite *s = suite_create("loop");
+    add_tests(add_case(s, "bounded passes", NULL, NULL, 110),
+              bystander_is_served_while_a_fragmented_pool_is_worked,
+              simultaneous_expiries_are_all_answered);
+    return run_suite(s);
 }

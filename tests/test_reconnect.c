@@ -289,7 +289,7 @@ START_TEST(fresh_daemon_client_without_views) {
 }
 END_TEST
 
-static Suite *suite(void) {
+int main(void) {
     Suite *s = suite_create("reconnect");
     TCase *t = add_case(s, "reconnect", NULL, NULL, 90);
 #ifdef GPUBUF_TEST_SYSTEMD
@@ -300,9 +300,5 @@ static Suite *suite(void) {
 #endif
     add_tests(t, idle_client_after_takeover, fresh_daemon_without_the_session,
               fresh_daemon_client_without_views);
-    return s;
-}
-
-int main(void) {
-    return run_suite(suite());
+    return run_suite(s);
 }
