@@ -289,7 +289,7 @@ START_TEST(fresh_daemon_client_without_views) {
 }
 END_TEST
 
-int main(void) {
+static Suite *suite(void) {
     Suite *s = suite_create("reconnect");
     TCase *t = add_case(s, "reconnect", NULL, NULL, 90);
 #ifdef GPUBUF_TEST_SYSTEMD
@@ -300,5 +300,9 @@ int main(void) {
 #endif
     add_tests(t, idle_client_after_takeover, fresh_daemon_without_the_session,
               fresh_daemon_client_without_views);
-    return run_suite(s);
+    return s;
+}
+
+int main(void) {
+    return run_suite(suite());
 }
