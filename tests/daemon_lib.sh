@@ -4,7 +4,8 @@
 # none) and $watcher (a helper process's pid, empty when none), and a trap
 # that ends both and removes $work on exit.
 # shellcheck shell=bash
-daemon= watcher=
+# shellcheck disable=SC2154 # $work is set by the test that sources this
+daemon="" watcher=""
 cleanup() {
     local p
     for p in "$watcher" "$daemon"; do

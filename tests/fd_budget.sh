@@ -12,6 +12,7 @@
 set -uo pipefail
 gpubufd=$1 gpubufctl=$2 examples=$3
 work=$(mktemp -d /tmp/gpubuf-fdbudget-XXXXXX)
+# shellcheck source=tests/daemon_lib.sh
 . "$(dirname "$0")/daemon_lib.sh"
 expect() { # expect FILE TEXT: TEXT is in FILE
     grep -qF -- "$2" "$1" || { sed 's/^/   | /' "$1"; fail "expected '$2' in $(basename "$1")"; }

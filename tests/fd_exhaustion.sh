@@ -11,6 +11,7 @@
 set -uo pipefail
 gpubufd=$1 gpubufctl=$2
 work=$(mktemp -d /tmp/gpubuf-fdexh-XXXXXX)
+# shellcheck source=tests/daemon_lib.sh
 . "$(dirname "$0")/daemon_lib.sh"
 
 sock=$work/gpubufd.sock
