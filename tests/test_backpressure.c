@@ -222,8 +222,7 @@ static void td_start_for_rss(test_daemon *d, const char *const *args);
 static void start_hogs(const test_daemon *d, int *hogs, int n, int per_hog, const uint8_t *frame,
                        size_t len) {
     for (int i = 0; i < n; i++) {
-        hogs[i] = td_raw_connect(d, 5);
-        td_raw_hello(hogs[i]);
+        hogs[i] = raw_hello(d);
         fcntl(hogs[i], F_SETFL, O_NONBLOCK);
         for (int k = 0; k < per_hog; k++)
             if (send(hogs[i], frame, len, MSG_NOSIGNAL) < 0)
@@ -301,8 +300,7 @@ START_TEST(reply_memory_is_bounded_across_connections) {
     start_hogs(&d2, hogs, HOGS, PER_HOG, frame, n);
     /* The hogs' uid fills its share of the reply memory: a status of its
      * own is refused with EAGAIN. */
-    int own = td_raw_connect(&d2, 5);
-    td_raw_hello(own);
+    int own = raw_hello(&d2);
     Gpubuf__Response *r = NULL;
     for (int i = 0; i < 2000; i++) {
         ck_assert_int_eq(gpubuf_wire_send_all(own, frame, n, -1), 0);
@@ -401,8 +399,7 @@ START_TEST(batch_reply_memory_is_bounded_across_connections) {
     }
     size_t n;
     uint8_t *frame = batch_open_frame(40, ids, BUFFERS, ITEMS, &n);
-    int probe = td_raw_connect(&d2, 5);
-    td_raw_hello(probe);
+    int probe = raw_hello(&d2);
     long before = td_rss_kib(d2.pid);
     int hogs[HOGS];
     start_hogs(&d2, hogs, HOGS, PER_HOG, frame, n);
