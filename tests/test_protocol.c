@@ -316,20 +316,12 @@ START_TEST(release_not_held_and_double_release) {
     uint64_t id = r->buffer->buffer_id;
     gpubuf__response__free_unpacked(r, NULL);
     rel.buffer_id = id + 1000;
-    req.id = 3;
-    req.body_case = GPUBUF__REQUEST__BODY_RELEASE;
-    req.release = &rel;
-    td_raw_send(fd, &req);
-    r = rp_recv(fd, NULL);
-    ck_assert_int_eq(r->status, GPUBUF_ENOTHELD);
-    gpubuf__response__free_unpacked(r, NULL);
+    req = rp_request(3, GPUBUF__REQUEST__BODY_RELEASE, &rel);
+    td_raw_status(fd, &req, GPUBUF_ENOTHELD);
     rel.buffer_id = id;
     for (int i = 0; i < 2; i++) {
         req.id = 4 + (uint64_t)i;
-        td_raw_send(fd, &req);
-        r = rp_recv(fd, NULL);
-        ck_assert_int_eq(r->status, i == 0 ? 0 : GPUBUF_ENOTHELD);
-        gpubuf__response__free_unpacked(r, NULL);
+        td_raw_status(fd, &req, i == 0 ? 0 : GPUBUF_ENOTHELD);
     }
     close(fd);
     gpubuf_status *s = td_status(&D);
@@ -386,13 +378,13 @@ END_TEST
  * (protobuf-c packs C strings, so a NUL cannot be written otherwise), send. */
 static void raw_send_nul(int fd, Gpubuf__Request *req, const char *mark) {
     uint8_t buf[4096];
-    size_t n = gpubuf__request__pack(req, buf + GPUBUF_WIRE_HEADER_SIZE);
+    ck_assert_uint_le(rp_frame_size(req), sizeof(buf));
+    size_t n = rp_frame(buf, req) - GPUBUF_WIRE_HEADER_SIZE;
     uint8_t *at = memmem(buf + GPUBUF_WIRE_HEADER_SIZE, n, mark, strlen(mark));
     ck_assert_ptr_nonnull(at);
     for (size_t i = 0; i < strlen(mark); i++)
         if (at[i] == '#')
             at[i] = '\0';
-    gpubuf_wire_header_encode(buf, (uint32_t)n);
     ck_assert_int_eq(gpubuf_wire_send_all(fd, buf, n + GPUBUF_WIRE_HEADER_SIZE, -1), 0);
 }
 
@@ -436,7 +428,7 @@ START_TEST(wire_strings_with_nul_refused) {
     Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
     o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
     o.name = "frames#";
-    req.body_case = GPUBUF__REQUEST__BODY_OPEN, req.open = &o;
+    req = rp_request(req.id, GPUBUF__REQUEST__BODY_OPEN, &o);
     expect_nul_refused(fd, &req, "frames#", "name");
     /* Nothing was published under the part before the NUL, and the same
      * connection goes on: a clean alloc works. */
@@ -488,9 +480,7 @@ START_TEST(read_only_fd_and_seal_event) {
     sq.buffer_id = buf;
     sq.event_handle.data = ev;
     sq.event_handle.len = 10;
-    req.id = 3;
-    req.body_case = GPUBUF__REQUEST__BODY_SEAL;
-    req.seal = &sq;
+    req = rp_request(3, GPUBUF__REQUEST__BODY_SEAL, &sq);
     td_raw_send(fd, &req);
     Gpubuf__Response *r = rp_recv(fd, NULL);
     ck_assert_int_eq(r->status, -EINVAL);
@@ -510,9 +500,7 @@ START_TEST(read_only_fd_and_seal_event) {
     o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
     o.name = "rofd";
     o.read_only = true;
-    req.id = 4;
-    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    req.open = &o;
+    req = rp_request(4, GPUBUF__REQUEST__BODY_OPEN, &o);
     td_raw_send(fd, &req);
     r = rp_recv(fd, &afd);
     ck_assert_int_eq(r->status, 0);
