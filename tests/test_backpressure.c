@@ -62,9 +62,8 @@ static gpubuf_client *publish_long_names(int n) {
 static size_t status_frame(uint8_t frame[64]) {
     Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
     Gpubuf__Request req = rp_request(9, GPUBUF__REQUEST__BODY_STATUS, &st);
-    size_t n = gpubuf__request__pack(&req, frame + GPUBUF_WIRE_HEADER_SIZE);
-    gpubuf_wire_header_encode(frame, (uint32_t)n);
-    return n + GPUBUF_WIRE_HEADER_SIZE;
+    ck_assert_uint_le(rp_frame_size(&req), 64);
+    return rp_frame(frame, &req);
 }
 
 /* A library client of d (*ret_c) with a sealed 4 KiB host buffer `name`
@@ -189,16 +188,14 @@ END_TEST
 /* n framed open-by-name requests (ids 10, 11, ...) in one block; *ret_len
  * gets its length. */
 static uint8_t *pack_opens(int n, const char *name, size_t *ret_len) {
-    uint8_t *buf = malloc((size_t)n * (GPUBUF_WIRE_HEADER_SIZE + 32 + strlen(name)));
-    size_t len = 0;
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
     for (int i = 0; i < n; i++) {
         Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
         o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
         o.name = (char *)name;
         Gpubuf__Request req = rp_request(10 + (uint64_t)i, GPUBUF__REQUEST__BODY_OPEN, &o);
-        size_t k = gpubuf__request__pack(&req, buf + len + GPUBUF_WIRE_HEADER_SIZE);
-        gpubuf_wire_header_encode(buf + len, (uint32_t)k);
-        len += GPUBUF_WIRE_HEADER_SIZE + k;
+        ck_assert_int_eq(rp_append(&buf, &len, &cap, &req), 0);
     }
     *ret_len = len;
     return buf;
@@ -367,13 +364,10 @@ static uint8_t *batch_open_frame(uint64_t request_id, const uint64_t *ids, int n
     q.n_buffer_ids = (size_t)n;
     q.buffer_ids = all;
     Gpubuf__Request req = rp_request(request_id, GPUBUF__REQUEST__BODY_BATCH_OPEN, &q);
-    size_t len = gpubuf__request__get_packed_size(&req);
-    uint8_t *buf = malloc(GPUBUF_WIRE_HEADER_SIZE + len);
+    uint8_t *buf = malloc(rp_frame_size(&req));
     ck_assert_ptr_nonnull(buf);
-    gpubuf__request__pack(&req, buf + GPUBUF_WIRE_HEADER_SIZE);
-    gpubuf_wire_header_encode(buf, (uint32_t)len);
+    *ret_len = rp_frame(buf, &req);
     free(all);
-    *ret_len = GPUBUF_WIRE_HEADER_SIZE + len;
     return buf;
 }
 
@@ -593,9 +587,7 @@ START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
     uint8_t buf[4096];
     size_t len = 0;
     Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
-    Gpubuf__Request sreq = GPUBUF__REQUEST__INIT;
-    sreq.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    sreq.status = &st;
+    Gpubuf__Request sreq = rp_request(0, GPUBUF__REQUEST__BODY_STATUS, &st);
     for (int i = 0; i < 40; i++) {
         sreq.id = 100 + (uint64_t)i;
         len += rp_frame(buf + len, &sreq);

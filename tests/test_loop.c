@@ -73,12 +73,7 @@ static void put_release(uint8_t **buf, size_t *len, size_t *cap, uint64_t id, ui
 /* A raw connection that said hello. */
 static int raw_open(const test_daemon *d) {
     int fd = td_raw_connect(d, 60);
-    rp_hello h;
-    rp_hello_init(&h, 0, NULL);
-    td_raw_send(fd, &h.req);
-    Gpubuf__Response *r = rp_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    gpubuf__response__free_unpacked(r, NULL);
+    td_raw_hello(fd);
     return fd;
 }
 
