@@ -23,10 +23,7 @@ static char conf[128];
 
 static void start_with(const char *text) {
     snprintf(conf, sizeof(conf), "/tmp/gpubuf-limits-%d.conf", (int)getpid());
-    FILE *f = fopen(conf, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
+    ck_assert_int_eq(td_write_file(conf, text), 0);
     const char *args[] = {"--config", conf, NULL};
     td_start(&D, args);
 }

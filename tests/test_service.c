@@ -105,10 +105,6 @@ static int stop(pid_t p) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-/* Connect to the daemon at path once it accepts connections. */
-static bool connect_retry(const char *path, gpubuf_client **ret) {
-    return td_wait_connect(path, ret, 3000);
-}
 
 /* Built without libsystemd, these two are not added: there is nothing to
  * activate or notify. */
@@ -123,7 +119,7 @@ START_TEST(socket_activation) {
     close(lfd);
     gpubuf_client *c;
     /* No --socket: the inherited listening socket is used. */
-    ck_assert(connect_retry(path, &c));
+    ck_assert(td_wait_connect(path, &c, 3000));
     gpubuf_status *s;
     ck_assert_int_eq(gpubuf_status_get(c, &s), 0);
     ck_assert_str_eq(s->pools[0].name, "act");
@@ -155,10 +151,7 @@ END_TEST
 #endif
 
 static void write_conf(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
+    ck_assert_int_eq(td_write_file(path, text), 0);
 }
 
 START_TEST(sighup_reloads_limits) {
@@ -181,12 +174,12 @@ START_TEST(sighup_reloads_limits) {
     pid_t p = spawn_daemon(args, -1, NULL, NULL, log);
 #endif
     gpubuf_client *a, *b = NULL;
-    ck_assert(connect_retry(path, &a));
+    ck_assert(td_wait_connect(path, &a, 3000));
     /* One client allowed: the second is turned away. */
     ck_assert_int_lt(gpubuf_connect(path, &b), 0);
     write_conf(conf, "[daemon]\nmax_clients = 8\n[pool:h]\nkind = host\ncapacity = 64M\n");
     kill(p, SIGHUP);
-    ck_assert(connect_retry(path, &b));
+    ck_assert(td_wait_connect(path, &b, 3000));
 #ifdef GPUBUF_TEST_SYSTEMD
     ck_assert(expect_notify(nfd, "READY=1", 5000));
 #endif

@@ -4,7 +4,6 @@
  * survive, the old daemon's client keeps its view, and exactly one daemon
  * serves afterwards. */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -120,18 +119,7 @@ static void cleanup(test_daemon *d) {
     char dir[64];
     snprintf(dir, sizeof(dir), "%s", d->dir);
     td_stop(d);
-    DIR *dh = opendir(dir);
-    struct dirent *e;
-    while (dh && (e = readdir(dh))) {
-        char p[512];
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    if (dh)
-        closedir(dh);
-    rmdir(dir);
+    td_rmtree(dir);
 }
 
 /* A successor that fails at start-up (too few fds for one client; a pool

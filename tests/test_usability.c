@@ -238,9 +238,7 @@ START_TEST(refused_connection_gets_its_reason) {
     test_daemon d;
     char conf[128], line[256];
     snprintf(conf, sizeof(conf), "%s/limits.conf", dir);
-    FILE *f = fopen(conf, "w");
-    fputs("[daemon]\nmax_clients = 2\n", f);
-    fclose(f);
+    ck_assert_int_eq(td_write_file(conf, "[daemon]\nmax_clients = 2\n"), 0);
     const char *args[] = {"--config", conf, "--pool", "p=host,capacity=16M", NULL};
     td_start(&d, args);
     gpubuf_client *a = connect_retry(&d), *b = connect_retry(&d), *c = NULL;
@@ -255,9 +253,7 @@ START_TEST(refused_connection_gets_its_reason) {
     ck_assert_int_eq(td_stop(&d), 0);
 
     /* Per uid. */
-    f = fopen(conf, "w");
-    fputs("[daemon]\nmax_clients_per_uid = 1\n", f);
-    fclose(f);
+    ck_assert_int_eq(td_write_file(conf, "[daemon]\nmax_clients_per_uid = 1\n"), 0);
     td_start(&d, args);
     a = connect_retry(&d);
     ck_assert_int_eq(gpubuf_connect(d.socket, &c), -EUSERS);
@@ -940,9 +936,7 @@ START_TEST(counters_of_refusals) {
     test_daemon d;
     char conf[128];
     snprintf(conf, sizeof(conf), "%s/two.conf", dir);
-    FILE *f = fopen(conf, "w");
-    fputs("[daemon]\nmax_clients = 2\n", f);
-    fclose(f);
+    ck_assert_int_eq(td_write_file(conf, "[daemon]\nmax_clients = 2\n"), 0);
     const char *args[] = {"--config", conf, "--pool", "p=host,capacity=16M", NULL};
     td_start(&d, args);
     gpubuf_client *c = connect_retry(&d), *c1 = connect_retry(&d), *c2;
