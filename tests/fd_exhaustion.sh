@@ -78,7 +78,7 @@ time.sleep(0.2)  # the flood's own work passes before the CPU is measured: a dur
 
 tick = os.sysconf("SC_CLK_TCK")
 snap0, c0, w0 = snapshots(), cpu_ticks(), time.monotonic()
-time.sleep(1.0)
+time.sleep(1.0)  # the CPU is measured over it: a duration
 c1, w1 = cpu_ticks(), time.monotonic()
 cpu = (c1 - c0) / tick / (w1 - w0) * 100
 figure(f"CPU of gpubufd over {w1 - w0:.2f} s out of fds: {cpu:.1f} % of one core (bound 25 %)")
@@ -94,7 +94,7 @@ except subprocess.TimeoutExpired:
     fresh = (None, "no answer in 60 s (hangs)")
 figure(f"fresh gpubufctl status out of fds: rc {fresh[0]} in {time.monotonic() - t:.2f} s: {fresh[1]}")
 
-time.sleep(max(0.0, 2.0 - (time.monotonic() - t0)))
+time.sleep(max(0.0, 2.0 - (time.monotonic() - t0)))  # the log is measured over 2 s: a duration
 log_bytes = os.path.getsize(log) - log0
 figure(f"log written over {time.monotonic() - t0:.2f} s out of fds: {log_bytes} bytes "
        "(bound 20000)")
