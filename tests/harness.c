@@ -171,8 +171,8 @@ void td_gates_pass(int fd, int n) {
     ck_assert_int_eq(write(fd, bytes, (size_t)n), n);
 }
 
-void td_gates_run(const td_gates *g, pid_t *pids, int n,
-                  int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg) {
+void td_gates_run(const td_gates *g, pid_t *pids, int n, int (*fn)(const test_daemon *d, void *arg),
+                  const test_daemon *d, void *arg) {
     for (int i = 0; i < n; i++)
         pids[i] = td_spawn(fn, d, arg);
     td_gates_pass(g->go[1], n);
@@ -209,8 +209,8 @@ int td_connect_alloc(const test_daemon *d, const char *pool, uint64_t size, cons
     return r < 0 ? r : gpubuf_alloc(*ret_c, pool, size, name, ret_b);
 }
 
-int td_connect_open(const test_daemon *d, const char *name, int timeout_ms,
-                    gpubuf_client **ret_c, gpubuf_buffer **ret_b) {
+int td_connect_open(const test_daemon *d, const char *name, int timeout_ms, gpubuf_client **ret_c,
+                    gpubuf_buffer **ret_b) {
     int r = gpubuf_connect(d->socket, ret_c);
     return r < 0 ? r : gpubuf_open(*ret_c, name, timeout_ms, ret_b);
 }

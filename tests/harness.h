@@ -51,8 +51,8 @@ void td_disconnect_stop(test_daemon *d, gpubuf_client *c);
  * *ret_b; 0, or the connect's or the call's error. */
 int td_connect_alloc(const test_daemon *d, const char *pool, uint64_t size, const char *name,
                      gpubuf_client **ret_c, gpubuf_buffer **ret_b);
-int td_connect_open(const test_daemon *d, const char *name, int timeout_ms,
-                    gpubuf_client **ret_c, gpubuf_buffer **ret_b);
+int td_connect_open(const test_daemon *d, const char *name, int timeout_ms, gpubuf_client **ret_c,
+                    gpubuf_buffer **ret_b);
 /* For a child process: connect to d (and write a byte on ready_fd, when
  * >= 0, once connected), open name (name NULL: buffer id) waiting up to
  * timeout_ms, release it and disconnect. Returns the open's result, or the
@@ -116,8 +116,8 @@ void td_gates_ready(const td_gates *g, int n);
 /* Spawn n children running fn(d, arg) (td_spawn; their pids in pids), let
  * them all go at once (a byte each on the go gate) and wait until all n
  * are ready. */
-void td_gates_run(const td_gates *g, pid_t *pids, int n,
-                  int (*fn)(const test_daemon *d, void *arg), const test_daemon *d, void *arg);
+void td_gates_run(const td_gates *g, pid_t *pids, int n, int (*fn)(const test_daemon *d, void *arg),
+                  const test_daemon *d, void *arg);
 
 /* Run fn(arg) in a forked child; returns its pid. The child exits with fn's
  * return value. */

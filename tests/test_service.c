@@ -105,7 +105,6 @@ static int stop(pid_t p) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-
 /* Built without libsystemd, these two are not added: there is nothing to
  * activate or notify. */
 #ifdef GPUBUF_TEST_SYSTEMD

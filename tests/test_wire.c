@@ -26,8 +26,8 @@ static void pair(int sv[2]) {
  * of a new socket pair, hang that end up first when hang_up, and read a
  * frame of at most 1024 bytes from the other: gpubuf_wire_read_frame's
  * result, its payload and fd in *payload and *fd. Closes both ends. */
-static int send_then_read(const void *bytes, size_t n, int pass_fd, bool hang_up,
-                          uint8_t **payload, int *fd) {
+static int send_then_read(const void *bytes, size_t n, int pass_fd, bool hang_up, uint8_t **payload,
+                          int *fd) {
     int sv[2];
     pair(sv);
     ck_assert_int_eq(gpubuf_wire_send_all(sv[0], bytes, n, pass_fd), 0);
