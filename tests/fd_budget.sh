@@ -12,15 +12,8 @@
 set -uo pipefail
 gpubufd=$1 gpubufctl=$2 examples=$3
 work=$(mktemp -d /tmp/gpubuf-fdbudget-XXXXXX)
-daemon=
-cleanup() {
-    if [ -n "$daemon" ]; then kill "$daemon" 2>/dev/null; wait "$daemon" 2>/dev/null; fi
-    rm -rf "$work"
-}
-trap cleanup EXIT
-fail() { echo "FAIL: $*"; [ -f "$work/log" ] && sed 's/^/   log: /' "$work/log"; exit 1; }
-# A measured figure: printed, and added to $GPUBUF_FIGURES (scripts/test.sh).
-figure() { echo "   $*"; [ -z "${GPUBUF_FIGURES:-}" ] || echo "fd_budget: $*" >>"$GPUBUF_FIGURES"; }
+# shellcheck source=tests/daemon_lib.sh
+. "$(dirname "$0")/daemon_lib.sh"
 expect() { # expect FILE TEXT: TEXT is in FILE
     grep -qF -- "$2" "$1" || { sed 's/^/   | /' "$1"; fail "expected '$2' in $(basename "$1")"; }
 }
@@ -87,8 +80,7 @@ sock=$work/gpubufd.sock
     exec "$gpubufd" --socket "$sock" --config "$conf" --pool host=host,capacity=64M) \
     >"$work/log" 2>&1 &
 daemon=$!
-for _ in $(seq 600); do [ -S "$sock" ] && break; sleep 0.05; done
-[ -S "$sock" ] || fail "gpubufd did not listen"
+wait_listening 600 "$sock"
 cat "$work/log"
 # 32 + 2 fds of the one 64 MiB slab reserved; (1024 - 34) / 129 = 7 clients.
 expect "$work/log" "fd budget: RLIMIT_NOFILE 1024, raised from 512; 34 reserved, 129 per client"
@@ -161,14 +153,10 @@ PY
 echo "-- SIGHUP: the reloaded limits are fitted again"
 printf '[daemon]\nmax_clients = 200000\n' >"$conf"
 kill -HUP "$daemon"
-for _ in $(seq 600); do grep -q "SIGHUP: reloaded" "$work/log" && break; sleep 0.05; done
+wait_until 600 grep -q "SIGHUP: reloaded" "$work/log"
 expect "$work/log" "warning: the configured max_clients 200000 needs more fds than RLIMIT_NOFILE 1024"
 expect "$work/log" "SIGHUP: reloaded"
 "$gpubufctl" --socket "$sock" status >/dev/null || fail "gpubufctl status after SIGHUP exited $?"
 
-kill -TERM "$daemon"
-rc=0
-wait "$daemon" || rc=$?
-daemon=
-[ "$rc" = 0 ] || fail "gpubufd exited $rc on SIGTERM"
+stop_daemon
 echo "fd_budget: ok"

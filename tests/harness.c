@@ -171,6 +171,14 @@ void td_gates_pass(int fd, int n) {
     ck_assert_int_eq(write(fd, bytes, (size_t)n), n);
 }
 
+void td_gates_run(const td_gates *g, pid_t *pids, int n, int (*fn)(const test_daemon *d, void *arg),
+                  const test_daemon *d, void *arg) {
+    for (int i = 0; i < n; i++)
+        pids[i] = td_spawn(fn, d, arg);
+    td_gates_pass(g->go[1], n);
+    td_gates_ready(g, n);
+}
+
 void td_gates_ready(const td_gates *g, int n) {
     for (int i = 0; i < n; i++) {
         char x;
@@ -183,6 +191,55 @@ gpubuf_client *td_connect(const test_daemon *d) {
     int r = gpubuf_connect(d->socket, &c);
     ck_assert_msg(r == 0, "connect: %s (%s)", gpubuf_strerror(r), gpubuf_last_error_message());
     return c;
+}
+
+gpubuf_client *td_start_connect(test_daemon *d, const char *const *args) {
+    td_start(d, args);
+    return td_connect(d);
+}
+
+void td_disconnect_stop(test_daemon *d, gpubuf_client *c) {
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(d), 0);
+}
+
+int td_connect_alloc(const test_daemon *d, const char *pool, uint64_t size, const char *name,
+                     gpubuf_client **ret_c, gpubuf_buffer **ret_b) {
+    int r = gpubuf_connect(d->socket, ret_c);
+    return r < 0 ? r : gpubuf_alloc(*ret_c, pool, size, name, ret_b);
+}
+
+int td_connect_open(const test_daemon *d, const char *name, int timeout_ms, gpubuf_client **ret_c,
+                    gpubuf_buffer **ret_b) {
+    int r = gpubuf_connect(d->socket, ret_c);
+    return r < 0 ? r : gpubuf_open(*ret_c, name, timeout_ms, ret_b);
+}
+
+int td_open_once(const test_daemon *d, const char *name, uint64_t id, int timeout_ms,
+                 int ready_fd) {
+    gpubuf_client *c;
+    gpubuf_buffer *b;
+    int r = gpubuf_connect(d->socket, &c);
+    if (r < 0)
+        return r;
+    if (ready_fd >= 0 && write(ready_fd, "c", 1) != 1)
+        r = -EPIPE;
+    else if (name)
+        r = gpubuf_open(c, name, timeout_ms, &b);
+    else
+        r = gpubuf_open_id(c, id, timeout_ms, &b);
+    if (r == 0)
+        gpubuf_release(b);
+    gpubuf_disconnect(c);
+    return r;
+}
+
+gpubuf_buffer *td_alloc(gpubuf_client *c, const char *pool, uint64_t size, const char *name) {
+    gpubuf_buffer *b = NULL;
+    int r = gpubuf_alloc(c, pool, size, name, &b);
+    ck_assert_msg(r == 0, "alloc %s of %llu bytes: %s (%s)", name ? name : "(no name)",
+                  (unsigned long long)size, gpubuf_strerror(r), gpubuf_last_error_message());
+    return b;
 }
 
 void td_produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed) {
@@ -320,6 +377,32 @@ static size_t raw_n_clients(int fd) {
     size_t n = r->status_reply->n_clients;
     gpubuf__response__free_unpacked(r, NULL);
     return n;
+}
+
+bool td_wait_connect(const char *path, gpubuf_client **ret, int timeout_ms) {
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        if (gpubuf_connect(path, ret) == 0)
+            return true;
+        sleep_ms(10);
+    }
+    *ret = NULL;
+    return false;
+}
+
+bool td_wait_file_has(const char *path, const char *text, int timeout_ms) {
+    for (int waited = 0; waited <= timeout_ms; waited += 10) {
+        FILE *f = fopen(path, "r");
+        if (f) {
+            char buf[1 << 16];
+            size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+            fclose(f);
+            buf[n] = '\0';
+            if (strstr(buf, text))
+                return true;
+        }
+        sleep_ms(10);
+    }
+    return false;
 }
 
 int td_quiet_fds(const test_daemon *d, size_t n, int timeout_ms) {
@@ -491,6 +574,20 @@ char *td_capture(const char *cmd, int *ret_code) {
     return out;
 }
 
+char *td_capture_exit(const char *cmd, int want) {
+    int code;
+    char *out = td_capture(cmd, &code);
+    ck_assert_msg(want < 0 || code == want, "%s: exit %d (not %d): %s", cmd, code, want, out);
+    return out;
+}
+
+char *td_ctl(const test_daemon *d, const char *args, int want) {
+    char cmd[1024];
+    snprintf(cmd, sizeof(cmd), "%s --socket %s %s", GPUBUFCTL_PATH,
+             d ? d->socket : "/nonexistent.sock", args);
+    return td_capture_exit(cmd, want);
+}
+
 static void copy_file(const char *from, const char *to) {
     int in = open(from, O_RDONLY | O_CLOEXEC);
     ck_assert_msg(in >= 0, "open %s: %s", from, strerror(errno));
@@ -581,6 +678,15 @@ Gpubuf__Response *td_raw_hello_caps(int fd, uint64_t caps) {
     Gpubuf__Response *r = td_raw_expect(fd, &h.req, GPUBUF__RESPONSE__BODY_HELLO);
     ck_assert_uint_eq(r->hello->version, 1);
     return r;
+}
+
+void td_raw_status(int fd, const Gpubuf__Request *req, int status) {
+    td_raw_send(fd, req);
+    Gpubuf__Response *r = rp_recv(fd, NULL);
+    ck_assert_msg(r != NULL, "no response to request %llu", (unsigned long long)req->id);
+    ck_assert_uint_eq(r->id, req->id);
+    ck_assert_int_eq(r->status, status);
+    gpubuf__response__free_unpacked(r, NULL);
 }
 
 void td_raw_hello(int fd) {

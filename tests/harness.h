@@ -37,6 +37,31 @@ int td_restart(test_daemon *d, const char *const *args);
 void td_takeover(test_daemon *d, const char *pool);
 /* Connect to d, failing the test on error. */
 gpubuf_client *td_connect(const test_daemon *d);
+/* A NULL-terminated argument list, written in place:
+ * td_start(&d, TD_ARGS("--pool", "p=host")). */
+#define TD_ARGS(...) ((const char *const[]){__VA_ARGS__, NULL})
+/* td_start(d, args), then td_connect(d). */
+gpubuf_client *td_start_connect(test_daemon *d, const char *const *args);
+/* Disconnect c and stop d (td_stop), failing the test unless it exited
+ * cleanly. */
+void td_disconnect_stop(test_daemon *d, gpubuf_client *c);
+
+/* For a child process (nothing here fails the test): connect to d and
+ * allocate (or open, waiting up to timeout_ms) name, into *ret_c and
+ * *ret_b; 0, or the connect's or the call's error. */
+int td_connect_alloc(const test_daemon *d, const char *pool, uint64_t size, const char *name,
+                     gpubuf_client **ret_c, gpubuf_buffer **ret_b);
+int td_connect_open(const test_daemon *d, const char *name, int timeout_ms, gpubuf_client **ret_c,
+                    gpubuf_buffer **ret_b);
+/* For a child process: connect to d (and write a byte on ready_fd, when
+ * >= 0, once connected), open name (name NULL: buffer id) waiting up to
+ * timeout_ms, release it and disconnect. Returns the open's result, or the
+ * connect's when that failed. */
+int td_open_once(const test_daemon *d, const char *name, uint64_t id, int timeout_ms, int ready_fd);
+
+/* Allocate name (NULL: none) of size bytes in pool (NULL: the default) on
+ * c; fails the test on error. */
+gpubuf_buffer *td_alloc(gpubuf_client *c, const char *pool, uint64_t size, const char *name);
 
 /* Allocate `name` (size bytes) in pool "host" of d, fill it with the
  * pattern of seed (td_fill), seal it and let it go: it stays, sealed, with
@@ -61,6 +86,12 @@ bool td_wait_requests(const test_daemon *d, const char *type, uint64_t since, ui
                       int timeout_ms);
 /* Poll status until the daemon lists a client of process pid. */
 bool td_wait_client_pid(const test_daemon *d, pid_t pid, int timeout_ms);
+/* Retry gpubuf_connect(path, ret) every 10 ms until it succeeds (true), for
+ * up to timeout_ms of waiting (false, *ret NULL). */
+bool td_wait_connect(const char *path, gpubuf_client **ret, int timeout_ms);
+/* Poll the file at path (every 10 ms, up to timeout_ms of waiting) until
+ * its first 64 KiB contain text. */
+bool td_wait_file_has(const char *path, const char *text, int timeout_ms);
 /* The daemon's open fds once every connection that left is closed: over a
  * connection of its own, waits (up to timeout_ms) until the daemon lists n
  * clients besides that one, asks once more (a turn of the loop later, the
@@ -82,6 +113,11 @@ void td_gates_open(td_gates *g, int *ready_fd, int *hold_fd, int *go_fd);
 void td_gates_pass(int fd, int n);
 /* Wait until n children wrote on the ready gate. */
 void td_gates_ready(const td_gates *g, int n);
+/* Spawn n children running fn(d, arg) (td_spawn; their pids in pids), let
+ * them all go at once (a byte each on the go gate) and wait until all n
+ * are ready. */
+void td_gates_run(const td_gates *g, pid_t *pids, int n, int (*fn)(const test_daemon *d, void *arg),
+                  const test_daemon *d, void *arg);
 
 /* Run fn(arg) in a forked child; returns its pid. The child exits with fn's
  * return value. */
@@ -112,6 +148,12 @@ int td_write_file(const char *path, const char *text);
 /* Run a shell command; returns its standard output (free it) and stores
  * its exit code (or 128 + signal) in *ret_code. */
 char *td_capture(const char *cmd, int *ret_code);
+/* td_capture, and the command must exit with code want (-1: any). */
+char *td_capture_exit(const char *cmd, int want);
+/* Run gpubufctl --socket SOCKET args (shell words; redirections allowed),
+ * SOCKET being d's (d NULL: one that is not there); it must exit with code
+ * want (-1: any). Returns its output (free it). */
+char *td_ctl(const test_daemon *d, const char *args, int want);
 /* Copies an executable and the shared libraries beside it (lib*.so*) into a
  * new folder under /tmp that every uid may enter (0755), so that a test that
  * drops privileges can run it wherever the build tree lives (a clone under a
@@ -140,6 +182,8 @@ int td_raw_connect(const test_daemon *d, int timeout_s);
 void td_raw_send(int fd, const Gpubuf__Request *req);
 /* Send req; its response must succeed with the given body. Free it. */
 Gpubuf__Response *td_raw_expect(int fd, const Gpubuf__Request *req, int body_case);
+/* Send req; its response (of req's id) must come with status `status`. */
+void td_raw_status(int fd, const Gpubuf__Request *req, int status);
 /* Hello with capability bits caps; the reply (version 1; free it). */
 Gpubuf__Response *td_raw_hello_caps(int fd, uint64_t caps);
 /* Hello without capabilities; the reply must succeed. */

@@ -64,6 +64,29 @@ static void assert_no_refs(gpubuf_client *c) {
     ck_assert(td_wait_waiting_opens(&D, 0, 10000));
 }
 
+/* The end of a test of c and p: no reference stays, both disconnect. */
+static void no_refs_disconnect(gpubuf_client *c, gpubuf_client *p) {
+    assert_no_refs(c);
+    gpubuf_disconnect(p);
+    gpubuf_disconnect(c);
+}
+
+/* The name PREFIX.i, in name. */
+static const char *item_name(char name[32], const char *prefix, int i) {
+    snprintf(name, 32, "%s.%d", prefix, i);
+    return name;
+}
+
+/* Start an open of PREFIX.i on c that waits without a timeout and
+ * completes into S at index i; its handle in *h. */
+static void start_waiting_open(gpubuf_client *c, const char *prefix, int i, uint64_t *h) {
+    char name[32];
+    gpubuf_lookup o = {.timeout_ms = -1};
+    ck_assert_int_eq(
+        gpubuf_open_start(c, item_name(name, prefix, i), 0, &o, on_done, (void *)(intptr_t)i, h),
+        0);
+}
+
 static void memset_release(gpubuf_buffer **b, int n) {
     for (int i = 0; i < n; i++) {
         gpubuf_release(b[i]);
@@ -166,9 +189,7 @@ START_TEST(open_many_start_waits_for_the_unsealed) {
     }
     ck_assert_int_eq(gpubuf_release_many(m.views, N, NULL), 0);
     memset_release(made, N);
-    assert_no_refs(c);
-    gpubuf_disconnect(p);
-    gpubuf_disconnect(c);
+    no_refs_disconnect(c, p);
 }
 END_TEST
 
@@ -226,9 +247,7 @@ START_TEST(open_many_start_ids_timeouts_and_cancel) {
     ck_assert_int_eq(gpubuf_open_many_start(c, 2, two, NULL, NULL, NULL, &m, &h), -EINVAL);
     gpubuf_release(a);
     gpubuf_release(b);
-    assert_no_refs(c);
-    gpubuf_disconnect(p);
-    gpubuf_disconnect(c);
+    no_refs_disconnect(c, p);
 }
 END_TEST
 
@@ -245,17 +264,12 @@ START_TEST(woken_opens_past_the_fd_budget_fail_with_eagain) {
     static gpubuf_buffer *made[N];
     uint64_t h;
     memset(&S, 0, sizeof(S));
-    for (int i = 0; i < N; i++) {
-        char name[32];
-        snprintf(name, sizeof(name), "f.%d", i);
-        gpubuf_lookup o = {.timeout_ms = -1};
-        ck_assert_int_eq(gpubuf_open_start(c, name, 0, &o, on_done, (void *)(intptr_t)i, &h), 0);
-    }
+    for (int i = 0; i < N; i++)
+        start_waiting_open(c, "f", i, &h);
     ck_assert(td_wait_waiting_opens(&D, N, 30000));
     for (int i = 0; i < N; i++) {
         char name[32];
-        snprintf(name, sizeof(name), "f.%d", i);
-        made[i] = make(p, name, 8192, (uint32_t)i, false);
+        made[i] = make(p, item_name(name, "f", i), 8192, (uint32_t)i, false);
         ck_assert_int_eq(gpubuf_seal(made[i]), 0);
     }
     ck_assert_int_eq(gpubuf_flush(p), 0); /* every open was woken */
@@ -271,8 +285,8 @@ START_TEST(woken_opens_past_the_fd_budget_fail_with_eagain) {
         }
         eagain++;
         char name[32];
-        snprintf(name, sizeof(name), "f.%d", i);
-        ck_assert_int_eq(gpubuf_open(c, name, 0, &S.views[i]), 0); /* as the message says */
+        /* As the message says. */
+        ck_assert_int_eq(gpubuf_open(c, item_name(name, "f", i), 0, &S.views[i]), 0);
     }
     ck_assert_int_eq(S.bad, 0);
     /* The socket buffer takes a few hundred answers (net.core.wmem_default
@@ -282,9 +296,7 @@ START_TEST(woken_opens_past_the_fd_budget_fail_with_eagain) {
     td_figure("async: %d of %d woken opens past the fd budget answered EAGAIN", eagain, N);
     memset_release(S.views, N);
     memset_release(made, N);
-    assert_no_refs(c);
-    gpubuf_disconnect(p);
-    gpubuf_disconnect(c);
+    no_refs_disconnect(c, p);
 }
 END_TEST
 
@@ -298,29 +310,16 @@ START_TEST(daemon_answers_a_cancel_of_nothing_with_success) {
     Gpubuf__CancelRequest q = GPUBUF__CANCEL_REQUEST__INIT;
     q.request_id = 77777;
     Gpubuf__Request req = rp_request(2, GPUBUF__REQUEST__BODY_CANCEL, &q);
-    td_raw_send(fd, &req);
-    Gpubuf__Response *r = rp_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_uint_eq(r->id, 2);
-    ck_assert_int_eq(r->status, 0);
-    gpubuf__response__free_unpacked(r, NULL);
+    td_raw_status(fd, &req, 0);
     /* An open answered at once (timeout 0, not there), then cancelled. */
     Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
     o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
     o.name = "absent";
     req = rp_request(3, GPUBUF__REQUEST__BODY_OPEN, &o);
-    td_raw_send(fd, &req);
-    r = rp_recv(fd, NULL);
-    ck_assert_int_eq(r->status, -ENOENT);
-    gpubuf__response__free_unpacked(r, NULL);
+    td_raw_status(fd, &req, -ENOENT);
     q.request_id = 3;
     req = rp_request(4, GPUBUF__REQUEST__BODY_CANCEL, &q);
-    td_raw_send(fd, &req);
-    r = rp_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    ck_assert_uint_eq(r->id, 4);
-    ck_assert_int_eq(r->status, 0);
-    gpubuf__response__free_unpacked(r, NULL);
+    td_raw_status(fd, &req, 0);
     close(fd);
 }
 END_TEST
@@ -336,11 +335,8 @@ START_TEST(cancel_racing_a_seal_completes_once) {
     memset(&S, 0, sizeof(S));
     for (int i = 0; i < N; i++) {
         char name[32];
-        snprintf(name, sizeof(name), "r.%d", i);
-        gpubuf_lookup o = {.timeout_ms = -1};
-        ck_assert_int_eq(gpubuf_open_start(c, name, 0, &o, on_done, (void *)(intptr_t)i, &h[i]),
-                         0);
-        made[i] = make(p, name, SIZE, (uint32_t)i, false);
+        start_waiting_open(c, "r", i, &h[i]);
+        made[i] = make(p, item_name(name, "r", i), SIZE, (uint32_t)i, false);
     }
     ck_assert(td_wait_waiting_opens(&D, N, 30000));
     for (int i = 0; i < N; i++) {
@@ -362,9 +358,7 @@ START_TEST(cancel_racing_a_seal_completes_once) {
     }
     ck_assert_int_eq(S.bad, 0);
     memset_release(made, N);
-    assert_no_refs(c);
-    gpubuf_disconnect(p);
-    gpubuf_disconnect(c);
+    no_refs_disconnect(c, p);
 }
 END_TEST
 

@@ -62,17 +62,38 @@ static gpubuf_client *publish_long_names(int n) {
 static size_t status_frame(uint8_t frame[64]) {
     Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
     Gpubuf__Request req = rp_request(9, GPUBUF__REQUEST__BODY_STATUS, &st);
-    size_t n = gpubuf__request__pack(&req, frame + GPUBUF_WIRE_HEADER_SIZE);
-    gpubuf_wire_header_encode(frame, (uint32_t)n);
-    return n + GPUBUF_WIRE_HEADER_SIZE;
+    ck_assert_uint_le(rp_frame_size(&req), 64);
+    return rp_frame(frame, &req);
+}
+
+/* A library client of d (*ret_c) with a sealed 4 KiB host buffer `name`
+ * (*ret_b). */
+static void sealed_buffer(const test_daemon *d, const char *name, gpubuf_client **ret_c,
+                          gpubuf_buffer **ret_b) {
+    *ret_c = td_connect(d);
+    *ret_b = td_alloc(*ret_c, NULL, 4096, name);
+    ck_assert_int_eq(gpubuf_seal(*ret_b), 0);
+}
+
+/* A raw connection to d, past its hello. */
+static int raw_hello(const test_daemon *d) {
+    int fd = td_raw_connect(d, 5);
+    td_raw_hello(fd);
+    return fd;
+}
+
+/* Close the raw connection fd, release b, disconnect c. */
+static void close_all(int fd, gpubuf_client *c, gpubuf_buffer *b) {
+    close(fd);
+    gpubuf_release(b);
+    gpubuf_disconnect(c);
 }
 
 START_TEST(big_replies_unread_stay_bounded) {
     /* 2000 buffers with long names make each status reply ~0.6 MB. */
     gpubuf_client *c = publish_long_names(2000);
     long before = td_rss_kib(D.pid);
-    int fd = raw_connect();
-    td_raw_hello(fd);
+    int fd = raw_hello(&D);
     uint8_t frame[64];
     size_t n = status_frame(frame);
     fcntl(fd, F_SETFL, O_NONBLOCK);
@@ -126,8 +147,7 @@ START_TEST(departed_writer_cannot_hold_the_loop) {
 END_TEST
 
 START_TEST(reader_that_never_reads_is_held_back) {
-    int fd = raw_connect();
-    td_raw_hello(fd);
+    int fd = raw_hello(&D);
     /* Requests until the socket takes no more, never reading a reply: the
      * daemon stops taking them (backpressure) instead of queuing replies
      * without bound, and does not cut the client off. */
@@ -168,16 +188,14 @@ END_TEST
 /* n framed open-by-name requests (ids 10, 11, ...) in one block; *ret_len
  * gets its length. */
 static uint8_t *pack_opens(int n, const char *name, size_t *ret_len) {
-    uint8_t *buf = malloc((size_t)n * (GPUBUF_WIRE_HEADER_SIZE + 32 + strlen(name)));
-    size_t len = 0;
+    uint8_t *buf = NULL;
+    size_t len = 0, cap = 0;
     for (int i = 0; i < n; i++) {
         Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
         o.target_case = GPUBUF__OPEN_REQUEST__TARGET_NAME;
         o.name = (char *)name;
         Gpubuf__Request req = rp_request(10 + (uint64_t)i, GPUBUF__REQUEST__BODY_OPEN, &o);
-        size_t k = gpubuf__request__pack(&req, buf + len + GPUBUF_WIRE_HEADER_SIZE);
-        gpubuf_wire_header_encode(buf + len, (uint32_t)k);
-        len += GPUBUF_WIRE_HEADER_SIZE + k;
+        ck_assert_int_eq(rp_append(&buf, &len, &cap, &req), 0);
     }
     *ret_len = len;
     return buf;
@@ -201,8 +219,7 @@ static void td_start_for_rss(test_daemon *d, const char *const *args);
 static void start_hogs(const test_daemon *d, int *hogs, int n, int per_hog, const uint8_t *frame,
                        size_t len) {
     for (int i = 0; i < n; i++) {
-        hogs[i] = td_raw_connect(d, 5);
-        td_raw_hello(hogs[i]);
+        hogs[i] = raw_hello(d);
         fcntl(hogs[i], F_SETFL, O_NONBLOCK);
         for (int k = 0; k < per_hog; k++)
             if (send(hogs[i], frame, len, MSG_NOSIGNAL) < 0)
@@ -280,8 +297,7 @@ START_TEST(reply_memory_is_bounded_across_connections) {
     start_hogs(&d2, hogs, HOGS, PER_HOG, frame, n);
     /* The hogs' uid fills its share of the reply memory: a status of its
      * own is refused with EAGAIN. */
-    int own = td_raw_connect(&d2, 5);
-    td_raw_hello(own);
+    int own = raw_hello(&d2);
     Gpubuf__Response *r = NULL;
     for (int i = 0; i < 2000; i++) {
         ck_assert_int_eq(gpubuf_wire_send_all(own, frame, n, -1), 0);
@@ -348,13 +364,10 @@ static uint8_t *batch_open_frame(uint64_t request_id, const uint64_t *ids, int n
     q.n_buffer_ids = (size_t)n;
     q.buffer_ids = all;
     Gpubuf__Request req = rp_request(request_id, GPUBUF__REQUEST__BODY_BATCH_OPEN, &q);
-    size_t len = gpubuf__request__get_packed_size(&req);
-    uint8_t *buf = malloc(GPUBUF_WIRE_HEADER_SIZE + len);
+    uint8_t *buf = malloc(rp_frame_size(&req));
     ck_assert_ptr_nonnull(buf);
-    gpubuf__request__pack(&req, buf + GPUBUF_WIRE_HEADER_SIZE);
-    gpubuf_wire_header_encode(buf, (uint32_t)len);
+    *ret_len = rp_frame(buf, &req);
     free(all);
-    *ret_len = GPUBUF_WIRE_HEADER_SIZE + len;
     return buf;
 }
 
@@ -380,8 +393,7 @@ START_TEST(batch_reply_memory_is_bounded_across_connections) {
     }
     size_t n;
     uint8_t *frame = batch_open_frame(40, ids, BUFFERS, ITEMS, &n);
-    int probe = td_raw_connect(&d2, 5);
-    td_raw_hello(probe);
+    int probe = raw_hello(&d2);
     long before = td_rss_kib(d2.pid);
     int hogs[HOGS];
     start_hogs(&d2, hogs, HOGS, PER_HOG, frame, n);
@@ -457,12 +469,10 @@ static int read_open_replies(int fd, int first, int n) {
     return n;
 }
 
-/* A library client with a sealed 4 KiB host buffer `name` (*ret_b); returns
- * the daemon's fd count once only that client is connected. */
+/* sealed_buffer on D; returns the daemon's fd count once only that client
+ * is connected. */
 static int sealed_host_buffer(const char *name, gpubuf_client **ret_c, gpubuf_buffer **ret_b) {
-    *ret_c = td_connect(&D);
-    ck_assert_int_eq(gpubuf_alloc(*ret_c, NULL, 4096, name, ret_b), 0);
-    ck_assert_int_eq(gpubuf_seal(*ret_b), 0);
+    sealed_buffer(&D, name, ret_c, ret_b);
     int fds = td_quiet_fds(&D, 1, 20000);
     ck_assert_int_ge(fds, 0);
     return fds;
@@ -472,8 +482,7 @@ START_TEST(fds_held_per_client_are_bounded) {
     gpubuf_client *c;
     gpubuf_buffer *b;
     int before = sealed_host_buffer("fd-budget", &c, &b);
-    int fd = raw_connect();
-    td_raw_hello(fd);
+    int fd = raw_hello(&D);
     /* 3000 opens of one host buffer, none of the replies read yet: each
      * reply carries an fd. */
     enum { N = 3000 };
@@ -490,9 +499,7 @@ START_TEST(fds_held_per_client_are_bounded) {
     ck_assert_msg(held <= FDS_PER_CLIENT, "%d fds held for one client", held);
     /* Held back, not cut off: every open is answered once it reads. */
     ck_assert_int_eq(read_open_replies(fd, 0, N), N);
-    close(fd);
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
+    close_all(fd, c, b);
 }
 END_TEST
 
@@ -507,19 +514,15 @@ START_TEST(held_back_reader_outlives_the_frame_deadline) {
     test_daemon d2;
     const char *args[] = {"--config", conf, NULL};
     td_start(&d2, args);
-    gpubuf_client *c = td_connect(&d2);
+    gpubuf_client *c;
     gpubuf_buffer *b;
-    ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "late", &b), 0);
-    ck_assert_int_eq(gpubuf_seal(b), 0);
-    int fd = td_raw_connect(&d2, 5);
-    td_raw_hello(fd);
+    sealed_buffer(&d2, "late", &c, &b);
+    int fd = raw_hello(&d2);
     enum { N = 2000 };
     send_opens(fd, N, "late");
     usleep(600000); /* three frame deadlines: measures a duration */
     ck_assert_int_eq(read_open_replies(fd, 0, N), N);
-    close(fd);
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
+    close_all(fd, c, b);
     ck_assert_int_eq(td_stop(&d2), 0);
 }
 END_TEST
@@ -528,8 +531,7 @@ START_TEST(pipelining_reader_is_never_cut_off) {
     gpubuf_client *c;
     gpubuf_buffer *b;
     int before = sealed_host_buffer("pipelined", &c, &b);
-    int fd = raw_connect();
-    td_raw_hello(fd);
+    int fd = raw_hello(&D);
     /* A writer pipelines 6,000 opens (each answered with an fd), then
      * 20,000 stats; the reader starts a little later and reads them all.
      * More than 4,096 replies are due before the first is read. */
@@ -569,17 +571,14 @@ START_TEST(pipelining_reader_is_never_cut_off) {
               OPENS, STATS, held, FDS_PER_CLIENT);
     ck_assert_int_le(held, FDS_PER_CLIENT);
     ck_assert_int_eq(td_wait(p), 0);
-    close(fd);
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
+    close_all(fd, c, b);
 }
 END_TEST
 
 START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
     /* 200 buffers with long names make each status reply about 60 KB. */
     gpubuf_client *c = publish_long_names(200);
-    int fd = raw_connect();
-    td_raw_hello(fd);
+    int fd = raw_hello(&D);
     uint64_t id = 0;
     ck_assert_int_eq(raw_alloc_named(fd, 4096, "last-words", &id, NULL, NULL), 0);
     /* 40 status requests never read (about 2.4 MB of replies: the daemon
@@ -588,9 +587,7 @@ START_TEST(seal_sent_before_exit_is_applied_with_replies_unread) {
     uint8_t buf[4096];
     size_t len = 0;
     Gpubuf__StatusRequest st = GPUBUF__STATUS_REQUEST__INIT;
-    Gpubuf__Request sreq = GPUBUF__REQUEST__INIT;
-    sreq.body_case = GPUBUF__REQUEST__BODY_STATUS;
-    sreq.status = &st;
+    Gpubuf__Request sreq = rp_request(0, GPUBUF__REQUEST__BODY_STATUS, &st);
     for (int i = 0; i < 40; i++) {
         sreq.id = 100 + (uint64_t)i;
         len += rp_frame(buf + len, &sreq);

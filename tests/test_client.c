@@ -41,9 +41,7 @@ static int produce(const test_daemon *d, void *arg) {
     job *j = arg;
     gpubuf_client *c;
     gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0)
-        return 10;
-    if (gpubuf_alloc(c, "host", j->size, j->name, &b) < 0)
+    if (td_connect_alloc(d, "host", j->size, j->name, &c, &b) < 0)
         return 11;
     gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), j->size, j->seed);
     if (gpubuf_seal_sync(b) < 0)
@@ -59,9 +57,7 @@ static int consume(const test_daemon *d, void *arg) {
     char x;
     if (j->go_fd >= 0 && read(j->go_fd, &x, 1) < 0)
         return 9;
-    if (gpubuf_connect(d->socket, &c) < 0)
-        return 10;
-    if (gpubuf_open(c, j->name, j->timeout_ms, &b) < 0)
+    if (td_connect_open(d, j->name, j->timeout_ms, &c, &b) < 0)
         return 11;
     if (gpubuf_buffer_size(b) != j->size)
         return 12;
@@ -107,8 +103,7 @@ END_TEST
 
 START_TEST(alloc_view_attributes) {
     gpubuf_client *c = td_connect(&D);
-    gpubuf_buffer *b;
-    ck_assert_int_eq(gpubuf_alloc(c, "host", 1000, "attrs", &b), 0);
+    gpubuf_buffer *b = td_alloc(c, "host", 1000, "attrs");
     ck_assert_uint_eq(gpubuf_buffer_size(b), 1000);
     ck_assert_int_eq(gpubuf_buffer_pool_kind(b), GPUBUF_POOL_HOST);
     ck_assert_int_eq(gpubuf_buffer_device(b), -1);
@@ -217,11 +212,8 @@ START_TEST(eight_processes_open_at_once) {
     pid_t p[8];
     td_gates_open(&g, &j.ready_fd, &j.hold_fd, &j.go_fd);
     ck_assert_int_eq(td_wait(td_spawn(produce, &D, &j)), 0);
-    for (int i = 0; i < 8; i++)
-        p[i] = td_spawn(consume, &D, &j);
     /* Release all eight at once. */
-    td_gates_pass(g.go[1], 8);
-    td_gates_ready(&g, 8);
+    td_gates_run(&g, p, 8, consume, &D, &j);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(td_find_buffer(s, "shared8")->refs, 8);
     size_t with_refs = 0;
@@ -243,7 +235,7 @@ static int write_then_exit(const test_daemon *d, void *arg) {
     gpubuf_client *c;
     gpubuf_buffer *b;
     (void)arg;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "host", 3 * MiB, NULL, &b) < 0)
+    if (td_connect_alloc(d, "host", 3 * MiB, NULL, &c, &b) < 0)
         return 1;
     memset(gpubuf_buffer_host_ptr(b), 0x5a, 3 * MiB);
     if (gpubuf_seal_sync(b) < 0)
@@ -297,7 +289,7 @@ static int seal_later(const test_daemon *d, void *arg) {
     gpubuf_client *c;
     gpubuf_buffer *b;
     (void)arg;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_alloc(c, "host", 4096, "later", &b) < 0)
+    if (td_connect_alloc(d, "host", 4096, "later", &c, &b) < 0)
         return 1;
     gpubuf_pattern_fill(gpubuf_buffer_host_ptr(b), 4096, 5);
     /* Seal once the other client's open waits for it. */
@@ -343,8 +335,7 @@ START_TEST(open_timeout_and_missing) {
     ck_assert_ptr_null(b);
     ck_assert_int_eq(gpubuf_open_id(c, 999999, 100, &b), -ENOENT);
     /* The connection still works. */
-    gpubuf_buffer *x;
-    ck_assert_int_eq(gpubuf_alloc(c, "host", 10, NULL, &x), 0);
+    gpubuf_buffer *x = td_alloc(c, "host", 10, NULL);
     gpubuf_release(x);
     gpubuf_disconnect(c);
 }
@@ -586,8 +577,7 @@ END_TEST
 
 START_TEST(disconnect_with_live_views) {
     gpubuf_client *c = td_connect(&D);
-    gpubuf_buffer *b;
-    ck_assert_int_eq(gpubuf_alloc(c, "host", 4096, "orphan", &b), 0);
+    gpubuf_buffer *b = td_alloc(c, "host", 4096, "orphan");
     ck_assert_int_eq(gpubuf_seal(b), 0);
     gpubuf_disconnect(c);
     /* The daemon dropped our reference; the local mapping is still usable. */
@@ -599,8 +589,7 @@ END_TEST
 
 START_TEST(unsealed_buffer_of_dead_client_is_freed) {
     gpubuf_client *c = td_connect(&D);
-    gpubuf_buffer *b;
-    ck_assert_int_eq(gpubuf_alloc(c, "host", MiB, "draft", &b), 0);
+    gpubuf_buffer *b = td_alloc(c, "host", MiB, "draft");
     gpubuf_disconnect(c);
     gpubuf_release(b);
     ck_assert(td_wait_clients(&D, 0, 2000));

@@ -73,12 +73,7 @@ static void put_release(uint8_t **buf, size_t *len, size_t *cap, uint64_t id, ui
 /* A raw connection that said hello. */
 static int raw_open(const test_daemon *d) {
     int fd = td_raw_connect(d, 60);
-    rp_hello h;
-    rp_hello_init(&h, 0, NULL);
-    td_raw_send(fd, &h.req);
-    Gpubuf__Response *r = rp_recv(fd, NULL);
-    ck_assert_ptr_nonnull(r);
-    gpubuf__response__free_unpacked(r, NULL);
+    td_raw_hello(fd);
     return fd;
 }
 
@@ -354,15 +349,11 @@ START_TEST(simultaneous_expiries_are_all_answered) {
 }
 END_TEST
 
-static Suite *loop_suite(void) {
-    Suite *s = suite_create("loop");
-    TCase *tc = add_case(s, "bounded passes", NULL, NULL, 110);
-    add_tests(tc, bystander_is_served_while_a_fragmented_pool_is_worked,
-              simultaneous_expiries_are_all_answered);
-    return s;
-}
-
 int main(void) {
     signal(SIGPIPE, SIG_IGN);
-    return run_suite(loop_suite());
+    Suite *s = suite_create("loop");
+    add_tests(add_case(s, "bounded passes", NULL, NULL, 110),
+              bystander_is_served_while_a_fragmented_pool_is_worked,
+              simultaneous_expiries_are_all_answered);
+    return run_suite(s);
 }

@@ -27,6 +27,13 @@
 #include "check_main.h"
 #include "daemon_fixture.h"
 
+/* A client that says on the pipe *arg when it is connected and then waits
+ * for a buffer never sealed; 0 when the open fails as the daemon stops. */
+static int open_until_shutdown(const test_daemon *d, void *arg) {
+    int r = td_open_once(d, "never-sealed", 0, -1, *(int *)arg);
+    return r == -ESHUTDOWN || r == GPUBUF_EDISCONNECTED ? 0 : 2;
+}
+
 START_TEST(sigterm_with_live_clients) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *b;
@@ -34,17 +41,7 @@ START_TEST(sigterm_with_live_clients) {
     /* A second client blocked in a waiting open. */
     int sync[2];
     ck_assert_int_eq(pipe(sync), 0);
-    pid_t p = fork();
-    if (p == 0) {
-        gpubuf_client *w;
-        gpubuf_buffer *x;
-        if (gpubuf_connect(D.socket, &w) < 0)
-            _exit(1);
-        if (write(sync[1], "c", 1) != 1)
-            _exit(3);
-        int r = gpubuf_open(w, "never-sealed", -1, &x);
-        _exit(r == -ESHUTDOWN || r == GPUBUF_EDISCONNECTED ? 0 : 2);
-    }
+    pid_t p = td_spawn(open_until_shutdown, &D, &sync[1]);
     char ch;
     ck_assert_int_eq(read(sync[0], &ch, 1), 1);
     ck_assert(td_wait_waiting_opens(&D, 1, 10000)); /* the open reaches the daemon and waits */
@@ -91,21 +88,15 @@ __attribute__((format(printf, 2, 3))) static char *run_gpubufd(int *ret_exit, co
 START_TEST(gpubufctl_table_and_json) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *b, *o;
-    char cmd[512];
-    int st;
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 3 << 20, "ctl-demo", &b), 0);
     ck_assert_int_eq(gpubuf_seal(b), 0);
     ck_assert_int_eq(gpubuf_open(c, "ctl-demo", 0, &o), 0);
-    snprintf(cmd, sizeof(cmd), "%s --socket %s status", GPUBUFCTL_PATH, D.socket);
-    char *out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    char *out = td_ctl(&D, "status", 0);
     ck_assert(strstr(out, "ctl-demo") != NULL);
     ck_assert(strstr(out, "sealed") != NULL);
     ck_assert(strstr(out, "3.0 MiB") != NULL);
     free(out);
-    snprintf(cmd, sizeof(cmd), "%s --socket %s --json status", GPUBUFCTL_PATH, D.socket);
-    out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    out = td_ctl(&D, "--json status", 0);
     json_object *j = json_tokener_parse(out);
     ck_assert_ptr_nonnull(j);
     json_object *pools, *bufs, *clients, *x;
@@ -176,11 +167,7 @@ START_TEST(client_names_clean_in_gpubufctl) {
         gpubuf__response__free_unpacked(
             td_raw_expect(fds[i], &h.req, GPUBUF__RESPONSE__BODY_HELLO), NULL);
     }
-    char cmd[512];
-    int st;
-    snprintf(cmd, sizeof(cmd), "%s --socket %s --json clients", GPUBUFCTL_PATH, D.socket);
-    char *out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    char *out = td_ctl(&D, "--json clients", 0);
     json_tokener *tok = json_tokener_new();
     json_tokener_set_flags(tok, JSON_TOKENER_STRICT | JSON_TOKENER_VALIDATE_UTF8);
     json_object *j = json_tokener_parse_ex(tok, out, (int)strlen(out));
@@ -202,9 +189,7 @@ START_TEST(client_names_clean_in_gpubufctl) {
     free(out);
     /* The table: one row per client (this query's included), nothing a
      * terminal would act on. */
-    snprintf(cmd, sizeof(cmd), "%s --socket %s clients", GPUBUFCTL_PATH, D.socket);
-    out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    out = td_ctl(&D, "clients", 0);
     ck_assert_msg(printable_utf8(out), "table: %s", out);
     int rows = 0;
     for (const char *p = out; *p; p++)
@@ -212,14 +197,10 @@ START_TEST(client_names_clean_in_gpubufctl) {
     ck_assert_int_eq(rows, 1 + N + 1);
     ck_assert_msg(strstr(out, "\\x1b]0;pwned") != NULL, "table: %s", out);
     free(out);
-    snprintf(cmd, sizeof(cmd), "%s --socket %s status", GPUBUFCTL_PATH, D.socket);
-    out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    out = td_ctl(&D, "status", 0);
     ck_assert_msg(printable_utf8(out), "status: %s", out);
     free(out);
-    snprintf(cmd, sizeof(cmd), "%s --socket %s metrics", GPUBUFCTL_PATH, D.socket);
-    out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    out = td_ctl(&D, "metrics", 0);
     ck_assert_msg(printable_utf8(out), "metrics: %s", out);
     free(out);
     for (int i = 0; i < N; i++)
@@ -229,18 +210,11 @@ END_TEST
 
 START_TEST(gpubufctl_exit_codes) {
     char cmd[512];
-    int st;
     snprintf(cmd, sizeof(cmd), "%s --socket %s/none.sock status 2>/dev/null", GPUBUFCTL_PATH,
              D.dir);
-    free(td_capture(cmd, &st));
-    ck_assert_int_eq(st, 3);
-    snprintf(cmd, sizeof(cmd), "%s --socket %s frobnicate 2>/dev/null", GPUBUFCTL_PATH,
-             D.socket);
-    free(td_capture(cmd, &st));
-    ck_assert_int_eq(st, 2);
-    snprintf(cmd, sizeof(cmd), "%s --socket %s --json pools", GPUBUFCTL_PATH, D.socket);
-    char *out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    free(td_capture_exit(cmd, 3));
+    free(td_ctl(&D, "frobnicate 2>/dev/null", 2));
+    char *out = td_ctl(&D, "--json pools", 0);
     ck_assert(strstr(out, "\"buffers\":[") == NULL);
     ck_assert(strstr(out, "\"pools\"") != NULL);
     free(out);
@@ -249,21 +223,18 @@ END_TEST
 
 START_TEST(config_file_errors_name_file_and_line) {
     char conf[160], cmd[512];
-    int st;
     snprintf(conf, sizeof(conf), "%s/bad.conf", D.dir);
     ck_assert_int_eq(td_write_file(conf, "[daemon]\nlog_level = info\n\n[pool:a]\nkind = floppy\n"),
                      0);
     snprintf(cmd, sizeof(cmd), "%s --config %s --check-config 2>&1", GPUBUFD_PATH, conf);
-    char *out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 2);
+    char *out = td_capture_exit(cmd, 2);
     ck_assert_msg(strstr(out, "bad.conf:5") != NULL, "got: %s", out);
     ck_assert(strstr(out, "floppy") != NULL);
     free(out);
     ck_assert_int_eq(td_write_file(conf, "[daemon]\nsocket_mode = 0600\n[pool:a]\nkind = host\n"
                                          "capacity = 1G\nslab_size = 8M\n[pool:b]\nkind=host\n"),
                      0);
-    out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    out = td_capture_exit(cmd, 0);
     ck_assert(strstr(out, "2 pool(s)") != NULL);
     free(out);
     unlink(conf);
@@ -378,26 +349,22 @@ END_TEST
 
 START_TEST(bad_flags_exit_2) {
     char cmd[512];
-    int st;
     const char *bad[] = {"--pool nocomma", "--pool x=tape", "--pool x=host,capacity=lots",
                          "--log-level loud", "extra-arg"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         snprintf(cmd, sizeof(cmd), "%s --socket %s/x.sock %s 2>/dev/null", GPUBUFD_PATH, D.dir,
                  bad[i]);
-        free(td_capture(cmd, &st));
-        ck_assert_msg(st == 2, "%s exited %d", bad[i], st);
+        free(td_capture_exit(cmd, 2));
     }
 }
 END_TEST
 
 START_TEST(refuses_to_replace_a_regular_file) {
     char path[160], cmd[512];
-    int st;
     snprintf(path, sizeof(path), "%s/precious", D.dir);
     ck_assert_int_eq(td_write_file(path, "data\n"), 0);
     snprintf(cmd, sizeof(cmd), "%s --socket %s --pool h=host 2>&1", GPUBUFD_PATH, path);
-    char *out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 1);
+    char *out = td_capture_exit(cmd, 1);
     ck_assert(strstr(out, "not a socket") != NULL);
     free(out);
     struct stat sb;
@@ -409,7 +376,6 @@ END_TEST
 
 START_TEST(pool_flags_override_config) {
     char conf[160], cmd[600];
-    int st;
     snprintf(conf, sizeof(conf), "%s/p.conf", D.dir);
     ck_assert_int_eq(td_write_file(conf, "[pool:a]\nkind = host\ncapacity = 2G\n"), 0);
     test_daemon d2;
@@ -423,14 +389,12 @@ START_TEST(pool_flags_override_config) {
     /* A pool section without a kind is an error, not a host pool. */
     ck_assert_int_eq(td_write_file(conf, "[pool:gpu0]\ndevice = 0\n"), 0);
     snprintf(cmd, sizeof(cmd), "%s --config %s --check-config 2>&1", GPUBUFD_PATH, conf);
-    char *out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 2);
+    char *out = td_capture_exit(cmd, 2);
     ck_assert(strstr(out, "no kind") != NULL);
     free(out);
     /* The first bad line is the one reported, with its own message. */
     ck_assert_int_eq(td_write_file(conf, "[pool:a]\nkind = host\nbogus = 1\ncapacity = zz\n"), 0);
-    out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 2);
+    out = td_capture_exit(cmd, 2);
     ck_assert_msg(strstr(out, "p.conf:3: unknown pool key 'bogus'") != NULL, "got %s", out);
     free(out);
     unlink(conf);

@@ -3,6 +3,7 @@
  * metrics and filters. */
 #include <check.h>
 #include <errno.h>
+#include <poll.h>
 #include <regex.h>
 #include <signal.h>
 #include <stdio.h>
@@ -14,8 +15,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "harness.h"
 #include "check_main.h"
+#include "harness.h"
+#include "util.h"
 
 static char dir[64];
 
@@ -40,22 +42,27 @@ static int unix_socket(int type, const char *path) {
 /* Wait up to ms for a datagram containing `what` on fd. */
 static bool expect_notify(int fd, const char *what, int ms) {
     char buf[512];
-    for (int waited = 0; waited < ms; waited += 10) {
+    uint64_t end = gpubuf_now_ns() + (uint64_t)ms * 1000000u;
+    for (uint64_t now; (now = gpubuf_now_ns()) < end;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN};
+        if (poll(&p, 1, (int)((end - now) / 1000000u) + 1) < 0 && errno != EINTR)
+            return false;
         ssize_t n = recv(fd, buf, sizeof(buf) - 1, MSG_DONTWAIT);
         if (n > 0) {
             buf[n] = '\0';
             if (strstr(buf, what))
                 return true;
-            continue;
         }
-        usleep(10000);
     }
     return false;
 }
 #endif
 
+/* Start gpubufd with args; listen_fd (>= 0) is handed over as a socket
+ * activation would, notify and watchdog_usec (non-NULL) set as systemd
+ * does; its standard error goes to the file log (NULL: this one's). */
 static pid_t spawn_daemon(const char *const *args, int listen_fd, const char *notify,
-                          const char *watchdog_usec) {
+                          const char *watchdog_usec, const char *log) {
     const char *argv[32];
     int n = 0;
     argv[n++] = GPUBUFD_PATH;
@@ -83,6 +90,8 @@ static pid_t spawn_daemon(const char *const *args, int listen_fd, const char *no
             setenv("WATCHDOG_USEC", watchdog_usec, 1);
             setenv("WATCHDOG_PID", pid, 1);
         }
+        if (log && !freopen(log, "w", stderr))
+            _exit(125);
         execv(argv[0], (char *const *)argv);
         _exit(127);
     }
@@ -96,15 +105,6 @@ static int stop(pid_t p) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
-static bool connect_retry(const char *path, gpubuf_client **ret) {
-    for (int i = 0; i < 300; i++) {
-        if (gpubuf_connect(path, ret) == 0)
-            return true;
-        usleep(10000);
-    }
-    return false;
-}
-
 /* Built without libsystemd, these two are not added: there is nothing to
  * activate or notify. */
 #ifdef GPUBUF_TEST_SYSTEMD
@@ -114,11 +114,11 @@ START_TEST(socket_activation) {
     int lfd = unix_socket(SOCK_STREAM, path);
     ck_assert_int_eq(listen(lfd, 16), 0);
     const char *args[] = {"--pool", "act=host,capacity=64M", NULL};
-    pid_t p = spawn_daemon(args, lfd, NULL, NULL);
+    pid_t p = spawn_daemon(args, lfd, NULL, NULL, NULL);
     close(lfd);
     gpubuf_client *c;
     /* No --socket: the inherited listening socket is used. */
-    ck_assert(connect_retry(path, &c));
+    ck_assert(td_wait_connect(path, &c, 3000));
     gpubuf_status *s;
     ck_assert_int_eq(gpubuf_status_get(c, &s), 0);
     ck_assert_str_eq(s->pools[0].name, "act");
@@ -134,7 +134,7 @@ START_TEST(notify_ready_watchdog_stopping) {
     snprintf(path, sizeof(path), "%s/d.sock", dir);
     int nfd = unix_socket(SOCK_DGRAM, nsock);
     const char *args[] = {"--socket", path, "--pool", "n=host,capacity=64M", NULL};
-    pid_t p = spawn_daemon(args, -1, nsock, "200000");
+    pid_t p = spawn_daemon(args, -1, nsock, "200000", NULL);
     ck_assert(expect_notify(nfd, "READY=1", 5000));
     /* The watchdog interval is 200 ms: pings every 100 ms. */
     ck_assert(expect_notify(nfd, "WATCHDOG=1", 1000));
@@ -150,10 +150,7 @@ END_TEST
 #endif
 
 static void write_conf(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs(text, f);
-    fclose(f);
+    ck_assert_int_eq(td_write_file(path, text), 0);
 }
 
 START_TEST(sighup_reloads_limits) {
@@ -167,18 +164,21 @@ START_TEST(sighup_reloads_limits) {
     char nsock[128];
     snprintf(nsock, sizeof(nsock), "%s/notify.sock", dir);
     int nfd = unix_socket(SOCK_DGRAM, nsock);
-    pid_t p = spawn_daemon(args, -1, nsock, NULL);
+    pid_t p = spawn_daemon(args, -1, nsock, NULL, NULL);
     ck_assert(expect_notify(nfd, "READY=1", 5000));
 #else
-    pid_t p = spawn_daemon(args, -1, NULL, NULL);
+    /* Its log says when a reload is refused. */
+    char log[128];
+    snprintf(log, sizeof(log), "%s/gpubufd.log", dir);
+    pid_t p = spawn_daemon(args, -1, NULL, NULL, log);
 #endif
     gpubuf_client *a, *b = NULL;
-    ck_assert(connect_retry(path, &a));
+    ck_assert(td_wait_connect(path, &a, 3000));
     /* One client allowed: the second is turned away. */
     ck_assert_int_lt(gpubuf_connect(path, &b), 0);
     write_conf(conf, "[daemon]\nmax_clients = 8\n[pool:h]\nkind = host\ncapacity = 64M\n");
     kill(p, SIGHUP);
-    ck_assert(connect_retry(path, &b));
+    ck_assert(td_wait_connect(path, &b, 3000));
 #ifdef GPUBUF_TEST_SYSTEMD
     ck_assert(expect_notify(nfd, "READY=1", 5000));
 #endif
@@ -192,7 +192,7 @@ START_TEST(sighup_reloads_limits) {
 #ifdef GPUBUF_TEST_SYSTEMD
     ck_assert(expect_notify(nfd, "READY=1", 5000)); /* the reload was refused */
 #else
-    usleep(100000);
+    ck_assert(td_wait_file_has(log, "keeping the running configuration", 5000));
 #endif
     gpubuf_client *c3;
     ck_assert_int_eq(gpubuf_connect(path, &c3), 0);
@@ -208,18 +208,12 @@ END_TEST
 
 START_TEST(metrics_parse_as_prometheus_text) {
     test_daemon d;
-    const char *args[] = {"--pool", "m0=host,capacity=64M", "--pool", "m1=host,capacity=32M",
-                          NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c = td_start_connect(
+        &d, TD_ARGS("--pool", "m0=host,capacity=64M", "--pool", "m1=host,capacity=32M"));
     gpubuf_buffer *b;
     ck_assert_int_eq(gpubuf_alloc(c, "m1", 3 << 20, "met", &b), 0);
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
-    char cmd[256];
-    int st;
-    snprintf(cmd, sizeof(cmd), "%s --socket %s metrics", GPUBUFCTL_PATH, d.socket);
-    char *out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    char *out = td_ctl(&d, "metrics", 0);
     /* Every sample line: name{labels} value; every family has HELP and TYPE
      * before its first sample. */
     regex_t sample, help, type;
@@ -272,50 +266,35 @@ START_TEST(metrics_parse_as_prometheus_text) {
     regfree(&type);
     free(out);
     gpubuf_release(b);
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
 START_TEST(gpubufctl_filters) {
     test_daemon d;
-    const char *args[] = {"--pool", "f0=host,capacity=64M", "--pool", "f1=host,capacity=64M",
-                          NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c = td_start_connect(
+        &d, TD_ARGS("--pool", "f0=host,capacity=64M", "--pool", "f1=host,capacity=64M"));
     gpubuf_buffer *a, *b, *x;
     ck_assert_int_eq(gpubuf_alloc(c, "f0", 4096, "job1/a", &a), 0);
     ck_assert_int_eq(gpubuf_alloc(c, "f1", 4096, "job2/b", &b), 0);
     ck_assert_int_eq(gpubuf_seal_sync(b), 0);
     ck_assert_int_eq(gpubuf_alloc(c, "f1", 4096, "job1/c", &x), 0);
-    char cmd[320];
-    int st;
-    snprintf(cmd, sizeof(cmd), "%s --socket %s --json buffers --pool f1 --name job1/",
-             GPUBUFCTL_PATH, d.socket);
-    char *out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    char *out = td_ctl(&d, "--json buffers --pool f1 --name job1/", 0);
     ck_assert(strstr(out, "job1/c") && !strstr(out, "job1/a") && !strstr(out, "job2/b"));
     free(out);
-    snprintf(cmd, sizeof(cmd), "%s --socket %s --json buffers --state sealed", GPUBUFCTL_PATH,
-             d.socket);
-    out = td_capture(cmd, &st);
+    out = td_ctl(&d, "--json buffers --state sealed", -1);
     ck_assert(strstr(out, "job2/b") && !strstr(out, "job1/"));
     free(out);
-    snprintf(cmd, sizeof(cmd), "%s --socket %s --json clients --pid %d", GPUBUFCTL_PATH,
-             d.socket, (int)getpid());
-    out = td_capture(cmd, &st);
-    ck_assert_int_eq(st, 0);
+    char args_pid[64];
+    snprintf(args_pid, sizeof(args_pid), "--json clients --pid %d", (int)getpid());
+    out = td_ctl(&d, args_pid, 0);
     ck_assert_msg(strstr(out, "\"references\":3") != NULL, "got %s", out);
     free(out);
-    snprintf(cmd, sizeof(cmd), "%s --socket %s --state bogus buffers 2>/dev/null",
-             GPUBUFCTL_PATH, d.socket);
-    free(td_capture(cmd, &st));
-    ck_assert_int_eq(st, 2);
+    free(td_ctl(&d, "--state bogus buffers 2>/dev/null", 2));
     gpubuf_release(a);
     gpubuf_release(b);
     gpubuf_release(x);
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 

@@ -4,7 +4,6 @@
  * survive, the old daemon's client keeps its view, and exactly one daemon
  * serves afterwards. */
 #include <check.h>
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -38,6 +37,15 @@ static void check_contents(const test_daemon *d, const char *name, uint32_t seed
 static int verify_big(const gpubuf_buffer *b, void *arg) {
     (void)arg;
     return td_mismatches(gpubuf_buffer_host_ptr(b), BIG, SEED) != 0;
+}
+
+/* Start d with a buffer "big" and reader k (of "big") holding a view of
+ * it. */
+static void start_with_a_reader(test_daemon *d, reader *k) {
+    td_start(d, k_pool);
+    td_produce(d, "big", BIG, SEED);
+    reader_start(k, d);
+    ck_assert(td_wait_refs(d, "big", 1, WAIT_MS));
 }
 
 static bool alive(pid_t pid) {
@@ -87,13 +95,12 @@ static char *read_log(const test_daemon *d, const char *name) {
 /* Waits (60 s at most: a loaded machine may be slow to schedule it) for a
  * line that a live process writes when it gets to it. */
 static void assert_log_has(const test_daemon *d, const char *name, const char *what) {
+    char path[256];
+    snprintf(path, sizeof(path), "%s/%s.log", d->dir, name);
+    if (td_wait_file_has(path, what, 60000))
+        return;
     char *log = read_log(d, name);
-    for (int i = 0; i < 6000 && !strstr(log, what); i++) {
-        td_sleep_ms(10);
-        free(log);
-        log = read_log(d, name);
-    }
-    ck_assert_msg(strstr(log, what), "%s.log lacks \"%s\":\n%s", name, what, log);
+    ck_abort_msg("%s.log lacks \"%s\":\n%s", name, what, log);
     free(log);
 }
 
@@ -112,18 +119,7 @@ static void cleanup(test_daemon *d) {
     char dir[64];
     snprintf(dir, sizeof(dir), "%s", d->dir);
     td_stop(d);
-    DIR *dh = opendir(dir);
-    struct dirent *e;
-    while (dh && (e = readdir(dh))) {
-        char p[512];
-        if (e->d_name[0] == '.')
-            continue;
-        snprintf(p, sizeof(p), "%s/%s", dir, e->d_name);
-        unlink(p);
-    }
-    if (dh)
-        closedir(dh);
-    rmdir(dir);
+    td_rmtree(dir);
 }
 
 /* A successor that fails at start-up (too few fds for one client; a pool
@@ -132,10 +128,7 @@ static void cleanup(test_daemon *d) {
 START_TEST(failed_successor_leaves_the_daemon_serving) {
     test_daemon d;
     reader k = {.name = "big", .verify = verify_big};
-    td_start(&d, k_pool);
-    td_produce(&d, "big", BIG, SEED);
-    reader_start(&k, &d);
-    ck_assert(td_wait_refs(&d, "big", 1, WAIT_MS));
+    start_with_a_reader(&d, &k);
 
     pid_t s = successor(&d, "nofile", NULL, 64, NULL, NULL);
     ck_assert_int_ne(td_wait(s), 0);
@@ -167,10 +160,7 @@ START_TEST(killed_successor_loses_nothing) {
     static const char *const phases[] = {"asked", "received", "restored"};
     test_daemon d;
     reader k = {.name = "big", .verify = verify_big};
-    td_start(&d, k_pool);
-    td_produce(&d, "big", BIG, SEED);
-    reader_start(&k, &d);
-    ck_assert(td_wait_refs(&d, "big", 1, WAIT_MS));
+    start_with_a_reader(&d, &k);
     for (int i = 0; i < 3; i++) {
         pid_t s = successor(&d, phases[i], phases[i], 0, NULL, NULL);
         ck_assert_int_eq(td_wait(s), 128 + SIGKILL);

@@ -48,6 +48,31 @@ static void must_contain(const char *text, const char *word) {
     ck_assert_msg(strstr(text, word) != NULL, "'%s' not in: %s", word, text);
 }
 
+/* A NULL-terminated list of words, for says(). */
+#define WORDS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* The output out (of a command run with td_capture) contains every one of
+ * words; frees it. */
+static void says(char *out, const char *const *words) {
+    for (; *words; words++)
+        must_contain(out, *words);
+    free(out);
+}
+
+/* Run cmd; it must exit with code want, and say every one of the words. */
+#define capture_says(cmd, want, ...) says(td_capture_exit((cmd), (want)), WORDS(__VA_ARGS__))
+
+/* Run gpubufctl with args, stderr into the output (td_ctl). */
+static char *ctl_exit(const test_daemon *d, const char *args, int want) {
+    char words[1024];
+    snprintf(words, sizeof(words), "%s 2>&1", args);
+    return td_ctl(d, words, want);
+}
+
+/* gpubufctl with args must exit with code want and say every one of the
+ * words. */
+#define ctl_says(d, args, want, ...) says(ctl_exit((d), (args), (want)), WORDS(__VA_ARGS__))
+
 /* Connect, retrying while the daemon refuses for lack of room: sessions
  * that just closed (the harness's probe, a status) are reaped a moment
  * later. */
@@ -63,6 +88,9 @@ static gpubuf_client *connect_retry(const test_daemon *d) {
     ck_abort_msg("the daemon kept refusing connections");
     return NULL;
 }
+
+/* The one pool most tests here need. */
+static const char *const ONE_POOL[] = {"--pool", "p=host,capacity=16M", NULL};
 
 /* ---- connecting -------------------------------------------------------- */
 
@@ -81,14 +109,11 @@ START_TEST(no_daemon_says_start_it_or_set_the_socket) {
     unsetenv("GPUBUF_SOCKET");
     /* The producer prints the reason once, not twice. */
     char cmd[512];
-    int code;
     snprintf(cmd, sizeof(cmd), "%s/gpubuf-producer --socket %s 2>&1", EXAMPLES_DIR, path);
-    char *out = td_capture(cmd, &code);
-    ck_assert_int_eq(code, 1);
+    char *out = td_capture_exit(cmd, 1);
     ck_assert_int_eq(td_count(out, "cannot connect"), 1);
     ck_assert_int_eq(td_count(out, "No such file or directory"), 0);
-    must_contain(out, "Is gpubufd running?");
-    free(out);
+    says(out, WORDS("Is gpubufd running?"));
 }
 END_TEST
 
@@ -149,8 +174,7 @@ static const struct group *other_group(void) {
  * group instead (it told uids to "join group 'root'"). */
 START_TEST(permission_error_names_the_socket_group) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
+    td_start(&d, ONE_POOL);
     /* The daemon's socket, mode 0660, given to root's group (gid 0). */
     ck_assert_int_eq(chmod(d.socket, 0660), 0);
     struct group *g = getgrgid(0);
@@ -202,14 +226,11 @@ END_TEST
  * that an old gpubufd would not listen on the system's socket. */
 START_TEST(empty_socket_flag_is_refused) {
     char cmd[512];
-    int code;
     snprintf(cmd, sizeof(cmd), "%s --socket '' --pool p=host,capacity=16M --check-config 2>&1",
              GPUBUFD_PATH);
-    char *out = td_capture(cmd, &code);
-    ck_assert_msg(code == 2, "gpubufd --socket '' exited %d: %s", code, out);
-    must_contain(out, "gpubufd: --socket '': an empty socket path; name the socket to listen "
-                      "on (--socket PATH)");
-    free(out);
+    capture_says(cmd, 2,
+                 "gpubufd: --socket '': an empty socket path; name the socket to listen "
+                 "on (--socket PATH)");
 }
 END_TEST
 
@@ -217,9 +238,7 @@ START_TEST(refused_connection_gets_its_reason) {
     test_daemon d;
     char conf[128], line[256];
     snprintf(conf, sizeof(conf), "%s/limits.conf", dir);
-    FILE *f = fopen(conf, "w");
-    fputs("[daemon]\nmax_clients = 2\n", f);
-    fclose(f);
+    ck_assert_int_eq(td_write_file(conf, "[daemon]\nmax_clients = 2\n"), 0);
     const char *args[] = {"--config", conf, "--pool", "p=host,capacity=16M", NULL};
     td_start(&d, args);
     gpubuf_client *a = connect_retry(&d), *b = connect_retry(&d), *c = NULL;
@@ -228,20 +247,13 @@ START_TEST(refused_connection_gets_its_reason) {
     ck_assert_message_has("gpubufd refused the connection", "at most max_clients = 2",
                           "close connections you do not need", "raise max_clients");
     /* gpubufctl reports the same reason. */
-    snprintf(line, sizeof(line), "%s --socket %s pools 2>&1", GPUBUFCTL_PATH, d.socket);
-    int code;
-    char *out = td_capture(line, &code);
-    ck_assert_int_eq(code, 3);
-    must_contain(out, "refused the connection");
-    free(out);
+    ctl_says(&d, "pools", 3, "refused the connection");
     gpubuf_disconnect(b);
     gpubuf_disconnect(a);
     ck_assert_int_eq(td_stop(&d), 0);
 
     /* Per uid. */
-    f = fopen(conf, "w");
-    fputs("[daemon]\nmax_clients_per_uid = 1\n", f);
-    fclose(f);
+    ck_assert_int_eq(td_write_file(conf, "[daemon]\nmax_clients_per_uid = 1\n"), 0);
     td_start(&d, args);
     a = connect_retry(&d);
     ck_assert_int_eq(gpubuf_connect(d.socket, &c), -EUSERS);
@@ -257,10 +269,8 @@ END_TEST
 
 START_TEST(larger_than_the_pool_is_not_full) {
     test_daemon d;
-    const char *args[] = {"--pool", "h=host,capacity=64M,slab=16M", "--pool", "g=host,capacity=16M",
-                          NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c = td_start_connect(
+        &d, TD_ARGS("--pool", "h=host,capacity=64M,slab=16M", "--pool", "g=host,capacity=16M"));
     gpubuf_buffer *b[8];
     /* Old: "pool 'h' is full: 0 of 67108864 bytes in slabs, 1099511627776 more needed". */
     ck_assert_int_eq(gpubuf_alloc(c, "h", 1ull << 40, NULL, &b[0]), GPUBUF_EPOOLFULL);
@@ -275,31 +285,25 @@ START_TEST(larger_than_the_pool_is_not_full) {
                           "16.0 MiB more needed", "release or delete buffers");
     for (int i = 0; i < 4; i++)
         gpubuf_release(b[i]);
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
 START_TEST(unknown_pool_lists_the_pools) {
     test_daemon d;
-    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host,capacity=16M",
-                          NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c = td_start_connect(
+        &d, TD_ARGS("--pool", "gpu0=host,capacity=16M", "--pool", "staging=host,capacity=16M"));
     gpubuf_buffer *b;
     /* Old: "no pool named 'nope'". */
     ck_assert_int_eq(gpubuf_alloc(c, "nope", 4096, NULL, &b), GPUBUF_ENOPOOL);
     ck_assert_message_has("no pool named 'nope'", "pools: gpu0, staging", "default pool 'gpu0'");
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
 START_TEST(name_rule_and_size_zero) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c = td_start_connect(&d, ONE_POOL);
     gpubuf_buffer *b;
     /* Old: "invalid name '/x': 1..255 bytes of A-Z a-z 0-9 . _ : / @ + -", which lists '/'. */
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "/x", &b), -EINVAL);
@@ -311,16 +315,13 @@ START_TEST(name_rule_and_size_zero) {
     ck_assert_message_has("size 0", "at least 1 byte");
     ck_assert_ptr_null(strstr(gpubuf_last_error_message(), "name"));
     /* The daemon gives the same rule to a client that does not check. */
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
 START_TEST(last_error_message_belongs_to_the_last_call) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c = td_start_connect(&d, ONE_POOL);
     gpubuf_buffer *b, *s;
     gpubuf_buffer_info info;
     ck_assert_int_eq(gpubuf_open(c, "missing", 0, &b), -ENOENT);
@@ -343,8 +344,7 @@ START_TEST(last_error_message_belongs_to_the_last_call) {
     ck_assert_message_has("already sealed");
     ck_assert_int_eq(gpubuf_release(b), 0);
     ck_assert_str_eq(gpubuf_last_error_message(), "");
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -353,9 +353,7 @@ END_TEST
  * "\x1b", so no message can drive the terminal that shows it. */
 START_TEST(names_in_messages_are_escaped) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c = td_start_connect(&d, ONE_POOL);
     static const struct {
         const char *name, *says;
     } cases[] = {
@@ -373,8 +371,7 @@ START_TEST(names_in_messages_are_escaped) {
         ck_assert_msg(strstr(m, cases[i].says) != NULL, "case %zu: %s", i, m);
         ck_assert_msg(!strchr(m, '\033') && !strchr(m, '\a'), "case %zu: raw control in %s", i, m);
     }
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -383,19 +380,10 @@ END_TEST
 /* Old: "gpubuf-producer: bad size '12Q'", without the forms a size takes. */
 START_TEST(producer_bad_size_lists_the_units) {
     char cmd[512];
-    int code;
     snprintf(cmd, sizeof(cmd), "%s/gpubuf-producer --size 12Q 2>&1", EXAMPLES_DIR);
-    char *out = td_capture(cmd, &code);
-    ck_assert_int_eq(code, 2);
-    must_contain(out, "bad size '12Q'");
-    must_contain(out, "K, M, G or T");
-    must_contain(out, "e.g. 4096, 64K, 256M, 8G");
-    free(out);
+    capture_says(cmd, 2, "bad size '12Q'", "K, M, G or T", "e.g. 4096, 64K, 256M, 8G");
     snprintf(cmd, sizeof(cmd), "%s/gpubuf-producer --size 2 2>&1", EXAMPLES_DIR);
-    out = td_capture(cmd, &code);
-    ck_assert_int_eq(code, 2);
-    must_contain(out, "size '2' is below 4 bytes");
-    free(out);
+    capture_says(cmd, 2, "size '2' is below 4 bytes");
 }
 END_TEST
 
@@ -404,53 +392,65 @@ END_TEST
  * seconds of silence, then only "open: timed out waiting for ...". */
 START_TEST(consumer_says_what_it_waits_for) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
+    td_start(&d, ONE_POOL);
     char cmd[512];
-    int code;
     snprintf(cmd, sizeof(cmd), "%s/gpubuf-consumer --socket %s --name no/such --timeout 1500 2>&1",
              EXAMPLES_DIR, d.socket);
-    char *out = td_capture(cmd, &code);
-    ck_assert_msg(code == 1, "exit %d: %s", code, out);
-    must_contain(out, "waiting up to 1.5 s for 'no/such' to be published and sealed");
-    must_contain(out, "no sealed buffer 'no/such' was found within 1.5 s");
-    must_contain(out, "'gpubufctl buffers' lists them");
+    char *out = td_capture_exit(cmd, 1);
     /* The wait is announced before it starts. */
     ck_assert_ptr_nonnull(strstr(out, "waiting up to"));
     ck_assert(strstr(out, "waiting up to") < strstr(out, "timed out"));
-    free(out);
+    says(out, WORDS("waiting up to 1.5 s for 'no/such' to be published and sealed",
+                    "no sealed buffer 'no/such' was found within 1.5 s",
+                    "'gpubufctl buffers' lists them"));
     /* A name that is there: no word about waiting. */
     snprintf(cmd, sizeof(cmd),
              "%s/gpubuf-producer --socket %s --name here --size 4K 2>&1 && "
              "%s/gpubuf-consumer --socket %s --name here 2>&1",
              EXAMPLES_DIR, d.socket, EXAMPLES_DIR, d.socket);
-    out = td_capture(cmd, &code);
-    ck_assert_msg(code == 0, "exit %d: %s", code, out);
-    must_contain(out, "0 mismatches");
+    out = td_capture_exit(cmd, 0);
     ck_assert_ptr_null(strstr(out, "waiting"));
-    free(out);
+    says(out, WORDS("0 mismatches"));
     ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
 
 /* ---- gpubufctl ---------------------------------------------------------- */
 
-/* Run gpubufctl with args (stderr into the output); returns the output. */
-static char *ctl(const test_daemon *d, const char *args, int *code) {
-    char cmd[1024];
-    snprintf(cmd, sizeof(cmd), "%s --socket %s %s 2>&1", GPUBUFCTL_PATH,
-             d ? d->socket : "/nonexistent.sock", args);
-    return td_capture(cmd, code);
+/* gpubufctl with args exits with code and says says. */
+typedef struct ctl_case {
+    const char *args, *says;
+    int code;
+} ctl_case;
+
+/* Run each of the n cases; check(case, output) checks more of each. */
+static void ctl_cases(const test_daemon *d, const ctl_case *cases, size_t n,
+                      void (*check)(const ctl_case *c, const char *out)) {
+    for (size_t i = 0; i < n; i++) {
+        char *out = ctl_exit(d, cases[i].args, cases[i].code);
+        must_contain(out, cases[i].says);
+        check(&cases[i], out);
+        free(out);
+    }
+}
+
+/* Usage errors point at --help instead of printing all of it. */
+static void points_at_help(const ctl_case *c, const char *out) {
+    if (c->code == 2 && strncmp(c->args, "--pool nope", 11))
+        must_contain(out, "(see gpubufctl --help)");
+    ck_assert_ptr_null(strstr(out, "Usage:"));
+}
+
+static void no_raw_control(const ctl_case *c, const char *out) {
+    ck_assert_msg(!strchr(out, '\033') && !strchr(out, '\a'), "gpubufctl %s: raw control in %s",
+                  c->args, out);
 }
 
 START_TEST(gpubufctl_names_bad_commands_and_values) {
     test_daemon d;
     const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
     td_start(&d, args);
-    static const struct {
-        const char *args, *says;
-        int code;
-    } cases[] = {
+    static const ctl_case cases[] = {
         {"bogus", "unknown command 'bogus'; commands: status, pools", 2},
         {"--bogus", "unknown option '--bogus'", 2},
         {"-x", "unknown option '-x'", 2},
@@ -468,27 +468,11 @@ START_TEST(gpubufctl_names_bad_commands_and_values) {
         {"--pool nope pools", "no pool named 'nope'; pools: gpu0, staging", 2},
         {"--pool nope --json buffers", "no pool named 'nope'", 2},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        int code;
-        char *out = ctl(&d, cases[i].args, &code);
-        ck_assert_msg(code == cases[i].code, "gpubufctl %s: exit %d: %s", cases[i].args, code, out);
-        must_contain(out, cases[i].says);
-        /* Usage errors point at --help instead of printing all of it. */
-        if (code == 2 && strncmp(cases[i].args, "--pool nope", 11))
-            must_contain(out, "(see gpubufctl --help)");
-        ck_assert_ptr_null(strstr(out, "Usage:"));
-        free(out);
-    }
-    int code;
-    char *out = ctl(NULL, "pools", &code);
-    ck_assert_int_eq(code, 3);
-    must_contain(out, "Is gpubufd running?");
-    free(out);
-    out = ctl(&d, "--pool gpu0 pools", &code);
-    ck_assert_int_eq(code, 0);
-    must_contain(out, "gpu0");
+    ctl_cases(&d, cases, sizeof(cases) / sizeof(cases[0]), points_at_help);
+    ctl_says(NULL, "pools", 3, "Is gpubufd running?");
+    char *out = ctl_exit(&d, "--pool gpu0 pools", 0);
     ck_assert_ptr_null(strstr(out, "staging"));
-    free(out);
+    says(out, WORDS("gpu0"));
     ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -513,8 +497,7 @@ static int delete_as_nobody(const test_daemon *d, const char *name, const char *
 
 START_TEST(gpubufctl_delete_by_name_and_id) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
+    td_start(&d, ONE_POOL);
     /* The socket open to everyone: the ownership check is the daemon's. */
     ck_assert_int_eq(chmod(d.socket, 0666), 0);
     ck_assert_int_eq(chmod(d.dir, 0755), 0);
@@ -543,34 +526,22 @@ START_TEST(gpubufctl_delete_by_name_and_id) {
         free(exe);
     }
     char cmd[128];
-    int code;
     snprintf(cmd, sizeof(cmd), "delete del/a --id %llu", (unsigned long long)bid);
     /* "--id" makes every target an id: del/a is then a bad id. */
-    char *out = ctl(&d, cmd, &code);
-    ck_assert_int_eq(code, 2);
-    free(out);
-    out = ctl(&d, "delete del/a", &code);
-    ck_assert_msg(code == 0, "%s", out);
-    must_contain(out, "deleted del/a");
-    free(out);
+    free(ctl_exit(&d, cmd, 2));
+    ctl_says(&d, "delete del/a", 0, "deleted del/a");
     snprintf(cmd, sizeof(cmd), "delete --id %llu", (unsigned long long)bid);
-    out = ctl(&d, cmd, &code);
-    ck_assert_msg(code == 0, "%s", out);
-    free(out);
+    free(ctl_exit(&d, cmd, 0));
     gpubuf_status *s = td_status(&d);
     ck_assert_ptr_null(td_find_buffer(s, "del/a"));
     ck_assert_ptr_null(td_find_buffer(s, "del/b"));
     ck_assert_ptr_nonnull(td_find_buffer(s, "del/x")); /* nobody may not, and held anyway */
     gpubuf_status_free(s);
     /* Unknown targets: exit 4, every target tried, a hint for numbers. */
-    out = ctl(&d, "delete nope 12345", &code);
-    ck_assert_int_eq(code, 4);
-    must_contain(out, "delete nope: no buffer named 'nope'");
-    must_contain(out, "use 'gpubufctl delete --id 12345'");
-    free(out);
+    ctl_says(&d, "delete nope 12345", 4, "delete nope: no buffer named 'nope'",
+             "use 'gpubufctl delete --id 12345'");
     gpubuf_release(x);
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -624,8 +595,7 @@ END_TEST
 
 START_TEST(gpubufctl_watch_redraws_in_place_on_a_terminal) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
+    td_start(&d, ONE_POOL);
     int master;
     pid_t pid = forkpty(&master, NULL, NULL, NULL);
     ck_assert_int_ge(pid, 0);
@@ -666,26 +636,20 @@ END_TEST
 
 START_TEST(gpubufctl_output_replaces_the_file) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
+    td_start(&d, ONE_POOL);
     char path[128], cmd[256];
-    int code;
     snprintf(path, sizeof(path), "%s/gpubuf.prom", dir);
     snprintf(cmd, sizeof(cmd), "metrics --output %s", path);
-    char *out = ctl(&d, cmd, &code);
-    ck_assert_int_eq(code, 0);
+    char *out = ctl_exit(&d, cmd, 0);
     ck_assert_str_eq(out, ""); /* nothing on stdout */
     free(out);
     snprintf(cmd, sizeof(cmd), "cat %s; ls %s", path, dir);
-    out = td_capture(cmd, &code);
-    must_contain(out, "# TYPE gpubuf_requests_total counter");
+    out = td_capture_exit(cmd, -1);
     ck_assert_ptr_null(strstr(out, ".tmp.")); /* the temporary file was renamed */
-    free(out);
+    says(out, WORDS("# TYPE gpubuf_requests_total counter"));
     /* A directory that does not exist: exit 4, named. */
-    out = ctl(&d, "metrics --output /nonexistent/dir/x.prom", &code);
-    ck_assert_int_eq(code, 4);
-    must_contain(out, "cannot write /nonexistent/dir/x.prom");
-    free(out);
+    ctl_says(&d, "metrics --output /nonexistent/dir/x.prom", 4,
+             "cannot write /nonexistent/dir/x.prom");
     ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -698,8 +662,7 @@ END_TEST
  * Old: the metrics went into the planted link's target. */
 START_TEST(gpubufctl_output_never_follows_a_planted_link) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
+    td_start(&d, ONE_POOL);
     char path[128], victim[128], victim2[128];
     snprintf(path, sizeof(path), "%s/gpubuf.prom", dir);
     snprintf(victim, sizeof(victim), "%s/victim", dir);
@@ -724,10 +687,9 @@ START_TEST(gpubufctl_output_never_follows_a_planted_link) {
         _exit(127);
     }
     ck_assert_int_eq(td_wait(pid), 0);
-    int code;
     char cmd[512];
     snprintf(cmd, sizeof(cmd), "cat %s %s", victim, victim2);
-    char *out = td_capture(cmd, &code);
+    char *out = td_capture_exit(cmd, -1);
     ck_assert_msg(strcmp(out, "precious\nprecious\n") == 0,
                   "the target of a planted link was written: %.80s", out);
     free(out);
@@ -736,15 +698,13 @@ START_TEST(gpubufctl_output_never_follows_a_planted_link) {
     ck_assert_msg(S_ISREG(st.st_mode), "%s is not a regular file", path);
     ck_assert_int_eq(st.st_mode & 07777, 0644);
     snprintf(cmd, sizeof(cmd), "cat %s", path);
-    out = td_capture(cmd, &code);
-    must_contain(out, "# TYPE gpubuf_requests_total counter");
-    free(out);
+    capture_says(cmd, -1, "# TYPE gpubuf_requests_total counter");
     /* No file of gpubufctl's stays: the planted link and the victims only. */
     snprintf(cmd, sizeof(cmd),
              "ls -A %s | grep -v -x -e gpubuf.prom -e victim -e victim2 "
              "-e 'gpubuf.prom.tmp.[0-9]*'",
              dir);
-    out = td_capture(cmd, &code);
+    out = td_capture_exit(cmd, -1);
     ck_assert_msg(out[0] == '\0', "left behind: %s", out);
     free(out);
     ck_assert_int_eq(td_stop(&d), 0);
@@ -756,12 +716,8 @@ END_TEST
  * one who reads the error. Old: "gpubufctl: delete <ESC>[2J: ...". */
 START_TEST(gpubufctl_escapes_control_characters_in_arguments) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=16M", NULL};
-    td_start(&d, args);
-    static const struct {
-        const char *args, *says;
-        int code;
-    } cases[] = {
+    td_start(&d, ONE_POOL);
+    static const ctl_case cases[] = {
         {"delete '\033[2J'", "gpubufctl: delete \\x1b[2J: invalid name '\\x1b[2J'", 4},
         {"delete 'x\033[2J'", "gpubufctl: delete x\\x1b[2J: invalid name 'x\\x1b[2J'", 4},
         {"delete '/\033]0;x\a/y'", "no pool named '\\x1b]0;x\\x07'", 4},
@@ -776,15 +732,7 @@ START_TEST(gpubufctl_escapes_control_characters_in_arguments) {
         {"--pool '\033[31m' pools", "no pool named '\\x1b[31m'", 2},
         {"-o '/nonexistent/\033[2J/x' metrics", "cannot write /nonexistent/\\x1b[2J/x", 4},
     };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        int code;
-        char *out = ctl(&d, cases[i].args, &code);
-        ck_assert_msg(code == cases[i].code, "case %zu: exit %d: %s", i, code, out);
-        must_contain(out, cases[i].says);
-        ck_assert_msg(!strchr(out, '\033') && !strchr(out, '\a'), "case %zu: raw control in %s", i,
-                      out);
-        free(out);
-    }
+    ctl_cases(&d, cases, sizeof(cases) / sizeof(cases[0]), no_raw_control);
     ck_assert_int_eq(td_stop(&d), 0);
 }
 END_TEST
@@ -793,7 +741,6 @@ END_TEST
  * completion script; returns COMPREPLY, one per line. */
 static char *complete(const test_daemon *d, const char *line) {
     char cmd[2048], bindir[512];
-    int code;
     snprintf(bindir, sizeof(bindir), "%s", GPUBUFCTL_PATH);
     *strrchr(bindir, '/') = '\0';
     snprintf(cmd, sizeof(cmd),
@@ -801,48 +748,36 @@ static char *complete(const test_daemon *d, const char *line) {
              "COMP_WORDS=(%s); COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); "
              "COMP_LINE=\"${COMP_WORDS[*]}\"; _gpubufctl; printf \"%%s\\n\" \"${COMPREPLY[@]}\"'",
              bindir, d->socket, SOURCE_DIR, line);
-    char *out = td_capture(cmd, &code);
-    ck_assert_int_eq(code, 0);
-    return out;
+    return td_capture_exit(cmd, 0);
+}
+
+/* The completion of line is exactly want. */
+static void complete_is(const test_daemon *d, const char *line, const char *want) {
+    char *out = complete(d, line);
+    ck_assert_str_eq(out, want);
+    free(out);
 }
 
 START_TEST(bash_completion) {
     test_daemon d;
-    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c =
+        td_start_connect(&d, TD_ARGS("--pool", "gpu0=host,capacity=16M", "--pool", "staging=host"));
     gpubuf_buffer *b;
     gpubuf_buffer *b0;
     ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frame/1", &b), 0);
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "frame/0", &b0), 0);
-    char *out = complete(&d, "gpubufctl de");
-    ck_assert_str_eq(out, "delete\n");
-    free(out);
-    out = complete(&d, "gpubufctl --po");
-    ck_assert_str_eq(out, "--pool\n");
-    free(out);
-    out = complete(&d, "gpubufctl --state s");
-    ck_assert_str_eq(out, "sealed\n");
-    free(out);
-    out = complete(&d, "gpubufctl --pool \"\"");
-    ck_assert_str_eq(out, "gpu0\nstaging\n");
-    free(out);
+    complete_is(&d, "gpubufctl de", "delete\n");
+    complete_is(&d, "gpubufctl --po", "--pool\n");
+    complete_is(&d, "gpubufctl --state s", "sealed\n");
+    complete_is(&d, "gpubufctl --pool \"\"", "gpu0\nstaging\n");
     /* Names are per pool: a plain name for the default pool's buffers,
      * /POOL/NAME for every buffer. */
-    out = complete(&d, "gpubufctl delete fr");
-    ck_assert_str_eq(out, "frame/0\n");
-    free(out);
-    out = complete(&d, "gpubufctl delete /st");
-    ck_assert_str_eq(out, "/staging/frame/1\n");
-    free(out);
-    out = complete(&d, "gpubufctl --json \"\"");
-    must_contain(out, "buffers\n");
-    must_contain(out, "metrics\n");
-    free(out);
+    complete_is(&d, "gpubufctl delete fr", "frame/0\n");
+    complete_is(&d, "gpubufctl delete /st", "/staging/frame/1\n");
+    says(complete(&d, "gpubufctl --json \"\""), WORDS("buffers\n", "metrics\n"));
     gpubuf_release(b);
     gpubuf_release(b0);
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -850,9 +785,8 @@ END_TEST
  * where plain names are looked up; delete takes /POOL/NAME or --pool. */
 START_TEST(gpubufctl_names_per_pool) {
     test_daemon d;
-    const char *args[] = {"--pool", "gpu0=host,capacity=16M", "--pool", "staging=host", NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c =
+        td_start_connect(&d, TD_ARGS("--pool", "gpu0=host,capacity=16M", "--pool", "staging=host"));
     gpubuf_buffer *a, *b, *x;
     ck_assert_int_eq(gpubuf_alloc(c, NULL, 4096, "frames", &a), 0);
     ck_assert_int_eq(gpubuf_alloc(c, "staging", 4096, "frames", &b), 0);
@@ -867,45 +801,23 @@ START_TEST(gpubufctl_names_per_pool) {
     gpubuf_release(a);
     gpubuf_release(b);
     gpubuf_release(x);
-    int code;
-    char *out = ctl(&d, "pools", &code);
-    ck_assert_int_eq(code, 0);
-    must_contain(out, "names without a pool (not /POOL/NAME) are looked up in pool 'gpu0'");
-    free(out);
-    out = ctl(&d, "buffers", &code);
-    must_contain(out, "OWNER");
+    ctl_says(&d, "pools", 0, "names without a pool (not /POOL/NAME) are looked up in pool 'gpu0'");
+    char *out = ctl_exit(&d, "buffers", -1);
     ck_assert_int_eq(td_count(out, "frames "), 2);
-    free(out);
-    out = ctl(&d, "--json pools", &code);
-    must_contain(out, "\"default\":true");
-    must_contain(out, "\"publishers\":\"\"");
-    free(out);
+    says(out, WORDS("OWNER"));
+    ctl_says(&d, "--json pools", -1, "\"default\":true", "\"publishers\":\"\"");
     /* A malformed qualified name is refused before the daemon sees it. */
-    out = ctl(&d, "delete /staging", &code);
-    ck_assert_int_eq(code, 4);
-    must_contain(out, "'/POOL/NAME' names buffer NAME of pool POOL");
-    free(out);
-    out = ctl(&d, "delete /staging/frames", &code);
-    ck_assert_msg(code == 0, "%s", out);
-    must_contain(out, "deleted /staging/frames");
-    free(out);
-    out = ctl(&d, "--pool staging delete frames", &code);
-    ck_assert_int_eq(code, 4);
-    must_contain(out, "no buffer named 'frames' in pool 'staging'");
-    free(out);
-    out = ctl(&d, "--pool staging delete x", &code);
-    ck_assert_msg(code == 0, "%s", out);
-    free(out);
+    ctl_says(&d, "delete /staging", 4, "'/POOL/NAME' names buffer NAME of pool POOL");
+    ctl_says(&d, "delete /staging/frames", 0, "deleted /staging/frames");
+    ctl_says(&d, "--pool staging delete frames", 4, "no buffer named 'frames' in pool 'staging'");
+    free(ctl_exit(&d, "--pool staging delete x", 0));
     gpubuf_status *s = td_status(&d);
     ck_assert_ptr_nonnull(td_find_buffer(s, "/gpu0/frames"));
     ck_assert_ptr_null(td_find_buffer(s, "/staging/frames"));
     ck_assert_ptr_null(td_find_buffer(s, "x"));
     gpubuf_status_free(s);
-    out = ctl(&d, "delete frames", &code);
-    ck_assert_msg(code == 0, "%s", out);
-    free(out);
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    free(ctl_exit(&d, "delete frames", 0));
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -936,13 +848,7 @@ static uint64_t named(const gpubuf_named_counter *v, size_t n, const char *name)
 
 /* Open name in a child process (a client of its own) and exit. */
 static int open_and_exit(const test_daemon *d, void *arg) {
-    gpubuf_client *c;
-    gpubuf_buffer *b;
-    if (gpubuf_connect(d->socket, &c) < 0 || gpubuf_open(c, arg, 0, &b) < 0)
-        return 1;
-    gpubuf_release(b);
-    gpubuf_disconnect(c);
-    return 0;
+    return td_open_once(d, arg, 0, 0, -1) < 0;
 }
 
 START_TEST(counters_move_with_requests) {
@@ -965,11 +871,8 @@ START_TEST(counters_move_with_requests) {
     gpubuf_release(b);
     ck_assert_int_eq(gpubuf_flush(c), 0);
     /* A client that sends garbage is disconnected for it. */
-    struct sockaddr_un sa = {.sun_family = AF_UNIX};
-    memcpy(sa.sun_path, d.socket, strlen(d.socket) + 1);
-    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    int fd = td_raw_connect(&d, 60);
     char junk[256];
-    ck_assert_int_eq(connect(fd, (struct sockaddr *)&sa, sizeof(sa)), 0);
     ck_assert_int_eq(write(fd, "XXXXXXXXXXXXXXXX", 16), 16);
     while (read(fd, junk, sizeof(junk)) > 0)
         ;
@@ -1016,22 +919,16 @@ START_TEST(counters_move_with_requests) {
     gpubuf_status_free(s1);
 
     /* The same through gpubufctl metrics, in Prometheus names. */
-    int code;
-    char *out = ctl(&d, "metrics", &code);
-    ck_assert_int_eq(code, 0);
-    must_contain(out, "gpubuf_requests_total{type=\"alloc\"} 3\n");
-    must_contain(out, "gpubuf_request_errors_total{type=\"open\"} 2\n");
-    must_contain(out, "gpubuf_errors_total{code=\"GPUBUF_EPOOLFULL\"} 1\n");
-    must_contain(out, "gpubuf_pool_allocated_bytes_total{pool=\"p\"} 5120\n");
-    must_contain(out, "gpubuf_pool_freed_bytes_total{pool=\"p\"} 4096\n");
-    must_contain(out, "gpubuf_open_timeouts_total 1\n");
-    must_contain(out, "gpubuf_request_duration_seconds_bucket{type=\"alloc\",le=\"+Inf\"} 3\n");
-    must_contain(out, "gpubuf_request_duration_seconds_count{type=\"alloc\"} 3\n");
-    must_contain(out, "# TYPE gpubuf_request_duration_seconds histogram\n");
-    free(out);
+    ctl_says(&d, "metrics", 0, "gpubuf_requests_total{type=\"alloc\"} 3\n",
+             "gpubuf_request_errors_total{type=\"open\"} 2\n",
+             "gpubuf_errors_total{code=\"GPUBUF_EPOOLFULL\"} 1\n",
+             "gpubuf_pool_allocated_bytes_total{pool=\"p\"} 5120\n",
+             "gpubuf_pool_freed_bytes_total{pool=\"p\"} 4096\n", "gpubuf_open_timeouts_total 1\n",
+             "gpubuf_request_duration_seconds_bucket{type=\"alloc\",le=\"+Inf\"} 3\n",
+             "gpubuf_request_duration_seconds_count{type=\"alloc\"} 3\n",
+             "# TYPE gpubuf_request_duration_seconds histogram\n");
     gpubuf_release(a);
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -1039,9 +936,7 @@ START_TEST(counters_of_refusals) {
     test_daemon d;
     char conf[128];
     snprintf(conf, sizeof(conf), "%s/two.conf", dir);
-    FILE *f = fopen(conf, "w");
-    fputs("[daemon]\nmax_clients = 2\n", f);
-    fclose(f);
+    ck_assert_int_eq(td_write_file(conf, "[daemon]\nmax_clients = 2\n"), 0);
     const char *args[] = {"--config", conf, "--pool", "p=host,capacity=16M", NULL};
     td_start(&d, args);
     gpubuf_client *c = connect_retry(&d), *c1 = connect_retry(&d), *c2;
@@ -1058,8 +953,7 @@ START_TEST(counters_of_refusals) {
     gpubuf_status_free(s0);
     gpubuf_status_free(s1);
     gpubuf_disconnect(c1);
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 
@@ -1067,9 +961,7 @@ END_TEST
  * status and gpubufctl (table, JSON, metrics). */
 START_TEST(batch_counters_are_shown) {
     test_daemon d;
-    const char *args[] = {"--pool", "p=host,capacity=64M,slab=16M", NULL};
-    td_start(&d, args);
-    gpubuf_client *c = td_connect(&d);
+    gpubuf_client *c = td_start_connect(&d, TD_ARGS("--pool", "p=host,capacity=64M,slab=16M"));
     enum { N = 5 };
     uint64_t sizes[N];
     gpubuf_buffer *b[N], *o[N + 1];
@@ -1103,24 +995,15 @@ START_TEST(batch_counters_are_shown) {
     ck_assert_uint_eq(errors[1], 0);
     ck_assert_uint_eq(items[2], N);
     gpubuf_status_free(s);
-    int code;
-    char *out = ctl(&d, "metrics", &code);
-    ck_assert_int_eq(code, 0);
-    must_contain(out, "# TYPE gpubuf_batch_items_total counter\n");
-    must_contain(out, "gpubuf_batch_items_total{type=\"batch_open\"} 6\n");
-    must_contain(out, "gpubuf_batch_item_errors_total{type=\"batch_open\"} 1\n");
-    must_contain(out, "gpubuf_batch_items_total{type=\"batch_release\"} 10\n");
-    free(out);
-    out = ctl(&d, "--json status", &code);
-    ck_assert_int_eq(code, 0);
-    must_contain(out, "\"batches\":[{\"type\":\"batch_open\",\"items\":6,\"item_errors\":1}");
-    free(out);
-    out = ctl(&d, "status", &code);
-    ck_assert_int_eq(code, 0);
-    must_contain(out, "batch items: open 6 (1 failed), release 10, alloc 5, seal 0, delete 0\n");
-    free(out);
-    gpubuf_disconnect(c);
-    ck_assert_int_eq(td_stop(&d), 0);
+    ctl_says(&d, "metrics", 0, "# TYPE gpubuf_batch_items_total counter\n",
+             "gpubuf_batch_items_total{type=\"batch_open\"} 6\n",
+             "gpubuf_batch_item_errors_total{type=\"batch_open\"} 1\n",
+             "gpubuf_batch_items_total{type=\"batch_release\"} 10\n");
+    ctl_says(&d, "--json status", 0,
+             "\"batches\":[{\"type\":\"batch_open\",\"items\":6,\"item_errors\":1}");
+    ctl_says(&d, "status", 0,
+             "batch items: open 6 (1 failed), release 10, alloc 5, seal 0, delete 0\n");
+    td_disconnect_stop(&d, c);
 }
 END_TEST
 

@@ -22,6 +22,24 @@ static void pair(int sv[2]) {
     ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
 }
 
+/* Send the n bytes at bytes (with pass_fd attached when >= 0) on one end
+ * of a new socket pair, hang that end up first when hang_up, and read a
+ * frame of at most 1024 bytes from the other: gpubuf_wire_read_frame's
+ * result, its payload and fd in *payload and *fd. Closes both ends. */
+static int send_then_read(const void *bytes, size_t n, int pass_fd, bool hang_up, uint8_t **payload,
+                          int *fd) {
+    int sv[2];
+    pair(sv);
+    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], bytes, n, pass_fd), 0);
+    if (hang_up)
+        close(sv[0]);
+    int r = gpubuf_wire_read_frame(sv[1], 1024, payload, fd);
+    if (!hang_up)
+        close(sv[0]);
+    close(sv[1]);
+    return r;
+}
+
 START_TEST(header_roundtrip) {
     uint8_t h[GPUBUF_WIRE_HEADER_SIZE];
     gpubuf_frame_header fh;
@@ -72,85 +90,65 @@ START_TEST(header_oversized) {
 END_TEST
 
 START_TEST(read_frame_whole) {
-    int sv[2], fd;
+    int fd;
     uint8_t buf[GPUBUF_WIRE_HEADER_SIZE + 5], *payload = NULL;
-    pair(sv);
     gpubuf_wire_header_encode(buf, 5);
     memcpy(buf + GPUBUF_WIRE_HEADER_SIZE, "hello", 5);
-    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], buf, sizeof(buf), -1), 0);
-    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), 5);
+    ck_assert_int_eq(send_then_read(buf, sizeof(buf), -1, false, &payload, &fd), 5);
     ck_assert_int_eq(fd, -1);
     ck_assert_mem_eq(payload, "hello", 5);
     free(payload);
-    close(sv[0]);
-    close(sv[1]);
 }
 END_TEST
 
 START_TEST(read_frame_truncated) {
-    int sv[2], fd;
+    int fd;
     uint8_t buf[GPUBUF_WIRE_HEADER_SIZE + 100], *payload = NULL;
-    pair(sv);
     gpubuf_wire_header_encode(buf, 100);
     /* Header and 10 of 100 payload bytes, then the peer goes away. */
-    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], buf, GPUBUF_WIRE_HEADER_SIZE + 10, -1), 0);
-    close(sv[0]);
-    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), GPUBUF_EDISCONNECTED);
+    ck_assert_int_eq(send_then_read(buf, GPUBUF_WIRE_HEADER_SIZE + 10, -1, true, &payload, &fd),
+                     GPUBUF_EDISCONNECTED);
     ck_assert_ptr_null(payload);
-    close(sv[1]);
 }
 END_TEST
 
 START_TEST(read_frame_truncated_header) {
-    int sv[2], fd;
+    int fd;
     uint8_t *payload = NULL;
-    pair(sv);
-    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], "GPB", 3, -1), 0);
-    close(sv[0]);
-    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), GPUBUF_EDISCONNECTED);
-    close(sv[1]);
+    ck_assert_int_eq(send_then_read("GPB", 3, -1, true, &payload, &fd), GPUBUF_EDISCONNECTED);
 }
 END_TEST
 
 START_TEST(read_frame_oversized_no_alloc) {
-    int sv[2], fd;
+    int fd;
     uint8_t h[GPUBUF_WIRE_HEADER_SIZE], *payload = NULL;
-    pair(sv);
     gpubuf_wire_header_encode(h, 0x7fffffff);
-    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], h, sizeof(h), -1), 0);
     /* Rejected from the header alone: no 2 GiB allocation, no read of it. */
-    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), -EMSGSIZE);
+    ck_assert_int_eq(send_then_read(h, sizeof(h), -1, false, &payload, &fd), -EMSGSIZE);
     ck_assert_ptr_null(payload);
-    close(sv[0]);
-    close(sv[1]);
 }
 END_TEST
 
 START_TEST(read_frame_garbage) {
-    int sv[2], fd;
+    int fd;
     uint8_t junk[64], *payload = NULL;
-    pair(sv);
     srand(7);
     for (size_t i = 0; i < sizeof(junk); i++)
         junk[i] = (uint8_t)rand();
     junk[0] = 0; /* never the magic */
-    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], junk, sizeof(junk), -1), 0);
-    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), GPUBUF_EPROTOCOL);
-    close(sv[0]);
-    close(sv[1]);
+    ck_assert_int_eq(send_then_read(junk, sizeof(junk), -1, false, &payload, &fd),
+                     GPUBUF_EPROTOCOL);
 }
 END_TEST
 
 START_TEST(fd_passing) {
-    int sv[2], fd, mfd = memfd_create("t", MFD_CLOEXEC);
+    int fd, mfd = memfd_create("t", MFD_CLOEXEC);
     uint8_t buf[GPUBUF_WIRE_HEADER_SIZE + 1] = {0}, *payload;
     struct stat a, b;
     ck_assert_int_ge(mfd, 0);
     ck_assert_int_eq(ftruncate(mfd, 12345), 0);
-    pair(sv);
     gpubuf_wire_header_encode(buf, 1);
-    ck_assert_int_eq(gpubuf_wire_send_all(sv[0], buf, sizeof(buf), mfd), 0);
-    ck_assert_int_eq(gpubuf_wire_read_frame(sv[1], 1024, &payload, &fd), 1);
+    ck_assert_int_eq(send_then_read(buf, sizeof(buf), mfd, false, &payload, &fd), 1);
     ck_assert_int_ge(fd, 0);
     ck_assert_int_ne(fd, mfd);
     ck_assert_int_eq(fstat(mfd, &a), 0);
@@ -161,8 +159,6 @@ START_TEST(fd_passing) {
     free(payload);
     close(fd);
     close(mfd);
-    close(sv[0]);
-    close(sv[1]);
 }
 END_TEST
 
