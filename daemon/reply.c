@@ -49,6 +49,12 @@ void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd) {
     }
 }
 
+void gd_session_close(gd_session *s, gd_end_reason why) {
+    if (s->end == GD_END_NONE)
+        s->end = why;
+    s->io->close(s->conn);
+}
+
 void gd_session_reply_error(gd_session *s, uint64_t id, int status, const char *msg) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     resp.id = id;

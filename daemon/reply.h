@@ -70,6 +70,8 @@ typedef struct buffer_msg {
 void gd_session_pack(const void *msg, uint8_t *dst);
 /* Queue a reply; the transport dup's fd. */
 void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd);
+/* Close the connection, for why (the first reason counts). */
+void gd_session_close(gd_session *s, gd_end_reason why);
 /* Reply status (0: success) with msg (NULL: gpubuf_strerror(status)). */
 void gd_session_reply_error(gd_session *s, uint64_t id, int status, const char *msg);
 /* How to map b's slab: its description, with the IPC handle if it has one. */
