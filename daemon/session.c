@@ -274,6 +274,30 @@ static void reply_target_error(gd_session *s, uint64_t id, const gd_target *t, i
     gd_session_reply_error(s, id, r, gd_err_msg(err, r));
 }
 
+/* Where an open, delete or stat points (q names a buffer by name in a pool,
+ * or by id, maybe with the owner it expects), into t: true with *ret the
+ * outcome of gd_session_target(), false after an error reply when q names
+ * neither (verb: the request). */
+#define REQUEST_TARGET(s, id, q, CASE, verb, t, err, ret)                                          \
+    request_target((s), (id), (verb), (q)->target_case == CASE##_NAME,                             \
+                   (q)->target_case == CASE##_BUFFER_ID, (q)->name, (q)->buffer_id, (q)->pool,     \
+                   (q)->owner, (t), (err), (ret))
+
+static bool request_target(gd_session *s, uint64_t id, const char *verb, bool by_name, bool by_id,
+                           const char *name, uint64_t bid, const char *pool,
+                           const Gpubuf__ExpectedOwner *owner, gd_target *t, gd_err *err,
+                           int *ret) {
+    if (!by_name && !by_id) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "%s needs a name or a buffer id", verb);
+        gd_session_reply_error(s, id, -EINVAL, msg);
+        return false;
+    }
+    *ret = gd_session_target(s, by_name, name, bid, pool, owner != NULL, owner ? owner->uid : 0, t,
+                             err);
+    return true;
+}
+
 static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     gd_registry *reg = &s->ctx->reg;
     gd_err err = {0};
@@ -281,14 +305,8 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     bool waitable = false;
     gd_opened o;
     int r;
-    if (q->target_case != GPUBUF__OPEN_REQUEST__TARGET_NAME &&
-        q->target_case != GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID) {
-        gd_session_reply_error(s, id, -EINVAL, "open needs a name or a buffer id");
+    if (!REQUEST_TARGET(s, id, q, GPUBUF__OPEN_REQUEST__TARGET, "open", &t, &err, &r))
         return;
-    }
-    r = gd_session_target(s, q->target_case == GPUBUF__OPEN_REQUEST__TARGET_NAME, q->name,
-                          q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t,
-                          &err);
     if (r == 0)
         r = gd_registry_open_one(reg, s->holder, &t, q->read_only, &o, &waitable, &err);
     if (r == 0) {
@@ -380,14 +398,8 @@ static void do_delete(gd_session *s, uint64_t id, const Gpubuf__DeleteRequest *q
     gd_err err = {0};
     gd_target t;
     int r;
-    if (q->target_case != GPUBUF__DELETE_REQUEST__TARGET_NAME &&
-        q->target_case != GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID) {
-        gd_session_reply_error(s, id, -EINVAL, "delete needs a name or a buffer id");
+    if (!REQUEST_TARGET(s, id, q, GPUBUF__DELETE_REQUEST__TARGET, "delete", &t, &err, &r))
         return;
-    }
-    r = gd_session_target(s, q->target_case == GPUBUF__DELETE_REQUEST__TARGET_NAME, q->name,
-                          q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t,
-                          &err);
     if (r == 0)
         r = gd_registry_delete_target(&s->ctx->reg, s->holder, &t, &err);
     if (r < 0) {
@@ -402,14 +414,8 @@ static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
     gd_err err = {0};
     gd_target t;
     int r;
-    if (q->target_case != GPUBUF__STAT_REQUEST__TARGET_NAME &&
-        q->target_case != GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID) {
-        gd_session_reply_error(s, id, -EINVAL, "stat needs a name or a buffer id");
+    if (!REQUEST_TARGET(s, id, q, GPUBUF__STAT_REQUEST__TARGET, "stat", &t, &err, &r))
         return;
-    }
-    r = gd_session_target(s, q->target_case == GPUBUF__STAT_REQUEST__TARGET_NAME, q->name,
-                          q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t,
-                          &err);
     if (r == 0)
         r = gd_registry_stat(&s->ctx->reg, &t, &b, &err);
     if (r < 0) {
