@@ -81,28 +81,22 @@ bool gpubuf_name_valid(const char *name, size_t len) {
     return true;
 }
 
-/* names[v], or "unknown" for a value the table has no name for (n: the
- * table's length). */
-static const char *enum_name(const char *const *names, size_t n, unsigned v) {
-    return v < n && names[v] ? names[v] : "unknown";
-}
-
 const char *gpubuf_pool_kind_name(gpubuf_pool_kind kind) {
-    static const char *const names[] = {
-        [GPUBUF_POOL_HOST] = "host",
-        [GPUBUF_POOL_CUDA_IPC] = "cuda-ipc",
-        [GPUBUF_POOL_CUDA_VMM] = "cuda-vmm",
-    };
-    return enum_name(names, sizeof(names) / sizeof(names[0]), (unsigned)kind);
+    switch (kind) {
+    case GPUBUF_POOL_HOST: return "host";
+    case GPUBUF_POOL_CUDA_IPC: return "cuda-ipc";
+    case GPUBUF_POOL_CUDA_VMM: return "cuda-vmm";
+    }
+    return "unknown";
 }
 
 const char *gpubuf_state_name(gpubuf_state s) {
-    static const char *const names[] = {
-        [GPUBUF_STATE_ALLOCATED] = "allocated",
-        [GPUBUF_STATE_SEALED] = "sealed",
-        [GPUBUF_STATE_DELETED] = "deleted",
-    };
-    return enum_name(names, sizeof(names) / sizeof(names[0]), (unsigned)s);
+    switch (s) {
+    case GPUBUF_STATE_ALLOCATED: return "allocated";
+    case GPUBUF_STATE_SEALED: return "sealed";
+    case GPUBUF_STATE_DELETED: return "deleted";
+    }
+    return "unknown";
 }
 
 /* Up to 64 bytes of an untrusted name for a message, as printable UTF-8
