@@ -91,20 +91,7 @@ static bool batch_meta_init(batch *bt, uint64_t id) {
 /* Item i's metadata: b's layout (none: an empty ArrayLayout, dtype_bits 0),
  * user bytes and lease. */
 static void batch_meta(batch *bt, size_t i, const gd_buf *b) {
-    const gd_meta *me = b->meta;
-    Gpubuf__ArrayLayout *l = &bt->layouts[i];
-    if (me && me->has_layout) {
-        l->dtype_code = me->dtype.code;
-        l->dtype_bits = me->dtype.bits;
-        l->dtype_lanes = me->dtype.lanes;
-        l->n_shape = me->ndim;
-        l->shape = (int64_t *)me->dims;
-        if (me->has_strides) {
-            l->n_strides = me->ndim;
-            l->strides = (int64_t *)me->dims + me->ndim;
-        }
-        l->byte_offset = me->byte_offset;
-    }
+    gd_session_fill_layout(&bt->layouts[i], b);
     size_t len;
     const uint8_t *user = gd_meta_user(b, &len);
     bt->users[i].data = (uint8_t *)user;
