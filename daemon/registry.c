@@ -110,11 +110,10 @@ static void waiter_unindex(gd_registry *r, gd_waiter *w) {
 
 gd_uid_usage *gd_registry_uid_usage(gd_registry *r, uid_t uid, bool create) {
     gd_uid_usage *u;
-    HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
-    if (!u && create && (u = calloc(1, sizeof(*u)))) {
-        u->uid = uid;
-        HASH_ADD(hh, r->uids, uid, sizeof(u->uid), u);
-    }
+    if (create)
+        GPUBUF_HASH_GET(r->uids, uid, uid, u);
+    else
+        HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
     return u;
 }
 
@@ -189,14 +188,11 @@ static void waiter_unlink(gd_registry *r, gd_waiter *w) {
 
 static gd_holder_slab *holder_slab_get(gd_holder *h, gd_slab *slab) {
     gd_holder_slab *hs;
-    HASH_FIND(hh, h->slabs, &slab->id, sizeof(slab->id), hs);
-    if (!hs) {
-        if (!(hs = calloc(1, sizeof(*hs))))
-            return NULL;
-        hs->slab_id = slab->id;
+    GPUBUF_HASH_GET(h->slabs, slab_id, slab->id, hs);
+    if (!hs)
+        return NULL;
+    if (!hs->slab) /* new */
         hs->slab = slab;
-        HASH_ADD(hh, h->slabs, slab_id, sizeof(hs->slab_id), hs);
-    }
     hs->buffers++;
     return hs;
 }

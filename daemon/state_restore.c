@@ -108,15 +108,11 @@ static bool upsert(r_entry **table, uint64_t id, uint64_t *max, void *mp) {
     ProtobufCMessage **m = mp;
     r_entry *e;
     *max = umax(*max, id);
-    HASH_FIND(hh, *table, &id, sizeof(id), e);
-    if (!e) {
-        if (!(e = calloc(1, sizeof(*e))))
-            return false;
-        e->id = id;
-        HASH_ADD(hh, *table, id, sizeof(e->id), e);
-    } else {
+    GPUBUF_HASH_GET(*table, id, id, e);
+    if (!e)
+        return false;
+    if (e->m) /* replaced */
         protobuf_c_message_free_unpacked(e->m, NULL);
-    }
     e->m = *m;
     *m = NULL;
     return true;
