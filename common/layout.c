@@ -109,18 +109,24 @@ int gpubuf_layout_from_wire(const Gpubuf__ArrayLayout *m, gpubuf_layout *ret, ch
     return 0;
 }
 
-void gpubuf_layout_to_wire(const gpubuf_layout *l, Gpubuf__ArrayLayout *ret) {
+void gpubuf_layout_wire(gpubuf_dtype dtype, size_t ndim, const int64_t *shape,
+                        const int64_t *strides, uint64_t byte_offset, Gpubuf__ArrayLayout *ret) {
     gpubuf__array_layout__init(ret);
-    ret->dtype_code = l->dtype.code;
-    ret->dtype_bits = l->dtype.bits;
-    ret->dtype_lanes = l->dtype.lanes;
-    ret->n_shape = l->ndim;
-    ret->shape = (int64_t *)l->shape;
-    if (l->has_strides) {
-        ret->n_strides = l->ndim;
-        ret->strides = (int64_t *)l->strides;
+    ret->dtype_code = dtype.code;
+    ret->dtype_bits = dtype.bits;
+    ret->dtype_lanes = dtype.lanes;
+    ret->n_shape = ndim;
+    ret->shape = (int64_t *)shape;
+    if (strides) {
+        ret->n_strides = ndim;
+        ret->strides = (int64_t *)strides;
     }
-    ret->byte_offset = l->byte_offset;
+    ret->byte_offset = byte_offset;
+}
+
+void gpubuf_layout_to_wire(const gpubuf_layout *l, Gpubuf__ArrayLayout *ret) {
+    gpubuf_layout_wire(l->dtype, (size_t)l->ndim, l->shape, l->has_strides ? l->strides : NULL,
+                       l->byte_offset, ret);
 }
 
 void gpubuf_dtype_name(gpubuf_dtype d, char *out, size_t len) {

@@ -29,6 +29,11 @@ int gpubuf_layout_validate(const gpubuf_layout *l, uint64_t size, char *msg, siz
 int gpubuf_layout_from_wire(const struct Gpubuf__ArrayLayout *m, gpubuf_layout *ret, char *msg,
                             size_t msg_len);
 
+/* A wire layout (ret, initialised here) of ndim dimensions, pointing into
+ * shape and strides (NULL: none, C-contiguous). */
+void gpubuf_layout_wire(gpubuf_dtype dtype, size_t ndim, const int64_t *shape,
+                        const int64_t *strides, uint64_t byte_offset,
+                        struct Gpubuf__ArrayLayout *ret);
 /* A wire layout pointing into l (shape and, when given, strides). */
 void gpubuf_layout_to_wire(const gpubuf_layout *l, struct Gpubuf__ArrayLayout *ret);
 

@@ -8,6 +8,19 @@
 
 #include "gpubuf/gpubuf.h"
 
+/* A uthash table (handle hh) keyed by a fixed-size field: out = the entry
+ * of head whose field equals key (an lvalue), or a new zeroed one added
+ * with that key; NULL when out of memory. The caller includes uthash.h and
+ * stdlib.h. */
+#define GPUBUF_HASH_GET(head, field, key, out)                                                     \
+    do {                                                                                           \
+        HASH_FIND(hh, (head), &(key), sizeof(key), (out));                                         \
+        if (!(out) && ((out) = calloc(1, sizeof(*(out))))) {                                       \
+            (out)->field = (key);                                                                  \
+            HASH_ADD(hh, (head), field, sizeof((out)->field), (out));                              \
+        }                                                                                          \
+    } while (0)
+
 /* Parse "123", "64K", "256M", "8G", "1T" (binary units). Returns 0, or -EINVAL
  * when s does not start with a digit, has anything else after the unit, or
  * names more than 2^64 - 1 bytes. */

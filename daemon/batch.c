@@ -54,16 +54,11 @@ static int u64_cmp(const void *a, const void *b) {
 static void batch_free(batch *bt) {
     for (size_t i = 0; i < bt->n_errs; i++)
         free(bt->errs[i].message);
-    free(bt->ids); /* the block of the per-item arrays */
+    free(bt->errs); /* the block of the per-item arrays */
     free(bt->names);
-    free(bt->errs);
-    free(bt->perrs);
     free(bt->events);
     free(bt->mapped);
-    free(bt->layouts);
-    free(bt->playouts);
-    free(bt->users);
-    free(bt->lease_left);
+    free(bt->layouts); /* the block of the per-item metadata */
 }
 
 /* Make room for each item's metadata (open with with_meta); false (and an
@@ -71,15 +66,20 @@ static void batch_free(batch *bt) {
 static bool batch_meta_init(batch *bt, uint64_t id) {
     size_t n = bt->n;
     bt->with_meta = true;
-    bt->layouts = calloc(n + 1, sizeof(*bt->layouts));
-    bt->playouts = calloc(n + 1, sizeof(*bt->playouts));
-    bt->users = calloc(n + 1, sizeof(*bt->users));
-    bt->lease_left = calloc(n + 1, sizeof(*bt->lease_left));
-    if (!bt->layouts || !bt->playouts || !bt->users || !bt->lease_left) {
+    /* One block for them: layout, its pointer, user bytes, lease (each
+     * element's size a multiple of 8, so every array is aligned). */
+    size_t per = sizeof(*bt->layouts) + sizeof(*bt->playouts) + sizeof(*bt->users) +
+                 sizeof(*bt->lease_left);
+    uint8_t *p = calloc(n + 1, per);
+    if (!p) {
         batch_free(bt);
         gd_session_reply_error(bt->s, id, -ENOMEM, "out of memory");
         return false;
     }
+    bt->layouts = (Gpubuf__ArrayLayout *)(void *)p;
+    bt->playouts = (Gpubuf__ArrayLayout **)(void *)(bt->layouts + (n + 1));
+    bt->users = (ProtobufCBinaryData *)(void *)(bt->playouts + (n + 1));
+    bt->lease_left = (uint64_t *)(void *)(bt->users + (n + 1));
     for (size_t i = 0; i < n; i++) {
         gpubuf__array_layout__init(&bt->layouts[i]);
         bt->playouts[i] = &bt->layouts[i];
@@ -91,20 +91,7 @@ static bool batch_meta_init(batch *bt, uint64_t id) {
 /* Item i's metadata: b's layout (none: an empty ArrayLayout, dtype_bits 0),
  * user bytes and lease. */
 static void batch_meta(batch *bt, size_t i, const gd_buf *b) {
-    const gd_meta *me = b->meta;
-    Gpubuf__ArrayLayout *l = &bt->layouts[i];
-    if (me && me->has_layout) {
-        l->dtype_code = me->dtype.code;
-        l->dtype_bits = me->dtype.bits;
-        l->dtype_lanes = me->dtype.lanes;
-        l->n_shape = me->ndim;
-        l->shape = (int64_t *)me->dims;
-        if (me->has_strides) {
-            l->n_strides = me->ndim;
-            l->strides = (int64_t *)me->dims + me->ndim;
-        }
-        l->byte_offset = me->byte_offset;
-    }
+    gd_session_fill_layout(&bt->layouts[i], b);
     size_t len;
     const uint8_t *user = gd_meta_user(b, &len);
     bt->users[i].data = (uint8_t *)user;
@@ -134,21 +121,24 @@ static bool batch_init(batch *bt, gd_session *s, uint64_t id, gd_req_type type, 
         gd_session_reply_error(s, id, -E2BIG, "a batch lists at most 16384 mapped slabs");
         return false;
     }
-    /* One block for the per-item arrays: status, 4 x u64, state, event item. */
-    size_t per = sizeof(int32_t) + 4 * sizeof(uint64_t) + 2 * sizeof(uint32_t);
+    /* One block for the per-item arrays: error, its pointer, 4 x u64,
+     * status, state, event item (the 8-byte ones first, so every array is
+     * aligned). */
+    size_t per = sizeof(*bt->errs) + sizeof(*bt->perrs) + 4 * sizeof(uint64_t) +
+                 sizeof(int32_t) + 2 * sizeof(uint32_t);
     uint8_t *p = calloc(n + 1, per);
     bt->names_cap = buffers ? (n + 1) * (GPUBUF_NAME_MAX + 1) : 1;
     bt->names = malloc(bt->names_cap);
-    bt->errs = calloc(n + 1, sizeof(*bt->errs));
-    bt->perrs = calloc(n + 1, sizeof(*bt->perrs));
     bt->mapped = n_mapped ? malloc(n_mapped * sizeof(uint64_t)) : NULL;
-    if (!p || !bt->names || !bt->errs || !bt->perrs || (n_mapped && !bt->mapped)) {
+    if (!p || !bt->names || (n_mapped && !bt->mapped)) {
         free(p);
         batch_free(bt);
         gd_session_reply_error(s, id, -ENOMEM, "out of memory");
         return false;
     }
-    bt->ids = (uint64_t *)(void *)p;
+    bt->errs = (Gpubuf__BatchItemError *)(void *)p;
+    bt->perrs = (Gpubuf__BatchItemError **)(void *)(bt->errs + (n + 1));
+    bt->ids = (uint64_t *)(void *)(bt->perrs + (n + 1));
     bt->sizes = bt->ids + (n + 1);
     bt->offsets = bt->sizes + (n + 1);
     bt->slab_ids = bt->offsets + (n + 1);

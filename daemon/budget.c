@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <utlist.h>
 
+#include "util.h"
+
 /* The queued replies of c's uid leave room for bytes more: within the uid's
  * share of max_reply_memory, or nothing of the uid's is queued. */
 bool gd_budget_uid_room(const gd_conn *c, size_t bytes) {
@@ -42,13 +44,9 @@ void gd_budget_out_sub(gd_conn *c, size_t len) {
 bool gd_conn_uid_attach(gd_conn *c) {
     gd_server *srv = c->srv;
     gd_uid_use *u;
-    HASH_FIND(hh, srv->uids, &c->uid, sizeof(c->uid), u);
-    if (!u) {
-        if (!(u = calloc(1, sizeof(*u))))
-            return false;
-        u->uid = c->uid;
-        HASH_ADD(hh, srv->uids, uid, sizeof(u->uid), u);
-    }
+    GPUBUF_HASH_GET(srv->uids, uid, c->uid, u);
+    if (!u)
+        return false;
     u->n_conns++;
     c->uu = u;
     return true;

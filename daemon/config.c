@@ -150,25 +150,18 @@ static int parse_ids(const char *val, bool groups, uint32_t *out, int *n, gd_err
     return 0;
 }
 
-static int parse_uids(const key_def *k, const char *val, void *dst, gd_err *err) {
-    gd_pool_spec *p = (gd_pool_spec *)((char *)dst - k->offset);
-    return parse_ids(val, false, p->allow_uids, &p->n_allow_uids, err);
-}
+/* The parser of a pool's id list key: the list field (its count n_list),
+ * of group ids (groups) or user ids. */
+#define ID_LIST_PARSER(fn, list, groups)                                                           \
+    static int fn(const key_def *k, const char *val, void *dst, gd_err *err) {                     \
+        gd_pool_spec *p = (gd_pool_spec *)((char *)dst - k->offset);                               \
+        return parse_ids(val, groups, p->list, &p->n_##list, err);                                 \
+    }
 
-static int parse_gids(const key_def *k, const char *val, void *dst, gd_err *err) {
-    gd_pool_spec *p = (gd_pool_spec *)((char *)dst - k->offset);
-    return parse_ids(val, true, p->allow_gids, &p->n_allow_gids, err);
-}
-
-static int parse_publish_uids(const key_def *k, const char *val, void *dst, gd_err *err) {
-    gd_pool_spec *p = (gd_pool_spec *)((char *)dst - k->offset);
-    return parse_ids(val, false, p->publish_uids, &p->n_publish_uids, err);
-}
-
-static int parse_publish_gids(const key_def *k, const char *val, void *dst, gd_err *err) {
-    gd_pool_spec *p = (gd_pool_spec *)((char *)dst - k->offset);
-    return parse_ids(val, true, p->publish_gids, &p->n_publish_gids, err);
-}
+ID_LIST_PARSER(parse_uids, allow_uids, false)
+ID_LIST_PARSER(parse_gids, allow_gids, true)
+ID_LIST_PARSER(parse_publish_uids, publish_uids, false)
+ID_LIST_PARSER(parse_publish_gids, publish_gids, true)
 
 #define CFG(f) offsetof(gd_config, f)
 #define POOL(f) offsetof(gd_pool_spec, f)

@@ -110,11 +110,10 @@ static void waiter_unindex(gd_registry *r, gd_waiter *w) {
 
 gd_uid_usage *gd_registry_uid_usage(gd_registry *r, uid_t uid, bool create) {
     gd_uid_usage *u;
-    HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
-    if (!u && create && (u = calloc(1, sizeof(*u)))) {
-        u->uid = uid;
-        HASH_ADD(hh, r->uids, uid, sizeof(u->uid), u);
-    }
+    if (create)
+        GPUBUF_HASH_GET(r->uids, uid, uid, u);
+    else
+        HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
     return u;
 }
 
@@ -189,14 +188,11 @@ static void waiter_unlink(gd_registry *r, gd_waiter *w) {
 
 static gd_holder_slab *holder_slab_get(gd_holder *h, gd_slab *slab) {
     gd_holder_slab *hs;
-    HASH_FIND(hh, h->slabs, &slab->id, sizeof(slab->id), hs);
-    if (!hs) {
-        if (!(hs = calloc(1, sizeof(*hs))))
-            return NULL;
-        hs->slab_id = slab->id;
+    GPUBUF_HASH_GET(h->slabs, slab_id, slab->id, hs);
+    if (!hs)
+        return NULL;
+    if (!hs->slab) /* new */
         hs->slab = slab;
-        HASH_ADD(hh, h->slabs, slab_id, sizeof(hs->slab_id), hs);
-    }
     hs->buffers++;
     return hs;
 }
@@ -417,83 +413,6 @@ void gd_registry_ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b
         b->refs -= n;
         gd_registry_buf_maybe_free(r, b);
     }
-}
-
-/* docs/security.md gives the metadata charge with this header size. */
-_Static_assert(sizeof(gd_meta) == 24, "update the metadata charge in docs/security.md");
-
-uint64_t gd_meta_bytes(const gd_meta *m) {
-    if (!m)
-        return 0;
-    size_t dims = m->has_layout ? m->ndim * (m->has_strides ? 2u : 1u) : 0;
-    return sizeof(*m) + dims * sizeof(int64_t) + m->user_len;
-}
-
-uint64_t gd_meta_charge(const char *name, const gd_meta *m) {
-    return (name ? strlen(name) : 0) + gd_meta_bytes(m);
-}
-
-/* -EDQUOT when used + more passes limit (0: none), with the sentence. */
-static int meta_over(uint64_t used, uint64_t more, uint64_t limit, const char *whose,
-                     const char *key, gd_err *err) {
-    if (!limit || (more <= limit && used <= limit - more))
-        return 0;
-    return gd_err_set(err, -EDQUOT,
-                      "quota: %s buffers would carry %llu bytes of metadata (names, layouts, "
-                      "user bytes), over %s = %llu; delete or release buffers no longer "
-                      "needed, give them fewer user bytes, or raise %s in the daemon's "
-                      "configuration",
-                      whose, (unsigned long long)(used + more), key,
-                      (unsigned long long)limit, key);
-}
-
-int gd_registry_check_meta(const gd_registry *r, const gd_holder *h, uint64_t more,
-                           gd_err *err) {
-    const gd_quota *q = &r->quota;
-    char whose[48];
-    gd_uid_usage *u;
-    int rc;
-    uid_t uid = h->uid;
-    if (!more)
-        return 0;
-    if ((rc = meta_over(h->owned_meta, more, q->meta_bytes_per_client, "this client's",
-                        "max_meta_bytes_per_client", err)) < 0)
-        return rc;
-    HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
-    snprintf(whose, sizeof(whose), "uid %u's", (unsigned)uid);
-    if ((rc = meta_over(u ? u->meta : 0, more, q->meta_bytes_per_uid, whose,
-                        "max_meta_bytes_per_uid", err)) < 0)
-        return rc;
-    return meta_over(r->meta_bytes, more, q->meta_bytes, "all users'", "max_meta_bytes", err);
-}
-
-/* Add (or, with sub, take back) delta bytes of metadata charge of b. */
-static void meta_account(gd_registry *r, const gd_buf *b, uint64_t delta, bool sub) {
-    gd_holder *h;
-    uid_t uid = (uid_t)b->owner_uid;
-    gd_uid_usage *u = gd_registry_uid_usage(r, uid, false);
-    HASH_FIND(hh, r->holders, &b->owner_holder, sizeof(b->owner_holder), h);
-    if (sub) {
-        if (h)
-            h->owned_meta -= delta;
-        if (u)
-            u->meta -= delta;
-        r->meta_bytes -= delta;
-    } else {
-        if (h)
-            h->owned_meta += delta;
-        if (u)
-            u->meta += delta;
-        r->meta_bytes += delta;
-    }
-}
-
-void gd_registry_charge_meta(gd_registry *r, gd_buf *b, uint64_t charge) {
-    if (charge >= b->meta_charged)
-        meta_account(r, b, charge - b->meta_charged, false);
-    else
-        meta_account(r, b, b->meta_charged - charge, true);
-    b->meta_charged = charge;
 }
 
 static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "gpubuf.pb-c.h"
+#include "layout.h"
 #include "trace.h"
 #include "util.h"
 #include "wire.h"
@@ -49,6 +50,12 @@ void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd) {
     }
 }
 
+void gd_session_close(gd_session *s, gd_end_reason why) {
+    if (s->end == GD_END_NONE)
+        s->end = why;
+    s->io->close(s->conn);
+}
+
 void gd_session_reply_error(gd_session *s, uint64_t id, int status, const char *msg) {
     Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
     resp.id = id;
@@ -58,22 +65,18 @@ void gd_session_reply_error(gd_session *s, uint64_t id, int status, const char *
 }
 
 /* b's layout, user bytes and lease into m (pointing into b). */
-static void fill_meta(buffer_msg *m, const gd_buf *b, uint64_t now_ns) {
+bool gd_session_fill_layout(Gpubuf__ArrayLayout *l, const gd_buf *b) {
     const gd_meta *me = b->meta;
-    if (me && me->has_layout) {
-        gpubuf__array_layout__init(&m->layout);
-        m->layout.dtype_code = me->dtype.code;
-        m->layout.dtype_bits = me->dtype.bits;
-        m->layout.dtype_lanes = me->dtype.lanes;
-        m->layout.n_shape = me->ndim;
-        m->layout.shape = (int64_t *)me->dims;
-        if (me->has_strides) {
-            m->layout.n_strides = me->ndim;
-            m->layout.strides = (int64_t *)me->dims + me->ndim;
-        }
-        m->layout.byte_offset = me->byte_offset;
+    if (!me || !me->has_layout)
+        return false;
+    gpubuf_layout_wire(me->dtype, me->ndim, me->dims, me->has_strides ? me->dims + me->ndim : NULL,
+                       me->byte_offset, l);
+    return true;
+}
+
+static void fill_meta(buffer_msg *m, const gd_buf *b, uint64_t now_ns) {
+    if (gd_session_fill_layout(&m->layout, b))
         m->buf.layout = &m->layout;
-    }
     size_t len;
     const uint8_t *user = gd_meta_user(b, &len);
     m->buf.user_data.data = (uint8_t *)user;

@@ -70,10 +70,15 @@ typedef struct buffer_msg {
 void gd_session_pack(const void *msg, uint8_t *dst);
 /* Queue a reply; the transport dup's fd. */
 void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd);
+/* Close the connection, for why (the first reason counts). */
+void gd_session_close(gd_session *s, gd_end_reason why);
 /* Reply status (0: success) with msg (NULL: gpubuf_strerror(status)). */
 void gd_session_reply_error(gd_session *s, uint64_t id, int status, const char *msg);
 /* How to map b's slab: its description, with the IPC handle if it has one. */
 void gd_session_fill_slab(Gpubuf__Slab *m, const gd_buf *b);
+/* b's array layout as a wire ArrayLayout in l (initialised here), pointing
+ * into b's metadata; false (l untouched) when b has none. */
+bool gd_session_fill_layout(Gpubuf__ArrayLayout *l, const gd_buf *b);
 /* b as a Buffer message (and its Slab), pointing into b. */
 void gd_session_fill_buffer(buffer_msg *m, const gd_buf *b);
 /* May s keep b's slab mapped after its last view (mode ro)? */

@@ -50,13 +50,10 @@ static int process_frames(gd_conn *c, uint32_t limit);
 static int process_frames_corked(gd_conn *c, uint32_t limit);
 static bool grow_in(gd_conn *c);
 static ssize_t read_in(gd_conn *c, size_t max);
-static void peer_left(gd_conn *c);
 static bool backlogged(const gd_conn *c);
 static bool has_complete_frame(const gd_conn *c);
 static void conn_free_out(gd_conn *c);
-static void update_poll(gd_conn *c);
 static void maybe_pend(gd_conn *c);
-static void conn_end(gd_conn *c, gd_close_reason why);
 
 /* Deadline for a connection whose handshake is not done, or that sits on
  * half a frame. */
@@ -66,7 +63,7 @@ static void on_conn_timer(uv_timer_t *t) {
                      c->ready ? "incomplete frame" : "no handshake",
                      c->ready ? c->srv->limits->frame_timeout_ms
                               : c->srv->limits->handshake_timeout_ms);
-    conn_end(c, GD_CLOSE_TIMEOUT);
+    gd_conn_end(c, GD_CLOSE_TIMEOUT);
 }
 
 void gd_conn_arm_timer(gd_conn *c) {
@@ -88,7 +85,7 @@ void gd_conn_arm_timer(gd_conn *c) {
         if (r < 0) {
             LOG_ERR_LIMITED("pid %d: uv_timer_start: %s; disconnecting", (int)c->pid,
                             uv_strerror(r));
-            conn_end(c, GD_CLOSE_ERROR);
+            gd_conn_end(c, GD_CLOSE_ERROR);
         }
     }
 }
@@ -200,7 +197,7 @@ static void mem_wake(gd_server *srv) {
         sum += c->mem_wait;
         DL_DELETE2(srv->mem_waiters, c, mw_prev, mw_next);
         c->mem_wait = 0;
-        update_poll(c);
+        gd_conn_update_poll(c);
         maybe_pend(c);
     }
 }
@@ -314,7 +311,7 @@ static void maybe_pend(gd_conn *c) {
  * that closed its side has all its frames answered, let it go. */
 static void after_frames(gd_conn *c) {
     if (c->eof && !has_complete_frame(c)) {
-        peer_left(c);
+        gd_conn_peer_left(c);
         return;
     }
     maybe_pend(c);
@@ -349,11 +346,11 @@ void gd_server_want_work(gd_server *srv) {
 }
 
 void gd_conn_close(gd_conn *c) {
-    conn_end(c, GD_CLOSE_BY_USER);
+    gd_conn_end(c, GD_CLOSE_BY_USER);
 }
 
 /* Close c, remembering the first reason given. */
-static void conn_end(gd_conn *c, gd_close_reason why) {
+void gd_conn_end(gd_conn *c, gd_close_reason why) {
     if (c->why == GD_CLOSE_NONE)
         c->why = why;
     if (c->reaping) {
@@ -426,7 +423,7 @@ static bool backlogged(const gd_conn *c) {
 /* Watch what the connection needs now. Only a change reaches libuv:
  * restarting a poll handle with the same events still costs epoll_ctl calls
  * (two per request, before this check). */
-static void update_poll(gd_conn *c) {
+void gd_conn_update_poll(gd_conn *c) {
     if (c->closing)
         return;
     int want = (backlogged(c) || c->eof ? 0 : UV_READABLE) | (c->out ? UV_WRITABLE : 0);
@@ -435,7 +432,7 @@ static void update_poll(gd_conn *c) {
     int r = uv_poll_start(&c->poll, want, on_conn_io);
     if (r < 0) {
         LOG_ERR_LIMITED("pid %d: uv_poll_start: %s; disconnecting", (int)c->pid, uv_strerror(r));
-        conn_end(c, GD_CLOSE_ERROR);
+        gd_conn_end(c, GD_CLOSE_ERROR);
         return;
     }
     c->poll_events = want;
@@ -445,7 +442,7 @@ static int flush_some(gd_conn *c);
 
 /* Write queued replies: up to 64 frames per sendmsg. A frame that carries
  * fds starts its own sendmsg, so the fds ride on the frame's first byte. */
-static int flush_out(gd_conn *c) {
+int gd_conn_flush(gd_conn *c) {
     size_t before = c->out_bytes;
     int r = flush_some(c);
     if (c->out_bytes < before && c->srv->mem_waiters)
@@ -505,91 +502,6 @@ unsigned gd_conn_fd_room(const gd_conn *c) {
     return c->out_fds < OUT_FDS_HIGH_WATER ? OUT_FDS_HIGH_WATER - c->out_fds : 0;
 }
 
-int gd_conn_send(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, int fd) {
-    return gd_conn_send_fds(c, plen, pack, msg, &fd, fd >= 0 ? 1 : 0, false);
-}
-
-int gd_conn_send_fds(gd_conn *c, size_t plen, gd_pack_fn pack, const void *msg, const int *fds,
-                     int n_fds, bool bounded) {
-    gd_outbuf *o;
-    bool was_empty = !c->out;
-    size_t data_len;
-    assert(n_fds >= 0 && n_fds <= (int)GPUBUF_WIRE_MAX_FDS);
-    if (c->closing || c->peer_gone)
-        return -ECONNRESET;
-    /* The answers of its waiting opens come on top of the replies to its
-     * requests: a client that reads late is not dropped for them. */
-    if (c->out_frames >=
-        c->srv->limits->max_queued_replies + c->srv->limits->max_waiters_per_client) {
-        LOG_WARN_LIMITED("pid %d reads none of its %u queued replies; disconnecting", (int)c->pid,
-                         c->out_frames);
-        conn_end(c, GD_CLOSE_BACKLOG);
-        return -ENOBUFS;
-    }
-    if (plen > GPUBUF_WIRE_MAX_RESPONSE) {
-        LOG_ERR_LIMITED("reply of %zu bytes exceeds the frame limit", plen);
-        conn_end(c, GD_CLOSE_ERROR);
-        return -EMSGSIZE;
-    }
-    if (plen > GD_SMALL_REPLY && n_fds == 0 && !bounded &&
-        (c->srv->out_bytes + GPUBUF_WIRE_HEADER_SIZE + plen > c->srv->limits->max_reply_memory ||
-         !gd_budget_uid_room(c, GPUBUF_WIRE_HEADER_SIZE + plen)))
-        return -EAGAIN; /* nothing queued: the caller answers with a small error */
-    /* The fds live after the data, aligned. */
-    data_len = (GPUBUF_WIRE_HEADER_SIZE + plen + sizeof(int) - 1) / sizeof(int) * sizeof(int);
-    o = malloc(sizeof(*o) + data_len + (size_t)n_fds * sizeof(int));
-    if (!o) {
-        conn_end(c, GD_CLOSE_ERROR);
-        return -ENOMEM;
-    }
-    o->off = 0;
-    o->len = GPUBUF_WIRE_HEADER_SIZE + plen;
-    o->fds = (int *)(void *)(o->data + data_len);
-    for (o->n_fds = 0; o->n_fds < n_fds; o->n_fds++) {
-        o->fds[o->n_fds] = fcntl(fds[o->n_fds], F_DUPFD_CLOEXEC, 0);
-        if (o->fds[o->n_fds] < 0) {
-            int e = errno;
-            LOG_ERR_LIMITED("pid %d: cannot duplicate the fd of a reply (%s); disconnecting",
-                            (int)c->pid, strerror(e));
-            for (int i = 0; i < o->n_fds; i++)
-                close(o->fds[i]);
-            free(o);
-            conn_end(c, GD_CLOSE_ERROR);
-            return -e;
-        }
-    }
-    gpubuf_wire_header_encode(o->data, (uint32_t)plen);
-    pack(msg, o->data + GPUBUF_WIRE_HEADER_SIZE);
-    o->trace_request = 0;
-    if (gpubuf_trace_on() &&
-        gpubuf_trace_tag(&o->trace_session, &o->trace_request, &o->trace_type))
-        gpubuf_trace(o->trace_session, o->trace_request, o->trace_type, GPUBUF_TRACE_D_ENCODED,
-                     0);
-    DL_APPEND(c->out, o);
-    c->out_frames++;
-    c->out_fds += (uint32_t)o->n_fds;
-    gd_budget_out_add(c, o->len);
-    if (was_empty && !c->corked && c->srv->in_frame && c->srv->in_frame != c) {
-        /* A reply another connection's request made (a waiting open it
-         * woke): it leaves once that request's batch of frames is done and
-         * their changes are saved (flush_held): one write for the answers
-         * of many seals. */
-        if (!c->held) {
-            c->held = true;
-            LL_PREPEND2(c->srv->held, c, held_next);
-        }
-    } else if (was_empty && !c->corked) {
-        int r = flush_out(c);
-        if (r < 0) {
-            peer_left(c);
-            return r;
-        }
-        if (c->out)
-            update_poll(c);
-    }
-    return 0;
-}
-
 /* Send the replies held while another connection's frames were handled
  * (gd_conn_send_fds), at the end of that batch of frames: their changes are
  * saved now (the frame callback's gd_state_end). A connection closed
@@ -601,10 +513,10 @@ static void flush_held(gd_server *srv) {
         h->held = false;
         if (h->closing || !h->out || h->corked)
             continue;
-        if (flush_out(h) < 0)
-            peer_left(h);
+        if (gd_conn_flush(h) < 0)
+            gd_conn_peer_left(h);
         else
-            update_poll(h);
+            gd_conn_update_poll(h);
     }
 }
 
@@ -618,12 +530,12 @@ static int process_frames(gd_conn *c, uint32_t limit) {
     /* Flush even when the batch ended in a disconnection: the last reply
      * says why. */
     if (c->out) {
-        if (flush_out(c) < 0)
-            peer_left(c);
+        if (gd_conn_flush(c) < 0)
+            gd_conn_peer_left(c);
         else
-            update_poll(c);
+            gd_conn_update_poll(c);
     } else if (c->mem_wait) {
-        update_poll(c); /* stop reading while the frame waits */
+        gd_conn_update_poll(c); /* stop reading while the frame waits */
     }
     return c->closing ? -1 : r;
 }
@@ -641,7 +553,7 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
                              gpubuf_strerror(r));
             if (c->srv->cb.on_bad_frame)
                 c->srv->cb.on_bad_frame(c->user, r);
-            conn_end(c, GD_CLOSE_BAD_FRAME);
+            gd_conn_end(c, GD_CLOSE_BAD_FRAME);
             break;
         }
         if (c->in_len - pos - GPUBUF_WIRE_HEADER_SIZE < h.length)
@@ -668,9 +580,9 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
 }
 
 /* The peer closed or broke the connection. */
-static void peer_left(gd_conn *c) {
+void gd_conn_peer_left(gd_conn *c) {
     c->peer_gone = true;
-    conn_end(c, GD_CLOSE_PEER);
+    gd_conn_end(c, GD_CLOSE_PEER);
 }
 
 /* Make room to read: the input buffer grows to one maximal frame plus one
@@ -687,7 +599,7 @@ static bool grow_in(gd_conn *c) {
         if (cap > c->in_cap) {
             uint8_t *p = realloc(c->in, cap);
             if (!p) {
-                conn_end(c, GD_CLOSE_ERROR);
+                gd_conn_end(c, GD_CLOSE_ERROR);
                 return false;
             }
             c->in = p;
@@ -722,15 +634,15 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
     if (c->closing)
         return;
     if (status < 0) {
-        peer_left(c);
+        gd_conn_peer_left(c);
         return;
     }
     if (events & UV_WRITABLE) {
-        if (flush_out(c) < 0) {
-            peer_left(c);
+        if (gd_conn_flush(c) < 0) {
+            gd_conn_peer_left(c);
             return;
         }
-        update_poll(c);
+        gd_conn_update_poll(c);
         maybe_pend(c); /* frames held back while replies were backlogged */
     }
     if (!(events & UV_READABLE) || backlogged(c) || c->closing || c->eof)
@@ -755,13 +667,13 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
         /* The peer is done sending: answer what it sent before going, a
          * bounded batch per turn like any other frames. */
         c->eof = true;
-        update_poll(c);
+        gd_conn_update_poll(c);
         if (!c->closing && process_frames(c, srv->limits->frames_per_wakeup) >= 0)
             after_frames(c);
         return;
     }
     if (n < 0) {
-        peer_left(c);
+        gd_conn_peer_left(c);
         return;
     }
     int done = process_frames(c, srv->limits->frames_per_wakeup);
@@ -788,7 +700,7 @@ void gd_server_stop(gd_server *srv) {
             unlink(srv->socket_path);
     }
     DL_FOREACH(srv->conns, c)
-    conn_end(c, GD_CLOSE_STOP);
+    gd_conn_end(c, GD_CLOSE_STOP);
     if (!srv->conns)
         close_loop_handles(srv);
 }

@@ -1,7 +1,7 @@
 /* Server room, private: what server.c (connections: reading, writing,
  * deadlines, teardown) shares with listener.c (the listening socket:
- * binding, accepting, refusing). Nothing outside the server room includes
- * it. */
+ * binding, accepting, refusing) and conn_send.c (a reply queued). Nothing
+ * outside the server room includes it. */
 #ifndef GPUBUFD_SERVER_INTERNAL_H
 #define GPUBUFD_SERVER_INTERNAL_H
 
@@ -28,6 +28,16 @@ void gd_budget_out_add(gd_conn *c, size_t len);
 void gd_budget_out_sub(gd_conn *c, size_t len);
 /* c no longer waits for reply memory. */
 void gd_budget_mem_unwait(gd_conn *c);
+/* Close c, remembering the first reason given. */
+void gd_conn_end(gd_conn *c, gd_close_reason why);
+/* The peer closed or broke the connection. */
+void gd_conn_peer_left(gd_conn *c);
+/* Watch what c needs now (readable unless backlogged, writable while
+ * replies wait). */
+void gd_conn_update_poll(gd_conn *c);
+/* Write c's queued replies, as many as the socket takes (0), or the error
+ * that ends the connection. */
+int gd_conn_flush(gd_conn *c);
 /* Start, keep or stop c's deadline (handshake, or half a frame). */
 void gd_conn_arm_timer(gd_conn *c);
 

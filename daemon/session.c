@@ -11,6 +11,7 @@
 #include <utlist.h>
 
 #include "gpubuf.pb-c.h"
+#include "hello.h"
 #include "item.h"
 #include "layout.h"
 #include "log.h"
@@ -18,8 +19,6 @@
 #include "trace.h"
 #include "util.h"
 #include "wire.h"
-
-#define GPUBUF_SERVER_STRING "gpubufd " GPUBUF_VERSION_STRING
 
 typedef struct session_waiter {
     gd_waiter w;
@@ -29,13 +28,6 @@ typedef struct session_waiter {
     bool has_timer;
     UT_hash_handle hh; /* gd_session.waiting, by request_id (cancel) */
 } session_waiter;
-
-/* Close the connection, for why (the first reason counts). */
-static void session_close(gd_session *s, gd_end_reason why) {
-    if (s->end == GD_END_NONE)
-        s->end = why;
-    s->io->close(s->conn);
-}
 
 /* Does the client map the slab of what o hands out in o's mode already,
  * apart from the reference just taken (GPUBUF_CAP_SLAB_ONCE)? Then the reply
@@ -206,131 +198,6 @@ static void waiter_timeout(uv_timer_t *t) {
     waiter_dispose(sw);
 }
 
-/* Why session sid cannot be resumed by s (old: the holder of that id, if
- * any), as a clause for the client's message. */
-static void refusal(const gd_session *s, const gd_holder *old, uint64_t sid, char *why,
-                    size_t len) {
-    if (old && old->detached && s->pid == 0)
-        snprintf(why, len, "gpubufd cannot see this process's pid (its PID namespace is not "
-                           "gpubufd's or below it), so it cannot tell it is the session's");
-    else if (old && old->detached)
-        snprintf(why, len, "session %llu belongs to another process",
-                 (unsigned long long)sid);
-    else if (old)
-        snprintf(why, len, "session %llu is in use by another connection",
-                 (unsigned long long)sid);
-    else if (!s->ctx->restarts)
-        snprintf(why, len, "gpubufd started without saved state");
-    else
-        snprintf(why, len, "session %llu is not in gpubufd's saved state: it was released "
-                           "after resume_timeout_ms, or ended before the restart",
-                 (unsigned long long)sid);
-}
-
-/* Hello with resume_session: take up the restored (detached) session of
- * this very process (same pid and uid), keeping the references the client
- * says its views hold. *ret_lost: the held buffers the session no longer
- * has. False when there is no such session (the client starts afresh):
- * why says why. */
-static bool resume(gd_session *s, const Gpubuf__Hello *h, uint64_t **ret_lost, size_t *ret_n,
-                   char *why, size_t why_len) {
-    gd_registry *reg = &s->ctx->reg;
-    gd_holder *old;
-    uint64_t sid = h->resume_session;
-    size_t n = 0;
-    HASH_FIND(hh, reg->holders, &sid, sizeof(sid), old);
-    /* pid 0: the peer's PID namespace is not gpubufd's or a descendant of
-     * it; every such peer shows pid 0, so the pid proves nothing. */
-    if (!old || !old->detached || s->pid == 0 || old->pid != s->pid || old->uid != s->uid) {
-        refusal(s, old, sid, why, why_len);
-        LOG_INFO("pid %d: no session %llu to resume (%s)", (int)s->pid,
-                 (unsigned long long)sid, why);
-        return false;
-    }
-    gd_held *held = calloc(h->n_held + 1, sizeof(*held));
-    uint64_t *lost = calloc(h->n_held + 1, sizeof(*lost));
-    if (!held || !lost) {
-        free(held);
-        free(lost);
-        snprintf(why, why_len, "gpubufd is out of memory");
-        return false;
-    }
-    for (size_t i = 0; i < h->n_held; i++) {
-        held[n].buffer_id = h->held[i]->buffer_id;
-        held[n].count = h->held[i]->count;
-        held[n++].ro = h->held[i]->read_only;
-    }
-    qsort(held, n, sizeof(*held), gd_held_cmp);
-    /* An id named twice counts once, with the larger claim. */
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        if (k && held[k - 1].buffer_id == held[i].buffer_id) {
-            if (held[i].count > held[k - 1].count)
-                held[k - 1] = held[i];
-        } else {
-            held[k++] = held[i];
-        }
-    }
-    gd_registry_holder_drop(reg, s->holder); /* the fresh one: empty */
-    s->holder = old;
-    *ret_n = gd_registry_resume(reg, old, held, k, lost);
-    *ret_lost = lost;
-    LOG_INFO("session %llu (pid %d) resumed: %u reference(s) kept, %zu buffer(s) lost",
-             (unsigned long long)sid, (int)s->pid, old->n_refs, *ret_n);
-    free(held);
-    return true;
-}
-
-static void do_hello(gd_session *s, uint64_t id, const Gpubuf__Hello *h) {
-    Gpubuf__Response resp = GPUBUF__RESPONSE__INIT;
-    Gpubuf__HelloReply hr = GPUBUF__HELLO_REPLY__INIT;
-    if (s->hello_done) {
-        gd_session_reply_error(s, id, GPUBUF_EPROTOCOL, "hello sent twice");
-        return;
-    }
-    if (h->min_version > GPUBUF_PROTOCOL_VERSION || h->max_version < GPUBUF_PROTOCOL_VERSION) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "client speaks versions %u..%u, daemon speaks %u",
-                 h->min_version, h->max_version, GPUBUF_PROTOCOL_VERSION);
-        gd_session_reply_error(s, id, GPUBUF_EVERSION, msg);
-        session_close(s, GD_END_PROTOCOL);
-        return;
-    }
-    s->hello_done = true;
-    s->io->ready(s->conn);
-    /* Shown by gpubufctl and in the log: printable UTF-8, cut on a character. */
-    const char *cn = h->client_name ? h->client_name : "";
-    gpubuf_text_clean(s->name, sizeof(s->name), cn, strlen(cn));
-    uint64_t *lost = NULL;
-    char why[160] = "";
-    if (h->resume_session) {
-        hr.resumed = resume(s, h, &lost, &hr.n_lost, why, sizeof(why));
-        hr.lost = lost;
-        hr.references_kept = hr.resumed ? s->holder->n_refs : 0;
-        hr.resume_refused = why;
-    }
-    hr.restarts = s->ctx->restarts;
-    hr.version = GPUBUF_PROTOCOL_VERSION;
-    hr.server = (char *)GPUBUF_SERVER_STRING;
-    hr.session_id = s->holder->id;
-    hr.max_request = s->ctx->limits.max_request;
-    hr.max_response = GPUBUF_WIRE_MAX_RESPONSE;
-    if ((h->capabilities & GPUBUF_CAP_KEEP_MAPPED) && s->ctx->reg.quota.kept_slabs_per_client) {
-        s->caps |= GPUBUF_CAP_KEEP_MAPPED;
-        s->holder->kept_cap = s->ctx->reg.quota.kept_slabs_per_client;
-        hr.max_kept_slabs = s->holder->kept_cap;
-    }
-    s->caps |= h->capabilities & GPUBUF_CAP_SLAB_ONCE;
-    hr.capabilities = s->caps;
-    hr.max_batch_items = GD_BATCH_MAX_ITEMS;
-    hr.max_batch_slabs = GD_BATCH_REPLY_FDS;
-    resp.id = id;
-    resp.body_case = GPUBUF__RESPONSE__BODY_HELLO;
-    resp.hello = &hr;
-    gd_session_send(s, &resp, -1);
-    free(lost);
-}
-
 /* The metadata of an alloc or seal request as registry arguments; layout is
  * their storage. -EINVAL for a wire layout that does not convert. */
 static int meta_args(const Gpubuf__ArrayLayout *wl, const ProtobufCBinaryData *user,
@@ -407,6 +274,30 @@ static void reply_target_error(gd_session *s, uint64_t id, const gd_target *t, i
     gd_session_reply_error(s, id, r, gd_err_msg(err, r));
 }
 
+/* Where an open, delete or stat points (q names a buffer by name in a pool,
+ * or by id, maybe with the owner it expects), into t: true with *ret the
+ * outcome of gd_session_target(), false after an error reply when q names
+ * neither (verb: the request). */
+#define REQUEST_TARGET(s, id, q, CASE, verb, t, err, ret)                                          \
+    request_target((s), (id), (verb), (q)->target_case == CASE##_NAME,                             \
+                   (q)->target_case == CASE##_BUFFER_ID, (q)->name, (q)->buffer_id, (q)->pool,     \
+                   (q)->owner, (t), (err), (ret))
+
+static bool request_target(gd_session *s, uint64_t id, const char *verb, bool by_name, bool by_id,
+                           const char *name, uint64_t bid, const char *pool,
+                           const Gpubuf__ExpectedOwner *owner, gd_target *t, gd_err *err,
+                           int *ret) {
+    if (!by_name && !by_id) {
+        char msg[64];
+        snprintf(msg, sizeof(msg), "%s needs a name or a buffer id", verb);
+        gd_session_reply_error(s, id, -EINVAL, msg);
+        return false;
+    }
+    *ret = gd_session_target(s, by_name, name, bid, pool, owner != NULL, owner ? owner->uid : 0, t,
+                             err);
+    return true;
+}
+
 static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     gd_registry *reg = &s->ctx->reg;
     gd_err err = {0};
@@ -414,14 +305,8 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     bool waitable = false;
     gd_opened o;
     int r;
-    if (q->target_case != GPUBUF__OPEN_REQUEST__TARGET_NAME &&
-        q->target_case != GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID) {
-        gd_session_reply_error(s, id, -EINVAL, "open needs a name or a buffer id");
+    if (!REQUEST_TARGET(s, id, q, GPUBUF__OPEN_REQUEST__TARGET, "open", &t, &err, &r))
         return;
-    }
-    r = gd_session_target(s, q->target_case == GPUBUF__OPEN_REQUEST__TARGET_NAME, q->name,
-                          q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t,
-                          &err);
     if (r == 0)
         r = gd_registry_open_one(reg, s->holder, &t, q->read_only, &o, &waitable, &err);
     if (r == 0) {
@@ -513,14 +398,8 @@ static void do_delete(gd_session *s, uint64_t id, const Gpubuf__DeleteRequest *q
     gd_err err = {0};
     gd_target t;
     int r;
-    if (q->target_case != GPUBUF__DELETE_REQUEST__TARGET_NAME &&
-        q->target_case != GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID) {
-        gd_session_reply_error(s, id, -EINVAL, "delete needs a name or a buffer id");
+    if (!REQUEST_TARGET(s, id, q, GPUBUF__DELETE_REQUEST__TARGET, "delete", &t, &err, &r))
         return;
-    }
-    r = gd_session_target(s, q->target_case == GPUBUF__DELETE_REQUEST__TARGET_NAME, q->name,
-                          q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t,
-                          &err);
     if (r == 0)
         r = gd_registry_delete_target(&s->ctx->reg, s->holder, &t, &err);
     if (r < 0) {
@@ -535,14 +414,8 @@ static void do_stat(gd_session *s, uint64_t id, const Gpubuf__StatRequest *q) {
     gd_err err = {0};
     gd_target t;
     int r;
-    if (q->target_case != GPUBUF__STAT_REQUEST__TARGET_NAME &&
-        q->target_case != GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID) {
-        gd_session_reply_error(s, id, -EINVAL, "stat needs a name or a buffer id");
+    if (!REQUEST_TARGET(s, id, q, GPUBUF__STAT_REQUEST__TARGET, "stat", &t, &err, &r))
         return;
-    }
-    r = gd_session_target(s, q->target_case == GPUBUF__STAT_REQUEST__TARGET_NAME, q->name,
-                          q->buffer_id, q->pool, q->owner != NULL, q->owner ? q->owner->uid : 0, &t,
-                          &err);
     if (r == 0)
         r = gd_registry_stat(&s->ctx->reg, &t, &b, &err);
     if (r < 0) {
@@ -636,7 +509,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
         LOG_WARN_LIMITED("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid,
                          len);
         gd_session_reply_error(s, 0, GPUBUF_EPROTOCOL, "request does not decode as gpubuf.Request");
-        session_close(s, GD_END_PROTOCOL);
+        gd_session_close(s, GD_END_PROTOCOL);
         return 0;
     }
     /* A batch starts only when its largest reply fits in the daemon's reply
@@ -650,7 +523,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
     }
     if (!s->hello_done && req->body_case != GPUBUF__REQUEST__BODY_HELLO) {
         gd_session_reply_error(s, req->id, GPUBUF_EPROTOCOL, "the first request must be hello");
-        session_close(s, GD_END_PROTOCOL);
+        gd_session_close(s, GD_END_PROTOCOL);
         goto out;
     }
     const char *nul = gpubuf_wire_nul_string(&gpubuf__request__descriptor, payload, len);
@@ -660,7 +533,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
                  "string field '%s' of the request contains a NUL byte; strings may not", nul);
         gd_session_reply_error(s, req->id, -EINVAL, msg);
         if (!s->hello_done)
-            session_close(s, GD_END_PROTOCOL);
+            gd_session_close(s, GD_END_PROTOCOL);
         goto out;
     }
     gd_req_type type = req_type(req);
@@ -672,7 +545,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
     }
     s->cur_type = (int)type;
     switch (req->body_case) {
-    case GPUBUF__REQUEST__BODY_HELLO: do_hello(s, req->id, req->hello); break;
+    case GPUBUF__REQUEST__BODY_HELLO: gd_session_hello(s, req->id, req->hello); break;
     case GPUBUF__REQUEST__BODY_ALLOC: do_alloc(s, req->id, req->alloc); break;
     case GPUBUF__REQUEST__BODY_SEAL: do_seal(s, req->id, req->seal); break;
     case GPUBUF__REQUEST__BODY_OPEN: do_open(s, req->id, req->open); break;
@@ -716,7 +589,7 @@ void gd_session_bad_frame(gd_session *s, int err) {
 void gd_session_shutdown(gd_session *s) {
     /* Best effort: a client blocked in a request reads this error. */
     gd_session_reply_error(s, 0, -ESHUTDOWN, "gpubufd is shutting down");
-    session_close(s, GD_END_SHUTDOWN);
+    gd_session_close(s, GD_END_SHUTDOWN);
 }
 
 gd_session *gd_session_new(gd_context *ctx, const gd_transport *io, void *conn, pid_t pid,

@@ -223,6 +223,18 @@ static uint8_t *dup_bytes(rd *r, size_t n, bool *oom) {
     return d;
 }
 
+/* m = a new message (init: its init function), rec's oneof member field
+ * (case CASE), freed with rec from here on; without memory, the caller
+ * returns -ENOMEM. */
+#define REC_NEW(rec, m, init, CASE, field)                                                         \
+    do {                                                                                           \
+        if (!((m) = malloc(sizeof(*(m)))))                                                         \
+            return -ENOMEM;                                                                        \
+        init(m);                                                                                   \
+        (rec)->rec_case = GPUBUF__STATE_RECORD__REC_##CASE;                                        \
+        (rec)->field = (m);                                                                        \
+    } while (0)
+
 static Gpubuf__StateRecord *new_record(void) {
     Gpubuf__StateRecord *rec = malloc(sizeof(*rec));
     if (rec)
@@ -231,16 +243,12 @@ static Gpubuf__StateRecord *new_record(void) {
 }
 
 static int dec_buffer(rd *r, Gpubuf__StateRecord *rec) {
-    Gpubuf__StateBuffer *m = malloc(sizeof(*m));
+    Gpubuf__StateBuffer *m;
     uint32_t state = 0, uid = 0, ttl = 0;
     uint8_t flags = 0;
     uint16_t name_len = 0, user_len = 0, layout_len = 0;
     bool oom = false;
-    if (!m)
-        return -ENOMEM;
-    gpubuf__state_buffer__init(m);
-    rec->rec_case = GPUBUF__STATE_RECORD__REC_BUFFER;
-    rec->buffer = m; /* freed with rec from here on */
+    REC_NEW(rec, m, gpubuf__state_buffer__init, BUFFER, buffer);
     m->name = NULL;
     if (!u64(r, &m->id) || !u64(r, &m->slab_id) || !u64(r, &m->offset) ||
         !u64(r, &m->block_size) || !u64(r, &m->size) || !u64(r, &m->owner_session) ||
@@ -286,12 +294,8 @@ static int dec_entry(rd *r, Gpubuf__StateRecord *rec) {
         return -EINVAL;
     switch (kind) {
     case GD_SE_REF: {
-        Gpubuf__StateRef *m = malloc(sizeof(*m));
-        if (!m)
-            return -ENOMEM;
-        gpubuf__state_ref__init(m);
-        rec->rec_case = GPUBUF__STATE_RECORD__REC_REF;
-        rec->ref = m;
+        Gpubuf__StateRef *m;
+        REC_NEW(rec, m, gpubuf__state_ref__init, REF, ref);
         if (!u64(r, &m->session) || !u64(r, &m->buffer) || !u32(r, &m->count) ||
             !u32(r, &m->read_only))
             return -EINVAL;
@@ -315,12 +319,8 @@ static int dec_entry(rd *r, Gpubuf__StateRecord *rec) {
         return 0;
     case GD_SE_BUFFER: return dec_buffer(r, rec);
     case GD_SE_BUFFER_STATE: {
-        Gpubuf__StateBufferState *m = malloc(sizeof(*m));
-        if (!m)
-            return -ENOMEM;
-        gpubuf__state_buffer_state__init(m);
-        rec->rec_case = GPUBUF__STATE_RECORD__REC_BUFFER_STATE;
-        rec->buffer_state = m;
+        Gpubuf__StateBufferState *m;
+        REC_NEW(rec, m, gpubuf__state_buffer_state__init, BUFFER_STATE, buffer_state);
         return u64(r, &m->id) && u32(r, &m->state) ? 0 : -EINVAL;
     }
     default: return -EINVAL;

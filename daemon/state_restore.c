@@ -102,33 +102,37 @@ static uint64_t umax(uint64_t a, uint64_t b) {
     return a > b ? a : b;
 }
 
-/* The record *m of id replaces the entry's (it moves into the table: *m
- * becomes NULL). False when out of memory. */
-static bool upsert(r_entry **table, uint64_t id, uint64_t *max, void *mp) {
+/* The record *m of id (what: the log's word for it) replaces the entry's
+ * in table (it moves into the table: *m becomes NULL); one with an id out
+ * of range is dropped. False when out of memory. */
+static bool upsert(replay *rp, const char *what, r_entry **table, uint64_t id, uint64_t *max,
+                   void *mp) {
     ProtobufCMessage **m = mp;
     r_entry *e;
+    if (!id_ok(rp, what, "id", id))
+        return true;
     *max = umax(*max, id);
-    HASH_FIND(hh, *table, &id, sizeof(id), e);
-    if (!e) {
-        if (!(e = calloc(1, sizeof(*e))))
-            return false;
-        e->id = id;
-        HASH_ADD(hh, *table, id, sizeof(e->id), e);
-    } else {
+    GPUBUF_HASH_GET(*table, id, id, e);
+    if (!e)
+        return false;
+    if (e->m) /* replaced */
         protobuf_c_message_free_unpacked(e->m, NULL);
-    }
     e->m = *m;
     *m = NULL;
     return true;
 }
 
-static void remove_id(r_entry **table, uint64_t id, uint64_t *max) {
+/* A removal record (what) of id: its entry leaves table (an id out of
+ * range: the record is dropped). True. */
+static bool remove_id(replay *rp, const char *what, r_entry **table, uint64_t id, uint64_t *max) {
     r_entry *e;
-    if (max)
-        *max = umax(*max, id);
+    if (!id_ok(rp, what, "id", id))
+        return true;
+    *max = umax(*max, id);
     HASH_FIND(hh, *table, &id, sizeof(id), e);
     if (e)
         entry_free(table, e);
+    return true;
 }
 
 /* A session's count of references to one buffer (0: none). */
@@ -197,29 +201,19 @@ static bool apply(replay *rp, Gpubuf__StateRecord *rec) {
         rp->counters.restarts = rec->counters->restarts;
         return true;
     case GPUBUF__STATE_RECORD__REC_SLAB:
-        if (!id_ok(rp, "slab", "id", rec->slab->id))
-            return true;
-        return upsert(&rp->slabs, rec->slab->id, &rp->max_slab, &rec->slab);
+        return upsert(rp, "slab", &rp->slabs, rec->slab->id, &rp->max_slab, &rec->slab);
     case GPUBUF__STATE_RECORD__REC_SLAB_GONE:
-        if (id_ok(rp, "slab removal", "id", rec->slab_gone))
-            remove_id(&rp->slabs, rec->slab_gone, &rp->max_slab);
-        return true;
+        return remove_id(rp, "slab removal", &rp->slabs, rec->slab_gone, &rp->max_slab);
     case GPUBUF__STATE_RECORD__REC_BUFFER:
-        if (!id_ok(rp, "buffer", "id", rec->buffer->id))
-            return true;
-        return upsert(&rp->bufs, rec->buffer->id, &rp->max_buffer, &rec->buffer);
+        return upsert(rp, "buffer", &rp->bufs, rec->buffer->id, &rp->max_buffer, &rec->buffer);
     case GPUBUF__STATE_RECORD__REC_BUFFER_GONE:
-        if (id_ok(rp, "buffer removal", "id", rec->buffer_gone))
-            remove_id(&rp->bufs, rec->buffer_gone, &rp->max_buffer);
-        return true;
+        return remove_id(rp, "buffer removal", &rp->bufs, rec->buffer_gone, &rp->max_buffer);
     case GPUBUF__STATE_RECORD__REC_SESSION:
-        if (!id_ok(rp, "session", "id", rec->session->id))
-            return true;
-        return upsert(&rp->sessions, rec->session->id, &rp->max_session, &rec->session);
+        return upsert(rp, "session", &rp->sessions, rec->session->id, &rp->max_session,
+                      &rec->session);
     case GPUBUF__STATE_RECORD__REC_SESSION_GONE:
-        if (id_ok(rp, "session removal", "id", rec->session_gone))
-            remove_id(&rp->sessions, rec->session_gone, &rp->max_session);
-        return true;
+        return remove_id(rp, "session removal", &rp->sessions, rec->session_gone,
+                         &rp->max_session);
     case GPUBUF__STATE_RECORD__REC_REF:
         return set_ref(rp, rec->ref);
     case GPUBUF__STATE_RECORD__REC_BUFFER_STATE:
