@@ -77,7 +77,7 @@ static void sealed_buffer(const test_daemon *d, const char *name, gpubuf_client 
 
 /* A raw connection to d, past its hello. */
 static int raw_hello(const test_daemon *d) {
-    int fd = td_raw_connect(d, 5);
+    int fd = td_raw_connect(d, 60);
     td_raw_hello(fd);
     return fd;
 }
@@ -259,13 +259,13 @@ static void td_start_for_rss(test_daemon *d, const char *const *args) {
 static int raw_connect_as_other_uid(test_daemon *d, bool *ret_other) {
     *ret_other = geteuid() == 0;
     if (!*ret_other)
-        return td_raw_connect(d, 5);
+        return td_raw_connect(d, 60);
     /* Let uid 65534 reach the socket. */
     ck_assert_int_eq(chmod(d->dir, 0755), 0);
     ck_assert_int_eq(chmod(d->socket, 0666), 0);
     ck_assert_int_eq(setegid(65534), 0);
     ck_assert_int_eq(seteuid(65534), 0);
-    int fd = td_raw_connect(d, 5);
+    int fd = td_raw_connect(d, 60);
     ck_assert_int_eq(seteuid(0), 0);
     ck_assert_int_eq(setegid(0), 0);
     return fd;
