@@ -282,7 +282,17 @@ const gpubuf_pool_info *td_find_pool(const gpubuf_status *s, const char *name) {
     return NULL;
 }
 
+/* Every td_wait_* with a bound waits at least 20 s: it returns as soon as
+ * what it waits for holds, so a long bound costs a passing test nothing,
+ * and a loaded machine (CI runs beside other work) must not fail a test
+ * whose daemon is only slow. A bound of 0 stays a single look. A test that
+ * measures a duration does not use these. */
+static int patient(int timeout_ms) {
+    return timeout_ms > 0 && timeout_ms < 20000 ? 20000 : timeout_ms;
+}
+
 bool td_wait_clients(const test_daemon *d, size_t n, int timeout_ms) {
+    timeout_ms = patient(timeout_ms);
     for (int waited = 0; waited <= timeout_ms; waited += 5) {
         gpubuf_status *s = td_status(d);
         /* The status connection itself is listed too. */
@@ -324,6 +334,7 @@ static long waiting_opens(const test_daemon *d) {
 }
 
 bool td_wait_waiting_opens(const test_daemon *d, long n, int timeout_ms) {
+    timeout_ms = patient(timeout_ms);
     for (int waited = 0; waited <= timeout_ms; waited += 5) {
         if (waiting_opens(d) == n)
             return true;
@@ -344,6 +355,7 @@ uint64_t td_requests(const test_daemon *d, const char *type) {
 
 bool td_wait_requests(const test_daemon *d, const char *type, uint64_t since, uint64_t n,
                       int timeout_ms) {
+    timeout_ms = patient(timeout_ms);
     /* Each poll (and the one that gave since) is a hello and a status. */
     uint64_t own = strcmp(type, "status") == 0 || strcmp(type, "hello") == 0;
     for (int waited = 0; waited <= timeout_ms; waited += 5) {
@@ -356,6 +368,7 @@ bool td_wait_requests(const test_daemon *d, const char *type, uint64_t since, ui
 }
 
 bool td_wait_client_pid(const test_daemon *d, pid_t pid, int timeout_ms) {
+    timeout_ms = patient(timeout_ms);
     for (int waited = 0; waited <= timeout_ms; waited += 5) {
         gpubuf_status *s = td_status(d);
         bool ok = false;
@@ -380,6 +393,7 @@ static size_t raw_n_clients(int fd) {
 }
 
 bool td_wait_connect(const char *path, gpubuf_client **ret, int timeout_ms) {
+    timeout_ms = patient(timeout_ms);
     for (int waited = 0; waited <= timeout_ms; waited += 10) {
         if (gpubuf_connect(path, ret) == 0)
             return true;
@@ -390,6 +404,7 @@ bool td_wait_connect(const char *path, gpubuf_client **ret, int timeout_ms) {
 }
 
 bool td_wait_file_has(const char *path, const char *text, int timeout_ms) {
+    timeout_ms = patient(timeout_ms);
     for (int waited = 0; waited <= timeout_ms; waited += 10) {
         FILE *f = fopen(path, "r");
         if (f) {
@@ -449,6 +464,7 @@ uint64_t td_mismatches(const void *p, uint64_t len, uint32_t seed) {
 }
 
 bool td_wait_refs(const test_daemon *d, const char *name, uint32_t refs, int timeout_ms) {
+    timeout_ms = patient(timeout_ms);
     for (int t = 0; t <= timeout_ms; t += 5) {
         gpubuf_status *s = td_status(d);
         const gpubuf_status_buffer *b = td_find_buffer(s, name);

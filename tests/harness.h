@@ -68,7 +68,9 @@ gpubuf_buffer *td_alloc(gpubuf_client *c, const char *pool, uint64_t size, const
  * no reference. */
 void td_produce(const test_daemon *d, const char *name, uint64_t size, uint32_t seed);
 
-/* Status helpers (fresh connection each time). */
+/* Status helpers (fresh connection each time). A td_wait_* bound of
+ * timeout_ms > 0 is at least 20 s (harness.c, patient()): they end as soon
+ * as what they wait for holds. */
 gpubuf_status *td_status(const test_daemon *d);
 /* name: NAME (the first buffer of that name, in any pool) or /POOL/NAME. */
 const gpubuf_status_buffer *td_find_buffer(const gpubuf_status *s, const char *name);

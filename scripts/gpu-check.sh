@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# shellcheck disable=SC2317 # build and aio are run through step
+# Everything that needs a GPU, in two phases that each fit in 10 minutes on
+# one H200, with every step under its own deadline (a hang costs that step,
+# not the run) and the output in a few files of OUTDIR:
+#
+#   scripts/gpu-check.sh tests [OUTDIR]   build (Release with CUDA and Python),
+#       ctest -L gpu, the asyncio example on a cuda-ipc and a cuda-vmm pool
+#   scripts/gpu-check.sh bench [OUTDIR]   bench/run.sh (every default group,
+#       anchors and journal pairs in the same run), bench/torch_bench.py
+#
+# OUTDIR defaults to $OUT, else ./gpu-check-out. The build is in
+# ${GPUBUF_BUILD:-/tmp/b}; "bench" builds it first if it is not there.
+# Exit status: the number of steps that failed (0: all passed).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+phase=${1:-}
+out=${2:-${OUT:-gpu-check-out}}
+B=${GPUBUF_BUILD:-/tmp/b}
+case "$phase" in
+tests | bench) ;;
+*) echo "usage: $0 tests|bench [OUTDIR]" >&2; exit 2 ;;
+esac
+mkdir -p "$out"
+log="$out/$phase.txt"
+: >"$log"
+t0=$(date +%s)
+failed=0
+say() { echo "[$(($(date +%s) - t0)) s] $*" | tee -a "$log"; }
+# step NAME SECONDS CMD...: run CMD under a deadline (a function of this
+# script keeps its own deadlines); its output goes to the log.
+step() {
+    local name=$1 secs=$2 rc
+    shift 2
+    say "== $name (deadline $secs s)"
+    if declare -F "$1" >/dev/null; then
+        "$@" >>"$log" 2>&1
+    else
+        timeout -k 5 "$secs" "$@" >>"$log" 2>&1
+    fi
+    rc=$?
+    [ "$rc" = 124 ] && say "$name: ran past $secs s"
+    [ "$rc" = 0 ] || failed=$((failed + 1))
+    say "$name: rc $rc"
+    return "$rc"
+}
+
+build() {
+    [ -x "$B/daemon/gpubufd" ] && [ "$phase" = bench ] && return 0
+    cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUBUF_WERROR=ON \
+        -DGPUBUF_REQUIRE_CUDA=ON -DGPUBUF_WITH_PYTHON=ON \
+        -DPython3_EXECUTABLE="$(command -v python3)" >"$out/cmake.log" 2>&1 &&
+        cmake --build "$B" -j"$(nproc)" >"$out/build.log" 2>&1
+}
+
+# The asyncio example on one pool kind: 1,000 frames sealed on streams.
+aio() {
+    local sock=/tmp/gpubuf-check-$1.sock rc
+    rm -f "$sock"
+    "$B/daemon/gpubufd" --socket "$sock" --log-level info \
+        --pool "p=$1,device=0,capacity=4G" >"$out/aio-$1.daemon.log" 2>&1 &
+    local dp=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+    GPUBUF_SOCKET=$sock PYTHONPATH=$B/python \
+        timeout -k 5 60 python3 -X faulthandler examples/python/aio_server.py --demo 1000 --cuda --pool p
+    rc=$?
+    kill "$dp" 2>/dev/null
+    wait "$dp" 2>/dev/null
+    return "$rc"
+}
+
+step build 420 build || { tail -40 "$out/build.log" "$out/cmake.log" >>"$log" 2>/dev/null; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$log" 2>&1
+if [ "$phase" = tests ]; then
+    step "ctest -L gpu" 420 ctest --test-dir "$B" -L gpu --timeout 300 --output-on-failure
+    step "aio_server cuda-ipc" 70 aio cuda-ipc
+    step "aio_server cuda-vmm" 70 aio cuda-vmm
+else
+    step "bench/run.sh" 420 bench/run.sh --out "$out/bench"
+    step "bench/torch_bench.py" 150 python3 bench/torch_bench.py --gpubufd "$B/daemon/gpubufd"
+fi
+say "done: $failed step(s) failed"
+exit "$failed"
