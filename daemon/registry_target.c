@@ -27,7 +27,7 @@ int gd_registry_open_mode(gd_registry *r, gd_holder *h, const char *name, uint64
 static int resolve(gd_registry *r, const gd_holder *h, const gd_target *t, gd_buf **ret,
                    gd_err *err) {
     gd_pool *pool = t->pool;
-    gd_buf *b;
+    gd_buf *b = NULL;
     int rc;
     if (t->name) {
         if ((rc = gd_registry_check_name(t->name, err)) < 0)
@@ -70,7 +70,7 @@ static int not_found(gd_registry *r, const gd_target *t, gd_err *err) {
 
 int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
                             gd_buf **ret, bool *ret_waitable, gd_err *err) {
-    gd_buf *b;
+    gd_buf *b = NULL;
     int rc;
     bool waitable = false;
     if ((rc = resolve(r, h, t, &b, err)) < 0)
@@ -106,7 +106,7 @@ int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bo
 
 int gd_registry_open_one(gd_registry *r, gd_holder *h, const gd_target *t, bool read_only,
                          gd_opened *ret, bool *ret_waitable, gd_err *err) {
-    gd_buf *b;
+    gd_buf *b = NULL;
     int rc = gd_registry_open_target(r, h, t, read_only, &b, ret_waitable, err);
     if (rc == 0)
         gd_registry_opened(r, h, b, read_only, ret);
@@ -120,7 +120,7 @@ int gd_registry_delete(gd_registry *r, gd_holder *h, const char *name, uint64_t 
 }
 
 int gd_registry_stat(gd_registry *r, const gd_target *t, gd_buf **ret, gd_err *err) {
-    gd_buf *b;
+    gd_buf *b = NULL;
     int rc = resolve(r, NULL, t, &b, err);
     if (rc < 0)
         return rc;
@@ -165,7 +165,7 @@ uint32_t gd_overflow_uid(void) {
 
 int gd_registry_find_owned(gd_registry *r, gd_holder *h, const gd_target *t, const char *what,
                            gd_buf **ret, gd_err *err) {
-    gd_buf *b;
+    gd_buf *b = NULL;
     int rc = resolve(r, NULL, t, &b, err);
     if (rc < 0)
         return rc;
@@ -191,7 +191,7 @@ int gd_registry_find_owned(gd_registry *r, gd_holder *h, const gd_target *t, con
 }
 
 int gd_registry_delete_target(gd_registry *r, gd_holder *h, const gd_target *t, gd_err *err) {
-    gd_buf *b;
+    gd_buf *b = NULL;
     int rc = gd_registry_find_owned(r, h, t, "delete it", &b, err);
     if (rc < 0)
         return rc;

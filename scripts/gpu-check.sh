@@ -66,6 +66,7 @@ aio() {
     rc=$?
     kill "$dp" 2>/dev/null
     wait "$dp" 2>/dev/null
+    [ "$rc" = 0 ] || tail -5 "$out/aio-$1.daemon.log"
     return "$rc"
 }
 
