@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Check what `cmake --install` delivers: build gpubuf in a temporary directory,
+# Check what `cmake --install` delivers: build gpubuf (Release, -Werror: the
+# -O3 build users and bench/run.sh make) in a temporary directory,
 # install it into a staging prefix, check the layout, then build
 # examples/out-of-tree against the installed files only, with CMake
 # (find_package(gpubuf)) and with pkg-config (gpubuf-client.pc), each shared
@@ -40,7 +41,7 @@ echo "== install into a staging prefix and build examples/out-of-tree against it
 step "configure, build and install into $prefix"
 py_opt=()
 [ -n "${GPUBUF_PYTHON:-}" ] && py_opt=(-DGPUBUF_WITH_PYTHON=ON -DPython3_EXECUTABLE="$GPUBUF_PYTHON")
-cmake -S . -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGPUBUF_WERROR=ON \
+cmake -S . -B "$work/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGPUBUF_WERROR=ON \
     -DGPUBUF_BUILD_TESTS=OFF -DGPUBUF_BUILD_BENCH=OFF -DCMAKE_INSTALL_PREFIX="$prefix" "${py_opt[@]}" \
     ${GPUBUF_CMAKE_ARGS:-} >"$work/configure.log" || { cat "$work/configure.log"; fail configure; }
 cmake --build "$work/build" -j"$jobs" >"$work/build.log" || { cat "$work/build.log"; fail build; }
