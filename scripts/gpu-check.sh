@@ -78,7 +78,8 @@ if [ "$phase" = tests ]; then
     step "aio_server cuda-vmm" 70 aio cuda-vmm
 else
     step "bench/run.sh" 420 bench/run.sh --out "$out/bench"
-    step "bench/torch_bench.py" 150 python3 bench/torch_bench.py --gpubufd "$B/daemon/gpubufd"
+    step "bench/torch_bench.py" 150 env PYTHONPATH="$B/python" python3 bench/torch_bench.py \
+        --gpubufd "$B/daemon/gpubufd"
 fi
 say "done: $failed step(s) failed"
 exit "$failed"
