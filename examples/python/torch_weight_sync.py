@@ -48,9 +48,9 @@ def trainer(device, pool, steps, stop_at):
     """Train; publish a version per step. Resumes from the latest version."""
     c = gpubuf.Client()
     model = make_model().to(device)
-    latest = gt.latest_version(c, PREFIX)
+    latest = gt.latest_version(c, PREFIX, pool=pool)
     if latest is not None:
-        sd = gt.open_state_dict(c, PREFIX, version=latest)
+        sd = gt.open_state_dict(c, PREFIX, version=latest, pool=pool)
         model.load_state_dict({k: v for k, v in sd.items() if k != "checksum"})  # a copy
         del sd
         print(f"trainer {os.getpid()}: resumed from version {latest}", flush=True)
@@ -80,7 +80,7 @@ def functional(model, sd, x):
         return functional_call(model, sd, (x,))
 
 
-def consumer(rank, device, last, results):
+def consumer(rank, device, pool, last, results):
     c = gpubuf.Client()
     if device == "cuda":
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -88,15 +88,15 @@ def consumer(rank, device, last, results):
     x = torch.randn(4, 64, device=device)
     seen, mismatches, v = 0, 0, -1
     while v < last:
-        latest = gt.latest_version(c, PREFIX)
+        latest = gt.latest_version(c, PREFIX, pool=pool)
         if latest is None or latest <= v:
             try:  # wait for the next version
-                sd = gt.open_state_dict(c, PREFIX, version=v + 1, timeout=0.5)
+                sd = gt.open_state_dict(c, PREFIX, version=v + 1, timeout=0.5, pool=pool)
             except (gpubuf.WaitTimeoutError, gpubuf.NotFoundError):
                 continue
         else:
             try:
-                sd = gt.open_state_dict(c, PREFIX, version=latest)
+                sd = gt.open_state_dict(c, PREFIX, version=latest, pool=pool)
             except gpubuf.NotFoundError:  # deleted meanwhile: a newer one exists
                 continue
         v = sd.version
@@ -126,7 +126,7 @@ def main():
                      if b["name"].startswith(PREFIX + "/v")}):
         gt.delete_state_dict(c, PREFIX, v)  # an earlier run's
     results = ctx.Queue()
-    consumers = [ctx.Process(target=consumer, args=(r, a.device, a.steps - 1, results))
+    consumers = [ctx.Process(target=consumer, args=(r, a.device, a.pool, a.steps - 1, results))
                  for r in range(a.consumers)]
     for q in consumers:
         q.start()
@@ -142,7 +142,11 @@ def main():
     t = ctx.Process(target=trainer, args=(a.device, a.pool, a.steps, -1))
     t.start()
     t.join()
-    ok = t.exitcode == 0
+    if t.exitcode != 0:  # the consumers would wait for versions that never come
+        for q in consumers:
+            q.kill()
+        sys.exit(f"the restarted trainer failed (exit status {t.exitcode})")
+    ok = True
     for _ in consumers:
         rank, seen, mismatches, v = results.get(timeout=600)
         print(f"consumer {rank}: ran {seen} versions, last {v}, {mismatches} checksum mismatches")

@@ -584,18 +584,30 @@ def _vname(prefix, version, what):
     return "%s/v%d/%s" % (prefix, version, what)
 
 
-def latest_version(client, prefix, *, pool=None):
-    """The newest published version of state dict `prefix` (an int), or None."""
+def _find_index(client, prefix, version, pool):
+    """(version, pool name) of the sealed index of `prefix`'s version
+    (an int, or "latest": the newest) in pool `pool` (None: in any pool),
+    from one status; None where there is none."""
     head = prefix + "/v"
     best = None
     for b in client.status()["buffers"]:
         n = b["name"]
-        if (n.startswith(head) and n.endswith("/index") and b["state"] == "sealed" and
-                (pool is None or b["pool"] == pool)):
-            v = n[len(head):-len("/index")]
-            if v.isdigit() and (best is None or int(v) > best):
-                best = int(v)
+        if (not n.startswith(head) or not n.endswith("/index") or b["state"] != "sealed" or
+                (pool is not None and b["pool"] != pool)):
+            continue
+        v = n[len(head):-len("/index")]
+        if not v.isdigit():
+            continue
+        v = int(v)
+        if v == version or (version == "latest" and (best is None or v > best[0])):
+            best = (v, b["pool"])
     return best
+
+
+def latest_version(client, prefix, *, pool=None):
+    """The newest published version of state dict `prefix` (an int), or None."""
+    found = _find_index(client, prefix, "latest", pool)
+    return None if found is None else found[0]
 
 
 def _versions(client, prefix, pool):
@@ -736,30 +748,42 @@ def _key(k):
 
 
 def open_state_dict(client, prefix, *, version="latest", readonly=True, device=None,
-                    timeout=None):
+                    timeout=None, pool=None):
     """The state dict published under `prefix` as an ordered dict of
     zero-copy tensors (one batch open). version: an int, or "latest".
     readonly: read-only mappings where the pool kind has them (host,
     cuda-vmm; cuda-ipc buffers open read-write). device: None keeps each
     tensor where it lives; another device gets a copy. timeout: seconds to
-    wait for that version (None: fail at once with NotFoundError). Each tensor
-    holds one daemon reference until it is freed. The dict's `version`
-    attribute is the version."""
+    wait for that version (None: fail at once with NotFoundError). pool: the
+    pool it was published in; None finds a published version in whichever
+    pool holds it (one status), and waits for one not published yet in the
+    daemon's default pool, so name the pool to wait in another one. Each
+    tensor holds one daemon reference until it is freed. The dict's
+    `version` attribute is the version."""
+    found = None
+    if version == "latest" or pool is None:
+        found = _find_index(client, prefix, version, pool)
     if version == "latest":
-        version = latest_version(client, prefix)
-        if version is None:
+        if found is None:
             if not timeout:
-                raise gpubuf.NotFoundError("no state dict is published under %r" % prefix)
-            version = 0
-    ib = client.open(_vname(prefix, version, "index"), timeout)
+                raise gpubuf.NotFoundError("no state dict is published under %r%s" %
+                                           (prefix, "" if pool is None else " in pool %r" % pool))
+        version = 0 if found is None else found[0]
+    where = found[1] if found is not None else pool
+
+    def qualified(n):  # names are per pool: "/POOL/NAME" outside the default pool
+        return n if where is None or n.startswith("/") else "/%s/%s" % (where, n)
+
+    ib = client.open(qualified(_vname(prefix, version, "index")), timeout)
     try:
         index = json.loads(ib.to_pybytes())
     finally:
         ib.release()
-    bufs = client.open_many(index["names"], readonly=bool(readonly), timeout=timeout)
+    names = [qualified(n) for n in index["names"]]
+    bufs = client.open_many(names, readonly=bool(readonly), timeout=timeout)
     if readonly and any(isinstance(b, gpubuf.NotSupportedError) for b in bufs):
         # cuda-ipc pools map read-write only (docs/security.md)
-        again = [n for n, b in zip(index["names"], bufs) if isinstance(b, gpubuf.NotSupportedError)]
+        again = [n for n, b in zip(names, bufs) if isinstance(b, gpubuf.NotSupportedError)]
         more = iter(client.open_many(again, timeout=timeout))
         bufs = [next(more) if isinstance(b, gpubuf.NotSupportedError) else b for b in bufs]
     out = _StateDict()

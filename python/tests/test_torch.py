@@ -34,7 +34,7 @@ def test_torch_cpu(daemon, scenario):
     run_scenario(daemon, scenario, "cpu", "host")
 
 
-@pytest.mark.parametrize("scenario", ["zero_copy", "killed"])
+@pytest.mark.parametrize("scenario", ["zero_copy", "killed", "versions", "readonly", "assign"])
 def test_torch_cpu_other_pool(daemon, scenario):
     """The scenarios that name a buffer, in a pool that is not the daemon's
     default ("tiny"; "host" is): names are per pool, so every look-up of

@@ -113,14 +113,16 @@ def pool_square(t):
     return (t * t).sum().item(), t * 2
 
 
-def sd_consumer(prefix, device, cmd, r):
-    """Open versions of a state dict on command; hold or drop them."""
+def sd_consumer(prefix, device, cmd, r, pool=None):
+    """Open versions of a state dict on command; hold or drop them. Opens
+    name `pool` (a waiting open of a version not published yet waits in the
+    pool it names); "write" finds the pool itself."""
     c = gpubuf.Client()
     held = {}
     while True:
         op, arg = cmd.get()
         if op == "open":
-            sd = gt.open_state_dict(c, prefix, version=arg, timeout=DEADLINE)
+            sd = gt.open_state_dict(c, prefix, version=arg, timeout=DEADLINE, pool=pool)
             held[sd.version] = sd
             r.put((sd.version, {k: v.cpu().clone() for k, v in sd.items()}))
         elif op == "drop":
@@ -332,7 +334,7 @@ def scenario_versions(device, pool, ctx):
     assert gt.publish_state_dict(c, prefix, sd0, pool=pool) == 0
     assert gt.latest_version(c, prefix) == 0
     cmd, r = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=sd_consumer, args=(prefix, device, cmd, r))
+    p = ctx.Process(target=sd_consumer, args=(prefix, device, cmd, r, pool))
     p.start()
     cmd.put(("open", "latest"))
     v, got = r.get(timeout=DEADLINE)
