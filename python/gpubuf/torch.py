@@ -585,23 +585,24 @@ def _vname(prefix, version, what):
 
 
 def _find_index(client, prefix, version, pool):
-    """(version, pool name) of the sealed index of `prefix`'s version
-    (an int, or "latest": the newest) in pool `pool` (None: in any pool),
-    from one status; None where there is none."""
+    """(version, [pool names]) of the sealed index of `prefix`'s version (an
+    int, or "latest": the newest) in pool `pool` (None: in any pool; the list
+    names every pool that has that version), from one status; None where
+    there is none."""
     head = prefix + "/v"
-    best = None
+    found = {}
     for b in client.status()["buffers"]:
         n = b["name"]
         if (not n.startswith(head) or not n.endswith("/index") or b["state"] != "sealed" or
                 (pool is not None and b["pool"] != pool)):
             continue
         v = n[len(head):-len("/index")]
-        if not v.isdigit():
-            continue
-        v = int(v)
-        if v == version or (version == "latest" and (best is None or v > best[0])):
-            best = (v, b["pool"])
-    return best
+        if v.isdigit() and (version == "latest" or int(v) == version):
+            found.setdefault(int(v), []).append(b["pool"])
+    if not found:
+        return None
+    v = max(found)
+    return v, found[v]
 
 
 def latest_version(client, prefix, *, pool=None):
@@ -769,7 +770,11 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
                 raise gpubuf.NotFoundError("no state dict is published under %r%s" %
                                            (prefix, "" if pool is None else " in pool %r" % pool))
         version = 0 if found is None else found[0]
-    where = found[1] if found is not None else pool
+    if found is not None and len(found[1]) > 1:
+        raise gpubuf.InvalidArgumentError(
+            "version %d of state dict %r is published in pools %s: name the one to open "
+            "(pool=...)" % (version, prefix, ", ".join(repr(p) for p in sorted(found[1]))))
+    where = found[1][0] if found is not None else pool
 
     def qualified(n):  # names are per pool: "/POOL/NAME" outside the default pool
         return n if where is None or n.startswith("/") else "/%s/%s" % (where, n)

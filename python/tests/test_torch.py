@@ -16,7 +16,7 @@ if importlib.util.find_spec("torch") is None:  # pragma: no cover
 
 HERE = SRC / "python" / "tests"
 SCENARIOS = ["queue", "zero_copy", "pool", "fork", "killed", "sender_exits", "lease", "sd_lease",
-             "versions", "readonly", "assign", "errors"]
+             "versions", "readonly", "assign", "errors", "two_pools"]
 
 
 def run_scenario(daemon, scenario, device, pool, timeout=600):
@@ -34,7 +34,7 @@ def test_torch_cpu(daemon, scenario):
     run_scenario(daemon, scenario, "cpu", "host")
 
 
-@pytest.mark.parametrize("scenario", ["zero_copy", "killed", "versions", "readonly", "assign"])
+@pytest.mark.parametrize("scenario", ["zero_copy", "killed", "versions", "readonly", "assign", "two_pools"])
 def test_torch_cpu_other_pool(daemon, scenario):
     """The scenarios that name a buffer, in a pool that is not the daemon's
     default ("tiny"; "host" is): names are per pool, so every look-up of

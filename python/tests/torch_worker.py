@@ -378,29 +378,35 @@ def scenario_readonly(device, pool, ctx):
     kind = [p for p in c.status()["pools"] if p["name"] == pool][0]["kind"]
     if kind == "cuda-ipc":
         skip("cuda-ipc pools cannot map read-only (docs/security.md)")
+    prefix = "ro/" + pool  # see scenario_assign
     sd = {"w": torch.full((1024,), 3.0, device=device)}
-    gt.publish_state_dict(c, "ro/sd", sd, pool=pool)
+    v = gt.publish_state_dict(c, prefix, sd, pool=pool)
     cmd, r = ctx.Queue(), ctx.Queue()
-    p = ctx.Process(target=sd_consumer, args=("ro/sd", device, cmd, r))
+    p = ctx.Process(target=sd_consumer, args=(prefix, device, cmd, r))
     p.start()
-    cmd.put(("write", 0))
+    cmd.put(("write", v))
     p.join(DEADLINE)
     # SIGSEGV (host), a CUDA error (cuda-vmm)
     assert p.exitcode == (42 if device == "cuda" else -signal.SIGSEGV), p.exitcode
     print("read-only writer ended with", p.exitcode)
-    mine = gt.open_state_dict(c, "ro/sd", version=0, readonly=False)
+    mine = gt.open_state_dict(c, prefix, version=v, readonly=False)
     assert float(mine["w"].min()) == 3.0 and float(mine["w"].max()) == 3.0
     del mine
     wait_for("the writer's references to go", lambda: all(
-        b["refs"] == 0 for b in c.status()["buffers"] if b["name"].startswith("ro/sd/")))
+        b["refs"] == 0 for b in c.status()["buffers"] if b["name"].startswith(prefix + "/")))
+    assert gt.delete_state_dict(c, prefix, v) == 2
 
 
 def scenario_assign(device, pool, ctx):
+    """Each pool its own prefix, deleted at the end: the GPU tests run every
+    scenario against one gpubufd, and open_state_dict without pool= refuses
+    a version published in two pools (scenario_two_pools)."""
     c = gt.client()
+    prefix = "assign/" + pool
     model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     model.to(device)
-    gt.publish_state_dict(c, "assign/m", model.state_dict(), pool=pool)
-    sd = gt.open_state_dict(c, "assign/m", readonly=False)
+    v = gt.publish_state_dict(c, prefix, model.state_dict(), pool=pool)
+    sd = gt.open_state_dict(c, prefix, readonly=False)
     other = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
     other.to(device)
     other.load_state_dict(sd)  # a copy: works on every torch
@@ -408,10 +414,44 @@ def scenario_assign(device, pool, ctx):
     assert torch.equal(other(x), model(x))
     try:
         other.load_state_dict(sd, assign=True)
+        assigned = True
     except TypeError:
+        assigned = False
+    if assigned:
+        assert other[0].weight.data_ptr() == sd["0.weight"].data_ptr()  # zero-copy
+        assert torch.equal(other(x), model(x))
+    del sd, other
+    assert gt.delete_state_dict(c, prefix, v) == 5  # 4 tensors and the index
+    if not assigned:
         skip("torch %s has no load_state_dict(assign=True) (torch >= 2.1)" % torch.__version__)
-    assert other[0].weight.data_ptr() == sd["0.weight"].data_ptr()  # zero-copy
-    assert torch.equal(other(x), model(x))
+
+
+def scenario_two_pools(device, pool, ctx):
+    """The same prefix and version in two pools: open_state_dict without
+    pool= says so instead of picking one; with pool= each opens its own."""
+    c = gt.client()
+    other = [p["name"] for p in c.status()["pools"] if p["name"] != pool][0]
+    mine = {"w": torch.full((16,), 1.0, device=device)}
+    theirs = {"w": torch.full((16,), 2.0, device=device)}
+    assert gt.publish_state_dict(c, "two/sd", mine, pool=pool) == 0
+    assert gt.publish_state_dict(c, "two/sd", theirs, pool=other) == 0
+    try:
+        gt.open_state_dict(c, "two/sd")
+    except gpubuf.InvalidArgumentError as e:
+        assert "name the one to open" in str(e) and repr(pool) in str(e), e
+    else:
+        raise AssertionError("a version published in two pools was opened without pool=")
+    for p, want in ((pool, 1.0), (other, 2.0)):
+        sd = gt.open_state_dict(c, "two/sd", pool=p)
+        assert float(sd["w"].min()) == want == float(sd["w"].max()), (p, sd["w"])
+        del sd
+        assert gt.delete_state_dict(c, "two/sd", 0, pool=p) == 2
+    sd = {"w": torch.full((16,), 3.0, device=device)}
+    assert gt.publish_state_dict(c, "two/sd", sd, pool=other, version=4) == 4
+    got = gt.open_state_dict(c, "two/sd")  # in one pool only: found there
+    assert got.version == 4 and float(got["w"].max()) == 3.0
+    del got
+    assert gt.delete_state_dict(c, "two/sd", 4) == 2
 
 
 def scenario_errors(device, pool, ctx):
