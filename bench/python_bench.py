@@ -9,8 +9,8 @@ run as the C benchmarks and the torch.multiprocessing anchor). Prints one
   gpubuf_open_warm, through the extension.
 - py_open_from_dlpack_<fw>: open + <fw>.from_dlpack(buffer), for torch and cupy
   (CUDA pools) or numpy (host pools): the figure whose goal is the C warm open
-  + 3 µs. py_from_dlpack_only_<fw> times <fw>.from_dlpack alone on a buffer
-  already open: the framework's own share of it.
+  + <fw>.from_dlpack alone + 3 µs. py_from_dlpack_only_<fw> times
+  <fw>.from_dlpack alone on a buffer already open: the framework's own share.
 - py_handover_1MiB_fresh_tensor: a producer process allocates a 1 MiB gpubuf
   buffer, fills it as a fresh torch tensor and seals it; a consumer process,
   waiting in open(), takes it with torch.from_dlpack, reads t[0] and acks
