@@ -7,7 +7,8 @@
 #   scripts/gpu-check.sh tests [OUTDIR]   build (Release with CUDA and Python),
 #       ctest -L gpu, the asyncio example on a cuda-ipc and a cuda-vmm pool
 #   scripts/gpu-check.sh bench [OUTDIR]   bench/run.sh (every default group,
-#       anchors and journal pairs in the same run), bench/torch_bench.py
+#       anchors and journal pairs in the same run), bench/torch_bench.py,
+#       bench/torch_handover_stages.py
 #
 # OUTDIR defaults to $OUT, else ./gpu-check-out. The build is in
 # ${GPUBUF_BUILD:-/tmp/b}; "bench" builds it first if it is not there.
@@ -70,6 +71,23 @@ aio() {
     return "$rc"
 }
 
+# Where a gpubuf.torch hand-over of a fresh CUDA tensor spends its time,
+# step by step (no goals; docs/performance.md "gpubuf.torch").
+stages() {
+    local sock=/tmp/gpubuf-check-stages.sock rc
+    rm -f "$sock"
+    "$B/daemon/gpubufd" --socket "$sock" --log-level warning \
+        --pool "gpu0=cuda-ipc,device=0,capacity=4G,slab=64M" >"$out/stages.daemon.log" 2>&1 &
+    local dp=$!
+    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+    GPUBUF_SOCKET=$sock PYTHONPATH=$B/python \
+        timeout -k 5 80 python3 bench/torch_handover_stages.py --pool gpu0 --n 300
+    rc=$?
+    kill "$dp" 2>/dev/null
+    wait "$dp" 2>/dev/null
+    return "$rc"
+}
+
 step build 420 build || { tail -40 "$out/build.log" "$out/cmake.log" >>"$log" 2>/dev/null; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$log" 2>&1
 if [ "$phase" = tests ]; then
@@ -84,6 +102,7 @@ else
         machine.txt anchors.txt gpubuf.txt gpubuf-nojournal.txt python.txt report.md) 2>>"$log"
     step "bench/torch_bench.py" 150 env PYTHONPATH="$B/python" python3 bench/torch_bench.py \
         --gpubufd "$B/daemon/gpubufd"
+    step "bench/torch_handover_stages.py" 90 stages
 fi
 say "done: $failed step(s) failed"
 exit "$failed"
