@@ -37,14 +37,23 @@ static void meta_fill_plain(void) {
     meta_fill("meta/plain", 0);
 }
 
-static void meta_delete(void) {
+static void meta_delete_prefix(const char *prefix) {
     gpubuf_client *c = conn();
     char name[64];
     for (int i = 0; i < META_N; i++) {
-        snprintf(name, sizeof(name), "meta/lay/%d", i);
+        snprintf(name, sizeof(name), "%s/%d", prefix, i);
         CHECK(gpubuf_delete(c, name));
     }
     gpubuf_disconnect(c);
+}
+
+static void meta_delete(void) {
+    meta_delete_prefix("meta/lay");
+}
+
+/* The phase leaves the daemon as it found it. */
+static void meta_delete_plain(void) {
+    meta_delete_prefix("meta/plain");
 }
 
 static const char *g_meta_label;
@@ -91,5 +100,5 @@ int meta_phase(void) {
     if (run_child(meta_status))
         return 1;
     ctl_json_time("meta_status_json_100k_plain_ms_median");
-    return 0;
+    return run_child(meta_delete_plain) ? 1 : 0;
 }
