@@ -663,12 +663,13 @@ static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_stat
      * reference no view claims, these too (as gpubuf_release()). */
     if (r == -ECONNRESET)
         r = 0;
-    pthread_mutex_unlock(&c->lock);
     for (size_t k = 0; k < n_last; k++) {
         gpubuf__view_meta_free(last[k]); /* its layout and user bytes, as gpubuf_release */
-        free(last[k]);
-        gpubuf__client_unref(c);
+        gpubuf__view_recycle(c, last[k]);
     }
+    pthread_mutex_unlock(&c->lock);
+    for (size_t k = 0; k < n_last; k++)
+        gpubuf__client_unref(c);
 out:
     free(last);
     free(ids);

@@ -170,6 +170,11 @@ void gpubuf__client_unref(gpubuf_client *c) {
     c->cap_events = 0;
 #endif
     gpubuf__mapping_clear(c);
+    while (c->spare) {
+        gpubuf_buffer *b = c->spare;
+        c->spare = b->parent;
+        free(b);
+    }
     gpubuf_held *hd, *htmp;
     HASH_ITER(hh, c->held, hd, htmp) {
         HASH_DEL(c->held, hd);
@@ -417,11 +422,14 @@ static int release_call(gpubuf_buffer *b) {
                 gpubuf__event_released(c, b, c->broken ? 1 : c->next_id);
             gpubuf__events_sweep(c, false);
 #endif
+            gpubuf__view_meta_free(b);
+            gpubuf__view_recycle(c, b);
             pthread_mutex_unlock(&c->lock);
             gpubuf__client_unref(c);
+        } else {
+            gpubuf__view_meta_free(b);
+            free(b);
         }
-        gpubuf__view_meta_free(b);
-        free(b);
         b = parent; /* a slice held one reference to its parent */
     }
     return r;

@@ -84,6 +84,11 @@ struct gpubuf_client {
     bool in_hello;       /* the handshake runs: a failure is not reconnected */
     uint32_t reconnects; /* reconnects that resumed the session */
     gpubuf_held *held;   /* by buffer id */
+    /* Root views released, kept for the next ones (linked by parent; at
+     * most GPUBUF_SPARE_VIEWS): a batch of 1,000 opens and its release
+     * no longer make glibc give the heap's top back and grow it again. */
+    struct gpubuf_buffer *spare;
+    unsigned n_spare;
     /* Bumped when references of views are lost at a reconnect (the session
      * was not resumed, or some of its buffers were gone): a root view is
      * live while its buffer's held entry exists and is no newer than it. */
@@ -188,6 +193,19 @@ struct gpubuf_buffer {
 /* ---- client.c: the verbs, over the rooms below ----------------------------- */
 /* The last reference to c went (a view or gpubuf_disconnect). */
 void gpubuf__client_unref(gpubuf_client *c);
+/* Sanitizer builds keep no spare views, so a use after release is caught. */
+#if defined(__SANITIZE_ADDRESS__)
+#define GPUBUF_SPARE_VIEWS 0u
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GPUBUF_SPARE_VIEWS 0u
+#endif
+#endif
+#ifndef GPUBUF_SPARE_VIEWS
+#define GPUBUF_SPARE_VIEWS 4096u
+#endif
+/* A root view's memory, released (lock held): kept as a spare or freed. */
+void gpubuf__view_recycle(gpubuf_client *c, gpubuf_buffer *b);
 /* A request answered with a Buffer that becomes a root view (alloc,
  * open, and meta.c's alloc with metadata). */
 int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret);

@@ -88,9 +88,14 @@ static void event_import(gpubuf_buffer *b) {
 static int view_make(gpubuf_client *c, uint64_t id, uint64_t offset, uint64_t size,
                      const char *name, bool read_only, const uint8_t *event,
                      gpubuf_buffer **ret) {
-    gpubuf_buffer *b = calloc(1, sizeof(*b));
-    if (!b)
+    gpubuf_buffer *b = c->spare;
+    if (b) {
+        c->spare = b->parent;
+        c->n_spare--;
+        memset(b, 0, sizeof(*b));
+    } else if (!(b = calloc(1, sizeof(*b)))) {
         return -ENOMEM;
+    }
     atomic_init(&b->refs, 1);
     b->c = c;
     b->id = id;
@@ -111,6 +116,16 @@ static int view_make(gpubuf_client *c, uint64_t id, uint64_t offset, uint64_t si
     atomic_fetch_add(&c->refs, 1);
     *ret = b;
     return 0;
+}
+
+void gpubuf__view_recycle(gpubuf_client *c, gpubuf_buffer *b) {
+    if (c->n_spare >= GPUBUF_SPARE_VIEWS) {
+        free(b);
+        return;
+    }
+    b->parent = c->spare;
+    c->spare = b;
+    c->n_spare++;
 }
 
 /* The view's mapping came: b takes map's view count, and imports its seal
@@ -164,7 +179,7 @@ static int make_view(gpubuf_client *c, const Gpubuf__Buffer *m, int fd, gpubuf_b
     } else if ((r = gpubuf__mapping_get(c, m->slab, fd, &map)) < 0) {
         gpubuf__held(c, b->id, b->read_only, false);
         atomic_fetch_sub(&c->refs, 1);
-        free(b);
+        gpubuf__view_recycle(c, b);
     }
     if (r < 0) {
         gpubuf__view_meta_free(&meta);

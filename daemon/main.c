@@ -3,6 +3,7 @@
 #include <getopt.h>
 #include <grp.h>
 #include <limits.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -515,6 +516,21 @@ static int start_services(uv_loop_t *loop) {
     return 0;
 }
 
+/* glibc gives the top of the heap back to the kernel once more than
+ * 128 KiB is free there, and the next large request grows it again, a page
+ * fault per page: a batch of 1,000 opens built and freed its replies that
+ * way on every call (docs/performance.md, "The heap's top"). gpubufd keeps
+ * up to 8 MiB free at the top, grows it 4 MiB at a time, and leaves
+ * allocations above 4 MiB (large statuses) to mmap, which the kernel takes
+ * back at free. */
+static void heap_settings(void) {
+#if defined(M_TRIM_THRESHOLD) && defined(M_TOP_PAD) && defined(M_MMAP_THRESHOLD)
+    mallopt(M_TRIM_THRESHOLD, 8 << 20);
+    mallopt(M_TOP_PAD, 4 << 20);
+    mallopt(M_MMAP_THRESHOLD, 4 << 20);
+#endif
+}
+
 int main(int argc, char **argv) {
     static gd_config cfg;
     static const struct option opts[] = {
@@ -532,6 +548,7 @@ int main(int argc, char **argv) {
     char why[300] = "see its log"; /* a successor's reason to give up */
     uv_loop_t *loop = uv_default_loop();
 
+    heap_settings();
     gd_log_init();
     if (!loop) {
         fprintf(stderr, "gpubufd: cannot create the event loop\n");

@@ -463,7 +463,55 @@ START_TEST(gpubufctl_shows_layout_and_lease) {
 }
 END_TEST
 
+/* Released root views are kept for the next ones (GPUBUF_SPARE_VIEWS,
+ * none in sanitizer builds): a view made from a spare shows only its own
+ * buffer, never the layout, user bytes, name or id of the view before. */
+START_TEST(spare_views_come_back_clean) {
+    enum { N = 64 };
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_layout l = {.dtype = {.code = 2, .bits = 32, .lanes = 1}, .ndim = 1, .shape = {16}};
+    gpubuf_meta m = {.layout = &l, .user_data = "spare", .user_size = 5};
+    gpubuf_buffer *v[N], *w[N];
+    char names[2 * N][32];
+    const char *lay[N], *plain[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof(names[i]), "spare/lay/%d", i);
+        snprintf(names[N + i], sizeof(names[N + i]), "spare/plain/%d", i);
+        lay[i] = names[i];
+        plain[i] = names[N + i];
+        ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 64, lay[i], &m, &v[i]), 0);
+        ck_assert_int_eq(gpubuf_seal_sync(v[i]), 0);
+        ck_assert_int_eq(gpubuf_alloc(c, NULL, 32, plain[i], &w[i]), 0);
+        ck_assert_int_eq(gpubuf_seal_sync(w[i]), 0);
+    }
+    ck_assert_int_eq(gpubuf_release_many(v, N, NULL), 0);
+    ck_assert_int_eq(gpubuf_release_many(w, N, NULL), 0);
+    ck_assert_int_eq(gpubuf_open_many(c, N, lay, NULL, 0, v, NULL), 0);
+    for (int i = 0; i < N; i++)
+        ck_assert_ptr_nonnull(gpubuf_buffer_layout(v[i]));
+    unsigned before = c->n_spare;
+    ck_assert_int_eq(gpubuf_release_many(v, N, NULL), 0);
+    ck_assert_uint_eq(c->n_spare, GPUBUF_SPARE_VIEWS ? before + N : 0);
+    ck_assert_int_eq(gpubuf_open_many(c, N, plain, NULL, 0, w, NULL), 0);
+    ck_assert_uint_eq(c->n_spare, GPUBUF_SPARE_VIEWS ? before : 0);
+    for (int i = 0; i < N; i++) {
+        size_t n = 1;
+        ck_assert_ptr_null(gpubuf_buffer_layout(w[i]));
+        ck_assert_ptr_null(gpubuf_buffer_user_data(w[i], &n));
+        ck_assert_uint_eq(n, 0);
+        ck_assert_str_eq(gpubuf_buffer_name(w[i]), plain[i]);
+        ck_assert_uint_eq(gpubuf_buffer_size(w[i]), 32);
+        ck_assert_int_eq(gpubuf_buffer_read_only(w[i]), 0);
+    }
+    for (int i = 0; i < N; i++)
+        ck_assert_int_eq(gpubuf_release(w[i]), 0);
+    ck_assert_uint_eq(c->n_spare, GPUBUF_SPARE_VIEWS ? before + N : 0);
+    gpubuf_disconnect(c); /* frees the spares (the leak check of sanitizer builds) */
+}
+END_TEST
+
 SUITE_MAIN("meta", "meta", start_default, td_stop_clean, 60,
           metadata_round_trip, metadata_bounds, lease_expires_unreferenced,
           lease_expires_while_referenced, lease_renewed_by_owner,
-          lease_renew_by_other_uid_refused, gpubufctl_shows_layout_and_lease)
+          lease_renew_by_other_uid_refused, gpubufctl_shows_layout_and_lease,
+          spare_views_come_back_clean)
