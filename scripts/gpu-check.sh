@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# shellcheck disable=SC2317 # build and aio are run through step
+# shellcheck disable=SC2317 # build, aio and stages are run through step
 # Everything that needs a GPU, in two phases that each fit in 10 minutes on
 # one H200, with every step under its own deadline (a hang costs that step,
 # not the run) and the output in a few files of OUTDIR:
@@ -54,38 +54,37 @@ build() {
         cmake --build "$B" -j"$(nproc)" >"$out/build.log" 2>&1
 }
 
-# The asyncio example on one pool kind: 1,000 frames sealed on streams.
-aio() {
-    local sock=/tmp/gpubuf-check-$1.sock rc
+# with_daemon NAME POOL SECONDS CMD...: CMD (under its own deadline) against
+# a gpubufd of its own with one pool, GPUBUF_SOCKET and the build's Python
+# package set; the daemon's log in OUTDIR/NAME.daemon.log, its tail printed
+# when CMD fails.
+with_daemon() {
+    local name=$1 pool=$2 secs=$3 sock=/tmp/gpubuf-check-$1.sock rc
+    shift 3
     rm -f "$sock"
-    "$B/daemon/gpubufd" --socket "$sock" --log-level info \
-        --pool "p=$1,device=0,capacity=4G" >"$out/aio-$1.daemon.log" 2>&1 &
+    "$B/daemon/gpubufd" --socket "$sock" --log-level info --pool "$pool" \
+        >"$out/$name.daemon.log" 2>&1 &
     local dp=$!
     for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-    GPUBUF_SOCKET=$sock PYTHONPATH=$B/python \
-        timeout -k 5 60 python3 -X faulthandler examples/python/aio_server.py --demo 1000 --cuda --pool p
+    GPUBUF_SOCKET=$sock PYTHONPATH=$B/python timeout -k 5 "$secs" "$@"
     rc=$?
     kill "$dp" 2>/dev/null
     wait "$dp" 2>/dev/null
-    [ "$rc" = 0 ] || tail -5 "$out/aio-$1.daemon.log"
+    [ "$rc" = 0 ] || tail -5 "$out/$name.daemon.log"
     return "$rc"
+}
+
+# The asyncio example on one pool kind: 1,000 frames sealed on streams.
+aio() {
+    with_daemon "aio-$1" "p=$1,device=0,capacity=4G" 60 \
+        python3 -X faulthandler examples/python/aio_server.py --demo 1000 --cuda --pool p
 }
 
 # Where a gpubuf.torch hand-over of a fresh CUDA tensor spends its time,
 # step by step (no goals; docs/performance.md "gpubuf.torch").
 stages() {
-    local sock=/tmp/gpubuf-check-stages.sock rc
-    rm -f "$sock"
-    "$B/daemon/gpubufd" --socket "$sock" --log-level warning \
-        --pool "gpu0=cuda-ipc,device=0,capacity=4G,slab=64M" >"$out/stages.daemon.log" 2>&1 &
-    local dp=$!
-    for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
-    GPUBUF_SOCKET=$sock PYTHONPATH=$B/python \
-        timeout -k 5 80 python3 bench/torch_handover_stages.py --pool gpu0 --n 300
-    rc=$?
-    kill "$dp" 2>/dev/null
-    wait "$dp" 2>/dev/null
-    return "$rc"
+    with_daemon stages "gpu0=cuda-ipc,device=0,capacity=4G,slab=64M" 80 \
+        python3 bench/torch_handover_stages.py --pool gpu0 --n 300
 }
 
 step build 420 build || { tail -40 "$out/build.log" "$out/cmake.log" >>"$log" 2>/dev/null; exit 1; }
