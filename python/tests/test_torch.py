@@ -1,6 +1,8 @@
 """gpubuf.torch on CPU tensors through host pools (CI, no GPU): each scenario of
 torch_worker.py runs in a fresh process against this test's gpubufd. Skipped,
 with the reason, where PyTorch cannot be imported."""
+import os
+import signal
 import subprocess
 import sys
 
@@ -20,13 +22,26 @@ SCENARIOS = ["queue", "zero_copy", "pool", "fork", "killed", "sender_exits", "le
 
 
 def run_scenario(daemon, scenario, device, pool, timeout=600):
-    r = subprocess.run([sys.executable, str(HERE / "torch_worker.py"), scenario, device, pool],
-                       env=env_for(daemon), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, timeout=timeout)
-    print(r.stdout)
-    if r.returncode == 3:
-        pytest.skip(r.stdout.strip().splitlines()[-1])
-    assert r.returncode == 0 and ("ok " + scenario) in r.stdout, r.stdout
+    """torch_worker.py SCENARIO in a session of its own: past the timeout the
+    whole session (the scenario and the processes it spawned) is killed, so
+    that nothing it left holds references for the next scenarios."""
+    with subprocess.Popen([sys.executable, str(HERE / "torch_worker.py"), scenario, device, pool],
+                          env=env_for(daemon), stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, start_new_session=True) as p:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            partial = e.output or ""
+            if isinstance(partial, bytes):
+                partial = partial.decode(errors="replace")
+            pytest.fail("scenario %s did not end in %d s; its output:\n%s" %
+                        (scenario, timeout, partial))
+    print(out)
+    if p.returncode == 3:
+        pytest.skip(out.strip().splitlines()[-1])
+    assert p.returncode == 0 and ("ok " + scenario) in out, out
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
