@@ -756,30 +756,39 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
     cuda-vmm; cuda-ipc buffers open read-write). device: None keeps each
     tensor where it lives; another device gets a copy. timeout: seconds to
     wait for that version (None: fail at once with NotFoundError). pool: the
-    pool it was published in; None finds a published version in whichever
-    pool holds it (one status), and waits for one not published yet in the
-    daemon's default pool, so name the pool to wait in another one. Each
+    pool it was published in; None opens an explicit version in the daemon's
+    default pool when it is there (no status), else finds a published
+    version in whichever pool holds it (one status; "latest" always), and
+    waits for one not published yet in the default pool, so name the pool to
+    wait in another one. Each
     tensor holds one daemon reference until it is freed. The dict's
     `version` attribute is the version."""
-    found = None
-    if version == "latest" or pool is None:
+    ib, where = None, pool
+    if version != "latest" and pool is None:
+        try:  # an explicit version: the default pool first, one open and no status
+            ib = client.open(_vname(prefix, version, "index"))
+        except gpubuf.NotFoundError:
+            pass
+    if ib is None and (version == "latest" or pool is None):
         found = _find_index(client, prefix, version, pool)
-    if version == "latest":
-        if found is None:
+        if found is None and version == "latest":
             if not timeout:
                 raise gpubuf.NotFoundError("no state dict is published under %r%s" %
                                            (prefix, "" if pool is None else " in pool %r" % pool))
-        version = 0 if found is None else found[0]
-    if found is not None and len(found[1]) > 1:
-        raise gpubuf.InvalidArgumentError(
-            "version %d of state dict %r is published in pools %s: name the one to open "
-            "(pool=...)" % (version, prefix, ", ".join(repr(p) for p in sorted(found[1]))))
-    where = found[1][0] if found is not None else pool
+            version = 0
+        elif found is not None:
+            if len(found[1]) > 1:
+                raise gpubuf.InvalidArgumentError(
+                    "version %d of state dict %r is published in pools %s: name the one to "
+                    "open (pool=...)" % (found[0], prefix,
+                                         ", ".join(repr(p) for p in sorted(found[1]))))
+            version, where = found[0], found[1][0]
 
     def qualified(n):  # names are per pool: "/POOL/NAME" outside the default pool
         return n if where is None or n.startswith("/") else "/%s/%s" % (where, n)
 
-    ib = client.open(qualified(_vname(prefix, version, "index")), timeout)
+    if ib is None:
+        ib = client.open(qualified(_vname(prefix, version, "index")), timeout)
     try:
         index = json.loads(ib.to_pybytes())
     finally:

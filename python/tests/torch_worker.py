@@ -441,6 +441,11 @@ def scenario_two_pools(device, pool, ctx):
         assert "name the one to open" in str(e) and repr(pool) in str(e), e
     else:
         raise AssertionError("a version published in two pools was opened without pool=")
+    # an explicit version: the default pool's, when it has one
+    default = [p["name"] for p in c.status()["pools"] if p["default"]][0]
+    got = gt.open_state_dict(c, "two/sd", version=0)
+    assert float(got["w"].max()) == (1.0 if default == pool else 2.0), (default, got["w"])
+    del got
     for p, want in ((pool, 1.0), (other, 2.0)):
         sd = gt.open_state_dict(c, "two/sd", pool=p)
         assert float(sd["w"].min()) == want == float(sd["w"].max()), (p, sd["w"])
