@@ -48,6 +48,9 @@ void report(const char *name, double *v, int n);
 gpubuf_client *conn(void);
 /* Runs fn in a forked child; its exit status (128 + signal if killed). */
 int run_child(void (*fn)(void));
+/* Deletes the n buffers prefix/0 ... prefix/(n-1), 1,000 a call; exits when
+ * one is not deleted: a phase leaves the daemon as it found it. */
+void delete_prefix(int n, const char *prefix);
 
 /* A process of run_workers(): waits on ready_fd/go_fd for the common start,
  * works for secs seconds, writes its operation count (a long) to fd. */

@@ -130,3 +130,24 @@ void ctl_json_time(const char *key) {
     qsort(t, 11, sizeof(double), cmpd);
     printf("%s %.2f\n", key, t[5] / 1000.0);
 }
+
+void delete_prefix(int n, const char *prefix) {
+    enum { CHUNK = 1000 };
+    gpubuf_client *c = conn();
+    static char names[CHUNK][64];
+    const char *ptr[CHUNK];
+    for (int i = 0; i < n; i += CHUNK) {
+        int k = n - i < CHUNK ? n - i : CHUNK;
+        for (int j = 0; j < k; j++) {
+            snprintf(names[j], sizeof(names[j]), "%s/%d", prefix, i + j);
+            ptr[j] = names[j];
+        }
+        int r = gpubuf_delete_many(c, (size_t)k, ptr, NULL, NULL);
+        CHECK(r);
+        if (r > 0) { /* items that failed: the buffers would stay */
+            fprintf(stderr, "bench: %d of %d deletes of %s/... failed\n", r, k, prefix);
+            _exit(1);
+        }
+    }
+    gpubuf_disconnect(c);
+}

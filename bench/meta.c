@@ -37,23 +37,13 @@ static void meta_fill_plain(void) {
     meta_fill("meta/plain", 0);
 }
 
-static void meta_delete_prefix(const char *prefix) {
-    gpubuf_client *c = conn();
-    char name[64];
-    for (int i = 0; i < META_N; i++) {
-        snprintf(name, sizeof(name), "%s/%d", prefix, i);
-        CHECK(gpubuf_delete(c, name));
-    }
-    gpubuf_disconnect(c);
-}
-
 static void meta_delete(void) {
-    meta_delete_prefix("meta/lay");
+    delete_prefix(META_N, "meta/lay");
 }
 
 /* The phase leaves the daemon as it found it. */
 static void meta_delete_plain(void) {
-    meta_delete_prefix("meta/plain");
+    delete_prefix(META_N, "meta/plain");
 }
 
 static const char *g_meta_label;

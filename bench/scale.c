@@ -71,33 +71,11 @@ static void fill_10(void) {
     fill(10, "small");
 }
 
-/* Delete n buffers prefix/0 ... prefix/(n-1), 1,000 per batch: the phases
- * after this one (meta's status "at 100k buffers", the batches) measure a
- * daemon without this phase's buffers. */
-static void drop(int n, const char *prefix) {
-    enum { CHUNK = 1000 };
-    gpubuf_client *c = conn();
-    static char names[CHUNK][64];
-    const char *ptr[CHUNK];
-    for (int i = 0; i < n; i += CHUNK) {
-        int k = n - i < CHUNK ? n - i : CHUNK;
-        for (int j = 0; j < k; j++) {
-            snprintf(names[j], sizeof(names[j]), "%s/%d", prefix, i + j);
-            ptr[j] = names[j];
-        }
-        int r = gpubuf_delete_many(c, (size_t)k, ptr, NULL, NULL);
-        CHECK(r);
-        if (r > 0) { /* items that failed: the buffers would stay */
-            fprintf(stderr, "scale: %d of %d deletes of %s/... failed\n", r, k, prefix);
-            _exit(1);
-        }
-    }
-    gpubuf_disconnect(c);
-}
-
+/* The phases after this one (meta's status "at 100k buffers", the
+ * batches) measure a daemon without this phase's buffers. */
 static void drop_all(void) {
-    drop(100000, "scale");
-    drop(10, "small");
+    delete_prefix(100000, "scale");
+    delete_prefix(10, "small");
 }
 
 /* A child that holds up to n idle connections; *ret_held gets how many the
