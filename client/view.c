@@ -9,24 +9,23 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "util.h"
 
 /* ---- the held set: references of live root views, by buffer id ---------- */
 
 void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add) {
     gpubuf_held *h;
-    HASH_FIND(hh, c->held, &id, sizeof(id), h);
     if (add) {
-        if (!h) {
-            if (!(h = calloc(1, sizeof(*h))))
-                return; /* out of memory: a resume would not claim it */
-            h->id = id;
+        GPUBUF_HASH_GET(c->held, id, id, h);
+        if (!h)
+            return; /* out of memory: a resume would not claim it */
+        if (h->count == 0) /* new: an entry whose count falls to 0 goes */
             h->gen = c->gen;
-            HASH_ADD(hh, c->held, id, sizeof(h->id), h);
-        }
         h->count++;
         h->ro += read_only;
         return;
     }
+    HASH_FIND(hh, c->held, &id, sizeof(id), h);
     if (!h)
         return;
     if (read_only && h->ro)
