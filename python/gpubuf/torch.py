@@ -56,8 +56,12 @@ _BY_NAME = {str(d).split(".")[1]: d for d in _DL}
 _NATIVE_DLPACK = {n for n in _BY_NAME if n != "bool"}
 
 
+_NAME_OF = {d: n for n, d in _BY_NAME.items()}
+
+
 def _dtype_name(dtype):
-    return str(dtype).split(".")[1]
+    n = _NAME_OF.get(dtype)
+    return n if n is not None else str(dtype).split(".")[1]
 
 
 # ---- the per-process client ------------------------------------------------------------
@@ -188,8 +192,12 @@ _opened_lock = threading.Lock()
 _Untyped = getattr(torch, "UntypedStorage", None) or getattr(torch, "_UntypedStorage")
 
 
-def _storage(t):
-    return t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+if hasattr(torch.Tensor, "untyped_storage"):
+    def _storage(t):
+        return t.untyped_storage()
+else:  # torch < 2.0
+    def _storage(t):
+        return t.storage()
 
 
 _sweep = {"owned": 64, "opened": 64}  # sweep expired entries when a table passes this
@@ -241,9 +249,40 @@ def _revive(ref):
     return t
 
 
+# torch.from_dlpack() spends most of its ~10 us in torch.cuda.current_stream()
+# (a device-name parse and a Stream object); the raw pointer of the current
+# stream and torch's capsule import take ~3 us. Both are torch internals, so
+# each is looked up once and torch.from_dlpack() stays the fallback.
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+_import_capsule = getattr(torch._C, "_from_dlpack", None)
+
+
+def _from_dlpack(x):
+    """torch.from_dlpack(x) for a gpubuf Buffer or ArrayView, with the
+    consumer's stream (torch's current stream on x's GPU) passed as DLPack
+    asks (1 for the legacy default stream), so a stream-ordered seal orders it."""
+    if _import_capsule is None:
+        return torch.from_dlpack(x)
+    kind, index = x.__dlpack_device__()
+    if kind == 2:  # kDLCUDA
+        if _raw_stream is None:
+            return torch.from_dlpack(x)
+        s = _raw_stream(index)
+        return _import_capsule(x.__dlpack__(stream=s or 1))
+    return _import_capsule(x.__dlpack__())
+
+
+_ITEMSIZE = {d: torch.empty((), dtype=d).element_size() for d in _DL}
+
+
+def _itemsize(dtype):
+    n = _ITEMSIZE.get(dtype)
+    return n if n is not None else torch.empty((), dtype=dtype).element_size()
+
+
 def _base_tensor(buf):
     """The whole buffer as a 1-D uint8 tensor (zero-copy), remembered as gpubuf storage."""
-    base = torch.from_dlpack(_bytes_view(buf))
+    base = _from_dlpack(_bytes_view(buf))
     _remember(base, buf.id)
     return base
 
@@ -254,8 +293,12 @@ def _bytes_view(buf):
 
 
 def _view(base, dtype, shape, strides, offset_bytes):
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    flat = base[: (base.numel() // itemsize) * itemsize].view(dtype)
+    itemsize = _itemsize(dtype)
+    if dtype == torch.uint8:
+        flat = base
+    else:
+        n = base.numel()
+        flat = (base if n % itemsize == 0 else base[: n - n % itemsize]).view(dtype)
     if offset_bytes % itemsize:
         raise ValueError("storage offset %d is not a multiple of the item size" % offset_bytes)
     return torch.as_strided(flat, tuple(shape), tuple(strides), offset_bytes // itemsize)
@@ -276,7 +319,7 @@ def as_tensor(buf, dtype=None, shape=None):
             return _view(base, dtype, shape, strides, layout["byte_offset"])
     dtype = dtype or torch.uint8
     if shape is None:
-        shape = (base.numel() // torch.empty((), dtype=dtype).element_size(),)
+        shape = (base.numel() // _itemsize(dtype),)
     return _view(base, dtype, tuple(shape), _contiguous(tuple(shape)), 0)
 
 
@@ -302,7 +345,7 @@ def empty(shape, *, dtype=torch.float32, device=None, pool=None, name=None, clie
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     c = client or globals()["client"]()
-    itemsize = torch.empty((), dtype=dtype).element_size()
+    itemsize = _itemsize(dtype)
     numel = 1
     for n in shape:
         numel *= n
@@ -357,8 +400,9 @@ def _later(fn):
         _helper["queue"].put(fn)
 
 
-def _release_after(ev, bufs):
-    def release(ev=ev, bufs=bufs):
+def _release_after(ev, bufs, keep=None):
+    """Release bufs (and drop keep) once event ev completed, on the helper."""
+    def release(ev=ev, bufs=bufs, keep=keep):
         try:
             ev.synchronize()
         finally:
@@ -395,23 +439,30 @@ def _copy_out(c, t, pool, ttl):
     buf = c.alloc(max(nbytes, 1), name, pool, ttl=ttl)
     buf_id = buf.id
     try:
-        dst = torch.from_dlpack(buf)
+        dst = _from_dlpack(buf)  # 1-D uint8, exactly nbytes (or 1 when empty)
         if dst.is_cuda:
-            stream = torch.cuda.current_stream(dst.device)
+            index = dst.device.index
             if t.is_cuda and t.device != dst.device:
-                stream.wait_stream(torch.cuda.current_stream(t.device))
-            if t.is_cuda:
-                # the caching allocator may not hand t's block to another
-                # stream before this copy ran
-                t.record_stream(stream)
+                torch.cuda.current_stream(index).wait_stream(torch.cuda.current_stream(t.device))
         if nbytes:
-            dst[:nbytes].view(t.dtype).view(t.shape).copy_(t, non_blocking=True)
+            (dst if t.dtype == torch.uint8 else dst.view(t.dtype)).view(t.shape).copy_(
+                t, non_blocking=True)
         if dst.is_cuda:
-            buf.seal(stream=stream)
+            # The copy runs on the current stream of dst's GPU: sealed in its
+            # order (the raw stream handle: no Stream object needed), and an
+            # event after it tells the helper when the copy ran. Until then
+            # the helper holds t (what record_stream would protect: its block
+            # cannot go back to the caching allocator) and the view.
+            raw = _raw_stream(index) if _raw_stream is not None else \
+                torch.cuda.current_stream(index).cuda_stream
+            buf.seal(stream=raw)
             ev = torch.cuda.Event()
-            ev.record(stream)
+            if index == torch.cuda.current_device():
+                ev.record()
+            else:
+                ev.record(torch.cuda.current_stream(index))
             del dst
-            _release_after(ev, [buf])
+            _release_after(ev, [buf], keep=t)
             buf = None
         else:
             if t.is_cuda:
@@ -669,8 +720,6 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
         raise failed[0]
     ib = bufs.pop()
     try:
-        meta = [dict(dtype=_DL[t.dtype], shape=tuple(t.shape), user_data=_key(k), ttl=ttl)
-                for k, t in items]
         if bufs and bufs[0].is_cuda:
             dev = torch.device("cuda", bufs[0].device)
             cur = torch.cuda.current_stream(dev)
@@ -680,7 +729,7 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
                 dsts, srcs = [], []
                 for (k, t), b in zip(items, bufs):
                     if t.numel():
-                        dsts.append(_typed(torch.from_dlpack(b), t))
+                        dsts.append(_typed(_from_dlpack(b), t))
                         srcs.append(t.detach())
                 _copy_all(dsts, srcs)
                 del dsts, srcs
@@ -694,16 +743,19 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
             if ttl is not None:
                 for b in bufs:
                     client.renew(b.id, ttl)
+            raw = s.cuda_stream
             for b in bufs:
-                b.seal(stream=s)
+                b.seal(stream=raw)
             ev = torch.cuda.Event()
             ev.record(s)
             cur.wait_stream(s)  # the producer's next writes come after the copies
             _release_after(ev, bufs)
         else:
+            meta = [dict(dtype=_DL[t.dtype], shape=tuple(t.shape), user_data=_key(k), ttl=ttl)
+                    for k, t in items]
             for (k, t), b, m in zip(items, bufs, meta):
                 if t.numel():
-                    _typed(torch.from_dlpack(b), t).copy_(t.detach().cpu())
+                    _typed(_from_dlpack(b), t).copy_(t.detach().cpu())
                 b.seal(**m)
             client.release_many(bufs)
         # The index last: a consumer that sees it finds every tensor sealed.
@@ -814,7 +866,7 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
                 # sealed on a stream (no metadata there): the index's layout
                 t = as_tensor(b, _BY_NAME[dt], shape)
             elif dt in _NATIVE_DLPACK:  # one torch call: the buffer's own layout
-                t = torch.from_dlpack(b)
+                t = _from_dlpack(b)
                 _remember(t, b.id)
             else:
                 t = as_tensor(b)
