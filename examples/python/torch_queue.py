@@ -21,9 +21,12 @@ device = "cuda" if torch.cuda.is_available() else "cpu"
 def consumer(queue, event):
     # receive tensors and use them
     x = queue.get()
-    print("consumer got", tuple(x.shape), x.device, "sum", x.sum().item())
+    total = x.sum().item()
+    print("consumer got", tuple(x.shape), x.device, "sum", total)
+    ok = total == x.numel()  # the producer's ones, every one of them
     del x
     event.set()
+    raise SystemExit(0 if ok else 1)
 
 
 if __name__ == "__main__":
@@ -39,3 +42,4 @@ if __name__ == "__main__":
     event.wait()
     p.join()
     print("producer done, consumer exit code", p.exitcode)
+    raise SystemExit(p.exitcode)

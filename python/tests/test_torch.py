@@ -55,3 +55,27 @@ def test_torch_cpu_other_pool(daemon, scenario):
     default ("tiny"; "host" is): names are per pool, so every look-up of
     such a name says its pool, as on the GPU, where "vmm" is not the default."""
     run_scenario(daemon, scenario, "cpu", "tiny")
+
+
+def run_example(daemon, argv, expect, timeout=300):
+    """An examples/python program against this test's gpubufd: exit status 0
+    and `expect` in what it printed."""
+    r = subprocess.run([sys.executable, str(SRC / "examples" / "python" / argv[0])] + argv[1:],
+                       env=env_for(daemon), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=timeout)
+    print(r.stdout)
+    assert r.returncode == 0 and expect in r.stdout, r.stdout
+
+
+def test_queue_example(daemon):
+    """torch's own example with install() added (docs/torch.md), on CPU tensors:
+    the consumer sums the producer's 1024 x 1024 ones."""
+    run_example(daemon, ["torch_queue.py"], "sum 1048576")
+
+
+def test_weight_sync_example_cpu(daemon):
+    """The weight-sync example on CPU tensors through the host pool, its
+    trainer SIGKILLed and restarted while two consumers run."""
+    run_example(daemon, ["torch_weight_sync.py", "--device", "cpu", "--consumers", "2",
+                         "--steps", "12", "--restart-at", "5", "--pool", "host"],
+                "weight sync ok")

@@ -47,6 +47,15 @@ def test_torch_cuda(cuda_daemon, scenario, pool):
     run_scenario(cuda_daemon, scenario, "cuda", pool, timeout=150)
 
 
+def test_queue_example(cuda_daemon):
+    """torch's own example with install() added, on a CUDA tensor (the GPU's pool)."""
+    r = subprocess.run([sys.executable, str(SRC / "examples" / "python" / "torch_queue.py")],
+                       env=env_for(cuda_daemon), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=150)
+    print(r.stdout)
+    assert r.returncode == 0 and "cuda:0 sum 1048576" in r.stdout, r.stdout
+
+
 def test_weight_sync_example(cuda_daemon):
     r = subprocess.run([sys.executable, str(SRC / "examples" / "python" / "torch_weight_sync.py"),
                         "--consumers", "3", "--steps", "30", "--restart-at", "10",
