@@ -2,7 +2,7 @@
 """gpubuf.torch against PyTorch's own sharing, in one run (docs/performance.md,
 "gpubuf.torch"). Prints one "name value" line per figure and the ratios.
 
-    python3 bench/torch_bench.py [--socket PATH | --gpubufd build/daemon/gpubufd]
+    python3 bench/torch_bench.py [--socket PATH | --gpubufd build/daemon/gpubufd] [--only handover,sd,leak]
         [--host] [--pool NAME] [--n 300] [--sd-bytes 1G] [--sd-tensors 300]
         [--kills 1000]
 
@@ -270,7 +270,12 @@ def main():
     ap.add_argument("--sd-tensors", type=int, default=300)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--kills", type=int, default=1000)
+    ap.add_argument("--only", default="handover,sd,leak",
+                    help="which parts, comma-separated (handover, sd, leak; default: all)")
     a = ap.parse_args()
+    parts = set(a.only.split(","))
+    if not parts <= {"handover", "sd", "leak"}:
+        ap.error("--only takes handover, sd, leak")
     host = a.host or not torch.cuda.is_available()
     device = "cpu" if host else "cuda"
     sd_bytes = a.sd_bytes or ((64 << 20) if host else (1 << 30))
@@ -295,15 +300,18 @@ def main():
     out("device_is_cuda", int(device == "cuda"))
     out("torch_version_major_minor", float(".".join(torch.__version__.split(".")[:2])))
     try:
-        g = handover(ctx, True, device, a.pool, a.n)
-        t = handover(ctx, False, device, a.pool, a.n)
-        for tag, ts in (("gpubuf", g), ("torch", t)):
-            out(f"handover_1MiB_{tag}_median_us", statistics.median(ts))
-            out(f"handover_1MiB_{tag}_p99_us", pct(ts, 0.99))
-        out("handover_speedup", statistics.median(t) / statistics.median(g))
-        state_dicts(ctx, device, a.pool, sd_bytes, a.sd_tensors, a.reps)
-        leak(ctx, True, device, a.pool, a.kills)
-        leak(ctx, False, device, a.pool, a.kills)
+        if "handover" in parts:
+            g = handover(ctx, True, device, a.pool, a.n)
+            t = handover(ctx, False, device, a.pool, a.n)
+            for tag, ts in (("gpubuf", g), ("torch", t)):
+                out(f"handover_1MiB_{tag}_median_us", statistics.median(ts))
+                out(f"handover_1MiB_{tag}_p99_us", pct(ts, 0.99))
+            out("handover_speedup", statistics.median(t) / statistics.median(g))
+        if "sd" in parts:
+            state_dicts(ctx, device, a.pool, sd_bytes, a.sd_tensors, a.reps)
+        if "leak" in parts:
+            leak(ctx, True, device, a.pool, a.kills)
+            leak(ctx, False, device, a.pool, a.kills)
     finally:
         if daemon:
             daemon.send_signal(signal.SIGTERM)

@@ -211,13 +211,20 @@ def _swept(table, which, expired):
 
 
 def _remember(base, buf_id):
-    ref = StorageWeakRef(_storage(base))
+    _remember_all([(base, buf_id)])
+
+
+def _remember_all(pairs):
+    """_remember() of many (1-D base tensor, buffer id) pairs, each table locked once."""
+    refs = [(base.data_ptr(), buf_id, StorageWeakRef(_storage(base))) for base, buf_id in pairs]
     with _owned_lock:
         _swept(_owned, "owned", lambda e: e[1].expired())
-        _owned[base.data_ptr()] = (buf_id, ref)
+        for ptr, buf_id, ref in refs:
+            _owned[ptr] = (buf_id, ref)
     with _opened_lock:  # received here later: the same storage, no second reference
         _swept(_opened, "opened", lambda e: e.expired())
-        _opened[buf_id] = ref
+        for _, buf_id, ref in refs:
+            _opened[buf_id] = ref
 
 
 def _lookup(t):
@@ -725,14 +732,6 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
             cur = torch.cuda.current_stream(dev)
             s = stream if stream is not None else cur
             s.wait_stream(cur)  # after the producer's pending work on the tensors
-            with torch.cuda.stream(s):
-                dsts, srcs = [], []
-                for (k, t), b in zip(items, bufs):
-                    if t.numel():
-                        dsts.append(_typed(_from_dlpack(b), t))
-                        srcs.append(t.detach())
-                _copy_all(dsts, srcs)
-                del dsts, srcs
             # A seal on a stream carries no metadata (Buffer.seal): each
             # tensor's dtype and shape travel in the index, which
             # open_state_dict reads (its key is the index's). The lease
@@ -743,9 +742,14 @@ def publish_state_dict(client, prefix, state_dict, *, pool=None, version=None, s
             if ttl is not None:
                 for b in bufs:
                     client.renew(b.id, ttl)
+            # Each tensor copied, then sealed in stream order right after its
+            # copy: the GPU copies the first tensors while the next are set up.
             raw = s.cuda_stream
-            for b in bufs:
-                b.seal(stream=raw)
+            with torch.cuda.stream(s):
+                for (k, t), b in zip(items, bufs):
+                    if t.numel():
+                        _typed(_from_dlpack(b), t).copy_(t.detach(), non_blocking=True)
+                    b.seal(stream=raw)
             ev = torch.cuda.Event()
             ev.record(s)
             cur.wait_stream(s)  # the producer's next writes come after the copies
@@ -779,20 +783,6 @@ def _typed(raw, t):
     """The bytes `raw` (1-D uint8) as a tensor of t's dtype and shape."""
     n = t.numel() * t.element_size()
     return (raw if raw.numel() == n else raw[:n]).view(t.dtype).view(t.shape)
-
-
-def _copy_all(dsts, srcs):
-    """dst.copy_(src) for each pair, on the current stream: in one fused call
-    where torch has one (torch._foreach_copy_), else one copy each."""
-    fused = getattr(torch, "_foreach_copy_", None)
-    if fused is not None and dsts:
-        try:
-            fused(dsts, srcs, non_blocking=True)
-            return
-        except (RuntimeError, TypeError):
-            pass  # mixed devices or an older signature: one copy each below
-    for d, s in zip(dsts, srcs):
-        d.copy_(s, non_blocking=True)
 
 
 def _key(k):
@@ -857,27 +847,54 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
     err = None
     dtypes = index.get("dtypes") or [None] * len(bufs)
     shapes = index.get("shapes") or [None] * len(bufs)
-    for k, b, dt, shape in zip(index["keys"], bufs, dtypes, shapes):
-        if isinstance(b, gpubuf.Error):
-            err = err or b
-            continue
-        try:
+    opened = [b for b in bufs if not isinstance(b, gpubuf.Error)]
+    # One DLPack import per tensor, with the stream looked up once: each
+    # buffer's bytes (1-D uint8, remembered as gpubuf storage, all in one
+    # step) viewed with the index's dtype and shape (a seal on a CUDA stream
+    # carries no layout), else with the layout the buffer carries.
+    stream = None
+    if opened and opened[0].is_cuda and _raw_stream is not None and _import_capsule is not None:
+        stream = _raw_stream(opened[0].device) or 1
+    bases = []
+    try:
+        for k, b, dt, shape in zip(index["keys"], bufs, dtypes, shapes):
+            if isinstance(b, gpubuf.Error):
+                err = err or b
+                continue
             if b.layout is None and dt in _BY_NAME and shape is not None:
-                # sealed on a stream (no metadata there): the index's layout
-                t = as_tensor(b, _BY_NAME[dt], shape)
+                if stream is not None and b.device == opened[0].device:
+                    base = _import_capsule(b.__dlpack__(stream=stream))
+                else:
+                    base = _from_dlpack(b)
+                dtype, shape = _BY_NAME[dt], tuple(shape)
+                n = _numel(shape) * _itemsize(dtype)
+                if n and base.numel() == n:  # the whole buffer, C order
+                    t = (base if dtype == torch.uint8 else base.view(dtype)).view(shape)
+                else:  # an empty tensor has a 1-byte buffer
+                    t = _view(base, dtype, shape, _contiguous(shape), 0)
             elif dt in _NATIVE_DLPACK:  # one torch call: the buffer's own layout
-                t = _from_dlpack(b)
-                _remember(t, b.id)
+                t = base = _from_dlpack(b)
             else:
                 t = as_tensor(b)
-        finally:
-            b.release()
-        if device is not None and t.device != torch.device(device):
-            t = t.to(device)
-        out[k] = t
+                base = None
+            if base is not None:
+                bases.append((base, b.id))
+            if device is not None and t.device != torch.device(device):
+                t = t.to(device)
+            out[k] = t
+    finally:
+        _remember_all(bases)
+        client.release_many(opened)  # the tensors hold their own references
     if err is not None:
         raise err
     return out
+
+
+def _numel(shape):
+    n = 1
+    for d in shape:
+        n *= d
+    return n
 
 
 class _StateDict(collections.OrderedDict):

@@ -79,3 +79,49 @@ def test_weight_sync_example_cpu(daemon):
     run_example(daemon, ["torch_weight_sync.py", "--device", "cpu", "--consumers", "2",
                          "--steps", "12", "--restart-at", "5", "--pool", "host"],
                 "weight sync ok")
+
+
+def test_state_dict_layout_from_index(daemon):
+    """Buffers sealed without a layout, as a seal on a CUDA stream leaves
+    them: open_state_dict gives each tensor the index's dtype and shape
+    (0-d, empty and multi-dimensional tensors, every dtype)."""
+    import json
+
+    import torch
+
+    import gpubuf
+    import gpubuf.torch as gt
+
+    sd = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4),
+          "scalar": torch.tensor(7, dtype=torch.int64),
+          "empty": torch.zeros(0, 5, dtype=torch.float16),
+          "mask": torch.tensor([True, False, True]),
+          "bf": torch.arange(6, dtype=torch.bfloat16).reshape(2, 3),
+          "c": torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex64),
+          "u8": torch.arange(5, dtype=torch.uint8)}
+    with gpubuf.Client(daemon.socket) as c:
+        names = ["noll/v0/%d" % i for i in range(len(sd))]
+        bufs = c.alloc_many([max(t.numel() * t.element_size(), 1) for t in sd.values()], names,
+                            "host")
+        for b, t in zip(bufs, sd.values()):
+            if t.numel():
+                b.copy_from_host(t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes())
+            b.seal()
+        c.release_many(bufs)
+        index = json.dumps({"format": "gpubuf.torch.state_dict/1", "prefix": "noll", "version": 0,
+                            "keys": list(sd), "names": names,
+                            "dtypes": [gt._dtype_name(t.dtype) for t in sd.values()],
+                            "shapes": [list(t.shape) for t in sd.values()]}).encode()
+        ib = c.alloc(len(index), "noll/v0/index", "host")
+        ib.copy_from_host(index)
+        ib.seal()
+        ib.release()
+        got = gt.open_state_dict(c, "noll", version=0, pool="host")
+        assert list(got) == list(sd)
+        for k, t in sd.items():
+            assert got[k].dtype == t.dtype and got[k].shape == t.shape, k
+            assert torch.equal(got[k], t), k
+        del got
+        gt.delete_state_dict(c, "noll", 0, pool="host")
+        c.flush()
+        assert not [b for b in c.status()["buffers"] if b["name"].startswith("noll/")]
