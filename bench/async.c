@@ -1,7 +1,7 @@
 /* async: requests for event loops (issue 23). An asynchronous open
  * (gpubuf_open_start, poll, gpubuf_dispatch) against the synchronous one;
- * 10,000 waiting opens on one connection completed after their seals; the
- * daemon's memory per waiting open. */
+ * 10,000 waiting opens on one connection completed after their seals; and,
+ * as phase waitmem, the daemon's memory per waiting open. */
 #include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -108,6 +108,44 @@ static void concurrent_round(gpubuf_client *c, gpubuf_client *p, int n) {
     drop_all(p, made, "bench/cwait", n);
 }
 
+/* The daemon's memory per waiting open (phase waitmem, run by bench/run.sh
+ * against a fresh gpubufd): its RSS growth over the second half of
+ * MEM_CONNS connections' waiting opens (names never sealed), the first half
+ * filling what a fresh daemon's heap keeps resident unused (up to the trim
+ * threshold and top pad that gpubufd sets: 12 MiB, docs/performance.md "The
+ * heap's top"), so that the growth measured is the waits' own. After phases
+ * that freed much (scale, meta), the freed memory stays resident and takes
+ * the waits: RSS does not move. The waits end with their connections. */
+static void ended(gpubuf_client *c, const gpubuf_completion *d) {
+    (void)c, (void)d; /* never sealed: each ends with its connection, in error */
+}
+
+static void waiting_memory(void) {
+    enum { MEM_CONNS = 8, PER_CONN = 10000 };
+    gpubuf_client *cs[MEM_CONNS];
+    gpubuf_lookup o = {.timeout_ms = -1};
+    gpubuf_buffer_info info;
+    char name[64];
+    uint64_t h;
+    long rss[2] = {0, 0};
+    for (int k = 0; k < MEM_CONNS; k++) {
+        cs[k] = conn();
+        for (int i = 0; i < PER_CONN; i++) {
+            snprintf(name, sizeof(name), "bench/mem.%d.%d.%d", (int)getpid(), k, i);
+            CHECK(gpubuf_open_start(cs[k], name, 0, &o, ended, NULL, &h));
+        }
+        gpubuf_stat(cs[k], "bench/none", &info); /* a round trip: all of them wait now */
+        if (k == MEM_CONNS / 2 - 1)
+            rss[0] = daemon_rss_kib();
+    }
+    rss[1] = daemon_rss_kib();
+    if (rss[0] > 0 && rss[1] > 0)
+        printf("async_daemon_bytes_per_waiting_open %.0f\n",
+               (double)(rss[1] - rss[0]) * 1024.0 / ((MEM_CONNS - MEM_CONNS / 2) * PER_CONN));
+    for (int k = 0; k < MEM_CONNS; k++)
+        gpubuf_disconnect(cs[k]);
+}
+
 static void async_bench(void) {
     enum { N = 5000, WARM = 500, LIVE = 64, WAITS = 10000 };
     int n = g_quick ? 1000 : N;
@@ -145,7 +183,6 @@ static void async_bench(void) {
 
     /* 10,000 waiting opens, their buffers sealed by another connection;
      * timed from the last seal applied to the last completion delivered. */
-    long rss0 = daemon_rss_kib();
     g_done = 0;
     gpubuf_lookup o = {.timeout_ms = -1};
     for (int i = 0; i < WAITS; i++) {
@@ -154,10 +191,6 @@ static void async_bench(void) {
     }
     gpubuf_buffer_info info;
     gpubuf_stat(c, "bench/none", &info); /* a round trip: all of them wait now */
-    long rss1 = daemon_rss_kib();
-    if (rss0 > 0 && rss1 > 0)
-        printf("async_daemon_bytes_per_waiting_open %.0f\n",
-               (double)(rss1 - rss0) * 1024.0 / WAITS);
     gpubuf_buffer **made = calloc(WAITS, sizeof(*made));
     for (int i = 0; i < WAITS; i++) {
         snprintf(name, sizeof(name), "bench/wait.%d.%d", (int)getpid(), i);
@@ -196,4 +229,8 @@ static void async_bench(void) {
 
 int async_phase(void) {
     return run_child(async_bench) == 0 ? 0 : 1;
+}
+
+int waitmem_phase(void) {
+    return run_child(waiting_memory) == 0 ? 0 : 1;
 }

@@ -106,6 +106,7 @@ void expect_device0(const gpubuf_buffer *b);
 /* The phase groups, in the order main() runs them. */
 int latency_phase(void);     /* latency.c */
 int async_phase(void);       /* async.c: event loops */
+int waitmem_phase(void);     /* async.c: daemon memory per waiting open (a fresh daemon) */
 int cold_phase(void);        /* cold_open.c */
 int throughput_phase(void);  /* throughput.c: runs in the calling process; 0 */
 #ifdef GPUBUF_HAVE_CUDA

@@ -3,7 +3,8 @@
  *
  *   gpubuf_bench --socket PATH [--pool NAME] [--cold-pool NAME] [--procs N]
  *                [--only latency,cold,throughput,bandwidth,peer,crash,scale,
- *                        vmm-cold,vmm-warm,seal-stream,handover,copies,meta] [--quick]
+ *                        vmm-cold,vmm-warm,seal-stream,handover,copies,batch,
+ *                        batchmix,meta,async,waitmem] [--quick]
  *                [--vmm-pool NAME] [--vmm-cold-pools NAME,NAME]
  *                [--daemon-pid PID] [--ctl PATH-TO-GPUBUFCTL]
  *
@@ -134,6 +135,7 @@ static const phase before_vmm[] = {
 static const phase after_vmm[] = {
     {"crash", crash_phase},          {"scale", scale_phase}, {"batch", batch_phase},
     {"batchmix", batch_mixed_phase}, {"meta", meta_phase},   {"async", async_phase},
+    {"waitmem", waitmem_phase},
 };
 
 static int run_phases(const phase *p, size_t n) {

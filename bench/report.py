@@ -245,6 +245,27 @@ for k, v in g.items():
         row(f"batched alloc+seal/open/delete/release, {procs.replace('proc', '')} processes",
             v / 1e6, "M ops/s", ratio, "≥ 5 M/s", v >= 5e6)
 
+# The asynchronous API (bench/async.c, phase async): an open started and
+# completed through the client fd against the synchronous open of the same
+# buffers in the same phase; 10,000 waiting opens on one connection
+# completed after their seals (sealed by a second connection, timed from the
+# last seal applied to the last completion delivered); the daemon's memory
+# per waiting open (its RSS growth over the 10,000).
+a_sync, a_async = g.get("async_sync_open_median_us"), g.get("async_open_median_us")
+if a_sync and a_async:
+    row("asynchronous open (gpubuf_open_start + dispatch), warm", a_async, "µs",
+        f"synchronous open + {a_async - a_sync:.2f} µs ({a_sync:.1f} µs)", "≤ sync + 2 µs",
+        a_async <= a_sync + 2)
+done = g.get("async_completions_after_seals_per_s")
+if done:
+    row("10,000 waiting opens on one connection, completed after their seals", done / 1e6,
+        "M completions/s", "from the last seal to the last completion", "≥ 1 M/s", done >= 1e6)
+per_wait = g.get("async_daemon_bytes_per_waiting_open")
+if per_wait is not None:
+    row("daemon memory per waiting open", per_wait, "B",
+        "a fresh gpubufd's RSS growth over 40,000 waiting opens (4 connections) / 40,000",
+        "reported", None)
+
 print("```")
 print(machine.strip())
 print("```")
