@@ -104,7 +104,7 @@ static void on_done(gpubuf_client *c, const gpubuf_completion *d) {
 /* Client._dispatch(): the reader callback. */
 PyObject *gpubufpy_aio_dispatch(GpubufClient *self, PyObject *unused) {
     (void)unused;
-    if (!self->c || self->pid != getpid())
+    if (!self->c || self->pid != gpubufpy_pid())
         Py_RETURN_NONE;
     int r = gpubuf_dispatch(self->c);
     if (r < 0)
@@ -140,7 +140,7 @@ static int watch(GpubufClient *self, PyObject *loop) {
 void gpubufpy_aio_close(GpubufClient *self) {
     if (!self->aio_loop)
         return;
-    if (self->c && self->pid == getpid()) {
+    if (self->c && self->pid == gpubufpy_pid()) {
         SAVE_EXC(exc);
         int fd = gpubuf_client_fd(self->c);
         PyObject *closed = PyObject_CallMethod(self->aio_loop, "is_closed", NULL);
@@ -163,7 +163,7 @@ static PyObject *cancel_cb(PyObject *self, PyObject *fut) {
     PyObject *c = PyObject_CallMethod(fut, "cancelled", NULL);
     if (!c)
         return NULL;
-    if (c == Py_True && client->c && client->pid == getpid())
+    if (c == Py_True && client->c && client->pid == gpubufpy_pid())
         gpubuf_cancel(client->c, h); /* -ENOENT: delivered already */
     Py_DECREF(c);
     Py_RETURN_NONE;

@@ -14,13 +14,13 @@
 PyObject *gpubufpy_buffer_new(GpubufClient *client, gpubuf_buffer *b) {
     GpubufBuffer *o = PyObject_New(GpubufBuffer, &GpubufBuffer_Type);
     if (!o) {
-        gpubufpy_view_drop(b, getpid());
+        gpubufpy_view_drop(b, gpubufpy_pid());
         return NULL;
     }
     o->b = b;
     o->deferred = NULL;
     o->client = (GpubufClient *)Py_NewRef((PyObject *)client);
-    o->pid = getpid();
+    o->pid = gpubufpy_pid();
     o->cai_exported = false;
     return (PyObject *)o;
 }
@@ -173,7 +173,7 @@ static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
             0)
             return NULL;
         a.meta = &meta;
-        if (self->pid != getpid()) {
+        if (self->pid != gpubufpy_pid()) {
             PyBuffer_Release(&ub);
             return gpubufpy_raise_fork(self->pid);
         }
@@ -194,7 +194,7 @@ static PyObject *buf_seal(GpubufBuffer *self, PyObject *args, PyObject *kw) {
             return host_stream_seal(b);
         a.on_stream = true;
     }
-    if (self->pid != getpid())
+    if (self->pid != gpubufpy_pid())
         return gpubufpy_raise_fork(self->pid);
     if (view_run(self, b, op_seal, &a) < 0)
         return NULL;
@@ -206,7 +206,7 @@ static PyObject *buf_wait(GpubufBuffer *self, PyObject *stream_o) {
     gpubuf_buffer *b;
     if (!(b = buf_view(self)) || gpubufpy_stream_arg(stream_o, &stream) < 0)
         return NULL;
-    if (self->pid != getpid())
+    if (self->pid != gpubufpy_pid())
         return gpubufpy_raise_fork(self->pid);
     if (view_run(self, b, op_wait, &stream) < 0)
         return NULL;

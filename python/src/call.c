@@ -2,10 +2,33 @@
  * without the GIL, disconnecting, and the arguments every method parses (a
  * name, a timeout). Below module.c, many.c and aio.c, which all use it. */
 #include "gpubufpy.h" /* Python.h comes before the system headers */
+#include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
+
+static pid_t g_pid;
+
+static void pid_after_fork(void) {
+    g_pid = getpid();
+}
+
+int gpubufpy_pid_init(void) {
+    g_pid = getpid();
+    int r = pthread_atfork(NULL, NULL, pid_after_fork);
+    if (r != 0) {
+        errno = r;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    return 0;
+}
+
+pid_t gpubufpy_pid(void) {
+    return g_pid;
+}
 
 /* Start a call that will run without the GIL; NULL with an exception set when
  * the client is closed or belongs to another process. */
@@ -21,7 +44,7 @@ int client_usable(GpubufClient *self) {
         PyErr_SetString(PyExc_ValueError, "the gpubuf client is closed");
         return -1;
     }
-    if (self->pid != getpid()) {
+    if (self->pid != gpubufpy_pid()) {
         gpubufpy_raise_fork(self->pid);
         return -1;
     }
@@ -35,7 +58,7 @@ void client_disconnect(GpubufClient *self) {
     self->c = NULL;
     if (!c)
         return;
-    if (self->pid != getpid())
+    if (self->pid != gpubufpy_pid())
         return; /* the parent's socket: leave it alone */
     Py_BEGIN_ALLOW_THREADS
         gpubuf_disconnect(c);

@@ -159,7 +159,7 @@ PyObject *gpubufpy_raise_fork(pid_t owner) {
 }
 
 void gpubufpy_view_drop(gpubuf_buffer *b, pid_t pid) {
-    if (!b || pid != getpid())
+    if (!b || pid != gpubufpy_pid())
         return;
     if (Py_IsInitialized() && PyGILState_Check()) {
         Py_BEGIN_ALLOW_THREADS

@@ -80,6 +80,12 @@ PyObject *gpubufpy_raise_msg(int err, const char *detail);
 
 /* DisconnectedError: an object of process `owner` used in a forked child. */
 PyObject *gpubufpy_raise_fork(pid_t owner);
+/* This process's id without a system call (getpid() is one, about 1 us in a
+ * virtual machine, and the module asks for it on every open, release and
+ * export): read once, and again in a forked child (pthread_atfork). */
+pid_t gpubufpy_pid(void);
+/* Set up gpubufpy_pid(); 0, or -1 with an exception set. */
+int gpubufpy_pid_init(void);
 
 /* Drop one reference of a view (NULL accepted), without the GIL when the
  * caller holds it: the last reference of a root view takes the connection's

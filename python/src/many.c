@@ -80,7 +80,7 @@ PyObject *results_list(GpubufClient *self, gpubuf_buffer **views, const int *st,
     }
     /* Views not handed to a Buffer (an error above) are dropped. */
     for (size_t i = 0; views && i < n; i++)
-        gpubufpy_view_drop(views[i], getpid());
+        gpubufpy_view_drop(views[i], gpubufpy_pid());
     return out;
 }
 
@@ -238,7 +238,7 @@ PyObject *client_release_many(GpubufClient *self, PyObject *seq) {
             continue;
         if (b->cai_exported && !b->deferred)
             b->deferred = v; /* consumers of the interface hold the object */
-        else if (b->pid != getpid() || b->client != self)
+        else if (b->pid != gpubufpy_pid() || b->client != self)
             gpubufpy_view_drop(v, b->pid);
         else
             views[k++] = v;

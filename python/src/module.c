@@ -39,7 +39,7 @@ static int client_init(GpubufClient *self, PyObject *args, PyObject *kw) {
         return -1;
     }
     self->c = c;
-    self->pid = getpid();
+    self->pid = gpubufpy_pid();
     self->on_disconnect = gpubufpy_aio_close; /* forgets the asyncio loop's reader */
     Py_INCREF(sock);
     Py_XSETREF(self->socket, sock);
@@ -681,7 +681,8 @@ PyMODINIT_FUNC PyInit__gpubuf(void);
 
 PyMODINIT_FUNC PyInit__gpubuf(void) {
     PyObject *m;
-    if (PyType_Ready(&GpubufClient_Type) < 0 || PyType_Ready(&GpubufBuffer_Type) < 0 ||
+    if (gpubufpy_pid_init() < 0 || PyType_Ready(&GpubufClient_Type) < 0 ||
+        PyType_Ready(&GpubufBuffer_Type) < 0 ||
         PyType_Ready(&GpubufArrayView_Type) < 0)
         return NULL;
     m = PyModule_Create(&module_def);
