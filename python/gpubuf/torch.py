@@ -264,6 +264,15 @@ _raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 _import_capsule = getattr(torch._C, "_from_dlpack", None)
 
 
+_cuda_ready = False
+
+
+def _cuda_init():
+    global _cuda_ready
+    torch.cuda.init()
+    _cuda_ready = True
+
+
 def _from_dlpack(x):
     """torch.from_dlpack(x) for a gpubuf Buffer or ArrayView, with the
     consumer's stream (torch's current stream on x's GPU) passed as DLPack
@@ -274,6 +283,8 @@ def _from_dlpack(x):
     if kind == 2:  # kDLCUDA
         if _raw_stream is None:
             return torch.from_dlpack(x)
+        if not _cuda_ready:  # torch's own checks first (a bad fork, no driver)
+            _cuda_init()
         s = _raw_stream(index)
         return _import_capsule(x.__dlpack__(stream=s or 1))
     return _import_capsule(x.__dlpack__())
@@ -854,6 +865,8 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
     # carries no layout), else with the layout the buffer carries.
     stream = None
     if opened and opened[0].is_cuda and _raw_stream is not None and _import_capsule is not None:
+        if not _cuda_ready:
+            _cuda_init()
         stream = _raw_stream(opened[0].device) or 1
     bases = []
     try:
