@@ -2,33 +2,10 @@
  * without the GIL, disconnecting, and the arguments every method parses (a
  * name, a timeout). Below module.c, many.c and aio.c, which all use it. */
 #include "gpubufpy.h" /* Python.h comes before the system headers */
-#include <errno.h>
 #include <limits.h>
-#include <pthread.h>
 #include <math.h>
 #include <string.h>
 #include <unistd.h>
-
-static pid_t g_pid;
-
-static void pid_after_fork(void) {
-    g_pid = getpid();
-}
-
-int gpubufpy_pid_init(void) {
-    g_pid = getpid();
-    int r = pthread_atfork(NULL, NULL, pid_after_fork);
-    if (r != 0) {
-        errno = r;
-        PyErr_SetFromErrno(PyExc_OSError);
-        return -1;
-    }
-    return 0;
-}
-
-pid_t gpubufpy_pid(void) {
-    return g_pid;
-}
 
 /* Start a call that will run without the GIL; NULL with an exception set when
  * the client is closed or belongs to another process. */
