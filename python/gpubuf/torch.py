@@ -17,6 +17,7 @@ import atexit
 import collections
 import itertools
 import json
+import math
 import os
 import queue
 import threading
@@ -364,9 +365,7 @@ def empty(shape, *, dtype=torch.float32, device=None, pool=None, name=None, clie
     device = torch.device(device)
     c = client or globals()["client"]()
     itemsize = _itemsize(dtype)
-    numel = 1
-    for n in shape:
-        numel *= n
+    numel = math.prod(shape)
     p = _pool_for(c, device, pool)
     buf = c.alloc(max(numel * itemsize, 1), name, p, dtype=_DL[dtype], shape=shape)
     try:
@@ -880,15 +879,10 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
     dtypes = index.get("dtypes") or [None] * len(bufs)
     shapes = index.get("shapes") or [None] * len(bufs)
     opened = [b for b in bufs if not isinstance(b, gpubuf.Error)]
-    # One DLPack import per tensor, with the stream looked up once: each
-    # buffer's bytes (1-D uint8, remembered as gpubuf storage, all in one
-    # step) viewed with the index's dtype and shape (a seal on a CUDA stream
-    # carries no layout), else with the layout the buffer carries.
-    stream = None
-    if opened and opened[0].is_cuda and _raw_stream is not None and _import_capsule is not None:
-        if not _cuda_ready:
-            _cuda_init()
-        stream = _raw_stream(opened[0].device) or 1
+    # One DLPack import per tensor: each buffer's bytes (1-D uint8,
+    # remembered as gpubuf storage, all in one step) viewed with the index's
+    # dtype and shape (a seal on a CUDA stream carries no layout), else with
+    # the layout the buffer carries.
     bases = []
     try:
         for k, b, dt, shape in zip(index["keys"], bufs, dtypes, shapes):
@@ -896,12 +890,9 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
                 err = err or b
                 continue
             if b.layout is None and dt in _BY_NAME and shape is not None:
-                if stream is not None and b.device == opened[0].device:
-                    base = _import_capsule(b.__dlpack__(stream=stream))
-                else:
-                    base = _from_dlpack(b)
+                base = _from_dlpack(b)
                 dtype, shape = _BY_NAME[dt], tuple(shape)
-                n = _numel(shape) * _itemsize(dtype)
+                n = math.prod(shape) * _itemsize(dtype)
                 if n and base.numel() == n:  # the whole buffer, C order
                     t = (base if dtype == torch.uint8 else base.view(dtype)).view(shape)
                 else:  # an empty tensor has a 1-byte buffer
@@ -922,13 +913,6 @@ def open_state_dict(client, prefix, *, version="latest", readonly=True, device=N
     if err is not None:
         raise err
     return out
-
-
-def _numel(shape):
-    n = 1
-    for d in shape:
-        n *= d
-    return n
 
 
 class _StateDict(collections.OrderedDict):
