@@ -31,7 +31,7 @@ STEPS = [
     ("c_mapped", "client: mapping cache, view"),
 ]
 # The daemon's request types (daemon/metrics.h, gd_req_type).
-TYPES = ["hello", "alloc", "seal", "open", "release", "unmap", "delete", "stat", "status",
+TYPES = ["hello", "alloc", "seal", "open", "release", "unmap", "delete", "stat", "status", "renew",
          "other", "batch_open", "batch_release", "batch_alloc", "batch_seal", "batch_delete"]
 
 

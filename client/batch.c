@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "internal.h"
+#include "trace.h"
 #include "util.h"
 
 /* Request bytes kept free for the fixed fields of a batch request. */
@@ -278,6 +279,7 @@ static int views_batch(batch_call *bc, size_t *idx, size_t n, bool read_only, bu
         size_t slabs = resp->batch->n_slabs;
         r = make_views(bc, resp->batch, fds, n_fds, idx, n, read_only, ret, retry, &n_retry);
         gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf_trace(c->session_id, req.id, -1, GPUBUF_TRACE_C_MAPPED, 0);
         if (r < 0)
             break;
         if (n_retry && slabs == 0) {
@@ -483,6 +485,7 @@ static int results_rpc(batch_call *bc, Gpubuf__Request *req, size_t from, size_t
         if (resp->batch->status[k] < 0)
             call_fail(bc, from + k, resp->batch->status[k], item_message(resp->batch, k));
     gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf_trace(bc->c->session_id, req->id, -1, GPUBUF_TRACE_C_MAPPED, 0);
     return 0;
 }
 
@@ -658,6 +661,7 @@ static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_stat
                 call_fail(&bc, item[from + j], resp->batch->status[j],
                           item_message(resp->batch, j));
         gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf_trace(c->session_id, req.id, -1, GPUBUF_TRACE_C_MAPPED, 0);
     }
     /* Lost with the connection, reconnected: the resume released every
      * reference no view claims, these too (as gpubuf_release()). */

@@ -1,4 +1,7 @@
-/* libgpubuf-client: connecting, the buffer life cycle, status and views. */
+/* libgpubuf-client: connections (connect, reconnect settings, flush,
+ * disconnect) and the public entry points of the buffer life cycle: each
+ * checks its arguments, clears and sets the thread's error message, and
+ * leaves the request to lifecycle.c. */
 #include <errno.h>
 #include <grp.h>
 #include <stdio.h>
@@ -159,40 +162,6 @@ static int connect_call(const char *path, gpubuf_client **ret) {
     return 0;
 }
 
-void gpubuf__client_unref(gpubuf_client *c) {
-    if (atomic_fetch_sub(&c->refs, 1) != 1)
-        return;
-#ifdef GPUBUF_HAVE_CUDA
-    /* Wait for the seal events (their deferred releases unmap), then free. */
-    gpubuf__events_sweep(c, true);
-    free(c->events);
-    c->events = NULL;
-    c->cap_events = 0;
-#endif
-    gpubuf__mapping_clear(c);
-    while (c->spare) {
-        gpubuf_buffer *b = c->spare;
-        c->spare = b->parent;
-        free(b);
-    }
-    gpubuf_held *hd, *htmp;
-    HASH_ITER(hh, c->held, hd, htmp) {
-        HASH_DEL(c->held, hd);
-        free(hd);
-    }
-    gpubuf_trace_dump(); /* GPUBUF_TRACE_TIMING: this process's records so far */
-    for (int i = 0; i < c->n_rfds; i++)
-        close(c->rfds[i]);
-    free(c->rbuf);
-    if (c->fd >= 0)
-        close(c->fd);
-    if (c->async_hooks)
-        c->async_hooks->free(c);
-    pthread_mutex_destroy(&c->qlock);
-    pthread_mutex_destroy(&c->lock);
-    free(c);
-}
-
 GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
     if (!c)
         return NULL;
@@ -221,159 +190,6 @@ GPUBUF_EXTERN gpubuf_client *gpubuf_disconnect(gpubuf_client *c) {
     gpubuf__client_unref(c);
     return NULL;
 }
-
-/* ---- requests ---------------------------------------------------------- */
-
-int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret) {
-    Gpubuf__Response *resp;
-    int fd, r;
-    pthread_mutex_lock(&c->lock);
-    r = gpubuf__rpc_locked(c, req, &resp, &fd);
-    if (r == 0) {
-        if (resp->body_case != GPUBUF__RESPONSE__BODY_BUFFER) {
-            if (fd >= 0)
-                close(fd);
-            r = GPUBUF_EPROTOCOL;
-        } else {
-            r = gpubuf__view_from_reply(c, resp->buffer, fd, ret);
-            if (r == 0)
-                gpubuf_trace(c->session_id, req->id, -1, GPUBUF_TRACE_C_MAPPED, 0);
-        }
-        gpubuf__response__free_unpacked(resp, NULL);
-    }
-    pthread_mutex_unlock(&c->lock);
-    return r;
-}
-
-int gpubuf__alloc_request(gpubuf_client *c, Gpubuf__AllocRequest *a, gpubuf_buffer **ret) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    req.body_case = GPUBUF__REQUEST__BODY_ALLOC;
-    req.alloc = a;
-    int r = gpubuf__buffer_request(c, &req, ret);
-    if (r == 0) {
-        (*ret)->allocated = true;
-        (*ret)->sealable = true;
-    }
-    return r;
-}
-
-static int alloc_call(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
-                      gpubuf_buffer **ret) {
-    int r;
-    Gpubuf__AllocRequest a = GPUBUF__ALLOC_REQUEST__INIT;
-    lookup l = {0};
-    if ((r = gpubuf__alloc_fill(&a, pool, size, name, &l)) < 0)
-        return r;
-    return gpubuf__alloc_request(c, &a, ret);
-}
-
-static int open_with_call(gpubuf_client *c, const char *name, uint64_t id,
-                          const gpubuf_lookup *opts, gpubuf_buffer **ret) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__OpenRequest o = GPUBUF__OPEN_REQUEST__INIT;
-    lookup l;
-    int r = gpubuf__open_fill(&o, &l, name, id, opts);
-    if (r < 0)
-        return r;
-    req.body_case = GPUBUF__REQUEST__BODY_OPEN;
-    req.open = &o;
-    return gpubuf__buffer_request(c, &req, ret);
-}
-
-static int open_call(gpubuf_client *c, const char *name, uint64_t id, int timeout_ms,
-                     unsigned flags, gpubuf_buffer **ret) {
-    gpubuf_lookup o = {.flags = flags, .timeout_ms = timeout_ms};
-    if (flags & ~(unsigned)GPUBUF_OPEN_READONLY) /* the owner goes with gpubuf_open_with */
-        return gpubuf__fail(-EINVAL, "unknown open flags 0x%x",
-                            flags & ~(unsigned)GPUBUF_OPEN_READONLY);
-    return open_with_call(c, name, id, &o, ret);
-}
-
-/* A request whose reply carries no body we need. */
-static int simple_request(gpubuf_client *c, Gpubuf__Request *req) {
-    Gpubuf__Response *resp;
-    pthread_mutex_lock(&c->lock);
-    int r = gpubuf__rpc_reply_locked(c, req, GPUBUF__RESPONSE__BODY__NOT_SET, &resp);
-    pthread_mutex_unlock(&c->lock);
-    if (r == 0)
-        gpubuf__response__free_unpacked(resp, NULL);
-    return r;
-}
-
-static int seal_call(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_stream) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__SealRequest s = GPUBUF__SEAL_REQUEST__INIT;
-    uint8_t ev[64];
-    gpubuf_client *c;
-    int r;
-    c = b->c;
-    pthread_mutex_lock(&c->lock);
-    r = gpubuf__seal_check(&b);
-    if (r == 0 && on_stream) {
-        r = gpubuf__record_event(c, b, stream, ev);
-        if (r == 0) {
-            s.event_handle.data = ev;
-            s.event_handle.len = sizeof(ev);
-        }
-    }
-    if (r == 0) {
-        s.buffer_id = b->id;
-        req.body_case = GPUBUF__REQUEST__BODY_SEAL;
-        req.seal = &s;
-        if (wait) {
-            /* Its own reply, not an earlier asynchronous request's error. */
-            Gpubuf__Response *resp;
-            r = gpubuf__rpc_reply_locked(c, &req, GPUBUF__RESPONSE__BODY__NOT_SET, &resp);
-            if (r == 0)
-                gpubuf__response__free_unpacked(resp, NULL);
-        } else {
-            /* Nothing left for the daemon to refuse: send without waiting. */
-            r = gpubuf__send_async_locked(c, &req);
-        }
-        if (r == 0)
-            b->sealable = false;
-    }
-    pthread_mutex_unlock(&c->lock);
-    return r;
-}
-
-GPUBUF_EXTERN int gpubuf_seal_stream(gpubuf_buffer *b, gpubuf_stream stream) {
-    gpubuf__clear_error();
-    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
-    int r = seal_call(b, false, stream, true);
-    return gpubuf__result(r);
-}
-
-GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
-    gpubuf__clear_error();
-    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
-    int r = seal_call(b, false, NULL, false);
-    return gpubuf__result(r);
-}
-
-GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b) {
-    gpubuf__clear_error();
-    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
-    int r = seal_call(b, true, NULL, false);
-    return gpubuf__result(r);
-}
-
-static int delete_with_call(gpubuf_client *c, const char *name, uint64_t id,
-                            const gpubuf_lookup *opts) {
-    Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-    Gpubuf__DeleteRequest d = GPUBUF__DELETE_REQUEST__INIT;
-    lookup l;
-    int r;
-    if ((r = gpubuf__lookup_make("delete", name, id, opts, GPUBUF_OPEN_OWNER, &l)) < 0)
-        return r;
-    d.target_case = gpubuf__lookup_fill(&l, &d.name, &d.buffer_id, &d.pool, &d.owner)
-                        ? GPUBUF__DELETE_REQUEST__TARGET_NAME
-                        : GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID;
-    req.body_case = GPUBUF__REQUEST__BODY_DELETE;
-    req.delete_ = &d;
-    return simple_request(c, &req);
-}
-
 GPUBUF_EXTERN int gpubuf_set_reconnect(gpubuf_client *c, int ms) {
     gpubuf__clear_error();
     GPUBUF_CHECK(c, -EINVAL, "gpubuf_set_reconnect needs a connection");
@@ -382,57 +198,6 @@ GPUBUF_EXTERN int gpubuf_set_reconnect(gpubuf_client *c, int ms) {
     c->reconnect_ms = ms;
     pthread_mutex_unlock(&c->lock);
     return gpubuf__result(0);
-}
-
-/* ---- views ------------------------------------------------------------- */
-
-static int release_call(gpubuf_buffer *b) {
-    int r = 0;
-    while (b) {
-        if (atomic_fetch_sub(&b->refs, 1) != 1)
-            return r;
-        gpubuf_buffer *parent = b->parent;
-        if (b->owns_ref) {
-            gpubuf_client *c = b->c;
-            pthread_mutex_lock(&c->lock);
-            /* gpubufd restarted without its reference: nothing to release
-             * there (the id may name another buffer now). */
-            bool live = !b->map || gpubuf__view_live(b);
-#ifdef GPUBUF_HAVE_CUDA
-            const gpubuf_cuda *cu;
-            if (b->event && gpubuf_cuda_load(&cu) == 0)
-                cu->EventDestroy(b->event);
-            if (!live && b->own_event)
-                gpubuf__event_released(c, b, 1); /* the daemon forgot it */
-            /* Sealed on a stream whose work still runs: the reference stays
-             * (and the daemon keeps handing the event out) until it ends. */
-            if (live && b->own_event && gpubuf__event_defer(c, b))
-                b->map = NULL;
-#endif
-            if (!live) {
-                gpubuf__mapping_put(c, b->map);
-                b->map = NULL;
-            }
-            if (b->map)
-                r = gpubuf__release_locked(c, b->id, b->map, b->read_only);
-#ifdef GPUBUF_HAVE_CUDA
-            /* The release just sent is request next_id; on a broken
-             * connection the daemon forgot the event with the holder. */
-            if (b->map && b->own_event)
-                gpubuf__event_released(c, b, c->broken ? 1 : c->next_id);
-            gpubuf__events_sweep(c, false);
-#endif
-            gpubuf__view_meta_free(b);
-            gpubuf__view_recycle(c, b);
-            pthread_mutex_unlock(&c->lock);
-            gpubuf__client_unref(c);
-        } else {
-            gpubuf__view_meta_free(b);
-            free(b);
-        }
-        b = parent; /* a slice held one reference to its parent */
-    }
-    return r;
 }
 
 /* ---- public entry points ------------------------------------------------
@@ -458,7 +223,7 @@ GPUBUF_EXTERN int gpubuf_alloc(gpubuf_client *c, const char *pool, uint64_t size
     gpubuf__clear_error();
     GPUBUF_CHECK(c && ret, -EINVAL, "gpubuf_alloc needs a connection and a place for the view");
     GPUBUF_CHECK(size > 0, -EINVAL, "size 0: a buffer holds at least 1 byte");
-    int r = alloc_call(c, pool, size, name, ret);
+    int r = gpubuf__alloc(c, pool, size, name, ret);
     return gpubuf__result(r);
 }
 
@@ -467,7 +232,7 @@ GPUBUF_EXTERN int gpubuf_open(gpubuf_client *c, const char *name, int timeout_ms
     gpubuf__clear_error();
     GPUBUF_CHECK(name, -EINVAL, "gpubuf_open needs a name (gpubuf_open_id opens by id)");
     GPUBUF_CHECK(c && ret, -EINVAL, "an open needs a connection and a place for the view");
-    int r = open_call(c, name, 0, timeout_ms, 0, ret);
+    int r = gpubuf__open(c, name, 0, timeout_ms, 0, ret);
     return gpubuf__result(r);
 }
 
@@ -475,7 +240,7 @@ GPUBUF_EXTERN int gpubuf_open_ex(gpubuf_client *c, const char *name, uint64_t id
                                  unsigned flags, gpubuf_buffer **ret) {
     gpubuf__clear_error();
     GPUBUF_CHECK(c && ret, -EINVAL, "an open needs a connection and a place for the view");
-    int r = open_call(c, name, id, timeout_ms, flags, ret);
+    int r = gpubuf__open(c, name, id, timeout_ms, flags, ret);
     return gpubuf__result(r);
 }
 
@@ -483,7 +248,7 @@ GPUBUF_EXTERN int gpubuf_open_id(gpubuf_client *c, uint64_t id, int timeout_ms,
                                  gpubuf_buffer **ret) {
     gpubuf__clear_error();
     GPUBUF_CHECK(c && ret, -EINVAL, "an open needs a connection and a place for the view");
-    int r = open_call(c, NULL, id, timeout_ms, 0, ret);
+    int r = gpubuf__open(c, NULL, id, timeout_ms, 0, ret);
     return gpubuf__result(r);
 }
 
@@ -491,14 +256,14 @@ GPUBUF_EXTERN int gpubuf_delete(gpubuf_client *c, const char *name) {
     gpubuf__clear_error();
     GPUBUF_CHECK(name, -EINVAL, "gpubuf_delete needs a name (gpubuf_delete_id deletes by id)");
     GPUBUF_CHECK(c, -EINVAL, "a delete needs a connection");
-    int r = delete_with_call(c, name, 0, NULL);
+    int r = gpubuf__delete(c, name, 0, NULL);
     return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_delete_id(gpubuf_client *c, uint64_t id) {
     gpubuf__clear_error();
     GPUBUF_CHECK(c, -EINVAL, "a delete needs a connection");
-    int r = delete_with_call(c, NULL, id, NULL);
+    int r = gpubuf__delete(c, NULL, id, NULL);
     return gpubuf__result(r);
 }
 
@@ -506,7 +271,7 @@ GPUBUF_EXTERN int gpubuf_open_with(gpubuf_client *c, const char *name, uint64_t 
                                    const gpubuf_lookup *o, gpubuf_buffer **ret) {
     gpubuf__clear_error();
     GPUBUF_CHECK(c && ret, -EINVAL, "an open needs a connection and a place for the view");
-    int r = open_with_call(c, name, id, o, ret);
+    int r = gpubuf__open_with(c, name, id, o, ret);
     return gpubuf__result(r);
 }
 
@@ -514,12 +279,33 @@ GPUBUF_EXTERN int gpubuf_delete_with(gpubuf_client *c, const char *name, uint64_
                                      const gpubuf_lookup *o) {
     gpubuf__clear_error();
     GPUBUF_CHECK(c, -EINVAL, "a delete needs a connection");
-    int r = delete_with_call(c, name, id, o);
+    int r = gpubuf__delete(c, name, id, o);
+    return gpubuf__result(r);
+}
+
+GPUBUF_EXTERN int gpubuf_seal_stream(gpubuf_buffer *b, gpubuf_stream stream) {
+    gpubuf__clear_error();
+    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
+    int r = gpubuf__seal(b, false, stream, true);
+    return gpubuf__result(r);
+}
+
+GPUBUF_EXTERN int gpubuf_seal(gpubuf_buffer *b) {
+    gpubuf__clear_error();
+    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
+    int r = gpubuf__seal(b, false, NULL, false);
+    return gpubuf__result(r);
+}
+
+GPUBUF_EXTERN int gpubuf_seal_sync(gpubuf_buffer *b) {
+    gpubuf__clear_error();
+    GPUBUF_CHECK(b, -EINVAL, "no buffer given (NULL) to seal");
+    int r = gpubuf__seal(b, true, NULL, false);
     return gpubuf__result(r);
 }
 
 GPUBUF_EXTERN int gpubuf_release(gpubuf_buffer *b) {
     gpubuf__clear_error();
-    int r = release_call(b); /* accepts NULL, as a destructor */
+    int r = gpubuf__release(b); /* accepts NULL, as a destructor */
     return gpubuf__result(r);
 }

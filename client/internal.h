@@ -190,9 +190,7 @@ struct gpubuf_buffer {
     size_t user_len;
 };
 
-/* ---- client.c: the verbs, over the rooms below ----------------------------- */
-/* The last reference to c went (a view or gpubuf_disconnect). */
-void gpubuf__client_unref(gpubuf_client *c);
+/* ---- client.c: connections; the public entry points of the verbs --------- */
 /* Sanitizer builds keep no spare views, so a use after release is caught. */
 #if defined(__SANITIZE_ADDRESS__)
 #define GPUBUF_SPARE_VIEWS 0u
@@ -206,13 +204,33 @@ void gpubuf__client_unref(gpubuf_client *c);
 #endif
 /* A root view's memory, released (lock held): kept as a spare or freed. */
 void gpubuf__view_recycle(gpubuf_client *c, gpubuf_buffer *b);
+
+/* ---- lifecycle.c: the buffer life cycle's requests (the arguments are
+ * checked by the public entry points of client.c). 0 or an error, with its
+ * message set. */
 /* A request answered with a Buffer that becomes a root view (alloc,
  * open, and meta.c's alloc with metadata). */
 int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer **ret);
 /* The alloc request a, answered with the new root view (allocated, sealable). */
 int gpubuf__alloc_request(gpubuf_client *c, Gpubuf__AllocRequest *a, gpubuf_buffer **ret);
+int gpubuf__alloc(gpubuf_client *c, const char *pool, uint64_t size, const char *name,
+                  gpubuf_buffer **ret);
+/* flags: GPUBUF_OPEN_READONLY or 0. */
+int gpubuf__open(gpubuf_client *c, const char *name, uint64_t id, int timeout_ms, unsigned flags,
+                 gpubuf_buffer **ret);
+int gpubuf__open_with(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *opts,
+                      gpubuf_buffer **ret);
+/* wait: the seal's own reply (gpubuf_seal_sync); on_stream: behind the work
+ * queued on stream (gpubuf_seal_stream). */
+int gpubuf__seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_stream);
+int gpubuf__delete(gpubuf_client *c, const char *name, uint64_t id, const gpubuf_lookup *opts);
+/* One reference of b gone; the last one of a root view releases it at the
+ * daemon (b NULL: nothing to do). */
+int gpubuf__release(gpubuf_buffer *b);
+/* The last reference to c went (a view or gpubuf_disconnect). */
+void gpubuf__client_unref(gpubuf_client *c);
 
-/* ---- verbs_common.c: what the verbs (client.c, meta.c, batch.c) and the
+/* ---- verbs_common.c: what the verbs (lifecycle.c, meta.c, batch.c) and the
  * event-loop layer (async.c) share: names and lookups, buffer info, the seal
  * check; over view.c ------------------------------------------------------- */
 /* What open, stat, delete and renew name: the plain name and the pool it is

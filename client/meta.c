@@ -1,6 +1,6 @@
 /* libgpubuf-client: array layouts, user bytes and leases of buffers: the
- * requests that set, renew and read them (stat), over client.c. What views
- * and status snapshots carry of them is meta_view.c's, below client.c. */
+ * requests that set, renew and read them (stat), over lifecycle.c. What views
+ * and status snapshots carry of them is meta_view.c's, below lifecycle.c. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

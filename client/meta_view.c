@@ -1,6 +1,6 @@
 /* libgpubuf-client: the array layouts, user bytes and leases that views and
  * status snapshots carry, decoded from the daemon's messages (below
- * client.c, which makes views and snapshots; the requests are meta.c's). */
+ * the verbs, which make views and snapshots; the requests are meta.c's). */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* libgpubuf-client: what the verbs (client.c, meta.c, batch.c) and the
+/* libgpubuf-client: what the verbs (lifecycle.c, meta.c, batch.c) and the
  * event-loop layer (async.c) share, below them all and over view.c: names
  * and lookups (the target of an open, stat, delete or renew), the public
  * buffer info of a Buffer message, the check before a seal. */

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "item.h"
+#include "trace.h"
 #include "util.h"
 
 /* One batch reply being built: element i of each array is item i. */
@@ -297,7 +298,14 @@ static void batch_reply_send(batch *bt, uint64_t id) {
      * took always reach the client. */
     size_t len = gpubuf__response__get_packed_size(&resp);
     assert(len <= gd_session_batch_reply_bound(n, bt->with_meta));
+    bool trace = gpubuf_trace_on();
+    if (trace) {
+        gpubuf_trace(s->holder->id, id, bt->type, GPUBUF_TRACE_D_HANDLED, 0);
+        gpubuf_trace_set_tag(s->holder->id, id, bt->type);
+    }
     s->io->send_fds(s->conn, len, gd_session_pack, &resp, bt->fds, (int)bt->n_fds, true);
+    if (trace)
+        gpubuf_trace_set_tag(0, 0, -1);
     batch_free(bt);
 }
 
