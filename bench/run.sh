@@ -15,8 +15,8 @@
 #
 # --trace: the daemon and the benchmark record a timestamp at each step of
 # every request (GPUBUF_TRACE_TIMING=1, files in DIR/trace), and the report
-# ends with the median of each step of a warm open and of an alloc
-# (bench/trace_timing.py): for machines without perf or strace.
+# ends with the median of each step of a warm open, an alloc and the batch
+# requests (bench/trace_timing.py): for machines without perf or strace.
 # With a GPU (nvcc and a driver present): cuda-ipc pools, CUDA anchors
 # (ipc_bench.c), torch.multiprocessing anchor when python3 has torch.
 # With --host or without a GPU: host pools and the socket anchors only.
@@ -245,7 +245,7 @@ fi
 python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" "$out/python.txt" \
     "$out/gpubuf-nojournal.txt" | tee "$out/report.md"
 if [ $trace = 1 ]; then
-    for t in open alloc; do
+    for t in open alloc batch_open batch_release batch_alloc batch_delete; do
         echo
         echo "Timestamp trace, $t (bench/trace_timing.py):"
         python3 bench/trace_timing.py --type $t "$out"/trace/gpubuf-trace-*.txt || true
