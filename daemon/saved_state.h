@@ -61,6 +61,7 @@ struct gd_state {
     uint64_t compact_at; /* compact when the active slot grows past this */
     uint64_t records;     /* journal entries written */
     uint64_t groups;      /* and the groups (frames) they went in */
+    uint64_t bytes;       /* their bytes, frames included */
     uint64_t journal_ns;  /* time spent writing those */
     gd_obuf stage;        /* the group being made: the entries of this request */
     unsigned depth;       /* gd_state_begin() without its gd_state_end() */

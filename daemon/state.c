@@ -71,6 +71,7 @@ static void commit(gd_state *st) {
         gd_state_write_failed(st, "journal");
     } else {
         gd_group_frame(o, 0, s->gen);
+        st->bytes += o->len;
         if (gd_slot_put(s, s->len, o->p, o->len))
             s->len += o->len;
         else
@@ -358,9 +359,10 @@ void gd_state_freeze(gd_state *st) {
         return;
     commit(st);
     st->frozen = true;
-    LOG_INFO("saved state: %llu journal entries in %llu group(s), %.2f us per group on average; "
-             "%llu snapshot(s), %.1f ms in all; memfds mapped %.1f and %.1f MiB",
+    LOG_INFO("saved state: %llu journal entries in %llu group(s), %.1f MiB, %.2f us per group on "
+             "average; %llu snapshot(s), %.1f ms in all; memfds mapped %.1f and %.1f MiB",
              (unsigned long long)st->records, (unsigned long long)st->groups,
+             (double)st->bytes / 1048576.0,
              st->groups ? (double)st->journal_ns / 1e3 / (double)st->groups : 0.0,
              (unsigned long long)st->snapshots, (double)st->snapshot_ns / 1e6,
              (double)st->slots[0].cap / 1048576.0, (double)st->slots[1].cap / 1048576.0);

@@ -20,6 +20,38 @@
 #include "state_record.h"
 #include "util.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
+/* Copy to a slot without pulling its lines into the cache: the daemon never
+ * reads a slot back, and a journal written at hundreds of MB/s through the
+ * cache evicts the registry that the next request needs. Non-temporal
+ * stores, made visible by the sfence before the end mark and the next group
+ * (16 processes of batched requests on the H200: 4.08, 3.56, 5.07 M ops/s
+ * with memcpy against 4.34, 4.17, 5.65 M ops/s so, in three alternating
+ * rounds; docs/performance.md). */
+static void slot_copy(uint8_t *dst, const uint8_t *src, size_t len) {
+#if defined(__SSE2__)
+    if (len >= 256) {
+        for (; (uintptr_t)dst & 15u; len--)
+            *dst++ = *src++;
+        for (; len >= 64; len -= 64, dst += 64, src += 64) {
+            __m128i a = _mm_loadu_si128((const __m128i *)(const void *)src);
+            __m128i b = _mm_loadu_si128((const __m128i *)(const void *)(src + 16));
+            __m128i c = _mm_loadu_si128((const __m128i *)(const void *)(src + 32));
+            __m128i d = _mm_loadu_si128((const __m128i *)(const void *)(src + 48));
+            _mm_stream_si128((__m128i *)(void *)dst, a);
+            _mm_stream_si128((__m128i *)(void *)(dst + 16), b);
+            _mm_stream_si128((__m128i *)(void *)(dst + 32), c);
+            _mm_stream_si128((__m128i *)(void *)(dst + 48), d);
+        }
+        _mm_sfence();
+    }
+#endif
+    memcpy(dst, src, len);
+}
+
 static void put32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++)
         p[i] = (uint8_t)(v >> (8 * i));
@@ -234,7 +266,7 @@ static void snapshot(const gd_context *ctx, gd_obuf *o, uint64_t gen) {
 bool gd_slot_put(slot *s, uint64_t off, const uint8_t *p, size_t len) {
     static const uint8_t end[8];
     if (slot_room(s, off + len + sizeof(end))) {
-        memcpy(s->map + off, p, len);
+        slot_copy(s->map + off, p, len);
         memset(s->map + off + len, 0, sizeof(end));
         return true;
     }
