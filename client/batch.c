@@ -140,9 +140,15 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
     bool columns = br->n_buffer_id == n && br->n_size == n && br->n_offset == n &&
                    br->n_slab_id == n && br->n_slabs <= GPUBUF_WIRE_MAX_FDS &&
                    br->events.len == br->n_event_items * 64;
-    /* Each item's metadata (open batches; daemons before it send none). */
-    bool meta = br->n_layouts == n && br->n_user_data == n;
-    columns = columns && (meta || (br->n_layouts == 0 && br->n_user_data == 0));
+    /* The items' metadata (open batches; daemons before it send none): one
+     * entry per item, or (sparse_meta) one per item of meta_items, ascending;
+     * the other items have none. */
+    size_t n_meta = br->n_meta_items ? br->n_meta_items : n, mi = 0;
+    bool meta = br->n_layouts == n_meta && br->n_user_data == n_meta;
+    columns = columns && (meta || (br->n_layouts == 0 && br->n_user_data == 0 &&
+                                   br->n_meta_items == 0));
+    for (size_t j = 0; columns && j < br->n_meta_items; j++)
+        columns = br->meta_items[j] < n && (j == 0 || br->meta_items[j] > br->meta_items[j - 1]);
     /* Host and cuda-vmm slabs carry an fd, in the order of slabs. */
     for (size_t s = 0; columns && s < br->n_slabs; s++) {
         int kind = br->slabs[s]->kind;
@@ -172,6 +178,9 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
         const uint8_t *event = NULL;
         if (ev < br->n_event_items && br->event_items[ev] == k)
             event = br->events.data + 64 * ev++;
+        size_t e = k; /* item k's metadata entry; SIZE_MAX: none */
+        if (br->n_meta_items)
+            e = mi < br->n_meta_items && br->meta_items[mi] == k ? mi++ : SIZE_MAX;
         if (br->status[k] < 0) {
             if (br->status[k] == -EAGAIN)
                 retry[n_retry++] = i;
@@ -184,11 +193,11 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
         /* The layout and user bytes first, as a single open's: a malformed
          * one maps nothing. */
         gpubuf_buffer vm = {0};
-        if (meta && (br->layouts[k]->dtype_bits || br->user_data[k].len)) {
+        if (meta && e != SIZE_MAX && (br->layouts[e]->dtype_bits || br->user_data[e].len)) {
             Gpubuf__Buffer mb = GPUBUF__BUFFER__INIT;
             mb.size = br->size[k];
-            mb.layout = br->layouts[k]->dtype_bits ? br->layouts[k] : NULL;
-            mb.user_data = br->user_data[k];
+            mb.layout = br->layouts[e]->dtype_bits ? br->layouts[e] : NULL;
+            mb.user_data = br->user_data[e];
             r = gpubuf__view_meta(&vm, &mb);
         }
         if (r == 0)
@@ -329,6 +338,7 @@ static void build_open(Gpubuf__Request *req, const size_t *idx, size_t n, uint64
     }
     sc->o.read_only = a->read_only;
     sc->o.with_meta = true;
+    sc->o.sparse_meta = true; /* items without metadata cost nothing */
     sc->o.n_mapped_slabs = n_mapped;
     sc->o.mapped_slabs = mapped;
     req->body_case = GPUBUF__REQUEST__BODY_BATCH_OPEN;

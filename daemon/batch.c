@@ -38,12 +38,16 @@ typedef struct batch {
     int fds[GD_BATCH_REPLY_FDS];
     unsigned n_slabs, n_fds, max_slabs;
     /* open with with_meta: each item's layout, user bytes and lease (they
-     * point into the buffers, which the items' references keep) */
-    bool with_meta;
+     * point into the buffers, which the items' references keep); with
+     * sparse_meta only those of the items that have any, listed in
+     * meta_items (the block is made for the first of them) */
+    bool with_meta, sparse_meta;
     Gpubuf__ArrayLayout *layouts;
     Gpubuf__ArrayLayout **playouts;
     ProtobufCBinaryData *users;
     uint64_t *lease_left;
+    uint32_t *meta_items;
+    size_t n_meta;
     uint64_t now_ns;
 } batch;
 
@@ -62,42 +66,66 @@ static void batch_free(batch *bt) {
     free(bt->layouts); /* the block of the per-item metadata */
 }
 
-/* Make room for each item's metadata (open with with_meta); false (and an
- * error reply) without memory. */
-static bool batch_meta_init(batch *bt, uint64_t id) {
+/* The block of the items' metadata: layout, its pointer, user bytes, lease,
+ * item number (each array's element size a multiple of the next one's, so
+ * every array is aligned). Every item's layout made empty, unless sparse.
+ * False without memory. */
+static bool batch_meta_block(batch *bt) {
     size_t n = bt->n;
-    bt->with_meta = true;
-    /* One block for them: layout, its pointer, user bytes, lease (each
-     * element's size a multiple of 8, so every array is aligned). */
     size_t per = sizeof(*bt->layouts) + sizeof(*bt->playouts) + sizeof(*bt->users) +
-                 sizeof(*bt->lease_left);
-    uint8_t *p = calloc(n + 1, per);
-    if (!p) {
-        batch_free(bt);
-        gd_session_reply_error(bt->s, id, -ENOMEM, "out of memory");
+                 sizeof(*bt->lease_left) + sizeof(*bt->meta_items);
+    uint8_t *p = bt->sparse_meta ? malloc((n + 1) * per) : calloc(n + 1, per);
+    if (!p)
         return false;
-    }
     bt->layouts = (Gpubuf__ArrayLayout *)(void *)p;
     bt->playouts = (Gpubuf__ArrayLayout **)(void *)(bt->layouts + (n + 1));
     bt->users = (ProtobufCBinaryData *)(void *)(bt->playouts + (n + 1));
     bt->lease_left = (uint64_t *)(void *)(bt->users + (n + 1));
-    for (size_t i = 0; i < n; i++) {
+    bt->meta_items = (uint32_t *)(void *)(bt->lease_left + (n + 1));
+    for (size_t i = 0; !bt->sparse_meta && i < n; i++) {
         gpubuf__array_layout__init(&bt->layouts[i]);
         bt->playouts[i] = &bt->layouts[i];
     }
-    bt->now_ns = gpubuf_now_ns();
     return true;
+}
+
+/* The items' metadata goes with the reply (open with with_meta); false (and
+ * an error reply) without memory. */
+static bool batch_meta_init(batch *bt, uint64_t id, bool sparse) {
+    bt->with_meta = true;
+    bt->sparse_meta = sparse;
+    bt->now_ns = gpubuf_now_ns();
+    if (!sparse && !batch_meta_block(bt)) {
+        batch_free(bt);
+        gd_session_reply_error(bt->s, id, -ENOMEM, "out of memory");
+        return false;
+    }
+    return true;
+}
+
+/* With sparse_meta, the items that carry metadata: a layout, user bytes or a
+ * lease. */
+static bool has_meta(const gd_buf *b) {
+    return b->meta || b->lease_slot;
 }
 
 /* Item i's metadata: b's layout (none: an empty ArrayLayout, dtype_bits 0),
  * user bytes and lease. */
 static void batch_meta(batch *bt, size_t i, const gd_buf *b) {
-    gd_session_fill_layout(&bt->layouts[i], b);
-    size_t len;
+    size_t k = i, len;
+    if (bt->sparse_meta) {
+        if (!has_meta(b))
+            return;
+        k = bt->n_meta++;
+        bt->meta_items[k] = (uint32_t)i;
+        gpubuf__array_layout__init(&bt->layouts[k]);
+        bt->playouts[k] = &bt->layouts[k];
+    }
+    gd_session_fill_layout(&bt->layouts[k], b);
     const uint8_t *user = gd_meta_user(b, &len);
-    bt->users[i].data = (uint8_t *)user;
-    bt->users[i].len = user ? len : 0;
-    bt->lease_left[i] = gd_registry_lease_left_ms(b, bt->now_ns);
+    bt->users[k].data = (uint8_t *)user;
+    bt->users[k].len = user ? len : 0;
+    bt->lease_left[k] = gd_registry_lease_left_ms(b, bt->now_ns);
 }
 
 /* Start a batch of n items; false (and an error reply) when it is refused
@@ -241,6 +269,10 @@ static bool batch_buffer(batch *bt, size_t i, gd_buf *b, gd_err *err, int *ret) 
         *ret = r;
         return false;
     }
+    if (bt->sparse_meta && !bt->layouts && has_meta(b) && !batch_meta_block(bt)) {
+        *ret = gd_err_set(err, -ENOMEM, "out of memory");
+        return false;
+    }
     const uint8_t *ev = gd_registry_event(&bt->s->ctx->reg, b);
     if (ev) {
         if (!bt->events && !(bt->events = malloc((bt->n + 1) * GD_EVENT_HANDLE_SIZE))) {
@@ -282,10 +314,14 @@ static void batch_reply_send(batch *bt, uint64_t id) {
         br.events.len = bt->n_ev * GD_EVENT_HANDLE_SIZE;
     }
     if (bt->with_meta) {
-        br.n_layouts = br.n_user_data = br.n_lease_left_ms = n;
+        br.n_layouts = br.n_user_data = br.n_lease_left_ms = bt->sparse_meta ? bt->n_meta : n;
         br.layouts = bt->playouts;
         br.user_data = bt->users;
         br.lease_left_ms = bt->lease_left;
+        if (bt->sparse_meta) {
+            br.n_meta_items = bt->n_meta;
+            br.meta_items = bt->meta_items;
+        }
     }
     s->ctx->metrics.batch[bt->type - GD_REQ_BATCH_OPEN].items += n;
     resp.id = id;
@@ -330,7 +366,7 @@ void gd_session_batch_open(gd_session *s, uint64_t id, const Gpubuf__BatchOpenRe
     if (!batch_init(&bt, s, id, GD_REQ_BATCH_OPEN, n, true, q->mapped_slabs, q->n_mapped_slabs))
         return;
     bt.read_only = q->read_only;
-    if (q->with_meta && !batch_meta_init(&bt, id))
+    if (q->with_meta && !batch_meta_init(&bt, id, q->sparse_meta))
         return;
     for (size_t i = 0; i < n; i++) {
         gd_err err = {0};
@@ -455,10 +491,11 @@ void gd_session_batch_state(gd_session *s, uint64_t id, const Gpubuf__BatchState
 #define BATCH_REPLY_FIXED 256u
 /* An item's metadata at most (with_meta): its ArrayLayout (three varints,
  * shape and strides of GPUBUF_LAYOUT_MAX_NDIM varints each, the byte
- * offset, tags and lengths), its user bytes and its lease. */
+ * offset, tags and lengths), its user bytes, its lease and (sparse_meta)
+ * its item number. */
 #define BATCH_ITEM_META_MAX                                                                   \
     ((5u + 3u * 6u + 2u * (5u + GPUBUF_LAYOUT_MAX_NDIM * 10u) + 11u) + \
-     (5u + GPUBUF_USER_DATA_MAX) + 11u)
+     (5u + GPUBUF_USER_DATA_MAX) + 11u + 5u)
 
 size_t gd_session_batch_reply_bound(size_t n, bool with_meta) {
     return BATCH_REPLY_FIXED + GD_BATCH_REPLY_FDS * BATCH_SLAB_REPLY_MAX +

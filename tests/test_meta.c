@@ -510,8 +510,63 @@ START_TEST(spare_views_come_back_clean) {
 }
 END_TEST
 
+/* A batch open of items with and without metadata, a missing one among
+ * them: each view gets its own item's layout and user bytes (the reply
+ * carries them only for the items that have some, sparse_meta), and an
+ * item after a failed one is not given its neighbour's. */
+START_TEST(batch_open_sparse_metadata) {
+    enum { N = 30 };
+    gpubuf_client *c = td_connect(&D);
+    gpubuf_layout l = {.dtype = {.code = 2, .bits = 32, .lanes = 1}, .ndim = 1, .shape = {4}};
+    char names[N][32], user[N][16];
+    const char *list[N];
+    gpubuf_buffer *v[N] = {0}, *got[N] = {0};
+    int st[N];
+    for (int i = 0; i < N; i++) {
+        snprintf(names[i], sizeof(names[i]), "sparse/%d", i);
+        snprintf(user[i], sizeof(user[i]), "user-%d", i);
+        list[i] = names[i];
+        gpubuf_meta m = {.layout = i % 3 == 0 ? &l : NULL,
+                         .user_data = i % 3 == 0 || i % 5 == 0 ? user[i] : NULL,
+                         .user_size = i % 3 == 0 || i % 5 == 0 ? strlen(user[i]) : 0};
+        if (i % 7 == 3)
+            continue; /* never made: the open fails for it */
+        ck_assert_int_eq(gpubuf_alloc_with(c, NULL, 16, names[i], &m, &v[i]), 0);
+        ck_assert_int_eq(gpubuf_seal_sync(v[i]), 0);
+    }
+    ck_assert_int_eq(gpubuf_open_many(c, N, list, NULL, 0, got, st), 4); /* 3, 10, 17, 24 */
+    for (int i = 0; i < N; i++) {
+        if (i % 7 == 3) {
+            ck_assert_int_eq(st[i], -ENOENT);
+            ck_assert_ptr_null(got[i]);
+            continue;
+        }
+        ck_assert_int_eq(st[i], 0);
+        const gpubuf_layout *gl = gpubuf_buffer_layout(got[i]);
+        size_t n = 0;
+        const void *u = gpubuf_buffer_user_data(got[i], &n);
+        if (i % 3 == 0) {
+            ck_assert_ptr_nonnull(gl);
+            ck_assert_int_eq(gl->shape[0], 4);
+        } else {
+            ck_assert_ptr_null(gl);
+        }
+        if (i % 3 == 0 || i % 5 == 0) {
+            ck_assert_uint_eq(n, strlen(user[i]));
+            ck_assert_mem_eq(u, user[i], n);
+        } else {
+            ck_assert_ptr_null(u);
+            ck_assert_uint_eq(n, 0);
+        }
+    }
+    ck_assert_int_eq(gpubuf_release_many(got, N, NULL), 0);
+    ck_assert_int_eq(gpubuf_release_many(v, N, NULL), 0);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
 SUITE_MAIN("meta", "meta", start_default, td_stop_clean, 60,
           metadata_round_trip, metadata_bounds, lease_expires_unreferenced,
           lease_expires_while_referenced, lease_renewed_by_owner,
           lease_renew_by_other_uid_refused, gpubufctl_shows_layout_and_lease,
-          spare_views_come_back_clean)
+          spare_views_come_back_clean, batch_open_sparse_metadata)
