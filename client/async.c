@@ -21,6 +21,7 @@
 #define DISPATCH_MAX_FRAMES 16384
 
 #include "async_internal.h"
+#include "util.h"
 
 static void async_watch(gpubuf_client *c);
 static const struct gpubuf__async_hooks async_hooks;
@@ -336,6 +337,7 @@ static int start(gpubuf_client *c, Gpubuf__Request *req, enum op_kind kind, bool
     op->cb = cb;
     op->user = user;
     HASH_ADD(hh, c->ops, id, sizeof(op->id), op);
+    GPUBUF_HASH_KEEP_LOAD(hh, c->ops);
     *ret = op->id;
     return 0;
 }

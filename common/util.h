@@ -8,6 +8,22 @@
 
 #include "gpubuf/gpubuf.h"
 
+/* After an add to the uthash table at head (handle hh): double its buckets
+ * while it holds more entries than buckets. uthash alone doubles them only
+ * when one chain reaches 10 entries, so that a lookup in a table of 1,000
+ * walks about 3 entries, and each is a cache miss; at a load of 1 or less,
+ * about 1.5 (docs/performance.md, "Hash tables"). The caller includes
+ * uthash.h. */
+#define GPUBUF_HASH_KEEP_LOAD(hh, head)                                                            \
+    do {                                                                                           \
+        UT_hash_table *tbl_ = (head) ? (head)->hh.tbl : NULL;                                      \
+        if (tbl_ && tbl_->num_items > tbl_->num_buckets && !tbl_->noexpand) {                      \
+            int oomed_ = 0;                                                                        \
+            HASH_EXPAND_BUCKETS(hh, tbl_, oomed_);                                                 \
+            (void)oomed_;                                                                          \
+        }                                                                                          \
+    } while (0)
+
 /* A uthash table (handle hh) keyed by a fixed-size field: out = the entry
  * of head whose field equals key (an lvalue), or a new zeroed one added
  * with that key; NULL when out of memory. The caller includes uthash.h and
@@ -18,6 +34,7 @@
         if (!(out) && ((out) = calloc(1, sizeof(*(out))))) {                                       \
             (out)->field = (key);                                                                  \
             HASH_ADD(hh, (head), field, sizeof((out)->field), (out));                              \
+            GPUBUF_HASH_KEEP_LOAD(hh, (head));                                                     \
         }                                                                                          \
     } while (0)
 

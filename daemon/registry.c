@@ -360,6 +360,7 @@ int gd_registry_ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, u
         ref->buffer_id = b->id;
         ref->hs = hs;
         HASH_ADD(hh, h->refs, buffer_id, sizeof(ref->buffer_id), ref);
+        GPUBUF_HASH_KEEP_LOAD(hh, h->refs);
     }
     /* Each count below is at most h->n_refs: none can overflow. */
     ref->count += n;

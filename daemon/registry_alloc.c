@@ -107,8 +107,10 @@ int gd_registry_alloc_charged(gd_registry *r, gd_holder *h, gd_pool *pool, uint6
     b->owner_uid = (uint32_t)h->uid;
     b->owner_holder = h->id;
     HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
+    GPUBUF_HASH_KEEP_LOAD(hh_id, r->by_id);
     if (b->name) {
         HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
+        GPUBUF_HASH_KEEP_LOAD(hh_name, r->by_name);
         b->in_name_index = true;
     }
     r->n_buffers++;

@@ -56,8 +56,10 @@ int gd_registry_restore_buf(gd_registry *r, const gd_buf *t, gd_buf **ret, gd_er
     memset(&b->hh_id, 0, sizeof(b->hh_id));
     memset(&b->hh_name, 0, sizeof(b->hh_name));
     HASH_ADD(hh_id, r->by_id, id, sizeof(b->id), b);
+    GPUBUF_HASH_KEEP_LOAD(hh_id, r->by_id);
     if (named) {
         HASH_ADD_KEYPTR(hh_name, r->by_name, b->key, b->key_len, b);
+        GPUBUF_HASH_KEEP_LOAD(hh_name, r->by_name);
         b->in_name_index = true;
     }
     r->n_buffers++;

@@ -363,6 +363,7 @@ static void do_open(gd_session *s, uint64_t id, const Gpubuf__OpenRequest *q) {
     }
     s->n_waiters++;
     HASH_ADD(hh, s->waiting, request_id, sizeof(sw->request_id), sw);
+    GPUBUF_HASH_KEEP_LOAD(hh, s->waiting);
     gd_registry_wait(reg, &sw->w);
 }
 
