@@ -845,6 +845,8 @@ START_TEST(batch_open_meta_dense_or_sparse) {
             ck_assert_uint_eq(br->layouts[0]->dtype_bits, 0); /* none: an empty layout */
     }
     ck_assert_uint_eq(gd_registry_holder_count(a.s->holder, x), 5);
+    mc_forget(&a);
+    finish(&a, NULL);
 }
 END_TEST
 
