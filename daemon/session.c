@@ -499,13 +499,73 @@ static gd_req_type req_type(const Gpubuf__Request *req) {
     }
 }
 
+/* Requests are unpacked into one block that every frame reuses: no malloc
+ * per field (a batch of 1,000 names made 1,000 of them, 72 us of a 740 us
+ * batch open on the H200) and no walk to free them. What does not fit
+ * comes from malloc. One request at a time: the daemon has one thread, and
+ * no handler keeps a pointer into its request past the frame (they went
+ * with gpubuf__request__free_unpacked before); a frame handled while one
+ * is (none is today) unpacks with malloc. */
+typedef struct req_arena {
+    ProtobufCAllocator alloc;
+    size_t used;
+    bool busy, spilled;
+    _Alignas(16) unsigned char block[64 * 1024];
+} req_arena;
+
+static req_arena arena;
+
+static void *arena_alloc(void *data, size_t size) {
+    req_arena *a = data;
+    size = (size + 15u) & ~(size_t)15u;
+    if (size <= sizeof(a->block) - a->used) {
+        void *p = a->block + a->used;
+        a->used += size;
+        return p;
+    }
+    a->spilled = true;
+    return malloc(size);
+}
+
+static void arena_free(void *data, void *p) {
+    req_arena *a = data;
+    const unsigned char *q = p;
+    if (!(q >= a->block && q < a->block + sizeof(a->block)))
+        free(p);
+}
+
+static Gpubuf__Request *request_unpack(const uint8_t *payload, size_t len) {
+    if (arena.busy)
+        return gpubuf__request__unpack(NULL, len, payload);
+    arena.alloc.alloc = arena_alloc;
+    arena.alloc.free = arena_free;
+    arena.alloc.allocator_data = &arena;
+    arena.used = 0;
+    arena.spilled = false;
+    Gpubuf__Request *req = gpubuf__request__unpack(&arena.alloc, len, payload);
+    arena.busy = req != NULL;
+    return req;
+}
+
+static void request_free(Gpubuf__Request *req) {
+    const unsigned char *q = (const unsigned char *)req;
+    if (!(arena.busy && q >= arena.block && q < arena.block + sizeof(arena.block))) {
+        gpubuf__request__free_unpacked(req, NULL);
+        return;
+    }
+    if (arena.spilled) /* frees only what came from malloc */
+        gpubuf__request__free_unpacked(req, &arena.alloc);
+    arena.busy = false;
+    arena.used = 0;
+}
+
 int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
     return gd_session_frame_at(s, payload, len, 0, 0);
 }
 
 int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint64_t woke_ns,
                         uint64_t read_ns) {
-    Gpubuf__Request *req = gpubuf__request__unpack(NULL, len, payload);
+    Gpubuf__Request *req = request_unpack(payload, len);
     if (!req) {
         LOG_WARN_LIMITED("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid,
                          len);
@@ -519,7 +579,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
     size_t items = gd_session_batch_items(req);
     if (items && items <= GD_BATCH_MAX_ITEMS && s->hello_done && s->io->reply_room &&
         !s->io->reply_room(s->conn, gd_session_batch_reply_bound(items, gd_session_batch_with_meta(req)))) {
-        gpubuf__request__free_unpacked(req, NULL);
+        request_free(req);
         return -EAGAIN;
     }
     if (!s->hello_done && req->body_case != GPUBUF__REQUEST__BODY_HELLO) {
@@ -577,7 +637,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
     s->cur_type = -1;
     gd_metrics_request(&s->ctx->metrics, type, gpubuf_now_ns() - t0);
 out:
-    gpubuf__request__free_unpacked(req, NULL);
+    request_free(req);
     return 0;
 }
 
