@@ -9,6 +9,7 @@
 #include <uthash.h>
 #include <utlist.h>
 
+#include "arena.h"
 #include "cuda_driver.h"
 #include "gpubuf.pb-c.h"
 #include "gpubuf/gpubuf.h"
@@ -56,10 +57,8 @@ typedef struct gpubuf_held {
 /* reply_fast.c: where a reply read by gpubuf_dispatch() is unpacked (one
  * at a time; what does not fit comes from malloc). */
 typedef struct gpubuf__arena {
-    ProtobufCAllocator alloc;
+    gpubuf_arena a;         /* over block (common/arena.h) */
     Gpubuf__Response *live; /* the reply unpacked here and not yet freed */
-    size_t used;
-    bool spilled;           /* some of live's fields came from malloc */
     _Alignas(16) unsigned char block[4096];
 } gpubuf__arena;
 

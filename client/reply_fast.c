@@ -31,13 +31,7 @@ typedef struct rd {
 
 /* Room in the arena; NULL when the block is full (no spill: decline). */
 static void *take(rd *r, size_t size) {
-    gpubuf__arena *a = r->a;
-    size = (size + 15u) & ~(size_t)15u;
-    if (size > sizeof(a->block) - a->used)
-        return NULL;
-    void *p = a->block + a->used;
-    a->used += size;
-    return p;
+    return gpubuf_arena_take(&r->a->a, size);
 }
 
 static bool varint_long(rd *r, uint64_t *v);
@@ -240,53 +234,27 @@ static bool response(rd *r, Gpubuf__Response *m) {
 
 Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size_t len) {
     rd r = {.p = data, .end = data + len, .a = a};
-    size_t used = a->used;
+    size_t used = a->a.used;
     Gpubuf__Response *m = take(&r, sizeof(*m));
     if (m) {
         *m = (Gpubuf__Response)GPUBUF__RESPONSE__INIT;
         if (response(&r, m))
             return m;
     }
-    a->used = used; /* declined: what it took goes back */
+    a->a.used = used; /* declined: what it took goes back */
     return NULL;
 }
 
 /* ---- the arena, and the one way in: a reply's bytes to a Response ----- */
 
-static void *arena_alloc(void *data, size_t size) {
-    gpubuf__arena *a = data;
-    size = (size + 15u) & ~(size_t)15u;
-    if (size <= sizeof(a->block) - a->used) {
-        void *p = a->block + a->used;
-        a->used += size;
-        return p;
-    }
-    a->spilled = true;
-    return malloc(size);
-}
-
-static bool arena_owns(const gpubuf__arena *a, const void *p) {
-    const unsigned char *q = p;
-    return q >= a->block && q < a->block + sizeof(a->block);
-}
-
-static void arena_free(void *data, void *p) {
-    if (!arena_owns(data, p))
-        free(p);
-}
-
 Gpubuf__Response *gpubuf__reply_decode(gpubuf__arena *a, bool in_arena, const uint8_t *body,
                                        size_t len) {
     if (!in_arena || a->live) /* one reply at a time: this one goes to malloc */
         return gpubuf__response__unpack(NULL, len, body);
-    a->alloc.alloc = arena_alloc;
-    a->alloc.free = arena_free;
-    a->alloc.allocator_data = a;
-    a->used = 0;
-    a->spilled = false;
+    gpubuf_arena_init(&a->a, a->block, sizeof(a->block));
     Gpubuf__Response *resp = gpubuf__reply_fast(a, body, len);
     if (!resp)
-        resp = gpubuf__response__unpack(&a->alloc, len, body);
+        resp = gpubuf__response__unpack(&a->a.alloc, len, body);
     a->live = resp; /* NULL: the unpack failed and gave back what it took */
     return resp;
 }
@@ -299,8 +267,8 @@ void gpubuf__resp_free(gpubuf_client *c, Gpubuf__Response *resp) {
         gpubuf__response__free_unpacked(resp, NULL);
         return;
     }
-    if (a->spilled)
-        gpubuf__response__free_unpacked(resp, &a->alloc); /* frees only what spilled */
+    if (a->a.spilled)
+        gpubuf__response__free_unpacked(resp, &a->a.alloc); /* frees only what spilled */
     a->live = NULL;
-    a->used = 0;
+    gpubuf_arena_reset(&a->a);
 }

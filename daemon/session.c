@@ -10,6 +10,7 @@
 #include <uthash.h>
 #include <utlist.h>
 
+#include "arena.h"
 #include "gpubuf.pb-c.h"
 #include "hello.h"
 #include "item.h"
@@ -506,57 +507,30 @@ static gd_req_type req_type(const Gpubuf__Request *req) {
  * no handler keeps a pointer into its request past the frame (they went
  * with gpubuf__request__free_unpacked before); a frame handled while one
  * is (none is today) unpacks with malloc. */
-typedef struct req_arena {
-    ProtobufCAllocator alloc;
-    size_t used;
-    bool busy, spilled;
+static struct {
+    gpubuf_arena a;
+    bool busy; /* a request is in it */
     _Alignas(16) unsigned char block[64 * 1024];
-} req_arena;
-
-static req_arena arena;
-
-static void *arena_alloc(void *data, size_t size) {
-    req_arena *a = data;
-    size = (size + 15u) & ~(size_t)15u;
-    if (size <= sizeof(a->block) - a->used) {
-        void *p = a->block + a->used;
-        a->used += size;
-        return p;
-    }
-    a->spilled = true;
-    return malloc(size);
-}
-
-static void arena_free(void *data, void *p) {
-    req_arena *a = data;
-    const unsigned char *q = p;
-    if (!(q >= a->block && q < a->block + sizeof(a->block)))
-        free(p);
-}
+} arena;
 
 static Gpubuf__Request *request_unpack(const uint8_t *payload, size_t len) {
     if (arena.busy)
         return gpubuf__request__unpack(NULL, len, payload);
-    arena.alloc.alloc = arena_alloc;
-    arena.alloc.free = arena_free;
-    arena.alloc.allocator_data = &arena;
-    arena.used = 0;
-    arena.spilled = false;
-    Gpubuf__Request *req = gpubuf__request__unpack(&arena.alloc, len, payload);
+    gpubuf_arena_init(&arena.a, arena.block, sizeof(arena.block));
+    Gpubuf__Request *req = gpubuf__request__unpack(&arena.a.alloc, len, payload);
     arena.busy = req != NULL;
     return req;
 }
 
 static void request_free(Gpubuf__Request *req) {
-    const unsigned char *q = (const unsigned char *)req;
-    if (!(arena.busy && q >= arena.block && q < arena.block + sizeof(arena.block))) {
+    if (!arena.busy || !gpubuf_arena_owns(&arena.a, req)) {
         gpubuf__request__free_unpacked(req, NULL);
         return;
     }
-    if (arena.spilled) /* frees only what came from malloc */
-        gpubuf__request__free_unpacked(req, &arena.alloc);
+    if (arena.a.spilled) /* frees only what came from malloc */
+        gpubuf__request__free_unpacked(req, &arena.a.alloc);
     arena.busy = false;
-    arena.used = 0;
+    gpubuf_arena_reset(&arena.a);
 }
 
 int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {

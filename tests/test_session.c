@@ -819,37 +819,6 @@ static const Gpubuf__Response *batch_alloc(memconn *m, uint64_t size, size_t n, 
     return last(m);
 }
 
-/* with_meta: one metadata entry per item, or (sparse_meta) entries only
- * for items that have a layout, user bytes or a lease, listed in
- * meta_items: a plain buffer's costs nothing in the reply. */
-START_TEST(batch_open_meta_dense_or_sparse) {
-    memconn a;
-    start(1000, &a, 0, NULL, 0);
-    uint64_t x = alloc(&a, "x", 4096)->buffer->buffer_id;
-    seal(&a, x);
-    uint64_t ids[] = {x, 999999, x};
-    for (int sparse = 0; sparse <= 1; sparse++) {
-        Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
-        BATCH_TARGETS(q, NULL, 0, ids, 3);
-        q.with_meta = true;
-        q.sparse_meta = sparse;
-        send_answered(&a, 20, GPUBUF__REQUEST__BODY_BATCH_OPEN, &q);
-        const Gpubuf__BatchReply *br = batch_reply(&a, 3);
-        ck_assert_int_eq(br->status[0], 0);
-        ck_assert_int_eq(br->status[1], -ENOENT);
-        ck_assert_uint_eq(br->n_layouts, sparse ? 0 : 3);
-        ck_assert_uint_eq(br->n_user_data, sparse ? 0 : 3);
-        ck_assert_uint_eq(br->n_lease_left_ms, sparse ? 0 : 3);
-        ck_assert_uint_eq(br->n_meta_items, 0);
-        if (!sparse)
-            ck_assert_uint_eq(br->layouts[0]->dtype_bits, 0); /* none: an empty layout */
-    }
-    ck_assert_uint_eq(gd_registry_holder_count(a.s->holder, x), 5);
-    mc_forget(&a);
-    finish(&a, NULL);
-}
-END_TEST
-
 START_TEST(batch_items_fail_independently) {
     memconn a, b;
     start(1000, &a, 1000, &b, 2000);
@@ -926,6 +895,37 @@ START_TEST(batch_items_fail_independently) {
     mc_forget(&a);
     mc_forget(&b);
     finish(&a, &b);
+}
+END_TEST
+
+/* with_meta: one metadata entry per item, or (sparse_meta) entries only
+ * for items that have a layout, user bytes or a lease, listed in
+ * meta_items: a plain buffer's costs nothing in the reply. */
+START_TEST(batch_open_meta_dense_or_sparse) {
+    memconn a;
+    start(1000, &a, 0, NULL, 0);
+    uint64_t x = alloc(&a, "x", 4096)->buffer->buffer_id;
+    seal(&a, x);
+    uint64_t ids[] = {x, 999999, x};
+    for (int sparse = 0; sparse <= 1; sparse++) {
+        Gpubuf__BatchOpenRequest q = GPUBUF__BATCH_OPEN_REQUEST__INIT;
+        BATCH_TARGETS(q, NULL, 0, ids, 3);
+        q.with_meta = true;
+        q.sparse_meta = sparse;
+        send_answered(&a, 20, GPUBUF__REQUEST__BODY_BATCH_OPEN, &q);
+        const Gpubuf__BatchReply *br = batch_reply(&a, 3);
+        ck_assert_int_eq(br->status[0], 0);
+        ck_assert_int_eq(br->status[1], -ENOENT);
+        ck_assert_uint_eq(br->n_layouts, sparse ? 0 : 3);
+        ck_assert_uint_eq(br->n_user_data, sparse ? 0 : 3);
+        ck_assert_uint_eq(br->n_lease_left_ms, sparse ? 0 : 3);
+        ck_assert_uint_eq(br->n_meta_items, 0);
+        if (!sparse)
+            ck_assert_uint_eq(br->layouts[0]->dtype_bits, 0); /* none: an empty layout */
+    }
+    ck_assert_uint_eq(gd_registry_holder_count(a.s->holder, x), 5);
+    mc_forget(&a);
+    finish(&a, NULL);
 }
 END_TEST
 

@@ -48,12 +48,12 @@ static void same(const Gpubuf__Response *f, const Gpubuf__Response *p) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     static gpubuf__arena a;
-    a.used = 0;
+    gpubuf_arena_init(&a.a, a.block, sizeof(a.block));
     a.live = NULL;
     Gpubuf__Response *f = gpubuf__reply_fast(&a, data, size);
     Gpubuf__Response *p = gpubuf__response__unpack(NULL, size, data);
-    SAME(f || a.used == 0);
-    SAME(a.used <= sizeof(a.block));
+    SAME(f || a.a.used == 0);
+    SAME(a.a.used <= sizeof(a.block));
     if (f) {
         SAME(p != NULL);
         same(f, p);
