@@ -1,7 +1,7 @@
-/* libgpubuf-client: batches. Many items per request and one reply with a
- * result per item (docs/protocol.md, "Batches"); long batches are split to
- * fit the daemon's limits, and items whose slab did not fit in a reply
- * (EAGAIN) are sent again once the slabs that did are mapped. */
+/* libgpubuf-client: batches that make views (gpubuf_open_many, _with,
+ * gpubuf_alloc_many). Many items per request and one reply with a result
+ * per item (docs/protocol.md, "Batches"); items whose slab did not fit in a
+ * reply (EAGAIN) are sent again once the slabs that did are mapped. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,82 +11,6 @@
 #include "internal.h"
 #include "trace.h"
 #include "util.h"
-
-/* Request bytes kept free for the fixed fields of a batch request. */
-#define BATCH_OVERHEAD 256u
-
-/* One batch call's bookkeeping: item results and the first failure. */
-typedef struct batch_call {
-    gpubuf_client *c;
-    size_t n;
-    int *status; /* the caller's array, or ours */
-    int failed;
-    char first[384]; /* the message of the first failed item */
-} batch_call;
-
-static int call_init(batch_call *bc, gpubuf_client *c, size_t n, int *ret_status) {
-    memset(bc, 0, sizeof(*bc));
-    bc->c = c;
-    bc->n = n;
-    bc->status = ret_status ? ret_status : calloc(n + 1, sizeof(int));
-    if (!bc->status)
-        return -ENOMEM;
-    memset(bc->status, 0, n * sizeof(int));
-    return 0;
-}
-
-/* Start a batch call on c: the daemon must take batches (0, or an error). */
-static int batch_start(batch_call *bc, gpubuf_client *c, size_t n, int *ret_status) {
-    if (c->max_batch_items == 0)
-        return gpubuf__fail(-EOPNOTSUPP, "this gpubufd takes no batches (it is older)");
-    return call_init(bc, c, n, ret_status);
-}
-
-/* Item i failed with r (msg: the daemon's sentence, or NULL). */
-static void call_fail(batch_call *bc, size_t i, int r, const char *msg) {
-    if (bc->status[i] < 0)
-        return; /* refused here already (seal: sent as buffer 0) */
-    bc->status[i] = r;
-    if (bc->failed++ == 0)
-        snprintf(bc->first, sizeof(bc->first), "item %zu: %s", i,
-                 msg && *msg ? msg : gpubuf_strerror(r));
-}
-
-/* The end of the batch call: the number of failed items, or err. */
-static int call_end(batch_call *bc, int *ret_status, int err) {
-    if (bc->status != ret_status)
-        free(bc->status);
-    if (err < 0)
-        return err;
-    if (bc->failed)
-        gpubuf__set_error("%d of %zu items failed; the first: %s", bc->failed, bc->n, bc->first);
-    return bc->failed;
-}
-
-/* The daemon's sentence for item i of br, or NULL. */
-static const char *item_message(const Gpubuf__BatchReply *br, size_t i) {
-    for (size_t k = 0; k < br->n_errors; k++)
-        if (br->errors[k]->item == i)
-            return br->errors[k]->message;
-    return NULL;
-}
-
-/* How many of the items idx[0..n) (or 0..n without idx) fit one request
- * from the start: at most the daemon's item limit and its request bytes,
- * reserve bytes taken by other fields. At least one. */
-static size_t chunk_len(const gpubuf_client *c, const size_t *idx, size_t n,
-                        const char *const *names, size_t reserve) {
-    size_t k = 0, bytes = BATCH_OVERHEAD + reserve;
-    while (k < n && k < c->max_batch_items) {
-        size_t i = idx ? idx[k] : k;
-        size_t b = (names && names[i] ? strlen(names[i]) + 3 : 0) + 12;
-        if (k > 0 && bytes + b > c->max_request)
-            break;
-        bytes += b;
-        k++;
-    }
-    return k;
-}
 
 /* The slabs this connection maps in mode read_only, for the daemon to leave
  * out of a reply (none if the list would take more than a quarter of a
@@ -108,30 +32,12 @@ static uint64_t *mapped_slabs(gpubuf_client *c, bool read_only, size_t *ret_n) {
     return ids;
 }
 
-static int batch_rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *fds,
-                     int *n_fds, size_t n) {
-    int r = gpubuf__rpc_fds_locked(c, req, ret, fds, n_fds);
-    if (r < 0)
-        return r;
-    const Gpubuf__BatchReply *br = (*ret)->batch;
-    if ((*ret)->body_case != GPUBUF__RESPONSE__BODY_BATCH || br->n_status != n) {
-        for (int i = 0; i < *n_fds; i++)
-            close(fds[i]);
-        gpubuf__response__free_unpacked(*ret, NULL);
-        c->broken = true;
-        return gpubuf__fail(GPUBUF_EPROTOCOL, "gpubufd answered a batch of %zu items with %zu "
-                                              "results",
-                            n, br ? br->n_status : 0);
-    }
-    return 0;
-}
-
 /* Views for the items of an open or alloc reply: item k of the reply is
  * item idx[k] of the call. New slabs are mapped with their fds (which are
  * consumed). An item whose view cannot be made gives its reference back.
  * *ret_retry receives the items that failed with EAGAIN, to send again. */
-static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *fds, int n_fds,
-                      const size_t *idx, size_t n, bool read_only, gpubuf_buffer **ret,
+static int make_views(gpubuf_batch_call *bc, const Gpubuf__BatchReply *br, const int *fds,
+                      int n_fds, const size_t *idx, size_t n, bool read_only, gpubuf_buffer **ret,
                       size_t *retry, size_t *ret_n_retry) {
     gpubuf_client *c = bc->c;
     int slab_fd[GPUBUF_WIRE_MAX_FDS];
@@ -145,8 +51,8 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
      * the other items have none. */
     size_t n_meta = br->n_meta_items ? br->n_meta_items : n, mi = 0;
     bool meta = br->n_layouts == n_meta && br->n_user_data == n_meta;
-    columns = columns && (meta || (br->n_layouts == 0 && br->n_user_data == 0 &&
-                                   br->n_meta_items == 0));
+    columns =
+        columns && (meta || (br->n_layouts == 0 && br->n_user_data == 0 && br->n_meta_items == 0));
     for (size_t j = 0; columns && j < br->n_meta_items; j++)
         columns = br->meta_items[j] < n && (j == 0 || br->meta_items[j] > br->meta_items[j - 1]);
     /* Host and cuda-vmm slabs carry an fd, in the order of slabs. */
@@ -185,7 +91,7 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
             if (br->status[k] == -EAGAIN)
                 retry[n_retry++] = i;
             else
-                call_fail(bc, i, br->status[k], item_message(br, k));
+                gpubuf__batch_fail(bc, i, br->status[k], gpubuf__batch_message(br, k));
             continue;
         }
         uint64_t key = br->slab_id[k] * 2 + (read_only ? 1 : 0);
@@ -242,7 +148,7 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
             /* Not usable here: the reference the daemon took goes back. */
             if (!c->broken)
                 gpubuf__send_release(c, br->buffer_id[k], false, read_only);
-            call_fail(bc, i, r, gpubuf_last_error_message());
+            gpubuf__batch_fail(bc, i, r, gpubuf_last_error_message());
             r = 0;
         }
     }
@@ -254,10 +160,10 @@ static int make_views(batch_call *bc, const Gpubuf__BatchReply *br, const int *f
     return 0;
 }
 
-int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const int *fds,
-                        int n_fds, const size_t *idx, size_t n, size_t n_all, bool read_only,
+int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const int *fds, int n_fds,
+                        const size_t *idx, size_t n, size_t n_all, bool read_only,
                         gpubuf_buffer **ret, int *status, size_t *retry, size_t *ret_n_retry) {
-    batch_call bc = {.c = c, .n = n_all, .status = status};
+    gpubuf_batch_call bc = {.c = c, .n = n_all, .status = status};
     return make_views(&bc, br, fds, n_fds, idx, n, read_only, ret, retry, ret_n_retry);
 }
 
@@ -267,7 +173,7 @@ int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const in
 typedef void (*build_fn)(Gpubuf__Request *req, const size_t *idx, size_t n, uint64_t *mapped,
                          size_t n_mapped, void *arg, void *scratch);
 
-static int views_batch(batch_call *bc, size_t *idx, size_t n, bool read_only, build_fn build,
+static int views_batch(gpubuf_batch_call *bc, size_t *idx, size_t n, bool read_only, build_fn build,
                        void *arg, void *scratch, gpubuf_buffer **ret) {
     gpubuf_client *c = bc->c;
     size_t *retry = malloc((n + 1) * sizeof(*retry));
@@ -281,7 +187,7 @@ static int views_batch(batch_call *bc, size_t *idx, size_t n, bool read_only, bu
         size_t n_mapped, n_retry = 0;
         uint64_t *mapped = mapped_slabs(c, read_only, &n_mapped);
         build(&req, idx, n, mapped, n_mapped, arg, scratch);
-        r = batch_rpc(c, &req, &resp, fds, &n_fds, n);
+        r = gpubuf__batch_rpc(c, &req, &resp, fds, &n_fds, n);
         free(mapped);
         if (r < 0)
             break;
@@ -294,7 +200,8 @@ static int views_batch(batch_call *bc, size_t *idx, size_t n, bool read_only, bu
         if (n_retry && slabs == 0) {
             /* No progress: say so rather than loop. */
             for (size_t k = 0; k < n_retry; k++)
-                call_fail(bc, retry[k], -EAGAIN, "gpubufd had no room for this item's slab");
+                gpubuf__batch_fail(bc, retry[k], -EAGAIN,
+                                   "gpubufd had no room for this item's slab");
             n_retry = 0;
         }
         memcpy(idx, retry, n_retry * sizeof(*idx));
@@ -355,14 +262,13 @@ static int item_name_check(const char *name, char *msg, size_t msg_len) {
     return r < 0 ? r : gpubuf_name_check(plain, strlen(plain), msg, msg_len);
 }
 
-static int open_many_call(gpubuf_client *c, size_t n, const char *const *names,
-                          const uint64_t *ids, unsigned flags, gpubuf_buffer **ret,
-                          int *ret_status) {
-    batch_call bc;
+static int open_many_call(gpubuf_client *c, size_t n, const char *const *names, const uint64_t *ids,
+                          unsigned flags, gpubuf_buffer **ret, int *ret_status) {
+    gpubuf_batch_call bc;
     open_args a = {names, ids, (flags & GPUBUF_OPEN_READONLY) != 0};
     open_scratch sc = {0};
     size_t *idx;
-    int r = batch_start(&bc, c, n, ret_status);
+    int r = gpubuf__batch_start(&bc, c, n, ret_status);
     if (r < 0)
         return r;
     memset(ret, 0, n * sizeof(*ret));
@@ -376,7 +282,7 @@ static int open_many_call(gpubuf_client *c, size_t n, const char *const *names,
         char msg[256];
         int e;
         if (names && (!names[i] || (e = item_name_check(names[i], msg, sizeof(msg))) < 0)) {
-            call_fail(&bc, i, names[i] ? e : -EINVAL, names[i] ? msg : "no name (NULL)");
+            gpubuf__batch_fail(&bc, i, names[i] ? e : -EINVAL, names[i] ? msg : "no name (NULL)");
             idx[i] = SIZE_MAX;
         }
     }
@@ -386,14 +292,14 @@ static int open_many_call(gpubuf_client *c, size_t n, const char *const *names,
             idx[n_valid++] = idx[i];
     pthread_mutex_lock(&c->lock);
     for (size_t from = 0, k; r == 0 && from < n_valid; from += k) {
-        k = chunk_len(c, idx + from, n_valid - from, names, (size_t)c->n_maps * 11);
+        k = gpubuf__batch_chunk_len(c, idx + from, n_valid - from, names, (size_t)c->n_maps * 11);
         r = views_batch(&bc, idx + from, k, a.read_only, build_open, &a, &sc, ret);
     }
     pthread_mutex_unlock(&c->lock);
     free(idx);
     free(sc.names);
     free(sc.ids);
-    return call_end(&bc, ret_status, r);
+    return gpubuf__batch_end(&bc, ret_status, r);
 }
 
 /* ---- alloc --------------------------------------------------------------- */
@@ -438,11 +344,11 @@ static void build_alloc(Gpubuf__Request *req, const size_t *idx, size_t n, uint6
 static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const uint64_t *sizes,
                            const char *const *names, unsigned flags, gpubuf_buffer **ret,
                            int *ret_status) {
-    batch_call bc;
+    gpubuf_batch_call bc;
     alloc_args a = {pool, sizes, names, (flags & GPUBUF_ALLOC_SEAL) != 0};
     alloc_scratch sc = {0};
     size_t *idx, n_valid = 0;
-    int r = batch_start(&bc, c, n, ret_status);
+    int r = gpubuf__batch_start(&bc, c, n, ret_status);
     if (r < 0)
         return r;
     memset(ret, 0, n * sizeof(*ret));
@@ -455,17 +361,17 @@ static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const u
         char msg[256];
         int e = 0;
         if (sizes[i] == 0)
-            call_fail(&bc, i, -EINVAL, "size 0: a buffer holds at least 1 byte");
+            gpubuf__batch_fail(&bc, i, -EINVAL, "size 0: a buffer holds at least 1 byte");
         else if (names && names[i] && *names[i] &&
                  (e = gpubuf_name_check(names[i], strlen(names[i]), msg, sizeof(msg))) < 0)
-            call_fail(&bc, i, e, msg);
+            gpubuf__batch_fail(&bc, i, e, msg);
         else
             idx[n_valid++] = i;
     }
     pthread_mutex_lock(&c->lock);
     for (size_t from = 0, k; r == 0 && from < n_valid; from += k) {
-        k = chunk_len(c, idx + from, n_valid - from, names,
-                      (size_t)c->n_maps * 11 + (pool ? strlen(pool) : 0));
+        k = gpubuf__batch_chunk_len(c, idx + from, n_valid - from, names,
+                                    (size_t)c->n_maps * 11 + (pool ? strlen(pool) : 0));
         r = views_batch(&bc, idx + from, k, false, build_alloc, &a, &sc, ret);
     }
     pthread_mutex_unlock(&c->lock);
@@ -477,220 +383,7 @@ static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const u
     free(idx);
     free(sc.names);
     free(sc.sizes);
-    return call_end(&bc, ret_status, r);
-}
-
-/* ---- seal, delete, release: results without buffers --------------------- */
-
-/* Send a request built for items [from, from + n) and record their results. */
-static int results_rpc(batch_call *bc, Gpubuf__Request *req, size_t from, size_t n) {
-    Gpubuf__Response *resp;
-    int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
-    int r = batch_rpc(bc->c, req, &resp, fds, &n_fds, n);
-    if (r < 0)
-        return r;
-    for (int i = 0; i < n_fds; i++)
-        close(fds[i]);
-    for (size_t k = 0; k < n; k++)
-        if (resp->batch->status[k] < 0)
-            call_fail(bc, from + k, resp->batch->status[k], item_message(resp->batch, k));
-    gpubuf__response__free_unpacked(resp, NULL);
-    gpubuf_trace(bc->c->session_id, req->id, -1, GPUBUF_TRACE_C_MAPPED, 0);
-    return 0;
-}
-
-static int seal_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
-    gpubuf_client *c = NULL;
-    batch_call bc;
-    uint64_t *ids;
-    gpubuf_buffer **roots;
-    int r;
-    for (size_t i = 0; i < n && !c; i++)
-        c = bufs && bufs[i] ? bufs[i]->c : NULL;
-    if (n && !c)
-        return gpubuf__fail(-EINVAL, "gpubuf_seal_many needs buffers");
-    if (!c)
-        return 0;
-    if ((r = batch_start(&bc, c, n, ret_status)) < 0)
-        return r;
-    ids = malloc((n + 1) * sizeof(*ids));
-    roots = malloc((n + 1) * sizeof(*roots));
-    if (!ids || !roots)
-        r = -ENOMEM;
-    pthread_mutex_lock(&c->lock);
-    for (size_t i = 0; r == 0 && i < n; i++) {
-        roots[i] = bufs[i];
-        ids[i] = 0; /* no buffer 0: an item refused here fails at the daemon too */
-        int e = bufs[i] ? (bufs[i]->c == c ? gpubuf__seal_check(&roots[i]) : -EINVAL) : -EINVAL;
-        if (e < 0)
-            call_fail(&bc, i, e, bufs[i] && bufs[i]->c == c ? gpubuf_last_error_message()
-                                                             : "not a buffer of this connection");
-        else
-            ids[i] = roots[i]->id;
-    }
-    for (size_t from = 0, k; r == 0 && from < n; from += k) {
-        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-        Gpubuf__BatchStateRequest q = GPUBUF__BATCH_STATE_REQUEST__INIT;
-        k = chunk_len(c, NULL, n - from, NULL, 0);
-        q.op = GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_SEAL;
-        q.n_buffer_ids = k;
-        q.buffer_ids = ids + from;
-        req.body_case = GPUBUF__REQUEST__BODY_BATCH_STATE;
-        req.batch_state = &q;
-        r = results_rpc(&bc, &req, from, k);
-    }
-    for (size_t i = 0; r == 0 && i < n; i++)
-        if (bc.status[i] == 0)
-            roots[i]->sealable = false;
-    pthread_mutex_unlock(&c->lock);
-    free(ids);
-    free(roots);
-    return call_end(&bc, ret_status, r);
-}
-
-static int delete_many_call(gpubuf_client *c, size_t n, const char *const *names,
-                            const uint64_t *ids, int *ret_status) {
-    batch_call bc;
-    int r = batch_start(&bc, c, n, ret_status);
-    if (r < 0)
-        return r;
-    pthread_mutex_lock(&c->lock);
-    for (size_t from = 0, k; r == 0 && from < n; from += k) {
-        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-        Gpubuf__BatchStateRequest q = GPUBUF__BATCH_STATE_REQUEST__INIT;
-        k = chunk_len(c, NULL, n - from, names ? names + from : NULL, 0);
-        q.op = GPUBUF__BATCH_STATE_OP__BATCH_STATE_OP_DELETE;
-        if (names) {
-            q.n_names = k;
-            q.names = (char **)(names + from);
-        } else {
-            q.n_buffer_ids = k;
-            q.buffer_ids = (uint64_t *)(ids + from);
-        }
-        req.body_case = GPUBUF__REQUEST__BODY_BATCH_STATE;
-        req.batch_state = &q;
-        r = results_rpc(&bc, &req, from, k);
-    }
-    pthread_mutex_unlock(&c->lock);
-    return call_end(&bc, ret_status, r);
-}
-
-/* A view gpubuf_release_many releases in its batch: a root view without a
- * CUDA seal event (those take gpubuf_release's path, which waits for it). */
-static bool batchable(const gpubuf_buffer *b) {
-#ifdef GPUBUF_HAVE_CUDA
-    if (b->event || b->own_event)
-        return false;
-#endif
-    return !b->parent && b->owns_ref && b->map;
-}
-
-static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
-    gpubuf_client *c = NULL;
-    batch_call bc;
-    gpubuf_buffer **last;
-    uint64_t *ids;
-    protobuf_c_boolean *keep, *ro;
-    size_t n_last = 0, *item;
-    int r;
-    for (size_t i = 0; bufs && i < n; i++) {
-        if (!bufs[i])
-            continue;
-        if (!c)
-            c = bufs[i]->c;
-        else if (bufs[i]->c != c)
-            return gpubuf__fail(-EINVAL, "gpubuf_release_many: item %zu is a view of another "
-                                         "connection than item 0's",
-                                i);
-    }
-    if (!c)
-        return 0;
-    if ((r = call_init(&bc, c, n, ret_status)) < 0)
-        return r;
-    last = malloc((n + 1) * sizeof(*last));
-    ids = malloc((n + 1) * sizeof(*ids));
-    item = malloc((n + 1) * sizeof(*item));
-    keep = malloc((n + 1) * sizeof(*keep));
-    ro = malloc((n + 1) * sizeof(*ro));
-    if (!last || !ids || !item || !keep || !ro) {
-        /* Still release every view, one by one. */
-        for (size_t i = 0; i < n; i++)
-            if (bufs[i])
-                gpubuf_release(bufs[i]);
-        r = -ENOMEM;
-        goto out;
-    }
-    for (size_t i = 0; i < n; i++) {
-        gpubuf_buffer *b = bufs[i];
-        if (!b)
-            continue;
-        if (!batchable(b)) {
-            int e = gpubuf_release(b);
-            if (e < 0)
-                call_fail(&bc, i, e, gpubuf_last_error_message());
-        } else if (atomic_fetch_sub(&b->refs, 1) == 1) {
-            item[n_last] = i;
-            last[n_last++] = b;
-        }
-    }
-    pthread_mutex_lock(&c->lock);
-    /* Unmap (or keep) first, as gpubuf_release does, then release. Views
-     * gpubufd restarted without hold nothing to release (gpubuf_release). */
-    size_t n_rel = 0;
-    for (size_t k = 0; k < n_last; k++) {
-        if (!gpubuf__view_live(last[k])) {
-            gpubuf__mapping_put_ex(c, last[k]->map, false);
-            continue;
-        }
-        item[n_rel] = item[k];
-        ids[n_rel] = last[k]->id;
-        ro[n_rel] = last[k]->read_only;
-        keep[n_rel] = gpubuf__mapping_put_ex(c, last[k]->map, false);
-        gpubuf__held(c, ids[n_rel], ro[n_rel], false); /* a resume no longer claims it */
-        n_rel++;
-    }
-    for (size_t from = 0, k; !c->broken && r == 0 && from < n_rel; from += k) {
-        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-        Gpubuf__BatchReleaseRequest q = GPUBUF__BATCH_RELEASE_REQUEST__INIT;
-        Gpubuf__Response *resp;
-        int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
-        k = chunk_len(c, NULL, n_rel - from, NULL, 0);
-        q.n_buffer_ids = q.n_keep_mapped = q.n_read_only = k;
-        q.buffer_ids = ids + from;
-        q.keep_mapped = keep + from;
-        q.read_only = ro + from;
-        req.body_case = GPUBUF__REQUEST__BODY_BATCH_RELEASE;
-        req.batch_release = &q;
-        r = batch_rpc(c, &req, &resp, fds, &n_fds, k);
-        if (r < 0)
-            break;
-        for (int f = 0; f < n_fds; f++)
-            close(fds[f]);
-        for (size_t j = 0; j < k; j++)
-            if (resp->batch->status[j] < 0)
-                call_fail(&bc, item[from + j], resp->batch->status[j],
-                          item_message(resp->batch, j));
-        gpubuf__response__free_unpacked(resp, NULL);
-        gpubuf_trace(c->session_id, req.id, -1, GPUBUF_TRACE_C_MAPPED, 0);
-    }
-    /* Lost with the connection, reconnected: the resume released every
-     * reference no view claims, these too (as gpubuf_release()). */
-    if (r == -ECONNRESET)
-        r = 0;
-    for (size_t k = 0; k < n_last; k++) {
-        gpubuf__view_meta_free(last[k]); /* its layout and user bytes, as gpubuf_release */
-        gpubuf__view_recycle(c, last[k]);
-    }
-    pthread_mutex_unlock(&c->lock);
-    for (size_t k = 0; k < n_last; k++)
-        gpubuf__client_unref(c);
-out:
-    free(last);
-    free(ids);
-    free(item);
-    free(keep);
-    free(ro);
-    return call_end(&bc, ret_status, r);
+    return gpubuf__batch_end(&bc, ret_status, r);
 }
 
 /* ---- public entry points ------------------------------------------------- */
@@ -711,11 +404,10 @@ GPUBUF_EXTERN int gpubuf_open_many(gpubuf_client *c, size_t n, const char *const
 
 /* The items of a batch open that were not sealed yet (-ENOENT), opened
  * each with a single waiting open until the one deadline; 0 or -ENOMEM. */
-static int open_many_wait(gpubuf_client *c, size_t n, const char *const *names,
-                          const uint64_t *ids, const gpubuf_lookup *o, gpubuf_buffer **ret,
-                          int *st) {
-    uint64_t deadline = gpubuf_now_ns() + (uint64_t)(o->timeout_ms > 0 ? o->timeout_ms : 0) *
-                                              1000000u;
+static int open_many_wait(gpubuf_client *c, size_t n, const char *const *names, const uint64_t *ids,
+                          const gpubuf_lookup *o, gpubuf_buffer **ret, int *st) {
+    uint64_t deadline =
+        gpubuf_now_ns() + (uint64_t)(o->timeout_ms > 0 ? o->timeout_ms : 0) * 1000000u;
     for (size_t i = 0; i < n; i++) {
         if (st[i] != -ENOENT)
             continue;
@@ -775,35 +467,13 @@ GPUBUF_EXTERN int gpubuf_open_many_with(gpubuf_client *c, size_t n, const char *
 }
 
 GPUBUF_EXTERN int gpubuf_alloc_many(gpubuf_client *c, const char *pool, size_t n,
-                                    const uint64_t *sizes, const char *const *names,
-                                    unsigned flags, gpubuf_buffer **ret, int *ret_status) {
+                                    const uint64_t *sizes, const char *const *names, unsigned flags,
+                                    gpubuf_buffer **ret, int *ret_status) {
     gpubuf__clear_error();
     GPUBUF_CHECK(c && (ret || !n), -EINVAL, "gpubuf_alloc_many needs a connection and its items");
     GPUBUF_CHECK(sizes || !n, -EINVAL, "gpubuf_alloc_many needs sizes");
     GPUBUF_CHECK(!(flags & ~(unsigned)GPUBUF_ALLOC_SEAL), -EINVAL, "unknown alloc flags 0x%x",
                  flags);
     int r = alloc_many_call(c, pool, n, sizes, names, flags, ret, ret_status);
-    return r > 0 ? r : gpubuf__result(r);
-}
-
-GPUBUF_EXTERN int gpubuf_seal_many(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
-    gpubuf__clear_error();
-    GPUBUF_CHECK(bufs || !n, -EINVAL, "gpubuf_seal_many needs buffers");
-    int r = seal_many_call(bufs, n, ret_status);
-    return r > 0 ? r : gpubuf__result(r);
-}
-
-GPUBUF_EXTERN int gpubuf_release_many(gpubuf_buffer *const *bufs, size_t n, int *ret_status) {
-    gpubuf__clear_error();
-    int r = release_many_call(bufs, n, ret_status);
-    return r > 0 ? r : gpubuf__result(r);
-}
-
-GPUBUF_EXTERN int gpubuf_delete_many(gpubuf_client *c, size_t n, const char *const *names,
-                                     const uint64_t *ids, int *ret_status) {
-    gpubuf__clear_error();
-    GPUBUF_CHECK(c && (names || ids || !n), -EINVAL,
-                 "gpubuf_delete_many needs a connection and its items");
-    int r = delete_many_call(c, n, names, ids, ret_status);
     return r > 0 ? r : gpubuf__result(r);
 }

@@ -379,6 +379,35 @@ struct gpubuf__async_hooks {
     void (*free)(gpubuf_client *c);
 };
 
+/* ---- batch_call.c: what every batch call shares ------------------------------ */
+/* One batch call's bookkeeping: item results and the first failure. */
+typedef struct gpubuf_batch_call {
+    gpubuf_client *c;
+    size_t n;
+    int *status; /* the caller's array, or ours */
+    int failed;
+    char first[384]; /* the message of the first failed item */
+} gpubuf_batch_call;
+
+/* Set up bc for n items (status: the caller's array, or one of ours). */
+int gpubuf__batch_init(gpubuf_batch_call *bc, gpubuf_client *c, size_t n, int *ret_status);
+/* gpubuf__batch_init on c, whose daemon must take batches (0, or an error). */
+int gpubuf__batch_start(gpubuf_batch_call *bc, gpubuf_client *c, size_t n, int *ret_status);
+/* Item i failed with r (msg: the daemon's sentence, or NULL). */
+void gpubuf__batch_fail(gpubuf_batch_call *bc, size_t i, int r, const char *msg);
+/* The end of the batch call: the number of failed items, or err. */
+int gpubuf__batch_end(gpubuf_batch_call *bc, int *ret_status, int err);
+/* The daemon's sentence for item i of br, or NULL. */
+const char *gpubuf__batch_message(const Gpubuf__BatchReply *br, size_t i);
+/* How many of the items idx[0..n) (or 0..n without idx) fit one request;
+ * reserve: bytes taken by other fields. At least one. */
+size_t gpubuf__batch_chunk_len(const gpubuf_client *c, const size_t *idx, size_t n,
+                               const char *const *names, size_t reserve);
+/* A batch request of n items and its reply, checked to carry n results
+ * (lock held). */
+int gpubuf__batch_rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *fds,
+                      int *n_fds, size_t n);
+
 /* ---- batch.c ------------------------------------------------------------------ */
 /* Views for the items of an open batch reply br (item k of the reply is item
  * idx[k] of a call of n_all items): ret[i] and status[i] set (0, or the
