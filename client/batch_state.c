@@ -11,6 +11,11 @@
 #include "trace.h"
 #include "util.h"
 
+/* An array of one element per item (one more: n may be 0). */
+static void *per_item(size_t n, size_t size) {
+    return malloc((n + 1) * size);
+}
+
 /* Send a request built for items [from, from + n) and record their results. */
 static int results_rpc(gpubuf_batch_call *bc, Gpubuf__Request *req, size_t from, size_t n) {
     Gpubuf__Response *resp;
@@ -37,14 +42,12 @@ static int seal_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_status)
     int r;
     for (size_t i = 0; i < n && !c; i++)
         c = bufs && bufs[i] ? bufs[i]->c : NULL;
-    if (n && !c)
-        return gpubuf__fail(-EINVAL, "gpubuf_seal_many needs buffers");
-    if (!c)
-        return 0;
+    if (!c) /* none, or no buffer among them */
+        return n ? gpubuf__fail(-EINVAL, "gpubuf_seal_many needs buffers") : 0;
     if ((r = gpubuf__batch_start(&bc, c, n, ret_status)) < 0)
         return r;
-    ids = malloc((n + 1) * sizeof(*ids));
-    roots = malloc((n + 1) * sizeof(*roots));
+    ids = per_item(n, sizeof(*ids));
+    roots = per_item(n, sizeof(*roots));
     if (!ids || !roots)
         r = -ENOMEM;
     pthread_mutex_lock(&c->lock);
@@ -139,11 +142,11 @@ static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_stat
         return 0;
     if ((r = gpubuf__batch_init(&bc, c, n, ret_status)) < 0)
         return r;
-    last = malloc((n + 1) * sizeof(*last));
-    ids = malloc((n + 1) * sizeof(*ids));
-    item = malloc((n + 1) * sizeof(*item));
-    keep = malloc((n + 1) * sizeof(*keep));
-    ro = malloc((n + 1) * sizeof(*ro));
+    last = per_item(n, sizeof(*last));
+    ids = per_item(n, sizeof(*ids));
+    item = per_item(n, sizeof(*item));
+    keep = per_item(n, sizeof(*keep));
+    ro = per_item(n, sizeof(*ro));
     if (!last || !ids || !item || !keep || !ro) {
         /* Still release every view, one by one. */
         for (size_t i = 0; i < n; i++)
