@@ -153,6 +153,14 @@ static int connect_call(const char *path, gpubuf_client **ret) {
         if (*end == '\0' && v >= 0 && v <= 3600000)
             c->reconnect_ms = (int)v;
     }
+    c->spin_max_ns = GPUBUF_SPIN_US_DEFAULT * 1000u;
+    env = getenv("GPUBUF_SPIN_US");
+    if (env && *env) {
+        char *end;
+        long v = strtol(env, &end, 10);
+        if (*end == '\0' && v >= 0 && v <= GPUBUF_SPIN_US_MAX)
+            c->spin_max_ns = (uint64_t)v * 1000u;
+    }
     r = gpubuf__hello_locked(c, false);
     if (r < 0) {
         gpubuf__client_unref(c);

@@ -64,6 +64,10 @@ typedef struct gpubuf__arena {
 
 /* Reconnecting after the daemon went away (docs/client-api.md, "Restart"). */
 #define GPUBUF_RECONNECT_MS_DEFAULT 10000 /* keep trying that long */
+/* How long a thread waiting for a reply polls before it sleeps, in µs, at
+ * most (GPUBUF_SPIN_US at gpubuf_connect(): 0 to 1000; see conn.c). */
+#define GPUBUF_SPIN_US_DEFAULT 50
+#define GPUBUF_SPIN_US_MAX 1000
 #define GPUBUF_RECONNECT_FIRST_MS 10      /* first pause, doubling ... */
 #define GPUBUF_RECONNECT_MAX_PAUSE_MS 500 /* ... up to this */
 
@@ -133,6 +137,13 @@ struct gpubuf_client {
     pthread_mutex_t qlock; /* the ready list and the eventfd; taken inside lock */
     int ep, efd;         /* gpubuf_client_fd(): epoll over fd and efd; -1 until asked */
     bool nonblock;       /* read_reply() returns -EAGAIN instead of blocking */
+    /* Waiting for a reply, the thread polls the socket without sleeping
+     * until spin_max_ns after the send (0: never), while spin_score >= 0:
+     * replies mostly came within that time (conn.c). A thread that sleeps
+     * pays the wake-up's latency and comes back to cold caches. sent_ns:
+     * the last send. */
+    uint64_t spin_max_ns, sent_ns;
+    int spin_score;
     gpubuf__arena arena; /* the replies read without blocking (reply_fast.c; lock held) */
     gpubuf_mapping *maps;
     uint32_t n_maps;

@@ -341,6 +341,31 @@ START_TEST(open_timeout_and_missing) {
 }
 END_TEST
 
+/* A thread waiting for a reply polls the socket for GPUBUF_SPIN_US at most
+ * (here the most it takes, 1 ms), then sleeps: a 300 ms wait costs it far
+ * less than 300 ms of CPU. */
+START_TEST(waiting_thread_sleeps_after_spin) {
+    setenv("GPUBUF_SPIN_US", "1000", 1);
+    gpubuf_client *c = td_connect(&D);
+    unsetenv("GPUBUF_SPIN_US");
+    gpubuf_buffer *b = NULL;
+    gpubuf_buffer_info info;
+    struct timespec t0, t1, w0, w1;
+    for (int i = 0; i < 20; i++) /* quick replies: the thread polls for the next */
+        ck_assert_int_eq(gpubuf_stat(c, "never", &info), -ENOENT);
+    clock_gettime(CLOCK_MONOTONIC, &w0);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+    ck_assert_int_eq(gpubuf_open(c, "never", 300, &b), -ETIMEDOUT);
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t1);
+    clock_gettime(CLOCK_MONOTONIC, &w1);
+    double cpu = (double)(t1.tv_sec - t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - t0.tv_nsec) / 1e6;
+    double wall = (double)(w1.tv_sec - w0.tv_sec) * 1e3 + (double)(w1.tv_nsec - w0.tv_nsec) / 1e6;
+    ck_assert_msg(wall >= 290, "the open waited %.1f ms", wall);
+    ck_assert_msg(cpu < 100, "waiting 300 ms took %.1f ms of CPU", cpu);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
 START_TEST(names_and_errors) {
     gpubuf_client *c = td_connect(&D);
     gpubuf_buffer *a, *b = NULL;
@@ -798,6 +823,7 @@ SUITE_MAIN("client", "host-pool", start_default, td_stop_clean, 60,
           producer_exits_before_consumers, sigkill_consumer_loses_references,
           eight_processes_open_at_once, anonymous_buffer_by_id_across_processes,
           open_waits_for_seal, open_wait_forever_then_seal, open_timeout_and_missing,
+          waiting_thread_sleeps_after_spin,
           names_and_errors, pool_full_then_recovers, delete_while_referenced,
           slices_keep_parent_alive, copy_helpers, mapping_cache_one_map_per_slab,
           disconnect_with_live_views, unsealed_buffer_of_dead_client_is_freed,

@@ -297,6 +297,9 @@ GPUBUF_EXTERN const char *gpubuf_err_name(int err);
  *         refused the connection (too many clients: its reason is in
  *         gpubuf_last_error_message()), -ESHUTDOWN when it is stopping,
  *         GPUBUF_EVERSION when the daemon speaks no common version.
+ * A thread waiting for a synchronous call's reply polls the socket for up to
+ * 50 µs ($GPUBUF_SPIN_US at connect, 0 to 1000; 0: never) before it sleeps,
+ * while the connection's replies mostly come within that time.
  */
 GPUBUF_EXTERN int gpubuf_connect(const char *socket_path, gpubuf_client **ret);
 
