@@ -124,16 +124,6 @@ static void spin_for_reply(const gpubuf_client *c) {
         ;
 }
 
-/* A synchronous request's reply came: one point for a reply within the
- * polling time, two off for a later one (between -8 and 8). */
-static void reply_time(gpubuf_client *c) {
-    bool soon = gpubuf_now_ns() - c->sent_ns <= c->spin_max_ns;
-    if (soon && c->spin_score < 8)
-        c->spin_score++;
-    else if (!soon)
-        c->spin_score = c->spin_score > -6 ? c->spin_score - 2 : -8;
-}
-
 /* Read more reply bytes (and fds) into the read-ahead buffer. */
 static int fill_rbuf(gpubuf_client *c, size_t need) {
     if (c->rpos > 0 && c->rpos == c->rlen)
@@ -669,8 +659,15 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
             break;
         settle_async(c, resp, fds, n_fds);
     }
-    if (resp->id == req->id)
-        reply_time(c);
+    if (resp->id == req->id) {
+        /* For spin_for_reply(): one point for a reply within the polling
+         * time, two off for a later one (between -8 and 8). */
+        bool soon = gpubuf_now_ns() - c->sent_ns <= c->spin_max_ns;
+        if (soon && c->spin_score < 8)
+            c->spin_score++;
+        else if (!soon)
+            c->spin_score = c->spin_score > -6 ? c->spin_score - 2 : -8;
+    }
     if (c->async_hooks)
         c->async_hooks->kick(c);
     if (resp->id != req->id && resp->id != 0) {
