@@ -209,6 +209,8 @@ static const key_def daemon_keys[] = {
      NULL, false},
     {"max_waiters_per_client", NULL, parse_u32, 1, GD_MAX_WAITERS_LIMIT,
      GD_MAX_WAITERS_PER_CLIENT, CFG(limits.max_waiters_per_client), NULL, NULL, false},
+    {"poll_us", NULL, parse_u32, 0, GD_POLL_US_MAX, GD_POLL_US_DEFAULT, CFG(limits.poll_us), NULL,
+     " (microseconds; 0: never poll)", false},
 };
 
 /* Limits with no key: fixed defaults. */

@@ -46,6 +46,7 @@
 static void on_conn_io(uv_poll_t *h, int status, int events);
 static void on_reap(uv_check_t *h);
 static void on_kick(uv_idle_t *h);
+static void on_spin(uv_idle_t *h);
 static int process_frames(gd_conn *c, uint32_t limit);
 static int process_frames_corked(gd_conn *c, uint32_t limit);
 static bool grow_in(gd_conn *c);
@@ -171,9 +172,16 @@ int gd_server_init(gd_server *srv, uv_loop_t *loop, const gd_limits *limits,
         return r;
     }
     srv->kick.data = srv;
+    if ((r = uv_idle_init(loop, &srv->spin)) < 0) {
+        uv_close((uv_handle_t *)&srv->reaper, NULL);
+        uv_close((uv_handle_t *)&srv->kick, NULL);
+        return r;
+    }
+    srv->spin.data = srv;
     if ((r = uv_timer_init(loop, &srv->accept_timer)) < 0) {
         uv_close((uv_handle_t *)&srv->reaper, NULL);
         uv_close((uv_handle_t *)&srv->kick, NULL);
+        uv_close((uv_handle_t *)&srv->spin, NULL);
         return r;
     }
     srv->accept_timer.data = srv;
@@ -237,6 +245,7 @@ static void close_loop_handles(gd_server *srv) {
     srv->handles_closed = true;
     uv_close((uv_handle_t *)&srv->reaper, NULL);
     uv_close((uv_handle_t *)&srv->kick, NULL);
+    uv_close((uv_handle_t *)&srv->spin, NULL);
     uv_close((uv_handle_t *)&srv->accept_timer, NULL);
 }
 
@@ -627,6 +636,44 @@ static ssize_t read_in(gd_conn *c, size_t max) {
     return n;
 }
 
+/* ---- polling for the next request (poll_us) -------------------------------
+ * A client that waits for a reply polls for it (client-api.md); the daemon
+ * polls for the next request the same way: after handling requests, the
+ * loop looks for more without blocking (an active idle handle makes libuv's
+ * epoll_wait return at once) until poll_us have passed, then blocks. A
+ * request that comes meanwhile is read without the wake-up of a sleeping
+ * thread. The loop polls only while requests mostly come within poll_us of
+ * the last ones: a score, one point up for a request that does (capped), two
+ * down for one that does not (floored), polling at 0 and above. Sparse
+ * requests thus cost no polling; a stream of them, or a client's quick
+ * succession of requests, brings it back. */
+
+/* A request came at now: was it within poll_us of the last ones? */
+static void spin_score(gd_server *srv, uint64_t now) {
+    if (now - srv->spin_last_ns <= (uint64_t)srv->limits->poll_us * 1000u) {
+        if (srv->spin_score < 8)
+            srv->spin_score++;
+    } else if (srv->spin_score > -8) {
+        srv->spin_score -= 2;
+    }
+}
+
+/* Requests were handled: poll for the next while that pays. */
+static void spin_start(gd_server *srv) {
+    srv->spin_last_ns = gpubuf_now_ns();
+    if (srv->spin_score < 0 || srv->stopping || uv_is_active((uv_handle_t *)&srv->spin))
+        return;
+    int r = uv_idle_start(&srv->spin, on_spin);
+    assert(r == 0); /* fails only for a closing handle or a NULL callback */
+    (void)r;
+}
+
+static void on_spin(uv_idle_t *h) {
+    gd_server *srv = h->data;
+    if (gpubuf_now_ns() - srv->spin_last_ns > (uint64_t)srv->limits->poll_us * 1000u)
+        uv_idle_stop(h);
+}
+
 static void on_conn_io(uv_poll_t *h, int status, int events) {
     gd_conn *c = h->data;
     gd_server *srv = c->srv;
@@ -661,6 +708,9 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
         srv->trace_woke_ns = woke;
         srv->trace_read_ns = gpubuf_now_ns();
     }
+    bool spin = n > 0 && srv->limits->poll_us > 0;
+    if (spin)
+        spin_score(srv, woke ? woke : gpubuf_now_ns());
     if (n == -EAGAIN)
         return;
     if (n == 0) {
@@ -677,6 +727,8 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
         return;
     }
     int done = process_frames(c, srv->limits->frames_per_wakeup);
+    if (spin)
+        spin_start(srv);
     if (done >= 0) {
         maybe_pend(c);
         if (done > 0) /* whole frames arrived: a new deadline for the next one */

@@ -125,6 +125,11 @@ struct gd_server {
     uv_poll_t listen_poll;
     uv_check_t reaper;
     uv_idle_t kick; /* runs connections with frames left over */
+    /* Polling for the next request (poll_us): while active the loop does
+     * not block; it stops poll_us after the last requests were handled. */
+    uv_idle_t spin;
+    uint64_t spin_last_ns; /* when requests were last handled */
+    int spin_score;        /* >= 0: requests mostly come within poll_us: poll */
     uv_timer_t accept_timer; /* resumes accepting after a pause for want of fds */
     int spare_fd; /* /dev/null, closed to accept and refuse a peer at EMFILE */
     gd_conn *pending;

@@ -21,7 +21,12 @@ typedef struct gd_limits {
     uint64_t max_reply_memory;       /* queued reply bytes of all connections together */
     uint32_t resume_timeout_ms;      /* restored sessions not resumed by then are dropped */
     uint32_t journal_off;            /* state_journal = off: no journal after the start (measurement) */
+    uint32_t poll_us;                /* the loop polls this long for the next request; 0: never */
 } gd_limits;
+
+/* poll_us: the default and the most the key takes (docs/operations.md). */
+#define GD_POLL_US_DEFAULT 50
+#define GD_POLL_US_MAX 1000
 
 /* The fds one connection can make the daemon hold: requests stop being
  * handled while this many queued replies hold an fd (the server's

@@ -401,10 +401,54 @@ START_TEST(pool_flags_override_config) {
 }
 END_TEST
 
+/* The CPU time gpubufd pid has used so far, in ms. */
+static double daemon_cpu_ms(pid_t pid) {
+    clockid_t id;
+    struct timespec t;
+    ck_assert_int_eq(clock_getcpuclockid(pid, &id), 0);
+    ck_assert_int_eq(clock_gettime(id, &t), 0);
+    return (double)t.tv_sec * 1e3 + (double)t.tv_nsec / 1e6;
+}
+
+/* poll_us: the loop polls for the next request after handling some, but
+ * stops once poll_us pass without one, and stops polling altogether while
+ * requests come further apart than that (docs/operations.md). With 1 ms of
+ * polling after every request, the 100 requests 5 ms apart would cost the
+ * daemon 100 ms of CPU, and 300 ms idle as much if the polling never
+ * stopped. */
+START_TEST(daemon_polls_only_while_requests_come) {
+    char conf[160];
+    test_daemon d2;
+    gpubuf_buffer_info info;
+    snprintf(conf, sizeof(conf), "/tmp/gpubuf-poll-%d.conf", (int)getpid());
+    ck_assert_int_eq(td_write_file(conf, "[daemon]\npoll_us = 1000\n"), 0);
+    const char *args[] = {"--config", conf, "--pool", "a=host,capacity=64M", NULL};
+    td_start(&d2, args);
+    gpubuf_client *c = td_connect(&d2);
+    for (int i = 0; i < 50; i++) /* in quick succession: the loop polls */
+        ck_assert_int_eq(gpubuf_stat(c, "never", &info), -ENOENT);
+    double a = daemon_cpu_ms(d2.pid);
+    usleep(300 * 1000);
+    double idle = daemon_cpu_ms(d2.pid) - a;
+    ck_assert_msg(idle < 60, "idle for 300 ms, gpubufd used %.1f ms of CPU", idle);
+    a = daemon_cpu_ms(d2.pid);
+    for (int i = 0; i < 100; i++) {
+        usleep(5 * 1000);
+        ck_assert_int_eq(gpubuf_stat(c, "never", &info), -ENOENT);
+    }
+    double sparse = daemon_cpu_ms(d2.pid) - a;
+    ck_assert_msg(sparse < 60, "100 requests 5 ms apart cost gpubufd %.1f ms of CPU", sparse);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(td_stop(&d2), 0);
+    unlink(conf);
+}
+END_TEST
+
 SUITE_MAIN("operations", "operations", start_default, td_stop_clean, 60,
           sigterm_with_live_clients, second_daemon_refuses_live_socket,
           gpubufctl_table_and_json, client_names_clean_in_gpubufctl, gpubufctl_exit_codes,
           config_file_errors_name_file_and_line, config_file_pools_used,
           check_config_refuses_what_startup_refuses, config_values_cannot_overflow,
           default_configuration_without_gpu, bad_flags_exit_2,
-          refuses_to_replace_a_regular_file, pool_flags_override_config)
+          refuses_to_replace_a_regular_file, pool_flags_override_config,
+          daemon_polls_only_while_requests_come)

@@ -41,7 +41,7 @@ declare -A value=(
     [max_buffers_per_uid]=10 [max_bytes_per_uid]=1G [max_refs_per_client]=10
     [max_kept_slabs_per_client]=2 [max_reply_memory]=64M [resume_timeout_ms]=5000 [state_journal]=off
     [max_lease_ms]=60000 [max_meta_bytes_per_client]=1M [max_meta_bytes_per_uid]=4M
-    [max_meta_bytes]=64M [max_waiters_per_client]=20000
+    [max_meta_bytes]=64M [max_waiters_per_client]=20000 [poll_us]=100
     [kind]=host [device]=0 [capacity]=64M [slab_size]=16M [slab]=16M
     [allow_users]=root [allow_uids]=0 [allow_groups]=root [allow_gids]=0
     [publish_users]=root [publish_uids]=0 [publish_groups]=root [publish_gids]=0
