@@ -29,10 +29,11 @@ static const struct gpubuf__async_hooks async_hooks;
 /* ---- the ready list and the eventfd (c->qlock) ---------------------------- */
 
 static void kick(gpubuf_client *c) {
-    if (c->efd >= 0) {
+    if (c->efd >= 0 && !c->kicked) {
         uint64_t one = 1;
         ssize_t n = write(c->efd, &one, sizeof(one));
         (void)n; /* EAGAIN: the counter is far from zero already */
+        c->kicked = true;
     }
 }
 
@@ -40,8 +41,10 @@ static void kick(gpubuf_client *c) {
 static void op_ready(gpubuf_client *c, gpubuf_op *op) {
     pthread_mutex_lock(&c->qlock);
     LL_PREPEND(c->ready, op); /* newest first: dispatch reverses it */
-    if (!op->next)
-        kick(c); /* the first: the counter was read to zero */
+    /* The first, unless gpubuf_dispatch() settles it: it takes the list
+     * right after. */
+    if (!op->next && !c->dispatching)
+        kick(c);
     pthread_mutex_unlock(&c->qlock);
 }
 
@@ -172,8 +175,11 @@ static void async_watch(gpubuf_client *c) {
     if (c->ep < 0 || c->fd < 0)
         return;
     ev.data.fd = c->fd;
-    if (epoll_ctl(c->ep, EPOLL_CTL_ADD, c->fd, &ev) < 0 && errno != EEXIST)
+    if (epoll_ctl(c->ep, EPOLL_CTL_ADD, c->fd, &ev) < 0 && errno != EEXIST) {
+        pthread_mutex_lock(&c->qlock);
         kick(c); /* not watched: the loop polls through the eventfd instead */
+        pthread_mutex_unlock(&c->qlock);
+    }
 }
 
 static void async_free(gpubuf_client *c) {
@@ -199,6 +205,7 @@ GPUBUF_EXTERN int gpubuf_client_fd(gpubuf_client *c) {
 
 /* Read what the socket holds without blocking and settle it (lock held). */
 static void read_available(gpubuf_client *c) {
+    c->rshort = false;
     for (int n = 0; n < DISPATCH_MAX_FRAMES && !c->broken; n++) {
         Gpubuf__Response *resp;
         int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
@@ -257,17 +264,21 @@ static int dispatch_call(gpubuf_client *c) {
     /* Another thread holding the lock reads the stream itself (a synchronous
      * call): its completions come through the ready list. */
     if (pthread_mutex_trylock(&c->lock) == 0) {
-        if (!c->broken && c->fd >= 0)
+        if (!c->broken && c->fd >= 0) {
+            c->dispatching = true;
             read_available(c);
+            c->dispatching = false;
+        }
         pthread_mutex_unlock(&c->lock);
     }
     pthread_mutex_lock(&c->qlock);
     list = c->ready;
     c->ready = NULL;
-    if (c->efd >= 0) {
+    if (c->efd >= 0 && c->kicked) {
         uint64_t v;
         ssize_t k = read(c->efd, &v, sizeof(v));
         (void)k;
+        c->kicked = false;
     }
     pthread_mutex_unlock(&c->qlock);
     gpubuf_op *rev = NULL; /* in the order the replies came */

@@ -149,15 +149,11 @@ static int fill_rbuf(gpubuf_client *c, size_t need) {
     int fds[GPUBUF_WIRE_MAX_FDS];
     int n_fds;
     bool trunc;
-    if (c->nonblock) {
-        struct pollfd p = {.fd = c->fd, .events = POLLIN};
-        if (poll(&p, 1, 0) == 0)
-            return -EAGAIN;
-    } else {
+    if (!c->nonblock)
         spin_for_reply(c);
-    }
-    ssize_t n = gpubuf_wire_recv(c->fd, c->rbuf + c->rlen, c->rcap - c->rlen, fds,
-                                 GPUBUF_WIRE_MAX_FDS, &n_fds, &trunc);
+    size_t room = c->rcap - c->rlen;
+    ssize_t n = gpubuf_wire_recv(c->fd, c->rbuf + c->rlen, room, c->nonblock ? MSG_DONTWAIT : 0,
+                                 fds, GPUBUF_WIRE_MAX_FDS, &n_fds, &trunc);
     for (int i = 0; i < n_fds; i++) {
         if (c->n_rfds < (int)(sizeof(c->rfds) / sizeof(c->rfds[0])))
             c->rfds[c->n_rfds++] = fds[i];
@@ -169,6 +165,9 @@ static int fill_rbuf(gpubuf_client *c, size_t need) {
     if (n == 0)
         return GPUBUF_EDISCONNECTED;
     c->rlen += (size_t)n;
+    /* Less than there was room for: the socket held no more just now (or
+     * the read stopped at a frame carrying fds). */
+    c->rshort = c->nonblock && (size_t)n < room;
     return 0;
 }
 
@@ -180,6 +179,13 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n
     size_t need = 0; /* bytes the frame needs read ahead; 0: what is there may do */
     int r;
     for (;;) {
+        /* Without blocking, once a read came back short, the rest is left
+         * for the next call: the socket stays readable if more came since,
+         * and this saves the system call that would say -EAGAIN. */
+        if (need > 0 && c->nonblock && c->rshort) {
+            r = -EAGAIN;
+            goto broken;
+        }
         if (need > 0 && (r = fill_rbuf(c, need)) < 0)
             goto broken;
         need = GPUBUF_WIRE_HEADER_SIZE;

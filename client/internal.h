@@ -137,6 +137,9 @@ struct gpubuf_client {
     pthread_mutex_t qlock; /* the ready list and the eventfd; taken inside lock */
     int ep, efd;         /* gpubuf_client_fd(): epoll over fd and efd; -1 until asked */
     bool nonblock;       /* read_reply() returns -EAGAIN instead of blocking */
+    bool rshort;         /* the last read without blocking was short (conn.c) */
+    bool dispatching;    /* gpubuf_dispatch() settles replies: no eventfd kick (async.c) */
+    bool kicked;         /* the eventfd was written since it was last read (qlock) */
     /* Waiting for a reply, the thread polls the socket without sleeping
      * until spin_max_ns after the send (0: never), while spin_score >= 0:
      * replies mostly came within that time (conn.c). A thread that sleeps

@@ -625,7 +625,7 @@ static ssize_t read_in(gd_conn *c, size_t max) {
     int n_fds;
     bool trunc;
     size_t room = c->in_cap - c->in_len;
-    ssize_t n = gpubuf_wire_recv(c->fd, c->in + c->in_len, room < max ? room : max, fds,
+    ssize_t n = gpubuf_wire_recv(c->fd, c->in + c->in_len, room < max ? room : max, 0, fds,
                                  GPUBUF_WIRE_MAX_FDS, &n_fds, &trunc);
     for (int i = 0; i < n_fds; i++)
         close(fds[i]); /* clients never send fds: drop them */

@@ -99,8 +99,8 @@ int gpubuf_wire_send_all(int sock, const void *buf, size_t len, int fd) {
     return 0;
 }
 
-ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int *fds, int max_fds, int *n_fds,
-                         bool *truncated) {
+ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int flags, int *fds, int max_fds,
+                         int *n_fds, bool *truncated) {
     struct iovec iov = {.iov_base = buf, .iov_len = len};
     union {
         char buf[CMSG_SPACE(sizeof(int) * GPUBUF_WIRE_MAX_FDS)];
@@ -114,7 +114,7 @@ ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int *fds, int max_fds,
     *n_fds = 0;
     *truncated = false;
     do {
-        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+        n = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC | flags);
     } while (n < 0 && errno == EINTR);
     if (n < 0)
         return -errno;
@@ -146,7 +146,7 @@ static int read_exact(int sock, uint8_t *buf, size_t len, int *fds, int max_fds,
         int in[GPUBUF_WIRE_MAX_FDS];
         int n_in;
         bool trunc;
-        ssize_t n = gpubuf_wire_recv(sock, buf + got, len - got, in, GPUBUF_WIRE_MAX_FDS, &n_in,
+        ssize_t n = gpubuf_wire_recv(sock, buf + got, len - got, 0, in, GPUBUF_WIRE_MAX_FDS, &n_in,
                                      &trunc);
         for (int i = 0; i < n_in; i++, (*n_fds)++) {
             if (*n_fds < max_fds)

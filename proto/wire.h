@@ -76,11 +76,12 @@ ssize_t gpubuf_wire_sendv(int sock, const struct iovec *iov, int n_iov, int fd);
 ssize_t gpubuf_wire_sendv_fds(int sock, const struct iovec *iov, int n_iov, const int *fds,
                               int n_fds);
 
-/* One recvmsg(). Received fds are stored in fds (up to max_fds) and counted in
- * *n_fds; surplus fds are closed and *truncated set. Returns bytes read
- * (0 at end of stream) or -errno. */
-ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int *fds, int max_fds, int *n_fds,
-                         bool *truncated);
+/* One recvmsg() with flags (MSG_DONTWAIT or 0) besides MSG_CMSG_CLOEXEC.
+ * Received fds are stored in fds (up to max_fds) and counted in *n_fds;
+ * surplus fds are closed and *truncated set. Returns bytes read (0 at end of
+ * stream) or -errno (-EAGAIN: nothing to read with MSG_DONTWAIT). */
+ssize_t gpubuf_wire_recv(int sock, void *buf, size_t len, int flags, int *fds, int max_fds,
+                         int *n_fds, bool *truncated);
 
 /* Blocking helper: read one whole frame. *payload is malloc'ed (free it).
  * Collects at most one fd into *fd (-1 when none). Returns payload length

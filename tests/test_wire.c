@@ -182,7 +182,7 @@ START_TEST(recv_surplus_fds_closed) {
     int got[1], n = 0;
     bool trunc = false;
     char rb;
-    ck_assert_int_eq(gpubuf_wire_recv(sv[1], &rb, 1, got, 1, &n, &trunc), 1);
+    ck_assert_int_eq(gpubuf_wire_recv(sv[1], &rb, 1, 0, got, 1, &n, &trunc), 1);
     ck_assert_int_eq(n, 1);
     ck_assert(trunc);
     close(got[0]);
