@@ -665,15 +665,8 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
             break;
         settle_async(c, resp, fds, n_fds);
     }
-    if (resp->id == req->id) {
-        /* For spin_for_reply(): one point for a reply within the polling
-         * time, two off for a later one (between -8 and 8). */
-        bool soon = gpubuf_now_ns() - c->sent_ns <= c->spin_max_ns;
-        if (soon && c->spin_score < 8)
-            c->spin_score++;
-        else if (!soon)
-            c->spin_score = c->spin_score > -6 ? c->spin_score - 2 : -8;
-    }
+    if (resp->id == req->id) /* for spin_for_reply(): a reply within the polling time? */
+        gpubuf_poll_score(&c->spin_score, gpubuf_now_ns() - c->sent_ns <= c->spin_max_ns);
     if (c->async_hooks)
         c->async_hooks->kick(c);
     if (resp->id != req->id && resp->id != 0) {

@@ -87,6 +87,17 @@ int gpubuf_name_split(const char *in, char pool[GPUBUF_NAME_MAX + 1], const char
  * bytes written. */
 size_t gpubuf_text_clean(char *out, size_t out_size, const char *in, size_t in_len);
 
+/* Polling before sleeping (the client waiting for its reply, the daemon for
+ * the next request): a score of whether what was awaited mostly came within
+ * the polling time. One point up for a wait that did (at most 8), two down
+ * for one that did not (at least -8); poll while the score is >= 0. */
+static inline void gpubuf_poll_score(int *score, bool soon) {
+    if (soon)
+        *score = *score < 8 ? *score + 1 : 8;
+    else
+        *score = *score > -6 ? *score - 2 : -8;
+}
+
 static inline uint64_t gpubuf_align_up(uint64_t v, uint64_t a) {
     return (v + a - 1) & ~(a - 1);
 }

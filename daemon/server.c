@@ -648,16 +648,6 @@ static ssize_t read_in(gd_conn *c, size_t max) {
  * requests thus cost no polling; a stream of them, or a client's quick
  * succession of requests, brings it back. */
 
-/* A request came at now: was it within poll_us of the last ones? */
-static void spin_score(gd_server *srv, uint64_t now) {
-    if (now - srv->spin_last_ns <= (uint64_t)srv->limits->poll_us * 1000u) {
-        if (srv->spin_score < 8)
-            srv->spin_score++;
-    } else if (srv->spin_score > -8) {
-        srv->spin_score -= 2;
-    }
-}
-
 /* Requests were handled: poll for the next while that pays. */
 static void spin_start(gd_server *srv) {
     srv->spin_last_ns = gpubuf_now_ns();
@@ -709,8 +699,9 @@ static void on_conn_io(uv_poll_t *h, int status, int events) {
         srv->trace_read_ns = gpubuf_now_ns();
     }
     bool spin = n > 0 && srv->limits->poll_us > 0;
-    if (spin)
-        spin_score(srv, woke ? woke : gpubuf_now_ns());
+    if (spin) /* a request came: within poll_us of the last ones? */
+        gpubuf_poll_score(&srv->spin_score, (woke ? woke : gpubuf_now_ns()) - srv->spin_last_ns <=
+                                                (uint64_t)srv->limits->poll_us * 1000u);
     if (n == -EAGAIN)
         return;
     if (n == 0) {
