@@ -68,6 +68,12 @@ typedef struct buffer_msg {
 
 /* Pack a Response (msg) into dst: the transport's pack callback. */
 void gd_session_pack(const void *msg, uint8_t *dst);
+/* The packed size of r, and in *pack the callback that packs it:
+ * gd_reply_pack_fast for the replies of single requests (id, status,
+ * message, fds and a Buffer without an array layout; reply_pack.c),
+ * gd_session_pack (protobuf-c) for any other. Both write the same bytes. */
+size_t gd_reply_size(const Gpubuf__Response *r, void (**pack)(const void *msg, uint8_t *dst));
+void gd_reply_pack_fast(const void *msg, uint8_t *dst);
 /* Queue a reply; the transport dup's fd. */
 void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd);
 /* Close the connection, for why (the first reason counts). */

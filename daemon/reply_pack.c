@@ -1,0 +1,205 @@
+/* Session room, ground floor: the replies of single requests packed
+ * without protobuf-c's generic packer. See reply.h.
+ *
+ * Every alloc, seal, open, release, delete and stat is answered with a
+ * Response that holds at most id, status, message, fds and a Buffer (with
+ * its Slab). protobuf-c sizes such a reply by walking its descriptors, then
+ * walks them again to pack it: about 2,400 instructions a reply, a third of
+ * the daemon's work per request under 16 processes of single requests
+ * (docs/performance.md, "Replies packed by hand"). Here the same bytes come
+ * from straight-line code: the fields in field-number order, each left out
+ * when it is zero, empty or absent, as protobuf-c does for proto3 fields.
+ * Any other reply (a body other than a Buffer, a Buffer with an array
+ * layout, unknown fields) goes to protobuf-c as before.
+ * tests/test_reply_pack.c fills every field of these messages through
+ * their descriptors and checks the bytes against protobuf-c's. */
+#include "reply.h"
+
+#include <string.h>
+
+#include "gpubuf.pb-c.h"
+
+/* The fields this file knows; a message that grew more is left to
+ * protobuf-c until this file learns them (the test says so first). */
+#define RESPONSE_FIELDS 8u
+#define BUFFER_FIELDS 17u
+#define SLAB_FIELDS 8u
+
+static inline size_t vlen(uint64_t v) {
+    size_t n = 1;
+    while (v >= 0x80) {
+        v >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static inline uint8_t *vput(uint8_t *p, uint64_t v) {
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+/* Tags of fields 1..15 take one byte, 16 and up two. */
+#define TAG(num, wt) (((uint64_t)(num) << 3) | (wt))
+#define VARINT 0u
+#define LEN 2u
+
+/* Sizes of one field, tag included; 0 when protobuf-c leaves it out. */
+static inline size_t f_u64(unsigned num, uint64_t v) {
+    return v ? vlen(TAG(num, VARINT)) + vlen(v) : 0;
+}
+/* int32 and enum: a negative value is sign-extended to ten bytes. */
+static inline size_t f_i32(unsigned num, int32_t v) {
+    return f_u64(num, (uint64_t)(int64_t)v);
+}
+static inline size_t f_bool(unsigned num, protobuf_c_boolean v) {
+    return v ? vlen(TAG(num, VARINT)) + 1 : 0;
+}
+static inline size_t f_len(unsigned num, size_t len) {
+    return vlen(TAG(num, LEN)) + vlen(len) + len;
+}
+static inline size_t f_str(unsigned num, const char *s) {
+    return s && *s ? f_len(num, strlen(s)) : 0;
+}
+static inline size_t f_bytes(unsigned num, ProtobufCBinaryData b) {
+    return b.len ? f_len(num, b.len) : 0;
+}
+
+static inline uint8_t *p_u64(uint8_t *p, unsigned num, uint64_t v) {
+    if (!v)
+        return p;
+    p = vput(p, TAG(num, VARINT));
+    return vput(p, v);
+}
+static inline uint8_t *p_i32(uint8_t *p, unsigned num, int32_t v) {
+    return p_u64(p, num, (uint64_t)(int64_t)v);
+}
+static inline uint8_t *p_bool(uint8_t *p, unsigned num, protobuf_c_boolean v) {
+    if (!v)
+        return p;
+    p = vput(p, TAG(num, VARINT));
+    *p++ = 1;
+    return p;
+}
+static inline uint8_t *p_data(uint8_t *p, unsigned num, const void *data, size_t len) {
+    p = vput(p, TAG(num, LEN));
+    p = vput(p, len);
+    memcpy(p, data, len);
+    return p + len;
+}
+static inline uint8_t *p_str(uint8_t *p, unsigned num, const char *s) {
+    return s && *s ? p_data(p, num, s, strlen(s)) : p;
+}
+static inline uint8_t *p_bytes(uint8_t *p, unsigned num, ProtobufCBinaryData b) {
+    return b.len ? p_data(p, num, b.data, b.len) : p;
+}
+
+static size_t slab_size(const Gpubuf__Slab *m) {
+    return f_u64(1, m->slab_id) + f_i32(2, (int32_t)m->kind) + f_i32(3, m->device) +
+           f_bytes(4, m->device_uuid) + f_u64(5, m->size) + f_bytes(6, m->ipc_handle) +
+           f_bool(7, m->keepable) + f_bool(8, m->read_only);
+}
+
+static uint8_t *slab_pack(uint8_t *p, const Gpubuf__Slab *m) {
+    p = p_u64(p, 1, m->slab_id);
+    p = p_i32(p, 2, (int32_t)m->kind);
+    p = p_i32(p, 3, m->device);
+    p = p_bytes(p, 4, m->device_uuid);
+    p = p_u64(p, 5, m->size);
+    p = p_bytes(p, 6, m->ipc_handle);
+    p = p_bool(p, 7, m->keepable);
+    return p_bool(p, 8, m->read_only);
+}
+
+static size_t buffer_size(const Gpubuf__Buffer *m) {
+    size_t n = f_u64(1, m->buffer_id) + f_str(2, m->name) + f_str(3, m->pool) +
+               f_u64(4, m->size) + f_u64(5, m->offset) + f_i32(6, (int32_t)m->state) +
+               f_u64(7, m->refs) + f_u64(9, m->owner_uid) + f_u64(10, m->slab_id) +
+               f_bytes(11, m->event_handle) + f_bool(12, m->read_only) +
+               f_bytes(14, m->user_data) + f_u64(15, m->lease_left_ms) +
+               f_u64(16, m->lease_ttl_ms) + f_bool(17, m->restored);
+    if (m->slab)
+        n += f_len(8, slab_size(m->slab));
+    return n;
+}
+
+static uint8_t *buffer_pack(uint8_t *p, const Gpubuf__Buffer *m) {
+    p = p_u64(p, 1, m->buffer_id);
+    p = p_str(p, 2, m->name);
+    p = p_str(p, 3, m->pool);
+    p = p_u64(p, 4, m->size);
+    p = p_u64(p, 5, m->offset);
+    p = p_i32(p, 6, (int32_t)m->state);
+    p = p_u64(p, 7, m->refs);
+    if (m->slab) {
+        p = vput(p, TAG(8, LEN));
+        p = vput(p, slab_size(m->slab));
+        p = slab_pack(p, m->slab);
+    }
+    p = p_u64(p, 9, m->owner_uid);
+    p = p_u64(p, 10, m->slab_id);
+    p = p_bytes(p, 11, m->event_handle);
+    p = p_bool(p, 12, m->read_only);
+    /* 13, the layout: such a reply is not packed here. */
+    p = p_bytes(p, 14, m->user_data);
+    p = p_u64(p, 15, m->lease_left_ms);
+    p = p_u64(p, 16, m->lease_ttl_ms);
+    return p_bool(p, 17, m->restored);
+}
+
+/* May this file pack r? */
+static bool packs(const Gpubuf__Response *r) {
+    if (r->base.n_unknown_fields || r->base.descriptor != &gpubuf__response__descriptor ||
+        gpubuf__response__descriptor.n_fields != RESPONSE_FIELDS)
+        return false;
+    if (r->body_case == GPUBUF__RESPONSE__BODY__NOT_SET)
+        return true;
+    if (r->body_case != GPUBUF__RESPONSE__BODY_BUFFER)
+        return false;
+    const Gpubuf__Buffer *b = r->buffer;
+    if (!b || b->layout || b->base.n_unknown_fields ||
+        gpubuf__buffer__descriptor.n_fields != BUFFER_FIELDS)
+        return false;
+    return !b->slab || (!b->slab->base.n_unknown_fields &&
+                        gpubuf__slab__descriptor.n_fields == SLAB_FIELDS);
+}
+
+/* sint32 */
+static inline uint32_t zigzag(int32_t v) {
+    return v < 0 ? ((~(uint32_t)v) << 1) | 1u : (uint32_t)v << 1;
+}
+
+static size_t response_size(const Gpubuf__Response *r) {
+    uint32_t zz = zigzag(r->status);
+    size_t n = f_u64(1, r->id) + f_u64(2, zz) + f_str(3, r->message) + f_u64(4, r->fds);
+    if (r->body_case == GPUBUF__RESPONSE__BODY_BUFFER)
+        n += f_len(11, buffer_size(r->buffer));
+    return n;
+}
+
+size_t gd_reply_size(const Gpubuf__Response *r, void (**pack)(const void *msg, uint8_t *dst)) {
+    if (packs(r)) {
+        *pack = gd_reply_pack_fast;
+        return response_size(r);
+    }
+    *pack = gd_session_pack;
+    return gpubuf__response__get_packed_size(r);
+}
+
+void gd_reply_pack_fast(const void *msg, uint8_t *dst) {
+    const Gpubuf__Response *r = msg;
+    uint32_t zz = zigzag(r->status);
+    uint8_t *p = p_u64(dst, 1, r->id);
+    p = p_u64(p, 2, zz);
+    p = p_str(p, 3, r->message);
+    p = p_u64(p, 4, r->fds);
+    if (r->body_case == GPUBUF__RESPONSE__BODY_BUFFER) {
+        p = vput(p, TAG(11, LEN));
+        p = vput(p, buffer_size(r->buffer));
+        buffer_pack(p, r->buffer);
+    }
+}

@@ -1,0 +1,200 @@
+/* The replies the daemon packs by hand (daemon/reply_pack.c) against
+ * protobuf-c: Responses whose every field (found through the messages'
+ * descriptors, so that a field added to the protocol is filled too) is set
+ * or left empty at random, with small and large values, come out the same,
+ * byte for byte, and the same size; the hand packer takes every reply of
+ * the shape it knows, and leaves every other shape to protobuf-c. */
+#include <check.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "check_main.h"
+#include "gpubuf.pb-c.h"
+#include "reply.h"
+
+static uint64_t rnd64(void) {
+    return (uint64_t)rand() << 40 ^ (uint64_t)rand() << 20 ^ (uint64_t)rand();
+}
+
+/* Zero, small or large, at random: varints of 0 to 10 bytes. */
+static uint64_t some(void) {
+    switch (rand() % 4) {
+    case 0: return 0;
+    case 1: return (uint64_t)(rand() % 128);
+    case 2: return (uint64_t)(rand() % 100000);
+    default: return rnd64();
+    }
+}
+
+/* Room for the strings and bytes of one reply. */
+static char g_text[64][300];
+static uint8_t g_data[64][200];
+static int g_used;
+
+/* Every field of m at random (body: the Response's oneof, set by the
+ * caller). Submessages: the Slab always comes from slab; a layout, when
+ * set, makes the reply one the hand packer leaves to protobuf-c. */
+static void fill(ProtobufCMessage *m, Gpubuf__Slab *slab, Gpubuf__ArrayLayout *layout,
+                 bool *layout_set) {
+    const ProtobufCMessageDescriptor *d = m->descriptor;
+    for (unsigned i = 0; i < d->n_fields; i++) {
+        const ProtobufCFieldDescriptor *f = &d->fields[i];
+        void *at = (char *)m + f->offset;
+        ck_assert_msg(f->label != PROTOBUF_C_LABEL_REPEATED || f->type == PROTOBUF_C_TYPE_MESSAGE ||
+                          d != &gpubuf__buffer__descriptor,
+                      "%s.%s: a repeated field the test does not fill", d->name, f->name);
+        if (f->flags & PROTOBUF_C_FIELD_FLAG_ONEOF)
+            continue; /* the caller picks the body */
+        switch (f->type) {
+        case PROTOBUF_C_TYPE_UINT64: *(uint64_t *)at = some(); break;
+        case PROTOBUF_C_TYPE_UINT32: *(uint32_t *)at = (uint32_t)some(); break;
+        case PROTOBUF_C_TYPE_INT32:
+        case PROTOBUF_C_TYPE_SINT32: {
+            int32_t v = (int32_t)(uint32_t)some();
+            if (rand() % 3 == 0)
+                v = -(int32_t)(rand() % 3000);
+            *(int32_t *)at = v;
+            break;
+        }
+        case PROTOBUF_C_TYPE_ENUM: *(int *)at = rand() % 4; break;
+        case PROTOBUF_C_TYPE_BOOL: *(protobuf_c_boolean *)at = rand() % 2; break;
+        case PROTOBUF_C_TYPE_STRING: {
+            char *s = g_text[g_used++ % 64];
+            int n = rand() % 3 == 0 ? 0 : rand() % 280;
+            for (int k = 0; k < n; k++)
+                s[k] = (char)(rand() % 2 ? 'a' + rand() % 26 : 1 + rand() % 255);
+            s[n] = 0;
+            *(char **)at = rand() % 5 == 0 ? NULL : s;
+            break;
+        }
+        case PROTOBUF_C_TYPE_BYTES: {
+            ProtobufCBinaryData *b = at;
+            b->len = rand() % 3 == 0 ? 0 : (size_t)(rand() % 200);
+            b->data = b->len ? g_data[g_used++ % 64] : NULL;
+            for (size_t k = 0; k < b->len; k++)
+                b->data[k] = (uint8_t)rand();
+            break;
+        }
+        case PROTOBUF_C_TYPE_MESSAGE:
+            if (f->descriptor == &gpubuf__slab__descriptor) {
+                bool unused = false;
+                gpubuf__slab__init(slab);
+                fill(&slab->base, NULL, NULL, &unused);
+                *(Gpubuf__Slab **)at = rand() % 4 ? slab : NULL;
+            } else if (f->descriptor == &gpubuf__array_layout__descriptor) {
+                gpubuf__array_layout__init(layout);
+                *layout_set = rand() % 8 == 0;
+                *(Gpubuf__ArrayLayout **)at = *layout_set ? layout : NULL;
+            } else {
+                ck_abort_msg("%s.%s: a message field the test does not fill", d->name, f->name);
+            }
+            break;
+        default:
+            ck_abort_msg("%s.%s: a field type the test does not fill", d->name, f->name);
+        }
+    }
+}
+
+START_TEST(same_bytes_as_protobuf_c) {
+    static uint8_t mine[1 << 16], theirs[1 << 16];
+    unsigned fast = 0, slow = 0;
+    srand(1234);
+    for (int it = 0; it < 50000; it++) {
+        Gpubuf__Response r = GPUBUF__RESPONSE__INIT;
+        Gpubuf__Buffer b = GPUBUF__BUFFER__INIT;
+        Gpubuf__Slab s;
+        Gpubuf__ArrayLayout l;
+        Gpubuf__HelloReply h = GPUBUF__HELLO_REPLY__INIT;
+        bool layout_set = false, other_body = false;
+        fill(&r.base, NULL, NULL, &layout_set);
+        switch (rand() % 6) {
+        case 0: break; /* no body: an error, a release's or a delete's answer */
+        case 1:
+            r.body_case = GPUBUF__RESPONSE__BODY_HELLO;
+            r.hello = &h;
+            other_body = true;
+            break;
+        default:
+            gpubuf__buffer__init(&b);
+            fill(&b.base, &s, &l, &layout_set);
+            r.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
+            r.buffer = &b;
+        }
+        void (*pack)(const void *, uint8_t *) = NULL;
+        size_t len = gd_reply_size(&r, &pack);
+        size_t want = gpubuf__response__get_packed_size(&r);
+        ck_assert_uint_eq(len, want);
+        ck_assert_uint_le(len, sizeof(mine));
+        bool expect_fast = !other_body && !layout_set;
+        ck_assert_msg(expect_fast == (pack == gd_reply_pack_fast),
+                      "iteration %d: a reply of %s shape went to the %s packer", it,
+                      expect_fast ? "the known" : "another", expect_fast ? "generic" : "hand");
+        ck_assert_msg(pack == gd_reply_pack_fast || pack == gd_session_pack, "an unknown packer");
+        memset(mine, 0xa5, len + 16);
+        pack(&r, mine);
+        ck_assert_uint_eq(gpubuf__response__pack(&r, theirs), want);
+        ck_assert_msg(memcmp(mine, theirs, len) == 0, "iteration %d: the bytes differ", it);
+        ck_assert_msg(mine[len] == 0xa5, "iteration %d: packed past its size", it);
+        if (pack == gd_reply_pack_fast)
+            fast++;
+        else
+            slow++;
+    }
+    /* Both paths ran, the hand packer on most replies. */
+    ck_assert_uint_gt(fast, 30000);
+    ck_assert_uint_gt(slow, 5000);
+}
+END_TEST
+
+/* The daemon's common replies as the session builds them: a release's
+ * answer, an error, an open's Buffer with its Slab (a host slab's device
+ * is -1: a ten-byte varint). */
+START_TEST(common_replies) {
+    uint8_t mine[512], theirs[512];
+    Gpubuf__Response r = GPUBUF__RESPONSE__INIT;
+    Gpubuf__Buffer b = GPUBUF__BUFFER__INIT;
+    Gpubuf__Slab s = GPUBUF__SLAB__INIT;
+    void (*pack)(const void *, uint8_t *);
+    r.id = 7;
+    size_t len = gd_reply_size(&r, &pack);
+    ck_assert_ptr_eq(pack, gd_reply_pack_fast);
+    ck_assert_uint_eq(len, 2);
+    pack(&r, mine);
+    ck_assert_int_eq(mine[0], 0x08);
+    ck_assert_int_eq(mine[1], 7);
+    r.status = -2;
+    r.message = "no buffer named x";
+    len = gd_reply_size(&r, &pack);
+    ck_assert_uint_eq(len, gpubuf__response__pack(&r, theirs));
+    pack(&r, mine);
+    ck_assert_mem_eq(mine, theirs, len);
+    r.status = 0;
+    r.message = "";
+    r.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
+    r.buffer = &b;
+    b.buffer_id = 1u << 20;
+    b.name = "frames/0";
+    b.pool = "gpu0";
+    b.size = 1 << 20;
+    b.state = GPUBUF__BUFFER_STATE__BUFFER_STATE_SEALED;
+    b.refs = 2;
+    b.slab = &s;
+    b.slab_id = 3;
+    s.slab_id = 3;
+    s.kind = GPUBUF__POOL_KIND__POOL_KIND_HOST;
+    s.device = -1;
+    s.size = 64u << 20;
+    len = gd_reply_size(&r, &pack);
+    ck_assert_ptr_eq(pack, gd_reply_pack_fast);
+    ck_assert_uint_eq(len, gpubuf__response__pack(&r, theirs));
+    pack(&r, mine);
+    ck_assert_mem_eq(mine, theirs, len);
+    Gpubuf__Response *back = gpubuf__response__unpack(NULL, len, mine);
+    ck_assert_ptr_nonnull(back);
+    ck_assert_int_eq(back->buffer->slab->device, -1);
+    ck_assert_str_eq(back->buffer->name, "frames/0");
+    gpubuf__response__free_unpacked(back, NULL);
+}
+END_TEST
+
+SUITE_MAIN("reply_pack", "pack", NULL, NULL, 120, same_bytes_as_protobuf_c, common_replies)
