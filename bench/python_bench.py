@@ -17,7 +17,14 @@ run as the C benchmarks and the torch.multiprocessing anchor). Prints one
   through a pipe. Timed from seal to ack, the same span as the
   torch.multiprocessing anchor's put -> get + touch -> ack (whose fresh tensor
   is made before its timer too). py_handover_1MiB_incl_alloc also times
-  alloc + fill.
+  alloc + fill. The consumer makes its tensor with torch.from_dlpack, then
+  (the figures with _gpubuf_torch) with gpubuf.torch.as_tensor, the
+  package's PyTorch import. py_handover[_gpubuf_torch]_step_* split the span
+  at the consumer's timestamps (CLOCK_MONOTONIC, one clock for both
+  processes): seal (the producer's seal call), to_open (seal called -> the
+  consumer's open returned), tensor (the consumer's tensor made), touch
+  (t[0].item()), release, ack (the consumer's send -> the producer's recv
+  returned).
 """
 import argparse
 import math
@@ -105,28 +112,43 @@ def bench_open(sock, pool, n, host):
         c.flush()
 
 
-def consumer(sock, pool, n, conn):
+def consumer(sock, pool, n, conn, via):
     import torch
+    if via == "gpubuf.torch":
+        from gpubuf.torch import as_tensor
+
+        def tensor(b):
+            return as_tensor(b, torch.float32)
+    else:
+        def tensor(b):
+            return torch.from_dlpack(b).view(torch.float32)
     with gpubuf.Client(sock) as c:
+        now = time.perf_counter_ns
         conn.send_bytes(b"ready")
         for i in range(n):
             b = c.open(f"pyhand/{i}", timeout=math.inf, pool=pool)
-            t = torch.from_dlpack(b).view(torch.float32)
+            t1 = now()
+            t = tensor(b)
+            t2 = now()
             s = float(t[0].item())  # touch the data, as the anchor does
+            t3 = now()
             del t
             b.release()
-            conn.send_bytes(b"%d" % int(s))
+            t4 = now()
+            conn.send_bytes(b"%d %d %d %d %d" % (int(s), t1, t2, t3, t4))
 
 
-def bench_handover(sock, pool, n):
+def bench_handover(sock, pool, n, via):
     import torch
     now = time.perf_counter_ns
     ctx = mp.get_context("spawn")  # CUDA does not survive fork
     here, there = ctx.Pipe()
-    p = ctx.Process(target=consumer, args=(sock, pool, n + 20, there))
+    p = ctx.Process(target=consumer, args=(sock, pool, n + 20, there, via))
     p.start()
+    there.close()  # a consumer that dies ends recv_bytes() with EOFError, not a hang
     assert here.recv_bytes() == b"ready"
     seal_to_ack, incl_alloc = [], []
+    steps = {k: [] for k in ("seal", "to_open", "tensor", "touch", "release", "ack")}
     with gpubuf.Client(sock) as c:
         for i in range(n + 20):
             name = f"pyhand/{i}"
@@ -137,9 +159,14 @@ def bench_handover(sock, pool, n):
             torch.cuda.synchronize()
             a = now()
             b.seal()
-            got = here.recv_bytes()
+            sealed = now()
+            got = here.recv_bytes().split()
             end = now()
-            assert got == b"%d" % i, (got, i)
+            assert got[0] == b"%d" % i, (got, i)
+            t1, t2, t3, t4 = (int(x) for x in got[1:])
+            for k, d in (("seal", sealed - a), ("to_open", t1 - a), ("tensor", t2 - t1),
+                         ("touch", t3 - t2), ("release", t4 - t3), ("ack", end - t4)):
+                steps[k].append(d / 1e3)
             seal_to_ack.append((end - a) / 1e3)
             incl_alloc.append((end - a0) / 1e3)
             del t
@@ -147,8 +174,11 @@ def bench_handover(sock, pool, n):
             c.delete(name, pool=pool)
         c.flush()
     p.join(30)
-    report("py_handover_1MiB_fresh_tensor", seal_to_ack[20:])
-    report("py_handover_1MiB_incl_alloc", incl_alloc[20:])
+    tag = "_gpubuf_torch" if via == "gpubuf.torch" else ""
+    report(f"py_handover_1MiB_fresh_tensor{tag}", seal_to_ack[20:])
+    report(f"py_handover_1MiB_incl_alloc{tag}", incl_alloc[20:])
+    for k, v in steps.items():
+        report(f"py_handover{tag}_step_{k}", v[20:])
 
 
 def main():
@@ -166,7 +196,8 @@ def main():
         except ImportError:
             ok = False
         if ok:
-            bench_handover(args.socket, args.pool, 200)
+            bench_handover(args.socket, args.pool, 200, "torch.from_dlpack")
+            bench_handover(args.socket, args.pool, 200, "gpubuf.torch")
         else:
             print("python_bench: no torch with CUDA: hand-over not measured", file=sys.stderr)
 

@@ -146,11 +146,15 @@ for fw in ("torch", "cupy", "numpy"):
         row(f"Python open + {fw}.from_dlpack, warm", v, "µs",
             f"C warm open {warm:.1f} µs + {v - warm:.1f} µs{share}", goal,
             v - warm - (only or 0) <= 3)
-ho = py.get("py_handover_1MiB_fresh_tensor_median_us")
-if ho:
-    ratio = f"torch.mp {torch:.0f} µs = {torch / ho:.1f} × gpubuf" if torch else "no torch anchor"
-    row("Python-to-Python hand-over, fresh 1 MiB CUDA tensor (seal -> consumer read t[0] -> ack)",
-        ho, "µs", ratio, "≥ 10 × faster", torch / ho >= 10 if torch else None)
+# The consumer makes its tensor with torch.from_dlpack (any DLPack
+# consumer's way), then with gpubuf.torch.as_tensor (the package's PyTorch
+# way: torch's capsule import with the raw current stream).
+for tag, how in (("", "torch.from_dlpack"), ("_gpubuf_torch", "gpubuf.torch.as_tensor")):
+    ho = py.get(f"py_handover_1MiB_fresh_tensor{tag}_median_us")
+    if ho:
+        ratio = f"torch.mp {torch:.0f} µs = {torch / ho:.1f} × gpubuf" if torch else "no torch anchor"
+        row(f"Python-to-Python hand-over, fresh 1 MiB CUDA tensor (seal -> consumer {how}, "
+            "read t[0] -> ack)", ho, "µs", ratio, "≥ 10 × faster", torch / ho >= 10 if torch else None)
 hi = py.get("py_handover_1MiB_incl_alloc_median_us")
 if hi:
     ratio = f"torch.mp {torch:.0f} µs = {torch / hi:.1f} × gpubuf" if torch else "no torch anchor"
@@ -338,3 +342,12 @@ if host_path:
     print(f"Hand-over, consumer's wait + launch on the host (the producer's kernel spins "
           f"{f(g.get('handover_spin_us'), 0)} µs):",
           ", ".join(f"{k} {v:g}" for k, v in host_path))
+for tag, how in (("", "torch.from_dlpack"), ("_gpubuf_torch", "gpubuf.torch.as_tensor")):
+    pre = f"py_handover{tag}_step_"
+    ho_steps = [(k[len(pre):-len("_median_us")], v) for k, v in py.items()
+                if k.startswith(pre) and k.endswith("_median_us")]
+    if ho_steps:
+        print()
+        print(f"Python hand-over ({how}), where the time goes (medians, µs; to_open counts from "
+              "the seal call, the seal included; tensor: the consumer making its tensor):",
+              ", ".join(f"{k} {v:g}" for k, v in ho_steps))
