@@ -23,120 +23,7 @@
 #include <string.h>
 
 #include "internal.h"
-
-typedef struct rd {
-    const uint8_t *p, *end;
-    gpubuf__arena *a;
-} rd;
-
-/* Room in the arena; NULL when the block is full (no spill: decline). */
-static void *take(rd *r, size_t size) {
-    return gpubuf_arena_take(&r->a->a, size);
-}
-
-static bool varint_long(rd *r, uint64_t *v);
-
-/* Most varints of a reply are one byte (tags, small numbers, flags). */
-static inline bool varint(rd *r, uint64_t *v) {
-    if (r->p < r->end && *r->p < 0x80) {
-        *v = *r->p++;
-        return true;
-    }
-    return varint_long(r, v);
-}
-
-static bool varint_long(rd *r, uint64_t *v) {
-    uint64_t x = 0;
-    for (unsigned shift = 0; shift < 64 && r->p < r->end; shift += 7) {
-        uint8_t b = *r->p++;
-        if (shift == 63 && (b & 0x7e))
-            return false; /* bits past 64: left to protobuf-c */
-        x |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80)) {
-            *v = x;
-            return true;
-        }
-    }
-    return false; /* truncated, or longer than 10 bytes */
-}
-
-/* protobuf-c reads a tag or a length prefix of at most 5 bytes (a longer,
- * padded one is an error there) and no length over INT_MAX: the same bounds
- * here, or this would accept what protobuf-c refuses. */
-enum { PREFIX_MAX = 5 };
-
-static inline bool prefix(rd *r, uint64_t *v) {
-    const uint8_t *start = r->p;
-    return varint(r, v) && r->p - start <= PREFIX_MAX;
-}
-
-/* A length-delimited field: its bytes [*ret, *ret + *len). */
-static bool span(rd *r, const uint8_t **ret, size_t *len) {
-    uint64_t n;
-    if (!prefix(r, &n) || n > INT_MAX || n > (uint64_t)(r->end - r->p))
-        return false;
-    *ret = r->p;
-    *len = (size_t)n;
-    r->p += n;
-    return true;
-}
-
-/* A sub-message: room for its struct (size bytes) in the arena, and *sub
- * over its bytes; NULL (decline) when either is missing. */
-static void *submsg(rd *r, size_t size, rd *sub) {
-    size_t n;
-    void *m = take(r, size);
-    if (!m || !span(r, &sub->p, &n))
-        return NULL;
-    sub->end = sub->p + n;
-    sub->a = r->a;
-    return m;
-}
-
-static bool str(rd *r, char **out) {
-    const uint8_t *s;
-    size_t n;
-    char *c;
-    if (!span(r, &s, &n) || !(c = take(r, n + 1)))
-        return false;
-    memcpy(c, s, n);
-    c[n] = 0;
-    *out = c;
-    return true;
-}
-
-static bool bytes(rd *r, ProtobufCBinaryData *out) {
-    const uint8_t *s;
-    size_t n;
-    if (!span(r, &s, &n))
-        return false;
-    out->len = n;
-    out->data = NULL;
-    if (n > 0) {
-        if (!(out->data = take(r, n)))
-            return false;
-        memcpy(out->data, s, n);
-    }
-    return true;
-}
-
-/* The next field's number and wire type; false at the end. Each number
- * once (seen: a bit per field number below 64; above: declined). */
-static inline bool tag(rd *r, uint32_t *field, uint32_t *wt, uint64_t *seen, bool *bad) {
-    uint64_t t;
-    if (r->p == r->end)
-        return false;
-    if (!prefix(r, &t) || (t >> 3) == 0 || (t >> 3) >= 64 || (*seen >> (t >> 3) & 1)) {
-        *bad = true;
-        return false;
-    }
-    *seen |= 1ull << (t >> 3);
-    *field = (uint32_t)(t >> 3);
-    *wt = (uint32_t)(t & 7);
-    return true;
-}
-
-enum { WT_VARINT = 0, WT_LEN = 2 };
+#include "pb_read.h"
 
 static bool slab(rd *r, Gpubuf__Slab *m) {
     uint64_t seen = 0, v = 0;
@@ -233,7 +120,7 @@ static bool response(rd *r, Gpubuf__Response *m) {
 }
 
 Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size_t len) {
-    rd r = {.p = data, .end = data + len, .a = a};
+    rd r = {.p = data, .end = data + len, .a = &a->a};
     size_t used = a->a.used;
     Gpubuf__Response *m = take(&r, sizeof(*m));
     if (m) {

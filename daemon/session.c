@@ -513,11 +513,18 @@ static struct {
     _Alignas(16) unsigned char block[64 * 1024];
 } arena;
 
-static Gpubuf__Request *request_unpack(const uint8_t *payload, size_t len) {
+/* *fast: decoded by gd_request_fast (request_fast.c), which takes no
+ * string with a NUL byte, so the frame need not be scanned for one. */
+static Gpubuf__Request *request_unpack(const uint8_t *payload, size_t len, bool *fast) {
+    *fast = false;
     if (arena.busy)
         return gpubuf__request__unpack(NULL, len, payload);
     gpubuf_arena_init(&arena.a, arena.block, sizeof(arena.block));
-    Gpubuf__Request *req = gpubuf__request__unpack(&arena.a.alloc, len, payload);
+    Gpubuf__Request *req = gd_request_fast(&arena.a, payload, len);
+    if (req)
+        *fast = true;
+    else
+        req = gpubuf__request__unpack(&arena.a.alloc, len, payload);
     arena.busy = req != NULL;
     return req;
 }
@@ -539,7 +546,8 @@ int gd_session_frame(gd_session *s, const uint8_t *payload, size_t len) {
 
 int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint64_t woke_ns,
                         uint64_t read_ns) {
-    Gpubuf__Request *req = request_unpack(payload, len);
+    bool fast;
+    Gpubuf__Request *req = request_unpack(payload, len, &fast);
     if (!req) {
         LOG_WARN_LIMITED("pid %d: undecodable request (%zu bytes); disconnecting", (int)s->pid,
                          len);
@@ -561,7 +569,7 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
         gd_session_close(s, GD_END_PROTOCOL);
         goto out;
     }
-    const char *nul = gpubuf_wire_nul_string(&gpubuf__request__descriptor, payload, len);
+    const char *nul = fast ? NULL : gpubuf_wire_nul_string(&gpubuf__request__descriptor, payload, len);
     if (nul) {
         char msg[128];
         snprintf(msg, sizeof(msg),

@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "arena.h"
 #include "batch.h"
 #include "context.h"
 #include "reply.h"
@@ -32,6 +33,10 @@ int gd_session_frame_at(gd_session *s, const uint8_t *payload, size_t len, uint6
 void gd_session_bad_frame(gd_session *s, int err);
 /* The daemon stops: tell the client and disconnect. */
 void gd_session_shutdown(gd_session *s);
+/* The common requests decoded without protobuf-c (request_fast.c): the
+ * Request protobuf-c's unpack would build, in arena a; NULL (nothing taken)
+ * for any other request, which protobuf-c then decodes. */
+Gpubuf__Request *gd_request_fast(gpubuf_arena *a, const uint8_t *data, size_t len);
 /* The connection is gone: cancel the waits, drop every reference, free s. */
 void gd_session_free(gd_session *s);
 /* A connection refused before it got a session (why; its uid, the limit it

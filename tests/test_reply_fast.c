@@ -8,21 +8,9 @@
 #include <string.h>
 
 #include "check_main.h"
+#include "wire_values.h"
 #include "internal.h"
 
-static uint64_t rnd64(void) {
-    return (uint64_t)rand() << 40 ^ (uint64_t)rand() << 20 ^ (uint64_t)rand();
-}
-
-/* Small or large, at random: varints of 1 to 10 bytes. */
-static uint64_t some(void) {
-    switch (rand() % 4) {
-    case 0: return 0;
-    case 1: return (uint64_t)(rand() % 128);
-    case 2: return (uint64_t)(rand() % 100000);
-    default: return rnd64();
-    }
-}
 
 static char g_str[3][300];
 static uint8_t g_bytes[4][80];

@@ -9,22 +9,10 @@
 #include <string.h>
 
 #include "check_main.h"
+#include "wire_values.h"
 #include "gpubuf.pb-c.h"
 #include "reply.h"
 
-static uint64_t rnd64(void) {
-    return (uint64_t)rand() << 40 ^ (uint64_t)rand() << 20 ^ (uint64_t)rand();
-}
-
-/* Zero, small or large, at random: varints of 0 to 10 bytes. */
-static uint64_t some(void) {
-    switch (rand() % 4) {
-    case 0: return 0;
-    case 1: return (uint64_t)(rand() % 128);
-    case 2: return (uint64_t)(rand() % 100000);
-    default: return rnd64();
-    }
-}
 
 /* Room for the strings and bytes of one reply. */
 static char g_text[64][300];
