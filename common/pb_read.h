@@ -85,16 +85,22 @@ static inline void *submsg(rd *r, size_t size, rd *sub) {
     return m;
 }
 
-static inline bool str(rd *r, char **out) {
+/* A string, NUL-terminated in the arena; no_nul: decline one holding a NUL
+ * byte (protobuf-c keeps such a string up to it). */
+static inline bool str_field(rd *r, char **out, bool no_nul) {
     const uint8_t *s;
     size_t n;
     char *c;
-    if (!span(r, &s, &n) || !(c = take(r, n + 1)))
+    if (!span(r, &s, &n) || (no_nul && memchr(s, 0, n)) || !(c = take(r, n + 1)))
         return false;
     memcpy(c, s, n);
     c[n] = 0;
     *out = c;
     return true;
+}
+
+static inline bool str(rd *r, char **out) {
+    return str_field(r, out, false);
 }
 
 static inline bool bytes(rd *r, ProtobufCBinaryData *out) {

@@ -37,9 +37,9 @@ void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd) {
         gpubuf_trace(s->holder->id, resp->id, s->cur_type, GPUBUF_TRACE_D_HANDLED, 0);
         gpubuf_trace_set_tag(s->holder->id, resp->id, s->cur_type);
     }
-    void (*pack)(const void *msg, uint8_t *dst);
-    size_t len = gd_reply_size(resp, &pack);
-    int r = s->io->send(s->conn, len, pack, resp, fd);
+    gd_reply_plan plan;
+    size_t len = gd_reply_size(resp, &plan);
+    int r = s->io->send(s->conn, len, plan.pack, plan.msg, fd);
     if (trace)
         gpubuf_trace_set_tag(0, 0, -1);
     if (r == -EAGAIN && resp->status >= 0) {

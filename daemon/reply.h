@@ -68,11 +68,20 @@ typedef struct buffer_msg {
 
 /* Pack a Response (msg) into dst: the transport's pack callback. */
 void gd_session_pack(const void *msg, uint8_t *dst);
-/* The packed size of r, and in *pack the callback that packs it:
- * gd_reply_pack_fast for the replies of single requests (id, status,
- * message, fds and a Buffer without an array layout; reply_pack.c),
- * gd_session_pack (protobuf-c) for any other. Both write the same bytes. */
-size_t gd_reply_size(const Gpubuf__Response *r, void (**pack)(const void *msg, uint8_t *dst));
+/* How one reply is packed. gd_reply_size() fills it and returns the packed
+ * size; hand plan.pack and plan.msg to the transport, which packs at once
+ * (the plan lives on the caller's stack until then). The replies of single
+ * requests (id, status, message, fds and a Buffer without an array layout)
+ * go to gd_reply_pack_fast (reply_pack.c) with the sizes it found, so
+ * nothing is sized twice; any other to gd_session_pack (protobuf-c). Both
+ * write the same bytes. */
+typedef struct gd_reply_plan {
+    void (*pack)(const void *msg, uint8_t *dst);
+    const void *msg; /* what pack takes: the plan, or the Response */
+    const Gpubuf__Response *resp;
+    size_t buffer_len, slab_len; /* gd_reply_pack_fast: the Buffer's and the Slab's sizes */
+} gd_reply_plan;
+size_t gd_reply_size(const Gpubuf__Response *r, gd_reply_plan *plan);
 void gd_reply_pack_fast(const void *msg, uint8_t *dst);
 /* Queue a reply; the transport dup's fd. */
 void gd_session_send(gd_session *s, const Gpubuf__Response *resp, int fd);

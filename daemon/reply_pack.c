@@ -115,19 +115,21 @@ static uint8_t *slab_pack(uint8_t *p, const Gpubuf__Slab *m) {
     return p_bool(p, 8, m->read_only);
 }
 
-static size_t buffer_size(const Gpubuf__Buffer *m) {
+/* The Buffer's size; *slab_len: its Slab's (0: none). */
+static size_t buffer_size(const Gpubuf__Buffer *m, size_t *slab_len) {
     size_t n = f_u64(1, m->buffer_id) + f_str(2, m->name) + f_str(3, m->pool) +
                f_u64(4, m->size) + f_u64(5, m->offset) + f_i32(6, (int32_t)m->state) +
                f_u64(7, m->refs) + f_u64(9, m->owner_uid) + f_u64(10, m->slab_id) +
                f_bytes(11, m->event_handle) + f_bool(12, m->read_only) +
                f_bytes(14, m->user_data) + f_u64(15, m->lease_left_ms) +
                f_u64(16, m->lease_ttl_ms) + f_bool(17, m->restored);
+    *slab_len = m->slab ? slab_size(m->slab) : 0;
     if (m->slab)
-        n += f_len(8, slab_size(m->slab));
+        n += f_len(8, *slab_len);
     return n;
 }
 
-static uint8_t *buffer_pack(uint8_t *p, const Gpubuf__Buffer *m) {
+static uint8_t *buffer_pack(uint8_t *p, const Gpubuf__Buffer *m, size_t slab_len) {
     p = p_u64(p, 1, m->buffer_id);
     p = p_str(p, 2, m->name);
     p = p_str(p, 3, m->pool);
@@ -137,7 +139,7 @@ static uint8_t *buffer_pack(uint8_t *p, const Gpubuf__Buffer *m) {
     p = p_u64(p, 7, m->refs);
     if (m->slab) {
         p = vput(p, TAG(8, LEN));
-        p = vput(p, slab_size(m->slab));
+        p = vput(p, slab_len);
         p = slab_pack(p, m->slab);
     }
     p = p_u64(p, 9, m->owner_uid);
@@ -173,33 +175,35 @@ static inline uint32_t zigzag(int32_t v) {
     return v < 0 ? ((~(uint32_t)v) << 1) | 1u : (uint32_t)v << 1;
 }
 
-static size_t response_size(const Gpubuf__Response *r) {
-    uint32_t zz = zigzag(r->status);
-    size_t n = f_u64(1, r->id) + f_u64(2, zz) + f_str(3, r->message) + f_u64(4, r->fds);
-    if (r->body_case == GPUBUF__RESPONSE__BODY_BUFFER)
-        n += f_len(11, buffer_size(r->buffer));
+size_t gd_reply_size(const Gpubuf__Response *r, gd_reply_plan *plan) {
+    plan->resp = r;
+    if (!packs(r)) {
+        plan->pack = gd_session_pack;
+        plan->msg = r;
+        return gpubuf__response__get_packed_size(r);
+    }
+    plan->pack = gd_reply_pack_fast;
+    plan->msg = plan;
+    plan->buffer_len = plan->slab_len = 0;
+    size_t n = f_u64(1, r->id) + f_u64(2, zigzag(r->status)) + f_str(3, r->message) +
+               f_u64(4, r->fds);
+    if (r->body_case == GPUBUF__RESPONSE__BODY_BUFFER) {
+        plan->buffer_len = buffer_size(r->buffer, &plan->slab_len);
+        n += f_len(11, plan->buffer_len);
+    }
     return n;
 }
 
-size_t gd_reply_size(const Gpubuf__Response *r, void (**pack)(const void *msg, uint8_t *dst)) {
-    if (packs(r)) {
-        *pack = gd_reply_pack_fast;
-        return response_size(r);
-    }
-    *pack = gd_session_pack;
-    return gpubuf__response__get_packed_size(r);
-}
-
 void gd_reply_pack_fast(const void *msg, uint8_t *dst) {
-    const Gpubuf__Response *r = msg;
-    uint32_t zz = zigzag(r->status);
+    const gd_reply_plan *plan = msg;
+    const Gpubuf__Response *r = plan->resp;
     uint8_t *p = p_u64(dst, 1, r->id);
-    p = p_u64(p, 2, zz);
+    p = p_u64(p, 2, zigzag(r->status));
     p = p_str(p, 3, r->message);
     p = p_u64(p, 4, r->fds);
     if (r->body_case == GPUBUF__RESPONSE__BODY_BUFFER) {
         p = vput(p, TAG(11, LEN));
-        p = vput(p, buffer_size(r->buffer));
-        buffer_pack(p, r->buffer);
+        p = vput(p, plan->buffer_len);
+        buffer_pack(p, r->buffer, plan->slab_len);
     }
 }

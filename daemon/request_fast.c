@@ -20,13 +20,8 @@
 #include "pb_read.h"
 
 /* A string without a NUL byte (see above). */
-static bool text(rd *r, char **out) {
-    const uint8_t *save = r->p, *s;
-    size_t n;
-    if (!span(r, &s, &n) || memchr(s, 0, n))
-        return false;
-    r->p = save;
-    return str(r, out);
+static inline bool text(rd *r, char **out) {
+    return str_field(r, out, true);
 }
 
 static bool owner(rd *r, Gpubuf__ExpectedOwner **out) {
