@@ -169,41 +169,138 @@ int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const in
 
 /* An open or alloc batch: send the items listed in idx (n of them), make
  * views, send those that got EAGAIN again while replies bring slabs. The
- * request is built by build(req, idx, n, mapped, n_mapped, arg). */
+ * request is built by build(req, idx, n, mapped, n_mapped, arg, scratch). */
 typedef void (*build_fn)(Gpubuf__Request *req, const size_t *idx, size_t n, uint64_t *mapped,
                          size_t n_mapped, void *arg, void *scratch);
 
-static int views_batch(gpubuf_batch_call *bc, size_t *idx, size_t n, bool read_only, build_fn build,
-                       void *arg, void *scratch, gpubuf_buffer **ret) {
+/* Items per request when a call has more: the next request goes out before
+ * the client makes the views of the reply before it, so gpubufd works on
+ * one while the client works on the other (docs/performance.md, "Batches
+ * in a pipeline"). */
+#define PIPE_ITEMS 256
+
+/* The batch call's shape: how its requests are built and sized. */
+typedef struct views_call {
+    bool read_only;
+    const char *const *names; /* the items' names, for the request's size */
+    size_t extra;             /* request bytes of the call's other fields */
+    build_fn build;
+    void *arg;
+    void *scratch[2]; /* one per request in flight */
+} views_call;
+
+/* One request of a pass: the items idx[0..n) of the call. */
+typedef struct pipe_req {
+    Gpubuf__Request req;
+    uint64_t *mapped;
+    size_t *idx, n;
+    uint32_t conn;
+    bool ahead; /* sent by gpubuf__rpc_start_locked: its reply is read by finish */
+} pipe_req;
+
+/* Build the request of the next items (left of them at idx) into p, in
+ * slot's scratch, and send it when it can go ahead; its length is in p->n. */
+static void pipe_send(gpubuf_client *c, const views_call *vc, pipe_req *p, int slot, size_t *idx,
+                      size_t left, size_t n_call) {
+    size_t n_mapped;
+    size_t k = gpubuf__batch_chunk_len(c, idx, left, vc->names, (size_t)c->n_maps * 11 + vc->extra);
+    if (n_call > PIPE_ITEMS && k > PIPE_ITEMS)
+        k = PIPE_ITEMS;
+    gpubuf__request__init(&p->req);
+    p->mapped = mapped_slabs(c, vc->read_only, &n_mapped);
+    p->idx = idx;
+    p->n = k;
+    vc->build(&p->req, idx, k, p->mapped, n_mapped, vc->arg, vc->scratch[slot]);
+    p->ahead = gpubuf__rpc_start_locked(c, &p->req, &p->conn) == 0;
+}
+
+/* Items idx[0..n) fail with r and the thread's error message. */
+static void fail_items(gpubuf_batch_call *bc, const size_t *idx, size_t n, int r) {
+    char msg[384];
+    snprintf(msg, sizeof(msg), "%s", gpubuf_last_error_message());
+    for (size_t k = 0; k < n; k++)
+        gpubuf__batch_fail(bc, idx[k], r, msg);
+}
+
+/* One pass over the items idx[0..n): requests of at most PIPE_ITEMS items
+ * (when there are more), each sent before the reply of the one before it
+ * is worked on. The items to send again (EAGAIN) go to retry. The replies
+ * are read in order, every one of a request sent: a request that fails as
+ * a whole (the connection lost) stops the sending, not the reading; its
+ * items, and those not sent, get its error as their result, and the call
+ * returns it (items of requests answered keep their views). */
+static int views_pass(gpubuf_batch_call *bc, const views_call *vc, size_t *idx, size_t n,
+                      gpubuf_buffer **ret, size_t *retry, size_t *ret_n_retry) {
     gpubuf_client *c = bc->c;
+    pipe_req p[2];
+    size_t from = 0, n_retry = 0;
+    int r = 0, cur = 0;
+    p[1].n = 0;
+    pipe_send(c, vc, &p[0], 0, idx, n, n);
+    from = p[0].n;
+    while (p[cur].n > 0) {
+        pipe_req *q = &p[cur], *next = &p[cur ^ 1];
+        Gpubuf__Response *resp;
+        int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
+        if (q->ahead && from < n && r == 0) {
+            pipe_send(c, vc, next, cur ^ 1, idx + from, n - from, n);
+            from += next->n;
+        }
+        int rq = r; /* built, not sent, and the call failed: it is not sent */
+        if (q->ahead)
+            rq = gpubuf__batch_finish(c, &q->req, q->conn, &resp, fds, &n_fds, q->n);
+        else if (r == 0)
+            rq = gpubuf__batch_rpc(c, &q->req, &resp, fds, &n_fds, q->n);
+        free(q->mapped);
+        if (rq < 0) {
+            fail_items(bc, q->idx, q->n, rq);
+        } else {
+            size_t slabs = resp->batch->n_slabs, k = 0;
+            rq = make_views(bc, resp->batch, fds, n_fds, q->idx, q->n, vc->read_only, ret,
+                            retry + n_retry, &k);
+            gpubuf__response__free_unpacked(resp, NULL);
+            gpubuf_trace(c->session_id, q->req.id, -1, GPUBUF_TRACE_C_MAPPED, 0);
+            if (rq < 0) {
+                fail_items(bc, q->idx, q->n, rq); /* a malformed reply: no view made */
+            } else {
+                if (k && slabs == 0) {
+                    /* No progress: say so rather than loop. */
+                    for (size_t j = 0; j < k; j++)
+                        gpubuf__batch_fail(bc, retry[n_retry + j], -EAGAIN,
+                                           "gpubufd had no room for this item's slab");
+                    k = 0;
+                }
+                n_retry += k;
+            }
+        }
+        if (rq < 0 && r == 0)
+            r = rq;
+        q->n = 0;
+        cur ^= 1;
+        if (p[cur].n == 0 && from < n && r == 0) {
+            /* q went the plain way (or was the last sent ahead): the next
+             * is built now. */
+            pipe_send(c, vc, &p[cur], cur, idx + from, n - from, n);
+            from += p[cur].n;
+        }
+    }
+    if (r < 0)
+        fail_items(bc, idx + from, n - from, r);
+    *ret_n_retry = n_retry;
+    return r;
+}
+
+static int views_batch(gpubuf_batch_call *bc, const views_call *vc, size_t *idx, size_t n,
+                       gpubuf_buffer **ret) {
     size_t *retry = malloc((n + 1) * sizeof(*retry));
     int r = 0;
     if (!retry)
         return -ENOMEM;
-    while (n > 0) {
-        Gpubuf__Request req = GPUBUF__REQUEST__INIT;
-        Gpubuf__Response *resp;
-        int fds[GPUBUF_WIRE_MAX_FDS], n_fds;
-        size_t n_mapped, n_retry = 0;
-        uint64_t *mapped = mapped_slabs(c, read_only, &n_mapped);
-        build(&req, idx, n, mapped, n_mapped, arg, scratch);
-        r = gpubuf__batch_rpc(c, &req, &resp, fds, &n_fds, n);
-        free(mapped);
+    while (n > 0 && r == 0) {
+        size_t n_retry = 0;
+        r = views_pass(bc, vc, idx, n, ret, retry, &n_retry);
         if (r < 0)
-            break;
-        size_t slabs = resp->batch->n_slabs;
-        r = make_views(bc, resp->batch, fds, n_fds, idx, n, read_only, ret, retry, &n_retry);
-        gpubuf__response__free_unpacked(resp, NULL);
-        gpubuf_trace(c->session_id, req.id, -1, GPUBUF_TRACE_C_MAPPED, 0);
-        if (r < 0)
-            break;
-        if (n_retry && slabs == 0) {
-            /* No progress: say so rather than loop. */
-            for (size_t k = 0; k < n_retry; k++)
-                gpubuf__batch_fail(bc, retry[k], -EAGAIN,
-                                   "gpubufd had no room for this item's slab");
-            n_retry = 0;
-        }
+            fail_items(bc, retry, n_retry, r);
         memcpy(idx, retry, n_retry * sizeof(*idx));
         n = n_retry;
     }
@@ -252,7 +349,6 @@ static void build_open(Gpubuf__Request *req, const size_t *idx, size_t n, uint64
     req->batch_open = &sc->o;
 }
 
-/* Send the items of a call in chunks; views_batch or run(chunk) per chunk. */
 /* An item's name: plain (the default pool) or qualified (/POOL/NAME); the
  * daemon splits it as it splits a single request's. */
 static int item_name_check(const char *name, char *msg, size_t msg_len) {
@@ -266,16 +362,21 @@ static int open_many_call(gpubuf_client *c, size_t n, const char *const *names, 
                           unsigned flags, gpubuf_buffer **ret, int *ret_status) {
     gpubuf_batch_call bc;
     open_args a = {names, ids, (flags & GPUBUF_OPEN_READONLY) != 0};
-    open_scratch sc = {0};
+    open_scratch sc[2] = {0};
+    views_call vc = {a.read_only, names, 0, build_open, &a, {&sc[0], &sc[1]}};
     size_t *idx;
     int r = gpubuf__batch_start(&bc, c, n, ret_status);
     if (r < 0)
         return r;
     memset(ret, 0, n * sizeof(*ret));
     idx = malloc((n + 1) * sizeof(*idx));
-    sc.names = malloc((n + 1) * sizeof(*sc.names));
-    sc.ids = malloc((n + 1) * sizeof(*sc.ids));
-    if (!idx || !sc.names || !sc.ids)
+    for (int s = 0; s < 2; s++) {
+        sc[s].names = malloc((n + 1) * sizeof(*sc[s].names));
+        sc[s].ids = malloc((n + 1) * sizeof(*sc[s].ids));
+        if (!sc[s].names || !sc[s].ids)
+            r = -ENOMEM;
+    }
+    if (!idx)
         r = -ENOMEM;
     for (size_t i = 0; r == 0 && i < n; i++) {
         idx[i] = i;
@@ -291,14 +392,14 @@ static int open_many_call(gpubuf_client *c, size_t n, const char *const *names, 
         if (idx[i] != SIZE_MAX)
             idx[n_valid++] = idx[i];
     pthread_mutex_lock(&c->lock);
-    for (size_t from = 0, k; r == 0 && from < n_valid; from += k) {
-        k = gpubuf__batch_chunk_len(c, idx + from, n_valid - from, names, (size_t)c->n_maps * 11);
-        r = views_batch(&bc, idx + from, k, a.read_only, build_open, &a, &sc, ret);
-    }
+    if (r == 0)
+        r = views_batch(&bc, &vc, idx, n_valid, ret);
     pthread_mutex_unlock(&c->lock);
     free(idx);
-    free(sc.names);
-    free(sc.ids);
+    for (int s = 0; s < 2; s++) {
+        free(sc[s].names);
+        free(sc[s].ids);
+    }
     return gpubuf__batch_end(&bc, ret_status, r);
 }
 
@@ -346,16 +447,21 @@ static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const u
                            int *ret_status) {
     gpubuf_batch_call bc;
     alloc_args a = {pool, sizes, names, (flags & GPUBUF_ALLOC_SEAL) != 0};
-    alloc_scratch sc = {0};
+    alloc_scratch sc[2] = {0};
+    views_call vc = {false, names, pool ? strlen(pool) : 0, build_alloc, &a, {&sc[0], &sc[1]}};
     size_t *idx, n_valid = 0;
     int r = gpubuf__batch_start(&bc, c, n, ret_status);
     if (r < 0)
         return r;
     memset(ret, 0, n * sizeof(*ret));
     idx = malloc((n + 1) * sizeof(*idx));
-    sc.names = malloc((n + 1) * sizeof(*sc.names));
-    sc.sizes = malloc((n + 1) * sizeof(*sc.sizes));
-    if (!idx || !sc.names || !sc.sizes)
+    for (int s = 0; s < 2; s++) {
+        sc[s].names = malloc((n + 1) * sizeof(*sc[s].names));
+        sc[s].sizes = malloc((n + 1) * sizeof(*sc[s].sizes));
+        if (!sc[s].names || !sc[s].sizes)
+            r = -ENOMEM;
+    }
+    if (!idx)
         r = -ENOMEM;
     for (size_t i = 0; r == 0 && i < n; i++) {
         char msg[256];
@@ -369,11 +475,8 @@ static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const u
             idx[n_valid++] = i;
     }
     pthread_mutex_lock(&c->lock);
-    for (size_t from = 0, k; r == 0 && from < n_valid; from += k) {
-        k = gpubuf__batch_chunk_len(c, idx + from, n_valid - from, names,
-                                    (size_t)c->n_maps * 11 + (pool ? strlen(pool) : 0));
-        r = views_batch(&bc, idx + from, k, false, build_alloc, &a, &sc, ret);
-    }
+    if (r == 0)
+        r = views_batch(&bc, &vc, idx, n_valid, ret);
     pthread_mutex_unlock(&c->lock);
     for (size_t i = 0; i < n; i++)
         if (ret[i]) {
@@ -381,8 +484,10 @@ static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const u
             ret[i]->sealable = !a.seal;
         }
     free(idx);
-    free(sc.names);
-    free(sc.sizes);
+    for (int s = 0; s < 2; s++) {
+        free(sc[s].names);
+        free(sc[s].sizes);
+    }
     return gpubuf__batch_end(&bc, ret_status, r);
 }
 

@@ -78,11 +78,9 @@ size_t gpubuf__batch_chunk_len(const gpubuf_client *c, const size_t *idx, size_t
     return k;
 }
 
-int gpubuf__batch_rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *fds,
-                      int *n_fds, size_t n) {
-    int r = gpubuf__rpc_fds_locked(c, req, ret, fds, n_fds);
-    if (r < 0)
-        return r;
+/* A batch reply must carry n results (else the stream is out of step). */
+static int batch_reply_check(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds,
+                             size_t n) {
     const Gpubuf__BatchReply *br = (*ret)->batch;
     if ((*ret)->body_case != GPUBUF__RESPONSE__BODY_BATCH || br->n_status != n) {
         for (int i = 0; i < *n_fds; i++)
@@ -95,4 +93,16 @@ int gpubuf__batch_rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response *
                             n, br ? br->n_status : 0);
     }
     return 0;
+}
+
+int gpubuf__batch_rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *fds,
+                      int *n_fds, size_t n) {
+    int r = gpubuf__rpc_fds_locked(c, req, ret, fds, n_fds);
+    return r < 0 ? r : batch_reply_check(c, ret, fds, n_fds, n);
+}
+
+int gpubuf__batch_finish(gpubuf_client *c, Gpubuf__Request *req, uint32_t conn,
+                         Gpubuf__Response **ret, int *fds, int *n_fds, size_t n) {
+    int r = gpubuf__rpc_finish_locked(c, req, conn, ret, fds, n_fds);
+    return r < 0 ? r : batch_reply_check(c, ret, fds, n_fds, n);
 }

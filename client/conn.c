@@ -499,6 +499,7 @@ static int reconnect(gpubuf_client *c) {
     if (c->fd >= 0)
         close(c->fd);
     c->fd = -1;
+    c->conn_no++;
     if (c->on_reconnect)
         c->on_reconnect(c);
     for (;;) {
@@ -628,12 +629,46 @@ int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Respo
     }
 }
 
+static int rpc_wait(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                    int *ret_fds, int *ret_n_fds, bool *ret_unsent);
+
+int gpubuf__rpc_start_locked(gpubuf_client *c, Gpubuf__Request *req, uint32_t *ret_conn) {
+    /* Whatever needs a recovery first takes the synchronous path. */
+    if (c->broken || c->session_lost || c->in_hello)
+        return GPUBUF_EDISCONNECTED;
+    *ret_conn = c->conn_no;
+    return send_request(c, req);
+}
+
+int gpubuf__rpc_finish_locked(gpubuf_client *c, Gpubuf__Request *req, uint32_t conn,
+                              Gpubuf__Response **ret, int *ret_fds, int *ret_n_fds) {
+    bool unsent = false;
+    int r;
+    *ret_n_fds = 0;
+    if (c->conn_no != conn)
+        /* A reconnect for an earlier reply: this request went with the old
+         * connection. */
+        return gpubuf__fail(-ECONNRESET,
+                            "the connection to gpubufd was lost while this request was in "
+                            "flight, so whether gpubufd applied it is unknown; reconnected to "
+                            "gpubufd, the views stay valid: retry the request");
+    /* A connection broken since the send (an earlier reply found it so) is
+     * not read: its stream may be out of step. */
+    r = c->broken ? GPUBUF_EDISCONNECTED : rpc_wait(c, req, ret, ret_fds, ret_n_fds, &unsent);
+    for (int tries = 1; r < 0; tries++) {
+        if ((r = recover(c, r, req, unsent, tries == 1)) != 1)
+            return r;
+        unsent = true;
+        r = rpc(c, req, ret, ret_fds, ret_n_fds, &unsent);
+    }
+    return r;
+}
+
 /* One request and its reply. *ret_unsent stays true while the daemon
  * cannot have handled the request (see recover()). */
 static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *ret_fds,
                int *ret_n_fds, bool *ret_unsent) {
-    Gpubuf__Response *resp;
-    int r, fds[GPUBUF_WIRE_MAX_FDS], n_fds = 0;
+    int r;
 
     *ret_n_fds = 0;
     /* A connection lost earlier (an asynchronous request found it gone). */
@@ -652,6 +687,16 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
     if (r < 0)
         return r;
     *ret_unsent = false;
+    return rpc_wait(c, req, ret, ret_fds, ret_n_fds, ret_unsent);
+}
+
+/* The reply of req, sent on this connection. */
+static int rpc_wait(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                    int *ret_fds, int *ret_n_fds, bool *ret_unsent) {
+    Gpubuf__Response *resp;
+    int r, fds[GPUBUF_WIRE_MAX_FDS], n_fds = 0;
+
+    *ret_n_fds = 0;
     /* Replies come in request order: first those of asynchronous requests. */
     for (;;) {
         r = read_reply(c, &resp, fds, &n_fds);

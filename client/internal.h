@@ -86,6 +86,9 @@ struct gpubuf_client {
     bool closing;        /* gpubuf_disconnect() runs: no reconnect */
     bool in_hello;       /* the handshake runs: a failure is not reconnected */
     uint32_t reconnects; /* reconnects that resumed the session */
+    /* Bumped when a reconnect closes the socket: a request sent ahead
+     * (gpubuf__rpc_start_locked) belongs to the connection of its number. */
+    uint32_t conn_no;
     gpubuf_held *held;   /* by buffer id */
     /* Root views released, kept for the next ones (linked by parent; at
      * most GPUBUF_SPARE_VIEWS): a batch of 1,000 opens and its release
@@ -421,6 +424,10 @@ size_t gpubuf__batch_chunk_len(const gpubuf_client *c, const size_t *idx, size_t
  * (lock held). */
 int gpubuf__batch_rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, int *fds,
                       int *n_fds, size_t n);
+/* The reply of a batch request sent ahead (gpubuf__rpc_start_locked on
+ * connection conn), checked the same way (lock held). */
+int gpubuf__batch_finish(gpubuf_client *c, Gpubuf__Request *req, uint32_t conn,
+                         Gpubuf__Response **ret, int *fds, int *n_fds, size_t n);
 
 /* ---- batch.c ------------------------------------------------------------------ */
 /* Views for the items of an open batch reply br (item k of the reply is item
@@ -465,6 +472,16 @@ int gpubuf__rpc_reply_locked(gpubuf_client *c, Gpubuf__Request *req, int body_ca
  * ret_fds[0..*ret_n_fds), at most GPUBUF_WIRE_MAX_FDS. */
 int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                            int *ret_fds, int *ret_n_fds);
+/* The two halves of gpubuf__rpc_fds_locked(), for a batch whose next
+ * request goes out before the client works on the reply before it (lock
+ * held). start sends req and gives the connection's number in *ret_conn; an
+ * error means nothing was sent (make the call with gpubuf__rpc_fds_locked).
+ * finish reads its reply, in the order the requests were sent, with the
+ * recovery of gpubuf__rpc_fds_locked; a request whose connection is gone
+ * fails as one lost in flight. */
+int gpubuf__rpc_start_locked(gpubuf_client *c, Gpubuf__Request *req, uint32_t *ret_conn);
+int gpubuf__rpc_finish_locked(gpubuf_client *c, Gpubuf__Request *req, uint32_t conn,
+                              Gpubuf__Response **ret, int *ret_fds, int *ret_n_fds);
 /* Send req without waiting for its reply (lock held). Replies to such
  * requests are read, in order, before the reply of the next synchronous
  * request, or by gpubuf_flush(). */

@@ -36,6 +36,12 @@
  * so a client that reads its replies, however late, is held back and never
  * meets it. */
 #define OUT_FRAMES_HIGH_WATER 1024u
+/* Replies queued in a pass leave before its next frame is handled once
+ * they reach this much (a batch's reply: 250 items make about 12 KiB): the
+ * client works on them while the daemon handles the next request, which a
+ * client that sends a batch in several requests has sent already. Smaller
+ * replies wait for the pass's end, for one write. */
+#define OUT_FLUSH_EARLY (8u * 1024u)
 /* What the final drain of a departed client reads at most. */
 #define DRAIN_MAX (4u << 20)
 /* Work of the reaper per turn of the loop, in frames of departed clients
@@ -575,6 +581,12 @@ static int process_frames_corked(gd_conn *c, uint32_t limit) {
             break; /* held back until the reply memory has room (mem_wait) */
         pos += GPUBUF_WIRE_HEADER_SIZE + h.length;
         done++;
+        /* This frame's changes are saved (gd_state_end in on_frame). */
+        if (c->out_bytes >= OUT_FLUSH_EARLY && !c->closing && c->in_len - pos > 0 &&
+            gd_conn_flush(c) < 0) {
+            gd_conn_peer_left(c);
+            break;
+        }
     }
     /* The replies these frames gave other connections (woken opens) leave
      * now, one write per connection for the whole batch rather than one

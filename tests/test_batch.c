@@ -14,6 +14,11 @@
 
 #define KiB 1024ull
 #define N 1000
+/* A call of more items than this goes in requests of this many, each sent
+ * before the reply of the one before it is worked on (docs/client-api.md,
+ * "Batches"). */
+#define PIPE 256
+#define REQUESTS(n) (((n) + PIPE - 1) / PIPE)
 
 static void start(void) {
     static const char *const args[] = {"--pool", "host=host,capacity=1G,slab=16M",
@@ -76,8 +81,8 @@ START_TEST(open_and_release_a_thousand_in_one_call) {
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(td_find_buffer(s, "kv0")->refs, 2);
     ck_assert_uint_eq(td_find_buffer(s, "kv999")->refs, 2);
-    ck_assert_uint_eq(requests_of(s, "batch_open"), 1);
-    ck_assert_uint_eq(requests_of(s, "batch_alloc"), 1);
+    ck_assert_uint_eq(requests_of(s, "batch_open"), REQUESTS(N));
+    ck_assert_uint_eq(requests_of(s, "batch_alloc"), REQUESTS(N));
     gpubuf_status_free(s);
     ck_assert_int_eq(gpubuf_release_many(got, N, st), 0);
     ck_assert_int_eq(gpubuf_release_many(mine, N, NULL), 0);
@@ -216,6 +221,65 @@ START_TEST(more_slabs_than_one_reply_carries) {
 }
 END_TEST
 
+/* 600 buffers of 100 KiB in 60 slabs of 1 MiB, opened in one call: three
+ * requests in a pipeline, each reply describing at most 16 new slabs, the
+ * second and third sent before the first reply's slabs were mapped (so a
+ * slab may come twice: the second fd is closed). Every item opens, with
+ * its bytes, and every fd goes. A call whose requests all fail as a whole
+ * fails as a whole. */
+START_TEST(pipelined_requests_bring_slabs_again_and_retry) {
+    int fds0 = td_count_fds(getpid());
+    gpubuf_client *p = td_connect(&D), *c = td_connect(&D);
+    enum { M = 600 };
+    uint64_t *sizes = malloc(M * sizeof(*sizes)), *ids = malloc(M * sizeof(*ids));
+    gpubuf_buffer **mine = calloc(M, sizeof(*mine)), **got = calloc(M, sizeof(*got));
+    int *st = calloc(M, sizeof(*st));
+    for (int i = 0; i < M; i++)
+        sizes[i] = 100 * KiB;
+    ck_assert_int_eq(gpubuf_alloc_many(p, "small", M, sizes, NULL, 0, mine, st), 0);
+    for (int i = 0; i < M; i++) {
+        gpubuf_pattern_fill(gpubuf_buffer_host_ptr(mine[i]), sizes[i], (uint32_t)i + 3);
+        ids[i] = gpubuf_buffer_id(mine[i]);
+    }
+    ck_assert_int_eq(gpubuf_seal_many(mine, M, NULL), 0);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_ge(td_find_pool(s, "small")->slabs, 50);
+    uint64_t before = requests_of(s, "batch_open");
+    gpubuf_status_free(s);
+    int rr = gpubuf_open_many(c, M, NULL, ids, 0, got, st);
+    ck_assert_msg(rr == 0, "%d: %s", rr, gpubuf_last_error_message());
+    for (int i = 0; i < M; i++) {
+        ck_assert_int_eq(st[i], 0);
+        ck_assert_uint_eq(gpubuf_buffer_id(got[i]), ids[i]);
+        ck_assert_int_eq(gpubuf_pattern_mismatches(gpubuf_buffer_host_ptr(got[i]), sizes[i],
+                                                   (uint32_t)i + 3),
+                         0);
+    }
+    s = td_status(&D);
+    /* Three requests, then the items whose slabs did not fit, again. */
+    ck_assert_uint_gt(requests_of(s, "batch_open") - before, REQUESTS(M));
+    gpubuf_status_free(s);
+    ck_assert_int_eq(gpubuf_release_many(got, M, NULL), 0);
+    /* No such pool: every request fails as a whole, and so does the call. */
+    ck_assert_int_eq(gpubuf_alloc_many(p, "nopool", M, sizes, NULL, 0, got, st), GPUBUF_ENOPOOL);
+    for (int i = 0; i < M; i++)
+        ck_assert_ptr_null(got[i]);
+    ck_assert_int_eq(gpubuf_delete_many(p, M, NULL, ids, NULL), 0);
+    ck_assert_int_eq(gpubuf_release_many(mine, M, NULL), 0);
+    gpubuf_disconnect(c);
+    gpubuf_disconnect(p);
+    ck_assert_int_eq(td_count_fds(getpid()), fds0);
+    s = td_status(&D);
+    ck_assert_uint_eq(td_find_pool(s, "small")->buffers, 0);
+    gpubuf_status_free(s);
+    free(sizes);
+    free(ids);
+    free(mine);
+    free(got);
+    free(st);
+}
+END_TEST
+
 /* More items than one request takes: the library splits them. */
 START_TEST(long_batches_are_split) {
     gpubuf_client *c = td_connect(&D);
@@ -227,7 +291,7 @@ START_TEST(long_batches_are_split) {
     ck_assert_int_eq(gpubuf_alloc_many(c, "host", M, sizes, NULL, GPUBUF_ALLOC_SEAL, b, NULL), 0);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(td_find_pool(s, "host")->buffers, M);
-    ck_assert_uint_eq(requests_of(s, "batch_alloc"), 2);
+    ck_assert_uint_eq(requests_of(s, "batch_alloc"), REQUESTS(M));
     gpubuf_status_free(s);
     ck_assert_int_eq(gpubuf_release_many(b, M, NULL), 0);
     gpubuf_disconnect(c);
@@ -330,5 +394,6 @@ END_TEST
 
 SUITE_MAIN("batch", "host-pool", start, td_stop_clean, 60,
           open_and_release_a_thousand_in_one_call, partial_failures_inside_a_batch,
-          read_only_opens_by_id, more_slabs_than_one_reply_carries, long_batches_are_split,
+          read_only_opens_by_id, more_slabs_than_one_reply_carries,
+          pipelined_requests_bring_slabs_again_and_retry, long_batches_are_split,
           batch_names_are_per_pool, batch_opens_carry_metadata_and_wait)

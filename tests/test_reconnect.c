@@ -41,6 +41,29 @@ static gpubuf_client *start_holding_two(fake_sd *m, gpubuf_buffer **va, gpubuf_b
     return c;
 }
 
+/* Sealed buffers "pb0".."pb{n-1}" of 4 KiB that nobody holds; their names
+ * in names (freed by the caller, each and the array). */
+static char **produce_many(const test_daemon *d, size_t n) {
+    gpubuf_client *p = td_connect(d);
+    char **names = calloc(n, sizeof(*names));
+    uint64_t *sizes = calloc(n, sizeof(*sizes));
+    gpubuf_buffer **b = calloc(n, sizeof(*b));
+    ck_assert(names && sizes && b);
+    for (size_t i = 0; i < n; i++) {
+        names[i] = malloc(16);
+        snprintf(names[i], 16, "pb%zu", i);
+        sizes[i] = 4096;
+    }
+    ck_assert_int_eq(gpubuf_alloc_many(p, "host", n, sizes, (const char *const *)names,
+                                       GPUBUF_ALLOC_SEAL, b, NULL),
+                     0);
+    ck_assert_int_eq(gpubuf_release_many(b, n, NULL), 0);
+    gpubuf_disconnect(p);
+    free(sizes);
+    free(b);
+    return names;
+}
+
 /* The state of buffer name in d, -1 when it is not there. */
 static int state_of(const test_daemon *d, const char *name) {
     gpubuf_status *s = td_status(d);
@@ -126,6 +149,22 @@ static int unread(gpubuf_client *c) {
     return n;
 }
 
+#define MANY 600 /* items of a batch call: three requests in a pipeline */
+
+typedef struct many_call {
+    call k;
+    char **names;
+    gpubuf_buffer *got[MANY];
+    int st[MANY];
+} many_call;
+
+static void *open_many_thread(void *arg) {
+    many_call *m = arg;
+    m->k.r = gpubuf_open_many(m->k.c, MANY, (const char *const *)m->names, NULL, 0, m->got, m->st);
+    snprintf(m->k.msg, sizeof(m->k.msg), "%s", gpubuf_last_error_message());
+    return NULL;
+}
+
 /* Run fn on another thread while the daemon is stopped; once its request
  * lies in the daemon's socket, unread, SIGKILL the daemon and start it
  * again over the saved state. */
@@ -173,6 +212,45 @@ START_TEST(in_flight_requests) {
     ck_assert_int_eq(state_of(&m.d, "u"), GPUBUF_STATE_SEALED);
     ck_assert_uint_eq(td_mismatches(gpubuf_buffer_host_ptr(va), SIZE, 1), 0);
 
+    ck_assert_int_eq(gpubuf_release(va), 0);
+    ck_assert_int_eq(gpubuf_release(vu), 0);
+    gpubuf_disconnect(c);
+    fsd_cleanup(&m);
+}
+END_TEST
+
+/* A batch call of three requests, the first two sent before any reply
+ * (docs/client-api.md, "Batches"), in flight when the daemon dies: the
+ * call fails as a whole and says so, every item with it, no reference is
+ * left behind, and the stream is in step: the same call then opens every
+ * item. */
+START_TEST(in_flight_pipelined_batch) {
+    fake_sd m;
+    gpubuf_buffer *va = NULL, *vu = NULL;
+    gpubuf_client *c = start_holding_two(&m, &va, &vu);
+    static many_call k;
+    memset(&k, 0, sizeof(k));
+    k.k.c = c;
+    k.names = produce_many(&m.d, MANY);
+    in_flight(&m, open_many_thread, &k.k);
+    ck_assert_int_eq(k.k.r, -ECONNRESET);
+    ck_assert_msg(strstr(k.k.msg, "was lost while this request was in flight"), "message: %s",
+                  k.k.msg);
+    for (int i = 0; i < MANY; i++) {
+        ck_assert_ptr_null(k.got[i]);
+        ck_assert_int_eq(k.st[i], -ECONNRESET);
+    }
+    ck_assert(td_wait_refs(&m.d, "pb0", 0, 30000));
+    ck_assert(td_wait_refs(&m.d, "pb599", 0, 30000));
+    int r = gpubuf_open_many(c, MANY, (const char *const *)k.names, NULL, 0, k.got, k.st);
+    ck_assert_msg(r == 0, "open_many after the restart: %s", gpubuf_last_error_message());
+    ck_assert(td_wait_refs(&m.d, "pb599", 1, 30000));
+    ck_assert_int_eq(gpubuf_release_many(k.got, MANY, NULL), 0);
+    ck_assert(td_wait_refs(&m.d, "pb0", 0, 30000));
+    ck_assert(td_wait_refs(&m.d, "a", 1, 30000));
+    for (int i = 0; i < MANY; i++)
+        free(k.names[i]);
+    free(k.names);
     ck_assert_int_eq(gpubuf_release(va), 0);
     ck_assert_int_eq(gpubuf_release(vu), 0);
     gpubuf_disconnect(c);
@@ -293,7 +371,7 @@ static Suite *suite(void) {
     Suite *s = suite_create("reconnect");
     TCase *t = add_case(s, "reconnect", NULL, NULL, 90);
 #ifdef GPUBUF_TEST_SYSTEMD
-    add_tests(t, idle_client_with_saved_state, in_flight_requests);
+    add_tests(t, idle_client_with_saved_state, in_flight_requests, in_flight_pipelined_batch);
 #else
     printf("test_reconnect: gpubufd is built without libsystemd (no fd store): the cases over "
            "the saved state in the fd store do not run\n");
