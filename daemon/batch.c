@@ -369,7 +369,8 @@ void gd_session_batch_open(gd_session *s, uint64_t id, const Gpubuf__BatchOpenRe
     if (q->with_meta && !batch_meta_init(&bt, id, q->sparse_meta))
         return;
     for (size_t i = 0; i < n; i++) {
-        gd_err err = {0};
+        gd_err err;
+        gd_err_clear(&err);
         gd_buf *b;
         bool by_name = i < q->n_names;
         gd_target t;
@@ -396,7 +397,8 @@ void gd_session_batch_release(gd_session *s, uint64_t id, const Gpubuf__BatchRel
     if (!batch_init(&bt, s, id, GD_REQ_BATCH_RELEASE, n, false, NULL, 0))
         return;
     for (size_t i = 0; i < n; i++) {
-        gd_err err = {0};
+        gd_err err;
+        gd_err_clear(&err);
         int r = gd_session_release_one(s, q->buffer_ids[i], q->n_keep_mapped && q->keep_mapped[i],
                             q->n_read_only && q->read_only[i], &err);
         if (r < 0)
@@ -425,7 +427,8 @@ void gd_session_batch_alloc(gd_session *s, uint64_t id, const Gpubuf__BatchAlloc
     if (!batch_init(&bt, s, id, GD_REQ_BATCH_ALLOC, n, true, q->mapped_slabs, q->n_mapped_slabs))
         return;
     for (size_t i = 0; i < n; i++) {
-        gd_err err = {0};
+        gd_err err;
+        gd_err_clear(&err);
         gd_buf *b;
         r = gd_session_alloc_one(s, pool, q->sizes[i], q->alignment,
                                  q->n_names ? q->names[i] : NULL, NULL, &b, &err);
@@ -460,7 +463,8 @@ void gd_session_batch_state(gd_session *s, uint64_t id, const Gpubuf__BatchState
                     0))
         return;
     for (size_t i = 0; i < n; i++) {
-        gd_err err = {0};
+        gd_err err;
+        gd_err_clear(&err);
         gd_buf *b;
         bool by_name = i < q->n_names;
         uint64_t bid = by_name ? 0 : q->buffer_ids[i - q->n_names];

@@ -12,6 +12,12 @@ typedef struct gd_err {
     char msg[256]; /* one sentence, "" when none was written */
 } gd_err;
 
+/* err says nothing (as {0} does, without zeroing the whole sentence). */
+static inline void gd_err_clear(gd_err *err) {
+    err->code = 0;
+    err->msg[0] = '\0';
+}
+
 /* Write code and the formatted sentence into err (which may be NULL) and
  * return code, so that a failing path reads `return gd_err_set(...)`. */
 int gd_err_set(gd_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -247,6 +247,12 @@ void gd_registry_destroy(gd_registry *r) {
         gd_registry_buf_free(r, b);
     }
     HASH_CLEAR(hh_name, r->by_name);
+    while (r->spare_refs) {
+        gd_ref *ref = r->spare_refs;
+        r->spare_refs = ref->hh.next;
+        free(ref);
+    }
+    r->n_spare_refs = 0;
     free(r->leases);
     r->leases = NULL;
     gd_uid_usage *u, *utmp;
@@ -329,6 +335,46 @@ gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
     return gd_registry_find_pool_name(r, NULL, name);
 }
 
+/* Sanitizer builds keep no spare references, so a use after the drop is
+ * caught. */
+#if defined(__SANITIZE_ADDRESS__)
+#define GD_SPARE_REFS 0u
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GD_SPARE_REFS 0u
+#endif
+#endif
+#ifndef GD_SPARE_REFS
+#define GD_SPARE_REFS 4096u
+#endif
+
+/* A reference record for buffer id in hs, its counts 0: a spare or new
+ * (NULL without memory). The hash handle is set by HASH_ADD. */
+static gd_ref *ref_new(gd_registry *r, uint64_t id, gd_holder_slab *hs) {
+    gd_ref *ref = r->spare_refs;
+    if (ref) {
+        r->spare_refs = ref->hh.next;
+        r->n_spare_refs--;
+    } else if (!(ref = malloc(sizeof(*ref)))) {
+        return NULL;
+    }
+    ref->buffer_id = id;
+    ref->count = ref->ro = 0;
+    ref->hs = hs;
+    return ref;
+}
+
+/* A reference record out of every table: kept as a spare or freed. */
+static void ref_recycle(gd_registry *r, gd_ref *ref) {
+    if (r->n_spare_refs >= GD_SPARE_REFS) {
+        free(ref);
+        return;
+    }
+    ref->hh.next = r->spare_refs;
+    r->spare_refs = ref;
+    r->n_spare_refs++;
+}
+
 gd_ref *gd_registry_ref_find(gd_holder *h, uint64_t id) {
     gd_ref *ref;
     HASH_FIND(hh, h->refs, &id, sizeof(id), ref);
@@ -352,13 +398,11 @@ int gd_registry_ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, u
         gd_holder_slab *hs = holder_slab_get(h, b->blk.slab);
         if (!hs)
             return -ENOMEM;
-        ref = calloc(1, sizeof(*ref));
+        ref = ref_new(r, b->id, hs);
         if (!ref) {
             holder_slab_put(h, b->blk.slab->id);
             return -ENOMEM;
         }
-        ref->buffer_id = b->id;
-        ref->hs = hs;
         HASH_ADD(hh, h->refs, buffer_id, sizeof(ref->buffer_id), ref);
         GPUBUF_HASH_KEEP_LOAD(hh, h->refs);
     }
@@ -399,7 +443,7 @@ void gd_registry_ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b
     uint32_t left = ref->count -= n, left_ro = ref->ro;
     if (left == 0) {
         HASH_DEL(h->refs, ref);
-        free(ref);
+        ref_recycle(r, ref);
         /* The sealer's last view went: its library may destroy the event
          * once it has completed and this release is answered. */
         if (b && b->has_event && b->event_holder == h->id)

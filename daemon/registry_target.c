@@ -30,15 +30,23 @@ static int resolve(gd_registry *r, const gd_holder *h, const gd_target *t, gd_bu
     gd_buf *b = NULL;
     int rc;
     if (t->name) {
-        if ((rc = gd_registry_check_name(t->name, err)) < 0)
-            return rc;
+        /* A bad name is refused before anything else. The registry holds
+         * good names only (checked when given, and when restored), so a
+         * name found there needs no check: it is checked only where the
+         * answer is a refusal or not found. */
         if (!pool && !(pool = r->default_pool))
-            return gd_err_set(err, GPUBUF_ENOPOOL, "the daemon has no pools");
+            return (rc = gd_registry_check_name(t->name, err)) < 0
+                       ? rc
+                       : gd_err_set(err, GPUBUF_ENOPOOL, "the daemon has no pools");
         /* A pool this client may not use is not searched: the refusal
          * does not depend on whether the name exists there. */
-        if (h && (rc = gd_registry_check_pool(h, pool, err)) < 0)
-            return rc;
+        if (h && (rc = gd_registry_check_pool(h, pool, err)) < 0) {
+            int rn = gd_registry_check_name(t->name, err);
+            return rn < 0 ? rn : rc;
+        }
         b = gd_registry_find_pool_name(r, pool, t->name);
+        if (!b && (rc = gd_registry_check_name(t->name, err)) < 0)
+            return rc;
     } else {
         if (h && pool && (rc = gd_registry_check_pool(h, pool, err)) < 0)
             return rc;

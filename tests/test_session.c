@@ -448,6 +448,12 @@ START_TEST(pool_access_is_refused_with_reason) {
     ck_assert_int_eq(last(&other)->status, -EACCES);
     ck_assert_ptr_nonnull(strstr(last(&other)->message, "may not use pool 'h'"));
     ck_assert_uint_eq(ctx.reg.n_waiters, 0);
+    /* A bad name is refused as such first, whatever the pool, and found
+     * or not (the registry looks a name up before it checks it). */
+    ck_assert_int_eq(open_name(&other, "bad name!", 0), 1);
+    ck_assert_int_eq(last(&other)->status, -EINVAL);
+    ck_assert_int_eq(open_name(&owner, "bad name!", 0), 1);
+    ck_assert_int_eq(last(&owner)->status, -EINVAL);
     const Gpubuf__Response *r = alloc(&owner, "later", 64);
     ck_assert_int_eq(r->status, 0);
     uint64_t id = r->buffer->buffer_id;
