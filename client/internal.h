@@ -95,6 +95,10 @@ struct gpubuf_client {
      * no longer make glibc give the heap's top back and grow it again. */
     struct gpubuf_buffer *spare;
     unsigned n_spare;
+    /* Held entries whose count fell to 0, kept for the next ones (linked
+     * by hh.next; at most GPUBUF_SPARE_VIEWS). */
+    gpubuf_held *spare_held;
+    unsigned n_spare_held;
     /* Bumped when references of views are lost at a reconnect (the session
      * was not resumed, or some of its buffers were gone): a root view is
      * live while its buffer's held entry exists and is no newer than it. */

@@ -211,6 +211,11 @@ void gpubuf__client_unref(gpubuf_client *c) {
         HASH_DEL(c->held, hd);
         free(hd);
     }
+    while (c->spare_held) {
+        hd = c->spare_held;
+        c->spare_held = hd->hh.next;
+        free(hd);
+    }
     gpubuf_trace_dump(); /* GPUBUF_TRACE_TIMING: this process's records so far */
     for (int i = 0; i < c->n_rfds; i++)
         close(c->rfds[i]);

@@ -15,24 +15,40 @@
 
 void gpubuf__held(gpubuf_client *c, uint64_t id, bool read_only, bool add) {
     gpubuf_held *h;
+    unsigned hv; /* the id hashed once, for the find and the add */
+    HASH_VALUE(&id, sizeof(id), hv);
+    HASH_FIND_BYHASHVALUE(hh, c->held, &id, sizeof(id), hv, h);
     if (add) {
-        GPUBUF_HASH_GET(c->held, id, id, h);
-        if (!h)
-            return; /* out of memory: a resume would not claim it */
-        if (h->count == 0) /* new: an entry whose count falls to 0 goes */
+        if (!h) { /* new: an entry whose count falls to 0 goes */
+            if ((h = c->spare_held)) {
+                c->spare_held = h->hh.next;
+                c->n_spare_held--;
+            } else if (!(h = malloc(sizeof(*h)))) {
+                return; /* out of memory: a resume would not claim it */
+            }
+            h->id = id;
+            h->count = h->ro = 0;
             h->gen = c->gen;
+            HASH_ADD_BYHASHVALUE(hh, c->held, id, sizeof(h->id), hv, h);
+            GPUBUF_HASH_KEEP_LOAD(hh, c->held);
+        }
         h->count++;
         h->ro += read_only;
         return;
     }
-    HASH_FIND(hh, c->held, &id, sizeof(id), h);
     if (!h)
         return;
     if (read_only && h->ro)
         h->ro--;
     if (--h->count == 0) {
         HASH_DEL(c->held, h);
-        free(h);
+        if (c->n_spare_held + 1 > GPUBUF_SPARE_VIEWS) { /* (0 in sanitizer builds) */
+            free(h);
+        } else {
+            h->hh.next = c->spare_held;
+            c->spare_held = h;
+            c->n_spare_held++;
+        }
     }
 }
 

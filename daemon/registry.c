@@ -366,7 +366,7 @@ static gd_ref *ref_new(gd_registry *r, uint64_t id, gd_holder_slab *hs) {
 
 /* A reference record out of every table: kept as a spare or freed. */
 static void ref_recycle(gd_registry *r, gd_ref *ref) {
-    if (r->n_spare_refs >= GD_SPARE_REFS) {
+    if (r->n_spare_refs + 1 > GD_SPARE_REFS) { /* (>= warns where it is 0) */
         free(ref);
         return;
     }
@@ -390,7 +390,10 @@ uint32_t gd_registry_holder_count(gd_holder *h, uint64_t buffer_id) {
  * whatever n: -EOVERFLOW when the holder's or the buffer's count would pass
  * UINT32_MAX. */
 int gd_registry_ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, uint32_t ro) {
-    gd_ref *ref = gd_registry_ref_find(h, b->id);
+    gd_ref *ref;
+    unsigned hv; /* the id hashed once, for the find and the add */
+    HASH_VALUE(&b->id, sizeof(b->id), hv);
+    HASH_FIND_BYHASHVALUE(hh, h->refs, &b->id, sizeof(b->id), hv, ref);
     assert(n > 0 && ro <= n);
     if (n > UINT32_MAX - h->n_refs || n > UINT32_MAX - b->refs)
         return -EOVERFLOW;
@@ -403,7 +406,7 @@ int gd_registry_ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, u
             holder_slab_put(h, b->blk.slab->id);
             return -ENOMEM;
         }
-        HASH_ADD(hh, h->refs, buffer_id, sizeof(ref->buffer_id), ref);
+        HASH_ADD_BYHASHVALUE(hh, h->refs, buffer_id, sizeof(ref->buffer_id), hv, ref);
         GPUBUF_HASH_KEEP_LOAD(hh, h->refs);
     }
     /* Each count below is at most h->n_refs: none can overflow. */
