@@ -50,8 +50,8 @@ static char **produce_many(const test_daemon *d, size_t n) {
     gpubuf_buffer **b = calloc(n, sizeof(*b));
     ck_assert(names && sizes && b);
     for (size_t i = 0; i < n; i++) {
-        names[i] = malloc(16);
-        snprintf(names[i], 16, "pb%zu", i);
+        names[i] = malloc(24);
+        snprintf(names[i], 24, "pb%zu", i);
         sizes[i] = 4096;
     }
     ck_assert_int_eq(gpubuf_alloc_many(p, "host", n, sizes, (const char *const *)names,
