@@ -6,7 +6,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
-#include <uthash.h>
+#include "hash.h"
 #include <utlist.h>
 
 #include "arena.h"

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <uthash.h>
+#include "hash.h"
 
 #include "log.h"
 #include "util.h"

@@ -7,7 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
-#include <uthash.h>
+#include "hash.h"
 
 #include "error.h"
 #include "gpubuf/gpubuf.h"

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
-#include <uthash.h>
+#include "hash.h"
 #include <uv.h>
 
 #include "settings.h"

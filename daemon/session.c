@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <uthash.h>
+#include "hash.h"
 #include <utlist.h>
 
 #include "arena.h"

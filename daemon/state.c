@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <uthash.h>
+#include "hash.h"
 
 #ifdef GPUBUF_HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>

@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <uthash.h>
+#include "hash.h"
 
 #include "gpubuf_state.pb-c.h"
 #include "layout.h"
