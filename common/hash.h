@@ -4,7 +4,7 @@
  * another would lose its entries). XXH3 is inline (XXH_INLINE_ALL: no
  * library to link) and reads the keys of these tables (8-byte ids, names
  * of a few dozen bytes) in a few wide loads where uthash's default
- * (Jenkins) takes them a byte at a time past each 12-byte block;
+ * (Jenkins) reads them a byte at a time;
  * docs/performance.md, "Batches in a pipeline". */
 #ifndef GPUBUF_HASH_H
 #define GPUBUF_HASH_H
