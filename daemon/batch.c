@@ -152,10 +152,11 @@ static bool batch_init(batch *bt, gd_session *s, uint64_t id, gd_req_type type, 
     }
     /* One block for the per-item arrays: error, its pointer, 4 x u64,
      * status, state, event item (the 8-byte ones first, so every array is
-     * aligned). */
+     * aligned). Not zeroed: every item is written by batch_ok() or
+     * batch_fail(), the errors and event items as they are appended. */
     size_t per = sizeof(*bt->errs) + sizeof(*bt->perrs) + 4 * sizeof(uint64_t) +
                  sizeof(int32_t) + 2 * sizeof(uint32_t);
-    uint8_t *p = calloc(n + 1, per);
+    uint8_t *p = malloc((n + 1) * per);
     bt->names_cap = buffers ? (n + 1) * (GPUBUF_NAME_MAX + 1) : 1;
     bt->names = malloc(bt->names_cap);
     bt->mapped = n_mapped ? malloc(n_mapped * sizeof(uint64_t)) : NULL;
@@ -199,8 +200,11 @@ static void batch_name(batch *bt, const char *name) {
 static void batch_fail(batch *bt, size_t i, int r, const gd_err *err) {
     Gpubuf__BatchItemError *e = &bt->errs[bt->n_errs];
     bt->status[i] = r;
-    if (bt->buffers)
+    if (bt->buffers) {
+        bt->ids[i] = bt->sizes[i] = bt->offsets[i] = bt->slab_ids[i] = 0;
+        bt->states[i] = 0;
         batch_name(bt, "");
+    }
     gpubuf__batch_item_error__init(e);
     e->item = (uint32_t)i;
     /* Without memory for the sentence, the code alone says it. */
