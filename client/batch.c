@@ -308,6 +308,14 @@ static int views_batch(gpubuf_batch_call *bc, const views_call *vc, size_t *idx,
     return r;
 }
 
+/* The arrays of one request slot of a call of n items: a name and a u64 (id
+ * or size) per item. -ENOMEM when either is missing (the caller frees both). */
+static int slot_arrays(char ***names, uint64_t **u64, size_t n) {
+    *names = malloc((n + 1) * sizeof(**names));
+    *u64 = malloc((n + 1) * sizeof(**u64));
+    return *names && *u64 ? 0 : -ENOMEM;
+}
+
 /* ---- open ---------------------------------------------------------------- */
 
 typedef struct open_args {
@@ -370,12 +378,9 @@ static int open_many_call(gpubuf_client *c, size_t n, const char *const *names, 
         return r;
     memset(ret, 0, n * sizeof(*ret));
     idx = malloc((n + 1) * sizeof(*idx));
-    for (int s = 0; s < 2; s++) {
-        sc[s].names = malloc((n + 1) * sizeof(*sc[s].names));
-        sc[s].ids = malloc((n + 1) * sizeof(*sc[s].ids));
-        if (!sc[s].names || !sc[s].ids)
+    for (int s = 0; s < 2; s++)
+        if (slot_arrays(&sc[s].names, &sc[s].ids, n) < 0)
             r = -ENOMEM;
-    }
     if (!idx)
         r = -ENOMEM;
     for (size_t i = 0; r == 0 && i < n; i++) {
@@ -455,12 +460,9 @@ static int alloc_many_call(gpubuf_client *c, const char *pool, size_t n, const u
         return r;
     memset(ret, 0, n * sizeof(*ret));
     idx = malloc((n + 1) * sizeof(*idx));
-    for (int s = 0; s < 2; s++) {
-        sc[s].names = malloc((n + 1) * sizeof(*sc[s].names));
-        sc[s].sizes = malloc((n + 1) * sizeof(*sc[s].sizes));
-        if (!sc[s].names || !sc[s].sizes)
+    for (int s = 0; s < 2; s++)
+        if (slot_arrays(&sc[s].names, &sc[s].sizes, n) < 0)
             r = -ENOMEM;
-    }
     if (!idx)
         r = -ENOMEM;
     for (size_t i = 0; r == 0 && i < n; i++) {

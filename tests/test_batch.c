@@ -42,6 +42,40 @@ static void free_names(char **names, size_t n) {
     free(names);
 }
 
+/* p allocates m buffers of size bytes in pool, fills buffer i with pattern
+ * i + seed and seals them all: their views in mine, their ids in ids. */
+static void produce_filled(gpubuf_client *p, const char *pool, int m, uint64_t size,
+                           uint32_t seed, gpubuf_buffer **mine, uint64_t *ids) {
+    uint64_t *sizes = malloc((size_t)m * sizeof(*sizes));
+    ck_assert_ptr_nonnull(sizes);
+    for (int i = 0; i < m; i++)
+        sizes[i] = size;
+    ck_assert_int_eq(gpubuf_alloc_many(p, pool, (size_t)m, sizes, NULL, 0, mine, NULL), 0);
+    for (int i = 0; i < m; i++) {
+        gpubuf_pattern_fill(gpubuf_buffer_host_ptr(mine[i]), size, (uint32_t)i + seed);
+        ids[i] = gpubuf_buffer_id(mine[i]);
+    }
+    ck_assert_int_eq(gpubuf_seal_many(mine, (size_t)m, NULL), 0);
+    free(sizes);
+}
+
+/* The end of a test of pool "small": p deletes its m anonymous buffers
+ * (ids) and releases its views (mine), both connections go, and neither
+ * an fd nor a buffer is left (fds0: this process's fds at the start). */
+static void finish_small(gpubuf_client *p, gpubuf_client *c, int m, const uint64_t *ids,
+                         gpubuf_buffer **mine, int fds0) {
+    /* Anonymous: deleted while held, freed with the last reference. */
+    ck_assert_int_eq(gpubuf_delete_many(p, (size_t)m, NULL, ids, NULL), 0);
+    ck_assert_int_eq(gpubuf_release_many(mine, (size_t)m, NULL), 0);
+    gpubuf_disconnect(c);
+    gpubuf_disconnect(p);
+    /* Every fd that came with a reply was closed or mapped and unmapped. */
+    ck_assert_int_eq(td_count_fds(getpid()), fds0);
+    gpubuf_status *s = td_status(&D);
+    ck_assert_uint_eq(td_find_pool(s, "small")->buffers, 0);
+    gpubuf_status_free(s);
+}
+
 /* The request counter of type, from a status snapshot. */
 static uint64_t requests_of(const gpubuf_status *s, const char *type) {
     for (size_t i = 0; i < s->counters.n_requests; i++)
@@ -192,12 +226,7 @@ START_TEST(more_slabs_than_one_reply_carries) {
     int st[M];
     for (int i = 0; i < M; i++)
         sizes[i] = 700 * KiB;
-    ck_assert_int_eq(gpubuf_alloc_many(p, "small", M, sizes, NULL, 0, mine, st), 0);
-    for (int i = 0; i < M; i++) {
-        gpubuf_pattern_fill(gpubuf_buffer_host_ptr(mine[i]), sizes[i], (uint32_t)i + 7);
-        ids[i] = gpubuf_buffer_id(mine[i]);
-    }
-    ck_assert_int_eq(gpubuf_seal_many(mine, M, NULL), 0);
+    produce_filled(p, "small", M, 700 * KiB, 7, mine, ids);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_eq(td_find_pool(s, "small")->slabs, M);
     gpubuf_status_free(s);
@@ -208,16 +237,7 @@ START_TEST(more_slabs_than_one_reply_carries) {
                          0);
     int rr = gpubuf_release_many(got, M, st);
     ck_assert_msg(rr == 0, "%d: %s (%d)", rr, gpubuf_last_error_message(), st[0]);
-    /* Anonymous: deleted while held, freed with the last reference. */
-    ck_assert_int_eq(gpubuf_delete_many(p, M, NULL, ids, NULL), 0);
-    ck_assert_int_eq(gpubuf_release_many(mine, M, NULL), 0);
-    gpubuf_disconnect(c);
-    gpubuf_disconnect(p);
-    /* Every fd that came with a reply was closed or mapped and unmapped. */
-    ck_assert_int_eq(td_count_fds(getpid()), fds0);
-    s = td_status(&D);
-    ck_assert_uint_eq(td_find_pool(s, "small")->buffers, 0);
-    gpubuf_status_free(s);
+    finish_small(p, c, M, ids, mine, fds0);
 }
 END_TEST
 
@@ -236,12 +256,7 @@ START_TEST(pipelined_requests_bring_slabs_again_and_retry) {
     int *st = calloc(M, sizeof(*st));
     for (int i = 0; i < M; i++)
         sizes[i] = 100 * KiB;
-    ck_assert_int_eq(gpubuf_alloc_many(p, "small", M, sizes, NULL, 0, mine, st), 0);
-    for (int i = 0; i < M; i++) {
-        gpubuf_pattern_fill(gpubuf_buffer_host_ptr(mine[i]), sizes[i], (uint32_t)i + 3);
-        ids[i] = gpubuf_buffer_id(mine[i]);
-    }
-    ck_assert_int_eq(gpubuf_seal_many(mine, M, NULL), 0);
+    produce_filled(p, "small", M, 100 * KiB, 3, mine, ids);
     gpubuf_status *s = td_status(&D);
     ck_assert_uint_ge(td_find_pool(s, "small")->slabs, 50);
     uint64_t before = requests_of(s, "batch_open");
@@ -264,14 +279,7 @@ START_TEST(pipelined_requests_bring_slabs_again_and_retry) {
     ck_assert_int_eq(gpubuf_alloc_many(p, "nopool", M, sizes, NULL, 0, got, st), GPUBUF_ENOPOOL);
     for (int i = 0; i < M; i++)
         ck_assert_ptr_null(got[i]);
-    ck_assert_int_eq(gpubuf_delete_many(p, M, NULL, ids, NULL), 0);
-    ck_assert_int_eq(gpubuf_release_many(mine, M, NULL), 0);
-    gpubuf_disconnect(c);
-    gpubuf_disconnect(p);
-    ck_assert_int_eq(td_count_fds(getpid()), fds0);
-    s = td_status(&D);
-    ck_assert_uint_eq(td_find_pool(s, "small")->buffers, 0);
-    gpubuf_status_free(s);
+    finish_small(p, c, M, ids, mine, fds0);
     free(sizes);
     free(ids);
     free(mine);
