@@ -37,8 +37,8 @@ static uint64_t *mapped_slabs(gpubuf_client *c, bool read_only, size_t *ret_n) {
  * consumed). An item whose view cannot be made gives its reference back.
  * *ret_retry receives the items that failed with EAGAIN, to send again. */
 static int make_views(gpubuf_batch_call *bc, const Gpubuf__BatchReply *br, const int *fds,
-                      int n_fds, const size_t *idx, size_t n, bool read_only, gpubuf_buffer **ret,
-                      size_t *retry, size_t *ret_n_retry) {
+                      int n_fds, const size_t *idx, size_t n, bool read_only, bool ahead,
+                      gpubuf_buffer **ret, size_t *retry, size_t *ret_n_retry) {
     gpubuf_client *c = bc->c;
     int slab_fd[GPUBUF_WIRE_MAX_FDS];
     size_t used = 0, names_pos = 0, ev = 0, n_retry = 0;
@@ -88,12 +88,15 @@ static int make_views(gpubuf_batch_call *bc, const Gpubuf__BatchReply *br, const
         if (br->n_meta_items)
             e = mi < br->n_meta_items && br->meta_items[mi] == k ? mi++ : SIZE_MAX;
         if (br->status[k] < 0) {
-            if (br->status[k] == -EAGAIN)
-                retry[n_retry++] = i;
+            if (br->status[k] == -EAGAIN && br->n_slabs > 0)
+                retry[n_retry++] = i; /* once the slabs that came are mapped */
+            else if (br->status[k] == -EAGAIN) /* no progress: say so rather than loop */
+                gpubuf__batch_fail(bc, i, -EAGAIN, "gpubufd had no room for this item's slab");
             else
                 gpubuf__batch_fail(bc, i, br->status[k], gpubuf__batch_message(br, k));
             continue;
         }
+        bool stale = false; /* its slab was unmapped after the request listed it */
         uint64_t key = br->slab_id[k] * 2 + (read_only ? 1 : 0);
         gpubuf_mapping *m = NULL;
         /* The layout and user bytes first, as a single open's: a malformed
@@ -116,7 +119,13 @@ static int make_views(gpubuf_batch_call *bc, const Gpubuf__BatchReply *br, const
             size_t s = 0;
             while (s < br->n_slabs && br->slabs[s]->slab_id != br->slab_id[k])
                 s++;
-            if (s == br->n_slabs) {
+            if (s == br->n_slabs && ahead) {
+                /* Sent ahead, the request listed the slabs mapped before
+                 * the reply before it was worked on; a failed item of that
+                 * reply may have unmapped this one since. Sent again. */
+                stale = true;
+                r = -EAGAIN;
+            } else if (s == br->n_slabs) {
                 r = gpubuf__fail(GPUBUF_EPROTOCOL,
                                  "gpubufd did not describe slab %llu, which this connection "
                                  "does not map",
@@ -148,7 +157,10 @@ static int make_views(gpubuf_batch_call *bc, const Gpubuf__BatchReply *br, const
             /* Not usable here: the reference the daemon took goes back. */
             if (!c->broken)
                 gpubuf__send_release(c, br->buffer_id[k], false, read_only);
-            gpubuf__batch_fail(bc, i, r, gpubuf_last_error_message());
+            if (stale)
+                retry[n_retry++] = i;
+            else
+                gpubuf__batch_fail(bc, i, r, gpubuf_last_error_message());
             r = 0;
         }
     }
@@ -164,7 +176,7 @@ int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const in
                         const size_t *idx, size_t n, size_t n_all, bool read_only,
                         gpubuf_buffer **ret, int *status, size_t *retry, size_t *ret_n_retry) {
     gpubuf_batch_call bc = {.c = c, .n = n_all, .status = status};
-    return make_views(&bc, br, fds, n_fds, idx, n, read_only, ret, retry, ret_n_retry);
+    return make_views(&bc, br, fds, n_fds, idx, n, read_only, false, ret, retry, ret_n_retry);
 }
 
 /* An open or alloc batch: send the items listed in idx (n of them), make
@@ -222,6 +234,14 @@ static void fail_items(gpubuf_batch_call *bc, const size_t *idx, size_t n, int r
         gpubuf__batch_fail(bc, idx[k], r, msg);
 }
 
+/* Items idx[0..n), never sent, fail with r: a request of the call before
+ * them failed as a whole. */
+static void fail_unsent(gpubuf_batch_call *bc, const size_t *idx, size_t n, int r) {
+    for (size_t k = 0; k < n; k++)
+        gpubuf__batch_fail(bc, idx[k], r,
+                           "not sent: an earlier request of this batch call failed as a whole");
+}
+
 /* One pass over the items idx[0..n): requests of at most PIPE_ITEMS items
  * (when there are more), each sent before the reply of the one before it
  * is worked on. The items to send again (EAGAIN) go to retry. The replies
@@ -247,6 +267,13 @@ static int views_pass(gpubuf_batch_call *bc, const views_call *vc, size_t *idx, 
             from += next->n;
         }
         int rq = r; /* built, not sent, and the call failed: it is not sent */
+        if (!q->ahead && r < 0) {
+            fail_unsent(bc, q->idx, q->n, r);
+            free(q->mapped);
+            q->n = 0;
+            cur ^= 1;
+            continue;
+        }
         if (q->ahead)
             rq = gpubuf__batch_finish(c, &q->req, q->conn, &resp, fds, &n_fds, q->n);
         else if (r == 0)
@@ -255,23 +282,15 @@ static int views_pass(gpubuf_batch_call *bc, const views_call *vc, size_t *idx, 
         if (rq < 0) {
             fail_items(bc, q->idx, q->n, rq);
         } else {
-            size_t slabs = resp->batch->n_slabs, k = 0;
-            rq = make_views(bc, resp->batch, fds, n_fds, q->idx, q->n, vc->read_only, ret,
-                            retry + n_retry, &k);
+            size_t k = 0;
+            rq = make_views(bc, resp->batch, fds, n_fds, q->idx, q->n, vc->read_only, q->ahead,
+                            ret, retry + n_retry, &k);
             gpubuf__response__free_unpacked(resp, NULL);
             gpubuf_trace(c->session_id, q->req.id, -1, GPUBUF_TRACE_C_MAPPED, 0);
-            if (rq < 0) {
+            if (rq < 0)
                 fail_items(bc, q->idx, q->n, rq); /* a malformed reply: no view made */
-            } else {
-                if (k && slabs == 0) {
-                    /* No progress: say so rather than loop. */
-                    for (size_t j = 0; j < k; j++)
-                        gpubuf__batch_fail(bc, retry[n_retry + j], -EAGAIN,
-                                           "gpubufd had no room for this item's slab");
-                    k = 0;
-                }
+            else
                 n_retry += k;
-            }
         }
         if (rq < 0 && r == 0)
             r = rq;
@@ -285,7 +304,7 @@ static int views_pass(gpubuf_batch_call *bc, const views_call *vc, size_t *idx, 
         }
     }
     if (r < 0)
-        fail_items(bc, idx + from, n - from, r);
+        fail_unsent(bc, idx + from, n - from, r);
     *ret_n_retry = n_retry;
     return r;
 }

@@ -1,6 +1,7 @@
 /* libgpubuf-client: the connection's stream. Requests out, replies in (read
  * ahead, in order, with the fds they carry), asynchronous requests settled
  * before the next synchronous reply. */
+#include <assert.h>
 #include <errno.h>
 #include <poll.h>
 #include <stdio.h>
@@ -66,7 +67,8 @@ static bool goodbye(gpubuf_client *c, int *ret_err) {
     return said;
 }
 
-static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
+/* Send req, of at most max bytes (else -EMSGSIZE, nothing sent). */
+static int send_request_max(gpubuf_client *c, Gpubuf__Request *req, size_t max) {
     uint8_t stackbuf[512];
     uint8_t *frame = stackbuf;
     size_t plen;
@@ -78,6 +80,8 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
     req->id = ++c->next_id;
     uint64_t t_encode = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     plen = gpubuf__request__get_packed_size(req);
+    if (plen > max && max < c->max_request)
+        return -EMSGSIZE; /* a request sent ahead: too large for that */
     if (plen > c->max_request) {
         gpubuf__set_error("request of %zu bytes exceeds the daemon's limit of %u", plen,
                           c->max_request);
@@ -108,6 +112,10 @@ static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
         return r == -EPIPE ? GPUBUF_EDISCONNECTED : r;
     }
     return 0;
+}
+
+static int send_request(gpubuf_client *c, Gpubuf__Request *req) {
+    return send_request_max(c, req, c->max_request);
 }
 
 /* A blocking read is about to wait for the reply to the request sent at
@@ -361,7 +369,7 @@ int gpubuf__send_async_locked(gpubuf_client *c, Gpubuf__Request *req) {
         r = send_request(c, req);
     }
     c->pending++;
-    if (c->pending >= GPUBUF_MAX_PENDING)
+    if (c->pending >= GPUBUF_MAX_PENDING && !c->ahead)
         return gpubuf__drain_locked(c);
     return 0;
 }
@@ -632,12 +640,21 @@ int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Respo
 static int rpc_wait(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                     int *ret_fds, int *ret_n_fds, bool *ret_unsent);
 
+/* The most a request sent ahead may hold: the client sends it before it
+ * reads the reply before it, so the socket's buffer must take it whole
+ * whatever the daemon does meanwhile (a daemon held back by that unread
+ * reply reads nothing). Larger requests take the synchronous path. */
+#define AHEAD_MAX_BYTES (64u * 1024u)
+
 int gpubuf__rpc_start_locked(gpubuf_client *c, Gpubuf__Request *req, uint32_t *ret_conn) {
     /* Whatever needs a recovery first takes the synchronous path. */
     if (c->broken || c->session_lost || c->in_hello)
         return GPUBUF_EDISCONNECTED;
     *ret_conn = c->conn_no;
-    return send_request(c, req);
+    int r = send_request_max(c, req, AHEAD_MAX_BYTES);
+    if (r == 0)
+        c->ahead++;
+    return r;
 }
 
 int gpubuf__rpc_finish_locked(gpubuf_client *c, Gpubuf__Request *req, uint32_t conn,
@@ -645,16 +662,25 @@ int gpubuf__rpc_finish_locked(gpubuf_client *c, Gpubuf__Request *req, uint32_t c
     bool unsent = false;
     int r;
     *ret_n_fds = 0;
-    if (c->conn_no != conn)
+    assert(c->ahead > 0);
+    c->ahead--;
+    if (c->conn_no != conn) {
         /* A reconnect for an earlier reply: this request went with the old
-         * connection. */
-        return gpubuf__fail(-ECONNRESET,
-                            "the connection to gpubufd was lost while this request was in "
-                            "flight, so whether gpubufd applied it is unknown; reconnected to "
-                            "gpubufd, the views stay valid: retry the request");
-    /* A connection broken since the send (an earlier reply found it so) is
-     * not read: its stream may be out of step. */
-    r = c->broken ? GPUBUF_EDISCONNECTED : rpc_wait(c, req, ret, ret_fds, ret_n_fds, &unsent);
+         * connection. It goes again when that daemon's shutdown notice
+         * said it handled nothing after the earlier one. */
+        if (!(c->shut_known && c->shut_conn == conn))
+            return gpubuf__fail(-ECONNRESET,
+                                "the connection to gpubufd was lost while this request was in "
+                                "flight, so whether gpubufd applied it is unknown; reconnected "
+                                "to gpubufd, the views stay valid: retry the request");
+        unsent = true;
+        r = rpc(c, req, ret, ret_fds, ret_n_fds, &unsent);
+    } else {
+        /* A connection broken since the send (an earlier reply found it
+         * so) is not read: its stream may be out of step. */
+        r = c->broken ? GPUBUF_EDISCONNECTED
+                      : rpc_wait(c, req, ret, ret_fds, ret_n_fds, &unsent);
+    }
     for (int tries = 1; r < 0; tries++) {
         if ((r = recover(c, r, req, unsent, tries == 1)) != 1)
             return r;
@@ -730,6 +756,10 @@ static int rpc_wait(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **r
         if (c->async_hooks)
             c->async_hooks->fail_all(c, resp->status);
         *ret_unsent = resp->status == -ESHUTDOWN;
+        if (*ret_unsent) { /* nor any request sent after this one */
+            c->shut_conn = c->conn_no;
+            c->shut_known = true;
+        }
     }
     if (resp->status < 0) {
         r = resp->status;

@@ -89,6 +89,14 @@ struct gpubuf_client {
     /* Bumped when a reconnect closes the socket: a request sent ahead
      * (gpubuf__rpc_start_locked) belongs to the connection of its number. */
     uint32_t conn_no;
+    /* Requests sent ahead whose reply is not read yet: while there are any,
+     * asynchronous requests do not drain their replies (the next reply on
+     * the stream may be one of those). */
+    unsigned ahead;
+    /* The connection (conn_no) whose daemon said, in its shutdown notice,
+     * that it handled no request after the one that read the notice. */
+    uint32_t shut_conn;
+    bool shut_known;
     gpubuf_held *held;   /* by buffer id */
     /* Root views released, kept for the next ones (linked by parent; at
      * most GPUBUF_SPARE_VIEWS): a batch of 1,000 opens and its release
