@@ -80,6 +80,8 @@ static void meta_account(gd_registry *r, const gd_buf *b, uint64_t delta, bool s
 }
 
 void gd_registry_charge_meta(gd_registry *r, gd_buf *b, uint64_t charge) {
+    if (charge == b->meta_charged)
+        return; /* (a buffer without metadata: two lookups for nothing) */
     if (charge >= b->meta_charged)
         meta_account(r, b, charge - b->meta_charged, false);
     else

@@ -10,6 +10,19 @@
 
 #include "util.h"
 
+/* Spare references and buffer records kept for reuse, at most (each list);
+ * sanitizer builds keep none, so a use after the drop or free is caught. */
+#if defined(__SANITIZE_ADDRESS__)
+#define GD_SPARES 0u
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GD_SPARES 0u
+#endif
+#endif
+#ifndef GD_SPARES
+#define GD_SPARES 4096u
+#endif
+
 int gd_registry_check_name(const char *name, gd_err *err) {
     gd_err e;
     /* The rule and its sentence are shared with the client library. */
@@ -167,7 +180,25 @@ void gd_registry_buf_free(gd_registry *r, gd_buf *b) {
     r->n_buffers--;
     r->freed_buffers++;
     free(b->key);
-    free(b);
+    if (r->n_spare_bufs + 1 > GD_SPARES) { /* (>= warns where it is 0) */
+        free(b);
+        return;
+    }
+    b->hh_id.next = r->spare_bufs;
+    r->spare_bufs = b;
+    r->n_spare_bufs++;
+}
+
+gd_buf *gd_registry_buf_new(gd_registry *r) {
+    gd_buf *b = r->spare_bufs;
+    if (b) {
+        r->spare_bufs = b->hh_id.next;
+        r->n_spare_bufs--;
+    } else if (!(b = malloc(sizeof(*b)))) {
+        return NULL;
+    }
+    memset(b, 0, sizeof(*b));
+    return b;
 }
 
 /* Free b when nothing can reach it any more. Named sealed buffers persist
@@ -247,6 +278,12 @@ void gd_registry_destroy(gd_registry *r) {
         gd_registry_buf_free(r, b);
     }
     HASH_CLEAR(hh_name, r->by_name);
+    while (r->spare_bufs) {
+        b = r->spare_bufs;
+        r->spare_bufs = b->hh_id.next;
+        free(b);
+    }
+    r->n_spare_bufs = 0;
     while (r->spare_refs) {
         gd_ref *ref = r->spare_refs;
         r->spare_refs = ref->hh.next;
@@ -335,19 +372,6 @@ gd_buf *gd_registry_find_name(gd_registry *r, const char *name) {
     return gd_registry_find_pool_name(r, NULL, name);
 }
 
-/* Sanitizer builds keep no spare references, so a use after the drop is
- * caught. */
-#if defined(__SANITIZE_ADDRESS__)
-#define GD_SPARE_REFS 0u
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define GD_SPARE_REFS 0u
-#endif
-#endif
-#ifndef GD_SPARE_REFS
-#define GD_SPARE_REFS 4096u
-#endif
-
 /* A reference record for buffer id in hs, its counts 0: a spare or new
  * (NULL without memory). The hash handle is set by HASH_ADD. */
 static gd_ref *ref_new(gd_registry *r, uint64_t id, gd_holder_slab *hs) {
@@ -366,7 +390,7 @@ static gd_ref *ref_new(gd_registry *r, uint64_t id, gd_holder_slab *hs) {
 
 /* A reference record out of every table: kept as a spare or freed. */
 static void ref_recycle(gd_registry *r, gd_ref *ref) {
-    if (r->n_spare_refs + 1 > GD_SPARE_REFS) { /* (>= warns where it is 0) */
+    if (r->n_spare_refs + 1 > GD_SPARES) { /* (>= warns where it is 0) */
         free(ref);
         return;
     }

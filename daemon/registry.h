@@ -228,6 +228,9 @@ typedef struct gd_registry {
      * calloc and free per item. */
     gd_ref *spare_refs;
     uint32_t n_spare_refs;
+    /* Buffers freed, kept the same way (linked by hh_id.next). */
+    gd_buf *spare_bufs;
+    uint32_t n_spare_bufs;
 } gd_registry;
 
 void gd_registry_init(gd_registry *r);

@@ -72,7 +72,7 @@ int gd_registry_alloc_charged(gd_registry *r, gd_holder *h, gd_pool *pool, uint6
         return rc;
     if (!(u = gd_registry_uid_usage(r, h->uid, true)))
         return gd_err_set(err, -ENOMEM, "out of memory");
-    b = calloc(1, sizeof(*b));
+    b = gd_registry_buf_new(r);
     if (!b)
         return gd_err_set(err, -ENOMEM, "out of memory");
     if (name && gd_registry_buf_name(b, pool, name) < 0) {
