@@ -266,18 +266,16 @@ static int views_pass(gpubuf_batch_call *bc, const views_call *vc, size_t *idx, 
             pipe_send(c, vc, next, cur ^ 1, idx + from, n - from, n);
             from += next->n;
         }
-        int rq = r; /* built, not sent, and the call failed: it is not sent */
         if (!q->ahead && r < 0) {
+            /* Built, not sent, and the call failed: it is not sent. */
             fail_unsent(bc, q->idx, q->n, r);
             free(q->mapped);
             q->n = 0;
             cur ^= 1;
             continue;
         }
-        if (q->ahead)
-            rq = gpubuf__batch_finish(c, &q->req, q->conn, &resp, fds, &n_fds, q->n);
-        else if (r == 0)
-            rq = gpubuf__batch_rpc(c, &q->req, &resp, fds, &n_fds, q->n);
+        int rq = q->ahead ? gpubuf__batch_finish(c, &q->req, q->conn, &resp, fds, &n_fds, q->n)
+                          : gpubuf__batch_rpc(c, &q->req, &resp, fds, &n_fds, q->n);
         free(q->mapped);
         if (rq < 0) {
             fail_items(bc, q->idx, q->n, rq);

@@ -622,19 +622,25 @@ static int recover(gpubuf_client *c, int r, const Gpubuf__Request *req, bool uns
                         what);
 }
 
-int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
-                           int *ret_fds, int *ret_n_fds) {
-    bool unsent = true;
-    int r = 0;
-    /* Each try first recovers from the failure of the one before. */
-    for (int tries = 0;; tries++) {
-        if (r < 0 && (r = recover(c, r, req, unsent, tries == 1)) != 1)
+/* The tries after a first one of req that failed with r (unsent as that
+ * try left it): each recovers from the failure of the one before, then
+ * sends again. */
+static int rpc_again(gpubuf_client *c, Gpubuf__Request *req, int r, bool unsent,
+                     Gpubuf__Response **ret, int *ret_fds, int *ret_n_fds) {
+    for (int tries = 1; r < 0; tries++) {
+        if ((r = recover(c, r, req, unsent, tries == 1)) != 1)
             return r;
         unsent = true;
         r = rpc(c, req, ret, ret_fds, ret_n_fds, &unsent);
-        if (r >= 0)
-            return r;
     }
+    return r;
+}
+
+int gpubuf__rpc_fds_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                           int *ret_fds, int *ret_n_fds) {
+    bool unsent = true;
+    int r = rpc(c, req, ret, ret_fds, ret_n_fds, &unsent);
+    return r < 0 ? rpc_again(c, req, r, unsent, ret, ret_fds, ret_n_fds) : r;
 }
 
 static int rpc_wait(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
@@ -681,13 +687,7 @@ int gpubuf__rpc_finish_locked(gpubuf_client *c, Gpubuf__Request *req, uint32_t c
         r = c->broken ? GPUBUF_EDISCONNECTED
                       : rpc_wait(c, req, ret, ret_fds, ret_n_fds, &unsent);
     }
-    for (int tries = 1; r < 0; tries++) {
-        if ((r = recover(c, r, req, unsent, tries == 1)) != 1)
-            return r;
-        unsent = true;
-        r = rpc(c, req, ret, ret_fds, ret_n_fds, &unsent);
-    }
-    return r;
+    return r < 0 ? rpc_again(c, req, r, unsent, ret, ret_fds, ret_n_fds) : r;
 }
 
 /* One request and its reply. *ret_unsent stays true while the daemon

@@ -30,23 +30,25 @@ static int resolve(gd_registry *r, const gd_holder *h, const gd_target *t, gd_bu
     gd_buf *b = NULL;
     int rc;
     if (t->name) {
-        /* A bad name is refused before anything else. The registry holds
-         * good names only (checked when given, and when restored), so a
-         * name found there needs no check: it is checked only where the
-         * answer is a refusal or not found. */
-        if (!pool && !(pool = r->default_pool))
-            return (rc = gd_registry_check_name(t->name, err)) < 0
-                       ? rc
-                       : gd_err_set(err, GPUBUF_ENOPOOL, "the daemon has no pools");
-        /* A pool this client may not use is not searched: the refusal
-         * does not depend on whether the name exists there. */
-        if (h && (rc = gd_registry_check_pool(h, pool, err)) < 0) {
+        /* A bad name is refused before anything else, but the registry
+         * holds good names only (checked when given and when restored), so
+         * the name is checked only where it is not found. A pool this
+         * client may not use is not searched: the refusal does not depend
+         * on whether the name exists there. */
+        if (!pool)
+            pool = r->default_pool;
+        rc = pool && h ? gd_registry_check_pool(h, pool, err) : 0;
+        if (pool && rc == 0)
+            b = gd_registry_find_pool_name(r, pool, t->name);
+        if (!b) {
             int rn = gd_registry_check_name(t->name, err);
-            return rn < 0 ? rn : rc;
+            if (rn < 0)
+                return rn;
+            if (!pool)
+                return gd_err_set(err, GPUBUF_ENOPOOL, "the daemon has no pools");
+            if (rc < 0)
+                return rc;
         }
-        b = gd_registry_find_pool_name(r, pool, t->name);
-        if (!b && (rc = gd_registry_check_name(t->name, err)) < 0)
-            return rc;
     } else {
         if (h && pool && (rc = gd_registry_check_pool(h, pool, err)) < 0)
             return rc;
