@@ -31,7 +31,14 @@ typedef struct gd_state gd_state;
 #define GD_STATE_HEADER 32u /* a slot's header (state.h: gd_state_header()) */
 #define STATE_HEADER GD_STATE_HEADER
 #define STATE_MAX_RECORD (1u << 20) /* one record is a few hundred bytes */
-#define STATE_MIN_COMPACT (1ull << 20)
+/* A snapshot comes once the slot is twice the last one and at least this
+ * long. With a small registry (a few thousand buffers, a snapshot well
+ * under 1 MiB) a minimum of 1 MiB made a snapshot every ~1 MiB of journal:
+ * under 16 processes batching that was about 270 of gpubufd's 5,500
+ * instructions per buffer (docs/performance.md, "Fewer snapshots"). The
+ * state's memory is bounded with it (docs/security.md: about 4 x the
+ * snapshot + 10 MiB). */
+#define STATE_MIN_COMPACT (4ull << 20)
 #define STATE_MAP_MIN (1ull << 20) /* the journal mapping grows from here */
 #define STATE_MAX_GROUP (64u << 20) /* one group (version 2): a request's changes */
 
@@ -65,8 +72,7 @@ struct gd_state {
     uint64_t journal_ns;  /* time spent writing those */
     gd_obuf stage;        /* the group being made: the entries of this request */
     unsigned depth;       /* gd_state_begin() without its gd_state_end() */
-    uint64_t last_buf;    /* the buffer of the stage's last buffer entry (0: none) */
-    size_t last_buf_off, last_buf_len; /* where that entry is in the stage */
+    const struct gd_buf *pend; /* a buffer whose entry is still to be staged */
     uint64_t snapshots, snapshot_ns;
     uv_timer_t expiry;
     bool expiry_on;

@@ -60,9 +60,13 @@ static void store_remove(gd_state *st, const char *name) {
 /* Write the staged entries as one group to the active slot, before any
  * reply that tells of them leaves (gd_state_end), and into the snapshot
  * under way if any; start a snapshot when the slot has grown enough. */
+static void pend_put(gd_state *st);
+
 static void commit(gd_state *st) {
     slot *s = &st->slots[st->active];
     gd_obuf *o = &st->stage;
+    if (st->pend)
+        pend_put(st);
     if (o->len <= 9 && !o->oom)
         return;
     uint64_t t0 = gpubuf_now_ns();
@@ -80,7 +84,6 @@ static void commit(gd_state *st) {
     }
     o->len = 0;
     o->oom = false;
-    st->last_buf = 0;
     gd_group_open(o);
     st->groups++;
     st->journal_ns += gpubuf_now_ns() - t0;
@@ -116,41 +119,45 @@ static void staged(gd_state *st) {
         commit(st);
 }
 
-/* A buffer's entry; one that replaces the last entry of the same buffer in
- * the group being made, at the same length (an alloc and its seal in one
- * batch), with no state or removal entry of any buffer since, is written
- * over it: the group is applied whole, so the earlier state of the buffer
- * is never seen, and nothing between the two entries depends on it
- * (references are counts, applied in any order to one buffer record). */
+/* A buffer's entry. Inside a request it is staged when the next entry
+ * other than a reference comes, or when the request ends: a buffer changed
+ * twice in a row (an alloc and its seal in one batch) is encoded once, as it
+ * is then. The group is applied whole, so the earlier state of the buffer is
+ * never seen, and a reference entry may come before it (references are
+ * counts, applied in any order to one buffer record). A buffer freed before
+ * its entry was staged needs none: its removal follows. Every change that
+ * frees a gd_buf (gd_registry_buf_free) calls buf_gone first, so pend never
+ * points to freed memory. */
+static void pend_put(gd_state *st) {
+    const gd_buf *b = st->pend;
+    st->pend = NULL;
+    if (stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
+        gd_se_buffer(&st->stage, b);
+}
+
 static void hook_buf(void *arg, const gd_buf *b) {
     gd_state *st = arg;
-    gd_obuf *o = &st->stage;
-    if (!stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
+    if (st->frozen || st->no_journal)
         return;
-    size_t at = o->len;
-    gd_se_buffer(o, b);
-    if (!o->oom && st->last_buf == b->id && st->last_buf_off + (o->len - at) <= at &&
-        st->last_buf_len == o->len - at) {
-        memcpy(o->p + st->last_buf_off, o->p + at, o->len - at);
-        o->len = at;
-    } else {
-        st->last_buf = b->id;
-        st->last_buf_off = at;
-        st->last_buf_len = o->len - at;
-    }
+    if (st->pend && st->pend != b)
+        pend_put(st);
+    st->pend = b;
     staged(st);
 }
 
 static void hook_buf_state(void *arg, const gd_buf *b) {
     gd_state *st = arg;
+    if (st->pend)
+        pend_put(st); /* this entry must come after the buffer's */
     if (!stage_room(st, 13))
         return;
-    st->last_buf = 0; /* a later entry of the buffer must come after this one */
     gd_se_buffer_state(&st->stage, b->id, (uint32_t)b->state);
     staged(st);
 }
 
 static void hook_id(gd_state *st, int kind, uint64_t id) {
+    if (st->pend)
+        pend_put(st);
     if (!stage_room(st, 9))
         return;
     gd_se_id(&st->stage, kind, id);
@@ -159,7 +166,8 @@ static void hook_id(gd_state *st, int kind, uint64_t id) {
 
 static void hook_buf_gone(void *arg, uint64_t id) {
     gd_state *st = arg;
-    st->last_buf = 0;
+    if (st->pend && st->pend->id == id)
+        st->pend = NULL;
     gd_state_snap_gone(arg, id);
     hook_id(arg, GD_SE_BUFFER_GONE, id);
 }
@@ -175,6 +183,8 @@ static void hook_ref(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t
 
 static void hook_holder(void *arg, const gd_holder *h) {
     gd_state *st = arg;
+    if (st->pend)
+        pend_put(st);
     if (!stage_room(st, 256))
         return;
     gd_se_session(&st->stage, h);
@@ -190,6 +200,8 @@ static void hook_slab(void *arg, const gd_slab *s, bool created) {
     char name[64];
     if (st->frozen)
         return;
+    if (st->pend)
+        pend_put(st);
     gd_state_slab_name(name, sizeof(name), s->id);
     if (created) {
         if (stage_room(st, 256 + GPUBUF_NAME_MAX)) {
