@@ -336,14 +336,15 @@ static void batch_reply_send(batch *bt, uint64_t id) {
      * memory had room before the batch was handled (gd_session_frame): it
      * is queued whatever the budget says now, so the references its items
      * took always reach the client. */
-    size_t len = gpubuf__response__get_packed_size(&resp);
+    gd_reply_plan plan;
+    size_t len = gd_reply_size(&resp, &plan);
     assert(len <= gd_session_batch_reply_bound(n, bt->with_meta));
     bool trace = gpubuf_trace_on();
     if (trace) {
         gpubuf_trace(s->holder->id, id, bt->type, GPUBUF_TRACE_D_HANDLED, 0);
         gpubuf_trace_set_tag(s->holder->id, id, bt->type);
     }
-    s->io->send_fds(s->conn, len, gd_session_pack, &resp, bt->fds, (int)bt->n_fds, true);
+    s->io->send_fds(s->conn, len, plan.pack, plan.msg, bt->fds, (int)bt->n_fds, true);
     if (trace)
         gpubuf_trace_set_tag(0, 0, -1);
     batch_free(bt);

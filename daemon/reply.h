@@ -72,14 +72,19 @@ void gd_session_pack(const void *msg, uint8_t *dst);
  * size; hand plan.pack and plan.msg to the transport, which packs at once
  * (the plan lives on the caller's stack until then). The replies of single
  * requests (id, status, message, fds and a Buffer without an array layout)
- * go to gd_reply_pack_fast (reply_pack.c) with the sizes it found, so
- * nothing is sized twice; any other to gd_session_pack (protobuf-c). Both
- * write the same bytes. */
+ * and of batches (a BatchReply without array layouts) go to
+ * gd_reply_pack_fast (reply_pack.c) with the sizes it found, so nothing is
+ * sized twice; any other to gd_session_pack (protobuf-c). Both write the
+ * same bytes. */
 typedef struct gd_reply_plan {
     void (*pack)(const void *msg, uint8_t *dst);
     const void *msg; /* what pack takes: the plan, or the Response */
     const Gpubuf__Response *resp;
     size_t buffer_len, slab_len; /* gd_reply_pack_fast: the Buffer's and the Slab's sizes */
+    /* A BatchReply: its size, and the payload of each packed array
+     * (status, buffer_id, size, offset, slab_id, event_items, state,
+     * lease_left_ms, meta_items). */
+    size_t batch_len, arr[9];
 } gd_reply_plan;
 size_t gd_reply_size(const Gpubuf__Response *r, gd_reply_plan *plan);
 void gd_reply_pack_fast(const void *msg, uint8_t *dst);

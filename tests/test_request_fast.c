@@ -22,6 +22,45 @@ static bool g_layout;  /* a layout is set: not the decoder's shape */
 static Gpubuf__ExpectedOwner g_owner;
 static Gpubuf__ArrayLayout g_layout_msg;
 
+/* A repeated field of a batch request: 0 to 40 numbers, bools or strings
+ * (names of up to 30 bytes, some empty). */
+static uint64_t g_u64[8][40];
+static protobuf_c_boolean g_bool[8][40];
+static char g_names[8][40][32];
+static char *g_name_ptrs[8][40];
+
+static void fill_repeated(ProtobufCMessage *m, const ProtobufCFieldDescriptor *f) {
+    size_t n = rand() % 3 == 0 ? 0 : (size_t)(rand() % 41);
+    unsigned slot = f->id % 8;
+    *(size_t *)(void *)((char *)m + f->quantifier_offset) = n;
+    void **at = (void **)(void *)((char *)m + f->offset);
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_UINT64:
+        for (size_t k = 0; k < n; k++)
+            g_u64[slot][k] = some();
+        *at = g_u64[slot];
+        break;
+    case PROTOBUF_C_TYPE_BOOL:
+        for (size_t k = 0; k < n; k++)
+            g_bool[slot][k] = rand() % 2;
+        *at = g_bool[slot];
+        break;
+    case PROTOBUF_C_TYPE_STRING:
+        for (size_t k = 0; k < n; k++) {
+            int len = rand() % 5 == 0 ? 0 : rand() % 31;
+            for (int c = 0; c < len; c++)
+                g_names[slot][k][c] = (char)('a' + rand() % 26);
+            g_names[slot][k][len] = 0;
+            g_name_ptrs[slot][k] = g_names[slot][k];
+        }
+        *at = g_name_ptrs[slot];
+        break;
+    default:
+        ck_abort_msg("%s.%s: a repeated field the test does not fill", m->descriptor->name,
+                     f->name);
+    }
+}
+
 /* Every field of m at random; one member (or none) of each oneof. */
 static void fill(ProtobufCMessage *m) {
     const ProtobufCMessageDescriptor *d = m->descriptor;
@@ -34,8 +73,10 @@ static void fill(ProtobufCMessage *m) {
                 continue;
             *which = f->id;
         }
-        ck_assert_msg(f->label != PROTOBUF_C_LABEL_REPEATED, "%s.%s: a repeated field", d->name,
-                      f->name);
+        if (f->label == PROTOBUF_C_LABEL_REPEATED) {
+            fill_repeated(m, f);
+            continue;
+        }
         switch (f->type) {
         case PROTOBUF_C_TYPE_UINT64: *(uint64_t *)at = some(); break;
         case PROTOBUF_C_TYPE_UINT32: *(uint32_t *)at = (uint32_t)some(); break;
@@ -45,6 +86,7 @@ static void fill(ProtobufCMessage *m) {
             break;
         }
         case PROTOBUF_C_TYPE_BOOL: *(protobuf_c_boolean *)at = rand() % 2; break;
+        case PROTOBUF_C_TYPE_ENUM: *(int *)at = rand() % 4; break;
         case PROTOBUF_C_TYPE_STRING: {
             char *s = g_text[g_used++ % 32];
             int n = rand() % 4 == 0 ? 0 : rand() % 60;
@@ -94,11 +136,15 @@ static size_t make_request(uint8_t *out, bool *known) {
         Gpubuf__UnmapRequest unmap;
         Gpubuf__CancelRequest cancel;
         Gpubuf__StatusRequest status;
+        Gpubuf__BatchOpenRequest batch_open;
+        Gpubuf__BatchReleaseRequest batch_release;
+        Gpubuf__BatchAllocRequest batch_alloc;
+        Gpubuf__BatchStateRequest batch_state;
     } b;
     g_layout = false;
     r.id = some();
     *known = true;
-    switch (rand() % 10) {
+    switch (rand() % 14) {
     case 0: gpubuf__alloc_request__init(&b.alloc), r.alloc = &b.alloc; break;
     case 1: gpubuf__seal_request__init(&b.seal), r.seal = &b.seal; break;
     case 2: gpubuf__open_request__init(&b.open), r.open = &b.open; break;
@@ -108,12 +154,27 @@ static size_t make_request(uint8_t *out, bool *known) {
     case 6: gpubuf__unmap_request__init(&b.unmap), r.unmap = &b.unmap; break;
     case 7: gpubuf__cancel_request__init(&b.cancel), r.cancel = &b.cancel; break;
     case 8: gpubuf__status_request__init(&b.status), r.status = &b.status, *known = false; break;
+    case 9:
+        gpubuf__batch_open_request__init(&b.batch_open), r.batch_open = &b.batch_open;
+        break;
+    case 10:
+        gpubuf__batch_release_request__init(&b.batch_release);
+        r.batch_release = &b.batch_release;
+        break;
+    case 11:
+        gpubuf__batch_alloc_request__init(&b.batch_alloc), r.batch_alloc = &b.batch_alloc;
+        break;
+    case 12:
+        gpubuf__batch_state_request__init(&b.batch_state), r.batch_state = &b.batch_state;
+        break;
     default: break; /* no body */
     }
     static const Gpubuf__Request__BodyCase cases[] = {
         GPUBUF__REQUEST__BODY_ALLOC,   GPUBUF__REQUEST__BODY_SEAL,   GPUBUF__REQUEST__BODY_OPEN,
         GPUBUF__REQUEST__BODY_RELEASE, GPUBUF__REQUEST__BODY_DELETE, GPUBUF__REQUEST__BODY_STAT,
-        GPUBUF__REQUEST__BODY_UNMAP,   GPUBUF__REQUEST__BODY_CANCEL, GPUBUF__REQUEST__BODY_STATUS};
+        GPUBUF__REQUEST__BODY_UNMAP,   GPUBUF__REQUEST__BODY_CANCEL, GPUBUF__REQUEST__BODY_STATUS,
+        GPUBUF__REQUEST__BODY_BATCH_OPEN, GPUBUF__REQUEST__BODY_BATCH_RELEASE,
+        GPUBUF__REQUEST__BODY_BATCH_ALLOC, GPUBUF__REQUEST__BODY_BATCH_STATE};
     if (r.alloc) { /* the body's field: the one whose message type it is */
         ProtobufCMessage *m = (ProtobufCMessage *)(void *)&b;
         for (unsigned k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
@@ -134,7 +195,7 @@ static size_t make_request(uint8_t *out, bool *known) {
 /* Decode data both ways and compare. */
 static bool same_as_protobuf_c(const uint8_t *data, size_t len, int it) {
     static _Alignas(16) unsigned char block[64 * 1024];
-    static uint8_t p1[4096], p2[4096];
+    static uint8_t p1[16384], p2[16384];
     gpubuf_arena a;
     gpubuf_arena_init(&a, block, sizeof(block));
     Gpubuf__Request *fast = gd_request_fast(&a, data, len);
@@ -158,7 +219,7 @@ static bool same_as_protobuf_c(const uint8_t *data, size_t len, int it) {
 }
 
 START_TEST(common_requests_equal_protobuf_c) {
-    uint8_t buf[4096];
+    static uint8_t buf[16384];
     unsigned taken = 0;
     srand(4321);
     for (int it = 0; it < 40000; it++) {
@@ -173,7 +234,7 @@ START_TEST(common_requests_equal_protobuf_c) {
 END_TEST
 
 START_TEST(mutated_requests_never_disagree) {
-    uint8_t a[4096], b[4096], m[8192];
+    static uint8_t a[16384], b[16384], m[32768];
     unsigned taken = 0;
     srand(8765);
     for (int it = 0; it < 60000; it++) {
