@@ -283,7 +283,7 @@ static int views_pass(gpubuf_batch_call *bc, const views_call *vc, size_t *idx, 
             size_t k = 0;
             rq = make_views(bc, resp->batch, fds, n_fds, q->idx, q->n, vc->read_only, q->ahead,
                             ret, retry + n_retry, &k);
-            gpubuf__response__free_unpacked(resp, NULL);
+            gpubuf__resp_free(c, resp);
             gpubuf_trace(c->session_id, q->req.id, -1, GPUBUF_TRACE_C_MAPPED, 0);
             if (rq < 0)
                 fail_items(bc, q->idx, q->n, rq); /* a malformed reply: no view made */

@@ -85,7 +85,7 @@ static int batch_reply_check(gpubuf_client *c, Gpubuf__Response **ret, int *fds,
     if ((*ret)->body_case != GPUBUF__RESPONSE__BODY_BATCH || br->n_status != n) {
         for (int i = 0; i < *n_fds; i++)
             close(fds[i]);
-        gpubuf__response__free_unpacked(*ret, NULL);
+        gpubuf__resp_free(c, *ret);
         c->broken = true;
         return gpubuf__fail(GPUBUF_EPROTOCOL,
                             "gpubufd answered a batch of %zu items with %zu "

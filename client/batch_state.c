@@ -29,7 +29,7 @@ static int results_rpc(gpubuf_batch_call *bc, Gpubuf__Request *req, size_t from,
         if (resp->batch->status[k] < 0)
             gpubuf__batch_fail(bc, from + k, resp->batch->status[k],
                                gpubuf__batch_message(resp->batch, k));
-    gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf__resp_free(bc->c, resp);
     gpubuf_trace(bc->c->session_id, req->id, -1, GPUBUF_TRACE_C_MAPPED, 0);
     return 0;
 }
@@ -205,7 +205,7 @@ static int release_many_call(gpubuf_buffer *const *bufs, size_t n, int *ret_stat
             if (resp->batch->status[j] < 0)
                 gpubuf__batch_fail(&bc, item[from + j], resp->batch->status[j],
                                    gpubuf__batch_message(resp->batch, j));
-        gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf__resp_free(c, resp);
         gpubuf_trace(c->session_id, req.id, -1, GPUBUF_TRACE_C_MAPPED, 0);
     }
     /* Lost with the connection, reconnected: the resume released every

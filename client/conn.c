@@ -63,7 +63,7 @@ static bool goodbye(gpubuf_client *c, int *ret_err) {
         said = true;
     }
     close_fds(fds, n_fds);
-    gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf__resp_free(c, resp);
     return said;
 }
 
@@ -210,8 +210,9 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n
     uint64_t t_wake = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     /* A reply read without blocking is settled before the next is read: it
      * is unpacked into the connection's arena. */
-    Gpubuf__Response *resp = gpubuf__reply_decode(
-        &c->arena, c->nonblock, c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE, h.length);
+    Gpubuf__Response *resp =
+        gpubuf__reply_decode(&c->arena, c->nonblock, c->batch_wait,
+                             c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE, h.length);
     if (t_wake && resp) {
         gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_WAKE, t_wake);
         gpubuf_trace(c->session_id, resp->id, -1, GPUBUF_TRACE_C_DECODED, 0);
@@ -320,7 +321,7 @@ int gpubuf__drain_locked(gpubuf_client *c) {
             r = resp->status;
             if (c->async_hooks)
                 c->async_hooks->fail_all(c, r);
-            gpubuf__response__free_unpacked(resp, NULL);
+            gpubuf__resp_free(c, resp);
             close_fds(fds, n_fds);
             return recover(c, r, NULL, false, false);
         }
@@ -469,7 +470,7 @@ int gpubuf__hello_locked(gpubuf_client *c, bool resume) {
                                                               : GPUBUF_KEEP_SLABS;
     if (resume)
         resume_outcome(c, hr, i);
-    gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf__resp_free(c, resp);
     return 0;
 }
 
@@ -716,9 +717,28 @@ static int rpc(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret, i
     return rpc_wait(c, req, ret, ret_fds, ret_n_fds, ret_unsent);
 }
 
-/* The reply of req, sent on this connection. */
+static int rpc_wait_reply(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                          int *ret_fds, int *ret_n_fds, bool *ret_unsent);
+
+/* The reply of req, sent on this connection. A batch's reply is decoded
+ * into the arena's heap block (reply_fast.c): every reader of a batch's
+ * reply, and every path of this wait, frees with gpubuf__resp_free. */
 static int rpc_wait(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                     int *ret_fds, int *ret_n_fds, bool *ret_unsent) {
+    switch (req->body_case) {
+    case GPUBUF__REQUEST__BODY_BATCH_OPEN:
+    case GPUBUF__REQUEST__BODY_BATCH_RELEASE:
+    case GPUBUF__REQUEST__BODY_BATCH_ALLOC:
+    case GPUBUF__REQUEST__BODY_BATCH_STATE: c->batch_wait = true; break;
+    default: break;
+    }
+    int r = rpc_wait_reply(c, req, ret, ret_fds, ret_n_fds, ret_unsent);
+    c->batch_wait = false;
+    return r;
+}
+
+static int rpc_wait_reply(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
+                          int *ret_fds, int *ret_n_fds, bool *ret_unsent) {
     Gpubuf__Response *resp;
     int r, fds[GPUBUF_WIRE_MAX_FDS], n_fds = 0;
 
@@ -741,7 +761,7 @@ static int rpc_wait(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **r
     if (c->async_hooks)
         c->async_hooks->kick(c);
     if (resp->id != req->id && resp->id != 0) {
-        gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf__resp_free(c, resp);
         close_fds(fds, n_fds);
         c->broken = true;
         gpubuf__set_error("gpubufd sent an unexpected reply");
@@ -765,7 +785,7 @@ static int rpc_wait(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **r
         r = resp->status;
         gpubuf__set_error("%s", resp->message && *resp->message ? resp->message
                                                                   : gpubuf_strerror(r));
-        gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf__resp_free(c, resp);
         close_fds(fds, n_fds);
         return r;
     }
@@ -785,7 +805,7 @@ int gpubuf__rpc_reply_locked(gpubuf_client *c, Gpubuf__Request *req, int body_ca
     if (fd >= 0)
         close(fd);
     if (body_case != GPUBUF__RESPONSE__BODY__NOT_SET && (int)(*ret)->body_case != body_case) {
-        gpubuf__response__free_unpacked(*ret, NULL);
+        gpubuf__resp_free(c, *ret);
         return GPUBUF_EPROTOCOL;
     }
     return 0;
@@ -801,7 +821,7 @@ int gpubuf__rpc_locked(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response 
     if (n_fds > 1) {
         /* A single request's reply carries one fd at most. */
         close_fds(fds, n_fds);
-        gpubuf__response__free_unpacked(*ret, NULL);
+        gpubuf__resp_free(c, *ret);
         c->broken = true;
         gpubuf__set_error("gpubufd sent %d fds with a reply that carries one at most", n_fds);
         return GPUBUF_EPROTOCOL;

@@ -60,6 +60,12 @@ typedef struct gpubuf__arena {
     gpubuf_arena a;         /* over block (common/arena.h) */
     Gpubuf__Response *live; /* the reply unpacked here and not yet freed */
     _Alignas(16) unsigned char block[4096];
+    /* The replies a blocking call reads (a batch's, mostly), one at a time,
+     * into a heap block grown to their size (reply_fast.c). */
+    gpubuf_arena big;
+    Gpubuf__Response *big_live;
+    unsigned char *big_block;
+    size_t big_cap;
 } gpubuf__arena;
 
 /* Reconnecting after the daemon went away (docs/client-api.md, "Restart"). */
@@ -152,6 +158,7 @@ struct gpubuf_client {
     pthread_mutex_t qlock; /* the ready list and the eventfd; taken inside lock */
     int ep, efd;         /* gpubuf_client_fd(): epoll over fd and efd; -1 until asked */
     bool nonblock;       /* read_reply() returns -EAGAIN instead of blocking */
+    bool batch_wait;     /* rpc_wait() waits for a batch's reply (reply_fast.c) */
     bool rshort;         /* the last read without blocking was short (conn.c) */
     bool dispatching;    /* gpubuf_dispatch() settles replies: no eventfd kick (async.c) */
     bool kicked;         /* the eventfd was written since it was last read (qlock) */
@@ -452,16 +459,20 @@ int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const in
 
 /* ---- reply_fast.c: decoding a reply ----------------------------------------- */
 /* The reply in body (len bytes), unpacked into the arena when in_arena (a
- * reply read without blocking) and no other reply lives there, else with
- * malloc; NULL when it is malformed. */
-Gpubuf__Response *gpubuf__reply_decode(gpubuf__arena *a, bool in_arena, const uint8_t *body,
-                                       size_t len);
+ * reply read without blocking) and no other reply lives there; else, when
+ * batch (a blocking call waits for a batch's reply) and it is a batch's
+ * reply gpubuf__reply_fast can decode, into the arena's heap block; else
+ * with malloc. NULL when it is malformed. */
+Gpubuf__Response *gpubuf__reply_decode(gpubuf__arena *a, bool in_arena, bool batch,
+                                       const uint8_t *body, size_t len);
 /* A reply of the common shape (id, status, message, fds, a Buffer with its
  * Slab) decoded into the arena as protobuf-c would; NULL: not that shape
  * (the arena as it was), unpack it with protobuf-c. */
 Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size_t len);
 /* Free a reply, unpacked into the arena or with malloc (lock held). */
 void gpubuf__resp_free(gpubuf_client *c, Gpubuf__Response *resp);
+/* The arena's heap block goes (the connection is freed). */
+void gpubuf__arena_free(gpubuf__arena *a);
 
 /* ---- conn.c: the stream to the daemon -------------------------------------- */
 /* Send a request whose reply gpubuf__async_reply() takes (lock held): like a

@@ -220,6 +220,7 @@ void gpubuf__client_unref(gpubuf_client *c) {
     for (int i = 0; i < c->n_rfds; i++)
         close(c->rfds[i]);
     free(c->rbuf);
+    gpubuf__arena_free(&c->arena);
     if (c->fd >= 0)
         close(c->fd);
     if (c->async_hooks)

@@ -136,4 +136,175 @@ static inline bool tag(rd *r, uint32_t *field, uint32_t *wt, uint64_t *seen, boo
 
 enum { WT_VARINT = 0, WT_LEN = 2 };
 
+/* ---- messages of columns, through their descriptors --------------------
+ * The batch requests (daemon/request_fast.c) and the batch reply
+ * (client/reply_fast.c) are columns: numbers, bools and strings, single or
+ * repeated, and a few small sub-messages, at field numbers 1..n in order.
+ * pb_msg() decodes such a message by its descriptor: repeated numbers and
+ * bools must come packed, as protobuf-c packs them (a bool a byte of 0 or
+ * 1); repeated strings, bytes and messages one field each. A first pass
+ * checks every field and counts the elements of each repeated one, the
+ * arrays are taken from the arena at their size, a second pass fills
+ * them. It declines any other shape: a single field twice, an unpacked
+ * repeated number, a type it does not know (a 64-bit signed number, a
+ * float), a field number it does not know, a string with a NUL byte. */
+enum { PB_MAX_FIELDS = 16 };
+
+static inline const ProtobufCFieldDescriptor *pb_field(const ProtobufCMessageDescriptor *d,
+                                                      uint64_t num) {
+    if (num < 1 || num > d->n_fields || d->fields[num - 1].id != num)
+        return NULL;
+    return &d->fields[num - 1];
+}
+
+/* The bytes of one element of a repeated field of type t (0: not taken). */
+static inline size_t pb_elem_size(const ProtobufCFieldDescriptor *f) {
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_UINT64: return sizeof(uint64_t);
+    case PROTOBUF_C_TYPE_UINT32:
+    case PROTOBUF_C_TYPE_SINT32: return sizeof(uint32_t);
+    case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
+    case PROTOBUF_C_TYPE_STRING: return sizeof(char *);
+    case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
+    case PROTOBUF_C_TYPE_MESSAGE: return sizeof(void *);
+    default: return 0;
+    }
+}
+
+static inline void *pb_msg(rd *r, const ProtobufCMessageDescriptor *d);
+
+/* A single number or bool of type t from v into at. */
+static inline bool pb_scalar(const ProtobufCFieldDescriptor *f, uint64_t v, void *at) {
+    switch (f->type) {
+    case PROTOBUF_C_TYPE_UINT64: *(uint64_t *)at = v; return true;
+    case PROTOBUF_C_TYPE_UINT32: *(uint32_t *)at = (uint32_t)v; return true;
+    case PROTOBUF_C_TYPE_INT32:
+    case PROTOBUF_C_TYPE_ENUM: *(int32_t *)at = (int32_t)v; return true;
+    case PROTOBUF_C_TYPE_SINT32:
+        *(int32_t *)at = (int32_t)((uint32_t)v >> 1) ^ -(int32_t)((uint32_t)v & 1);
+        return true;
+    case PROTOBUF_C_TYPE_BOOL: *(protobuf_c_boolean *)at = v != 0; return true;
+    default: return false;
+    }
+}
+
+/* One pass over the message's fields in r: checking and counting (fill
+ * false: count[num] += elements), or filling the arrays taken since. */
+static inline bool pb_fields(rd *r, const ProtobufCMessageDescriptor *d, void *m, bool fill,
+                             size_t count[PB_MAX_FIELDS + 1]) {
+    uint64_t seen = 0, t, v;
+    while (r->p < r->end) {
+        const ProtobufCFieldDescriptor *f;
+        if (!prefix(r, &t) || !(f = pb_field(d, t >> 3)))
+            return false;
+        uint32_t num = (uint32_t)(t >> 3), wt = (uint32_t)(t & 7);
+        bool rep = f->label == PROTOBUF_C_LABEL_REPEATED;
+        bool each = f->type == PROTOBUF_C_TYPE_STRING || f->type == PROTOBUF_C_TYPE_BYTES ||
+                    f->type == PROTOBUF_C_TYPE_MESSAGE; /* a field per element */
+        char *at = (char *)m + f->offset;
+        size_t *n = (size_t *)(void *)((char *)m + f->quantifier_offset);
+        if (!(rep && each)) {
+            if (seen >> num & 1)
+                return false;
+            seen |= 1ull << num;
+        }
+        if (each) {
+            if (wt != WT_LEN)
+                return false;
+            if (!fill) {
+                const uint8_t *sp;
+                size_t sl;
+                /* A message's own fields are checked when it is filled. */
+                if (!span(r, &sp, &sl) ||
+                    (f->type == PROTOBUF_C_TYPE_STRING && memchr(sp, 0, sl)) ||
+                    (f->type == PROTOBUF_C_TYPE_MESSAGE && !rep))
+                    return false;
+                count[num] += rep;
+                continue;
+            }
+            void *slot = rep ? (char *)*(void **)(void *)at + *n * pb_elem_size(f) : at;
+            bool ok = f->type == PROTOBUF_C_TYPE_STRING ? str(r, (char **)slot)
+                      : f->type == PROTOBUF_C_TYPE_BYTES
+                          ? bytes(r, (ProtobufCBinaryData *)slot)
+                          : (*(void **)slot = pb_msg(r, f->descriptor)) != NULL;
+            if (!ok)
+                return false;
+            *n += rep;
+        } else if (rep) {
+            const uint8_t *pp;
+            size_t pl;
+            if (wt != WT_LEN || !(f->flags & PROTOBUF_C_FIELD_FLAG_PACKED) || !pb_elem_size(f) ||
+                !span(r, &pp, &pl))
+                return false;
+            if (f->type == PROTOBUF_C_TYPE_BOOL) {
+                protobuf_c_boolean *arr = fill ? *(protobuf_c_boolean **)(void *)at : NULL;
+                for (size_t i = 0; i < pl; i++) {
+                    if (pp[i] > 1)
+                        return false;
+                    if (fill)
+                        arr[i] = pp[i];
+                }
+                if (fill)
+                    *n = pl;
+                else
+                    count[num] = pl;
+                continue;
+            }
+            if (!fill) {
+                size_t c = 0;
+                for (size_t i = 0; i < pl; i++)
+                    c += pp[i] < 0x80;
+                if (pl && pp[pl - 1] >= 0x80)
+                    return false;
+                count[num] = c;
+                continue;
+            }
+            rd sub = {.p = pp, .end = pp + pl, .a = r->a};
+            if (f->type == PROTOBUF_C_TYPE_UINT64) { /* most columns: a loop of its own */
+                uint64_t *arr = *(uint64_t **)(void *)at;
+                while (sub.p < sub.end)
+                    if (!varint(&sub, &arr[(*n)++]))
+                        return false;
+                continue;
+            }
+            char *arr = *(char **)(void *)at;
+            size_t each_size = pb_elem_size(f);
+            while (sub.p < sub.end) {
+                if (!varint(&sub, &v) || v > UINT32_MAX || !pb_scalar(f, v, arr + *n * each_size))
+                    return false;
+                (*n)++;
+            }
+        } else {
+            char scratch[8];
+            if (wt != WT_VARINT || !varint(r, &v) || !pb_scalar(f, v, fill ? (void *)at : scratch))
+                return false;
+        }
+    }
+    return true;
+}
+
+/* The length-delimited message of descriptor d at r: its struct and
+ * arrays in the arena; NULL (decline) for any other shape. */
+static inline void *pb_msg(rd *r, const ProtobufCMessageDescriptor *d) {
+    size_t count[PB_MAX_FIELDS + 1] = {0};
+    rd sub;
+    void *m = submsg(r, d->sizeof_message, &sub);
+    if (!m || d->n_fields > PB_MAX_FIELDS)
+        return NULL;
+    protobuf_c_message_init(d, m);
+    rd scan = sub;
+    if (!pb_fields(&scan, d, m, false, count))
+        return NULL;
+    for (uint32_t num = 1; num <= d->n_fields; num++) {
+        if (!count[num])
+            continue;
+        size_t each = pb_elem_size(&d->fields[num - 1]);
+        void *arr = count[num] > SIZE_MAX / each ? NULL : take(&sub, count[num] * each);
+        if (!arr)
+            return NULL;
+        *(void **)(void *)((char *)m + d->fields[num - 1].offset) = arr;
+    }
+    return pb_fields(&sub, d, m, true, count) ? m : NULL;
+}
+
 #endif

@@ -158,144 +158,6 @@ static bool one_id(rd *r, uint64_t *id) {
     return !bad;
 }
 
-/* A batch request (open, release, alloc, state), through its descriptor:
- * each of these holds numbers, bools and strings, single or repeated, at
- * field numbers 1..n in order. Repeated numbers and bools must come packed,
- * as protobuf-c packs them (a bool a byte of 0 or 1); repeated strings one
- * field each. A first pass checks every field and counts the elements of
- * each repeated one, the arrays are taken from the arena at their size, a
- * second pass fills them. Any other shape (a number field twice, an
- * unpacked repeated number, a field it does not know) is declined. */
-enum { BATCH_MAX_FIELDS = 8 };
-
-static const ProtobufCFieldDescriptor *field_no(const ProtobufCMessageDescriptor *d, uint32_t f) {
-    if (f < 1 || f > d->n_fields || d->fields[f - 1].id != f)
-        return NULL;
-    return &d->fields[f - 1];
-}
-
-/* A packed field's elements: varints (each ends with a byte below 0x80)
- * or bools (one byte each, 0 or 1); 0 with *bad when malformed. */
-static size_t packed_count(const uint8_t *p, size_t n, ProtobufCType type, bool *bad) {
-    size_t count = 0;
-    if (type == PROTOBUF_C_TYPE_BOOL) {
-        for (size_t i = 0; i < n; i++)
-            *bad |= p[i] > 1;
-        return n;
-    }
-    for (size_t i = 0; i < n; i++)
-        count += p[i] < 0x80;
-    *bad |= n && p[n - 1] >= 0x80;
-    return count;
-}
-
-static bool batch_fields(rd *r, const ProtobufCMessageDescriptor *d, void *m, bool fill,
-                         size_t count[BATCH_MAX_FIELDS + 1]) {
-    uint64_t seen = 0, t, v;
-    while (r->p < r->end) {
-        const ProtobufCFieldDescriptor *f;
-        if (!prefix(r, &t) || !(f = field_no(d, (uint32_t)(t >> 3))))
-            return false;
-        uint32_t num = (uint32_t)(t >> 3), wt = (uint32_t)(t & 7);
-        bool rep = f->label == PROTOBUF_C_LABEL_REPEATED;
-        char *at = (char *)m + f->offset;
-        size_t *n = (size_t *)(void *)((char *)m + f->quantifier_offset);
-        if (!(rep && f->type == PROTOBUF_C_TYPE_STRING)) {
-            if (seen >> num & 1)
-                return false;
-            seen |= 1ull << num;
-        }
-        if (f->type == PROTOBUF_C_TYPE_STRING) {
-            char *str = NULL, **arr = rep ? *(char ***)(void *)at : NULL;
-            if (wt != WT_LEN)
-                return false;
-            if (!fill) {
-                const uint8_t *sp;
-                size_t sl;
-                if (!span(r, &sp, &sl) || memchr(sp, 0, sl))
-                    return false;
-                count[num] += rep;
-            } else if (!text(r, rep ? &str : (char **)(void *)at)) {
-                return false;
-            } else if (rep) {
-                arr[(*n)++] = str;
-            }
-        } else if (rep) {
-            const uint8_t *pp;
-            size_t pl;
-            bool bad = false;
-            if (wt != WT_LEN || !(f->flags & PROTOBUF_C_FIELD_FLAG_PACKED) || !span(r, &pp, &pl))
-                return false;
-            if (!fill) {
-                if (f->type != PROTOBUF_C_TYPE_UINT64 && f->type != PROTOBUF_C_TYPE_BOOL)
-                    return false;
-                count[num] = packed_count(pp, pl, f->type, &bad);
-                if (bad)
-                    return false;
-            } else if (f->type == PROTOBUF_C_TYPE_BOOL) {
-                protobuf_c_boolean *arr = *(protobuf_c_boolean **)(void *)at;
-                for (size_t i = 0; i < pl; i++)
-                    arr[i] = pp[i];
-                *n = pl;
-            } else {
-                rd sub = {.p = pp, .end = pp + pl, .a = r->a};
-                uint64_t *arr = *(uint64_t **)(void *)at;
-                while (sub.p < sub.end)
-                    if (!varint(&sub, &arr[(*n)++]))
-                        return false;
-            }
-        } else {
-            if (wt != WT_VARINT || !varint(r, &v))
-                return false;
-            switch (f->type) {
-            case PROTOBUF_C_TYPE_UINT64: *(uint64_t *)(void *)at = v; break;
-            case PROTOBUF_C_TYPE_BOOL:
-                if (v > 1)
-                    return false;
-                *(protobuf_c_boolean *)(void *)at = (protobuf_c_boolean)v;
-                break;
-            case PROTOBUF_C_TYPE_UINT32:
-                if (v > UINT32_MAX)
-                    return false;
-                *(uint32_t *)(void *)at = (uint32_t)v;
-                break;
-            case PROTOBUF_C_TYPE_ENUM:
-                if (v > INT32_MAX)
-                    return false;
-                *(int *)(void *)at = (int)v;
-                break;
-            default: return false;
-            }
-        }
-    }
-    return true;
-}
-
-static void *batch_msg(rd *r, const ProtobufCMessageDescriptor *d) {
-    size_t count[BATCH_MAX_FIELDS + 1] = {0};
-    rd sub;
-    void *m = submsg(r, d->sizeof_message, &sub);
-    if (!m || d->n_fields > BATCH_MAX_FIELDS)
-        return NULL;
-    protobuf_c_message_init(d, m);
-    rd scan = sub;
-    if (!batch_fields(&scan, d, m, false, count))
-        return NULL;
-    for (uint32_t num = 1; num <= d->n_fields; num++) {
-        const ProtobufCFieldDescriptor *f = &d->fields[num - 1];
-        if (!count[num])
-            continue;
-        size_t each = f->type == PROTOBUF_C_TYPE_STRING ? sizeof(char *)
-                      : f->type == PROTOBUF_C_TYPE_BOOL ? sizeof(protobuf_c_boolean)
-                                                        : sizeof(uint64_t);
-        void *arr = count[num] > SIZE_MAX / each ? NULL : take(&sub, count[num] * each);
-        if (!arr)
-            return NULL;
-        *(void **)(void *)((char *)m + f->offset) = arr;
-    }
-    return batch_fields(&sub, d, m, true, count) ? m : NULL;
-}
-
 /* The body at field f: its struct in the arena, decoded from sub. */
 static bool body(rd *r, uint32_t f, Gpubuf__Request *m) {
     rd sub;
@@ -371,13 +233,13 @@ static bool body(rd *r, uint32_t f, Gpubuf__Request *m) {
         return one_id(&sub, &b->request_id);
     }
     case GPUBUF__REQUEST__BODY_BATCH_OPEN:
-        return (m->batch_open = batch_msg(r, &gpubuf__batch_open_request__descriptor)) != NULL;
+        return (m->batch_open = pb_msg(r, &gpubuf__batch_open_request__descriptor)) != NULL;
     case GPUBUF__REQUEST__BODY_BATCH_RELEASE:
-        return (m->batch_release = batch_msg(r, &gpubuf__batch_release_request__descriptor)) != NULL;
+        return (m->batch_release = pb_msg(r, &gpubuf__batch_release_request__descriptor)) != NULL;
     case GPUBUF__REQUEST__BODY_BATCH_ALLOC:
-        return (m->batch_alloc = batch_msg(r, &gpubuf__batch_alloc_request__descriptor)) != NULL;
+        return (m->batch_alloc = pb_msg(r, &gpubuf__batch_alloc_request__descriptor)) != NULL;
     case GPUBUF__REQUEST__BODY_BATCH_STATE:
-        return (m->batch_state = batch_msg(r, &gpubuf__batch_state_request__descriptor)) != NULL;
+        return (m->batch_state = pb_msg(r, &gpubuf__batch_state_request__descriptor)) != NULL;
     default: return false; /* hello, status, renew, takeover, anything newer */
     }
 }
