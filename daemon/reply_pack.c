@@ -167,16 +167,11 @@ static size_t a_u64(const uint64_t *v, size_t n) {
         len += vlen(v[i]);
     return len;
 }
-static size_t a_u32(const uint32_t *v, size_t n) {
+/* uint32, or sint32 (zig: each a zigzagged int32_t). */
+static size_t a_u32(const uint32_t *v, size_t n, bool zig) {
     size_t len = 0;
     for (size_t i = 0; i < n; i++)
-        len += vlen(v[i]);
-    return len;
-}
-static size_t a_s32(const int32_t *v, size_t n) {
-    size_t len = 0;
-    for (size_t i = 0; i < n; i++)
-        len += vlen(zigzag(v[i]));
+        len += vlen(zig ? zigzag((int32_t)v[i]) : v[i]);
     return len;
 }
 static inline size_t f_packed(unsigned num, size_t n, size_t len) {
@@ -194,20 +189,13 @@ static uint8_t *p_a_u64(uint8_t *p, unsigned num, const uint64_t *v, size_t n, s
         p = vput(p, v[i]);
     return p;
 }
-static uint8_t *p_a_u32(uint8_t *p, unsigned num, const uint32_t *v, size_t n, size_t len) {
+static uint8_t *p_a_u32(uint8_t *p, unsigned num, const uint32_t *v, size_t n, size_t len,
+                        bool zig) {
     if (!n)
         return p;
     p = p_head(p, num, len);
     for (size_t i = 0; i < n; i++)
-        p = vput(p, v[i]);
-    return p;
-}
-static uint8_t *p_a_s32(uint8_t *p, unsigned num, const int32_t *v, size_t n, size_t len) {
-    if (!n)
-        return p;
-    p = p_head(p, num, len);
-    for (size_t i = 0; i < n; i++)
-        p = vput(p, zigzag(v[i]));
+        p = vput(p, zig ? zigzag((int32_t)v[i]) : v[i]);
     return p;
 }
 
@@ -217,15 +205,15 @@ static size_t item_error_size(const Gpubuf__BatchItemError *e) {
 
 /* The BatchReply's size; arr: the payloads of its packed arrays. */
 static size_t batch_size(const Gpubuf__BatchReply *m, size_t arr[9]) {
-    arr[0] = a_s32(m->status, m->n_status);
+    arr[0] = a_u32((const uint32_t *)m->status, m->n_status, true);
     arr[1] = a_u64(m->buffer_id, m->n_buffer_id);
     arr[2] = a_u64(m->size, m->n_size);
     arr[3] = a_u64(m->offset, m->n_offset);
     arr[4] = a_u64(m->slab_id, m->n_slab_id);
-    arr[5] = a_u32(m->event_items, m->n_event_items);
-    arr[6] = a_u32(m->state, m->n_state);
+    arr[5] = a_u32(m->event_items, m->n_event_items, false);
+    arr[6] = a_u32(m->state, m->n_state, false);
     arr[7] = a_u64(m->lease_left_ms, m->n_lease_left_ms);
-    arr[8] = a_u32(m->meta_items, m->n_meta_items);
+    arr[8] = a_u32(m->meta_items, m->n_meta_items, false);
     size_t n = f_packed(1, m->n_status, arr[0]) + f_packed(3, m->n_buffer_id, arr[1]) +
                f_packed(4, m->n_size, arr[2]) + f_packed(5, m->n_offset, arr[3]) +
                f_packed(6, m->n_slab_id, arr[4]) + f_bytes(7, m->names) +
@@ -242,7 +230,7 @@ static size_t batch_size(const Gpubuf__BatchReply *m, size_t arr[9]) {
 }
 
 static uint8_t *batch_pack(uint8_t *p, const Gpubuf__BatchReply *m, const size_t arr[9]) {
-    p = p_a_s32(p, 1, m->status, m->n_status, arr[0]);
+    p = p_a_u32(p, 1, (const uint32_t *)m->status, m->n_status, arr[0], true);
     for (size_t i = 0; i < m->n_errors; i++) {
         const Gpubuf__BatchItemError *e = m->errors[i];
         p = p_head(p, 2, item_error_size(e));
@@ -258,14 +246,14 @@ static uint8_t *batch_pack(uint8_t *p, const Gpubuf__BatchReply *m, const size_t
         p = p_head(p, 8, slab_size(m->slabs[i]));
         p = slab_pack(p, m->slabs[i]);
     }
-    p = p_a_u32(p, 9, m->event_items, m->n_event_items, arr[5]);
+    p = p_a_u32(p, 9, m->event_items, m->n_event_items, arr[5], false);
     p = p_bytes(p, 10, m->events);
-    p = p_a_u32(p, 11, m->state, m->n_state, arr[6]);
+    p = p_a_u32(p, 11, m->state, m->n_state, arr[6], false);
     /* 12, the layouts: such a reply is not packed here. */
     for (size_t i = 0; i < m->n_user_data; i++)
         p = p_data(p, 13, m->user_data[i].data, m->user_data[i].len);
     p = p_a_u64(p, 14, m->lease_left_ms, m->n_lease_left_ms, arr[7]);
-    return p_a_u32(p, 15, m->meta_items, m->n_meta_items, arr[8]);
+    return p_a_u32(p, 15, m->meta_items, m->n_meta_items, arr[8], false);
 }
 
 /* May this file pack the BatchReply b? */

@@ -83,8 +83,30 @@ static void fill(ProtobufCMessage *m, Gpubuf__Slab *slab, Gpubuf__ArrayLayout *l
     }
 }
 
-START_TEST(same_bytes_as_protobuf_c) {
+/* r packed by the daemon's packer (the hand packer when expect_fast, else
+ * protobuf-c through it) and by protobuf-c: the same size and bytes, and
+ * nothing written past them; true when the hand packer took it. */
+static bool packed_same(const Gpubuf__Response *r, bool expect_fast, int it) {
     static uint8_t mine[1 << 16], theirs[1 << 16];
+    gd_reply_plan plan;
+    size_t len = gd_reply_size(r, &plan);
+    void (*pack)(const void *, uint8_t *) = plan.pack;
+    size_t want = gpubuf__response__get_packed_size(r);
+    ck_assert_uint_eq(len, want);
+    ck_assert_uint_le(len + 16, sizeof(mine));
+    ck_assert_msg(expect_fast == (pack == gd_reply_pack_fast),
+                  "iteration %d: a reply of %s shape went to the %s packer", it,
+                  expect_fast ? "the known" : "another", expect_fast ? "generic" : "hand");
+    ck_assert_msg(pack == gd_reply_pack_fast || pack == gd_session_pack, "an unknown packer");
+    memset(mine, 0xa5, len + 16);
+    pack(plan.msg, mine);
+    ck_assert_uint_eq(gpubuf__response__pack(r, theirs), want);
+    ck_assert_msg(memcmp(mine, theirs, len) == 0, "iteration %d: the bytes differ", it);
+    ck_assert_msg(mine[len] == 0xa5, "iteration %d: packed past its size", it);
+    return pack == gd_reply_pack_fast;
+}
+
+START_TEST(same_bytes_as_protobuf_c) {
     unsigned fast = 0, slow = 0;
     srand(1234);
     for (int it = 0; it < 50000; it++) {
@@ -108,23 +130,7 @@ START_TEST(same_bytes_as_protobuf_c) {
             r.body_case = GPUBUF__RESPONSE__BODY_BUFFER;
             r.buffer = &b;
         }
-        gd_reply_plan plan;
-        size_t len = gd_reply_size(&r, &plan);
-        void (*pack)(const void *, uint8_t *) = plan.pack;
-        size_t want = gpubuf__response__get_packed_size(&r);
-        ck_assert_uint_eq(len, want);
-        ck_assert_uint_le(len, sizeof(mine));
-        bool expect_fast = !other_body && !layout_set;
-        ck_assert_msg(expect_fast == (pack == gd_reply_pack_fast),
-                      "iteration %d: a reply of %s shape went to the %s packer", it,
-                      expect_fast ? "the known" : "another", expect_fast ? "generic" : "hand");
-        ck_assert_msg(pack == gd_reply_pack_fast || pack == gd_session_pack, "an unknown packer");
-        memset(mine, 0xa5, len + 16);
-        pack(plan.msg, mine);
-        ck_assert_uint_eq(gpubuf__response__pack(&r, theirs), want);
-        ck_assert_msg(memcmp(mine, theirs, len) == 0, "iteration %d: the bytes differ", it);
-        ck_assert_msg(mine[len] == 0xa5, "iteration %d: packed past its size", it);
-        if (pack == gd_reply_pack_fast)
+        if (packed_same(&r, !other_body && !layout_set, it))
             fast++;
         else
             slow++;
@@ -230,7 +236,6 @@ static void fill_batch(Gpubuf__BatchReply *m, Gpubuf__BatchItemError *errs,
 }
 
 START_TEST(batch_replies_same_bytes) {
-    static uint8_t mine[1 << 16], theirs[1 << 16];
     unsigned fast = 0, slow = 0;
     srand(4321);
     for (int it = 0; it < 20000; it++) {
@@ -244,21 +249,7 @@ START_TEST(batch_replies_same_bytes) {
         fill_batch(&br, errs, errp, slabs, slabp, &layout, layoutp, &layout_set);
         r.body_case = GPUBUF__RESPONSE__BODY_BATCH;
         r.batch = &br;
-        gd_reply_plan plan;
-        size_t len = gd_reply_size(&r, &plan);
-        void (*pack)(const void *, uint8_t *) = plan.pack;
-        size_t want = gpubuf__response__get_packed_size(&r);
-        ck_assert_uint_eq(len, want);
-        ck_assert_uint_le(len + 16, sizeof(mine));
-        ck_assert_msg(!layout_set == (pack == gd_reply_pack_fast),
-                      "iteration %d: a batch reply %s layouts went to the %s packer", it,
-                      layout_set ? "with" : "without", layout_set ? "hand" : "generic");
-        memset(mine, 0xa5, len + 16);
-        pack(plan.msg, mine);
-        ck_assert_uint_eq(gpubuf__response__pack(&r, theirs), want);
-        ck_assert_msg(memcmp(mine, theirs, len) == 0, "iteration %d: the bytes differ", it);
-        ck_assert_msg(mine[len] == 0xa5, "iteration %d: packed past its size", it);
-        if (pack == gd_reply_pack_fast)
+        if (packed_same(&r, !layout_set, it))
             fast++;
         else
             slow++;
