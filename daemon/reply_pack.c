@@ -11,7 +11,7 @@
  * when it is zero, empty or absent, as protobuf-c does for proto3 fields.
  * A batch's reply (a BatchReply: columns of packed numbers, one element
  * per item) cost protobuf-c about 580 instructions per item, sized and
- * packed (docs/performance.md, "Batch replies packed by hand").
+ * packed (docs/performance.md, "Batch requests and replies by hand").
  * Any other reply (another body, a Buffer or BatchReply with an array
  * layout, unknown fields) goes to protobuf-c as before.
  * tests/test_reply_pack.c fills every field of these messages through
