@@ -81,8 +81,11 @@ size_t gpubuf__batch_chunk_len(const gpubuf_client *c, const size_t *idx, size_t
 /* A batch reply must carry n results (else the stream is out of step). */
 static int batch_reply_check(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n_fds,
                              size_t n) {
-    const Gpubuf__BatchReply *br = (*ret)->batch;
-    if ((*ret)->body_case != GPUBUF__RESPONSE__BODY_BATCH || br->n_status != n) {
+    /* Counted before the reply goes (another body: no results). */
+    size_t got = (*ret)->body_case == GPUBUF__RESPONSE__BODY_BATCH && (*ret)->batch
+                     ? (*ret)->batch->n_status
+                     : 0;
+    if ((*ret)->body_case != GPUBUF__RESPONSE__BODY_BATCH || got != n) {
         for (int i = 0; i < *n_fds; i++)
             close(fds[i]);
         gpubuf__resp_free(c, *ret);
@@ -90,7 +93,7 @@ static int batch_reply_check(gpubuf_client *c, Gpubuf__Response **ret, int *fds,
         return gpubuf__fail(GPUBUF_EPROTOCOL,
                             "gpubufd answered a batch of %zu items with %zu "
                             "results",
-                            n, br ? br->n_status : 0);
+                            n, got);
     }
     return 0;
 }

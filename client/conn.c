@@ -725,15 +725,17 @@ static int rpc_wait_reply(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Respon
  * reply, and every path of this wait, frees with gpubuf__resp_free. */
 static int rpc_wait(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret,
                     int *ret_fds, int *ret_n_fds, bool *ret_unsent) {
+    /* A wait inside another (a reconnect's hello) gives the outer its flag back. */
+    bool was = c->batch_wait;
     switch (req->body_case) {
     case GPUBUF__REQUEST__BODY_BATCH_OPEN:
     case GPUBUF__REQUEST__BODY_BATCH_RELEASE:
     case GPUBUF__REQUEST__BODY_BATCH_ALLOC:
     case GPUBUF__REQUEST__BODY_BATCH_STATE: c->batch_wait = true; break;
-    default: break;
+    default: c->batch_wait = false; break;
     }
     int r = rpc_wait_reply(c, req, ret, ret_fds, ret_n_fds, ret_unsent);
-    c->batch_wait = false;
+    c->batch_wait = was;
     return r;
 }
 

@@ -156,9 +156,10 @@ Gpubuf__Response *gpubuf__reply_fast(gpubuf__arena *a, const uint8_t *data, size
  * other reply, goes to protobuf-c with malloc. */
 #define BIG_SLACK (16u << 10)
 #define BIG_KEEP (1u << 20) /* a larger block goes when its reply does */
+#define BIG_MAX (64u << 20) /* a reply that would need more goes to protobuf-c */
 
 static Gpubuf__Response *decode_big(gpubuf__arena *a, const uint8_t *body, size_t len) {
-    size_t want = len < (SIZE_MAX - BIG_SLACK) / 8 ? 8 * len + BIG_SLACK : 0;
+    size_t want = len <= (BIG_MAX - BIG_SLACK) / 8 ? 8 * len + BIG_SLACK : 0;
     if (!a->big_live && want) {
         if (a->big_cap < want) {
             free(a->big_block);
@@ -171,6 +172,8 @@ static Gpubuf__Response *decode_big(gpubuf__arena *a, const uint8_t *body, size_
             gpubuf_arena_init(&a->big, a->big_block, a->big_cap);
             if ((a->big_live = decode_fast(&a->big, body, len, true)))
                 return a->big_live;
+            if (a->big_cap > BIG_KEEP) /* declined: a large block goes now */
+                gpubuf__arena_free(a);
         }
     }
     return gpubuf__response__unpack(NULL, len, body);

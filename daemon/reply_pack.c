@@ -89,7 +89,8 @@ static inline uint8_t *p_bool(uint8_t *p, unsigned num, protobuf_c_boolean v) {
 static inline uint8_t *p_data(uint8_t *p, unsigned num, const void *data, size_t len) {
     p = vput(p, TAG(num, LEN));
     p = vput(p, len);
-    memcpy(p, data, len);
+    if (len) /* an empty element of repeated bytes may have no data */
+        memcpy(p, data, len);
     return p + len;
 }
 static inline uint8_t *p_str(uint8_t *p, unsigned num, const char *s) {

@@ -35,9 +35,9 @@ typedef struct gd_state gd_state;
  * long. With a small registry (a few thousand buffers, a snapshot well
  * under 1 MiB) a minimum of 1 MiB made a snapshot every ~1 MiB of journal:
  * under 16 processes batching that was about 270 of gpubufd's 5,500
- * instructions per buffer (docs/performance.md, "Fewer snapshots"). The
- * state's memory is bounded with it (docs/security.md: about 4 x the
- * snapshot + 10 MiB). */
+ * instructions per buffer (docs/performance.md, "Batch requests and replies
+ * by hand"). The state's memory bound follows (docs/security.md: about
+ * 5 x the snapshot, 10 MiB at least). */
 #define STATE_MIN_COMPACT (4ull << 20)
 #define STATE_MAP_MIN (1ull << 20) /* the journal mapping grows from here */
 #define STATE_MAX_GROUP (64u << 20) /* one group (version 2): a request's changes */

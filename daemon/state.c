@@ -63,10 +63,12 @@ static void store_remove(gd_state *st, const char *name) {
 static void pend_put(gd_state *st);
 
 static void commit(gd_state *st) {
-    slot *s = &st->slots[st->active];
-    gd_obuf *o = &st->stage;
+    /* First: staging the pending entry may write a group of its own (a
+     * stage near STATE_MAX_GROUP), and that may switch the active slot. */
     if (st->pend)
         pend_put(st);
+    slot *s = &st->slots[st->active];
+    gd_obuf *o = &st->stage;
     if (o->len <= 9 && !o->oom)
         return;
     uint64_t t0 = gpubuf_now_ns();
