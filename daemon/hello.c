@@ -19,6 +19,11 @@
  * any), as a clause for the client's message. */
 static void refusal(const gd_session *s, const gd_holder *old, uint64_t sid, char *why,
                     size_t len) {
+    /* A fresh gpubufd may have given this very connection the id of the
+     * session it asks for (ids start again at 1): that is no other
+     * connection's. */
+    if (old == s->holder)
+        old = NULL;
     if (old && old->detached && s->pid == 0)
         snprintf(why, len, "gpubufd cannot see this process's pid (its PID namespace is not "
                            "gpubufd's or below it), so it cannot tell it is the session's");

@@ -166,6 +166,34 @@ START_TEST(empty_request_and_double_hello) {
 }
 END_TEST
 
+/* A client asks to resume the session whose id this very connection was
+ * given (a fresh gpubufd gives ids from 1 again, so the ids a restarted
+ * client asks for come round): it is told that gpubufd started without
+ * saved state, not that another connection holds the session. */
+START_TEST(resume_of_its_own_id) {
+    int a = raw_connect();
+    Gpubuf__Response *r = td_raw_hello_caps(a, 0);
+    uint64_t mine = r->hello->session_id;
+    gpubuf__response__free_unpacked(r, NULL);
+    close(a);
+    /* Ids count up: the next connection is the next id. */
+    int b = raw_connect();
+    rp_hello h;
+    rp_hello_init(&h, 0, NULL);
+    h.hello.resume_session = mine + 1;
+    td_raw_send(b, &h.req);
+    r = rp_recv(b, NULL);
+    ck_assert_ptr_nonnull(r);
+    ck_assert_int_eq(r->status, 0);
+    ck_assert_uint_eq(r->hello->session_id, mine + 1);
+    ck_assert(!r->hello->resumed);
+    ck_assert_msg(strstr(r->hello->resume_refused, "started without saved state") != NULL,
+                  "refused: %s", r->hello->resume_refused);
+    gpubuf__response__free_unpacked(r, NULL);
+    close(b);
+}
+END_TEST
+
 START_TEST(unsolicited_fds_are_closed) {
     int before = td_quiet_fds(&D, 0, 20000);
     ck_assert_int_ge(before, 0);
@@ -544,7 +572,7 @@ SUITE_MAIN("protocol", "protocol", start_default, td_stop_clean, 60,
           garbage_disconnects_only_that_client, bad_magic_gets_error_then_close,
           bad_version_header, oversized_frame_rejected, truncated_frame_then_hangup,
           undecodable_payload, request_before_hello, version_negotiation_fails,
-          empty_request_and_double_hello, unsolicited_fds_are_closed,
+          empty_request_and_double_hello, resume_of_its_own_id, unsolicited_fds_are_closed,
           release_not_held_and_double_release, read_only_fd_and_seal_event,
           keep_mapped_protocol, status_rows_and_columns_agree,
           pipelined_requests_answered_in_order, requests_before_hangup_are_answered,
