@@ -65,8 +65,7 @@ static void pend_put(gd_state *st);
 static void commit(gd_state *st) {
     /* First: staging the pending entry may write a group of its own (a
      * stage near STATE_MAX_GROUP), and that may switch the active slot. */
-    if (st->pend)
-        pend_put(st);
+    pend_put(st);
     slot *s = &st->slots[st->active];
     gd_obuf *o = &st->stage;
     if (o->len <= 9 && !o->oom)
@@ -132,6 +131,8 @@ static void staged(gd_state *st) {
  * points to freed memory. */
 static void pend_put(gd_state *st) {
     const gd_buf *b = st->pend;
+    if (!b)
+        return;
     st->pend = NULL;
     if (stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
         gd_se_buffer(&st->stage, b);
@@ -141,7 +142,7 @@ static void hook_buf(void *arg, const gd_buf *b) {
     gd_state *st = arg;
     if (st->frozen || st->no_journal)
         return;
-    if (st->pend && st->pend != b)
+    if (st->pend != b)
         pend_put(st);
     st->pend = b;
     staged(st);
@@ -149,8 +150,7 @@ static void hook_buf(void *arg, const gd_buf *b) {
 
 static void hook_buf_state(void *arg, const gd_buf *b) {
     gd_state *st = arg;
-    if (st->pend)
-        pend_put(st); /* this entry must come after the buffer's */
+    pend_put(st); /* this entry must come after the buffer's */
     if (!stage_room(st, 13))
         return;
     gd_se_buffer_state(&st->stage, b->id, (uint32_t)b->state);
@@ -158,8 +158,7 @@ static void hook_buf_state(void *arg, const gd_buf *b) {
 }
 
 static void hook_id(gd_state *st, int kind, uint64_t id) {
-    if (st->pend)
-        pend_put(st);
+    pend_put(st);
     if (!stage_room(st, 9))
         return;
     gd_se_id(&st->stage, kind, id);
@@ -185,8 +184,7 @@ static void hook_ref(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t
 
 static void hook_holder(void *arg, const gd_holder *h) {
     gd_state *st = arg;
-    if (st->pend)
-        pend_put(st);
+    pend_put(st);
     if (!stage_room(st, 256))
         return;
     gd_se_session(&st->stage, h);
@@ -202,8 +200,7 @@ static void hook_slab(void *arg, const gd_slab *s, bool created) {
     char name[64];
     if (st->frozen)
         return;
-    if (st->pend)
-        pend_put(st);
+    pend_put(st);
     gd_state_slab_name(name, sizeof(name), s->id);
     if (created) {
         if (stage_room(st, 256 + GPUBUF_NAME_MAX)) {

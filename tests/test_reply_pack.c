@@ -19,6 +19,14 @@ static char g_text[64][300];
 static uint8_t g_data[64][200];
 static int g_used;
 
+/* b: empty, or up to 199 random bytes in one of the g_data blocks. */
+static void random_bytes(ProtobufCBinaryData *b) {
+    b->len = rand() % 3 == 0 ? 0 : (size_t)(rand() % 200);
+    b->data = b->len ? g_data[g_used++ % 64] : NULL;
+    for (size_t k = 0; k < b->len; k++)
+        b->data[k] = (uint8_t)rand();
+}
+
 /* Every field of m at random (body: the Response's oneof, set by the
  * caller). Submessages: the Slab always comes from slab; a layout, when
  * set, makes the reply one the hand packer leaves to protobuf-c. */
@@ -56,11 +64,7 @@ static void fill(ProtobufCMessage *m, Gpubuf__Slab *slab, Gpubuf__ArrayLayout *l
             break;
         }
         case PROTOBUF_C_TYPE_BYTES: {
-            ProtobufCBinaryData *b = at;
-            b->len = rand() % 3 == 0 ? 0 : (size_t)(rand() % 200);
-            b->data = b->len ? g_data[g_used++ % 64] : NULL;
-            for (size_t k = 0; k < b->len; k++)
-                b->data[k] = (uint8_t)rand();
+            random_bytes(at);
             break;
         }
         case PROTOBUF_C_TYPE_MESSAGE:
@@ -165,11 +169,7 @@ static void fill_batch(Gpubuf__BatchReply *m, Gpubuf__BatchItemError *errs,
         if (f->label != PROTOBUF_C_LABEL_REPEATED) {
             ck_assert_msg(f->type == PROTOBUF_C_TYPE_BYTES, "BatchReply.%s: a field the test does not fill",
                           f->name);
-            ProtobufCBinaryData *b = at;
-            b->len = rand() % 3 == 0 ? 0 : (size_t)(rand() % 200);
-            b->data = b->len ? g_data[g_used++ % 64] : NULL;
-            for (size_t k = 0; k < b->len; k++)
-                b->data[k] = (uint8_t)rand();
+            random_bytes(at);
             continue;
         }
         *np = n;
