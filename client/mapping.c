@@ -356,19 +356,29 @@ bool gpubuf__mapping_put_ex(gpubuf_client *c, gpubuf_mapping *m, bool evict) {
     if (m->keepable && !c->broken && (m->kept || c->keep_cap > 0)) {
         bool first = !m->kept;
         /* Room for one more kept slab: forget the least recently used. */
-        if (evict && first && c->n_kept >= c->keep_cap && c->idle) {
-            gpubuf_mapping *old = c->idle->idle_prev; /* the tail */
-            idle_unlink(c, old);
-            drop(c, old, true);
-        }
-        /* Sending the unmap may have read the daemon's goodbye: then the
-         * release that would pin this slab is never sent. */
-        if (!c->broken && (!first || c->n_kept < c->keep_cap)) {
+        gpubuf_mapping *old = evict && first && c->n_kept >= c->keep_cap && c->idle
+                                  ? c->idle->idle_prev /* the tail */
+                                  : NULL;
+        if (!first || c->n_kept < c->keep_cap || old) {
+            if (old)
+                idle_unlink(c, old);
             if (first) {
                 m->kept = true;
                 c->n_kept++;
             }
+            /* Idle before the unmap below is sent: sending may read
+             * replies, and a view those make on this slab takes m off the
+             * idle list (gpubuf__mapping_hold). */
             idle_push(c, m);
+            if (old)
+                drop(c, old, true);
+            /* That send may have read the daemon's goodbye: then the
+             * release that would pin this slab is never sent. */
+            if (c->broken && m->views == 0) {
+                idle_unlink(c, m);
+                drop(c, m, true);
+                return false;
+            }
             return first;
         }
     }
