@@ -2,7 +2,9 @@
 """Turn the raw "name value" lines of one bench/run.sh run into the table of
 docs/performance.md: every figure next to the anchor measured in the same run,
 as a ratio, and its goal."""
+import os
 import re
+import statistics
 import sys
 
 
@@ -38,8 +40,15 @@ machine = open(sys.argv[1]).read()
 a = parse(sys.argv[2])
 g = parse(sys.argv[3])
 py = parse(sys.argv[4]) if len(sys.argv) > 4 else {}
-# The same goal phases against a daemon with state_journal = off (bench/run.sh).
-nj = parse(sys.argv[5]) if len(sys.argv) > 5 else {}
+# The journal pairs (bench/run.sh): the goal phases run in turn with the
+# journal off and on in the same gpubufd, one file per round (on-K.txt,
+# off-K.txt).
+pairs = {"on": [], "off": []}
+if len(sys.argv) > 5 and os.path.isdir(sys.argv[5]):
+    for name in sorted(os.listdir(sys.argv[5]), key=lambda n: int(re.sub(r"\D", "", n) or 0)):
+        m = re.fullmatch(r"(on|off)-\d+\.txt", name)
+        if m:
+            pairs[m.group(1)].append(parse(os.path.join(sys.argv[5], name)))
 gpu = "mode gpu" in machine
 
 # The socket round trip anchor: ipc_bench's 64 B ping-pong on the GPU machine,
@@ -286,7 +295,7 @@ for fig, v, unit, ratio, goal, mark in rows:
     print(f"| {fig} | {v:.1f} {unit} | {ratio} | {goal} | {mark} |")
 
 # Journal pairs: each goal figure that restart survival must not slow down,
-# with the journal on (the run above) and off (a fresh daemon, same phases).
+# its median over the rounds with the journal on and over those with it off.
 def pair_figures(v):
     out = []
     for key, label, unit, lower in (
@@ -303,21 +312,30 @@ def pair_figures(v):
     return out
 
 
-if nj:
+if pairs["on"] and pairs["off"]:
     print()
-    print("Journal on/off pairs (state_journal = off: a fresh daemon, the same phases; "
-          "cost = how much slower with the journal):")
+    print(f"Journal on/off pairs (one gpubufd with state_journal = switchable, after every other "
+          f"phase: the goal phases {len(pairs['off'])} times with the journal off and "
+          f"{len(pairs['on'])} times on, in turn; medians; cost = how much slower with the "
+          f"journal):")
     print()
-    print("| figure | journal on | journal off | cost of the journal | goal | |")
-    print("|---|---|---|---|---|---|")
-    for (label, on, unit, lower), (_, off, _, _) in zip(pair_figures(g), pair_figures(nj)):
-        if on is None or off is None:
+    print("| figure | journal on | journal off | cost of the journal | rounds' range on / off | goal | |")
+    print("|---|---|---|---|---|---|---|")
+    on_rounds = [pair_figures(v) for v in pairs["on"]]
+    off_rounds = [pair_figures(v) for v in pairs["off"]]
+    for i, (label, _, unit, lower) in enumerate(pair_figures({})):
+        ons = [r[i][1] for r in on_rounds if r[i][1] is not None]
+        offs = [r[i][1] for r in off_rounds if r[i][1] is not None]
+        if not ons or not offs:
             continue
+        on, off = statistics.median(ons), statistics.median(offs)
         cost = on / off if lower else off / on
         big = unit.endswith("/s") and on > 1e4
         fmt = (lambda x: f"{x / 1e6:.2f} M {unit}") if big else (lambda x: f"{x:.1f} {unit}")
-        print(f"| {label} | {fmt(on)} | {fmt(off)} | {cost:.2f} × | ≤ 1.1 × | "
-              f"{'met' if cost <= 1.1 else 'MISSED'} |")
+        span = (lambda xs: f"{min(xs) / 1e6:.2f}–{max(xs) / 1e6:.2f}") if big else \
+            (lambda xs: f"{min(xs):.1f}–{max(xs):.1f}")
+        print(f"| {label} | {fmt(on)} | {fmt(off)} | {cost:.3f} × | {span(ons)} / {span(offs)} | "
+              f"≤ 1.1 × | {'met' if cost <= 1.1 else 'MISSED'} |")
 print()
 print("Anchors measured in this run:")
 for k in ("unix_socket_roundtrip_64B_median_us", "cuIpcOpenMemHandle_first_median_us",

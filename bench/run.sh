@@ -6,12 +6,14 @@
 #   bench/run.sh [--host] [--only base|vmm|batch|meta|restart[,...]] [--out DIR] [--trace]
 #                [--no-journal-pairs]
 #
-# Journal pairs: every phase of the run (but the Python benchmark) runs a
-# second time, in the same order, against a fresh gpubufd with
-# state_journal = off (a key for measurement only), and the report gives the
-# rows of the goals that restart survival must not slow down (latency, cold,
-# throughput of the base group; batch, batchmix) with the journal off and
-# the ratio on/off (goal <= 1.1). --no-journal-pairs skips that second run.
+# Journal pairs: gpubufd runs with state_journal = switchable (a key for
+# measurement only: SIGUSR2 turns its journal off, and on again after a whole
+# snapshot). After every other phase, in the same daemon, the phases of the
+# goals that restart survival must not slow down (latency, cold, throughput
+# of the base group; batch, batchmix) run 8 more times, the journal off, on,
+# on, off, off, on, on, off; the report gives each figure's median with the
+# journal on and off and the ratio (goal <= 1.1). --no-journal-pairs skips
+# them.
 #
 # --trace: the daemon and the benchmark record a timestamp at each step of
 # every request (GPUBUF_TRACE_TIMING=1, files in DIR/trace), and the report
@@ -168,9 +170,15 @@ pools=(--pool "gpu0=$kind,capacity=32G,slab=64M" --pool "cold=$kind,capacity=2G,
     --pool "vmmcold=cuda-vmm,device=0,capacity=2G,slab=2M"
     --pool "vmmcold64=cuda-vmm,device=0,capacity=8G,slab=64M")
 daemon=
+# gpubufd's messages go to $log (printed when it stops): switch_journal
+# waits there for the daemon to say it switched.
+log=$out/gpubufd.log
+: >"$log"
+printf '[daemon]\nstate_journal = switchable\n' >"$out/switchable.conf"
 start_daemon() { # [config file]
     rm -f "$sock"
-    "$build/daemon/gpubufd" --socket "$sock" --log-level warning ${1:+--config "$1"} "${pools[@]}" &
+    : >"$log"
+    "$build/daemon/gpubufd" --socket "$sock" --log-level warning ${1:+--config "$1"} "${pools[@]}" 2>"$log" &
     daemon=$!
     trap 'kill $daemon 2>/dev/null || true' EXIT
     for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
@@ -179,8 +187,22 @@ stop_daemon() {
     kill $daemon
     wait $daemon || true
     trap - EXIT
+    grep -v "state_journal = switchable\|SIGUSR2: the journal is" "$log" >&2 || true
 }
-start_daemon
+switch_journal() { # off|on: SIGUSR2, then wait until gpubufd says it switched
+    local n
+    n=$(grep -c "SIGUSR2: the journal is" "$log" || true)
+    kill -USR2 $daemon
+    for _ in $(seq 600); do
+        [ "$(grep -c "SIGUSR2: the journal is" "$log" || true)" -gt "$n" ] && break
+        sleep 0.05
+    done
+    if ! tail -n 5 "$log" | grep -q "SIGUSR2: the journal is $1"; then
+        echo "bench/run.sh: gpubufd did not switch its journal $1 (see $log)" >&2
+        return 1
+    fi
+}
+start_daemon "$out/switchable.conf"
 only=""
 if [ $base = 1 ]; then
     only=latency,cold,throughput,crash,scale,async
@@ -215,6 +237,30 @@ elif ls "$build"/python/gpubuf/_gpubuf*.so >/dev/null 2>&1; then
 else
     echo "bench/run.sh: the Python package was not built (see $out/cmake.log)" >&2
 fi
+# The journal pairs, in the same daemon after every other phase: the
+# goal phases with the journal off and on in turn, in the order off on on
+# off off on on off (a drift over the rounds weighs on both sides alike).
+# Until 2026-12-02 the pairs came from a second, fresh gpubufd with
+# state_journal = off going through every phase again: fresh daemons of
+# one build gave batch opens anywhere from 2.3 to 4.0 M/s on the H200,
+# more than the journal's cost, so a pair measured which daemon was the
+# lucky one (docs/performance.md, "Journal pairs in one daemon").
+rm -rf "$out/pairs"
+mkdir -p "$out/pairs"
+pair_only=""
+for p in ${only//,/ }; do
+    case $p in latency | cold | throughput | batch | batchmix) pair_only=${pair_only:+$pair_only,}$p ;; esac
+done
+if [ $pairs = 1 ] && [ -n "$pair_only" ]; then
+    k=0
+    for j in off on on off off on on off; do
+        k=$((k + 1))
+        [ $k = 1 ] || [ "$j" != "$last" ] && { switch_journal $j || { bench_rc=1; break; }; }
+        last=$j
+        run_bench $pair_only "$out/pairs/$j-$k.txt" >/dev/null || bench_rc=$?
+    done
+    phase "journal pairs done ($pair_only, 8 rounds)"
+fi
 stop_daemon
 # The daemon's memory per waiting open, on a fresh daemon: after phases that
 # freed much, its heap keeps that memory resident and RSS does not move
@@ -225,25 +271,8 @@ if [ $base = 1 ]; then
         --only waitmem | tee -a "$out/gpubuf.txt" || bench_rc=$?
     stop_daemon
 fi
-# The same goal phases with the journal off, on a fresh daemon.
-: >"$out/gpubuf-nojournal.txt"
-# Every phase of the first run runs again, in the same order, so that both
-# daemons are in the same condition when a paired phase runs (registry,
-# slabs, pools, journal length): a pair taken after different phases
-# measured what those phases left behind as much as the journal (the
-# H200 run of 2026-12-02 01:29 UTC: 16 batched processes 2.73 M ops/s
-# after the vmm and bandwidth phases, 5.47 M ops/s journal off without them).
-pair_only=""
-{ [ $base = 1 ] || [ $batch = 1 ]; } && pair_only=$only
-if [ $pairs = 1 ] && [ -n "$pair_only" ]; then
-    printf '[daemon]\nstate_journal = off\n' >"$out/nojournal.conf"
-    start_daemon "$out/nojournal.conf"
-    run_bench $pair_only "$out/gpubuf-nojournal.txt" || bench_rc=$?
-    stop_daemon
-    phase "journal-off pairs done"
-fi
 python3 bench/report.py "$out/machine.txt" "$out/anchors.txt" "$out/gpubuf.txt" "$out/python.txt" \
-    "$out/gpubuf-nojournal.txt" | tee "$out/report.md"
+    "$out/pairs" | tee "$out/report.md"
 if [ $trace = 1 ]; then
     for t in open alloc batch_open batch_release batch_alloc batch_delete; do
         echo

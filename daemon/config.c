@@ -85,13 +85,17 @@ static int parse_level(const key_def *k, const char *val, void *dst, gd_err *err
 }
 
 /* on or off, stored as 0 or 1: the key's field says what is off. */
+/* state_journal: on (0), off (1), or switchable (2: on, and SIGUSR2 turns
+ * it off and on; for measurement only). */
 static int parse_off(const key_def *k, const char *val, void *dst, gd_err *err) {
     if (strcmp(val, "on") == 0)
         *(uint32_t *)dst = 0;
     else if (strcmp(val, "off") == 0)
         *(uint32_t *)dst = 1;
+    else if (strcmp(val, "switchable") == 0)
+        *(uint32_t *)dst = 2;
     else
-        return gd_err_set(err, -EINVAL, "bad %s '%s' (on or off)", k->name, val);
+        return gd_err_set(err, -EINVAL, "bad %s '%s' (on, off or switchable)", k->name, val);
     return 0;
 }
 
@@ -198,7 +202,7 @@ static const key_def daemon_keys[] = {
      NULL, NULL, false},
     /* For measurement only, unsupported: off journals no change after the
      * start's snapshot, so a restart loses what changed since. */
-    {"state_journal", NULL, parse_off, 0, 1, 0, CFG(limits.journal_off), NULL, NULL, false},
+    {"state_journal", NULL, parse_off, 0, 2, 0, CFG(limits.journal_off), NULL, NULL, false},
     {"max_lease_ms", NULL, parse_u32, 1, UINT32_MAX, 604800000, CFG(quota.max_lease_ms), NULL,
      NULL, false},
     {"max_meta_bytes_per_client", NULL, parse_u64, 0, UINT64_MAX, 32u << 20,

@@ -193,7 +193,7 @@ static void log_fd_budget(const gd_limits *l, uint64_t before) {
 }
 
 static gd_daemon g_d;
-static uv_signal_t g_sig[3];
+static uv_signal_t g_sig[4]; /* SIGTERM, SIGINT, SIGHUP, SIGUSR2 */
 static const char *g_config_file;
 static const char *g_log_flag; /* --log-level wins over the file, also at SIGHUP */
 #ifdef GPUBUF_HAVE_SYSTEMD
@@ -277,6 +277,25 @@ static void on_signal(uv_signal_t *h, int signum) {
         reload();
         return;
     }
+    if (signum == SIGUSR2) {
+        int r = gd_state_switch(g_d.ctx.state);
+        if (r == -EPERM)
+            LOG_WARN("SIGUSR2 ignored: it switches the journal only with state_journal = "
+                     "switchable (a key for measurement only)");
+        else if (r < 0 && r != -EIO)
+            LOG_WARN("SIGUSR2 ignored: no journal to switch");
+        else if (r < 0)
+            LOG_ERR("SIGUSR2: the journal stays off: its snapshot could not be written");
+        else {
+            LOG_WARN("SIGUSR2: the journal is %s", r ? "on again, after a whole snapshot"
+                                                     : "off: a restart loses the changes from now on");
+#ifdef GPUBUF_HAVE_SYSTEMD
+            sd_notifyf(0, "STATUS=serving %d pool(s), journal %s (state_journal = switchable)",
+                       g_d.ctx.n_pools, r ? "on" : "off");
+#endif
+        }
+        return;
+    }
     LOG_NOTICE("signal %d: shutting down (%u clients connected)", signum, g_d.ctx.n_sessions);
     shutdown_daemon();
 }
@@ -295,7 +314,7 @@ static void shutdown_daemon(void) {
     if (g_watchdog_on)
         uv_close((uv_handle_t *)&g_watchdog, NULL);
 #endif
-    for (int i = 0; i < 3; i++)
+    for (int i = 0; i < 4; i++)
         if (!uv_is_closing((uv_handle_t *)&g_sig[i]))
             uv_close((uv_handle_t *)&g_sig[i], NULL);
 }
@@ -490,9 +509,9 @@ static int listen_socket(const gd_config *cfg, int listen_fd, const char *from) 
 
 /* Signals, the watchdog, READY=1. */
 static int start_services(uv_loop_t *loop) {
-    static const int signums[3] = {SIGTERM, SIGINT, SIGHUP};
+    static const int signums[4] = {SIGTERM, SIGINT, SIGHUP, SIGUSR2};
     int r;
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if ((r = uv_signal_init(loop, &g_sig[i])) < 0 ||
             (r = uv_signal_start(&g_sig[i], on_signal, signums[i])) < 0) {
             LOG_ERR("cannot watch signal %d: %s", signums[i], uv_strerror(r));
@@ -676,7 +695,7 @@ int main(int argc, char **argv) {
             LOG_ERR("takeover: giving up (%s); gpubufd pid %d serves on", why, (int)tk.from);
             gd_takeover_abort(&tk, r, why);
         }
-        for (int i = 0; i < 3; i++)
+        for (int i = 0; i < 4; i++)
             if (g_sig[i].type && !uv_is_closing((uv_handle_t *)&g_sig[i]))
                 uv_close((uv_handle_t *)&g_sig[i], NULL);
 #ifdef GPUBUF_HAVE_SYSTEMD

@@ -20,7 +20,8 @@ typedef struct gd_limits {
     uint32_t max_waiters_per_client; /* pending opens per connection (config key) */
     uint64_t max_reply_memory;       /* queued reply bytes of all connections together */
     uint32_t resume_timeout_ms;      /* restored sessions not resumed by then are dropped */
-    uint32_t journal_off;            /* state_journal = off: no journal after the start (measurement) */
+    uint32_t journal_off;            /* state_journal: 0 on, 1 off (no journal after the start),
+                                      * 2 switchable by SIGUSR2 (measurement only) */
     uint32_t poll_us;                /* the loop polls this long for the next request; 0: never */
 } gd_limits;
 

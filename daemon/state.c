@@ -334,7 +334,7 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
         ctx->pools[i]->slab_hook_arg = st;
     }
     gd_group_open(&st->stage);
-    st->no_journal = ctx->limits.journal_off != 0;
+    st->no_journal = ctx->limits.journal_off == 1;
     if (st->no_journal)
         LOG_WARN("state_journal = off (for measurement only): no change is journalled, a restart "
                  "loses every change made from now on");
@@ -342,6 +342,9 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
         ctx->reg.hooks = &hooks;
         ctx->reg.hooks_arg = st;
     }
+    if (ctx->limits.journal_off == 2)
+        LOG_WARN("state_journal = switchable (for measurement only): SIGUSR2 turns the journal "
+                 "off, and on again; while it is off a restart loses every change");
     ctx->state = st;
     gd_state_store_fd(st, "state-0", st->slots[0].fd);
     gd_state_store_fd(st, "state-1", st->slots[1].fd);
@@ -385,6 +388,30 @@ void gd_state_freeze(gd_state *st) {
         uv_close((uv_handle_t *)&st->expiry, NULL);
     }
     gd_state_snap_close(st);
+}
+
+int gd_state_switch(gd_state *st) {
+    if (!st || st->frozen)
+        return -ESRCH;
+    if (st->ctx->limits.journal_off != 2)
+        return -EPERM;
+    if (!st->no_journal) {
+        /* What the hooks staged is written, a snapshot under way is
+         * dropped (it follows the journal, which stops), no hook runs. */
+        commit(st);
+        gd_state_snap_abort(st);
+        st->ctx->reg.hooks = NULL;
+        st->no_journal = true;
+        return 0;
+    }
+    /* On again: a whole snapshot of the registry as it is now, then the
+     * journal follows it, as at start. */
+    if (gd_state_compact(st) < 0)
+        return -EIO; /* a journal after the old snapshot would miss changes: off it stays */
+    st->no_journal = false;
+    st->ctx->reg.hooks = &hooks;
+    st->ctx->reg.hooks_arg = st;
+    return 1;
 }
 
 int gd_state_rewrite(gd_state *st) {

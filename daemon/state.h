@@ -67,6 +67,12 @@ void gd_state_end(gd_state *st);
  * (a packed StateRecord, or a group: state_record.h) of that generation. */
 void gd_state_header_v2(uint8_t *out, uint64_t gen);
 size_t gd_state_frame_v2(uint8_t *out, uint64_t gen, const uint8_t *rec, uint32_t n);
+/* state_journal = switchable (measurement only): turn the journal off
+ * (what is staged is written first; 0) or on again (after a whole snapshot
+ * of the registry; 1). -EPERM when the key is not switchable, -ESRCH
+ * without a journal to switch (frozen), -EIO when the snapshot could not be
+ * written (the journal stays off; the write error is logged). */
+int gd_state_switch(gd_state *st);
 /* Bytes of the active state memfd, and the records written since start
  * (status, benchmarks). */
 uint64_t gd_state_bytes(const gd_state *st);

@@ -614,6 +614,64 @@ START_TEST(metadata_charge_survives_sigkill) {
 }
 END_TEST
 
+/* state_journal = switchable (measurement only): SIGUSR2 turns the journal
+ * off, and on again after a whole snapshot. What was made while it was off
+ * is in that snapshot and survives a SIGKILL after it; what is made while
+ * it is off does not survive one. The daemon says each switch to the
+ * service manager (STATUS=). */
+static void switch_journal(fake_sd *m, const char *to) {
+    char want[64];
+    snprintf(want, sizeof(want), "journal %s (state_journal = switchable)", to);
+    ck_assert_int_eq(kill(m->d.pid, SIGUSR2), 0);
+    ck_assert_msg(fsd_wait(m, want, 30000), "no \"%s\" from gpubufd", want);
+}
+
+static void expect_buffer(const test_daemon *d, const char *name, uint32_t seed, bool there) {
+    gpubuf_client *c = td_connect(d);
+    gpubuf_buffer *b = NULL;
+    int r = gpubuf_open(c, name, 0, &b);
+    if (!there) {
+        ck_assert_msg(r == -ENOENT, "%s: %d, not -ENOENT", name, r);
+    } else {
+        ck_assert_msg(r == 0, "%s: %s", name, gpubuf_strerror(r));
+        ck_assert_uint_eq(td_mismatches(gpubuf_buffer_host_ptr(b), 1 << 20, seed), 0);
+        gpubuf_release(b);
+    }
+    gpubuf_disconnect(c);
+}
+
+START_TEST(switchable_journal) {
+    fake_sd m;
+    char conf[256];
+    const char *args[] = {"--pool", "host=host,capacity=1G", "--config", conf, NULL};
+    fsd_init(&m);
+    snprintf(conf, sizeof(conf), "%s/gpubuf.conf", m.d.dir);
+    FILE *f = fopen(conf, "w");
+    ck_assert_ptr_nonnull(f);
+    fputs("[daemon]\nstate_journal = switchable\n", f);
+    fclose(f);
+    fsd_start(&m, args);
+    td_produce(&m.d, "before", 1 << 20, 1);
+    switch_journal(&m, "off");
+    td_produce(&m.d, "while-off", 1 << 20, 2);
+    switch_journal(&m, "on");
+    td_produce(&m.d, "after", 1 << 20, 3);
+    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
+    fsd_start(&m, args);
+    expect_buffer(&m.d, "before", 1, true);
+    expect_buffer(&m.d, "while-off", 2, true);
+    expect_buffer(&m.d, "after", 3, true);
+    /* The journal is on again after a start; off, a change is not kept. */
+    switch_journal(&m, "off");
+    td_produce(&m.d, "lost", 1 << 20, 4);
+    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
+    fsd_start(&m, args);
+    expect_buffer(&m.d, "lost", 4, false);
+    expect_buffer(&m.d, "after", 3, true);
+    fsd_cleanup(&m);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("restart");
     TCase *t;
@@ -621,7 +679,8 @@ static Suite *suite(void) {
     t = add_case(s, "restart", NULL, NULL, 60);
     add_tests(t, sigkill_and_sigterm_keep_the_buffer, sessions_not_resumed_are_released,
               bad_state_is_dropped, slab_once_after_resume, batch_changes_survive_sigkill,
-              metadata_and_leases_survive_sigkill, metadata_charge_survives_sigkill);
+              metadata_and_leases_survive_sigkill, metadata_charge_survives_sigkill,
+              switchable_journal);
 #else
     (void)sigkill_and_sigterm_keep_the_buffer;
     (void)sessions_not_resumed_are_released;
@@ -630,6 +689,7 @@ static Suite *suite(void) {
     (void)batch_changes_survive_sigkill;
     (void)metadata_and_leases_survive_sigkill;
     (void)metadata_charge_survives_sigkill;
+    (void)switchable_journal;
     printf("test_restart: gpubufd is built without libsystemd (no fd store): only the "
            "takeover case runs\n");
 #endif
