@@ -187,8 +187,17 @@ def main():
     ap.add_argument("--pool", default=None)
     ap.add_argument("--host", action="store_true", help="host pools: no CUDA frameworks")
     ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--handover", default="torch.from_dlpack,gpubuf.torch",
+                    help="the hand-overs to measure, in this order (comma-separated: "
+                         "torch.from_dlpack, gpubuf.torch; empty: none)")
+    ap.add_argument("--no-open", action="store_true", help="skip the open benchmarks")
     args = ap.parse_args()
-    bench_open(args.socket, args.pool, args.n, args.host)
+    vias = [v for v in args.handover.split(",") if v]
+    for v in vias:
+        if v not in ("torch.from_dlpack", "gpubuf.torch"):
+            ap.error(f"--handover: unknown hand-over {v!r}")
+    if not args.no_open:
+        bench_open(args.socket, args.pool, args.n, args.host)
     if not args.host:
         try:
             import torch
@@ -196,8 +205,8 @@ def main():
         except ImportError:
             ok = False
         if ok:
-            bench_handover(args.socket, args.pool, 200, "torch.from_dlpack")
-            bench_handover(args.socket, args.pool, 200, "gpubuf.torch")
+            for v in vias:
+                bench_handover(args.socket, args.pool, 200, v)
         else:
             print("python_bench: no torch with CUDA: hand-over not measured", file=sys.stderr)
 
