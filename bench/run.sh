@@ -244,22 +244,60 @@ fi
 # state_journal = off going through every phase again: fresh daemons of
 # one build gave batch opens anywhere from 2.3 to 4.0 M/s on the H200,
 # more than the journal's cost, so a pair measured which daemon was the
-# lucky one (docs/performance.md, "Journal pairs in one daemon").
+# lucky one (docs/performance.md, "Journal pairs in one daemon"). Where
+# each process runs moves a figure as much: the rounds pin gpubufd to one
+# CPU, the one-client phases to one CPU of another core, and the phases of
+# 16 processes to every CPU but the daemon's, the same in every round.
 rm -rf "$out/pairs"
 mkdir -p "$out/pairs"
-pair_only=""
+solo="" many=""
 for p in ${only//,/ }; do
-    case $p in latency | cold | throughput | batch | batchmix) pair_only=${pair_only:+$pair_only,}$p ;; esac
+    case $p in
+    latency | cold | batch) solo=${solo:+$solo,}$p ;;
+    throughput | batchmix) many=${many:+$many,}$p ;;
+    esac
 done
-if [ $pairs = 1 ] && [ -n "$pair_only" ]; then
+# CPUs: gpubufd on the last one, the lone client on the last one of
+# another core (not the daemon's SMT sibling).
+cpus=$(nproc)
+dcpu=$((cpus - 1))
+sib=$(cat /sys/devices/system/cpu/cpu$dcpu/topology/thread_siblings_list 2>/dev/null || echo $dcpu)
+ccpu=""
+in_list() { # CPU LIST ("2,10" or "2-3"): is CPU in LIST?
+    local part parts
+    IFS=, read -ra parts <<<"$2"
+    for part in "${parts[@]}"; do
+        (($1 >= ${part%-*} && $1 <= ${part#*-})) && return 0
+    done
+    return 1
+}
+for ((c = cpus - 2; c >= 0; c--)); do
+    in_list $c "$sib" || { ccpu=$c; break; }
+done
+pin_solo=() pin_many=()
+if [ $cpus -ge 4 ] && [ -n "$ccpu" ] && command -v taskset >/dev/null; then
+    pin_solo=(taskset -c $ccpu)
+    pin_many=(taskset -c 0-$((dcpu - 1)))
+fi
+if [ $pairs = 1 ] && [ -n "$solo$many" ]; then
+    [ ${#pin_solo[@]} -gt 0 ] && taskset -a -p -c $dcpu $daemon >/dev/null
+    last=""
     k=0
     for j in off on on off off on on off; do
         k=$((k + 1))
-        [ $k = 1 ] || [ "$j" != "$last" ] && { switch_journal $j || { bench_rc=1; break; }; }
+        [ "$j" != "$last" ] && { switch_journal $j || { bench_rc=1; break; }; }
         last=$j
-        run_bench $pair_only "$out/pairs/$j-$k.txt" >/dev/null || bench_rc=$?
+        : >"$out/pairs/$j-$k.txt"
+        for ph in "$solo" "$many"; do
+            [ -n "$ph" ] || continue
+            pin=("${pin_solo[@]}")
+            [ "$ph" = "$many" ] && pin=("${pin_many[@]}")
+            "${pin[@]}" "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon \
+                --ctl "$build/client/gpubufctl" --pool gpu0 --only "$ph" \
+                >>"$out/pairs/$j-$k.txt" || bench_rc=$?
+        done
     done
-    phase "journal pairs done ($pair_only, 8 rounds)"
+    phase "journal pairs done ($solo${many:+,$many}, 8 rounds${pin_solo[*]:+; gpubufd on CPU $dcpu, one client on CPU $ccpu})"
 fi
 stop_daemon
 # The daemon's memory per waiting open, on a fresh daemon: after phases that
