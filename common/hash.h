@@ -21,14 +21,21 @@
 #include <string.h>
 
 /* An 8-byte key (the ids of buffers, sessions, slabs: most lookups of the
- * hot path) is mixed by murmur3's 64-bit finaliser, a bijection whose every
- * input bit moves every output bit, in five instructions; XXH3 took about
- * 44 for one (callgrind). Other lengths (names) go to XXH3. The length is
- * a constant at almost every call, so the test folds away. */
+ * hot path) or a 4-byte one (uids) is mixed by murmur3's 64-bit finaliser,
+ * a bijection whose every input bit moves every output bit, in five
+ * instructions; XXH3 took about 44 for one (callgrind). Other lengths
+ * (names) go to XXH3. The length is a constant at almost every call, so
+ * the tests fold away. */
 static inline unsigned gpubuf_hash_key(const void *key, size_t len) {
-    if (len == 8) {
+    if (len == 8 || len == 4) {
         uint64_t x;
-        memcpy(&x, key, 8);
+        if (len == 8) {
+            memcpy(&x, key, 8);
+        } else {
+            uint32_t y;
+            memcpy(&y, key, 4);
+            x = y;
+        }
         x ^= x >> 33;
         x *= 0xff51afd7ed558ccdULL;
         x ^= x >> 33;

@@ -8,6 +8,9 @@
 /* xxHash inline (XXH3): the header alone, nothing to link. */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+/* libxxhash's dispatcher (xxh_x86dispatch.h; that header cannot come after
+ * XXH_INLINE_ALL, which makes its declarations static). */
+XXH64_hash_t XXH3_64bits_withSeed_dispatch(const void *input, size_t len, XXH64_hash_t seed);
 
 #include "layout.h"
 
@@ -180,8 +183,14 @@ void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec) {
 }
 
 uint32_t gd_se_checksum(uint64_t gen, const uint8_t *p, uint32_t n) {
-    /* The length in the seed too: a frame read with a torn length fails. */
-    XXH64_hash_t h = XXH3_64bits_withSeed(p, n, gen ^ ((uint64_t)n << 40));
+    /* The length in the seed too: a frame read with a torn length fails.
+     * A long frame (a batch's group, a snapshot's) is hashed by libxxhash's
+     * dispatcher, which picks the widest vector unit the CPU has (AVX2,
+     * AVX-512) where the inline code has SSE2; the value is the same. Up
+     * to 240 bytes XXH3 has no vector loop: the inline code, no call. */
+    uint64_t seed = gen ^ ((uint64_t)n << 40);
+    XXH64_hash_t h = n > 240 ? XXH3_64bits_withSeed_dispatch(p, n, seed)
+                             : XXH3_64bits_withSeed(p, n, seed);
     return (uint32_t)(h ^ (h >> 32));
 }
 
