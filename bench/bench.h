@@ -51,6 +51,9 @@ int run_child(void (*fn)(void));
 /* Deletes the n buffers prefix/0 ... prefix/(n-1), 1,000 a call; exits when
  * one is not deleted: a phase leaves the daemon as it found it. */
 void delete_prefix(int n, const char *prefix);
+/* Delete name once a phase's figures are out: a failure is reported on
+ * stderr, not fatal (bench/run.sh runs some phases again in one daemon). */
+void cleanup_delete(gpubuf_client *c, const char *name);
 
 /* A process of run_workers(): waits on ready_fd/go_fd for the common start,
  * works for secs seconds, writes its operation count (a long) to fd. */

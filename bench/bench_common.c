@@ -131,6 +131,13 @@ void ctl_json_time(const char *key) {
     printf("%s %.2f\n", key, t[5] / 1000.0);
 }
 
+void cleanup_delete(gpubuf_client *c, const char *name) {
+    int r = gpubuf_delete(c, name);
+    if (r < 0)
+        fprintf(stderr, "bench: cleanup: delete %s: %s (%s)\n", name, gpubuf_strerror(r),
+                gpubuf_last_error_message());
+}
+
 void delete_prefix(int n, const char *prefix) {
     enum { CHUNK = 1000 };
     gpubuf_client *c = conn();

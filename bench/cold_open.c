@@ -29,13 +29,13 @@ static void cold_open(void) {
     }
     report("gpubuf_open_cold_2MiB_slab", t + 20, 200);
     /* Nothing left behind: bench/run.sh runs the phase again in the same
-     * daemon (the journal pairs). */
+     * daemon (the journal pairs). The figures are out: a failed delete is
+     * reported, it does not stop the benchmark. */
     for (int i = 0; i < 220; i++) {
         gpubuf_release(b[i]);
         snprintf(name, sizeof(name), "/%s/cold/%d", g_cold_pool, i);
-        CHECK(gpubuf_delete(c, name));
+        cleanup_delete(c, name);
     }
-    CHECK(gpubuf_flush(c));
     gpubuf_disconnect(c);
 }
 

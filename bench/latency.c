@@ -61,14 +61,14 @@ static void latency(void) {
     report("gpubuf_open_warm", t + WARM, n);
     report("gpubuf_release", t2 + WARM, n);
     /* Nothing left behind: bench/run.sh runs the phase again in the same
-     * daemon (the journal pairs). */
+     * daemon (the journal pairs). The figures are out: a failed delete is
+     * reported, it does not stop the benchmark. */
     for (int i = n + WARM - live; i < n + WARM; i++) {
         snprintf(name, sizeof(name), "bench/%d", i);
-        CHECK(gpubuf_delete(c, name));
+        cleanup_delete(c, name);
     }
     gpubuf_release(keep);
-    CHECK(gpubuf_delete(c, "bench/keep"));
-    CHECK(gpubuf_flush(c));
+    cleanup_delete(c, "bench/keep");
     gpubuf_disconnect(c);
 }
 

@@ -324,8 +324,8 @@ if pairs["on"] and pairs["off"]:
     on_rounds = [pair_figures(v) for v in pairs["on"]]
     off_rounds = [pair_figures(v) for v in pairs["off"]]
     for i, (label, _, unit, lower) in enumerate(pair_figures({})):
-        ons = [r[i][1] for r in on_rounds if r[i][1] is not None]
-        offs = [r[i][1] for r in off_rounds if r[i][1] is not None]
+        ons = [r[i][1] for r in on_rounds if r[i][1]]  # None or 0: the phase failed
+        offs = [r[i][1] for r in off_rounds if r[i][1]]
         if not ons or not offs:
             continue
         on, off = statistics.median(ons), statistics.median(offs)

@@ -170,14 +170,16 @@ pools=(--pool "gpu0=$kind,capacity=32G,slab=64M" --pool "cold=$kind,capacity=2G,
     --pool "vmmcold=cuda-vmm,device=0,capacity=2G,slab=2M"
     --pool "vmmcold64=cuda-vmm,device=0,capacity=8G,slab=64M")
 daemon=
-# gpubufd's messages go to $log (printed when it stops): switch_journal
-# waits there for the daemon to say it switched.
-log=$out/gpubufd.log
-: >"$log"
+# Each gpubufd's messages go to OUT/gpubufd-N.log (printed when it stops):
+# switch_journal waits there for the daemon to say it switched.
+log=
+n_daemons=0
 printf '[daemon]\nstate_journal = switchable\n' >"$out/switchable.conf"
+rm -f "$out"/gpubufd-*.log
 start_daemon() { # [config file]
     rm -f "$sock"
-    : >"$log"
+    n_daemons=$((n_daemons + 1))
+    log=$out/gpubufd-$n_daemons.log
     "$build/daemon/gpubufd" --socket "$sock" --log-level warning ${1:+--config "$1"} "${pools[@]}" 2>"$log" &
     daemon=$!
     trap 'kill $daemon 2>/dev/null || true' EXIT
@@ -257,30 +259,36 @@ for p in ${only//,/ }; do
     throughput | batchmix) many=${many:+$many,}$p ;;
     esac
 done
-# CPUs: gpubufd on the last one, the lone client on the last one of
-# another core (not the daemon's SMT sibling).
-cpus=$(nproc)
-dcpu=$((cpus - 1))
-sib=$(cat /sys/devices/system/cpu/cpu$dcpu/topology/thread_siblings_list 2>/dev/null || echo $dcpu)
-ccpu=""
-in_list() { # CPU LIST ("2,10" or "2-3"): is CPU in LIST?
+# CPUs, of those this script may use (Cpus_allowed_list: a container's
+# cpuset, not 0..nproc-1): gpubufd on the last one, the lone client on the
+# last one of another core (not the daemon's SMT sibling), the 16 processes
+# on the others. Pinning is left out (with a word) where it cannot be done.
+expand() { # "0-3,8" -> "0 1 2 3 8"
     local part parts
-    IFS=, read -ra parts <<<"$2"
+    IFS=, read -ra parts <<<"$1"
     for part in "${parts[@]}"; do
-        (($1 >= ${part%-*} && $1 <= ${part#*-})) && return 0
-    done
-    return 1
+        seq "${part%-*}" "${part#*-}"
+    done | tr '\n' ' '
 }
-for ((c = cpus - 2; c >= 0; c--)); do
-    in_list $c "$sib" || { ccpu=$c; break; }
-done
-pin_solo=() pin_many=()
-if [ $cpus -ge 4 ] && [ -n "$ccpu" ] && command -v taskset >/dev/null; then
-    pin_solo=(taskset -c $ccpu)
-    pin_many=(taskset -c 0-$((dcpu - 1)))
+read -ra allowed <<<"$(expand "$(awk '/^Cpus_allowed_list:/ {print $2}' /proc/self/status)")"
+pin_solo=() pin_many=() dcpu="" ccpu=""
+if [ ${#allowed[@]} -ge 4 ] && command -v taskset >/dev/null; then
+    dcpu=${allowed[-1]}
+    sib=" $(expand "$(cat /sys/devices/system/cpu/cpu$dcpu/topology/thread_siblings_list 2>/dev/null ||
+        echo $dcpu)") "
+    rest=()
+    for c in "${allowed[@]}"; do [[ $sib == *" $c "* ]] || rest+=("$c"); done
+    if [ ${#rest[@]} -ge 2 ]; then
+        ccpu=${rest[-1]}
+        pin_solo=(taskset -c "$ccpu")
+        pin_many=(taskset -c "$(IFS=,; echo "${rest[*]}")")
+    fi
 fi
 if [ $pairs = 1 ] && [ -n "$solo$many" ]; then
-    [ ${#pin_solo[@]} -gt 0 ] && taskset -a -p -c $dcpu $daemon >/dev/null
+    if [ ${#pin_solo[@]} -gt 0 ] && ! taskset -a -p -c "$dcpu" $daemon >/dev/null; then
+        echo "bench/run.sh: cannot pin gpubufd to CPU $dcpu: the pairs run unpinned" >&2
+        pin_solo=() pin_many=()
+    fi
     last=""
     k=0
     for j in off on on off off on on off; do

@@ -21,8 +21,10 @@
 #include <string.h>
 
 /* An 8-byte key (the ids of buffers, sessions, slabs: most lookups of the
- * hot path) or a 4-byte one (uids) is mixed by murmur3's 64-bit finaliser,
- * a bijection whose every input bit moves every output bit, in five
+ * hot path) or a 4-byte one (uids) is mixed by the first round of murmur3's
+ * 64-bit finaliser (xor-shift, multiply, xor-shift: a bijection that spreads
+ * sequential ids over the low bits uthash's buckets use; for ids 1 to 10^6
+ * in 2^20 buckets the longest chain is 10, as with a random hash), in five
  * instructions; XXH3 took about 44 for one (callgrind). Other lengths
  * (names) go to XXH3. The length is a constant at almost every call, so
  * the tests fold away. */

@@ -63,6 +63,7 @@ struct gd_state {
     bool frozen;
     bool failed; /* a write failed: the kept state is behind (logged once) */
     bool no_journal; /* state_journal = off (measurement only): no record after the start */
+    bool switchable; /* state_journal = switchable at start (SIGUSR2; a reload changes nothing) */
     slot slots[2];
     int active;
     uint64_t compact_at; /* compact when the active slot grows past this */

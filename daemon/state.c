@@ -342,7 +342,8 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
         ctx->reg.hooks = &hooks;
         ctx->reg.hooks_arg = st;
     }
-    if (ctx->limits.journal_off == 2)
+    st->switchable = ctx->limits.journal_off == 2;
+    if (st->switchable)
         LOG_WARN("state_journal = switchable (for measurement only): SIGUSR2 turns the journal "
                  "off, and on again; while it is off a restart loses every change");
     ctx->state = st;
@@ -371,6 +372,12 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
 void gd_state_freeze(gd_state *st) {
     if (!st || st->frozen)
         return;
+    /* A switchable journal turned off: what is kept must be the registry as
+     * it is, not as it was when the journal stopped (buffers deleted since
+     * would come back over memory given to others). */
+    if (st->switchable && st->no_journal && gd_state_switch(st) < 0)
+        LOG_ERR("saved state: the journal was off and no snapshot could be written: a "
+                "restart restores the state of when it was turned off");
     commit(st);
     st->frozen = true;
     LOG_INFO("saved state: %llu journal entries in %llu group(s), %.1f MiB, %.2f us per group on "
@@ -393,7 +400,7 @@ void gd_state_freeze(gd_state *st) {
 int gd_state_switch(gd_state *st) {
     if (!st || st->frozen)
         return -ESRCH;
-    if (st->ctx->limits.journal_off != 2)
+    if (!st->switchable)
         return -EPERM;
     if (!st->no_journal) {
         /* What the hooks staged is written, a snapshot under way is
@@ -449,6 +456,11 @@ void gd_state_free(gd_state *st) {
 
 size_t gd_state_fds(gd_state *st, gd_kept_fd **ret) {
     size_t n = 2, i = 0;
+    /* A switchable journal turned off goes on again first (a snapshot): the
+     * successor restores the registry as it is now. */
+    if (st->switchable && st->no_journal && gd_state_switch(st) < 0)
+        LOG_ERR("saved state: the journal was off and no snapshot could be written: the "
+                "successor restores the state of when it was turned off");
     for (int p = 0; p < st->ctx->n_pools; p++)
         n += st->ctx->pools[p]->n_slabs;
     gd_kept_fd *out = calloc(n, sizeof(*out));

@@ -8,9 +8,14 @@
 /* xxHash inline (XXH3): the header alone, nothing to link. */
 #define XXH_INLINE_ALL
 #include <xxhash.h>
+#ifdef GPUBUF_HAVE_XXH_DISPATCH
 /* libxxhash's dispatcher (xxh_x86dispatch.h; that header cannot come after
  * XXH_INLINE_ALL, which makes its declarations static). */
 XXH64_hash_t XXH3_64bits_withSeed_dispatch(const void *input, size_t len, XXH64_hash_t seed);
+#define LONG_XXH3 XXH3_64bits_withSeed_dispatch
+#else
+#define LONG_XXH3 XXH3_64bits_withSeed /* no dispatcher (not x86): the inline code */
+#endif
 
 #include "layout.h"
 
@@ -189,8 +194,7 @@ uint32_t gd_se_checksum(uint64_t gen, const uint8_t *p, uint32_t n) {
      * AVX-512) where the inline code has SSE2; the value is the same. Up
      * to 240 bytes XXH3 has no vector loop: the inline code, no call. */
     uint64_t seed = gen ^ ((uint64_t)n << 40);
-    XXH64_hash_t h = n > 240 ? XXH3_64bits_withSeed_dispatch(p, n, seed)
-                             : XXH3_64bits_withSeed(p, n, seed);
+    XXH64_hash_t h = n > 240 ? LONG_XXH3(p, n, seed) : XXH3_64bits_withSeed(p, n, seed);
     return (uint32_t)(h ^ (h >> 32));
 }
 

@@ -100,7 +100,7 @@ else
     # in one archive (a device call returns at most 8 files).
     step "bench/run.sh" 420 bench/run.sh --out /tmp/gpu-check-bench
     (cd /tmp/gpu-check-bench && tar czf "$out/bench-figures.tar.gz" --ignore-failed-read \
-        machine.txt anchors.txt gpubuf.txt python.txt report.md gpubufd.log pairs) 2>>"$log"
+        machine.txt anchors.txt gpubuf.txt python.txt report.md gpubufd-*.log pairs) 2>>"$log"
     step "bench/torch_bench.py" 150 env PYTHONPATH="$B/python" python3 bench/torch_bench.py \
         --gpubufd "$B/daemon/gpubufd"
     step "bench/torch_handover_stages.py" 90 stages

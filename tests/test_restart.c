@@ -617,8 +617,9 @@ END_TEST
 /* state_journal = switchable (measurement only): SIGUSR2 turns the journal
  * off, and on again after a whole snapshot. What was made while it was off
  * is in that snapshot and survives a SIGKILL after it; what is made while
- * it is off does not survive one. The daemon says each switch to the
- * service manager (STATUS=). */
+ * it is off does not survive one; a SIGTERM while it is off keeps the
+ * registry as it is. The daemon says each switch to the service manager
+ * (STATUS=). */
 static void switch_journal(fake_sd *m, const char *to) {
     char want[64];
     snprintf(want, sizeof(want), "journal %s (state_journal = switchable)", to);
@@ -667,6 +668,18 @@ START_TEST(switchable_journal) {
     ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
     fsd_start(&m, args);
     expect_buffer(&m.d, "lost", 4, false);
+    expect_buffer(&m.d, "after", 3, true);
+    /* A planned stop while it is off keeps the registry as it is: what was
+     * made is there, what was deleted does not come back. */
+    switch_journal(&m, "off");
+    td_produce(&m.d, "made-off", 1 << 20, 5);
+    gpubuf_client *c = td_connect(&m.d);
+    ck_assert_int_eq(gpubuf_delete(c, "before"), 0);
+    gpubuf_disconnect(c);
+    ck_assert_int_eq(fsd_kill(&m, SIGTERM), 0);
+    fsd_start(&m, args);
+    expect_buffer(&m.d, "made-off", 5, true);
+    expect_buffer(&m.d, "before", 1, false);
     expect_buffer(&m.d, "after", 3, true);
     fsd_cleanup(&m);
 }
