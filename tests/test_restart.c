@@ -123,14 +123,21 @@ END_TEST
 
 /* Start gpubufd under the service manager with args (which name conf, a
  * configuration written here with resume_timeout_ms = 300). */
-static void start_short_resume(fake_sd *m, char *conf, size_t len, const char *const *args) {
+/* fsd_init, then a configuration file of text in m's directory (its path in
+ * conf), then fsd_start with args (which name conf). */
+static void start_with_conf(fake_sd *m, char *conf, size_t len, const char *text,
+                            const char *const *args) {
     fsd_init(m);
     snprintf(conf, len, "%s/gpubuf.conf", m->d.dir);
     FILE *f = fopen(conf, "w");
     ck_assert_ptr_nonnull(f);
-    fputs("[daemon]\nresume_timeout_ms = 300\n", f);
+    fputs(text, f);
     fclose(f);
     fsd_start(m, args);
+}
+
+static void start_short_resume(fake_sd *m, char *conf, size_t len, const char *const *args) {
+    start_with_conf(m, conf, len, "[daemon]\nresume_timeout_ms = 300\n", args);
 }
 
 /* The status on q's connection, which stays open. */
@@ -572,14 +579,8 @@ START_TEST(metadata_charge_survives_sigkill) {
     fake_sd sd;
     gpubuf_buffer *b;
     int n = 0, rc = 0;
-    fsd_init(&sd);
-    snprintf(conf, sizeof(conf), "%s/meta.conf", sd.d.dir);
-    FILE *f = fopen(conf, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("[daemon]\nmax_meta_bytes_per_uid = 64K\n", f);
-    fclose(f);
     const char *const args[] = {"--config", conf, "--pool", "host=host,capacity=64M", NULL};
-    fsd_start(&sd, args);
+    start_with_conf(&sd, conf, sizeof(conf), "[daemon]\nmax_meta_bytes_per_uid = 64K\n", args);
     gpubuf_client *c = td_connect(&sd.d);
     for (; n < 200; n++) {
         snprintf(name, sizeof(name), "q/%02d", n);
@@ -645,13 +646,7 @@ START_TEST(switchable_journal) {
     fake_sd m;
     char conf[256];
     const char *args[] = {"--pool", "host=host,capacity=1G", "--config", conf, NULL};
-    fsd_init(&m);
-    snprintf(conf, sizeof(conf), "%s/gpubuf.conf", m.d.dir);
-    FILE *f = fopen(conf, "w");
-    ck_assert_ptr_nonnull(f);
-    fputs("[daemon]\nstate_journal = switchable\n", f);
-    fclose(f);
-    fsd_start(&m, args);
+    start_with_conf(&m, conf, sizeof(conf), "[daemon]\nstate_journal = switchable\n", args);
     td_produce(&m.d, "before", 1 << 20, 1);
     switch_journal(&m, "off");
     td_produce(&m.d, "while-off", 1 << 20, 2);
