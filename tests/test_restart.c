@@ -680,6 +680,30 @@ START_TEST(switchable_journal) {
 }
 END_TEST
 
+/* A takeover while a switchable journal is off: the old daemon writes a
+ * snapshot before it hands its fds over (gd_state_fds), so the successor
+ * restores the registry as it is: what was made while the journal was off is
+ * there, what was deleted meanwhile does not come back. */
+START_TEST(takeover_while_the_journal_is_off) {
+    fake_sd m;
+    char conf[256];
+    const char *args[] = {"--pool", "host=host,capacity=1G", "--config", conf, NULL};
+    start_with_conf(&m, conf, sizeof(conf), "[daemon]\nstate_journal = switchable\n", args);
+    td_produce(&m.d, "kept", 1 << 20, 1);
+    td_produce(&m.d, "deleted", 1 << 20, 2);
+    switch_journal(&m, "off");
+    td_produce(&m.d, "made-off", 1 << 20, 3);
+    gpubuf_client *c = td_connect(&m.d);
+    ck_assert_int_eq(gpubuf_delete(c, "deleted"), 0);
+    gpubuf_disconnect(c);
+    td_takeover(&m.d, "host=host,capacity=1G");
+    expect_buffer(&m.d, "kept", 1, true);
+    expect_buffer(&m.d, "made-off", 3, true);
+    expect_buffer(&m.d, "deleted", 2, false);
+    fsd_cleanup(&m);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("restart");
     TCase *t;
@@ -688,7 +712,7 @@ static Suite *suite(void) {
     add_tests(t, sigkill_and_sigterm_keep_the_buffer, sessions_not_resumed_are_released,
               bad_state_is_dropped, slab_once_after_resume, batch_changes_survive_sigkill,
               metadata_and_leases_survive_sigkill, metadata_charge_survives_sigkill,
-              switchable_journal);
+              switchable_journal, takeover_while_the_journal_is_off);
 #else
     (void)sigkill_and_sigterm_keep_the_buffer;
     (void)sessions_not_resumed_are_released;
@@ -698,6 +722,7 @@ static Suite *suite(void) {
     (void)metadata_and_leases_survive_sigkill;
     (void)metadata_charge_survives_sigkill;
     (void)switchable_journal;
+    (void)takeover_while_the_journal_is_off;
     printf("test_restart: gpubufd is built without libsystemd (no fd store): only the "
            "takeover case runs\n");
 #endif
