@@ -642,11 +642,23 @@ static void expect_buffer(const test_daemon *d, const char *name, uint32_t seed,
     gpubuf_disconnect(c);
 }
 
+/* Turn the journal off, then make `made` (seed) and delete `gone`: changes
+ * that a planned stop or a takeover must not lose. */
+static void off_then_change(fake_sd *m, const char *made, uint32_t seed, const char *gone) {
+    switch_journal(m, "off");
+    td_produce(&m->d, made, 1 << 20, seed);
+    gpubuf_client *c = td_connect(&m->d);
+    ck_assert_int_eq(gpubuf_delete(c, gone), 0);
+    gpubuf_disconnect(c);
+}
+
+#define SWITCHABLE "[daemon]\nstate_journal = switchable\n"
+
 START_TEST(switchable_journal) {
     fake_sd m;
     char conf[256];
     const char *args[] = {"--pool", "host=host,capacity=1G", "--config", conf, NULL};
-    start_with_conf(&m, conf, sizeof(conf), "[daemon]\nstate_journal = switchable\n", args);
+    start_with_conf(&m, conf, sizeof(conf), SWITCHABLE, args);
     td_produce(&m.d, "before", 1 << 20, 1);
     switch_journal(&m, "off");
     td_produce(&m.d, "while-off", 1 << 20, 2);
@@ -666,11 +678,7 @@ START_TEST(switchable_journal) {
     expect_buffer(&m.d, "after", 3, true);
     /* A planned stop while it is off keeps the registry as it is: what was
      * made is there, what was deleted does not come back. */
-    switch_journal(&m, "off");
-    td_produce(&m.d, "made-off", 1 << 20, 5);
-    gpubuf_client *c = td_connect(&m.d);
-    ck_assert_int_eq(gpubuf_delete(c, "before"), 0);
-    gpubuf_disconnect(c);
+    off_then_change(&m, "made-off", 5, "before");
     ck_assert_int_eq(fsd_kill(&m, SIGTERM), 0);
     fsd_start(&m, args);
     expect_buffer(&m.d, "made-off", 5, true);
@@ -688,14 +696,10 @@ START_TEST(takeover_while_the_journal_is_off) {
     fake_sd m;
     char conf[256];
     const char *args[] = {"--pool", "host=host,capacity=1G", "--config", conf, NULL};
-    start_with_conf(&m, conf, sizeof(conf), "[daemon]\nstate_journal = switchable\n", args);
+    start_with_conf(&m, conf, sizeof(conf), SWITCHABLE, args);
     td_produce(&m.d, "kept", 1 << 20, 1);
     td_produce(&m.d, "deleted", 1 << 20, 2);
-    switch_journal(&m, "off");
-    td_produce(&m.d, "made-off", 1 << 20, 3);
-    gpubuf_client *c = td_connect(&m.d);
-    ck_assert_int_eq(gpubuf_delete(c, "deleted"), 0);
-    gpubuf_disconnect(c);
+    off_then_change(&m, "made-off", 3, "deleted");
     td_takeover(&m.d, "host=host,capacity=1G");
     expect_buffer(&m.d, "kept", 1, true);
     expect_buffer(&m.d, "made-off", 3, true);
