@@ -84,7 +84,6 @@ static int parse_level(const key_def *k, const char *val, void *dst, gd_err *err
     return 0;
 }
 
-/* on or off, stored as 0 or 1: the key's field says what is off. */
 /* state_journal: on (0), off (1), or switchable (2: on, and SIGUSR2 turns
  * it off and on; for measurement only). */
 static int parse_off(const key_def *k, const char *val, void *dst, gd_err *err) {
@@ -201,7 +200,8 @@ static const key_def daemon_keys[] = {
     {"resume_timeout_ms", NULL, parse_u32, 0, 86400000, 30000, CFG(limits.resume_timeout_ms),
      NULL, NULL, false},
     /* For measurement only, unsupported: off journals no change after the
-     * start's snapshot, so a restart loses what changed since. */
+     * start's snapshot, so a restart loses what changed since; switchable
+     * lets SIGUSR2 turn it off and on (state.c, gd_state_switch). */
     {"state_journal", NULL, parse_off, 0, 2, 0, CFG(limits.journal_off), NULL, NULL, false},
     {"max_lease_ms", NULL, parse_u32, 1, UINT32_MAX, 604800000, CFG(quota.max_lease_ms), NULL,
      NULL, false},

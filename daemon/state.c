@@ -378,15 +378,22 @@ int gd_state_open(gd_context *ctx, gd_kept_fd *kept, size_t n, bool fdstore, gd_
     return 0;
 }
 
+/* Before the kept state is handed on (a stop, a takeover): a switchable
+ * journal turned off goes on again, a whole snapshot, so that who restores
+ * it (`who`) finds the registry as it is, not as it was when the journal
+ * stopped (buffers deleted since would come back over memory given to
+ * others). */
+static void journal_back_on(gd_state *st, const char *who) {
+    if (st->switchable && st->no_journal && gd_state_switch(st) < 0)
+        LOG_ERR("saved state: the journal was off and no snapshot could be written: %s "
+                "restores the state of when it was turned off",
+                who);
+}
+
 void gd_state_freeze(gd_state *st) {
     if (!st || st->frozen)
         return;
-    /* A switchable journal turned off: what is kept must be the registry as
-     * it is, not as it was when the journal stopped (buffers deleted since
-     * would come back over memory given to others). */
-    if (st->switchable && st->no_journal && gd_state_switch(st) < 0)
-        LOG_ERR("saved state: the journal was off and no snapshot could be written: a "
-                "restart restores the state of when it was turned off");
+    journal_back_on(st, "a restart");
     commit(st);
     st->frozen = true;
     LOG_INFO("saved state: %llu journal entries in %llu group(s), %.1f MiB, %.2f us per group on "
@@ -466,11 +473,7 @@ void gd_state_free(gd_state *st) {
 
 size_t gd_state_fds(gd_state *st, gd_kept_fd **ret) {
     size_t n = 2, i = 0;
-    /* A switchable journal turned off goes on again first (a snapshot): the
-     * successor restores the registry as it is now. */
-    if (st->switchable && st->no_journal && gd_state_switch(st) < 0)
-        LOG_ERR("saved state: the journal was off and no snapshot could be written: the "
-                "successor restores the state of when it was turned off");
+    journal_back_on(st, "the successor");
     for (int p = 0; p < st->ctx->n_pools; p++)
         n += st->ctx->pools[p]->n_slabs;
     gd_kept_fd *out = calloc(n, sizeof(*out));
