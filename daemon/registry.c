@@ -157,7 +157,15 @@ static void uncharge(gd_registry *r, gd_buf *b) {
     }
 }
 
+/* Nothing can reach b any more: no reference, and no name to open it by
+ * (unsealed, deleted, or anonymous). */
+static bool unreachable(const gd_buf *b) {
+    return b->refs == 0 && (b->state != GPUBUF_STATE_SEALED || !b->name);
+}
+
 void gd_registry_buf_free(gd_registry *r, gd_buf *b) {
+    uint64_t last_ref = r->freeing_ref; /* this buffer's only: what follows may free others */
+    r->freeing_ref = 0;
     uncharge(r, b);
     gd_lease_remove(r, b);
     gd_meta_free(r, b);
@@ -174,7 +182,7 @@ void gd_registry_buf_free(gd_registry *r, gd_buf *b) {
     HASH_DELETE(hh_id, r->by_id, b);
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
-    HOOK(r, buf_gone, b->id);
+    HOOK(r, buf_gone, b->id, last_ref);
     gd_pool_release(b->pool, &b->blk);
     assert(r->n_buffers > 0 && b->refs == 0);
     r->n_buffers--;
@@ -204,7 +212,7 @@ gd_buf *gd_registry_buf_new(gd_registry *r) {
 /* Free b when nothing can reach it any more. Named sealed buffers persist
  * without references until deleted; everything else goes with its last one. */
 void gd_registry_buf_maybe_free(gd_registry *r, gd_buf *b) {
-    if (b->refs == 0 && (b->state != GPUBUF_STATE_SEALED || !b->name))
+    if (unreachable(b))
         gd_registry_buf_free(r, b);
 }
 
@@ -479,12 +487,20 @@ void gd_registry_ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b
             holder_slab_put(h, b->blk.slab->id);
     }
     h->n_refs -= n;
-    HOOK(r, ref, h, id, left, left_ro);
-    if (b) {
-        assert(b->refs >= n);
-        b->refs -= n;
-        gd_registry_buf_maybe_free(r, b);
+    if (!b) {
+        HOOK(r, ref, h, id, left, left_ro);
+        return;
     }
+    assert(b->refs >= n);
+    b->refs -= n;
+    if (left == 0 && unreachable(b)) {
+        /* The last reference frees it: its removal says both. */
+        r->freeing_ref = h->id;
+        gd_registry_buf_free(r, b);
+        return;
+    }
+    HOOK(r, ref, h, id, left, left_ro);
+    gd_registry_buf_maybe_free(r, b);
 }
 
 static bool waiter_matches(const gd_waiter *w, const gd_buf *b) {

@@ -113,8 +113,10 @@ struct gd_holder {
 typedef struct gd_registry_hooks {
     void (*buf)(void *arg, const gd_buf *b); /* created, or its state, event changed */
     /* After the buffer left the registry's tables, before it is freed: a
-     * walk of by_id that stopped at it may still step to its next. */
-    void (*buf_gone)(void *arg, uint64_t id);
+     * walk of by_id that stopped at it may still step to its next.
+     * last_ref: the holder whose last reference to it went with it (its
+     * ref hook, to count 0, is not called), or 0. */
+    void (*buf_gone)(void *arg, uint64_t id, uint64_t last_ref);
     void (*ref)(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t count, uint32_t ro);
     void (*holder)(void *arg, const gd_holder *h);
     void (*holder_gone)(void *arg, uint64_t id);
@@ -213,6 +215,7 @@ typedef struct gd_registry {
     uint64_t freed_buffers; /* counters for status/metrics */
     const gd_registry_hooks *hooks; /* NULL: none */
     void *hooks_arg;
+    uint64_t freeing_ref; /* gd_registry_ref_drop_n: whose last reference frees a buffer */
     uint32_t n_detached; /* holders with detached set */
     /* Leases: a binary min-heap of the buffers with one, by expiry. */
     gd_buf **leases;

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 #include <stdio.h>
 #include <uv.h>
 
@@ -23,10 +24,14 @@ typedef struct gd_kept_fd {
 typedef struct gd_state gd_state;
 
 #define STATE_MAGIC "GPBUFST"   /* 8 bytes with its NUL */
-/* 2: frames hold groups of fixed entries (state_record.h) and their
- * checksum is XXH3 of the bytes seeded with the generation and the length; 1:
- * every frame one packed StateRecord under FNV-1a. A successor reads both. */
-#define STATE_VERSION 2u
+/* 3: version 2 and three more entries (state_record.h: a buffer's compact
+ * entry, runs of one session's references, a last reference and its
+ * buffer's removal in one); 2: frames hold groups of fixed entries and
+ * their checksum is XXH3 of the bytes seeded with the generation and the
+ * length; 1: every frame one packed StateRecord under FNV-1a. A successor
+ * reads all three; an older gpubufd refuses a version it does not know. */
+#define STATE_VERSION 3u
+#define STATE_VERSION_2 2u
 #define STATE_VERSION_1 1u
 #define GD_STATE_HEADER 32u /* a slot's header (state.h: gd_state_header()) */
 #define STATE_HEADER GD_STATE_HEADER
@@ -42,11 +47,16 @@ typedef struct gd_state gd_state;
 #define STATE_MAP_MIN (1ull << 20) /* the journal mapping grows from here */
 #define STATE_MAX_GROUP (64u << 20) /* one group (version 2): a request's changes */
 
-/* A growable byte buffer. */
+/* A growable byte buffer. run_at, run_end and run_session: the run of
+ * references (GD_SE_REFS) that a next reference of that session extends,
+ * while it is the last entry (run_end == len; 0: none). Whatever resets
+ * len opens a group after (gd_group_open()), which ends the run. */
 typedef struct gd_obuf {
     uint8_t *p;
     size_t len, cap;
     bool oom;
+    size_t run_at, run_end;
+    uint64_t run_session;
 } gd_obuf;
 
 typedef struct slot {
@@ -75,6 +85,11 @@ struct gd_state {
     gd_obuf stage;        /* the group being made: the entries of this request */
     unsigned depth;       /* gd_state_begin() without its gd_state_end() */
     const struct gd_buf *pend; /* a buffer whose entry is still to be staged */
+    /* A reference of pend's owner to pend, staged with pend's entry
+     * (pend_put): pend_ref_session's count and read-only count of it. */
+    bool pend_ref;
+    uint64_t pend_ref_session;
+    uint32_t pend_ref_count, pend_ref_ro;
     uint64_t snapshots, snapshot_ns;
     uv_timer_t expiry;
     bool expiry_on;
@@ -88,6 +103,32 @@ struct gd_state {
         uv_idle_t idle;
     } snap;
 };
+
+/* Little-endian stores, returning the byte after: one move each where the
+ * machine is little-endian. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline uint8_t *gd_state_put64(uint8_t *p, uint64_t v) {
+    memcpy(p, &v, 8);
+    return p + 8;
+}
+
+static inline uint8_t *gd_state_put32(uint8_t *p, uint32_t v) {
+    memcpy(p, &v, 4);
+    return p + 4;
+}
+#else
+static inline uint8_t *gd_state_put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+    return p + 8;
+}
+
+static inline uint8_t *gd_state_put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+    return p + 4;
+}
+#endif
 
 static inline uint32_t gd_state_get32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;

@@ -134,17 +134,32 @@ static void staged(gd_state *st) {
  * twice in a row (an alloc and its seal in one batch) is encoded once, as it
  * is then. The group is applied whole, so the earlier state of the buffer is
  * never seen, and a reference entry may come before it (references are
- * counts, applied in any order to one buffer record). A buffer freed before
- * its entry was staged needs none: its removal follows. Every change that
+ * counts, applied in any order to one buffer record). The owner's reference
+ * to it, in the meantime, goes with it (hook_ref): one entry for an alloc.
+ * A buffer freed before its entry was staged needs none: its removal
+ * follows (with the owner's reference, if any, gone). Every change that
  * frees a gd_buf (gd_registry_buf_free) calls buf_gone first, so pend never
  * points to freed memory. */
 static void pend_put(gd_state *st) {
     const gd_buf *b = st->pend;
     if (!b)
         return;
+    bool has_ref = st->pend_ref;
     st->pend = NULL;
-    if (stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
-        gd_se_buffer(&st->stage, b);
+    st->pend_ref = false;
+    if (!stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192 + 29))
+        return;
+    if (!has_ref) {
+        gd_se_buffer(&st->stage, b, NULL);
+        return;
+    }
+    const uint32_t ref[2] = {st->pend_ref_count, st->pend_ref_ro};
+    if (st->pend_ref_session == b->owner_holder) {
+        gd_se_buffer(&st->stage, b, ref);
+    } else { /* the buffer changed owner since (not in one request today) */
+        gd_se_buffer(&st->stage, b, NULL);
+        gd_se_ref(&st->stage, st->pend_ref_session, b->id, ref[0], ref[1]);
+    }
 }
 
 static void hook_buf(void *arg, const gd_buf *b) {
@@ -174,18 +189,52 @@ static void hook_id(gd_state *st, int kind, uint64_t id) {
     staged(st);
 }
 
-static void hook_buf_gone(void *arg, uint64_t id) {
+/* A buffer's removal; last_ref: the holder whose last reference to it
+ * went with it (the registry called no ref hook for that one), said in the
+ * same entry (REF_GONE), or 0. pend's owner reference to it, if any, is
+ * said first unless that is the same holder's. */
+static void hook_buf_gone(void *arg, uint64_t id, uint64_t last_ref) {
     gd_state *st = arg;
-    if (st->pend && st->pend->id == id)
+    bool held = false;
+    uint64_t by = last_ref, owner = st->pend_ref_session;
+    uint32_t count = st->pend_ref_count, ro = st->pend_ref_ro;
+    if (st->pend && st->pend->id == id) {
+        held = st->pend_ref;
         st->pend = NULL;
+        st->pend_ref = false;
+    }
     gd_state_snap_gone(arg, id);
-    hook_id(arg, GD_SE_BUFFER_GONE, id);
+    pend_put(st);
+    if (!stage_room(st, 17 + 29))
+        return;
+    if (held) {
+        if (!by)
+            by = owner;
+        else if (by != owner)
+            gd_se_ref(&st->stage, owner, id, count, ro);
+    }
+    if (by)
+        gd_se_ref_gone(&st->stage, by, id);
+    else
+        gd_se_id(&st->stage, GD_SE_BUFFER_GONE, id);
+    staged(st);
 }
 
+/* A reference count. pend's owner's goes with pend's entry (most are an
+ * alloc's: a new buffer and its creator's reference); the others extend
+ * the stage's run of the session's references. */
 static void hook_ref(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t count,
                      uint32_t ro) {
     gd_state *st = arg;
-    if (!stage_room(st, 25))
+    const gd_buf *p = st->pend;
+    if (p && p->id == buffer_id && p->owner_holder == h->id) {
+        st->pend_ref = true;
+        st->pend_ref_session = h->id;
+        st->pend_ref_count = count;
+        st->pend_ref_ro = ro;
+        return;
+    }
+    if (!stage_room(st, 29))
         return;
     gd_se_ref(&st->stage, h->id, buffer_id, count, ro);
     staged(st);

@@ -19,10 +19,13 @@ XXH64_hash_t XXH3_64bits_withSeed_dispatch(const void *input, size_t len, XXH64_
 
 #include "layout.h"
 
-#define BUF_FIXED (9 * 8 + 3 * 4 + 1 + 3 * 2) /* a BUFFER entry before its bytes */
+#define BUF_FIXED (9 * 8 + 3 * 4 + 1 + 3 * 2) /* a BUFFER entry (version 2) before its bytes */
+#define BUF3_FIXED (7 * 8 + 2 * 4 + 1 + 3 * 2) /* a BUFFER3 entry before its optional fields */
 #define F_RESTORED 1u
 #define F_EVENT 2u
 #define F_LAYOUT 4u
+#define F_LEASE 8u     /* BUFFER3 only */
+#define F_OWNER_REF 16u /* BUFFER3 only */
 
 /* The growing path of room(), out of line: inlined, it made every entry's
  * writer save six registers for a path it almost never takes. */
@@ -44,30 +47,8 @@ __attribute__((noinline, cold)) static uint8_t *grow(gd_obuf *o, size_t n) {
     return o->p + o->len;
 }
 
-/* Little-endian stores: one move each where the machine is little-endian. */
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-static inline uint8_t *put64(uint8_t *p, uint64_t v) {
-    memcpy(p, &v, 8);
-    return p + 8;
-}
-
-static inline uint8_t *put32(uint8_t *p, uint32_t v) {
-    memcpy(p, &v, 4);
-    return p + 4;
-}
-#else
-static inline uint8_t *put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-    return p + 8;
-}
-
-static inline uint8_t *put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-    return p + 4;
-}
-#endif
+#define put64 gd_state_put64
+#define put32 gd_state_put32
 
 static inline uint8_t *put16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)v;
@@ -84,32 +65,26 @@ uint8_t *gd_obuf_room(gd_obuf *o, size_t n) {
     return room(o, n);
 }
 
-static inline void ref_at(gd_obuf *o, uint8_t *p, uint64_t session, uint64_t buffer,
-                          uint32_t count, uint32_t ro) {
-    *p++ = GD_SE_REF;
-    p = put64(p, session);
-    p = put64(p, buffer);
-    p = put32(p, count);
-    put32(p, ro);
-    o->len += 25;
-}
-
-__attribute__((noinline, cold)) static void ref_grow(gd_obuf *o, uint64_t session,
-                                                     uint64_t buffer, uint32_t count,
-                                                     uint32_t ro) {
-    uint8_t *p = grow(o, 25);
-    if (p)
-        ref_at(o, p, session, buffer, count, ro);
-}
-
-/* The most frequent entry (every reference a request takes or gives back):
- * its common case ends in stores, saving no register. */
-void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro) {
-    if (o->oom || o->cap - o->len < 25) {
-        ref_grow(o, session, buffer, count, ro);
+void gd_se_ref_run(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro) {
+    uint8_t *p = room(o, GD_SE_RUN_HEAD + GD_SE_RUN_ITEM);
+    if (!p)
         return;
-    }
-    ref_at(o, o->p + o->len, session, buffer, count, ro);
+    o->run_at = o->len;
+    o->run_session = session;
+    *p = GD_SE_REFS;
+    p = put32(put64(p + 1, session), 1);
+    put32(put32(put64(p, buffer), count), ro);
+    o->len += GD_SE_RUN_HEAD + GD_SE_RUN_ITEM;
+    o->run_end = o->len;
+}
+
+void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer) {
+    uint8_t *p = room(o, 17);
+    if (!p)
+        return;
+    *p = GD_SE_REF_GONE;
+    put64(put64(p + 1, session), buffer);
+    o->len += 17;
 }
 
 void gd_se_id(gd_obuf *o, int kind, uint64_t id) {
@@ -130,22 +105,36 @@ void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state) {
     o->len += 13;
 }
 
-void gd_se_buffer(gd_obuf *o, const gd_buf *b) {
+/* b's layout packed into out (NULL: its size only); 0: b has none. Out of
+ * line: few buffers have one, and its structs would make every buffer's
+ * entry a large frame. */
+__attribute__((noinline)) static size_t layout_pack(const gd_buf *b, uint8_t *out) {
     gpubuf_layout l;
     Gpubuf__ArrayLayout wl;
+    if (!gd_meta_layout(b, &l))
+        return 0;
+    gpubuf_layout_to_wire(&l, &wl);
+    return out ? gpubuf__array_layout__pack(&wl, out) : gpubuf__array_layout__get_packed_size(&wl);
+}
+
+void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
     size_t name_len = b->name ? strlen(b->name) : 0, user_len = 0, layout_len = 0;
-    const uint8_t *user = gd_meta_user(b, &user_len);
-    bool has_layout = gd_meta_layout(b, &l);
-    if (has_layout) {
-        gpubuf_layout_to_wire(&l, &wl);
-        layout_len = gpubuf__array_layout__get_packed_size(&wl);
+    const uint8_t *user = NULL;
+    bool has_layout = b->meta && b->meta->has_layout;
+    if (b->meta) {
+        user = gd_meta_user(b, &user_len);
+        if (has_layout)
+            layout_len = layout_pack(b, NULL);
     }
-    size_t n = 1 + BUF_FIXED + name_len + (b->has_event ? GD_EVENT_HANDLE_SIZE : 0) + layout_len +
-               user_len;
+    uint8_t flags = (uint8_t)((b->restored ? F_RESTORED : 0) | (b->has_event ? F_EVENT : 0) |
+                              (has_layout ? F_LAYOUT : 0) | (b->lease_slot ? F_LEASE : 0) |
+                              (owner_ref ? F_OWNER_REF : 0));
+    size_t n = 1 + BUF3_FIXED + (b->has_event ? 8 + GD_EVENT_HANDLE_SIZE : 0) +
+               (b->lease_slot ? 12 : 0) + (owner_ref ? 8 : 0) + name_len + layout_len + user_len;
     uint8_t *p = gd_obuf_room(o, n);
     if (!p)
         return;
-    *p++ = GD_SE_BUFFER;
+    *p++ = GD_SE_BUFFER3;
     p = put64(p, b->id);
     p = put64(p, b->blk.slab->id);
     p = put64(p, b->blk.offset);
@@ -153,24 +142,28 @@ void gd_se_buffer(gd_obuf *o, const gd_buf *b) {
     p = put64(p, b->size);
     p = put64(p, b->owner_holder);
     p = put64(p, b->charged);
-    p = put64(p, b->has_event ? b->event_holder : 0);
-    p = put64(p, b->lease_slot ? b->lease_expires_ns : 0);
     p = put32(p, b->owner_uid);
-    p = put32(p, b->lease_slot ? b->lease_ttl_ms : 0);
     p = put32(p, (uint32_t)b->state);
-    *p++ = (uint8_t)((b->restored ? F_RESTORED : 0) | (b->has_event ? F_EVENT : 0) |
-                     (has_layout ? F_LAYOUT : 0));
+    *p++ = flags;
     p = put16(p, (uint16_t)name_len);
     p = put16(p, (uint16_t)user_len);
     p = put16(p, (uint16_t)layout_len);
-    memcpy(p, b->name ? b->name : "", name_len);
-    p += name_len;
+    if (b->has_event)
+        p = put64(p, b->event_holder);
+    if (b->lease_slot)
+        p = put32(put64(p, b->lease_expires_ns), b->lease_ttl_ms);
+    if (owner_ref)
+        p = put32(put32(p, owner_ref[0]), owner_ref[1]);
+    if (name_len) {
+        memcpy(p, b->name, name_len);
+        p += name_len;
+    }
     if (b->has_event) {
         memcpy(p, b->event, GD_EVENT_HANDLE_SIZE);
         p += GD_EVENT_HANDLE_SIZE;
     }
     if (has_layout)
-        p += gpubuf__array_layout__pack(&wl, p);
+        p += layout_pack(b, p);
     if (user_len)
         memcpy(p, user, user_len);
     o->len += n;
@@ -270,14 +263,53 @@ static uint8_t *dup_bytes(rd *r, size_t n, bool *oom) {
         (rec)->field = (m);                                                                        \
     } while (0)
 
-static Gpubuf__StateRecord *new_record(void) {
-    Gpubuf__StateRecord *rec = malloc(sizeof(*rec));
-    if (rec)
-        gpubuf__state_record__init(rec);
-    return rec;
+/* The records a group decodes to, growing. */
+typedef struct recs {
+    Gpubuf__StateRecord **v;
+    size_t n, cap;
+} recs;
+
+/* rec at the end of out; false without memory (rec freed). */
+static bool append(recs *out, Gpubuf__StateRecord *rec) {
+    if (out->n == out->cap) {
+        size_t c = out->cap ? out->cap * 2 : 64;
+        Gpubuf__StateRecord **m = realloc(out->v, c * sizeof(*m));
+        if (!m) {
+            gpubuf__state_record__free_unpacked(rec, NULL);
+            return false;
+        }
+        out->v = m;
+        out->cap = c;
+    }
+    out->v[out->n++] = rec;
+    return true;
 }
 
-static int dec_buffer(rd *r, Gpubuf__StateRecord *rec) {
+/* A new empty record at the end of out; NULL without memory. */
+static Gpubuf__StateRecord *push(recs *out) {
+    Gpubuf__StateRecord *rec = malloc(sizeof(*rec));
+    if (!rec)
+        return NULL;
+    gpubuf__state_record__init(rec);
+    return append(out, rec) ? rec : NULL;
+}
+
+/* A reference record: session's count and read-only count of buffer. */
+static int put_ref(recs *out, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro) {
+    Gpubuf__StateRecord *rec = push(out);
+    Gpubuf__StateRef *m;
+    if (!rec)
+        return -ENOMEM;
+    REC_NEW(rec, m, gpubuf__state_ref__init, REF, ref);
+    m->session = session;
+    m->buffer = buffer;
+    m->count = count;
+    m->read_only = ro;
+    return 0;
+}
+/* A BUFFER (v3: BUFFER3) entry into rec; a BUFFER3's owner reference
+ * into *ref (ref[2] = 1 when it has one). */
+static int dec_buffer(rd *r, Gpubuf__StateRecord *rec, bool v3, uint32_t ref[3]) {
     Gpubuf__StateBuffer *m;
     uint32_t state = 0, uid = 0, ttl = 0;
     uint8_t flags = 0;
@@ -285,15 +317,21 @@ static int dec_buffer(rd *r, Gpubuf__StateRecord *rec) {
     bool oom = false;
     REC_NEW(rec, m, gpubuf__state_buffer__init, BUFFER, buffer);
     m->name = NULL;
+    unsigned known = F_RESTORED | F_EVENT | F_LAYOUT | (v3 ? F_LEASE | F_OWNER_REF : 0);
     if (!u64(r, &m->id) || !u64(r, &m->slab_id) || !u64(r, &m->offset) ||
         !u64(r, &m->block_size) || !u64(r, &m->size) || !u64(r, &m->owner_session) ||
-        !u64(r, &m->charged) || !u64(r, &m->event_session) || !u64(r, &m->lease_expires_ns) ||
-        !u32(r, &uid) || !u32(r, &ttl) || !u32(r, &state) || !take(r, &flags, 1) ||
-        !u16(r, &name_len) || !u16(r, &user_len) || !u16(r, &layout_len) ||
-        (flags & ~(F_RESTORED | F_EVENT | F_LAYOUT)) || (!(flags & F_LAYOUT) && layout_len) ||
-        name_len > GPUBUF_NAME_MAX) {
+        !u64(r, &m->charged) ||
+        (!v3 && (!u64(r, &m->event_session) || !u64(r, &m->lease_expires_ns))) ||
+        !u32(r, &uid) || (!v3 && !u32(r, &ttl)) || !u32(r, &state) || !take(r, &flags, 1) ||
+        !u16(r, &name_len) || !u16(r, &user_len) || !u16(r, &layout_len) || (flags & ~known) ||
+        (!(flags & F_LAYOUT) && layout_len) || name_len > GPUBUF_NAME_MAX) {
         return -EINVAL;
     }
+    if (v3 && (((flags & F_EVENT) && !u64(r, &m->event_session)) ||
+               ((flags & F_LEASE) && (!u64(r, &m->lease_expires_ns) || !u32(r, &ttl))) ||
+               ((flags & F_OWNER_REF) && (!u32(r, &ref[0]) || !u32(r, &ref[1])))))
+        return -EINVAL;
+    ref[2] = (flags & F_OWNER_REF) != 0;
     m->owner_uid = uid;
     m->lease_ttl_ms = ttl;
     m->state = state;
@@ -321,12 +359,48 @@ static int dec_buffer(rd *r, Gpubuf__StateRecord *rec) {
     return 0;
 }
 
-/* One entry of r into rec (owned by rec whatever the outcome). */
-static int dec_entry(rd *r, Gpubuf__StateRecord *rec) {
+/* One entry of r into the records it says, at the end of out (owned by out
+ * whatever the outcome). */
+static int dec_entry(rd *r, recs *out) {
     uint8_t kind;
-    uint64_t id;
+    uint64_t id = 0, session = 0;
+    uint32_t n = 0;
+    Gpubuf__StateRecord *rec;
     if (!take(r, &kind, 1))
         return -EINVAL;
+    switch (kind) {
+    case GD_SE_REFS:
+        if (!u64(r, &session) || !u32(r, &n) || n == 0 || n > r->left / GD_SE_RUN_ITEM)
+            return -EINVAL;
+        for (uint32_t i = 0; i < n; i++) {
+            uint32_t count = 0, ro = 0;
+            int e;
+            u64(r, &id);
+            u32(r, &count);
+            u32(r, &ro);
+            if ((e = put_ref(out, session, id, count, ro)) < 0)
+                return e;
+        }
+        return 0;
+    case GD_SE_REF_GONE:
+        if (!u64(r, &session) || !u64(r, &id))
+            return -EINVAL;
+        if (put_ref(out, session, id, 0, 0) < 0 || !(rec = push(out)))
+            return -ENOMEM;
+        rec->rec_case = GPUBUF__STATE_RECORD__REC_BUFFER_GONE;
+        rec->buffer_gone = id;
+        return 0;
+    case GD_SE_RECORD:
+        if (!u32(r, &n) || n > r->left)
+            return -EINVAL;
+        if (!(rec = gpubuf__state_record__unpack(NULL, n, r->p)))
+            return -EINVAL;
+        take(r, NULL, n);
+        return append(out, rec) ? 0 : -ENOMEM;
+    default: break;
+    }
+    if (!(rec = push(out)))
+        return -ENOMEM;
     switch (kind) {
     case GD_SE_REF: {
         Gpubuf__StateRef *m;
@@ -352,7 +426,14 @@ static int dec_entry(rd *r, Gpubuf__StateRecord *rec) {
             rec->slab_gone = id;
         }
         return 0;
-    case GD_SE_BUFFER: return dec_buffer(r, rec);
+    case GD_SE_BUFFER:
+    case GD_SE_BUFFER3: {
+        uint32_t ref[3] = {0, 0, 0};
+        int e = dec_buffer(r, rec, kind == GD_SE_BUFFER3, ref);
+        if (e == 0 && ref[2])
+            e = put_ref(out, rec->buffer->owner_session, rec->buffer->id, ref[0], ref[1]);
+        return e;
+    }
     case GD_SE_BUFFER_STATE: {
         Gpubuf__StateBufferState *m;
         REC_NEW(rec, m, gpubuf__state_buffer_state__init, BUFFER_STATE, buffer_state);
@@ -364,47 +445,19 @@ static int dec_entry(rd *r, Gpubuf__StateRecord *rec) {
 
 int gd_se_decode(const uint8_t *p, size_t n, Gpubuf__StateRecord ***ret, size_t *n_ret) {
     rd r = {p, n};
-    Gpubuf__StateRecord **recs = NULL;
-    size_t count = 0, cap = 0;
+    recs out = {NULL, 0, 0};
     int err = 0;
     *ret = NULL;
     *n_ret = 0;
-    while (r.left && !err) {
-        Gpubuf__StateRecord *rec = NULL;
-        if (count == cap) {
-            size_t c = cap ? cap * 2 : 64;
-            Gpubuf__StateRecord **m = realloc(recs, c * sizeof(*m));
-            if (!m) {
-                err = -ENOMEM;
-                break;
-            }
-            recs = m;
-            cap = c;
-        }
-        if (r.p[0] == GD_SE_RECORD) {
-            uint32_t len = 0;
-            take(&r, NULL, 1);
-            if (!u32(&r, &len) || len > r.left ||
-                !(rec = gpubuf__state_record__unpack(NULL, len, r.p))) {
-                err = -EINVAL;
-                break;
-            }
-            take(&r, NULL, len);
-        } else if (!(rec = new_record())) {
-            err = -ENOMEM;
-            break;
-        } else {
-            err = dec_entry(&r, rec);
-        }
-        recs[count++] = rec;
-    }
+    while (r.left && !err)
+        err = dec_entry(&r, &out);
     if (err) {
-        for (size_t i = 0; i < count; i++)
-            gpubuf__state_record__free_unpacked(recs[i], NULL);
-        free(recs);
+        for (size_t i = 0; i < out.n; i++)
+            gpubuf__state_record__free_unpacked(out.v[i], NULL);
+        free(out.v);
         return err;
     }
-    *ret = recs;
-    *n_ret = count;
+    *ret = out.v;
+    *n_ret = out.n;
     return 0;
 }

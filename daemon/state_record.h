@@ -1,22 +1,36 @@
-/* State room, ground floor: the entries of a saved state of version 2, in
- * a fixed binary layout (little-endian), and their checksum. A frame of
- * version 2 holds either one packed StateRecord (as in version 1) or, when
- * its first byte is 0 (no StateRecord starts so: field number 0 does not
+/* State room, ground floor: the entries of a saved state of version 3
+ * (and 2), in a fixed binary layout (little-endian), and their checksum. A
+ * frame holds either one packed StateRecord (as in version 1) or, when its
+ * first byte is 0 (no StateRecord starts so: field number 0 does not
  * exist), a group: the byte 0 then entries back to back, each a kind byte
- * and its fields:
+ * and its fields. What a version 3 gpubufd writes:
  *
- *   REF          u64 session, u64 buffer, u32 count, u32 read_only
+ *   BUFFER3      u64 id, slab_id, offset, block_size, size, owner_session,
+ *                charged; u32 owner_uid, state; u8 flags (1 restored,
+ *                2 event, 4 layout, 8 lease, 16 owner reference); u16
+ *                name_len, user_len, layout_len; then u64 event_session if
+ *                event, u64 lease_expires_ns and u32 lease_ttl_ms if lease,
+ *                u32 count and u32 read_only if owner reference (the owner
+ *                session's reference to the buffer, as a REFS entry of one
+ *                would say), the name, the event (64 bytes) if any, the
+ *                layout (a packed ArrayLayout) if any, the user bytes
+ *   REFS         u64 session, u32 n (1 or more), then n times u64 buffer,
+ *                u32 count, u32 read_only: the session's count of
+ *                references to each buffer (0: none)
+ *   REF_GONE     u64 session, u64 buffer: the session's last reference to
+ *                the buffer went (count 0), and with it the buffer
  *   BUFFER_GONE, SESSION_GONE, SLAB_GONE   u64 id
- *   BUFFER       u64 id, slab_id, offset, block_size, size, owner_session,
- *                charged, event_session, lease_expires_ns; u32 owner_uid,
- *                lease_ttl_ms, state; u8 flags (1 restored, 2 event,
- *                4 layout); u16 name_len, u16 user_len, u16 layout_len;
- *                then the name, the event (64 bytes) if any, the layout
- *                (a packed ArrayLayout) if any, the user bytes
- *   RECORD       u32 n, then n bytes of a packed StateRecord (slabs,
- *                sessions, counters: rare)
  *   BUFFER_STATE u64 id, u32 state: only the state changed (DELETED: the
  *                lease went too)
+ *   RECORD       u32 n, then n bytes of a packed StateRecord (slabs,
+ *                sessions, counters: rare)
+ *
+ * and what version 2 wrote besides, still read:
+ *
+ *   REF          u64 session, u64 buffer, u32 count, u32 read_only
+ *   BUFFER       as BUFFER3 without the flags 8 and 16, with u64
+ *                event_session and lease_expires_ns after charged and u32
+ *                lease_ttl_ms after owner_uid, always (0: none)
  *
  * A group is the unit of the journal: every change one request made (a
  * whole batch) is one group, written before the request's reply is sent,
@@ -42,15 +56,44 @@ enum {
     GD_SE_BUFFER = 5,
     GD_SE_RECORD = 6,
     GD_SE_BUFFER_STATE = 7,
+    GD_SE_BUFFER3 = 8,
+    GD_SE_REFS = 9,
+    GD_SE_REF_GONE = 10,
 };
 
 /* Room for n more bytes at o->p + o->len, or NULL (o->oom set). */
 uint8_t *gd_obuf_room(gd_obuf *o, size_t n);
 
+#define GD_SE_RUN_HEAD 13u /* a REFS entry's kind, u64 session, u32 n */
+#define GD_SE_RUN_ITEM 16u /* and each item: u64 buffer, u32 count, u32 read_only */
+
+/* Append a REFS entry of session's one reference to o. */
+void gd_se_ref_run(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro);
+
+/* Append one reference to o: to o's run of session's references while that
+ * run is o's last entry, else as a new run. The most frequent entry (every
+ * reference a request takes or gives back): its common case inline. */
+static inline void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count,
+                             uint32_t ro) {
+    if (o->run_end != o->len || o->run_end == 0 || o->run_session != session || o->oom ||
+        o->cap - o->len < GD_SE_RUN_ITEM) {
+        gd_se_ref_run(o, session, buffer, count, ro);
+        return;
+    }
+    uint8_t *n = o->p + o->run_at + 9;
+    gd_state_put32(n, gd_state_get32(n) + 1);
+    gd_state_put32(gd_state_put32(gd_state_put64(o->p + o->len, buffer), count), ro);
+    o->len += GD_SE_RUN_ITEM;
+    o->run_end = o->len;
+}
+
 /* Append one entry to o. */
-void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro);
 void gd_se_id(gd_obuf *o, int kind, uint64_t id);
-void gd_se_buffer(gd_obuf *o, const gd_buf *b);
+void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer);
+/* b's entry; owner_ref (NULL: none): the count and read-only count of b's
+ * owner's reference to b, said with it. */
+void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]);
+
 void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state);
 void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec);
 

@@ -52,15 +52,8 @@ static void slot_copy(uint8_t *dst, const uint8_t *src, size_t len) {
     memcpy(dst, src, len);
 }
 
-static void put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
-
-static void put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-}
+#define put32 gd_state_put32
+#define put64 gd_state_put64
 
 static void header(uint8_t *hdr, uint32_t version, uint64_t gen) {
     memset(hdr, 0, STATE_HEADER);
@@ -217,6 +210,7 @@ size_t gd_group_open(gd_obuf *o) {
         memset(p, 0, 9); /* the frame's header (filled by gd_group_frame), GD_SE_GROUP */
         o->len += 9;
     }
+    o->run_end = 0; /* a run of references does not go on into another group */
     return start;
 }
 
@@ -251,7 +245,7 @@ static void snapshot(const gd_context *ctx, gd_obuf *o, uint64_t gen) {
         NEXT_GROUP();
     }
     for (const gd_buf *b = ctx->reg.by_id; b; b = b->hh_id.next) {
-        gd_se_buffer(o, b);
+        gd_se_buffer(o, b, NULL);
         NEXT_GROUP();
     }
     for (const gd_holder *h = ctx->reg.holders; h; h = h->hh.next)
@@ -409,7 +403,7 @@ static void snap_step(uv_idle_t *idle) {
     o->oom = false;
     size_t g = gd_group_open(o);
     for (; st->snap.cursor && o->len < SNAPSHOT_GROUP; st->snap.cursor = st->snap.cursor->hh_id.next)
-        gd_se_buffer(o, st->snap.cursor);
+        gd_se_buffer(o, st->snap.cursor, NULL);
     while (!st->snap.cursor && st->snap.pos_h < st->snap.n_holders && o->len < SNAPSHOT_GROUP) {
         const gd_holder *h;
         uint64_t id = st->snap.holders[st->snap.pos_h++];

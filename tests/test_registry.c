@@ -1427,17 +1427,20 @@ START_TEST(test_restore_and_resume) {
 END_TEST
 
 /* Every change reaches the hooks, in an order a replay can follow: the
- * buffer before references to it, the holder's end first. */
+ * buffer before references to it, the holder's end first; a last reference
+ * that frees its buffer goes with the buffer's removal. */
 static int hook_log[64], hook_n;
 static void hk_buf(void *a, const gd_buf *b) {
     (void)a;
     (void)b;
     hook_log[hook_n++ % 64] = 1;
 }
-static void hk_gone(void *a, uint64_t id) {
+static uint64_t hook_last_ref;
+static void hk_gone(void *a, uint64_t id, uint64_t last_ref) {
     (void)a;
     (void)id;
-    hook_log[hook_n++ % 64] = 2;
+    hook_last_ref = last_ref;
+    hook_log[hook_n++ % 64] = last_ref ? 7 : 2;
 }
 static void hk_ref(void *a, const gd_holder *h, uint64_t id, uint32_t count, uint32_t ro) {
     (void)a;
@@ -1475,6 +1478,20 @@ START_TEST(test_hooks_follow_changes) {
     ck_assert_int_eq(hook_n, 8);
     for (int i = 0; i < 8; i++)
         ck_assert_int_eq(hook_log[i], want[i]);
+    /* Deleted while referenced, then released: the last reference goes
+     * with the buffer, in its removal's hook (no ref hook to count 0). */
+    hook_n = 0;
+    h = holder(&e, UID_A);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 100, 0, "h2", &b, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_delete(&e.reg, h, "h2", 0, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, b->id, &tr_err), 0);
+    /* holder, alloc (buffer, ref), delete (buffer), release (gone with h's last reference) */
+    int want2[] = {5, 1, 3, 1, 7};
+    ck_assert_int_eq(hook_n, 5);
+    for (int i = 0; i < 5; i++)
+        ck_assert_int_eq(hook_log[i], want2[i]);
+    ck_assert_uint_eq(hook_last_ref, h->id);
+    gd_registry_holder_drop(&e.reg, h);
     e.reg.hooks = NULL;
     env_fini(&e);
 }

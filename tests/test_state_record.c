@@ -1,8 +1,10 @@
-/* The saved state's entries of version 2 (daemon/state_record.c) as a
- * hostile state gives them: every entry decodes to the record it says, and
- * a group cut anywhere, of an unknown kind, with a name too long or holding
- * a NUL, with bad flags or a record longer than what is left, is refused
- * whole (nothing returned, nothing leaked: the sanitizer build checks). */
+/* The saved state's entries of versions 2 and 3 (daemon/state_record.c) as
+ * the writer makes them and as a hostile state gives them: every entry
+ * decodes to the records it says, and a group cut anywhere, of an unknown
+ * kind, with a name too long or holding a NUL, with bad flags, an empty or
+ * too long run of references, or a record longer than what is left, is
+ * refused whole (nothing returned, nothing leaked: the sanitizer build
+ * checks). */
 #include <check.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -11,6 +13,7 @@
 #include "check_main.h"
 #include "saved_state.h"
 #include "state.h"
+#include "state_internal.h"
 #include "state_record.h"
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -207,12 +210,198 @@ START_TEST(long_frames_hash_as_the_inline_code) {
 }
 END_TEST
 
+/* What the writer of version 3 makes decodes to what it was given: a
+ * buffer with every optional field and its owner's reference, one without,
+ * runs of references (one per session while the next is the same
+ * session's, none across groups), a last reference gone with its buffer. */
+START_TEST(version_3_entries_round_trip) {
+    gd_slab slab;
+    gd_buf b, plain;
+    memset(&slab, 0, sizeof(slab));
+    memset(&b, 0, sizeof(b));
+    slab.id = 3;
+    b.id = 7;
+    b.blk.slab = &slab;
+    b.blk.offset = 4096;
+    b.blk.size = 8192;
+    b.size = 5000;
+    b.state = GPUBUF_STATE_SEALED;
+    b.owner_uid = 1000;
+    b.owner_holder = 11;
+    b.charged = 8192;
+    b.restored = true;
+    b.has_event = true;
+    b.event_holder = 12;
+    memset(b.event, 0xee, sizeof(b.event));
+    b.lease_slot = 1;
+    b.lease_expires_ns = 123456789;
+    b.lease_ttl_ms = 5000;
+    char name[] = "a/b";
+    b.name = name;
+    gd_meta *m = calloc(1, sizeof(*m) + 2 * sizeof(int64_t) + 3);
+    ck_assert_ptr_nonnull(m);
+    m->dtype = (gpubuf_dtype){.code = 2, .bits = 32, .lanes = 1};
+    m->ndim = 2;
+    m->has_layout = true;
+    m->dims[0] = 10;
+    m->dims[1] = 100;
+    m->user_len = 3;
+    memcpy(m->dims + 2, "abc", 3);
+    b.meta = m;
+    plain = b;
+    plain.id = 8;
+    plain.name = NULL;
+    plain.meta = NULL;
+    plain.has_event = plain.restored = false;
+    plain.lease_slot = 0;
+
+    gd_obuf o;
+    memset(&o, 0, sizeof(o));
+    const uint32_t ref[2] = {2, 1};
+    gd_se_buffer(&o, &b, ref);
+    gd_se_buffer(&o, &plain, NULL);
+    gd_se_ref(&o, 11, 8, 1, 0);
+    gd_se_ref(&o, 11, 9, 3, 0); /* the same run */
+    gd_se_ref(&o, 12, 8, 1, 1); /* a new one */
+    gd_se_ref_gone(&o, 12, 9);
+    gd_se_ref(&o, 12, 10, 4, 0); /* after another entry: a new run */
+    size_t before = o.len;
+    ck_assert_uint_eq(gd_group_open(&o), before);
+    gd_se_ref(&o, 12, 11, 5, 0); /* another group: a new run */
+    ck_assert(!o.oom);
+
+    Gpubuf__StateRecord **r;
+    size_t k;
+    ck_assert_int_eq(gd_se_decode(o.p, before, &r, &k), 0);
+    ck_assert_uint_eq(k, 9);
+    ck_assert_int_eq(r[0]->rec_case, GPUBUF__STATE_RECORD__REC_BUFFER);
+    const Gpubuf__StateBuffer *d = r[0]->buffer;
+    ck_assert_uint_eq(d->id, 7);
+    ck_assert_uint_eq(d->slab_id, 3);
+    ck_assert_uint_eq(d->offset, 4096);
+    ck_assert_uint_eq(d->block_size, 8192);
+    ck_assert_uint_eq(d->size, 5000);
+    ck_assert_uint_eq(d->owner_session, 11);
+    ck_assert_uint_eq(d->charged, 8192);
+    ck_assert_uint_eq(d->event_session, 12);
+    ck_assert_uint_eq(d->lease_expires_ns, 123456789);
+    ck_assert_uint_eq(d->lease_ttl_ms, 5000);
+    ck_assert_uint_eq(d->owner_uid, 1000);
+    ck_assert_uint_eq(d->state, GPUBUF_STATE_SEALED);
+    ck_assert(d->restored);
+    ck_assert_str_eq(d->name, "a/b");
+    ck_assert_uint_eq(d->event.len, GD_EVENT_HANDLE_SIZE);
+    ck_assert_uint_eq(d->event.data[63], 0xee);
+    ck_assert_ptr_nonnull(d->layout);
+    ck_assert_uint_eq(d->layout->n_shape, 2);
+    ck_assert_int_eq(d->layout->shape[1], 100);
+    ck_assert_uint_eq(d->user_data.len, 3);
+    ck_assert_mem_eq(d->user_data.data, "abc", 3);
+    /* its owner's reference, said with it */
+    ck_assert_int_eq(r[1]->rec_case, GPUBUF__STATE_RECORD__REC_REF);
+    ck_assert_uint_eq(r[1]->ref->session, 11);
+    ck_assert_uint_eq(r[1]->ref->buffer, 7);
+    ck_assert_uint_eq(r[1]->ref->count, 2);
+    ck_assert_uint_eq(r[1]->ref->read_only, 1);
+    d = r[2]->buffer;
+    ck_assert_int_eq(r[2]->rec_case, GPUBUF__STATE_RECORD__REC_BUFFER);
+    ck_assert_uint_eq(d->id, 8);
+    ck_assert_uint_eq(d->event_session, 0);
+    ck_assert_uint_eq(d->lease_expires_ns, 0);
+    ck_assert_uint_eq(d->lease_ttl_ms, 0);
+    ck_assert(!d->restored);
+    ck_assert_uint_eq(d->event.len, 0);
+    ck_assert_ptr_null(d->layout);
+    const uint64_t want[6][4] = {{11, 8, 1, 0}, {11, 9, 3, 0}, {12, 8, 1, 1},
+                                 {12, 9, 0, 0}, {0},           {12, 10, 4, 0}};
+    for (int i = 0; i < 6; i++) {
+        if (i == 4) {
+            ck_assert_int_eq(r[3 + i]->rec_case, GPUBUF__STATE_RECORD__REC_BUFFER_GONE);
+            ck_assert_uint_eq(r[3 + i]->buffer_gone, 9);
+            continue;
+        }
+        ck_assert_int_eq(r[3 + i]->rec_case, GPUBUF__STATE_RECORD__REC_REF);
+        ck_assert_uint_eq(r[3 + i]->ref->session, want[i][0]);
+        ck_assert_uint_eq(r[3 + i]->ref->buffer, want[i][1]);
+        ck_assert_uint_eq(r[3 + i]->ref->count, want[i][2]);
+        ck_assert_uint_eq(r[3 + i]->ref->read_only, want[i][3]);
+    }
+    free_recs(r, k);
+    /* The runs: 11's two references in one entry, then 12's, then 12's
+     * again after the REF_GONE; the next group's is its own. */
+    size_t at = before - GD_SE_RUN_HEAD - GD_SE_RUN_ITEM;
+    ck_assert_uint_eq(o.p[at], GD_SE_REFS);
+    ck_assert_uint_eq(o.p[at - 17], GD_SE_REF_GONE);
+    ck_assert_uint_eq(o.p[at - 17 - GD_SE_RUN_HEAD - GD_SE_RUN_ITEM], GD_SE_REFS);
+    at -= 17 + 2 * GD_SE_RUN_HEAD + 3 * GD_SE_RUN_ITEM;
+    ck_assert_uint_eq(o.p[at], GD_SE_REFS);
+    ck_assert_uint_eq(gd_state_get32(o.p + at + 9), 2);
+    ck_assert_uint_eq(o.p[before + 9], GD_SE_REFS);
+    ck_assert_uint_eq(o.len, before + 9 + GD_SE_RUN_HEAD + GD_SE_RUN_ITEM);
+    free(o.p);
+    free(m);
+}
+END_TEST
+
+/* Runs and compact buffers a hostile state gives: refused whole. */
+START_TEST(bad_version_3_entries_are_refused) {
+    uint8_t g[256];
+    Gpubuf__StateRecord **r;
+    size_t k, n = 0;
+    /* A run of no reference, and one longer than what is left. */
+    g[n++] = GD_SE_REFS;
+    n += le(g + n, 11, 8);
+    n += le(g + n, 0, 4);
+    ck_assert_int_eq(gd_se_decode(g, n, &r, &k), -EINVAL);
+    le(g + 9, 2, 4);
+    n += le(g + n, 7, 8);
+    n += le(g + n, 1, 4);
+    n += le(g + n, 0, 4);
+    ck_assert_int_eq(gd_se_decode(g, n, &r, &k), -EINVAL);
+    le(g + 9, 1, 4);
+    ck_assert_int_eq(gd_se_decode(g, n, &r, &k), 0);
+    ck_assert_uint_eq(k, 1);
+    free_recs(r, k);
+    le(g + 9, 0x40000000, 4); /* n * 16 wraps in 32 bits */
+    ck_assert_int_eq(gd_se_decode(g, n, &r, &k), -EINVAL);
+    /* A REF_GONE cut short. */
+    g[0] = GD_SE_REF_GONE;
+    ck_assert_int_eq(gd_se_decode(g, 12, &r, &k), -EINVAL);
+    ck_assert_int_eq(gd_se_decode(g, 17, &r, &k), 0);
+    ck_assert_uint_eq(k, 2);
+    free_recs(r, k);
+    /* A version 2 buffer with a flag of version 3; a compact one with a flag
+     * no version has, or cut in its optional fields. */
+    n = buffer_entry(g, "a", 1, 8);
+    ck_assert_int_eq(gd_se_decode(g, n, &r, &k), -EINVAL);
+    gd_slab slab = {.id = 1};
+    gd_buf b;
+    memset(&b, 0, sizeof(b));
+    b.id = 2;
+    b.blk.slab = &slab;
+    b.lease_slot = 1;
+    gd_obuf o;
+    memset(&o, 0, sizeof(o));
+    const uint32_t ref[2] = {1, 0};
+    gd_se_buffer(&o, &b, ref);
+    ck_assert_int_eq(gd_se_decode(o.p, o.len, &r, &k), 0);
+    ck_assert_uint_eq(k, 2);
+    free_recs(r, k);
+    for (size_t cut = 1; cut < o.len; cut++)
+        ck_assert_int_eq(gd_se_decode(o.p, cut, &r, &k), -EINVAL);
+    o.p[1 + 7 * 8 + 2 * 4] |= 0x20;
+    ck_assert_int_eq(gd_se_decode(o.p, o.len, &r, &k), -EINVAL);
+    free(o.p);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("state_record");
     TCase *t = add_case(s, "entries", NULL, NULL, 0);
     add_tests(t, entries_decode_to_their_records, a_group_cut_anywhere_is_refused_whole,
               bad_entries_are_refused, frames_of_another_generation_fail,
-              long_frames_hash_as_the_inline_code);
+              long_frames_hash_as_the_inline_code, version_3_entries_round_trip,
+              bad_version_3_entries_are_refused);
     return s;
 }
 
