@@ -227,7 +227,10 @@ static void hook_ref(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t
                      uint32_t ro) {
     gd_state *st = arg;
     const gd_buf *p = st->pend;
-    if (p && p->id == buffer_id && p->owner_holder == h->id) {
+    /* Once one is held, only that holder's (the replay must see a holder's
+     * counts of one buffer in the order they came). */
+    if (p && p->id == buffer_id &&
+        (st->pend_ref ? st->pend_ref_session == h->id : p->owner_holder == h->id)) {
         st->pend_ref = true;
         st->pend_ref_session = h->id;
         st->pend_ref_count = count;

@@ -75,7 +75,7 @@ size_t gd_state_frame(uint8_t *out, const uint8_t *rec, uint32_t n) {
 }
 
 void gd_state_header_v2(uint8_t *out, uint64_t gen) {
-    header(out, STATE_VERSION, gen);
+    header(out, STATE_VERSION_2, gen);
 }
 
 size_t gd_state_frame_v2(uint8_t *out, uint64_t gen, const uint8_t *rec, uint32_t n) {
