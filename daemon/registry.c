@@ -8,6 +8,7 @@
 #include <string.h>
 #include <utlist.h>
 
+#include "state_record.h" /* gd_se_ref: reference counts straight into a request's group */
 #include "util.h"
 
 /* Spare references and buffer records kept for reuse, at most (each list);
@@ -407,6 +408,18 @@ static void ref_recycle(gd_registry *r, gd_ref *ref) {
     r->n_spare_refs++;
 }
 
+/* h's count of references to buffer id is now count, ro of them
+ * read-only: into the request's group directly, or through the ref hook. */
+static inline void ref_changed(gd_registry *r, const gd_holder *h, uint64_t id, uint32_t count,
+                               uint32_t ro) {
+    if (r->ref_sink) {
+        gd_se_ref(r->ref_sink, h->id, id, count, ro);
+        r->ref_sink_n++;
+    } else {
+        HOOK(r, ref, h, id, count, ro);
+    }
+}
+
 gd_ref *gd_registry_ref_find(gd_holder *h, uint64_t id) {
     gd_ref *ref;
     HASH_FIND(hh, h->refs, &id, sizeof(id), ref);
@@ -449,7 +462,7 @@ int gd_registry_ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, u
     h->n_refs += n;
     h->n_ro_refs += ro;
     b->refs += n;
-    HOOK(r, ref, h, b->id, ref->count, ref->ro);
+    ref_changed(r, h, b->id, ref->count, ref->ro);
     return 0;
 }
 
@@ -488,7 +501,7 @@ void gd_registry_ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b
     }
     h->n_refs -= n;
     if (!b) {
-        HOOK(r, ref, h, id, left, left_ro);
+        ref_changed(r, h, id, left, left_ro);
         return;
     }
     assert(b->refs >= n);
@@ -499,7 +512,7 @@ void gd_registry_ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b
         gd_registry_buf_free(r, b);
         return;
     }
-    HOOK(r, ref, h, id, left, left_ro);
+    ref_changed(r, h, id, left, left_ro);
     gd_registry_buf_maybe_free(r, b);
 }
 

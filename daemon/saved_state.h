@@ -85,11 +85,6 @@ struct gd_state {
     gd_obuf stage;        /* the group being made: the entries of this request */
     unsigned depth;       /* gd_state_begin() without its gd_state_end() */
     const struct gd_buf *pend; /* a buffer whose entry is still to be staged */
-    /* A reference of pend's owner to pend, staged with pend's entry
-     * (pend_put): pend_ref_session's count and read-only count of it. */
-    bool pend_ref;
-    uint64_t pend_ref_session;
-    uint32_t pend_ref_count, pend_ref_ro;
     uint64_t snapshots, snapshot_ns;
     uv_timer_t expiry;
     bool expiry_on;

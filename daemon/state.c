@@ -68,6 +68,8 @@ static void commit(gd_state *st) {
     pend_put(st);
     slot *s = &st->slots[st->active];
     gd_obuf *o = &st->stage;
+    st->records += st->ctx->reg.ref_sink_n;
+    st->ctx->reg.ref_sink_n = 0;
     if (o->len <= 9 && !o->oom)
         return;
     /* One group in 64 is timed, for the average the log gives at stop: two
@@ -102,13 +104,18 @@ static void commit(gd_state *st) {
 }
 
 void gd_state_begin(gd_state *st) {
-    if (st)
-        st->depth++;
+    if (!st)
+        return;
+    gd_registry *reg = &st->ctx->reg;
+    if (st->depth++ == 0 && reg->hooks && !st->frozen && !st->no_journal)
+        reg->ref_sink = &st->stage;
 }
 
 void gd_state_end(gd_state *st) {
-    if (st && st->depth && --st->depth == 0)
+    if (st && st->depth && --st->depth == 0) {
+        st->ctx->reg.ref_sink = NULL;
         commit(st);
+    }
 }
 
 /* Make room for one more entry of at most n bytes in the stage; a group
@@ -135,31 +142,23 @@ static void staged(gd_state *st) {
  * is then. The group is applied whole, so the earlier state of the buffer is
  * never seen, and a reference entry may come before it (references are
  * counts, applied in any order to one buffer record). The owner's reference
- * to it, in the meantime, goes with it (hook_ref): one entry for an alloc.
+ * count, when it is the stage's last entry (an alloc's), goes into it
+ * (gd_se_pop_ref): one entry for an alloc.
  * A buffer freed before its entry was staged needs none: its removal
  * follows (with the owner's reference, if any, gone). Every change that
  * frees a gd_buf (gd_registry_buf_free) calls buf_gone first, so pend never
  * points to freed memory. */
 static void pend_put(gd_state *st) {
     const gd_buf *b = st->pend;
+    uint32_t ref[2];
     if (!b)
         return;
-    bool has_ref = st->pend_ref;
     st->pend = NULL;
-    st->pend_ref = false;
-    if (!stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192 + 29))
+    if (!stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
         return;
-    if (!has_ref) {
-        gd_se_buffer(&st->stage, b, NULL);
-        return;
-    }
-    const uint32_t ref[2] = {st->pend_ref_count, st->pend_ref_ro};
-    if (st->pend_ref_session == b->owner_holder) {
-        gd_se_buffer(&st->stage, b, ref);
-    } else { /* the buffer changed owner since (not in one request today) */
-        gd_se_buffer(&st->stage, b, NULL);
-        gd_se_ref(&st->stage, st->pend_ref_session, b->id, ref[0], ref[1]);
-    }
+    /* The owner's reference just before (an alloc's) goes into it. */
+    bool owner_ref = gd_se_pop_ref(&st->stage, b->owner_holder, b->id, ref);
+    gd_se_buffer(&st->stage, b, owner_ref ? ref : NULL);
 }
 
 static void hook_buf(void *arg, const gd_buf *b) {
@@ -190,54 +189,29 @@ static void hook_id(gd_state *st, int kind, uint64_t id) {
 }
 
 /* A buffer's removal; last_ref: the holder whose last reference to it
- * went with it (the registry called no ref hook for that one), said in the
- * same entry (REF_GONE), or 0. pend's owner reference to it, if any, is
- * said first unless that is the same holder's. */
+ * went with it (the registry wrote no count of 0 for it), said in the same
+ * entry (REF_GONE), or 0. */
 static void hook_buf_gone(void *arg, uint64_t id, uint64_t last_ref) {
     gd_state *st = arg;
-    bool held = false;
-    uint64_t by = last_ref, owner = st->pend_ref_session;
-    uint32_t count = st->pend_ref_count, ro = st->pend_ref_ro;
-    if (st->pend && st->pend->id == id) {
-        held = st->pend_ref;
+    if (st->pend && st->pend->id == id)
         st->pend = NULL;
-        st->pend_ref = false;
-    }
     gd_state_snap_gone(arg, id);
     pend_put(st);
-    if (!stage_room(st, 17 + 29))
+    if (!stage_room(st, 17))
         return;
-    if (held) {
-        if (!by)
-            by = owner;
-        else if (by != owner)
-            gd_se_ref(&st->stage, owner, id, count, ro);
-    }
-    if (by)
-        gd_se_ref_gone(&st->stage, by, id);
+    if (last_ref)
+        gd_se_ref_gone(&st->stage, last_ref, id);
     else
         gd_se_id(&st->stage, GD_SE_BUFFER_GONE, id);
     staged(st);
 }
 
-/* A reference count. pend's owner's goes with pend's entry (most are an
- * alloc's: a new buffer and its creator's reference); the others extend
- * the stage's run of the session's references. */
+/* A reference count outside a request (inside one the registry appends it
+ * to the group itself: gd_registry.ref_sink). */
 static void hook_ref(void *arg, const gd_holder *h, uint64_t buffer_id, uint32_t count,
                      uint32_t ro) {
     gd_state *st = arg;
-    const gd_buf *p = st->pend;
-    /* Once one is held, only that holder's (the replay must see a holder's
-     * counts of one buffer in the order they came). */
-    if (p && p->id == buffer_id &&
-        (st->pend_ref ? st->pend_ref_session == h->id : p->owner_holder == h->id)) {
-        st->pend_ref = true;
-        st->pend_ref_session = h->id;
-        st->pend_ref_count = count;
-        st->pend_ref_ro = ro;
-        return;
-    }
-    if (!stage_room(st, 29))
+    if (!stage_room(st, GD_SE_RUN_HEAD + GD_SE_RUN_ITEM))
         return;
     gd_se_ref(&st->stage, h->id, buffer_id, count, ro);
     staged(st);
@@ -457,6 +431,7 @@ void gd_state_freeze(gd_state *st) {
              (unsigned long long)st->snapshots, (double)st->snapshot_ns / 1e6,
              (double)st->slots[0].cap / 1048576.0, (double)st->slots[1].cap / 1048576.0);
     st->ctx->reg.hooks = NULL;
+    st->ctx->reg.ref_sink = NULL; /* (a signal's work: never inside a request) */
     for (int i = 0; i < st->ctx->n_pools; i++)
         st->ctx->pools[i]->slab_hook = NULL;
     if (st->expiry_on) {
@@ -477,6 +452,7 @@ int gd_state_switch(gd_state *st) {
         commit(st);
         gd_state_snap_abort(st);
         st->ctx->reg.hooks = NULL;
+        st->ctx->reg.ref_sink = NULL;
         st->no_journal = true;
         return 0;
     }

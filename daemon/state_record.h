@@ -87,6 +87,11 @@ static inline void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint
     o->run_end = o->len;
 }
 
+/* When o's last entry is a run of session's references whose last is to
+ * buffer, take that one out of it into ref (its count and read-only count)
+ * and return true (the run goes when it had only that one); else false. */
+bool gd_se_pop_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t ref[2]);
+
 /* Append one entry to o. */
 void gd_se_id(gd_obuf *o, int kind, uint64_t id);
 void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer);
