@@ -420,6 +420,10 @@ static inline void ref_changed(gd_registry *r, const gd_holder *h, uint64_t id, 
     }
 }
 
+void gd_registry_ref_saved(gd_registry *r, const gd_holder *h, const gd_ref *ref) {
+    ref_changed(r, h, ref->buffer_id, ref->count, ref->ro);
+}
+
 gd_ref *gd_registry_ref_find(gd_holder *h, uint64_t id) {
     gd_ref *ref;
     HASH_FIND(hh, h->refs, &id, sizeof(id), ref);

@@ -49,6 +49,9 @@ int gd_registry_ref_add_n(gd_registry *r, gd_holder *h, gd_buf *b, uint32_t n, u
 int gd_registry_ref_add(gd_registry *r, gd_holder *h, gd_buf *b);
 /* Set the read-only part of ref to ro (at most its count). */
 void gd_registry_ref_ro_set(gd_holder *h, gd_ref *ref, uint32_t ro);
+/* Tell the saved state h's count of ref as it is now (after
+ * gd_registry_ref_ro_set, which tells it nothing). */
+void gd_registry_ref_saved(gd_registry *r, const gd_holder *h, const gd_ref *ref);
 /* Drop n of h's references ref to b in one step (registry.c says more). */
 void gd_registry_ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b, uint32_t n);
 

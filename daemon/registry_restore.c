@@ -133,13 +133,17 @@ size_t gd_registry_resume(gd_registry *r, gd_holder *h, const gd_held *held, siz
             want_ro = x->ro < want ? x->ro : want;
         }
         /* In one step, whatever the counts (a saved count may be large). */
-        uint32_t have = ref->count;
+        uint32_t have = ref->count, have_ro = ref->ro;
         if (ref->ro > want_ro)
             gd_registry_ref_ro_set(h, ref, want_ro);
         if (want < have) /* may free ref */
             gd_registry_ref_drop_n(r, h, ref, gd_registry_find_id(r, id), have - want);
         if (want && want <= have && (ref = gd_registry_ref_find(h, id)) && ref->ro < want_ro)
             gd_registry_ref_ro_set(h, ref, want_ro);
+        /* A read-only count changed alone is saved too (a drop saved its
+         * own count, perhaps before the read-only count went up again). */
+        if ((ref = gd_registry_ref_find(h, id)) && ref->ro != have_ro)
+            gd_registry_ref_saved(r, h, ref);
     }
     return n_lost;
 }

@@ -50,7 +50,8 @@ typedef struct gd_state gd_state;
 /* A growable byte buffer. run_at, run_end and run_session: the run of
  * references (GD_SE_REFS) that a next reference of that session extends,
  * while it is the last entry (run_end == len; 0: none). Whatever resets
- * len opens a group after (gd_group_open()), which ends the run. */
+ * len opens a group after (gd_group_open()), which ends the run;
+ * gd_se_pop_ref() shortens the run itself. */
 typedef struct gd_obuf {
     uint8_t *p;
     size_t len, cap;

@@ -120,7 +120,9 @@ void gd_state_end(gd_state *st) {
 
 /* Make room for one more entry of at most n bytes in the stage; a group
  * that would grow past STATE_MAX_GROUP is written first (a request never
- * makes one that large: max_request and the batch limits bound it). */
+ * makes one that large: max_request and the batch limits bound it; the
+ * reference counts a request's registry appends itself, gd_registry.ref_sink,
+ * skip this check: a batch of the most items, 4,096, makes about 120 KiB). */
 static bool stage_room(gd_state *st, size_t n) {
     if (st->frozen || st->no_journal)
         return false;
@@ -158,6 +160,10 @@ static void pend_put(gd_state *st) {
         return;
     /* The owner's reference just before (an alloc's) goes into it. */
     bool owner_ref = gd_se_pop_ref(&st->stage, b->owner_holder, b->id, ref);
+    if (owner_ref && st->ctx->reg.ref_sink)
+        st->ctx->reg.ref_sink_n--; /* counted as an entry of its own: it is not one now */
+    else if (owner_ref)
+        st->records--;
     gd_se_buffer(&st->stage, b, owner_ref ? ref : NULL);
 }
 

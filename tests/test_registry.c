@@ -1442,11 +1442,13 @@ static void hk_gone(void *a, uint64_t id, uint64_t last_ref) {
     hook_last_ref = last_ref;
     hook_log[hook_n++ % 64] = last_ref ? 7 : 2;
 }
+static uint32_t hook_ref_count, hook_ref_ro;
 static void hk_ref(void *a, const gd_holder *h, uint64_t id, uint32_t count, uint32_t ro) {
     (void)a;
     (void)h;
     (void)id;
-    (void)ro;
+    hook_ref_count = count;
+    hook_ref_ro = ro;
     hook_log[hook_n++ % 64] = count ? 3 : 4;
 }
 static void hk_holder(void *a, const gd_holder *h) {
@@ -1493,6 +1495,38 @@ START_TEST(test_hooks_follow_changes) {
     ck_assert_uint_eq(hook_last_ref, h->id);
     gd_registry_holder_drop(&e.reg, h);
     e.reg.hooks = NULL;
+    env_fini(&e);
+}
+END_TEST
+
+/* A resume that only lowers a reference's read-only count (the client's
+ * views hold as many references, fewer of them read-only) tells the saved
+ * state: a SIGKILL after it must not bring the old read-only count back. */
+START_TEST(test_resume_saves_a_lowered_read_only_count) {
+    static const gd_registry_hooks hk = {hk_buf, hk_gone, hk_ref, hk_holder, hk_holder_gone, NULL};
+    env e;
+    gd_buf t, *b = NULL;
+    gd_block blk;
+    env_init(&e);
+    gd_holder *h = gd_registry_restore_holder(&e.reg, 7, 4242, UID_A, UID_A);
+    ck_assert_ptr_nonnull(h);
+    ck_assert_int_eq(gd_pool_alloc(e.pool, 4096, 0, &blk, &tr_err), 0);
+    restore_tmpl(&t, &e, 40, "kept", blk, 7);
+    ck_assert_int_eq(gd_registry_restore_buf(&e.reg, &t, &b, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_restore_ref(&e.reg, h, b, 2, 2, &tr_err), 0);
+    gd_registry_restore_done(&e.reg);
+    e.reg.hooks = &hk;
+    hook_n = 0;
+    gd_held held[] = {{40, 2, 0}};
+    uint64_t lost[1];
+    ck_assert_uint_eq(gd_registry_resume(&e.reg, h, held, 1, lost), 0);
+    ck_assert_uint_eq(h->n_ro_refs, 0);
+    ck_assert_int_eq(hook_n, 1);
+    ck_assert_int_eq(hook_log[0], 3);
+    ck_assert_uint_eq(hook_ref_count, 2);
+    ck_assert_uint_eq(hook_ref_ro, 0);
+    e.reg.hooks = NULL;
+    gd_registry_holder_drop(&e.reg, h);
     env_fini(&e);
 }
 END_TEST
@@ -1568,6 +1602,7 @@ static Suite *registry_suite(void) {
 
     tc = add_case(s, "bounded", NULL, NULL, 0);
     add_tests(tc, test_waiters_indexed, test_holder_leave_spread, test_restore_and_resume,
+              test_resume_saves_a_lowered_read_only_count,
               test_hooks_follow_changes, test_restore_meta);
     return s;
 }
