@@ -8,7 +8,7 @@
 #include <string.h>
 #include <utlist.h>
 
-#include "state_record.h" /* gd_se_ref: reference counts straight into a request's group */
+#include "group.h" /* gd_se_ref: reference counts straight into a request's group */
 #include "util.h"
 
 /* Spare references and buffer records kept for reuse, at most (each list);

@@ -14,6 +14,7 @@
 #include <uv.h>
 
 #include "context.h"
+#include "group.h"
 
 /* One fd a previous daemon kept, with its name (LISTEN_FDNAMES, takeover). */
 typedef struct gd_kept_fd {
@@ -47,18 +48,7 @@ typedef struct gd_state gd_state;
 #define STATE_MAP_MIN (1ull << 20) /* the journal mapping grows from here */
 #define STATE_MAX_GROUP (64u << 20) /* one group (version 2): a request's changes */
 
-/* A growable byte buffer. run_at, run_end and run_session: the run of
- * references (GD_SE_REFS) that a next reference of that session extends,
- * while it is the last entry (run_end == len; 0: none). Whatever resets
- * len opens a group after (gd_group_open()), which ends the run;
- * gd_se_pop_ref() shortens the run itself. */
-typedef struct gd_obuf {
-    uint8_t *p;
-    size_t len, cap;
-    bool oom;
-    size_t run_at, run_end;
-    uint64_t run_session;
-} gd_obuf;
+/* gd_obuf, the growable byte buffer of groups: group.h. */
 
 typedef struct slot {
     int fd;
@@ -100,39 +90,7 @@ struct gd_state {
     } snap;
 };
 
-/* Little-endian stores, returning the byte after: one move each where the
- * machine is little-endian. */
-#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
-static inline uint8_t *gd_state_put64(uint8_t *p, uint64_t v) {
-    memcpy(p, &v, 8);
-    return p + 8;
-}
-
-static inline uint8_t *gd_state_put32(uint8_t *p, uint32_t v) {
-    memcpy(p, &v, 4);
-    return p + 4;
-}
-#else
-static inline uint8_t *gd_state_put64(uint8_t *p, uint64_t v) {
-    for (int i = 0; i < 8; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-    return p + 8;
-}
-
-static inline uint8_t *gd_state_put32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++)
-        p[i] = (uint8_t)(v >> (8 * i));
-    return p + 4;
-}
-#endif
-
-static inline uint32_t gd_state_get32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-
-static inline uint64_t gd_state_get64(const uint8_t *p) {
-    return (uint64_t)gd_state_get32(p) | (uint64_t)gd_state_get32(p + 4) << 32;
-}
+/* Little-endian stores and loads: group.h. */
 
 /* FNV-1a: a torn or stale record fails it. */
 static inline uint64_t gd_state_checksum(const void *p, size_t n) {

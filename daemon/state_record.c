@@ -27,26 +27,6 @@ XXH64_hash_t XXH3_64bits_withSeed_dispatch(const void *input, size_t len, XXH64_
 #define F_LEASE 8u     /* BUFFER3 only */
 #define F_OWNER_REF 16u /* BUFFER3 only */
 
-/* The growing path of room(), out of line: inlined, it made every entry's
- * writer save six registers for a path it almost never takes. */
-__attribute__((noinline, cold)) static uint8_t *grow(gd_obuf *o, size_t n) {
-    if (o->oom)
-        return NULL;
-    if (o->cap - o->len < n) {
-        size_t cap = o->cap ? o->cap : 4096;
-        while (cap - o->len < n)
-            cap *= 2;
-        uint8_t *p = realloc(o->p, cap);
-        if (!p) {
-            o->oom = true;
-            return NULL;
-        }
-        o->p = p;
-        o->cap = cap;
-    }
-    return o->p + o->len;
-}
-
 #define put64 gd_state_put64
 #define put32 gd_state_put32
 
@@ -56,27 +36,7 @@ static inline uint8_t *put16(uint8_t *p, uint16_t v) {
     return p + 2;
 }
 
-/* Room for n bytes: the common case (room left) inline. */
-static inline uint8_t *room(gd_obuf *o, size_t n) {
-    return !o->oom && o->cap - o->len >= n ? o->p + o->len : grow(o, n);
-}
-
-uint8_t *gd_obuf_room(gd_obuf *o, size_t n) {
-    return room(o, n);
-}
-
-void gd_se_ref_run(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro) {
-    uint8_t *p = room(o, GD_SE_RUN_HEAD + GD_SE_RUN_ITEM);
-    if (!p)
-        return;
-    o->run_at = o->len;
-    o->run_session = session;
-    *p = GD_SE_REFS;
-    p = put32(put64(p + 1, session), 1);
-    put32(put32(put64(p, buffer), count), ro);
-    o->len += GD_SE_RUN_HEAD + GD_SE_RUN_ITEM;
-    o->run_end = o->len;
-}
+#define room gd_obuf_room
 
 bool gd_se_pop_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t ref[2]) {
     if (o->run_end != o->len || o->run_end == 0 || o->run_session != session || o->oom)

@@ -45,7 +45,8 @@
 
 #include "gpubuf_state.pb-c.h"
 #include "registry.h"
-#include "saved_state.h" /* gd_obuf */
+#include "group.h"       /* gd_obuf, gd_se_ref */
+#include "saved_state.h"
 
 enum {
     GD_SE_GROUP = 0, /* a frame's first byte: a group of entries follows */
@@ -57,35 +58,13 @@ enum {
     GD_SE_RECORD = 6,
     GD_SE_BUFFER_STATE = 7,
     GD_SE_BUFFER3 = 8,
-    GD_SE_REFS = 9,
+    /* 9: GD_SE_REFS (group.h) */
     GD_SE_REF_GONE = 10,
 };
 
-/* Room for n more bytes at o->p + o->len, or NULL (o->oom set). */
-uint8_t *gd_obuf_room(gd_obuf *o, size_t n);
 
-#define GD_SE_RUN_HEAD 13u /* a REFS entry's kind, u64 session, u32 n */
-#define GD_SE_RUN_ITEM 16u /* and each item: u64 buffer, u32 count, u32 read_only */
-
-/* Append a REFS entry of session's one reference to o. */
-void gd_se_ref_run(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro);
-
-/* Append one reference to o: to o's run of session's references while that
- * run is o's last entry, else as a new run. The most frequent entry (every
- * reference a request takes or gives back): its common case inline. */
-static inline void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count,
-                             uint32_t ro) {
-    if (o->run_end != o->len || o->run_end == 0 || o->run_session != session || o->oom ||
-        o->cap - o->len < GD_SE_RUN_ITEM) {
-        gd_se_ref_run(o, session, buffer, count, ro);
-        return;
-    }
-    uint8_t *n = o->p + o->run_at + 9;
-    gd_state_put32(n, gd_state_get32(n) + 1);
-    gd_state_put32(gd_state_put32(gd_state_put64(o->p + o->len, buffer), count), ro);
-    o->len += GD_SE_RUN_ITEM;
-    o->run_end = o->len;
-}
+/* gd_se_ref (a reference count, into a run of its session's) and
+ * gd_obuf_room: group.h. */
 
 /* When o's last entry is a run of session's references whose last is to
  * buffer, take that one out of it into ref (its count and read-only count)

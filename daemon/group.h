@@ -1,0 +1,95 @@
+/* State room, basement: the growable byte buffer that a saved state's
+ * groups are made in (gd_obuf), its little-endian stores, and the entry
+ * that the registry itself appends to it inside a request: a run of one
+ * session's reference counts (GD_SE_REFS, state_record.h has the other
+ * entries). Nothing here knows the registry, so the registry can include
+ * it (registry.c: gd_registry.ref_sink) without a loop. */
+#ifndef GPUBUFD_GROUP_H
+#define GPUBUFD_GROUP_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+/* A growable byte buffer. run_at, run_end and run_session: the run of
+ * references (GD_SE_REFS) that a next reference of that session extends,
+ * while it is the last entry (run_end == len; 0: none). Whatever resets
+ * len opens a group after (gd_group_open()), which ends the run;
+ * gd_se_pop_ref() shortens the run itself. */
+typedef struct gd_obuf {
+    uint8_t *p;
+    size_t len, cap;
+    bool oom;
+    size_t run_at, run_end;
+    uint64_t run_session;
+} gd_obuf;
+
+/* Little-endian stores, returning the byte after: one move each where the
+ * machine is little-endian. */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline uint8_t *gd_state_put64(uint8_t *p, uint64_t v) {
+    memcpy(p, &v, 8);
+    return p + 8;
+}
+
+static inline uint8_t *gd_state_put32(uint8_t *p, uint32_t v) {
+    memcpy(p, &v, 4);
+    return p + 4;
+}
+#else
+static inline uint8_t *gd_state_put64(uint8_t *p, uint64_t v) {
+    for (int i = 0; i < 8; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+    return p + 8;
+}
+
+static inline uint8_t *gd_state_put32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++)
+        p[i] = (uint8_t)(v >> (8 * i));
+    return p + 4;
+}
+#endif
+
+static inline uint32_t gd_state_get32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static inline uint64_t gd_state_get64(const uint8_t *p) {
+    return (uint64_t)gd_state_get32(p) | (uint64_t)gd_state_get32(p + 4) << 32;
+}
+
+/* The growing path of gd_obuf_room: out of line (inlined, it made every
+ * entry's writer save six registers for a path it almost never takes). */
+uint8_t *gd_obuf_grow(gd_obuf *o, size_t n);
+
+/* Room for n more bytes at o->p + o->len, or NULL (o->oom set). */
+static inline uint8_t *gd_obuf_room(gd_obuf *o, size_t n) {
+    return !o->oom && o->cap - o->len >= n ? o->p + o->len : gd_obuf_grow(o, n);
+}
+
+#define GD_SE_REFS 9         /* the entry's kind (state_record.h has the others) */
+#define GD_SE_RUN_HEAD 13u /* a REFS entry's kind, u64 session, u32 n */
+#define GD_SE_RUN_ITEM 16u /* and each item: u64 buffer, u32 count, u32 read_only */
+
+/* Append a REFS entry of session's one reference to o. */
+void gd_se_ref_run(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro);
+
+/* Append one reference to o: to o's run of session's references while that
+ * run is o's last entry, else as a new run. The most frequent entry (every
+ * reference a request takes or gives back): its common case inline. */
+static inline void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count,
+                             uint32_t ro) {
+    if (o->run_end != o->len || o->run_end == 0 || o->run_session != session || o->oom ||
+        o->cap - o->len < GD_SE_RUN_ITEM) {
+        gd_se_ref_run(o, session, buffer, count, ro);
+        return;
+    }
+    uint8_t *n = o->p + o->run_at + 9;
+    gd_state_put32(n, gd_state_get32(n) + 1);
+    gd_state_put32(gd_state_put32(gd_state_put64(o->p + o->len, buffer), count), ro);
+    o->len += GD_SE_RUN_ITEM;
+    o->run_end = o->len;
+}
+
+#endif
