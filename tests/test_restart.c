@@ -453,13 +453,16 @@ END_TEST
 START_TEST(last_references_survive_sigkill) {
     enum { N = 10 };
     fake_sd m;
-    char conf[256], names[N][16];
+    char names[N][16];
     const char *pn[N];
     uint64_t sizes[N];
     gpubuf_buffer *v[N] = {0}, *w[N] = {0};
     int st[N];
-    const char *args[] = {"--pool", "host=host,capacity=1G", "--config", conf, NULL};
-    start_short_resume(&m, conf, sizeof(conf), args);
+    /* The default resume_timeout_ms (30 s): d's session waits for it however
+     * slow the machine is. */
+    const char *args[] = {"--pool", "host=host,capacity=1G", NULL};
+    fsd_init(&m);
+    fsd_start(&m, args);
     for (int i = 0; i < N; i++) {
         snprintf(names[i], sizeof(names[i]), "g%d", i);
         pn[i] = names[i];
@@ -475,20 +478,21 @@ START_TEST(last_references_survive_sigkill) {
     ck_assert_int_eq(gpubuf_release_many(w, 2, st), 0);
     ck_assert_int_eq(gpubuf_flush(c), 0);
     ck_assert_int_eq(gpubuf_flush(d), 0);
-    gpubuf_status *s = td_status(&m.d);
+    gpubuf_status *s = status_on(d);
     ck_assert_uint_eq(s->n_buffers, 3);
     gpubuf_status_free(s);
 
     ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
     fsd_start(&m, args);
-    s = td_status(&m.d);
+    /* The status request reconnects d, which resumes with its three views. */
+    s = status_on(d);
     ck_assert_uint_eq(s->n_buffers, 3);
     ck_assert_uint_eq(s->restored_buffers, 3);
     gpubuf_status_free(s);
-    /* d comes back and lets the rest go: nothing is left. */
+    /* d lets the rest go: nothing is left. */
     ck_assert_int_eq(gpubuf_release_many(w + 2, 3, st), 0);
     ck_assert_int_eq(gpubuf_flush(d), 0);
-    s = td_status(&m.d);
+    s = status_on(d);
     ck_assert_uint_eq(s->n_buffers, 0);
     gpubuf_status_free(s);
     gpubuf_disconnect(c);
