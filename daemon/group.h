@@ -49,6 +49,11 @@ static inline uint8_t *gd_state_put32(uint8_t *p, uint32_t v) {
         p[i] = (uint8_t)(v >> (8 * i));
     return p + 4;
 }
+/* When o's last entry is a run of session's references whose last is to
+ * buffer, take that one out of it into ref (its count and read-only count)
+ * and return true (the run goes when it had only that one); else false. */
+bool gd_se_pop_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t ref[2]);
+
 #endif
 
 static inline uint32_t gd_state_get32(const uint8_t *p) {
@@ -91,5 +96,10 @@ static inline void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint
     o->len += GD_SE_RUN_ITEM;
     o->run_end = o->len;
 }
+
+/* When o's last entry is a run of session's references whose last is to
+ * buffer, take that one out of it into ref (its count and read-only count)
+ * and return true (the run goes when it had only that one); else false. */
+bool gd_se_pop_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t ref[2]);
 
 #endif

@@ -160,10 +160,8 @@ static void pend_put(gd_state *st) {
         return;
     /* The owner's reference just before (an alloc's) goes into it. */
     bool owner_ref = gd_se_pop_ref(&st->stage, b->owner_holder, b->id, ref);
-    if (owner_ref && st->ctx->reg.ref_sink)
-        st->ctx->reg.ref_sink_n--; /* counted as an entry of its own: it is not one now */
-    else if (owner_ref)
-        st->records--;
+    if (owner_ref)
+        st->records--; /* counted as an entry of its own (now or at commit): it is none now */
     gd_se_buffer(&st->stage, b, owner_ref ? ref : NULL);
 }
 

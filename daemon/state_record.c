@@ -27,62 +27,36 @@ XXH64_hash_t XXH3_64bits_withSeed_dispatch(const void *input, size_t len, XXH64_
 #define F_LEASE 8u     /* BUFFER3 only */
 #define F_OWNER_REF 16u /* BUFFER3 only */
 
-#define put64 gd_state_put64
-#define put32 gd_state_put32
-
 static inline uint8_t *put16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
     return p + 2;
 }
 
-#define room gd_obuf_room
-
-bool gd_se_pop_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t ref[2]) {
-    if (o->run_end != o->len || o->run_end == 0 || o->run_session != session || o->oom)
-        return false;
-    const uint8_t *last = o->p + o->len - GD_SE_RUN_ITEM;
-    if (gd_state_get64(last) != buffer)
-        return false;
-    ref[0] = gd_state_get32(last + 8);
-    ref[1] = gd_state_get32(last + 12);
-    uint8_t *n = o->p + o->run_at + 9;
-    uint32_t k = gd_state_get32(n);
-    if (k == 1) {
-        o->len = o->run_at;
-        o->run_end = 0;
-    } else {
-        put32(n, k - 1);
-        o->len -= GD_SE_RUN_ITEM;
-        o->run_end = o->len;
-    }
-    return true;
-}
-
 void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer) {
-    uint8_t *p = room(o, 17);
+    uint8_t *p = gd_obuf_room(o, 17);
     if (!p)
         return;
     *p = GD_SE_REF_GONE;
-    put64(put64(p + 1, session), buffer);
+    gd_state_put64(gd_state_put64(p + 1, session), buffer);
     o->len += 17;
 }
 
 void gd_se_id(gd_obuf *o, int kind, uint64_t id) {
-    uint8_t *p = room(o, 9);
+    uint8_t *p = gd_obuf_room(o, 9);
     if (!p)
         return;
     *p = (uint8_t)kind;
-    put64(p + 1, id);
+    gd_state_put64(p + 1, id);
     o->len += 9;
 }
 
 void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state) {
-    uint8_t *p = room(o, 13);
+    uint8_t *p = gd_obuf_room(o, 13);
     if (!p)
         return;
     *p = GD_SE_BUFFER_STATE;
-    put32(put64(p + 1, id), state);
+    gd_state_put32(gd_state_put64(p + 1, id), state);
     o->len += 13;
 }
 
@@ -116,25 +90,25 @@ void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
     if (!p)
         return;
     *p++ = GD_SE_BUFFER3;
-    p = put64(p, b->id);
-    p = put64(p, b->blk.slab->id);
-    p = put64(p, b->blk.offset);
-    p = put64(p, b->blk.size);
-    p = put64(p, b->size);
-    p = put64(p, b->owner_holder);
-    p = put64(p, b->charged);
-    p = put32(p, b->owner_uid);
-    p = put32(p, (uint32_t)b->state);
+    p = gd_state_put64(p, b->id);
+    p = gd_state_put64(p, b->blk.slab->id);
+    p = gd_state_put64(p, b->blk.offset);
+    p = gd_state_put64(p, b->blk.size);
+    p = gd_state_put64(p, b->size);
+    p = gd_state_put64(p, b->owner_holder);
+    p = gd_state_put64(p, b->charged);
+    p = gd_state_put32(p, b->owner_uid);
+    p = gd_state_put32(p, (uint32_t)b->state);
     *p++ = flags;
     p = put16(p, (uint16_t)name_len);
     p = put16(p, (uint16_t)user_len);
     p = put16(p, (uint16_t)layout_len);
     if (b->has_event)
-        p = put64(p, b->event_holder);
+        p = gd_state_put64(p, b->event_holder);
     if (b->lease_slot)
-        p = put32(put64(p, b->lease_expires_ns), b->lease_ttl_ms);
+        p = gd_state_put32(gd_state_put64(p, b->lease_expires_ns), b->lease_ttl_ms);
     if (owner_ref)
-        p = put32(put32(p, owner_ref[0]), owner_ref[1]);
+        p = gd_state_put32(gd_state_put32(p, owner_ref[0]), owner_ref[1]);
     if (name_len) {
         memcpy(p, b->name, name_len);
         p += name_len;
@@ -156,7 +130,7 @@ void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec) {
     if (!p)
         return;
     *p = GD_SE_RECORD;
-    put32(p + 1, (uint32_t)n);
+    gd_state_put32(p + 1, (uint32_t)n);
     gpubuf__state_record__pack(rec, p + 5);
     o->len += 5 + n;
 }

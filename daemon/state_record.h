@@ -62,14 +62,8 @@ enum {
     GD_SE_REF_GONE = 10,
 };
 
-
-/* gd_se_ref (a reference count, into a run of its session's) and
- * gd_obuf_room: group.h. */
-
-/* When o's last entry is a run of session's references whose last is to
- * buffer, take that one out of it into ref (its count and read-only count)
- * and return true (the run goes when it had only that one); else false. */
-bool gd_se_pop_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t ref[2]);
+/* gd_obuf_room, gd_se_ref (a reference count, into a run of its
+ * session's) and gd_se_pop_ref: group.h. */
 
 /* Append one entry to o. */
 void gd_se_id(gd_obuf *o, int kind, uint64_t id);
@@ -77,7 +71,6 @@ void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer);
 /* b's entry; owner_ref (NULL: none): the count and read-only count of b's
  * owner's reference to b, said with it. */
 void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]);
-
 void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state);
 void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec);
 

@@ -52,15 +52,13 @@ static void slot_copy(uint8_t *dst, const uint8_t *src, size_t len) {
     memcpy(dst, src, len);
 }
 
-#define put32 gd_state_put32
-#define put64 gd_state_put64
 
 static void header(uint8_t *hdr, uint32_t version, uint64_t gen) {
     memset(hdr, 0, STATE_HEADER);
     memcpy(hdr, STATE_MAGIC, 8);
-    put32(hdr + 8, version);
-    put64(hdr + 16, gen);
-    put64(hdr + 24, gd_state_checksum(hdr, 24));
+    gd_state_put32(hdr + 8, version);
+    gd_state_put64(hdr + 16, gen);
+    gd_state_put64(hdr + 24, gd_state_checksum(hdr, 24));
 }
 
 void gd_state_header(uint8_t *out, uint64_t gen) {
@@ -69,8 +67,8 @@ void gd_state_header(uint8_t *out, uint64_t gen) {
 
 size_t gd_state_frame(uint8_t *out, const uint8_t *rec, uint32_t n) {
     memmove(out + 8, rec, n);
-    put32(out, n);
-    put32(out + 4, (uint32_t)gd_state_checksum(out + 8, n));
+    gd_state_put32(out, n);
+    gd_state_put32(out + 4, (uint32_t)gd_state_checksum(out + 8, n));
     return (size_t)n + 8;
 }
 
@@ -80,8 +78,8 @@ void gd_state_header_v2(uint8_t *out, uint64_t gen) {
 
 size_t gd_state_frame_v2(uint8_t *out, uint64_t gen, const uint8_t *rec, uint32_t n) {
     memmove(out + 8, rec, n);
-    put32(out, n);
-    put32(out + 4, gd_se_checksum(gen, out + 8, n));
+    gd_state_put32(out, n);
+    gd_state_put32(out + 4, gd_se_checksum(gen, out + 8, n));
     return (size_t)n + 8;
 }
 
@@ -198,8 +196,8 @@ static void put_msg(gd_obuf *o, Gpubuf__StateRecord__RecCase what, void *m) {
  * its 8 bytes of length and checksum were left free before it. */
 void gd_group_frame(gd_obuf *o, size_t start, uint64_t gen) {
     uint32_t n = (uint32_t)(o->len - start - 8);
-    put32(o->p + start, n);
-    put32(o->p + start + 4, gd_se_checksum(gen, o->p + start + 8, n));
+    gd_state_put32(o->p + start, n);
+    gd_state_put32(o->p + start + 4, gd_se_checksum(gen, o->p + start + 8, n));
 }
 
 /* Open a group in o: room for its frame header, then its first byte. */
