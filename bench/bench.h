@@ -106,6 +106,19 @@ void gpu_open(bench_gpu *g, int kernels);
 void expect_device0(const gpubuf_buffer *b);
 #endif
 
+/* A phase as main() runs it: its name in --only, and its entry point. */
+typedef struct bench_phase {
+    const char *name;
+    int (*run)(void);
+} bench_phase;
+
+/* --pairs DIR (pairs.c): runs each of phases[0..n) 8 times, gpubufd's
+ * journal off, on, on, off, off, on, on, off (SIGUSR2 to g_daemon_pid,
+ * then log, its messages, says it switched), its figures appended to
+ * DIR/off-K.txt or DIR/on-K.txt; leaves the journal on. 0, or -1 when a
+ * switch or a phase failed (a message on stderr). */
+int run_pairs(const char *dir, const char *log, const bench_phase *const *phases, size_t n);
+
 /* The phase groups, in the order main() runs them. */
 int latency_phase(void);     /* latency.c */
 int async_phase(void);       /* async.c: event loops */

@@ -7,11 +7,16 @@
  *                        batchmix,meta,async,waitmem] [--quick]
  *                [--vmm-pool NAME] [--vmm-cold-pools NAME,NAME]
  *                [--daemon-pid PID] [--ctl PATH-TO-GPUBUFCTL]
+ *                [--pairs DIR --daemon-log PATH]
  *
  * --only takes a comma-separated list of phases; "vmm" stands for the five
  * phases of cuda-vmm pools, read-only opens, stream order and copies
  * (vmm-cold,vmm-warm,seal-stream,handover,copies). --pool names the cuda-ipc
  * pool those phases compare against.
+ *
+ * --pairs DIR runs each phase of --only (not the vmm ones) 8 times, with
+ * the journal of gpubufd (--daemon-pid, state_journal = switchable, its
+ * messages in --daemon-log) off and on in turn, into DIR (pairs.c).
  *
  * The parent process never initialises CUDA: every measurement runs in a
  * forked child, since a CUDA context does not survive fork().
@@ -68,6 +73,7 @@ static int want(const char *phase) {
 }
 
 static const char *g_vmm_cold_pools = "vmmcold,vmmcold64";
+static const char *g_pairs, *g_daemon_log; /* --pairs, --daemon-log */
 
 /* The five phases of --only vmm, in order. A phase that fails does not stop
  * the others. Returns the number of failed phases. */
@@ -114,14 +120,13 @@ static const bench_opt opts[] = {
     {"ctl", 0, BENCH_OPT_STR, &g_ctl},
     {"vmm-pool", 0, BENCH_OPT_STR, &g_vmm_pool},
     {"vmm-cold-pools", 0, BENCH_OPT_STR, &g_vmm_cold_pools},
+    {"pairs", 0, BENCH_OPT_STR, &g_pairs},
+    {"daemon-log", 0, BENCH_OPT_STR, &g_daemon_log},
 };
 
 /* The phases main() runs before and after vmm_phases(), in order: the
  * first that fails ends the run. */
-typedef struct phase {
-    const char *name; /* its name in --only */
-    int (*run)(void);
-} phase;
+typedef bench_phase phase;
 
 static const phase before_vmm[] = {
     {"latency", latency_phase},     {"cold", cold_phase}, {"throughput", throughput_phase},
@@ -145,16 +150,41 @@ static int run_phases(const phase *p, size_t n) {
     return 0;
 }
 
+enum {
+    N_BEFORE = sizeof(before_vmm) / sizeof(before_vmm[0]),
+    N_AFTER = sizeof(after_vmm) / sizeof(after_vmm[0]),
+};
+
+/* --pairs: the phases of --only, in main()'s order, 8 times each. */
+static int pairs(void) {
+    const phase *p[N_BEFORE + N_AFTER];
+    size_t n = 0;
+    if (want("vmm-cold") || want("vmm-warm") || want("seal-stream") || want("handover") ||
+        want("copies")) {
+        fprintf(stderr, "bench: --pairs runs no vmm phase\n");
+        return -1;
+    }
+    for (size_t i = 0; i < N_BEFORE; i++)
+        if (want(before_vmm[i].name))
+            p[n++] = &before_vmm[i];
+    for (size_t i = 0; i < N_AFTER; i++)
+        if (want(after_vmm[i].name))
+            p[n++] = &after_vmm[i];
+    return run_pairs(g_pairs, g_daemon_log, p, n);
+}
+
 int main(int argc, char **argv) {
     if (bench_opts_parse(argc, argv, opts, sizeof(opts) / sizeof(opts[0])) < 0)
         return 2;
     setvbuf(stdout, NULL, _IOLBF, 0);
     if (check_default_pool() < 0)
         return 1;
-    if (run_phases(before_vmm, sizeof(before_vmm) / sizeof(before_vmm[0])) < 0)
+    if (g_pairs)
+        return pairs() < 0 ? 1 : 0;
+    if (run_phases(before_vmm, N_BEFORE) < 0)
         return 1;
     int vmm_failed = vmm_phases();
-    if (run_phases(after_vmm, sizeof(after_vmm) / sizeof(after_vmm[0])) < 0)
+    if (run_phases(after_vmm, N_AFTER) < 0)
         return 1;
     return vmm_failed ? 1 : 0;
 }

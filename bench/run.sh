@@ -10,8 +10,8 @@
 # measurement only: SIGUSR2 turns its journal off, and on again after a whole
 # snapshot). After every other phase, in the same daemon, the phases of the
 # goals that restart survival must not slow down (latency, cold, throughput
-# of the base group; batch, batchmix) run 8 more times, the journal off, on,
-# on, off, off, on, on, off; the report gives each figure's median with the
+# of the base group; batch, batchmix) run 8 more times each, back to back,
+# the journal off, on, on, off, off, on, on, off (bench/pairs.c); the report gives each figure's median with the
 # journal on and off and the ratio (goal <= 1.1). --no-journal-pairs skips
 # them.
 #
@@ -171,7 +171,7 @@ pools=(--pool "gpu0=$kind,capacity=32G,slab=64M" --pool "cold=$kind,capacity=2G,
     --pool "vmmcold64=cuda-vmm,device=0,capacity=8G,slab=64M")
 daemon=
 # Each gpubufd's messages go to OUT/gpubufd-N.log (printed when it stops):
-# switch_journal waits there for the daemon to say it switched.
+# the journal pairs (bench/pairs.c) wait there for it to say it switched.
 log=
 n_daemons=0
 printf '[daemon]\nstate_journal = switchable\n' >"$out/switchable.conf"
@@ -190,19 +190,6 @@ stop_daemon() {
     wait $daemon || true
     trap - EXIT
     grep -v "state_journal = switchable\|SIGUSR2: the journal is" "$log" >&2 || true
-}
-switch_journal() { # off|on: SIGUSR2, then wait until gpubufd says it switched
-    local n
-    n=$(grep -c "SIGUSR2: the journal is" "$log" || true)
-    kill -USR2 $daemon
-    for _ in $(seq 600); do
-        [ "$(grep -c "SIGUSR2: the journal is" "$log" || true)" -gt "$n" ] && break
-        sleep 0.05
-    done
-    if ! tail -n 5 "$log" | grep -q "SIGUSR2: the journal is $1"; then
-        echo "bench/run.sh: gpubufd did not switch its journal $1 (see $log)" >&2
-        return 1
-    fi
 }
 start_daemon "$out/switchable.conf"
 only=""
@@ -239,9 +226,13 @@ elif ls "$build"/python/gpubuf/_gpubuf*.so >/dev/null 2>&1; then
 else
     echo "bench/run.sh: the Python package was not built (see $out/cmake.log)" >&2
 fi
-# The journal pairs, in the same daemon after every other phase: the
-# goal phases with the journal off and on in turn, in the order off on on
-# off off on on off (a drift over the rounds weighs on both sides alike).
+# The journal pairs, in the same daemon after every other phase: each goal
+# phase 8 times back to back with the journal off and on in turn, in the
+# order off on on off off on on off (a drift over the rounds weighs on both
+# sides alike). Until 2026-12-03 a round was one bench process running every
+# phase once: rounds seconds apart spread by up to a third, a stat round
+# trip that the journal does not touch as much as a batch (docs/performance.md,
+# "Journal pairs run back to back").
 # Until 2026-12-02 the pairs came from a second, fresh gpubufd with
 # state_journal = off going through every phase again: fresh daemons of
 # one build gave batch opens anywhere from 2.3 to 4.0 M/s on the H200,
@@ -289,21 +280,16 @@ if [ $pairs = 1 ] && [ -n "$solo$many" ]; then
         echo "bench/run.sh: cannot pin gpubufd to CPU $dcpu: the pairs run unpinned" >&2
         pin_solo=() pin_many=()
     fi
-    last=""
-    k=0
-    for j in off on on off off on on off; do
-        k=$((k + 1))
-        [ "$j" != "$last" ] && { switch_journal $j || { bench_rc=1; break; }; }
-        last=$j
-        : >"$out/pairs/$j-$k.txt"
-        for ph in "$solo" "$many"; do
-            [ -n "$ph" ] || continue
-            pin=("${pin_solo[@]}")
-            [ "$ph" = "$many" ] && pin=("${pin_many[@]}")
-            "${pin[@]}" "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon \
-                --ctl "$build/client/gpubufctl" --pool gpu0 --only "$ph" \
-                >>"$out/pairs/$j-$k.txt" || bench_rc=$?
-        done
+    # One bench process for the lone-client phases and one for the 16
+    # processes; each runs every phase 8 times back to back, switching the
+    # journal between runs (bench/pairs.c).
+    for ph in "$solo" "$many"; do
+        [ -n "$ph" ] || continue
+        pin=("${pin_solo[@]}")
+        [ "$ph" = "$many" ] && pin=("${pin_many[@]}")
+        "${pin[@]}" "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon \
+            --ctl "$build/client/gpubufctl" --pool gpu0 --only "$ph" \
+            --pairs "$out/pairs" --daemon-log "$log" || bench_rc=$?
     done
     phase "journal pairs done ($solo${many:+,$many}, 8 rounds${pin_solo[*]:+; gpubufd on CPU $dcpu, one client on CPU $ccpu})"
 fi
