@@ -49,11 +49,6 @@ static inline uint8_t *gd_state_put32(uint8_t *p, uint32_t v) {
         p[i] = (uint8_t)(v >> (8 * i));
     return p + 4;
 }
-/* When o's last entry is a run of session's references whose last is to
- * buffer, take that one out of it into ref (its count and read-only count)
- * and return true (the run goes when it had only that one); else false. */
-bool gd_se_pop_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t ref[2]);
-
 #endif
 
 static inline uint32_t gd_state_get32(const uint8_t *p) {
@@ -82,19 +77,25 @@ void gd_se_ref_run(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count
 
 /* Append one reference to o: to o's run of session's references while that
  * run is o's last entry, else as a new run. The most frequent entry (every
- * reference a request takes or gives back): its common case inline. */
+ * reference a request takes or gives back): its common case inline, in
+ * locals (a store through uint8_t * may alias o's fields: written through
+ * o, each was loaded again after the run's count was stored). A buffer
+ * that ran out of memory (o->oom) still takes items within its capacity:
+ * its group is dropped whole when written (state.c, commit). */
 static inline void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count,
                              uint32_t ro) {
-    if (o->run_end != o->len || o->run_end == 0 || o->run_session != session || o->oom ||
-        o->cap - o->len < GD_SE_RUN_ITEM) {
+    size_t len = o->len, at = o->run_at;
+    uint8_t *p = o->p;
+    if (o->run_end != len || len == 0 || o->run_session != session ||
+        o->cap - len < GD_SE_RUN_ITEM) {
         gd_se_ref_run(o, session, buffer, count, ro);
         return;
     }
-    uint8_t *n = o->p + o->run_at + 9;
-    gd_state_put32(n, gd_state_get32(n) + 1);
-    gd_state_put32(gd_state_put32(gd_state_put64(o->p + o->len, buffer), count), ro);
-    o->len += GD_SE_RUN_ITEM;
-    o->run_end = o->len;
+    gd_state_put32(gd_state_put32(gd_state_put64(p + len, buffer), count), ro);
+    gd_state_put32(p + at + 9, gd_state_get32(p + at + 9) + 1);
+    len += GD_SE_RUN_ITEM;
+    o->len = len;
+    o->run_end = len;
 }
 
 /* When o's last entry is a run of session's references whose last is to
