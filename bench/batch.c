@@ -98,6 +98,7 @@ static void batch_mixed_worker(int idx, double secs, int fd, int ready_fd, int g
             _exit(1);
         }
         ops += 6 * K;
+        ops_done(6 * K);
     }
     if (write(fd, &ops, sizeof(ops)) != sizeof(ops))
         _exit(2);
@@ -106,7 +107,7 @@ static void batch_mixed_worker(int idx, double secs, int fd, int ready_fd, int g
 }
 
 int batch_mixed_phase(void) {
-    printf("batch_mixed_ops_per_s_%dproc %.0f\n", g_procs, workers_ops_per_s(batch_mixed_worker));
+    printf("%s_%dproc %.0f\n", BATCH_MIXED_RATE_KEY, g_procs, workers_ops_per_s(batch_mixed_worker));
     return 0;
 }
 

@@ -61,8 +61,31 @@ typedef void (*worker_fn)(int idx, double secs, int fd, int ready_fd, int go_fd)
 /* Runs worker in g_procs processes that start together; the sum of the
  * operation counts they report. */
 long run_workers(worker_fn worker, double secs);
-/* run_workers() for 3 s (1 s with --quick): operations per second. */
+/* run_workers() for 3 s (1 s with --quick; g_plan's secs when set):
+ * operations per second. */
 double workers_ops_per_s(worker_fn worker);
+/* A run of workers cut into time bins, set by the journal pairs (pairs.c)
+ * around a phase of workers: run_workers() then runs them for secs, each
+ * worker counts its operations per bin as they complete (ops_done), and
+ * during() runs in the calling process while they work. The plan and its
+ * bins live in a shared mapping: the workers see t0, the common start set
+ * when they are let go, and the caller sees their counts. */
+typedef struct work_plan {
+    double secs;   /* how long the workers work */
+    double bin_us; /* the width of a bin */
+    int n_bins;    /* bins per worker (g_procs rows) */
+    double t0;     /* the common start (now_us()), set by run_workers() */
+    void (*during)(struct work_plan *plan);
+    void *arg;  /* during()'s */
+    long *bins; /* g_procs rows of n_bins counts */
+} work_plan;
+extern work_plan *g_plan;
+/* A worker's n more operations, done now: counted in its row of g_plan's
+ * bins; nothing outside such a run. */
+void ops_done(long n);
+/* The rate figures of the phases of workers, printed as KEY_<g_procs>proc. */
+#define MIXED_RATE_KEY "gpubuf_mixed_ops_per_s"
+#define BATCH_MIXED_RATE_KEY "batch_mixed_ops_per_s"
 
 /* The resident set of g_daemon_pid in KiB. */
 long daemon_rss_kib(void);
@@ -110,13 +133,19 @@ void expect_device0(const gpubuf_buffer *b);
 typedef struct bench_phase {
     const char *name;
     int (*run)(void);
+    /* A phase of workers: its rate figure (printed as <rate_key>_<g_procs>proc),
+     * which the journal pairs measure in slices of one run (pairs.c); else
+     * NULL. */
+    const char *rate_key;
 } bench_phase;
 
 /* --pairs DIR (pairs.c): runs each of phases[0..n) 8 times, gpubufd's
  * journal off, on, on, off, off, on, on, off (SIGUSR2 to g_daemon_pid,
  * then log, its messages, says it switched), its figures appended to
- * DIR/off-K.txt or DIR/on-K.txt; leaves the journal on. 0, or -1 when a
- * switch or a phase failed (a message on stderr). */
+ * DIR/off-K.txt or DIR/on-K.txt; a phase with a rate_key runs once instead,
+ * its time cut into 32 slices in that order four times over, round K's
+ * rate from the slices K, K + 8, K + 16 and K + 24. Leaves the journal on.
+ * 0, or -1 when a switch or a phase failed (a message on stderr). */
 int run_pairs(const char *dir, const char *log, const bench_phase *const *phases, size_t n);
 
 /* The phase groups, in the order main() runs them. */

@@ -14,6 +14,10 @@ int g_quick;
 int g_procs = 16;
 int g_daemon_pid;
 const char *g_ctl;
+work_plan *g_plan;
+/* This process's row of g_plan's bins: its index in run_workers(), -1 in
+ * any other process. */
+static int g_worker = -1;
 
 double now_us(void) {
     struct timespec t;
@@ -52,8 +56,19 @@ int run_child(void (*fn)(void)) {
     return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
 }
 
+void ops_done(long n) {
+    const work_plan *w = g_plan;
+    if (!w || g_worker < 0)
+        return;
+    double b = (now_us() - w->t0) / w->bin_us;
+    if (b >= 0 && b < w->n_bins)
+        w->bins[(size_t)g_worker * (size_t)w->n_bins + (size_t)b] += n;
+}
+
 long run_workers(worker_fn worker, double secs) {
     int p[2], ready[2], go[2];
+    if (g_plan)
+        secs = g_plan->secs;
     if (pipe(p) < 0 || pipe(ready) < 0 || pipe(go) < 0)
         _exit(1);
     fflush(NULL);
@@ -61,6 +76,7 @@ long run_workers(worker_fn worker, double secs) {
     for (int i = 0; i < g_procs; i++) {
         kids[i] = fork();
         if (kids[i] == 0) {
+            g_worker = i;
             worker(i, secs, p[1], ready[1], go[0]);
             _exit(0);
         }
@@ -74,9 +90,14 @@ long run_workers(worker_fn worker, double secs) {
             _exit(1);
         }
     }
+    /* Set before the first worker can read it (after its "g"). */
+    if (g_plan)
+        g_plan->t0 = now_us();
     for (int i = 0; i < g_procs; i++)
         if (write(go[1], "g", 1) != 1)
             _exit(1);
+    if (g_plan && g_plan->during)
+        g_plan->during(g_plan);
     long total = 0;
     for (int i = 0; i < g_procs; i++) {
         long ops;
@@ -94,7 +115,7 @@ long run_workers(worker_fn worker, double secs) {
 }
 
 double workers_ops_per_s(worker_fn worker) {
-    double secs = g_quick ? 1.0 : 3.0;
+    double secs = g_plan ? g_plan->secs : g_quick ? 1.0 : 3.0;
     long total = run_workers(worker, secs);
     return (double)total / secs;
 }

@@ -16,7 +16,8 @@
  *
  * --pairs DIR runs each phase of --only (not the vmm ones) 8 times, with
  * the journal of gpubufd (--daemon-pid, state_journal = switchable, its
- * messages in --daemon-log) off and on in turn, into DIR (pairs.c).
+ * messages in --daemon-log) off and on in turn, into DIR; throughput and
+ * batchmix once each, the journal switched every 0.5 s (pairs.c).
  *
  * The parent process never initialises CUDA: every measurement runs in a
  * forked child, since a CUDA context does not survive fork().
@@ -129,18 +130,25 @@ static const bench_opt opts[] = {
 typedef bench_phase phase;
 
 static const phase before_vmm[] = {
-    {"latency", latency_phase},     {"cold", cold_phase}, {"throughput", throughput_phase},
+    {"latency", latency_phase, NULL},
+    {"cold", cold_phase, NULL},
+    {"throughput", throughput_phase, MIXED_RATE_KEY},
 #ifdef GPUBUF_HAVE_CUDA
-    {"bandwidth", bandwidth_phase}, {"peer", peer_phase},
+    {"bandwidth", bandwidth_phase, NULL},
+    {"peer", peer_phase, NULL},
 #endif
 };
 
 /* After the vmm phases: these compare figures with each other and with
  * anchors, on a daemon without the 100k buffers of scale. */
 static const phase after_vmm[] = {
-    {"crash", crash_phase},          {"scale", scale_phase}, {"batch", batch_phase},
-    {"batchmix", batch_mixed_phase}, {"meta", meta_phase},   {"async", async_phase},
-    {"waitmem", waitmem_phase},
+    {"crash", crash_phase, NULL},
+    {"scale", scale_phase, NULL},
+    {"batch", batch_phase, NULL},
+    {"batchmix", batch_mixed_phase, BATCH_MIXED_RATE_KEY},
+    {"meta", meta_phase, NULL},
+    {"async", async_phase, NULL},
+    {"waitmem", waitmem_phase, NULL},
 };
 
 static int run_phases(const phase *p, size_t n) {

@@ -13,12 +13,24 @@
  * (docs/performance.md, "Journal pairs run back to back"). The spread
  * followed the round, not the journal: a round started new processes and
  * came seconds after the one before. Here the runs of one phase follow
- * each other within a second or two, from one process. */
+ * each other within a second or two, from one process.
+ *
+ * The phases of 16 processes (a rate_key) still spread by a fifth to a
+ * third between such runs of 3 s, and slow spells of a few seconds fell on
+ * two neighbouring runs of one side (off 7.77, on 7.16, on 8.74, off 9.98,
+ * off 10.27, on 5.53, on 5.40, off 9.43 M ops/s in one run on the H200).
+ * They run once for 16 s instead, their time cut into 32 slices of 0.5 s
+ * in the order above four times over; the workers count their operations
+ * in bins of 10 ms (ops_done), and a slice's rate counts only the bins
+ * after gpubufd said it switched, plus one, and before the next switch. A
+ * spell of a few seconds then falls on both sides alike. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "bench.h"
@@ -66,12 +78,14 @@ static int switch_journal(const char *log, int on) {
         fprintf(stderr, "bench: SIGUSR2 to gpubufd (pid %d): %s\n", g_daemon_pid, strerror(errno));
         return -1;
     }
-    for (int i = 0; i < 3000; i++) {
+    /* Every millisecond, 30 s at most: a slice (below) counts from when
+     * the message is seen. */
+    for (int i = 0; i < 30000; i++) {
         int m;
         state = journal_said(log, &m);
         if (m > n)
             break;
-        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+        nanosleep(&(struct timespec){.tv_nsec = 1000 * 1000}, NULL);
     }
     if (state != on) {
         fprintf(stderr, "bench: gpubufd did not switch its journal %s (see %s)\n",
@@ -105,14 +119,123 @@ static int run_into(const char *path, int (*fn)(void)) {
     return r;
 }
 
+enum { ROUNDS = sizeof(order) / sizeof(order[0]), SLICES = 4 * ROUNDS };
+static const double SLICE_US = 500e3, BIN_US = 10e3;
+
+/* A sliced run: the log to watch, and when each slice's switch was seen. */
+typedef struct slicing {
+    const char *log;
+    double seen[SLICES]; /* INFINITY: the switch failed, the slice counts nothing */
+    int failed;
+} slicing;
+
+static void sleep_until_us(double t) {
+    long long ns = (long long)(t * 1e3);
+    struct timespec ts = {.tv_sec = (time_t)(ns / 1000000000), .tv_nsec = (long)(ns % 1000000000)};
+    while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL) == EINTR)
+        ;
+}
+
+/* work_plan.during: at each slice's start, the journal as order[] says. */
+static void switch_slices(work_plan *w) {
+    slicing *s = w->arg;
+    s->seen[0] = w->t0; /* switched before the workers started */
+    for (int j = 1; j < SLICES; j++) {
+        sleep_until_us(w->t0 + j * SLICE_US);
+        if (s->failed || switch_journal(s->log, strcmp(order[j % ROUNDS], "on") == 0) < 0) {
+            s->failed = 1;
+            s->seen[j] = INFINITY;
+            continue;
+        }
+        s->seen[j] = now_us();
+    }
+}
+
+/* Appends "key rate" to path. */
+static int put_rate(const char *path, const char *key, double rate) {
+    FILE *f = fopen(path, "a");
+    if (!f) {
+        fprintf(stderr, "bench: %s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    fprintf(f, "%s_%dproc %.0f\n", key, g_procs, rate);
+    return fclose(f) == 0 ? 0 : -1;
+}
+
+/* A phase of workers once, for SLICES slices (see the top of the file):
+ * each round's rate into DIR/<side>-K.txt. */
+static int run_sliced(const char *dir, const char *log, const bench_phase *ph) {
+    size_t n_bins = (size_t)(SLICES * SLICE_US / BIN_US);
+    size_t len = sizeof(work_plan) + (size_t)g_procs * n_bins * sizeof(long);
+    work_plan *w = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (w == MAP_FAILED) {
+        fprintf(stderr, "bench: the bins of %s: %s\n", ph->name, strerror(errno));
+        return -1;
+    }
+    slicing s = {.log = log};
+    *w = (work_plan){.secs = SLICES * SLICE_US / 1e6,
+                     .bin_us = BIN_US,
+                     .n_bins = (int)n_bins,
+                     .during = switch_slices,
+                     .arg = &s,
+                     .bins = (long *)(w + 1)};
+    int r = switch_journal(log, strcmp(order[0], "on") == 0);
+    if (r == 0) {
+        /* The phase's own line (a rate over both sides) is not a round's. */
+        g_plan = w;
+        r = run_into("/dev/null", ph->run) != 0 ? -1 : 0;
+        g_plan = NULL;
+    }
+    double ops[ROUNDS] = {0}, us[ROUNDS] = {0};
+    int dropped = 0;
+    for (int j = 0; r == 0 && j < SLICES; j++) {
+        /* Whole bins after the switch was seen and one more, up to the next
+         * slice's start, when the next switch is sent. */
+        double b0 = ceil((s.seen[j] - w->t0) / BIN_US) + 1, b1 = floor((j + 1) * SLICE_US / BIN_US);
+        if (!(b0 < b1)) {
+            dropped++;
+            continue;
+        }
+        for (int i = 0; i < g_procs; i++)
+            for (size_t b = (size_t)b0; b < (size_t)b1; b++)
+                ops[j % ROUNDS] += (double)w->bins[(size_t)i * n_bins + b];
+        us[j % ROUNDS] += (b1 - b0) * BIN_US;
+    }
+    for (int k = 0; r == 0 && k < ROUNDS; k++) {
+        char path[4096];
+        snprintf(path, sizeof(path), "%s/%s-%d.txt", dir, order[k], k + 1);
+        if (us[k] > 0 && put_rate(path, ph->rate_key, ops[k] / us[k] * 1e6) < 0)
+            r = -1;
+    }
+    double counted = 0;
+    for (int k = 0; k < ROUNDS; k++)
+        counted += us[k] / 1e6;
+    if (r == 0)
+        fprintf(stderr,
+                "bench: %s: %d slices of %.1f s, the journal %s four times over; %.2f of "
+                "%.1f s counted (after each switch seen), %d slice(s) not at all\n",
+                ph->name, SLICES, SLICE_US / 1e6, "off on on off off on on off", counted,
+                w->secs, dropped);
+    if (s.failed)
+        r = -1;
+    munmap(w, len);
+    return r;
+}
+
 int run_pairs(const char *dir, const char *log, const bench_phase *const *phases, size_t n) {
-    enum { ROUNDS = sizeof(order) / sizeof(order[0]) };
     if (!log || g_daemon_pid <= 0) {
         fprintf(stderr, "bench: --pairs needs --daemon-log and --daemon-pid\n");
         return -1;
     }
     int failed = 0;
     for (size_t i = 0; i < n; i++) {
+        if (phases[i]->rate_key) {
+            if (run_sliced(dir, log, phases[i]) < 0) {
+                fprintf(stderr, "bench: phase %s failed in its journal slices\n", phases[i]->name);
+                failed = 1;
+            }
+            continue;
+        }
         for (int k = 0; k < ROUNDS; k++) {
             char path[4096];
             snprintf(path, sizeof(path), "%s/%s-%d.txt", dir, order[k], k + 1);

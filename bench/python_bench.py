@@ -25,6 +25,15 @@ run as the C benchmarks and the torch.multiprocessing anchor). Prints one
   consumer's open returned), tensor (the consumer's tensor made), touch
   (t[0].item()), release, ack (the consumer's send -> the producer's recv
   returned).
+- py_handover_floor_1MiB: the same two processes and pipe with gpubuf out of
+  the span: the consumer opened the producer's buffer once, before; each
+  time the producer fills it, synchronizes and sends a byte through the
+  pipe, and the consumer, woken by it, makes the tensor with
+  torch.from_dlpack, reads t[0] and acks. What is left is what any
+  hand-over of this shape pays (two wake-ups, the tensor, the read):
+  torch.multiprocessing's span over this one is the most a hand-over can be
+  faster than torch.multiprocessing here. py_handover_floor_step_* split it
+  as above (wake: the producer's send -> the consumer's recv returned).
 """
 import argparse
 import math
@@ -181,6 +190,64 @@ def bench_handover(sock, pool, n, via):
         report(f"py_handover{tag}_step_{k}", v[20:])
 
 
+def floor_consumer(sock, pool, n, conn):
+    import torch
+    with gpubuf.Client(sock) as c:
+        now = time.perf_counter_ns
+        b = c.open("pyhand/floor", pool=pool)
+        conn.send_bytes(b"ready")
+        for _ in range(n):
+            conn.recv_bytes()
+            t1 = now()
+            t = torch.from_dlpack(b).view(torch.float32)
+            t2 = now()
+            s = float(t[0].item())
+            t3 = now()
+            del t
+            t4 = now()
+            conn.send_bytes(b"%d %d %d %d %d" % (int(s), t1, t2, t3, t4))
+        b.release()
+
+
+def bench_handover_floor(sock, pool, n):
+    """py_handover_floor_1MiB (see the top of the file)."""
+    import torch
+    now = time.perf_counter_ns
+    ctx = mp.get_context("spawn")
+    span = []
+    steps = {k: [] for k in ("wake", "tensor", "touch", "release", "ack")}
+    with gpubuf.Client(sock) as c:
+        b = c.alloc(1 << 20, "pyhand/floor", pool=pool)
+        b.seal()
+        t = torch.from_dlpack(b).view(torch.float32)
+        here, there = ctx.Pipe()
+        p = ctx.Process(target=floor_consumer, args=(sock, pool, n + 20, there))
+        p.start()
+        there.close()
+        assert here.recv_bytes() == b"ready"
+        for i in range(n + 20):
+            t.fill_(float(i))
+            torch.cuda.synchronize()
+            a = now()
+            here.send_bytes(b"g")
+            got = here.recv_bytes().split()
+            end = now()
+            assert got[0] == b"%d" % i, (got, i)
+            t1, t2, t3, t4 = (int(x) for x in got[1:])
+            for k, d in (("wake", t1 - a), ("tensor", t2 - t1), ("touch", t3 - t2),
+                         ("release", t4 - t3), ("ack", end - t4)):
+                steps[k].append(d / 1e3)
+            span.append((end - a) / 1e3)
+        p.join(30)
+        del t
+        b.release()
+        c.delete("pyhand/floor", pool=pool)
+        c.flush()
+    report("py_handover_floor_1MiB", span[20:])
+    for k, v in steps.items():
+        report(f"py_handover_floor_step_{k}", v[20:])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--socket", required=True)
@@ -207,6 +274,8 @@ def main():
         if ok:
             for v in vias:
                 bench_handover(args.socket, args.pool, 200, v)
+            if vias:
+                bench_handover_floor(args.socket, args.pool, 200)
         else:
             print("python_bench: no torch with CUDA: hand-over not measured", file=sys.stderr)
 

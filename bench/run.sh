@@ -281,8 +281,9 @@ if [ $pairs = 1 ] && [ -n "$solo$many" ]; then
         pin_solo=() pin_many=()
     fi
     # One bench process for the lone-client phases and one for the 16
-    # processes; each runs every phase 8 times back to back, switching the
-    # journal between runs (bench/pairs.c).
+    # processes: the first runs every phase 8 times back to back, switching
+    # the journal between runs; the second runs each phase once, switching
+    # the journal every 0.5 s of it (bench/pairs.c).
     for ph in "$solo" "$many"; do
         [ -n "$ph" ] || continue
         pin=("${pin_solo[@]}")

@@ -33,6 +33,7 @@ static void mixed_worker(int idx, double secs, int fd, int ready_fd, int go_fd) 
         CHECK(gpubuf_delete(c, name));
         t[4] += now_us() - a;
         ops += 6;
+        ops_done(6);
     }
     if (write(fd, &ops, sizeof(ops)) != sizeof(ops))
         _exit(2);
@@ -59,6 +60,6 @@ static void mixed_worker(int idx, double secs, int fd, int ready_fd, int go_fd) 
 }
 
 int throughput_phase(void) {
-    printf("gpubuf_mixed_ops_per_s_%dproc %.0f\n", g_procs, workers_ops_per_s(mixed_worker));
+    printf("%s_%dproc %.0f\n", MIXED_RATE_KEY, g_procs, workers_ops_per_s(mixed_worker));
     return 0;
 }
