@@ -431,6 +431,7 @@ void gd_session_batch_alloc(gd_session *s, uint64_t id, const Gpubuf__BatchAlloc
     }
     if (!batch_init(&bt, s, id, GD_REQ_BATCH_ALLOC, n, true, q->mapped_slabs, q->n_mapped_slabs))
         return;
+    s->batch_alloc = true; /* for this session's waiting opens its seals wake */
     for (size_t i = 0; i < n; i++) {
         gd_err err;
         gd_err_clear(&err);
@@ -448,6 +449,7 @@ void gd_session_batch_alloc(gd_session *s, uint64_t id, const Gpubuf__BatchAlloc
         if (r < 0)
             batch_fail(&bt, i, r, &err);
     }
+    s->batch_alloc = false;
     batch_reply_send(&bt, id);
 }
 

@@ -34,24 +34,3 @@ void gd_se_ref_run(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count
     o->len += GD_SE_RUN_HEAD + GD_SE_RUN_ITEM;
     o->run_end = o->len;
 }
-
-bool gd_se_pop_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t ref[2]) {
-    if (o->run_end != o->len || o->run_end == 0 || o->run_session != session || o->oom)
-        return false;
-    const uint8_t *last = o->p + o->len - GD_SE_RUN_ITEM;
-    if (gd_state_get64(last) != buffer)
-        return false;
-    ref[0] = gd_state_get32(last + 8);
-    ref[1] = gd_state_get32(last + 12);
-    uint8_t *n = o->p + o->run_at + 9;
-    uint32_t k = gd_state_get32(n);
-    if (k == 1) {
-        o->len = o->run_at;
-        o->run_end = 0;
-    } else {
-        gd_state_put32(n, k - 1);
-        o->len -= GD_SE_RUN_ITEM;
-        o->run_end = o->len;
-    }
-    return true;
-}

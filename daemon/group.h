@@ -15,14 +15,22 @@
 /* A growable byte buffer. run_at, run_end and run_session: the run of
  * references (GD_SE_REFS) that a next reference of that session extends,
  * while it is the last entry (run_end == len; 0: none). Whatever resets
- * len opens a group after (gd_group_open()), which ends the run;
- * gd_se_pop_ref() shortens the run itself. */
+ * len opens a group after (gd_group_open()), which ends the run.
+ * pend_buffer and pend_session (0: none): a buffer whose own entry is yet
+ * to come, and its owner: that session's count of references to it is kept
+ * in pend_ref (pend_has_ref) rather than appended, for the buffer's entry
+ * to carry (state.c, pend_write). An alloc's owner reference is then no
+ * entry of its own, and a later count of it in the same request, kept
+ * there too, is never written before the buffer's entry. */
 typedef struct gd_obuf {
     uint8_t *p;
     size_t len, cap;
     bool oom;
     size_t run_at, run_end;
     uint64_t run_session;
+    uint64_t pend_buffer, pend_session;
+    uint32_t pend_ref[2];
+    bool pend_has_ref;
 } gd_obuf;
 
 /* Little-endian stores, returning the byte after: one move each where the
@@ -81,9 +89,16 @@ void gd_se_ref_run(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count
  * locals (a store through uint8_t * may alias o's fields: written through
  * o, each was loaded again after the run's count was stored). A buffer
  * that ran out of memory (o->oom) still takes items within its capacity:
- * its group is dropped whole when written (state.c, commit). */
+ * its group is dropped whole when written (state.c, commit). The owner's
+ * count of the pending buffer is kept aside (pend_ref, above). */
 static inline void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count,
                              uint32_t ro) {
+    if (buffer == o->pend_buffer && session == o->pend_session) {
+        o->pend_ref[0] = count;
+        o->pend_ref[1] = ro;
+        o->pend_has_ref = true;
+        return;
+    }
     size_t len = o->len, at = o->run_at;
     uint8_t *p = o->p;
     if (o->run_end != len || len == 0 || o->run_session != session ||
@@ -97,10 +112,5 @@ static inline void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint
     o->len = len;
     o->run_end = len;
 }
-
-/* When o's last entry is a run of session's references whose last is to
- * buffer, take that one out of it into ref (its count and read-only count)
- * and return true (the run goes when it had only that one); else false. */
-bool gd_se_pop_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t ref[2]);
 
 #endif

@@ -55,6 +55,10 @@ typedef struct gd_session {
     uint32_t n_waiters;
     struct session_waiter *waiting; /* its waiting opens by request id (uthash; session.c) */
     int cur_type;                   /* gd_req_type being handled, -1 between requests (metrics) */
+    /* A batch alloc is being answered: the slabs of its buffers reach the
+     * client with its reply, after the reply to any of this session's
+     * waiting opens that its seals wake (session.c, client_maps). */
+    bool batch_alloc;
     gd_end_reason end;              /* why the session closed the connection itself, if it did */
     struct gd_session *next, *prev; /* utlist DL: ctx->sessions */
 } gd_session;

@@ -32,9 +32,12 @@ typedef struct session_waiter {
 
 /* Does the client map the slab of what o hands out in o's mode already,
  * apart from the reference just taken (GPUBUF_CAP_SLAB_ONCE)? Then the reply
- * needs no fd or handle. */
+ * needs no fd or handle. Not while a batch alloc of the session is being
+ * answered: a reference it took counts in slab_mapped, but the slab reaches
+ * the client with the batch's reply, after this one (a waiting open woken by
+ * the batch's seal); the client drops a slab's fd it has already. */
 static bool client_maps(const gd_session *s, const gd_opened *o) {
-    return (s->caps & GPUBUF_CAP_SLAB_ONCE) && o->slab_mapped;
+    return (s->caps & GPUBUF_CAP_SLAB_ONCE) && o->slab_mapped && !s->batch_alloc;
 }
 
 /* Reply with buffer b. o (alloc and open, which take a reference; o->buf is

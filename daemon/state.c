@@ -57,11 +57,20 @@ static void store_remove(gd_state *st, const char *name) {
 #endif
 }
 
+static void pend_write(gd_state *st);
+
+/* The pending buffer's entry (pend_write, below), if any. Its writing is
+ * out of line: inlined, it made every hook save the registers it needs
+ * (callgrind, batchmix: hook_buf about 35 instructions a call, most of
+ * them that). */
+static inline void pend_put(gd_state *st) {
+    if (st->pend)
+        pend_write(st);
+}
+
 /* Write the staged entries as one group to the active slot, before any
  * reply that tells of them leaves (gd_state_end), and into the snapshot
  * under way if any; start a snapshot when the slot has grown enough. */
-static void pend_put(gd_state *st);
-
 static void commit(gd_state *st) {
     /* First: staging the pending entry may write a group of its own (a
      * stage near STATE_MAX_GROUP), and that may switch the active slot. */
@@ -143,40 +152,55 @@ static void staged(gd_state *st) {
  * twice in a row (an alloc and its seal in one batch) is encoded once, as it
  * is then. The group is applied whole, so the earlier state of the buffer is
  * never seen, and a reference entry may come before it (references are
- * counts, applied in any order to one buffer record). The owner's reference
- * count, when it is the stage's last entry (an alloc's), goes into it
- * (gd_se_pop_ref): one entry for an alloc.
+ * counts, applied in any order to one buffer record). The owner's count
+ * of references to it while it is pending (an alloc's first, and any
+ * change of it after) is kept aside by the stage (gd_obuf.pend_ref) and
+ * goes into it: one entry for an alloc, and no count of the owner's before
+ * the buffer's entry, where its later count would undo it.
  * A buffer freed before its entry was staged needs none: its removal
  * follows (with the owner's reference, if any, gone). Every change that
  * frees a gd_buf (gd_registry_buf_free) calls buf_gone first, so pend never
  * points to freed memory. */
-static void pend_put(gd_state *st) {
-    const gd_buf *b = st->pend;
-    uint32_t ref[2];
-    if (!b)
-        return;
+static void pend_clear(gd_state *st) {
+    gd_obuf *o = &st->stage;
+    if (o->pend_has_ref)
+        st->records--; /* counted as an entry of its own (by the registry): it is none */
     st->pend = NULL;
+    o->pend_buffer = o->pend_session = 0;
+    o->pend_has_ref = false;
+}
+
+__attribute__((noinline)) static void pend_write(gd_state *st) {
+    const gd_buf *b = st->pend;
+    uint32_t ref[2] = {st->stage.pend_ref[0], st->stage.pend_ref[1]};
+    bool owner_ref = st->stage.pend_has_ref;
+    pend_clear(st);
     if (!stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
         return;
-    /* The owner's reference just before (an alloc's) goes into it. */
-    bool owner_ref = gd_se_pop_ref(&st->stage, b->owner_holder, b->id, ref);
-    if (owner_ref)
-        st->records--; /* counted as an entry of its own (now or at commit): it is none now */
-    gd_se_buffer(&st->stage, b, owner_ref ? ref : NULL);
+    if (gd_se_buffer_is_plain(b))
+        gd_se_buffer_plain(&st->stage, b, owner_ref ? ref : NULL);
+    else
+        gd_se_buffer(&st->stage, b, owner_ref ? ref : NULL);
 }
 
 static void hook_buf(void *arg, const gd_buf *b) {
     gd_state *st = arg;
-    if (st->frozen || st->no_journal)
+    /* Pending already (an alloc's seal in the same request): its entry is
+     * written as it is then. Only inside a request: outside, staged() has
+     * written it at once. */
+    if (st->pend == b || st->frozen || st->no_journal)
         return;
-    if (st->pend != b)
-        pend_put(st);
+    pend_put(st);
     st->pend = b;
+    st->stage.pend_buffer = b->id;
+    st->stage.pend_session = b->owner_holder;
     staged(st);
 }
 
 static void hook_buf_state(void *arg, const gd_buf *b) {
     gd_state *st = arg;
+    if (st->pend == b)
+        return; /* its pending entry says the state it has then */
     pend_put(st); /* this entry must come after the buffer's */
     if (!stage_room(st, 13))
         return;
@@ -198,7 +222,7 @@ static void hook_id(gd_state *st, int kind, uint64_t id) {
 static void hook_buf_gone(void *arg, uint64_t id, uint64_t last_ref) {
     gd_state *st = arg;
     if (st->pend && st->pend->id == id)
-        st->pend = NULL;
+        pend_clear(st); /* its owner's count goes with it */
     gd_state_snap_gone(arg, id);
     pend_put(st);
     if (!stage_room(st, 17))

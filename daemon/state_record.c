@@ -20,44 +20,11 @@ XXH64_hash_t XXH3_64bits_withSeed_dispatch(const void *input, size_t len, XXH64_
 #include "layout.h"
 
 #define BUF_FIXED (9 * 8 + 3 * 4 + 1 + 3 * 2) /* a BUFFER entry (version 2) before its bytes */
-#define BUF3_FIXED (7 * 8 + 2 * 4 + 1 + 3 * 2) /* a BUFFER3 entry before its optional fields */
-#define F_RESTORED 1u
-#define F_EVENT 2u
-#define F_LAYOUT 4u
-#define F_LEASE 8u     /* BUFFER3 only */
-#define F_OWNER_REF 16u /* BUFFER3 only */
 
 static inline uint8_t *put16(uint8_t *p, uint16_t v) {
     p[0] = (uint8_t)v;
     p[1] = (uint8_t)(v >> 8);
     return p + 2;
-}
-
-void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer) {
-    uint8_t *p = gd_obuf_room(o, 17);
-    if (!p)
-        return;
-    *p = GD_SE_REF_GONE;
-    gd_state_put64(gd_state_put64(p + 1, session), buffer);
-    o->len += 17;
-}
-
-void gd_se_id(gd_obuf *o, int kind, uint64_t id) {
-    uint8_t *p = gd_obuf_room(o, 9);
-    if (!p)
-        return;
-    *p = (uint8_t)kind;
-    gd_state_put64(p + 1, id);
-    o->len += 9;
-}
-
-void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state) {
-    uint8_t *p = gd_obuf_room(o, 13);
-    if (!p)
-        return;
-    *p = GD_SE_BUFFER_STATE;
-    gd_state_put32(gd_state_put64(p + 1, id), state);
-    o->len += 13;
 }
 
 /* b's layout packed into out (NULL: its size only); 0: b has none. Out of
@@ -73,6 +40,10 @@ __attribute__((noinline)) static size_t layout_pack(const gd_buf *b, uint8_t *ou
 }
 
 void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
+    if (gd_se_buffer_is_plain(b)) {
+        gd_se_buffer_plain(o, b, owner_ref);
+        return;
+    }
     size_t name_len = b->name ? strlen(b->name) : 0, user_len = 0, layout_len = 0;
     const uint8_t *user = NULL;
     bool has_layout = b->meta && b->meta->has_layout;
@@ -81,24 +52,15 @@ void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
         if (has_layout)
             layout_len = layout_pack(b, NULL);
     }
-    uint8_t flags = (uint8_t)((b->restored ? F_RESTORED : 0) | (b->has_event ? F_EVENT : 0) |
-                              (has_layout ? F_LAYOUT : 0) | (b->lease_slot ? F_LEASE : 0) |
-                              (owner_ref ? F_OWNER_REF : 0));
-    size_t n = 1 + BUF3_FIXED + (b->has_event ? 8 + GD_EVENT_HANDLE_SIZE : 0) +
+    uint8_t flags = (uint8_t)((b->restored ? GD_SE_F_RESTORED : 0) | (b->has_event ? GD_SE_F_EVENT : 0) |
+                              (has_layout ? GD_SE_F_LAYOUT : 0) | (b->lease_slot ? GD_SE_F_LEASE : 0) |
+                              (owner_ref ? GD_SE_F_OWNER_REF : 0));
+    size_t n = 1 + GD_SE_BUF3_FIXED + (b->has_event ? 8 + GD_EVENT_HANDLE_SIZE : 0) +
                (b->lease_slot ? 12 : 0) + (owner_ref ? 8 : 0) + name_len + layout_len + user_len;
     uint8_t *p = gd_obuf_room(o, n);
     if (!p)
         return;
-    *p++ = GD_SE_BUFFER3;
-    p = gd_state_put64(p, b->id);
-    p = gd_state_put64(p, b->blk.slab->id);
-    p = gd_state_put64(p, b->blk.offset);
-    p = gd_state_put64(p, b->blk.size);
-    p = gd_state_put64(p, b->size);
-    p = gd_state_put64(p, b->owner_holder);
-    p = gd_state_put64(p, b->charged);
-    p = gd_state_put32(p, b->owner_uid);
-    p = gd_state_put32(p, (uint32_t)b->state);
+    p = gd_se_buffer3_fixed(p, b);
     *p++ = flags;
     p = put16(p, (uint16_t)name_len);
     p = put16(p, (uint16_t)user_len);
@@ -272,35 +234,35 @@ static int dec_buffer(rd *r, Gpubuf__StateRecord *rec, bool v3, uint32_t ref[3])
     bool oom = false;
     REC_NEW(rec, m, gpubuf__state_buffer__init, BUFFER, buffer);
     m->name = NULL;
-    unsigned known = F_RESTORED | F_EVENT | F_LAYOUT | (v3 ? F_LEASE | F_OWNER_REF : 0);
+    unsigned known = GD_SE_F_RESTORED | GD_SE_F_EVENT | GD_SE_F_LAYOUT | (v3 ? GD_SE_F_LEASE | GD_SE_F_OWNER_REF : 0);
     if (!u64(r, &m->id) || !u64(r, &m->slab_id) || !u64(r, &m->offset) ||
         !u64(r, &m->block_size) || !u64(r, &m->size) || !u64(r, &m->owner_session) ||
         !u64(r, &m->charged) ||
         (!v3 && (!u64(r, &m->event_session) || !u64(r, &m->lease_expires_ns))) ||
         !u32(r, &uid) || (!v3 && !u32(r, &ttl)) || !u32(r, &state) || !take(r, &flags, 1) ||
         !u16(r, &name_len) || !u16(r, &user_len) || !u16(r, &layout_len) || (flags & ~known) ||
-        (!(flags & F_LAYOUT) && layout_len) || name_len > GPUBUF_NAME_MAX) {
+        (!(flags & GD_SE_F_LAYOUT) && layout_len) || name_len > GPUBUF_NAME_MAX) {
         return -EINVAL;
     }
-    if (v3 && (((flags & F_EVENT) && !u64(r, &m->event_session)) ||
-               ((flags & F_LEASE) && (!u64(r, &m->lease_expires_ns) || !u32(r, &ttl))) ||
-               ((flags & F_OWNER_REF) && (!u32(r, &ref[0]) || !u32(r, &ref[1])))))
+    if (v3 && (((flags & GD_SE_F_EVENT) && !u64(r, &m->event_session)) ||
+               ((flags & GD_SE_F_LEASE) && (!u64(r, &m->lease_expires_ns) || !u32(r, &ttl))) ||
+               ((flags & GD_SE_F_OWNER_REF) && (!u32(r, &ref[0]) || !u32(r, &ref[1])))))
         return -EINVAL;
-    ref[2] = (flags & F_OWNER_REF) != 0;
+    ref[2] = (flags & GD_SE_F_OWNER_REF) != 0;
     m->owner_uid = uid;
     m->lease_ttl_ms = ttl;
     m->state = state;
-    m->restored = (flags & F_RESTORED) != 0;
+    m->restored = (flags & GD_SE_F_RESTORED) != 0;
     if (!(m->name = (char *)dup_bytes(r, name_len, &oom)))
         return oom ? -ENOMEM : -EINVAL; /* a NULL name is freed as none */
     if (memchr(m->name, 0, name_len))
         return -EINVAL;
-    if (flags & F_EVENT) {
+    if (flags & GD_SE_F_EVENT) {
         if (!(m->event.data = dup_bytes(r, GD_EVENT_HANDLE_SIZE, &oom)))
             return oom ? -ENOMEM : -EINVAL;
         m->event.len = GD_EVENT_HANDLE_SIZE;
     }
-    if (flags & F_LAYOUT) {
+    if (flags & GD_SE_F_LAYOUT) {
         if (r->left < layout_len ||
             !(m->layout = gpubuf__array_layout__unpack(NULL, layout_len, r->p)))
             return -EINVAL;

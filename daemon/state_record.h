@@ -42,6 +42,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "gpubuf_state.pb-c.h"
 #include "registry.h"
@@ -62,16 +63,87 @@ enum {
     GD_SE_REF_GONE = 10,
 };
 
-/* gd_obuf_room, gd_se_ref (a reference count, into a run of its
- * session's) and gd_se_pop_ref: group.h. */
+/* BUFFER3's flags, and its size before the optional fields. */
+enum {
+    GD_SE_F_RESTORED = 1,
+    GD_SE_F_EVENT = 2,
+    GD_SE_F_LAYOUT = 4,
+    GD_SE_F_LEASE = 8,     /* BUFFER3 only */
+    GD_SE_F_OWNER_REF = 16 /* BUFFER3 only */
+};
+#define GD_SE_BUF3_FIXED (7 * 8 + 2 * 4 + 1 + 3 * 2)
 
-/* Append one entry to o. */
-void gd_se_id(gd_obuf *o, int kind, uint64_t id);
-void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer);
+/* gd_obuf_room and gd_se_ref (a reference count, into a run of its
+ * session's): group.h. */
+
+/* Append one entry to o. The short ones and a plain buffer's are inline:
+ * the journal writes several for every buffer of a batch (callgrind,
+ * batchmix: a call and its frame were a third of such an entry). */
+static inline void gd_se_id(gd_obuf *o, int kind, uint64_t id) {
+    uint8_t *p = gd_obuf_room(o, 9);
+    if (!p)
+        return;
+    *p = (uint8_t)kind;
+    gd_state_put64(p + 1, id);
+    o->len += 9;
+}
+
+static inline void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer) {
+    uint8_t *p = gd_obuf_room(o, 17);
+    if (!p)
+        return;
+    *p = GD_SE_REF_GONE;
+    gd_state_put64(gd_state_put64(p + 1, session), buffer);
+    o->len += 17;
+}
+
+static inline void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state) {
+    uint8_t *p = gd_obuf_room(o, 13);
+    if (!p)
+        return;
+    *p = GD_SE_BUFFER_STATE;
+    gd_state_put32(gd_state_put64(p + 1, id), state);
+    o->len += 13;
+}
+
+/* The fixed part of b's BUFFER3 entry up to its flags, at p; the byte
+ * after. */
+static inline uint8_t *gd_se_buffer3_fixed(uint8_t *p, const gd_buf *b) {
+    *p++ = GD_SE_BUFFER3;
+    p = gd_state_put64(p, b->id);
+    p = gd_state_put64(p, b->blk.slab->id);
+    p = gd_state_put64(p, b->blk.offset);
+    p = gd_state_put64(p, b->blk.size);
+    p = gd_state_put64(p, b->size);
+    p = gd_state_put64(p, b->owner_holder);
+    p = gd_state_put64(p, b->charged);
+    p = gd_state_put32(p, b->owner_uid);
+    return gd_state_put32(p, (uint32_t)b->state);
+}
+
+/* Whether b has no name, metadata, event or lease (an anonymous batch's
+ * buffer): its entry is then the fixed part and the owner's count. */
+static inline bool gd_se_buffer_is_plain(const gd_buf *b) {
+    return !b->name && !b->meta && !b->has_event && !b->lease_slot;
+}
+
+/* gd_se_buffer of a plain buffer: the same bytes, nothing to size. */
+static inline void gd_se_buffer_plain(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
+    size_t n = 1 + GD_SE_BUF3_FIXED + (owner_ref ? 8 : 0);
+    uint8_t *p = gd_obuf_room(o, n);
+    if (!p)
+        return;
+    p = gd_se_buffer3_fixed(p, b);
+    *p++ = (uint8_t)((b->restored ? GD_SE_F_RESTORED : 0) | (owner_ref ? GD_SE_F_OWNER_REF : 0));
+    memset(p, 0, 6); /* no name, user bytes or layout */
+    if (owner_ref)
+        gd_state_put32(gd_state_put32(p + 6, owner_ref[0]), owner_ref[1]);
+    o->len += n;
+}
+
 /* b's entry; owner_ref (NULL: none): the count and read-only count of b's
  * owner's reference to b, said with it. */
 void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]);
-void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state);
 void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec);
 
 /* The checksum of a frame of version 2: XXH3 (64 bits folded to 32) of its

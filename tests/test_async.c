@@ -383,6 +383,49 @@ START_TEST(libuv_drives_every_request_kind) {
 }
 END_TEST
 
+/* own_batch_alloc_wakes_own_wait's completion. */
+static gpubuf_buffer *g_own_view;
+static int g_own_result = 1;
+
+static void on_own(gpubuf_client *c, const gpubuf_completion *d) {
+    (void)c;
+    g_own_result = d->result;
+    g_own_view = d->view;
+    ck_assert_msg(d->result == 0, "the waiting open: %s", d->message);
+}
+
+/* A waiting open woken by the seal of the same connection's batch alloc, in
+ * a slab the client has not mapped: its reply comes before the batch's,
+ * which describes the slab, so it carries the slab itself (it once came
+ * without, and the open failed: "gpubufd sent a host slab without its file
+ * descriptor"). Both views are the same memory. */
+START_TEST(own_batch_alloc_wakes_own_wait) {
+    gpubuf_client *c = td_connect(&D);
+    const char *pn[2] = {"own.1", "own.2"};
+    uint64_t sizes[2] = {SIZE, SIZE}, h;
+    gpubuf_buffer *v[2] = {0};
+    int st[2];
+    gpubuf_lookup o = {.timeout_ms = 20000};
+    g_own_view = NULL;
+    g_own_result = 1;
+    ck_assert_int_eq(gpubuf_open_start(c, "own.2", 0, &o, on_own, NULL, &h), 0);
+    ck_assert_int_eq(gpubuf_alloc_many(c, "host", 2, sizes, pn, GPUBUF_ALLOC_SEAL, v, st), 0);
+    struct pollfd p = {.fd = gpubuf_client_fd(c), .events = POLLIN};
+    while (g_own_result == 1) {
+        ck_assert_msg(poll(&p, 1, 20000) == 1, "no completion for 20 s");
+        ck_assert_int_ge(gpubuf_dispatch(c), 0);
+    }
+    ck_assert_ptr_nonnull(g_own_view);
+    ck_assert_ptr_eq(gpubuf_buffer_host_ptr(g_own_view), gpubuf_buffer_host_ptr(v[1]));
+    memset(gpubuf_buffer_host_ptr(v[1]), 0x5a, SIZE);
+    ck_assert_uint_eq(((const uint8_t *)gpubuf_buffer_host_ptr(g_own_view))[SIZE - 1], 0x5a);
+    gpubuf_release(g_own_view);
+    gpubuf_release(v[0]);
+    gpubuf_release(v[1]);
+    gpubuf_disconnect(c);
+}
+END_TEST
+
 /* Arguments are checked; an older daemon's limit of waits is a clear
  * EAGAIN; disconnecting delivers what is pending once. */
 START_TEST(arguments_limits_and_disconnect) {
@@ -415,7 +458,8 @@ int main(void) {
     Suite *s = suite_create("async");
     TCase *t = add_case(s, "host", start_default, td_stop_clean, 0);
     add_tests(t, ten_thousand_waits_sealed_in_random_order, timeouts_and_cancels_release_everything,
-              libuv_drives_every_request_kind, arguments_limits_and_disconnect);
+              libuv_drives_every_request_kind, own_batch_alloc_wakes_own_wait,
+              arguments_limits_and_disconnect);
     TCase *k = add_case(s, "kill", NULL, NULL, 0);
     add_tests(k, daemon_killed_mid_wait_completes_everything_once);
     return run_suite(s);

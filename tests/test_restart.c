@@ -7,6 +7,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
@@ -501,6 +502,74 @@ START_TEST(last_references_survive_sigkill) {
 }
 END_TEST
 
+/* The view of own_count_survives_sigkill's waiting open, once delivered. */
+static gpubuf_buffer *g_woken;
+
+static void on_woken(gpubuf_client *c, const gpubuf_completion *d) {
+    (void)c;
+    ck_assert_msg(d->result == 0, "the waiting open: %s", d->message);
+    g_woken = d->view;
+}
+
+/* A client's waiting open of w, woken by the seal of its own alloc of w in
+ * the same request: its count of references to w, 2, survives SIGKILL.
+ * The alloc's entry carries the owner's count as it is when the entry is
+ * written (the alloc's 1 and the wake's 2 come before it); with the 1 the
+ * owner's first release after the restart would free w under its second
+ * view. */
+START_TEST(own_count_survives_sigkill) {
+    fake_sd m;
+    const char *args[] = {"--pool", "host=host,capacity=1G", NULL};
+    const char *pn[1] = {"w"};
+    uint64_t sizes[1] = {NB_SIZE}, h;
+    gpubuf_buffer *v[1] = {0};
+    int st[1];
+    fsd_init(&m);
+    fsd_start(&m, args);
+    gpubuf_client *c = td_connect(&m.d);
+    gpubuf_lookup o = {.timeout_ms = 60000};
+    g_woken = NULL;
+    ck_assert_int_eq(gpubuf_open_start(c, "w", 0, &o, on_woken, NULL, &h), 0);
+    /* Sent after the open: the daemon has the waiter when it allocates. */
+    ck_assert_int_eq(gpubuf_alloc_many(c, "host", 1, sizes, pn, GPUBUF_ALLOC_SEAL, v, st), 0);
+    for (int t = 0; t < 60000 && !g_woken; t += 10) {
+        struct pollfd p = {.fd = gpubuf_client_fd(c), .events = POLLIN};
+        ck_assert_int_ge(poll(&p, 1, 10), 0);
+        ck_assert_int_ge(gpubuf_dispatch(c), 0);
+    }
+    ck_assert_ptr_nonnull(g_woken);
+    gpubuf_status *s = status_on(c);
+    const gpubuf_status_buffer *b = td_find_buffer(s, "w");
+    ck_assert_ptr_nonnull(b);
+    ck_assert_uint_eq(b->refs, 2);
+    gpubuf_status_free(s);
+
+    ck_assert_int_eq(fsd_kill(&m, SIGKILL), 128 + SIGKILL);
+    fsd_start(&m, args);
+    /* The status request reconnects c, which resumes with its two views. */
+    s = status_on(c);
+    ck_assert_uint_eq(s->restored_buffers, 1);
+    b = td_find_buffer(s, "w");
+    ck_assert_ptr_nonnull(b);
+    ck_assert_uint_eq(b->refs, 2);
+    gpubuf_status_free(s);
+    /* Deleted while held: it goes with the second release, not the first. */
+    ck_assert_int_eq(gpubuf_delete(c, "w"), 0);
+    gpubuf_release(v[0]);
+    ck_assert_int_eq(gpubuf_flush(c), 0);
+    s = status_on(c);
+    ck_assert_uint_eq(s->n_buffers, 1);
+    gpubuf_status_free(s);
+    gpubuf_release(g_woken);
+    ck_assert_int_eq(gpubuf_flush(c), 0);
+    s = status_on(c);
+    ck_assert_uint_eq(s->n_buffers, 0);
+    gpubuf_status_free(s);
+    gpubuf_disconnect(c);
+    fsd_cleanup(&m);
+}
+END_TEST
+
 /* Buffer name's metadata by stat on c: its lease left, in ms. */
 static uint64_t stat_meta(gpubuf_client *c, const char *name, gpubuf_buffer_meta *m) {
     gpubuf_buffer_info info;
@@ -770,7 +839,7 @@ static Suite *suite(void) {
     t = add_case(s, "restart", NULL, NULL, 60);
     add_tests(t, sigkill_and_sigterm_keep_the_buffer, sessions_not_resumed_are_released,
               bad_state_is_dropped, slab_once_after_resume, batch_changes_survive_sigkill,
-              last_references_survive_sigkill,
+              last_references_survive_sigkill, own_count_survives_sigkill,
               metadata_and_leases_survive_sigkill, metadata_charge_survives_sigkill,
               switchable_journal, takeover_while_the_journal_is_off);
 #else
@@ -778,6 +847,7 @@ static Suite *suite(void) {
     (void)sessions_not_resumed_are_released;
     (void)bad_state_is_dropped;
     (void)last_references_survive_sigkill;
+    (void)own_count_survives_sigkill;
     (void)slab_once_after_resume;
     (void)batch_changes_survive_sigkill;
     (void)metadata_and_leases_survive_sigkill;
