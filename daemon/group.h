@@ -31,6 +31,10 @@ typedef struct gd_obuf {
     uint64_t pend_buffer, pend_session;
     uint32_t pend_ref[2];
     bool pend_has_ref;
+    /* Inside a request, no snapshot under way: the registry appends a
+     * buffer's state and removal entries itself too (registry.c), as it
+     * does its reference counts; else they go through its hooks. */
+    bool direct;
 } gd_obuf;
 
 /* Little-endian stores, returning the byte after: one move each where the
@@ -76,9 +80,44 @@ static inline uint8_t *gd_obuf_room(gd_obuf *o, size_t n) {
     return !o->oom && o->cap - o->len >= n ? o->p + o->len : gd_obuf_grow(o, n);
 }
 
-#define GD_SE_REFS 9         /* the entry's kind (state_record.h has the others) */
+/* The kinds of the entries the registry may append itself (state_record.h
+ * has the others). */
+#define GD_SE_BUFFER_GONE 2
+#define GD_SE_BUFFER_STATE 7
+#define GD_SE_REFS 9
+#define GD_SE_REF_GONE 10
 #define GD_SE_RUN_HEAD 13u /* a REFS entry's kind, u64 session, u32 n */
 #define GD_SE_RUN_ITEM 16u /* and each item: u64 buffer, u32 count, u32 read_only */
+
+/* Append one entry to o: inline, the journal writes several for every
+ * buffer of a batch (callgrind, batchmix: a call and its frame were a third
+ * of such an entry). */
+static inline void gd_se_id(gd_obuf *o, int kind, uint64_t id) {
+    uint8_t *p = gd_obuf_room(o, 9);
+    if (!p)
+        return;
+    *p = (uint8_t)kind;
+    gd_state_put64(p + 1, id);
+    o->len += 9;
+}
+
+static inline void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer) {
+    uint8_t *p = gd_obuf_room(o, 17);
+    if (!p)
+        return;
+    *p = GD_SE_REF_GONE;
+    gd_state_put64(gd_state_put64(p + 1, session), buffer);
+    o->len += 17;
+}
+
+static inline void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state) {
+    uint8_t *p = gd_obuf_room(o, 13);
+    if (!p)
+        return;
+    *p = GD_SE_BUFFER_STATE;
+    gd_state_put32(gd_state_put64(p + 1, id), state);
+    o->len += 13;
+}
 
 /* Append a REFS entry of session's one reference to o. */
 void gd_se_ref_run(gd_obuf *o, uint64_t session, uint64_t buffer, uint32_t count, uint32_t ro);

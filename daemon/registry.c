@@ -164,6 +164,39 @@ static bool unreachable(const gd_buf *b) {
     return b->refs == 0 && (b->state != GPUBUF_STATE_SEALED || !b->name);
 }
 
+/* The removal of buffer id (last_ref: the holder whose last reference went
+ * with it, or 0): into the request's group directly where the state lets it
+ * (gd_obuf.direct), as reference counts go (ref_changed); else through the
+ * buf_gone hook (outside a request, a snapshot under way, or the buffer's
+ * own entry pending: the state drops that entry). */
+static inline void buf_gone(gd_registry *r, uint64_t id, uint64_t last_ref) {
+    gd_obuf *o = r->ref_sink;
+    if (o && o->direct && o->pend_buffer != id) {
+        if (last_ref)
+            gd_se_ref_gone(o, last_ref, id);
+        else
+            gd_se_id(o, GD_SE_BUFFER_GONE, id);
+        r->ref_sink_n++;
+        return;
+    }
+    HOOK(r, buf_gone, id, last_ref);
+}
+
+/* b's state changed alone: directly as buf_gone, a buffer whose own entry
+ * is pending needs none (that entry says its state then); else through the
+ * buf_state hook. */
+static inline void state_changed(gd_registry *r, const gd_buf *b) {
+    gd_obuf *o = r->ref_sink;
+    if (o && o->direct) {
+        if (o->pend_buffer != b->id) {
+            gd_se_buffer_state(o, b->id, (uint32_t)b->state);
+            r->ref_sink_n++;
+        }
+        return;
+    }
+    HOOK_STATE(r, b);
+}
+
 void gd_registry_buf_free(gd_registry *r, gd_buf *b) {
     uint64_t last_ref = r->freeing_ref; /* this buffer's only: what follows may free others */
     r->freeing_ref = 0;
@@ -183,7 +216,7 @@ void gd_registry_buf_free(gd_registry *r, gd_buf *b) {
     HASH_DELETE(hh_id, r->by_id, b);
     if (b->in_name_index)
         HASH_DELETE(hh_name, r->by_name, b);
-    HOOK(r, buf_gone, b->id, last_ref);
+    buf_gone(r, b->id, last_ref);
     gd_pool_release(b->pool, &b->blk);
     assert(r->n_buffers > 0 && b->refs == 0);
     r->n_buffers--;
@@ -735,7 +768,7 @@ void gd_registry_unpublish(gd_registry *r, gd_buf *b) {
         HASH_DELETE(hh_name, r->by_name, b);
         b->in_name_index = false;
     }
-    HOOK_STATE(r, b);
+    state_changed(r, b);
     gd_registry_buf_maybe_free(r, b);
 }
 
@@ -782,7 +815,7 @@ static uint32_t holder_drop_refs(gd_registry *r, gd_holder *h, uint32_t budget) 
                     HASH_DELETE(hh_name, r->by_name, b);
                     b->in_name_index = false;
                 }
-                HOOK_STATE(r, b);
+                state_changed(r, b);
             }
             gd_registry_buf_maybe_free(r, b);
         }

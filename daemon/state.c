@@ -116,8 +116,10 @@ void gd_state_begin(gd_state *st) {
     if (!st)
         return;
     gd_registry *reg = &st->ctx->reg;
-    if (st->depth++ == 0 && reg->hooks && !st->frozen && !st->no_journal)
+    if (st->depth++ == 0 && reg->hooks && !st->frozen && !st->no_journal) {
         reg->ref_sink = &st->stage;
+        st->stage.direct = !st->snap.on; /* a removal must move the snapshot's walk on */
+    }
 }
 
 void gd_state_end(gd_state *st) {

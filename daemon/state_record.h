@@ -52,15 +52,14 @@
 enum {
     GD_SE_GROUP = 0, /* a frame's first byte: a group of entries follows */
     GD_SE_REF = 1,
-    GD_SE_BUFFER_GONE = 2,
+    /* 2: GD_SE_BUFFER_GONE (group.h) */
     GD_SE_SESSION_GONE = 3,
     GD_SE_SLAB_GONE = 4,
     GD_SE_BUFFER = 5,
     GD_SE_RECORD = 6,
-    GD_SE_BUFFER_STATE = 7,
+    /* 7: GD_SE_BUFFER_STATE (group.h) */
     GD_SE_BUFFER3 = 8,
-    /* 9: GD_SE_REFS (group.h) */
-    GD_SE_REF_GONE = 10,
+    /* 9: GD_SE_REFS, 10: GD_SE_REF_GONE (group.h) */
 };
 
 /* BUFFER3's flags, and its size before the optional fields. */
@@ -73,38 +72,9 @@ enum {
 };
 #define GD_SE_BUF3_FIXED (7 * 8 + 2 * 4 + 1 + 3 * 2)
 
-/* gd_obuf_room and gd_se_ref (a reference count, into a run of its
- * session's): group.h. */
-
-/* Append one entry to o. The short ones and a plain buffer's are inline:
- * the journal writes several for every buffer of a batch (callgrind,
- * batchmix: a call and its frame were a third of such an entry). */
-static inline void gd_se_id(gd_obuf *o, int kind, uint64_t id) {
-    uint8_t *p = gd_obuf_room(o, 9);
-    if (!p)
-        return;
-    *p = (uint8_t)kind;
-    gd_state_put64(p + 1, id);
-    o->len += 9;
-}
-
-static inline void gd_se_ref_gone(gd_obuf *o, uint64_t session, uint64_t buffer) {
-    uint8_t *p = gd_obuf_room(o, 17);
-    if (!p)
-        return;
-    *p = GD_SE_REF_GONE;
-    gd_state_put64(gd_state_put64(p + 1, session), buffer);
-    o->len += 17;
-}
-
-static inline void gd_se_buffer_state(gd_obuf *o, uint64_t id, uint32_t state) {
-    uint8_t *p = gd_obuf_room(o, 13);
-    if (!p)
-        return;
-    *p = GD_SE_BUFFER_STATE;
-    gd_state_put32(gd_state_put64(p + 1, id), state);
-    o->len += 13;
-}
+/* gd_obuf_room, gd_se_ref (a reference count, into a run of its
+ * session's), gd_se_id, gd_se_ref_gone and gd_se_buffer_state: group.h.
+ * A plain buffer's entry is inline too (a batch writes one per buffer). */
 
 /* The fixed part of b's BUFFER3 entry up to its flags, at p; the byte
  * after. */

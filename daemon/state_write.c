@@ -446,6 +446,7 @@ void gd_state_snap_start(gd_state *st) {
     st->snap.cursor = reg->by_id;
     st->snap.gen = (from->gen > to->gen ? from->gen : to->gen) + 1;
     st->snap.on = true;
+    st->stage.direct = false; /* removals through the hook: gd_state_snap_gone */
     /* The old header goes first: from here until the end the slot holds
      * nothing valid. */
     to->gen = 0;
