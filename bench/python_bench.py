@@ -31,9 +31,11 @@ run as the C benchmarks and the torch.multiprocessing anchor). Prints one
   pipe, and the consumer, woken by it, makes the tensor with
   torch.from_dlpack, reads t[0] and acks. What is left is what any
   hand-over of this shape pays (two wake-ups, the tensor, the read):
-  torch.multiprocessing's span over this one is the most a hand-over can be
-  faster than torch.multiprocessing here. py_handover_floor_step_* split it
-  as above (wake: the producer's send -> the consumer's recv returned).
+  torch.multiprocessing's span over this one says how far a hand-over can be
+  faster than torch.multiprocessing on this machine (measured after the
+  hand-overs, it moves with the machine as they do: not a strict bound).
+  py_handover_floor_step_* split it as above (wake: the producer's send ->
+  the consumer's recv returned).
 """
 import argparse
 import math

@@ -177,8 +177,9 @@ for tag, how in (("", "torch.from_dlpack"), ("_gpubuf_torch", "gpubuf.torch.as_t
         row(f"Python-to-Python hand-over, fresh 1 MiB CUDA tensor (seal -> consumer {how}, "
             "read t[0] -> ack)", ho, "µs", ratio, "≥ 10 × faster", torch / ho >= 10 if torch else None)
 # What any hand-over of this shape pays (python_bench.py: a pipe's wake-up
-# instead of seal + open, the same tensor, read and ack): torch.mp over it is
-# the most the ≥ 10 × above can be in this run.
+# instead of seal + open, the same tensor, read and ack): torch.mp over it
+# says how far the ≥ 10 × above can go on this machine (measured after the
+# hand-overs: a comparison of the same minute, not a strict bound).
 fl = py.get("py_handover_floor_1MiB_median_us")
 if fl:
     ratio = f"torch.mp {torch:.0f} µs = {torch / fl:.1f} × floor" if torch else "no torch anchor"
