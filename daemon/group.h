@@ -30,12 +30,17 @@ typedef struct gd_obuf {
     uint64_t run_session;
     uint64_t pend_buffer, pend_session;
     uint32_t pend_ref[2];
+    uint32_t pend_n; /* counts kept aside (entries the registry counted, none written) */
     bool pend_has_ref;
     /* Inside a request, no snapshot under way: the registry appends a
      * buffer's state and removal entries itself too (registry.c), as it
-     * does its reference counts; else they go through its hooks. */
+     * does its reference counts, while the group is under GD_OBUF_DIRECT_MAX;
+     * else they go through its hooks (which write a group that grows past
+     * the largest one a replay takes, STATE_MAX_GROUP, in parts). */
     bool direct;
 } gd_obuf;
+
+#define GD_OBUF_DIRECT_MAX (32u << 20)
 
 /* Little-endian stores, returning the byte after: one move each where the
  * machine is little-endian. */
@@ -136,6 +141,7 @@ static inline void gd_se_ref(gd_obuf *o, uint64_t session, uint64_t buffer, uint
         o->pend_ref[0] = count;
         o->pend_ref[1] = ro;
         o->pend_has_ref = true;
+        o->pend_n++;
         return;
     }
     size_t len = o->len, at = o->run_at;

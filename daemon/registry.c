@@ -171,7 +171,7 @@ static bool unreachable(const gd_buf *b) {
  * own entry pending: the state drops that entry). */
 static inline void buf_gone(gd_registry *r, uint64_t id, uint64_t last_ref) {
     gd_obuf *o = r->ref_sink;
-    if (o && o->direct && o->pend_buffer != id) {
+    if (o && o->direct && o->pend_buffer != id && o->len < GD_OBUF_DIRECT_MAX) {
         if (last_ref)
             gd_se_ref_gone(o, last_ref, id);
         else
@@ -187,7 +187,7 @@ static inline void buf_gone(gd_registry *r, uint64_t id, uint64_t last_ref) {
  * buf_state hook. */
 static inline void state_changed(gd_registry *r, const gd_buf *b) {
     gd_obuf *o = r->ref_sink;
-    if (o && o->direct) {
+    if (o && o->direct && o->len < GD_OBUF_DIRECT_MAX) {
         if (o->pend_buffer != b->id) {
             gd_se_buffer_state(o, b->id, (uint32_t)b->state);
             r->ref_sink_n++;
@@ -530,9 +530,13 @@ void gd_registry_ref_drop_n(gd_registry *r, gd_holder *h, gd_ref *ref, gd_buf *b
         HASH_DEL(h->refs, ref);
         ref_recycle(r, ref);
         /* The sealer's last view went: its library may destroy the event
-         * once it has completed and this release is answered. */
-        if (b && b->has_event && b->event_holder == h->id)
+         * once it has completed and this release is answered. The saved
+         * state hears it too: restored with its event, the buffer would
+         * hand a destroyed event to openers once the sealer resumed. */
+        if (b && b->has_event && b->event_holder == h->id) {
             b->has_event = false;
+            HOOK(r, buf, b);
+        }
         if (b)
             holder_slab_put(h, b->blk.slab->id);
     }

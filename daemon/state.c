@@ -165,10 +165,10 @@ static void staged(gd_state *st) {
  * points to freed memory. */
 static void pend_clear(gd_state *st) {
     gd_obuf *o = &st->stage;
-    if (o->pend_has_ref)
-        st->records--; /* counted as an entry of its own (by the registry): it is none */
+    st->records -= o->pend_n; /* counted as entries of their own (by the registry): none is */
     st->pend = NULL;
     o->pend_buffer = o->pend_session = 0;
+    o->pend_n = 0;
     o->pend_has_ref = false;
 }
 
@@ -223,8 +223,18 @@ static void hook_id(gd_state *st, int kind, uint64_t id) {
  * entry (REF_GONE), or 0. */
 static void hook_buf_gone(void *arg, uint64_t id, uint64_t last_ref) {
     gd_state *st = arg;
-    if (st->pend && st->pend->id == id)
-        pend_clear(st); /* its owner's count goes with it */
+    if (st->pend && st->pend->id == id) {
+        gd_obuf *o = &st->stage;
+        uint64_t owner = o->pend_session;
+        uint32_t ref[2] = {o->pend_ref[0], o->pend_ref[1]};
+        bool had = o->pend_has_ref;
+        pend_clear(st);
+        /* The owner's count kept aside (0: a buffer is freed without
+         * references) goes with it, unless the removal says it (REF_GONE):
+         * a count an earlier group saved must not outlive the buffer. */
+        if (had && last_ref != owner && stage_room(st, GD_SE_RUN_HEAD + GD_SE_RUN_ITEM))
+            gd_se_ref(o, owner, id, ref[0], ref[1]);
+    }
     gd_state_snap_gone(arg, id);
     pend_put(st);
     if (!stage_room(st, 17))

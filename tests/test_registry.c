@@ -1499,6 +1499,38 @@ START_TEST(test_hooks_follow_changes) {
 }
 END_TEST
 
+/* The sealer's last view of a buffer sealed on a stream goes while another
+ * holder keeps it: the event goes from the buffer (its library may destroy
+ * it), and the saved state hears it (the buffer's hook, then the count of
+ * 0): restored with its event, the buffer would hand a destroyed event to
+ * openers once the sealer resumed. (White-box: the event as a seal on a CUDA
+ * pool's stream leaves it; a host pool refuses such a seal.) */
+START_TEST(test_event_loss_is_saved) {
+    static const gd_registry_hooks hk = {hk_buf, hk_gone, hk_ref, hk_holder, hk_holder_gone, NULL};
+    env e;
+    gd_buf *b, *o;
+    env_init(&e);
+    gd_holder *h = holder(&e, UID_A), *h2 = holder(&e, UID_A);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 100, 0, "ev", &b, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, h, b->id, &b, &tr_err), 0);
+    b->has_event = true;
+    b->event_holder = h->id;
+    ck_assert_int_eq(gd_registry_open(&e.reg, h2, "ev", 0, &o, NULL, &tr_err), 0);
+    e.reg.hooks = &hk;
+    hook_n = 0;
+    ck_assert_int_eq(gd_registry_release(&e.reg, h, b->id, &tr_err), 0);
+    ck_assert(!b->has_event);
+    /* the buffer (without its event), then h's count of 0 */
+    ck_assert_int_eq(hook_n, 2);
+    ck_assert_int_eq(hook_log[0], 1);
+    ck_assert_int_eq(hook_log[1], 4);
+    e.reg.hooks = NULL;
+    gd_registry_holder_drop(&e.reg, h2);
+    gd_registry_holder_drop(&e.reg, h);
+    env_fini(&e);
+}
+END_TEST
+
 /* A resume that only lowers a reference's read-only count (the client's
  * views hold as many references, fewer of them read-only) tells the saved
  * state: a SIGKILL after it must not bring the old read-only count back. */
@@ -1602,7 +1634,7 @@ static Suite *registry_suite(void) {
 
     tc = add_case(s, "bounded", NULL, NULL, 0);
     add_tests(tc, test_waiters_indexed, test_holder_leave_spread, test_restore_and_resume,
-              test_resume_saves_a_lowered_read_only_count,
+              test_resume_saves_a_lowered_read_only_count, test_event_loss_is_saved,
               test_hooks_follow_changes, test_restore_meta);
     return s;
 }
