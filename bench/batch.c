@@ -107,7 +107,8 @@ static void batch_mixed_worker(int idx, double secs, int fd, int ready_fd, int g
 }
 
 int batch_mixed_phase(void) {
-    printf("%s_%dproc %.0f\n", BATCH_MIXED_RATE_KEY, g_procs, workers_ops_per_s(batch_mixed_worker));
+    printf("%s_%dproc %.0f\n", BATCH_MIXED_RATE_KEY, g_procs,
+           workers_ops_per_s(batch_mixed_worker));
     return 0;
 }
 

@@ -142,12 +142,9 @@ static const phase before_vmm[] = {
 /* After the vmm phases: these compare figures with each other and with
  * anchors, on a daemon without the 100k buffers of scale. */
 static const phase after_vmm[] = {
-    {"crash", crash_phase, NULL},
-    {"scale", scale_phase, NULL},
-    {"batch", batch_phase, NULL},
-    {"batchmix", batch_mixed_phase, BATCH_MIXED_RATE_KEY},
-    {"meta", meta_phase, NULL},
-    {"async", async_phase, NULL},
+    {"crash", crash_phase, NULL},     {"scale", scale_phase, NULL},
+    {"batch", batch_phase, NULL},     {"batchmix", batch_mixed_phase, BATCH_MIXED_RATE_KEY},
+    {"meta", meta_phase, NULL},       {"async", async_phase, NULL},
     {"waitmem", waitmem_phase, NULL},
 };
 

@@ -214,8 +214,8 @@ static int run_sliced(const char *dir, const char *log, const bench_phase *ph) {
         fprintf(stderr,
                 "bench: %s: %d slices of %.1f s, the journal %s four times over; %.2f of "
                 "%.1f s counted (after each switch seen), %d slice(s) not at all\n",
-                ph->name, SLICES, SLICE_US / 1e6, "off on on off off on on off", counted,
-                w->secs, dropped);
+                ph->name, SLICES, SLICE_US / 1e6, "off on on off off on on off", counted, w->secs,
+                dropped);
     if (s.failed)
         r = -1;
     munmap(w, len);

@@ -179,10 +179,7 @@ __attribute__((noinline)) static void pend_write(gd_state *st) {
     pend_clear(st);
     if (!stage_room(st, 1 + 128 + GPUBUF_NAME_MAX + GD_EVENT_HANDLE_SIZE + 8192))
         return;
-    if (gd_se_buffer_is_plain(b))
-        gd_se_buffer_plain(&st->stage, b, owner_ref ? ref : NULL);
-    else
-        gd_se_buffer(&st->stage, b, owner_ref ? ref : NULL);
+    gd_se_buffer(&st->stage, b, owner_ref ? ref : NULL);
 }
 
 static void hook_buf(void *arg, const gd_buf *b) {
@@ -201,9 +198,11 @@ static void hook_buf(void *arg, const gd_buf *b) {
 
 static void hook_buf_state(void *arg, const gd_buf *b) {
     gd_state *st = arg;
+    /* A pending entry says the state its buffer has then; any other
+     * buffer's pending entry must come before this one. */
     if (st->pend == b)
-        return; /* its pending entry says the state it has then */
-    pend_put(st); /* this entry must come after the buffer's */
+        return;
+    pend_put(st);
     if (!stage_room(st, 13))
         return;
     gd_se_buffer_state(&st->stage, b->id, (uint32_t)b->state);

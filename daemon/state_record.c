@@ -39,11 +39,7 @@ __attribute__((noinline)) static size_t layout_pack(const gd_buf *b, uint8_t *ou
     return out ? gpubuf__array_layout__pack(&wl, out) : gpubuf__array_layout__get_packed_size(&wl);
 }
 
-void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
-    if (gd_se_buffer_is_plain(b)) {
-        gd_se_buffer_plain(o, b, owner_ref);
-        return;
-    }
+void gd_se_buffer_full(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
     size_t name_len = b->name ? strlen(b->name) : 0, user_len = 0, layout_len = 0;
     const uint8_t *user = NULL;
     bool has_layout = b->meta && b->meta->has_layout;
@@ -52,9 +48,10 @@ void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
         if (has_layout)
             layout_len = layout_pack(b, NULL);
     }
-    uint8_t flags = (uint8_t)((b->restored ? GD_SE_F_RESTORED : 0) | (b->has_event ? GD_SE_F_EVENT : 0) |
-                              (has_layout ? GD_SE_F_LAYOUT : 0) | (b->lease_slot ? GD_SE_F_LEASE : 0) |
-                              (owner_ref ? GD_SE_F_OWNER_REF : 0));
+    uint8_t flags =
+        (uint8_t)((b->restored ? GD_SE_F_RESTORED : 0) | (b->has_event ? GD_SE_F_EVENT : 0) |
+                  (has_layout ? GD_SE_F_LAYOUT : 0) | (b->lease_slot ? GD_SE_F_LEASE : 0) |
+                  (owner_ref ? GD_SE_F_OWNER_REF : 0));
     size_t n = 1 + GD_SE_BUF3_FIXED + (b->has_event ? 8 + GD_EVENT_HANDLE_SIZE : 0) +
                (b->lease_slot ? 12 : 0) + (owner_ref ? 8 : 0) + name_len + layout_len + user_len;
     uint8_t *p = gd_obuf_room(o, n);
@@ -234,7 +231,8 @@ static int dec_buffer(rd *r, Gpubuf__StateRecord *rec, bool v3, uint32_t ref[3])
     bool oom = false;
     REC_NEW(rec, m, gpubuf__state_buffer__init, BUFFER, buffer);
     m->name = NULL;
-    unsigned known = GD_SE_F_RESTORED | GD_SE_F_EVENT | GD_SE_F_LAYOUT | (v3 ? GD_SE_F_LEASE | GD_SE_F_OWNER_REF : 0);
+    unsigned known = GD_SE_F_RESTORED | GD_SE_F_EVENT | GD_SE_F_LAYOUT |
+                     (v3 ? GD_SE_F_LEASE | GD_SE_F_OWNER_REF : 0);
     if (!u64(r, &m->id) || !u64(r, &m->slab_id) || !u64(r, &m->offset) ||
         !u64(r, &m->block_size) || !u64(r, &m->size) || !u64(r, &m->owner_session) ||
         !u64(r, &m->charged) ||

@@ -111,9 +111,17 @@ static inline void gd_se_buffer_plain(gd_obuf *o, const gd_buf *b, const uint32_
     o->len += n;
 }
 
+/* gd_se_buffer of any other buffer (state_record.c). */
+void gd_se_buffer_full(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]);
+
 /* b's entry; owner_ref (NULL: none): the count and read-only count of b's
  * owner's reference to b, said with it. */
-void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]);
+static inline void gd_se_buffer(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
+    if (gd_se_buffer_is_plain(b))
+        gd_se_buffer_plain(o, b, owner_ref);
+    else
+        gd_se_buffer_full(o, b, owner_ref);
+}
 void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec);
 
 /* The checksum of a frame of version 2: XXH3 (64 bits folded to 32) of its
