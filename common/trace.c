@@ -17,7 +17,7 @@ typedef struct trace_rec {
     uint32_t step;
 } trace_rec;
 
-static int trace_state = -1; /* -1: not read yet, 0: off, 1: on */
+_Atomic int gpubuf_trace_state_ = -1; /* -1: not read yet, 0: off, 1: on */
 static trace_rec *recs;
 static atomic_size_t n_recs;
 static pthread_once_t once = PTHREAD_ONCE_INIT;
@@ -25,15 +25,13 @@ static pthread_mutex_t dump_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void trace_init(void) {
     const char *v = getenv("GPUBUF_TRACE_TIMING");
-    if (v && strcmp(v, "1") == 0 && (recs = calloc(TRACE_MAX, sizeof(*recs))))
-        trace_state = 1;
-    else
-        trace_state = 0;
+    bool on = v && strcmp(v, "1") == 0 && (recs = calloc(TRACE_MAX, sizeof(*recs)));
+    atomic_store_explicit(&gpubuf_trace_state_, on ? 1 : 0, memory_order_release);
 }
 
-bool gpubuf_trace_on(void) {
+bool gpubuf_trace_on_first(void) {
     pthread_once(&once, trace_init);
-    return trace_state == 1;
+    return atomic_load_explicit(&gpubuf_trace_state_, memory_order_acquire) == 1;
 }
 
 void gpubuf_trace(uint64_t session, uint64_t request, int type, gpubuf_trace_step step,

@@ -51,10 +51,14 @@ int gd_registry_check_meta(const gd_registry *r, const gd_holder *h, uint64_t mo
                         "max_meta_bytes_per_client", err)) < 0)
         return rc;
     HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
-    snprintf(whose, sizeof(whose), "uid %u's", (unsigned)uid);
-    if ((rc = meta_over(u ? u->meta : 0, more, q->meta_bytes_per_uid, whose,
-                        "max_meta_bytes_per_uid", err)) < 0)
-        return rc;
+    /* The uid's words only for the error: formatted on every named alloc,
+     * they took about 700 instructions of it (callgrind, mixed throughput:
+     * some 120 of the 3,335 an operation). */
+    if (meta_over(u ? u->meta : 0, more, q->meta_bytes_per_uid, "", "", NULL) < 0) {
+        snprintf(whose, sizeof(whose), "uid %u's", (unsigned)uid);
+        return meta_over(u ? u->meta : 0, more, q->meta_bytes_per_uid, whose,
+                         "max_meta_bytes_per_uid", err);
+    }
     return meta_over(r->meta_bytes, more, q->meta_bytes, "all users'", "max_meta_bytes", err);
 }
 
