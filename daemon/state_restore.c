@@ -39,8 +39,16 @@ typedef struct r_entry {
     UT_hash_handle hh;
 } r_entry;
 
+/* The id of a buffer whose state entry came before any record of it (see
+ * set_state). */
+typedef struct r_early {
+    uint64_t id;
+    UT_hash_handle hh;
+} r_early;
+
 typedef struct replay {
     r_entry *slabs, *bufs, *sessions;
+    r_early *early;
     Gpubuf__StateCounters counters;
     uint64_t max_buffer, max_session, max_slab;
     uint64_t records, bad;
@@ -92,7 +100,33 @@ static void table_free(r_entry **table) {
     }
 }
 
+/* A record or removal of buffer id came: a state entry of it before was
+ * not out of order after all (set_state). */
+static void early_seen(replay *rp, uint64_t id) {
+    r_early *x;
+    HASH_FIND(hh, rp->early, &id, sizeof(id), x);
+    if (x) {
+        HASH_DEL(rp->early, x);
+        free(x);
+    }
+}
+
+/* The state entries whose buffer no record came for, before or after:
+ * dropped, and said so. */
+static void early_left(replay *rp) {
+    r_early *x, *tmp;
+    HASH_ITER(hh, rp->early, x, tmp) {
+        LOG_WARN_LIMITED("restore: dropped the state of buffer %llu: no record of that buffer "
+                         "comes before or after it",
+                         (unsigned long long)x->id);
+        rp->bad++;
+        HASH_DEL(rp->early, x);
+        free(x);
+    }
+}
+
 static void replay_free(replay *rp) {
+    early_left(rp);
     table_free(&rp->slabs);
     table_free(&rp->bufs);
     table_free(&rp->sessions);
@@ -170,17 +204,26 @@ static bool set_ref(replay *rp, const Gpubuf__StateRef *m) {
     return true;
 }
 
-/* A buffer's state alone (its record came before). */
+/* A buffer's state alone. Its record comes before, except in a slot that
+ * a snapshot was written into step by step: a request's group goes there
+ * whole, also the state of a buffer that the snapshot's walk writes later
+ * (with that state: the walk's record is the newer). Such an entry is
+ * dropped, and is bad only if no record or removal of its buffer comes
+ * after it either (early_left). */
 static bool set_state(replay *rp, const Gpubuf__StateBufferState *m) {
     r_entry *e;
     if (!id_ok(rp, "buffer state", "id", m->id))
         return true;
     HASH_FIND(hh, rp->bufs, &m->id, sizeof(m->id), e);
     if (!e) {
-        LOG_WARN_LIMITED("restore: dropped the state of buffer %llu: no record of that buffer "
-                         "comes before",
-                         (unsigned long long)m->id);
-        rp->bad++;
+        r_early *x;
+        HASH_FIND(hh, rp->early, &m->id, sizeof(m->id), x);
+        if (!x) {
+            if (!(x = malloc(sizeof(*x))))
+                return false;
+            x->id = m->id;
+            HASH_ADD(hh, rp->early, id, sizeof(x->id), x);
+        }
         return true;
     }
     BUF_OF(e)->state = m->state; /* checked with the rest of the buffer at restore */
@@ -205,8 +248,12 @@ static bool apply(replay *rp, Gpubuf__StateRecord *rec) {
     case GPUBUF__STATE_RECORD__REC_SLAB_GONE:
         return remove_id(rp, "slab removal", &rp->slabs, rec->slab_gone, &rp->max_slab);
     case GPUBUF__STATE_RECORD__REC_BUFFER:
+        if (rp->early)
+            early_seen(rp, rec->buffer->id);
         return upsert(rp, "buffer", &rp->bufs, rec->buffer->id, &rp->max_buffer, &rec->buffer);
     case GPUBUF__STATE_RECORD__REC_BUFFER_GONE:
+        if (rp->early)
+            early_seen(rp, rec->buffer_gone);
         return remove_id(rp, "buffer removal", &rp->bufs, rec->buffer_gone, &rp->max_buffer);
     case GPUBUF__STATE_RECORD__REC_SESSION:
         return upsert(rp, "session", &rp->sessions, rec->session->id, &rp->max_session,
@@ -519,6 +566,7 @@ void gd_state_restore(gd_state *st, int fd, gd_kept_fd *kept, size_t n) {
     memset(&rp, 0, sizeof(rp));
     if (!replay_slot(&rp, fd, &end))
         LOG_ERR("restore: out of memory reading the saved state; restoring what was read");
+    early_left(&rp);
     restore(st, &rp, kept, n);
     replay_free(&rp);
 }

@@ -416,6 +416,78 @@ START_TEST(bad_records_are_dropped) {
 }
 END_TEST
 
+static void buf_state(fx *f, uint64_t id, uint32_t state) {
+    Gpubuf__StateBufferState m = GPUBUF__STATE_BUFFER_STATE__INIT;
+    m.id = id;
+    m.state = state;
+    put_msg(f, GPUBUF__STATE_RECORD__REC_BUFFER_STATE, &m);
+}
+
+static void buf_gone(fx *f, uint64_t id) {
+    Gpubuf__StateRecord rec = GPUBUF__STATE_RECORD__INIT;
+    rec.rec_case = GPUBUF__STATE_RECORD__REC_BUFFER_GONE;
+    rec.buffer_gone = id;
+    put(f, &rec);
+}
+
+/* restore(f), with what the daemon logs meanwhile into *log (free it). */
+static void restore_logged(fx *f, char **log) {
+    int fd = memfd_create("log", MFD_CLOEXEC), saved = dup(2);
+    ck_assert_int_ge(fd, 0);
+    ck_assert_int_ge(saved, 0);
+    fflush(stderr);
+    ck_assert_int_eq(dup2(fd, 2), 2);
+    restore(f);
+    fflush(stderr);
+    ck_assert_int_eq(dup2(saved, 2), 2);
+    close(saved);
+    off_t n = lseek(fd, 0, SEEK_END);
+    ck_assert_int_ge(n, 0);
+    *log = calloc(1, (size_t)n + 1);
+    ck_assert_ptr_nonnull(*log);
+    ck_assert_int_eq(pread(fd, *log, (size_t)n, 0), n);
+    close(fd);
+}
+
+/* A slot a snapshot was written into step by step has a request's group
+ * whole, also the state entry of a buffer that the snapshot's walk writes
+ * after it (with the newer state): that is no bad record, and the walk's
+ * record wins. Every restart from such a slot logged "dropped the state
+ * of buffer N" and counted it bad. A state entry whose buffer no record
+ * comes for, before or after, still is one. */
+START_TEST(state_before_its_buffer_is_not_bad) {
+    char *log;
+    FX(f);
+    base(&f);
+    buf_state(&f, 3, GPUBUF_STATE_DELETED); /* the walk writes 3 later */
+    buf(&f, 3, "three", 1, 2 * KB4);
+    buf_state(&f, 4, GPUBUF_STATE_DELETED); /* 4 goes before the walk reaches it */
+    buf_gone(&f, 4);
+    restore_logged(&f, &log);
+    ck_assert_msg(strstr(log, " 0 bad record(s)") && !strstr(log, "dropped the state"),
+                  "restore logged: %s", log);
+    free(log);
+    gd_buf *three = gd_registry_find_id(&f.ctx.reg, 3);
+    ck_assert_ptr_nonnull(three);
+    ck_assert_int_eq(three->state, GPUBUF_STATE_SEALED);
+    ck_assert_ptr_null(gd_registry_find_id(&f.ctx.reg, 4));
+    fx_free(&f);
+
+    fx g;
+    fx_init(&g);
+    base(&g);
+    buf_state(&g, 5, GPUBUF_STATE_DELETED); /* no record of 5 at all */
+    restore_logged(&g, &log);
+    ck_assert_msg(strstr(log, " 1 bad record(s)") &&
+                      strstr(log, "dropped the state of buffer 5: no record of that buffer comes "
+                                  "before or after it"),
+                  "restore logged: %s", log);
+    free(log);
+    ck_assert_uint_eq(g.ctx.reg.n_buffers, 2);
+    fx_free(&g);
+}
+END_TEST
+
 /* A slab without an fd (a cuda-ipc slab: its memory cannot outlive the
  * daemon) is left out of what a takeover hands over: an fd of -1 in the
  * handover made sendmsg fail (EBADF) and every takeover of a daemon with a
@@ -448,4 +520,4 @@ SUITE_MAIN("restore", "restore", NULL, NULL, 60,
           buffer_id_near_2_64_is_refused, next_buffer_id_near_2_64_is_ignored,
           session_id_near_2_64_is_refused, slab_id_near_2_64_is_refused,
           huge_reference_count_is_one_step, bad_records_are_dropped,
-          handover_leaves_out_slabs_without_an_fd)
+          handover_leaves_out_slabs_without_an_fd, state_before_its_buffer_is_not_bad)
