@@ -55,17 +55,23 @@ void gd_lease_remove(gd_registry *r, gd_buf *b) {
     sift_down(r, last->lease_slot - 1);
 }
 
+int gd_lease_reserve(gd_registry *r) {
+    if (r->n_leases < r->cap_leases)
+        return 0;
+    uint32_t cap = r->cap_leases ? r->cap_leases * 2 : 64;
+    gd_buf **n = realloc(r->leases, cap * sizeof(*n));
+    if (!n)
+        return -ENOMEM;
+    r->leases = n;
+    r->cap_leases = cap;
+    return 0;
+}
+
 /* Give b a lease of ttl_ms that expires at expires_ns (replacing one it has). */
 int gd_lease_set_at(gd_registry *r, gd_buf *b, uint64_t ttl_ms, uint64_t expires_ns) {
     if (!b->lease_slot) {
-        if (r->n_leases == r->cap_leases) {
-            uint32_t cap = r->cap_leases ? r->cap_leases * 2 : 64;
-            gd_buf **n = realloc(r->leases, cap * sizeof(*n));
-            if (!n)
-                return -ENOMEM;
-            r->leases = n;
-            r->cap_leases = cap;
-        }
+        if (gd_lease_reserve(r) < 0)
+            return -ENOMEM;
         heap_set(r, r->n_leases++, b);
     }
     b->lease_ttl_ms = (uint32_t)ttl_ms;

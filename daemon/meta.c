@@ -201,10 +201,15 @@ int gd_registry_seal_meta(gd_registry *r, gd_holder *h, uint64_t id, const uint8
         return gd_registry_seal_event(r, h, id, event, ret, err);
     if ((rc = check_ttl(r, meta->ttl_ms, err)) < 0)
         return rc;
+    /* The lease's room first: once the metadata is merged, nothing may
+     * fail (an error then left the buffer changed, and the change out of
+     * the journal). */
+    if (meta->ttl_ms && gd_lease_reserve(r) < 0)
+        return gd_err_set(err, -ENOMEM, "out of memory");
     if ((meta->layout || meta->user_len) && (rc = meta_merge(r, b, meta, err)) < 0)
         return rc;
-    if (meta->ttl_ms && lease_set(r, b, meta->ttl_ms) < 0)
-        return gd_err_set(err, -ENOMEM, "out of memory");
+    if (meta->ttl_ms)
+        (void)lease_set(r, b, meta->ttl_ms); /* its room is reserved: cannot fail */
     return gd_registry_seal_event(r, h, id, event, ret, err);
 }
 

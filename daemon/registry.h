@@ -415,6 +415,9 @@ void gd_lease_remove(gd_registry *r, gd_buf *b);
 /* Give b a lease of ttl_ms that expires at expires_ns (replacing one it has);
  * -ENOMEM. */
 int gd_lease_set_at(gd_registry *r, gd_buf *b, uint64_t ttl_ms, uint64_t expires_ns);
+/* Room in the lease heap for one more lease: gd_lease_set_at then cannot
+ * fail. -ENOMEM. */
+int gd_lease_reserve(gd_registry *r);
 
 /* Metadata given with an alloc or a seal; NULL or 0 for what is not given. */
 typedef struct gd_meta_args {
