@@ -663,10 +663,8 @@ static void wake(gd_registry *r, gd_waiter *w, gd_buf *b) {
         waiter_fail(w, ro.code, "%s", ro.msg);
         return;
     }
-    if (gd_registry_ref_add(r, w->holder, b) < 0)
+    if (gd_registry_ref_add_n(r, w->holder, b, 1, w->read_only ? 1 : 0) < 0)
         return; /* out of memory: the waiter times out */
-    if (w->read_only)
-        gd_registry_ref_ro(w->holder, b->id, true);
     waiter_unlink(r, w);
     gd_registry_opened(r, w->holder, b, w->read_only, &w->opened);
     /* The callback may free w (but not other waiters). */

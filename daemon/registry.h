@@ -305,8 +305,10 @@ bool gd_registry_slab_mapped(gd_holder *h, const gd_buf *b, bool ro);
 /* What the reference h just took to b (read-only when read_only) hands out:
  * gd_registry_slab_mapped() and gd_registry_event() in one answer. */
 void gd_registry_opened(gd_registry *r, gd_holder *h, gd_buf *b, bool read_only, gd_opened *ret);
-/* Mark one of the holder's references to id as read-only (after an open), or
- * unmark one (before releasing a read-only reference). */
+/* Unmark one of the holder's read-only references to id (before releasing
+ * it), or mark one (add). Not saved by itself: a release saves the counts
+ * it leaves, and an open takes its read-only count with its count
+ * (gd_registry_ref_add_n). */
 void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add);
 /* What an open, stat or delete names: a buffer by name (name not NULL) in
  * one pool, or by id. pool NULL: the default pool for a name, any pool for an

@@ -105,11 +105,11 @@ int gd_registry_open_target(gd_registry *r, gd_holder *h, const gd_target *t, bo
     if (r->quota.refs_per_client && h->n_refs >= r->quota.refs_per_client)
         return gd_err_set(err, -EDQUOT, "quota: this client holds %u references (limit %u)", h->n_refs,
                     r->quota.refs_per_client);
-    rc = gd_registry_ref_add(r, h, b);
+    /* Read-only with its count, in one entry of the journal (marked after
+     * it, the mark was never saved: a resume took it from the client). */
+    rc = gd_registry_ref_add_n(r, h, b, 1, read_only ? 1 : 0);
     if (rc < 0)
         return gd_err_set(err, rc, rc == -EOVERFLOW ? "reference count limit" : "out of memory");
-    if (read_only)
-        gd_registry_ref_ro(h, b->id, true);
     *ret = b;
     return 0;
 }

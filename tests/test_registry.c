@@ -1531,6 +1531,35 @@ START_TEST(test_event_loss_is_saved) {
 }
 END_TEST
 
+/* A read-only open tells the saved state its read-only count with its
+ * count, in one entry: the mark came after the count's entry and was never
+ * saved (a SIGKILL then restored the reference as read-write until the
+ * client resumed). */
+START_TEST(test_read_only_open_is_saved) {
+    static const gd_registry_hooks hk = {hk_buf, hk_gone, hk_ref, hk_holder, hk_holder_gone, NULL};
+    env e;
+    gd_buf *b, *o;
+    env_init(&e);
+    gd_holder *h = holder(&e, UID_A), *h2 = holder(&e, UID_A);
+    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 100, 0, "ro", &b, &tr_err), 0);
+    ck_assert_int_eq(gd_registry_seal(&e.reg, h, b->id, &b, &tr_err), 0);
+    e.reg.hooks = &hk;
+    hook_n = 0;
+    ck_assert_int_eq(gd_registry_open_mode(&e.reg, h2, "ro", 0, true, &o, NULL, &tr_err), 0);
+    ck_assert_int_eq(hook_n, 1);
+    ck_assert_int_eq(hook_log[0], 3);
+    ck_assert_uint_eq(hook_ref_count, 1);
+    ck_assert_uint_eq(hook_ref_ro, 1);
+    ck_assert_int_eq(gd_registry_open_mode(&e.reg, h2, "ro", 0, false, &o, NULL, &tr_err), 0);
+    ck_assert_uint_eq(hook_ref_count, 2);
+    ck_assert_uint_eq(hook_ref_ro, 1);
+    e.reg.hooks = NULL;
+    gd_registry_holder_drop(&e.reg, h2);
+    gd_registry_holder_drop(&e.reg, h);
+    env_fini(&e);
+}
+END_TEST
+
 /* A resume that only lowers a reference's read-only count (the client's
  * views hold as many references, fewer of them read-only) tells the saved
  * state: a SIGKILL after it must not bring the old read-only count back. */
@@ -1635,6 +1664,7 @@ static Suite *registry_suite(void) {
     tc = add_case(s, "bounded", NULL, NULL, 0);
     add_tests(tc, test_waiters_indexed, test_holder_leave_spread, test_restore_and_resume,
               test_resume_saves_a_lowered_read_only_count, test_event_loss_is_saved,
+              test_read_only_open_is_saved,
               test_hooks_follow_changes, test_restore_meta);
     return s;
 }
