@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Where the journal's time goes under 16 processes batching, by taking its
+# parts out one at a time: a diagnostic, not a benchmark of the product.
+#
+#   bench/journal_variants.sh [--host] [--order "0 1 2 3 0 1"] [--out DIR]
+#
+# Builds gpubufd four times from the committed tree (git archive HEAD), each
+# a copy with one change that only a measurement may make:
+#   0  as committed
+#   1  the group copied into the memfd with memcpy (cached stores), not with
+#      non-temporal ones (state_write.c, slot_copy)
+#   2  no checksum: every frame's is 0 (state_record.c, gd_se_checksum; such a
+#      state does not restore)
+#   3  no copy into the memfd: the group is staged and checksummed, and only
+#      its 8-byte end mark is written (state_write.c, gd_slot_put; such a
+#      state does not restore)
+# then, for each variant in --order, starts that daemon with
+# state_journal = switchable and runs the batchmix phase's journal pair in
+# slices (bench/pairs.c: 16 s, the journal off and on every 0.5 s) and
+# prints the medians of its rounds and their ratio. gpubufd is pinned to the
+# last CPU and the 16 processes to the others, as bench/run.sh pins its
+# pairs. A variant whose ratio falls far below the committed one's says that
+# part costs the wall time; compare ratios of one call only (the machine's
+# speed moves between calls: docs/performance.md, "Where the journal's wall
+# time goes").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind=cuda-ipc
+order="0 1 2 3 0 1"
+out=${TMPDIR:-/tmp}/gpubuf-journal-variants
+while [ $# -gt 0 ]; do
+    case $1 in
+    --host) kind=host ;;
+    --order) order=$2; shift ;;
+    --out) out=$2; shift ;;
+    *) echo "usage: bench/journal_variants.sh [--host] [--order \"0 1 2 3\"] [--out DIR]" >&2; exit 2 ;;
+    esac
+    shift
+done
+rm -rf "$out"
+mkdir -p "$out"
+git archive HEAD -o "$out/src.tar"
+for v in 0 1 2 3; do
+    mkdir -p "$out/src$v"
+    tar -xf "$out/src.tar" -C "$out/src$v"
+    case $v in
+    1) f=daemon/state_write.c old='    if (len >= 256) {' new='    if (0 \&\& len >= 256) {' ;;
+    2) f=daemon/state_record.c old='    uint64_t seed = gen ^ ((uint64_t)n << 40);'
+       new='    if (n) return 0;\n    uint64_t seed = gen ^ ((uint64_t)n << 40);' ;;
+    3) f=daemon/state_write.c old='        slot_copy(s->map + off, p, len);' new='        (void)p;' ;;
+    *) f="" ;;
+    esac
+    if [ -n "$f" ]; then
+        sed -i "s/$(printf '%s' "$old" | sed 's/[][\/.*^$]/\\&/g')/$new/" "$out/src$v/$f"
+        # The variant must differ from the committed tree: a line the sed
+        # no longer finds (the code moved) stops the script.
+        if cmp -s "$out/src$v/$f" <(tar -xOf "$out/src.tar" "$f"); then
+            echo "bench/journal_variants.sh: variant $v: no line of $f changed; update this script" >&2
+            exit 1
+        fi
+    fi
+    cmake -S "$out/src$v" -B "$out/b$v" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/cmake$v.log" 2>&1
+    cmake --build "$out/b$v" --target gpubufd gpubuf_bench >"$out/build$v.log" 2>&1 ||
+        { echo "bench/journal_variants.sh: variant $v does not build: $out/build$v.log" >&2; exit 1; }
+done
+read -ra cpus <<<"$(nproc --all) $(nproc)"
+last=$((cpus[1] - 1))
+pin_d=() pin_w=()
+if [ "$last" -ge 2 ] && command -v taskset >/dev/null; then
+    pin_d=(taskset -a -p -c "$last")
+    pin_w=(taskset -c "0-$((last - 1))")
+fi
+printf '[daemon]\nstate_journal = switchable\n' >"$out/sw.conf"
+sock=$out/s.sock log=$out/d.log
+for v in $order; do
+    rm -f "$sock"
+    "$out/b$v/daemon/gpubufd" --socket "$sock" --log-level warning --config "$out/sw.conf" \
+        --pool "gpu0=$kind,capacity=32G,slab=64M" 2>"$log" &
+    d=$!
+    for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
+    [ ${#pin_d[@]} -gt 0 ] && "${pin_d[@]}" $d >/dev/null
+    rm -rf "$out/p"
+    mkdir -p "$out/p"
+    "${pin_w[@]}" "$out/b0/bench/gpubuf_bench" --socket "$sock" --daemon-pid $d --pool gpu0 \
+        --only batchmix --pairs "$out/p" --daemon-log "$log" >"$out/p.txt" 2>&1 ||
+        { echo "bench/journal_variants.sh: variant $v: the pair failed ($out/p.txt)" >&2; kill $d; exit 1; }
+    kill $d
+    wait $d || true
+    python3 - "$v" "$out/p" <<'PY'
+import glob, statistics, sys
+v, d = sys.argv[1], sys.argv[2]
+r = {"on": [], "off": []}
+for f in glob.glob(d + "/*.txt"):
+    side = f.rsplit("/", 1)[1].split("-")[0]
+    for line in open(f):
+        k, x = line.split()
+        if k.startswith("batch_mixed_ops_per_s"):
+            r[side].append(float(x))
+on, off = statistics.median(r["on"]), statistics.median(r["off"])
+print(f"variant {v}: journal on {on / 1e6:.2f}, off {off / 1e6:.2f} M ops/s: {off / on:.3f} x "
+      f"(rounds on {min(r['on']) / 1e6:.2f}-{max(r['on']) / 1e6:.2f}, "
+      f"off {min(r['off']) / 1e6:.2f}-{max(r['off']) / 1e6:.2f})")
+PY
+done
