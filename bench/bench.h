@@ -26,6 +26,8 @@ extern int g_quick;             /* --quick: fewer iterations */
 extern int g_procs;             /* --procs: processes of throughput and batchmix */
 extern int g_daemon_pid;        /* --daemon-pid: whose RSS is measured, 0 if unknown */
 extern const char *g_ctl;       /* --ctl: gpubufctl, or NULL for no JSON timings */
+extern const char *g_echo_floor; /* --echo-floor: bench/anchors/echo_floor, run beside the mixed
+                                  * phase (throughput.c), or NULL */
 
 /* Exits the calling process with a message when x, a gpubuf call, fails. */
 #define CHECK(x)                                                                               \

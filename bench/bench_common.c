@@ -14,6 +14,7 @@ int g_quick;
 int g_procs = 16;
 int g_daemon_pid;
 const char *g_ctl;
+const char *g_echo_floor;
 work_plan *g_plan;
 /* This process's row of g_plan's bins: its index in run_workers(), -1 in
  * any other process. */

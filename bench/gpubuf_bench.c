@@ -7,7 +7,7 @@
  *                        batchmix,meta,async,waitmem] [--quick]
  *                [--vmm-pool NAME] [--vmm-cold-pools NAME,NAME]
  *                [--daemon-pid PID] [--ctl PATH-TO-GPUBUFCTL]
- *                [--pairs DIR --daemon-log PATH]
+ *                [--pairs DIR --daemon-log PATH] [--echo-floor PATH]
  *
  * --only takes a comma-separated list of phases; "vmm" stands for the five
  * phases of cuda-vmm pools, read-only opens, stream order and copies
@@ -18,6 +18,10 @@
  * the journal of gpubufd (--daemon-pid, state_journal = switchable, its
  * messages in --daemon-log) off and on in turn, into DIR; throughput and
  * batchmix once each, the journal switched every 0.5 s (pairs.c).
+ *
+ * --echo-floor PATH (bench/anchors/echo_floor, built): the throughput phase
+ * runs it with 16 clients right before and right after its mixed requests
+ * and prints the mean as mixed_echo_floor_16_beside_per_s (throughput.c).
  *
  * The parent process never initialises CUDA: every measurement runs in a
  * forked child, since a CUDA context does not survive fork().
@@ -123,6 +127,7 @@ static const bench_opt opts[] = {
     {"vmm-cold-pools", 0, BENCH_OPT_STR, &g_vmm_cold_pools},
     {"pairs", 0, BENCH_OPT_STR, &g_pairs},
     {"daemon-log", 0, BENCH_OPT_STR, &g_daemon_log},
+    {"echo-floor", 0, BENCH_OPT_STR, &g_echo_floor},
 };
 
 /* The phases main() runs before and after vmm_phases(), in order: the

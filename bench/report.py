@@ -107,11 +107,25 @@ if rel and rtt:
     row("release (asynchronous, see docs/client-api.md)", rel, "µs",
         f"{rel / rtt:.2f} × round trip", "≤ 1.2 ×", rel / rtt <= 1.2)
 thr = next((v for k, v in g.items() if k.startswith("gpubuf_mixed_ops_per_s")), None)
-floor16 = a.get("echo_floor_16_aggregate_roundtrips_per_s")
+# The echo floor measured right before and after the mixed requests (their
+# mean; gpubuf_bench --echo-floor) where the run has it, else the one of the
+# run's start. Both are shown.
+floor_start = a.get("echo_floor_16_aggregate_roundtrips_per_s")
+floor_beside = g.get("mixed_echo_floor_16_beside_per_s")
+floor16 = floor_beside or floor_start
 if thr:
+    if floor_beside:
+        what = (f"{thr / floor16:.3f} × echo floor, 16 clients, right before and after it "
+                f"({f(g.get('mixed_echo_floor_16_before_per_s'), 0)} and "
+                f"{f(g.get('mixed_echo_floor_16_after_per_s'), 0)} round trips/s); "
+                f"{thr / floor_start:.3f} × the run's first ({f(floor_start, 0)})" if floor_start
+                else f"{thr / floor16:.3f} × echo floor, 16 clients, beside it")
+    elif floor16:
+        what = f"{thr / floor16:.3f} × echo floor, 16 clients ({f(floor16, 0)} round trips/s)"
+    else:
+        what = "no echo floor"
     row("throughput, 16 processes, mixed alloc/seal/open/release/delete", thr, "ops/s",
-        f"{thr / floor16:.3f} × echo floor, 16 clients ({f(floor16, 0)} round trips/s)" if floor16
-        else "no echo floor", "≥ 1.0 × echo floor", thr >= floor16 if floor16 else None)
+        what, "≥ 1.0 × echo floor", thr >= floor16 if floor16 else None)
 bv, bl = g.get("dtod_GBps_gpubuf_view_median"), g.get("dtod_GBps_local_median")
 if bv and bl:
     row("device-to-device copy 1 GiB, gpubuf view vs local", bv, "GB/s",

@@ -204,10 +204,13 @@ fi
 [ $batch = 1 ] && [ $base = 0 ] && only=${only:+$only,}latency
 [ $batch = 1 ] && only=${only:+$only,}batch,batchmix
 [ $meta = 1 ] && only=${only:+$only,}meta
+# The mixed requests' echo floor is measured again right before and right
+# after them (--echo-floor; the goal compares the two: a machine's speed
+# moves within a run), the one above kept for the report.
 run_bench() { # phases output
     "$build/bench/gpubuf_bench" --socket "$sock" --daemon-pid $daemon --ctl "$build/client/gpubufctl" \
         --pool gpu0 --vmm-pool vmm --vmm-cold-pools vmmcold,vmmcold64 \
-        --only "$1" | tee "$2"
+        --echo-floor "$out/echo_floor" --only "$1" | tee "$2"
 }
 # A failed phase still leaves the figures of the others for the report.
 bench_rc=0

@@ -2,6 +2,11 @@
  * delete as fast as they can. */
 #include "bench.h"
 
+#include <errno.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
 /* Throughput: nproc processes, each a loop of alloc, seal, open, release,
  * release, delete (6 operations) for `secs` seconds. */
 static void mixed_worker(int idx, double secs, int fd, int ready_fd, int go_fd) {
@@ -59,7 +64,42 @@ static void mixed_worker(int idx, double secs, int fd, int ready_fd, int go_fd) 
     gpubuf_disconnect(c);
 }
 
+/* The 16-client echo floor's rate (bench/anchors/echo_floor), or 0 when it
+ * fails (said on stderr). */
+static double echo_floor_rate(void) {
+    char cmd[4200], line[512];
+    double rate = 0;
+    snprintf(cmd, sizeof(cmd), "'%s' 16 5000 64", g_echo_floor);
+    FILE *p = popen(cmd, "r");
+    if (!p) {
+        fprintf(stderr, "bench: %s: %s\n", g_echo_floor, strerror(errno));
+        return 0;
+    }
+    while (fgets(line, sizeof(line), p)) {
+        const char *k = strstr(line, "aggregate_roundtrips_per_s ");
+        if (k)
+            rate = strtod(k + strlen("aggregate_roundtrips_per_s "), NULL);
+    }
+    if (pclose(p) != 0 || rate <= 0) {
+        fprintf(stderr, "bench: %s gave no rate\n", g_echo_floor);
+        return 0;
+    }
+    return rate;
+}
+
+/* With --echo-floor (and not in the journal's slices), the echo floor of
+ * 16 clients right before and right after the mixed requests: the machine's
+ * speed moves within a run (docs/performance.md, run AB: 328k round trips/s
+ * at the run's start, the daemon's own rate 245k here and 290k in its pairs
+ * later), and the goal compares the two. */
 int throughput_phase(void) {
+    bool beside = g_echo_floor && !g_plan;
+    double before = beside ? echo_floor_rate() : 0;
     printf("%s_%dproc %.0f\n", MIXED_RATE_KEY, g_procs, workers_ops_per_s(mixed_worker));
+    double after = beside ? echo_floor_rate() : 0;
+    if (before > 0 && after > 0)
+        printf("mixed_echo_floor_16_before_per_s %.0f\nmixed_echo_floor_16_after_per_s %.0f\n"
+               "mixed_echo_floor_16_beside_per_s %.0f\n",
+               before, after, (before + after) / 2);
     return 0;
 }
