@@ -78,7 +78,12 @@ for v in $order; do
         --pool "gpu0=$kind,capacity=32G,slab=64M" 2>"$log" &
     d=$!
     for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
-    [ ${#pin_d[@]} -gt 0 ] && "${pin_d[@]}" $d >/dev/null
+    if [ ! -S "$sock" ]; then
+        echo "bench/journal_variants.sh: variant $v: gpubufd did not start ($log)" >&2
+        kill $d 2>/dev/null || true
+        exit 1
+    fi
+    if [ ${#pin_d[@]} -gt 0 ]; then "${pin_d[@]}" $d >/dev/null; fi
     rm -rf "$out/p"
     mkdir -p "$out/p"
     "${pin_w[@]}" "$out/b0/bench/gpubuf_bench" --socket "$sock" --daemon-pid $d --pool gpu0 \

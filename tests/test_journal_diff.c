@@ -186,6 +186,7 @@ static void one_op(fx *f, bool in_request, gd_holder *h) {
                 free(t);
                 return;
             }
+            t->w.read_only = rnd() % 3 == 0; /* its reference marked when woken */
             t->w.wake = tw_wake;
             t->w.cancel = tw_cancel;
             t->w.fail = tw_fail;
@@ -223,6 +224,7 @@ static int copy_fd(int fd) {
 }
 
 static long checks, fails, restarts;
+static unsigned case_seed; /* the seed of the case running, for the messages */
 
 /* Restore a copy of the live state into a fresh context and compare. */
 static bool check_restore(fx *f, const char *when, fx **keep_it) {
@@ -315,12 +317,12 @@ static bool check_restore(fx *f, const char *when, fx **keep_it) {
     }
     if (!ok) {
         fails++;
-        fprintf(stderr, "MISMATCH after %s (seed %llu): %s\n", when, (unsigned long long)rnd_state,
-                msg);
+        fprintf(stderr, "MISMATCH after %s (seed %u): %s\n", when, case_seed, msg);
     }
     const char *bad = state_check(&g.ctx, msg, sizeof(msg));
     if (bad) {
-        fprintf(stderr, "state_check: %s\n", bad);
+        fails++;
+        fprintf(stderr, "state_check after %s (seed %u): %s\n", when, case_seed, bad);
         ok = false;
     }
     if (keep_it) {
@@ -334,6 +336,7 @@ static bool check_restore(fx *f, const char *when, fx **keep_it) {
 }
 
 static int run_case(unsigned seed, int rounds, int compact, bool do_switch) {
+    case_seed = seed;
     rnd_state = seed * 2654435761u + 1;
     fx *f = malloc(sizeof(*f));
     fx_init(f, true);
