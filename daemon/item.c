@@ -13,7 +13,7 @@
 void gd_session_open_undo(gd_session *s, const gd_buf *b, bool read_only) {
     uint64_t bid = b->id;
     if (read_only)
-        gd_registry_ref_ro(s->holder, bid, false);
+        gd_registry_ref_unmark_ro(s->holder, bid);
     gd_registry_release(&s->ctx->reg, s->holder, bid, NULL);
 }
 
@@ -49,7 +49,7 @@ int gd_session_target(gd_session *s, bool by_name, const char *name, uint64_t bi
 /* Release one reference (release and batch release). */
 int gd_session_release_one(gd_session *s, uint64_t bid, bool keep, bool read_only, gd_err *err) {
     if (read_only)
-        gd_registry_ref_ro(s->holder, bid, false);
+        gd_registry_ref_unmark_ro(s->holder, bid);
     if (keep && !(s->caps & GPUBUF_CAP_KEEP_MAPPED)) {
         /* Still release: the reference is not the client's to keep. */
         gd_registry_release(&s->ctx->reg, s->holder, bid, NULL);

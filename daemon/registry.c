@@ -616,20 +616,10 @@ void gd_registry_opened(gd_registry *r, gd_holder *h, gd_buf *b, bool read_only,
     ret->event = gd_registry_event(r, b);
 }
 
-void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add) {
+void gd_registry_ref_unmark_ro(gd_holder *h, uint64_t id) {
     gd_ref *ref = gd_registry_ref_find(h, id);
-    if (!ref)
-        return;
-    if (add && ref->ro < ref->count) {
-        ref->ro++;
-        ref->hs->ro++;
-        h->n_ro_refs++;
-    } else if (!add && ref->ro > 0) {
-        ref->ro--;
-        ref->hs->ro--;
-        h->n_ro_refs--;
-    }
-    assert(ref->ro <= ref->count && h->n_ro_refs <= h->n_refs);
+    if (ref && ref->ro > 0)
+        gd_registry_ref_ro_set(h, ref, ref->ro - 1);
 }
 
 /* b was sealed: give waiter w its reference, or tell it why not. */

@@ -306,10 +306,10 @@ bool gd_registry_slab_mapped(gd_holder *h, const gd_buf *b, bool ro);
  * gd_registry_slab_mapped() and gd_registry_event() in one answer. */
 void gd_registry_opened(gd_registry *r, gd_holder *h, gd_buf *b, bool read_only, gd_opened *ret);
 /* Unmark one of the holder's read-only references to id (before releasing
- * it), or mark one (add). Not saved by itself: a release saves the counts
- * it leaves, and an open takes its read-only count with its count
+ * it; none marked: nothing). Not saved by itself: the release saves the
+ * counts it leaves. An open marks its reference as it takes it
  * (gd_registry_ref_add_n). */
-void gd_registry_ref_ro(gd_holder *h, uint64_t id, bool add);
+void gd_registry_ref_unmark_ro(gd_holder *h, uint64_t id);
 /* What an open, stat or delete names: a buffer by name (name not NULL) in
  * one pool, or by id. pool NULL: the default pool for a name, any pool for an
  * id (else the buffer must be in pool). With has_owner, the buffer must
