@@ -2,10 +2,11 @@
 # Where the journal's time goes under 16 processes batching, by taking its
 # parts out one at a time: a diagnostic, not a benchmark of the product.
 #
-#   bench/journal_variants.sh [--host] [--order "0 1 2 3 0 1"] [--out DIR]
+#   bench/journal_variants.sh [--host] [--order "0 1 2 3 0 1"] [--out DIR] [--src TAR]
 #
-# Builds gpubufd four times from the committed tree (git archive HEAD), each
-# a copy with one change that only a measurement may make:
+# Builds gpubufd once for each variant in --order from the committed tree
+# (git archive HEAD; --src: from that tar of a tree instead), each a copy
+# with one change that only a measurement may make:
 #   0  as committed
 #   1  the group copied into the memfd with memcpy (cached stores), not with
 #      non-temporal ones (state_write.c, slot_copy)
@@ -14,10 +15,16 @@
 #   3  no copy into the memfd: the group is staged and checksummed, and only
 #      its 8-byte end mark is written (state_write.c, gd_slot_put; such a
 #      state does not restore)
+#   4  non-temporal stores without the sfence after them (slot_copy)
+#   5  cached stores (as 1), and after each group the lines the next group of
+#      the same size will take prefetched for writing (gd_slot_put)
+#   6  a snapshot only once the journal has grown past 32 MiB, not 4 MiB
+#      (STATE_MIN_COMPACT): fewer snapshots
 # then, for each variant in --order, starts that daemon with
 # state_journal = switchable and runs the batchmix phase's journal pair in
 # slices (bench/pairs.c: 16 s, the journal off and on every 0.5 s) and
-# prints the medians of its rounds and their ratio. gpubufd is pinned to the
+# prints the medians of its rounds and their ratio, and the daemon's own
+# account of its journal at the stop (groups, snapshots and their time). gpubufd is pinned to the
 # last CPU and the 16 processes to the others, as bench/run.sh pins its
 # pairs. A variant whose ratio falls far below the committed one's says that
 # part costs the wall time; compare ratios of one call only (the machine's
@@ -28,37 +35,50 @@ cd "$(dirname "$0")/.."
 kind=cuda-ipc
 order="0 1 2 3 0 1"
 out=${TMPDIR:-/tmp}/gpubuf-journal-variants
+src=""
 while [ $# -gt 0 ]; do
     case $1 in
     --host) kind=host ;;
     --order) order=$2; shift ;;
     --out) out=$2; shift ;;
-    *) echo "usage: bench/journal_variants.sh [--host] [--order \"0 1 2 3\"] [--out DIR]" >&2; exit 2 ;;
+    --src) src=$(realpath "$2"); shift ;;
+    *) echo "usage: bench/journal_variants.sh [--host] [--order \"0 1 2 3\"] [--out DIR] [--src TAR]" >&2; exit 2 ;;
     esac
     shift
 done
 rm -rf "$out"
 mkdir -p "$out"
-git archive HEAD -o "$out/src.tar"
-for v in 0 1 2 3; do
+if [ -n "$src" ]; then cp "$src" "$out/src.tar"; else git archive HEAD -o "$out/src.tar"; fi
+# Replace the one line OLD of FILE in variant V's tree by NEW (sed's
+# replacement syntax); a line no longer found (the code moved) stops the
+# script: every variant must differ from the committed tree where it says.
+subst() {
+    local v=$1 f=$2 old=$3 new=$4
+    cp "$out/src$v/$f" "$out/before"
+    sed -i "s/$(printf '%s' "$old" | sed 's/[][\/.*^$]/\\&/g')/$new/" "$out/src$v/$f"
+    if cmp -s "$out/src$v/$f" "$out/before"; then
+        echo "bench/journal_variants.sh: variant $v: no line of $f changed; update this script" >&2
+        exit 1
+    fi
+}
+variants=$(printf '%s\n' $order | sort -u)
+for v in $variants; do
     mkdir -p "$out/src$v"
     tar -xf "$out/src.tar" -C "$out/src$v"
+    sw=daemon/state_write.c
     case $v in
-    1) f=daemon/state_write.c old='    if (len >= 256) {' new='    if (0 \&\& len >= 256) {' ;;
-    2) f=daemon/state_record.c old='    uint64_t seed = gen ^ ((uint64_t)n << 40);'
-       new='    if (n) return 0;\n    uint64_t seed = gen ^ ((uint64_t)n << 40);' ;;
-    3) f=daemon/state_write.c old='        slot_copy(s->map + off, p, len);' new='        (void)p;' ;;
-    *) f="" ;;
+    0) ;;
+    1) subst 1 $sw '    if (len >= 256) {' '    if (0 \&\& len >= 256) {' ;;
+    2) subst 2 daemon/state_record.c '    uint64_t seed = gen ^ ((uint64_t)n << 40);' \
+           '    if (n) return 0;\n    uint64_t seed = gen ^ ((uint64_t)n << 40);' ;;
+    3) subst 3 $sw '        slot_copy(s->map + off, p, len);' '        (void)p;' ;;
+    4) subst 4 $sw '        _mm_sfence();' '' ;;
+    5) subst 5 $sw '    if (len >= 256) {' '    if (0 \&\& len >= 256) {'
+       subst 5 $sw '        memset(s->map + off + len, 0, sizeof(end));' \
+           '        memset(s->map + off + len, 0, sizeof(end));\n        for (size_t i = 64; i < len \&\& off + len + i < s->cap; i += 64) __builtin_prefetch(s->map + off + len + i, 1, 3);' ;;
+    6) subst 6 daemon/saved_state.h '#define STATE_MIN_COMPACT (4ull << 20)' '#define STATE_MIN_COMPACT (32ull << 20)' ;;
+    *) echo "bench/journal_variants.sh: no variant $v (0 to 6)" >&2; exit 2 ;;
     esac
-    if [ -n "$f" ]; then
-        sed -i "s/$(printf '%s' "$old" | sed 's/[][\/.*^$]/\\&/g')/$new/" "$out/src$v/$f"
-        # The variant must differ from the committed tree: a line the sed
-        # no longer finds (the code moved) stops the script.
-        if cmp -s "$out/src$v/$f" <(tar -xOf "$out/src.tar" "$f"); then
-            echo "bench/journal_variants.sh: variant $v: no line of $f changed; update this script" >&2
-            exit 1
-        fi
-    fi
     cmake -S "$out/src$v" -B "$out/b$v" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/cmake$v.log" 2>&1
     cmake --build "$out/b$v" --target gpubufd gpubuf_bench >"$out/build$v.log" 2>&1 ||
         { echo "bench/journal_variants.sh: variant $v does not build: $out/build$v.log" >&2; exit 1; }
@@ -74,7 +94,7 @@ printf '[daemon]\nstate_journal = switchable\n' >"$out/sw.conf"
 sock=$out/s.sock log=$out/d.log
 for v in $order; do
     rm -f "$sock"
-    "$out/b$v/daemon/gpubufd" --socket "$sock" --log-level warning --config "$out/sw.conf" \
+    "$out/b$v/daemon/gpubufd" --socket "$sock" --log-level info --config "$out/sw.conf" \
         --pool "gpu0=$kind,capacity=32G,slab=64M" 2>"$log" &
     d=$!
     for _ in $(seq 200); do [ -S "$sock" ] && break; sleep 0.05; done
@@ -86,11 +106,12 @@ for v in $order; do
     if [ ${#pin_d[@]} -gt 0 ]; then "${pin_d[@]}" $d >/dev/null; fi
     rm -rf "$out/p"
     mkdir -p "$out/p"
-    "${pin_w[@]}" "$out/b0/bench/gpubuf_bench" --socket "$sock" --daemon-pid $d --pool gpu0 \
+    "${pin_w[@]}" "$out/b${order%% *}/bench/gpubuf_bench" --socket "$sock" --daemon-pid $d --pool gpu0 \
         --only batchmix --pairs "$out/p" --daemon-log "$log" >"$out/p.txt" 2>&1 ||
         { echo "bench/journal_variants.sh: variant $v: the pair failed ($out/p.txt)" >&2; kill $d; exit 1; }
     kill $d
     wait $d || true
+    grep -o 'saved state: .*' "$log" | tail -1 || true
     python3 - "$v" "$out/p" <<'PY'
 import glob, statistics, sys
 v, d = sys.argv[1], sys.argv[2]

@@ -11,6 +11,10 @@ run as the C benchmarks and the torch.multiprocessing anchor). Prints one
   (CUDA pools) or numpy (host pools): the figure whose goal is the C warm open
   + <fw>.from_dlpack alone + 3 µs. py_from_dlpack_only_<fw> times
   <fw>.from_dlpack alone on a buffer already open: the framework's own share.
+  py_from_dlpack_fresh_<fw> times it on a Buffer just opened (the open
+  untimed), py_from_dlpack_after_trip_<fw> on the buffer already open right
+  after an untimed open and release of another: which of a new object or a
+  round trip through gpubufd makes the excess over the two alone.
 - py_handover_1MiB_fresh_tensor: a producer process allocates a 1 MiB gpubuf
   buffer, fills it as a fresh torch tensor and seals it; a consumer process,
   waiting in open(), takes it with torch.from_dlpack, reads t[0] and acks
@@ -114,8 +118,30 @@ def bench_open(sock, pool, n, host):
                 x = from_dlpack(b)
                 t.append((now() - a) / 1e3)
                 del x
-            b.release()
             report(f"py_from_dlpack_only_{fw}", t[WARM:])
+            # Where the open + from_dlpack figure's excess over the two
+            # alone comes from: from_dlpack of a Buffer just opened (the
+            # open untimed), and from_dlpack of the same old Buffer b right
+            # after an untimed open and release of another one (a round
+            # trip through gpubufd, no new object to export).
+            t = []
+            for i in range(n + WARM):
+                f = c.open(names[1 + i % (live - 1)], pool=pool)
+                a = now()
+                x = from_dlpack(f)
+                t.append((now() - a) / 1e3)
+                del x
+                f.release()
+            report(f"py_from_dlpack_fresh_{fw}", t[WARM:])
+            t = []
+            for i in range(n + WARM):
+                c.open(names[1 + i % (live - 1)], pool=pool).release()
+                a = now()
+                x = from_dlpack(b)
+                t.append((now() - a) / 1e3)
+                del x
+            b.release()
+            report(f"py_from_dlpack_after_trip_{fw}", t[WARM:])
         for name in names:
             c.delete(name, pool=pool)
         keep.release()

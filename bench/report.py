@@ -178,6 +178,12 @@ for fw in ("torch", "cupy", "numpy"):
         # The goal (#21): the C warm open plus the framework's own
         # from_dlpack, plus 3 µs for the package's part.
         share = f"; {fw}.from_dlpack alone {only:.1f} µs" if only else ""
+        fresh = py.get(f"py_from_dlpack_fresh_{fw}_median_us")
+        trip = py.get(f"py_from_dlpack_after_trip_{fw}_median_us")
+        if fresh and trip:
+            # python_bench.py: the same call on a Buffer just opened, and on
+            # the old one right after a round trip through gpubufd.
+            share += f" (on a Buffer just opened {fresh:.1f}, after a round trip {trip:.1f})"
         goal = "≤ C + from_dlpack alone + 3 µs" if only else "≤ C + 3 µs"
         row(f"Python open + {fw}.from_dlpack, warm", v, "µs",
             f"C warm open {warm:.1f} µs + {v - warm:.1f} µs{share}", goal,

@@ -8,7 +8,11 @@ CLOCK_MONOTONIC is one clock for the machine), keeps the requests of one type
 that passed every step, and prints the median time of each step since the one
 before it, and of the whole request.
 
-    bench/trace_timing.py [--type open] TRACE_FILE...
+    bench/trace_timing.py [--type open] [--map-over US] TRACE_FILE...
+
+--map-over US keeps only the requests whose last step (the client's mapping
+cache and view) took more than US microseconds: the opens that imported a
+slab (the cold opens), apart from the warm ones.
 
 Use one daemon per trace directory (session ids restart with each daemon).
 """
@@ -38,6 +42,8 @@ TYPES = ["hello", "alloc", "seal", "open", "release", "unmap", "delete", "stat",
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--type", default="open", help="request type (default: open)")
+    ap.add_argument("--map-over", type=float, default=None, metavar="US",
+                    help="only requests whose mapping step took longer (cold opens)")
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
     if a.type not in TYPES:
@@ -59,10 +65,13 @@ def main():
                 reqs[key].setdefault(step, ns)
     n_steps = len(STEPS)
     rows = [k for k, v in reqs.items() if types.get(k) == want and len(v) == n_steps]
+    if a.map_over is not None:
+        rows = [k for k in rows if reqs[k][n_steps - 1] - reqs[k][n_steps - 2] > a.map_over * 1e3]
     if not rows:
         sys.exit(f"no {a.type} request with all {n_steps} steps in the trace "
                  "(was GPUBUF_TRACE_TIMING=1 set for both the daemon and the client?)")
-    print(f"{len(rows)} {a.type} requests; median per step, microseconds\n")
+    which = f" whose mapping took over {a.map_over:g} µs" if a.map_over is not None else ""
+    print(f"{len(rows)} {a.type} requests{which}; median per step, microseconds\n")
     print(f"| step | what | median µs | share |")
     print(f"|---|---|---|---|")
     total = statistics.median((reqs[k][n_steps - 1] - reqs[k][0]) / 1e3 for k in rows)
