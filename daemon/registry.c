@@ -123,12 +123,23 @@ static void waiter_unindex(gd_registry *r, gd_waiter *w) {
 }
 
 gd_uid_usage *gd_registry_uid_usage(gd_registry *r, uid_t uid, bool create) {
-    gd_uid_usage *u;
+    gd_uid_usage *u = r->uid_last;
+    if (u && u->uid == uid)
+        return u;
     if (create)
         GPUBUF_HASH_GET(r->uids, uid, uid, u);
     else
         HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
+    if (u)
+        r->uid_last = u;
     return u;
+}
+
+void gd_registry_uid_drop(gd_registry *r, gd_uid_usage *u) {
+    if (r->uid_last == u)
+        r->uid_last = NULL;
+    HASH_DEL(r->uids, u);
+    free(u);
 }
 
 /* Give back what b counted against its creator and its owner's uid. */
@@ -151,10 +162,8 @@ static void uncharge(gd_registry *r, gd_buf *b) {
         u->buffers--;
         u->bytes -= b->charged;
         u->meta -= b->meta_charged;
-        if (u->buffers == 0) {
-            HASH_DEL(r->uids, u);
-            free(u);
-        }
+        if (u->buffers == 0)
+            gd_registry_uid_drop(r, u);
     }
 }
 
@@ -335,10 +344,8 @@ void gd_registry_destroy(gd_registry *r) {
     free(r->leases);
     r->leases = NULL;
     gd_uid_usage *u, *utmp;
-    HASH_ITER(hh, r->uids, u, utmp) {
-        HASH_DEL(r->uids, u);
-        free(u);
-    }
+    HASH_ITER(hh, r->uids, u, utmp)
+        gd_registry_uid_drop(r, u);
 }
 
 gd_holder *gd_registry_holder_add(gd_registry *r, uint64_t id, pid_t pid, uid_t uid, gid_t gid) {

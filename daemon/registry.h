@@ -200,6 +200,10 @@ typedef struct gd_registry {
      * (the daemon's first pool). */
     gd_pool *default_pool;
     gd_uid_usage *uids;
+    /* The uid looked up last (or NULL): an alloc and its buffer's free ask
+     * for the same uid several times (callgrind, batched allocs: the
+     * lookups were about 4 % of the daemon's instructions). */
+    gd_uid_usage *uid_last;
     gd_buf *by_id;
     gd_buf *by_name;
     gd_holder *holders;

@@ -94,10 +94,8 @@ int gd_registry_alloc_charged(gd_registry *r, gd_holder *h, gd_pool *pool, uint6
             gd_err_set(err, rc, "allocation failed");
         free(b->key);
         free(b);
-        if (u->buffers == 0) {
-            HASH_DEL(r->uids, u);
-            free(u);
-        }
+        if (u->buffers == 0)
+            gd_registry_uid_drop(r, u);
         return rc;
     }
     b->id = ++r->next_buffer_id;

@@ -30,6 +30,8 @@
 
 /* uid's usage record; with create, made when missing (NULL: out of memory). */
 gd_uid_usage *gd_registry_uid_usage(gd_registry *r, uid_t uid, bool create);
+/* Forget uid usage u (its last buffer went) and free it. */
+void gd_registry_uid_drop(gd_registry *r, gd_uid_usage *u);
 /* A zeroed buffer record: a spare or new (NULL without memory). */
 gd_buf *gd_registry_buf_new(gd_registry *r);
 /* Free b: uncharge it, take it out of the lease heap, the indexes and its
