@@ -679,6 +679,40 @@ START_TEST(test_anonymous_freed_with_last_ref) {
 }
 END_TEST
 
+/* A uid's usage counts its buffers across holders, and a uid whose last
+ * buffer went starts again from none: the record looked up last
+ * (gd_registry.uid_last) is forgotten with it, and one uid's lookups never
+ * charge another's record. */
+START_TEST(test_uid_usage_counted_and_dropped) {
+    env e;
+    env_init(&e);
+    e.reg.quota.buffers_per_uid = 2;
+    gd_holder *a1 = holder(&e, UID_A), *a2 = holder(&e, UID_A), *b1 = holder(&e, UID_B);
+    gd_buf *x = NULL;
+    for (int round = 0; round < 3; round++) {
+        gd_buf *p = alloc_ok(&e, a1, 100, NULL);
+        gd_buf *q = alloc_ok(&e, b1, 100, NULL); /* the other uid between */
+        gd_buf *r = alloc_ok(&e, a2, 100, NULL); /* uid A's second, by another holder */
+        ck_assert_int_eq(gd_registry_alloc(&e.reg, a1, e.pool, 100, 0, NULL, &x, &tr_err), -EDQUOT);
+        ck_assert_msg(strstr(tr_err.msg, "uid 1000 owns 2 buffers"), "%s", tr_err.msg);
+        ck_assert_uint_eq(HASH_CNT(hh, e.reg.uids), 2);
+        /* uid A's last buffers go: its record with them; uid B keeps one. */
+        ck_assert_int_eq(gd_registry_release(&e.reg, a1, p->id, &tr_err), 0);
+        ck_assert_int_eq(gd_registry_release(&e.reg, a2, r->id, &tr_err), 0);
+        ck_assert_uint_eq(HASH_CNT(hh, e.reg.uids), 1);
+        ck_assert_ptr_null(e.reg.uid_last);
+        gd_buf *s = alloc_ok(&e, b1, 100, NULL);
+        ck_assert_int_eq(gd_registry_alloc(&e.reg, b1, e.pool, 100, 0, NULL, &x, &tr_err), -EDQUOT);
+        ck_assert_msg(strstr(tr_err.msg, "uid 1001 owns 2 buffers"), "%s", tr_err.msg);
+        ck_assert_int_eq(gd_registry_release(&e.reg, b1, q->id, &tr_err), 0);
+        ck_assert_int_eq(gd_registry_release(&e.reg, b1, s->id, &tr_err), 0);
+        ck_assert_uint_eq(HASH_CNT(hh, e.reg.uids), 0);
+        ck_assert_ptr_null(e.reg.uid_last);
+    }
+    env_fini(&e);
+}
+END_TEST
+
 START_TEST(test_unsealed_freed_with_last_ref) {
     env e;
     env_init(&e);
@@ -1651,7 +1685,8 @@ static Suite *registry_suite(void) {
 
     tc = add_case(s, "lifetime", NULL, NULL, 0);
     add_tests(tc, test_release_not_held, test_named_sealed_persists,
-              test_anonymous_freed_with_last_ref, test_unsealed_freed_with_last_ref,
+              test_anonymous_freed_with_last_ref, test_uid_usage_counted_and_dropped,
+              test_unsealed_freed_with_last_ref,
               test_delete_while_referenced, test_delete_permissions, test_holder_drop,
               test_holder_drop_other_buffers, test_destroy_frees_everything,
               test_destroy_empty_and_reinit);
