@@ -42,13 +42,20 @@ while [ $# -gt 0 ]; do
     --order) order=$2; shift ;;
     --out) out=$2; shift ;;
     --src) src=$(realpath "$2"); shift ;;
-    *) echo "usage: bench/journal_variants.sh [--host] [--order \"0 1 2 3\"] [--out DIR] [--src TAR]" >&2; exit 2 ;;
+    *) echo "usage: bench/journal_variants.sh [--host] [--order \"0 1 2 3 4 5 6 ...\"] [--out DIR] [--src TAR]" >&2; exit 2 ;;
     esac
     shift
 done
+# A --src tar inside --out (a previous run's src.tar) is taken aside first:
+# --out is emptied.
+tmp_src=""
+if [ -n "$src" ]; then
+    tmp_src=$(mktemp)
+    cp "$src" "$tmp_src"
+fi
 rm -rf "$out"
 mkdir -p "$out"
-if [ -n "$src" ]; then cp "$src" "$out/src.tar"; else git archive HEAD -o "$out/src.tar"; fi
+if [ -n "$tmp_src" ]; then mv "$tmp_src" "$out/src.tar"; else git archive HEAD -o "$out/src.tar"; fi
 # Replace the one line OLD of FILE in variant V's tree by NEW (sed's
 # replacement syntax); a line no longer found (the code moved) stops the
 # script: every variant must differ from the committed tree where it says.
@@ -83,6 +90,7 @@ for v in $variants; do
     cmake --build "$out/b$v" --target gpubufd gpubuf_bench >"$out/build$v.log" 2>&1 ||
         { echo "bench/journal_variants.sh: variant $v does not build: $out/build$v.log" >&2; exit 1; }
 done
+read -ra first <<<"$order" # the first variant's gpubuf_bench drives every daemon
 read -ra cpus <<<"$(nproc --all) $(nproc)"
 last=$((cpus[1] - 1))
 pin_d=() pin_w=()
@@ -106,7 +114,7 @@ for v in $order; do
     if [ ${#pin_d[@]} -gt 0 ]; then "${pin_d[@]}" $d >/dev/null; fi
     rm -rf "$out/p"
     mkdir -p "$out/p"
-    "${pin_w[@]}" "$out/b${order%% *}/bench/gpubuf_bench" --socket "$sock" --daemon-pid $d --pool gpu0 \
+    "${pin_w[@]}" "$out/b${first[0]}/bench/gpubuf_bench" --socket "$sock" --daemon-pid $d --pool gpu0 \
         --only batchmix --pairs "$out/p" --daemon-log "$log" >"$out/p.txt" 2>&1 ||
         { echo "bench/journal_variants.sh: variant $v: the pair failed ($out/p.txt)" >&2; kill $d; exit 1; }
     kill $d

@@ -76,10 +76,11 @@ if warm and torch:
         f"torch {torch:.0f} µs = {torch / warm:.1f} × gpubuf", "≥ 20 × faster", torch / warm >= 20)
 cold = g.get("gpubuf_open_cold_2MiB_slab_median_us")
 # The cold open is a request whose answer names a 2 MiB slab, then its
-# import, in a process that has imported nothing before. The anchor
-# (ipc_bench.c, fresh_consumer) makes the same two steps with no gpubuf: a
-# 64-byte message answered with an IPC handle, then cuIpcOpenMemHandle of
-# that 2 MiB allocation, timed together (since 2026-12-03; the IPC open's
+# import, in a fresh process that imports slab after slab and keeps each.
+# The anchor (ipc_bench.c, fresh_consumer) makes the same two steps with no
+# gpubuf in such a process (after its first 200 opens, kept): a 64-byte
+# message answered with an IPC handle, then cuIpcOpenMemHandle of that
+# 2 MiB allocation, timed together (since 2026-12-03; the IPC open's
 # time moved from 35 to 88 µs between runs on the H200, so its sum with a
 # round trip measured apart is no steady floor). Beside it: the run's
 # round trip plus the anchor's first 2 MiB opens in a fresh process, and
@@ -95,8 +96,8 @@ if cold and rtt:
         base = joint
         what = (f"a 64-byte request answered with a handle + cuIpcOpenMemHandle of 2 MiB, timed "
                 f"together ({joint:.1f} µs: request "
-                f"{a.get('ipc_request_then_open_2MiB_roundtrip_median_us', 0):.1f}, open "
-                f"{a.get('ipc_request_then_open_2MiB_open_median_us', 0):.1f})")
+                f"{f(a.get('ipc_request_then_open_2MiB_roundtrip_median_us'))}, open "
+                f"{f(a.get('ipc_request_then_open_2MiB_open_median_us'))})")
     else:
         base = rtt + (ipc_open or 0)
         if ipc_open3:

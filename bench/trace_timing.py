@@ -65,8 +65,11 @@ def main():
                 reqs[key].setdefault(step, ns)
     n_steps = len(STEPS)
     rows = [k for k, v in reqs.items() if types.get(k) == want and len(v) == n_steps]
-    if a.map_over is not None:
+    if a.map_over is not None and rows:
         rows = [k for k in rows if reqs[k][n_steps - 1] - reqs[k][n_steps - 2] > a.map_over * 1e3]
+        if not rows:
+            sys.exit(f"no {a.type} request's mapping step took over {a.map_over:g} µs "
+                     "(no open imported a slab)")
     if not rows:
         sys.exit(f"no {a.type} request with all {n_steps} steps in the trace "
                  "(was GPUBUF_TRACE_TIMING=1 set for both the daemon and the client?)")
