@@ -60,6 +60,22 @@ def report(name, times):
     sys.stdout.flush()
 
 
+def time_call(n, call, get, put=None):
+    """call(get(i)) timed, n after WARM, get and put (given what get gave)
+    untimed; what call returns is let go untimed too."""
+    now = time.perf_counter_ns
+    t = []
+    for i in range(n + WARM):
+        arg = get(i)
+        a = now()
+        x = call(arg)
+        t.append((now() - a) / 1e3)
+        del x
+        if put:
+            put(arg)
+    return t[WARM:]
+
+
 def frameworks(host):
     fws = []
     if host:
@@ -112,36 +128,22 @@ def bench_open(sock, pool, n, host):
             report(f"py_open_from_dlpack_{fw}", t[WARM:])
             # The framework's own share: from_dlpack of a buffer already open.
             b = c.open(names[0], pool=pool)
-            t = []
-            for i in range(n + WARM):
-                a = now()
-                x = from_dlpack(b)
-                t.append((now() - a) / 1e3)
-                del x
-            report(f"py_from_dlpack_only_{fw}", t[WARM:])
+            report(f"py_from_dlpack_only_{fw}", time_call(n, from_dlpack, lambda i: b))
             # Where the open + from_dlpack figure's excess over the two
             # alone comes from: from_dlpack of a Buffer just opened (the
             # open untimed), and from_dlpack of the same old Buffer b right
             # after an untimed open and release of another one (a round
             # trip through gpubufd, no new object to export).
-            t = []
-            for i in range(n + WARM):
-                f = c.open(names[1 + i % (live - 1)], pool=pool)
-                a = now()
-                x = from_dlpack(f)
-                t.append((now() - a) / 1e3)
-                del x
-                f.release()
-            report(f"py_from_dlpack_fresh_{fw}", t[WARM:])
-            t = []
-            for i in range(n + WARM):
-                c.open(names[1 + i % (live - 1)], pool=pool).release()
-                a = now()
-                x = from_dlpack(b)
-                t.append((now() - a) / 1e3)
-                del x
+            other = [names[1 + i % (live - 1)] for i in range(n + WARM)]
+            report(f"py_from_dlpack_fresh_{fw}",
+                   time_call(n, from_dlpack, lambda i: c.open(other[i], pool=pool),
+                             lambda f: f.release()))
+
+            def after_trip(i):
+                c.open(other[i], pool=pool).release()
+                return b
+            report(f"py_from_dlpack_after_trip_{fw}", time_call(n, from_dlpack, after_trip))
             b.release()
-            report(f"py_from_dlpack_after_trip_{fw}", t[WARM:])
         for name in names:
             c.delete(name, pool=pool)
         keep.release()

@@ -50,11 +50,7 @@ int gd_registry_check_meta(const gd_registry *r, const gd_holder *h, uint64_t mo
     if ((rc = meta_over(h->owned_meta, more, q->meta_bytes_per_client, "this client's",
                         "max_meta_bytes_per_client", err)) < 0)
         return rc;
-    /* The uid looked up last, kept by the registry (read here, not set:
-     * the registry is const), else the table. */
-    u = r->uid_last && r->uid_last->uid == uid ? r->uid_last : NULL;
-    if (!u)
-        HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
+    u = gd_registry_uid_find(r, uid);
     /* The uid's words only for the error: formatted on every named alloc,
      * they took about 700 instructions of it (callgrind, mixed throughput:
      * some 120 of the 3,335 an operation). */

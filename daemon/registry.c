@@ -123,13 +123,9 @@ static void waiter_unindex(gd_registry *r, gd_waiter *w) {
 }
 
 gd_uid_usage *gd_registry_uid_usage(gd_registry *r, uid_t uid, bool create) {
-    gd_uid_usage *u = r->uid_last;
-    if (u && u->uid == uid)
-        return u;
-    if (create)
+    gd_uid_usage *u = gd_registry_uid_find(r, uid);
+    if (!u && create) /* a uid's first buffer */
         GPUBUF_HASH_GET(r->uids, uid, uid, u);
-    else
-        HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
     if (u)
         r->uid_last = u;
     return u;

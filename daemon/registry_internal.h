@@ -28,7 +28,17 @@
             HOOK(r, buf, (b));                                                                     \
     } while (0)
 
-/* uid's usage record; with create, made when missing (NULL: out of memory). */
+/* uid's usage record, or NULL: the one looked up last (gd_registry.uid_last)
+ * if it is uid's, else from the table. Inline: an alloc asks twice. */
+static inline gd_uid_usage *gd_registry_uid_find(const gd_registry *r, uid_t uid) {
+    gd_uid_usage *u = r->uid_last;
+    if (u && u->uid == uid)
+        return u;
+    HASH_FIND(hh, r->uids, &uid, sizeof(uid), u);
+    return u;
+}
+/* uid's usage record, kept as the one looked up last; with create, made when
+ * missing (NULL: none, or out of memory). */
 gd_uid_usage *gd_registry_uid_usage(gd_registry *r, uid_t uid, bool create);
 /* Forget uid usage u (its last buffer went) and free it. */
 void gd_registry_uid_drop(gd_registry *r, gd_uid_usage *u);

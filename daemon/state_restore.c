@@ -4,6 +4,7 @@
  * survival". */
 #include "state_restore.h"
 
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -125,8 +126,9 @@ static void early_left(replay *rp) {
     }
 }
 
+/* After early_left (gd_state_restore), which empties rp->early. */
 static void replay_free(replay *rp) {
-    early_left(rp);
+    assert(!rp->early);
     table_free(&rp->slabs);
     table_free(&rp->bufs);
     table_free(&rp->sessions);

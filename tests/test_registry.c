@@ -1545,8 +1545,7 @@ START_TEST(test_event_loss_is_saved) {
     gd_buf *b, *o;
     env_init(&e);
     gd_holder *h = holder(&e, UID_A), *h2 = holder(&e, UID_A);
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 100, 0, "ev", &b, &tr_err), 0);
-    ck_assert_int_eq(gd_registry_seal(&e.reg, h, b->id, &b, &tr_err), 0);
+    b = publish(&e, h, 100, "ev");
     b->has_event = true;
     b->event_holder = h->id;
     ck_assert_int_eq(gd_registry_open(&e.reg, h2, "ev", 0, &o, NULL, &tr_err), 0);
@@ -1572,11 +1571,10 @@ END_TEST
 START_TEST(test_read_only_open_is_saved) {
     static const gd_registry_hooks hk = {hk_buf, hk_gone, hk_ref, hk_holder, hk_holder_gone, NULL};
     env e;
-    gd_buf *b, *o;
+    gd_buf *o;
     env_init(&e);
     gd_holder *h = holder(&e, UID_A), *h2 = holder(&e, UID_A);
-    ck_assert_int_eq(gd_registry_alloc(&e.reg, h, e.pool, 100, 0, "ro", &b, &tr_err), 0);
-    ck_assert_int_eq(gd_registry_seal(&e.reg, h, b->id, &b, &tr_err), 0);
+    publish(&e, h, 100, "ro");
     e.reg.hooks = &hk;
     hook_n = 0;
     ck_assert_int_eq(gd_registry_open_mode(&e.reg, h2, "ro", 0, true, &o, NULL, &tr_err), 0);
