@@ -20,6 +20,9 @@
 #      the same size will take prefetched for writing (gd_slot_put)
 #   6  a snapshot only once the journal has grown past 32 MiB, not 4 MiB
 #      (STATE_MIN_COMPACT): fewer snapshots
+#   7  a snapshot once the journal has grown past 256 KiB (or twice the
+#      last snapshot): a journal region small enough to stay in the cache
+#   8  the same past 1 MiB
 # then, for each variant in --order, starts that daemon with
 # state_journal = switchable and runs the batchmix phase's journal pair in
 # slices (bench/pairs.c: 16 s, the journal off and on every 0.5 s) and
@@ -42,7 +45,7 @@ while [ $# -gt 0 ]; do
     --order) order=$2; shift ;;
     --out) out=$2; shift ;;
     --src) src=$(realpath "$2"); shift ;;
-    *) echo "usage: bench/journal_variants.sh [--host] [--order \"0 1 2 3 4 5 6 ...\"] [--out DIR] [--src TAR]" >&2; exit 2 ;;
+    *) echo "usage: bench/journal_variants.sh [--host] [--order \"0 1 2 3 4 5 6 7 8 ...\"] [--out DIR] [--src TAR]" >&2; exit 2 ;;
     esac
     shift
 done
@@ -84,7 +87,9 @@ for v in $variants; do
        subst 5 $sw '        memset(s->map + off + len, 0, sizeof(end));' \
            '        memset(s->map + off + len, 0, sizeof(end));\n        for (size_t i = 64; i < len \&\& off + len + i < s->cap; i += 64) __builtin_prefetch(s->map + off + len + i, 1, 3);' ;;
     6) subst 6 daemon/saved_state.h '#define STATE_MIN_COMPACT (4ull << 20)' '#define STATE_MIN_COMPACT (32ull << 20)' ;;
-    *) echo "bench/journal_variants.sh: no variant $v (0 to 6)" >&2; exit 2 ;;
+    7) subst 7 daemon/saved_state.h '#define STATE_MIN_COMPACT (4ull << 20)' '#define STATE_MIN_COMPACT (256ull << 10)' ;;
+    8) subst 8 daemon/saved_state.h '#define STATE_MIN_COMPACT (4ull << 20)' '#define STATE_MIN_COMPACT (1ull << 20)' ;;
+    *) echo "bench/journal_variants.sh: no variant $v (0 to 8)" >&2; exit 2 ;;
     esac
     cmake -S "$out/src$v" -B "$out/b$v" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/cmake$v.log" 2>&1
     cmake --build "$out/b$v" --target gpubufd gpubuf_bench >"$out/build$v.log" 2>&1 ||

@@ -28,6 +28,10 @@ typedef struct gd_obuf {
     bool oom;
     size_t run_at, run_end;
     uint64_t run_session;
+    /* The run of plain buffers (GD_SE_BUFFERS, state_record.h) that a next
+     * plain buffer alike extends, while it is the last entry (brun_end ==
+     * len; 0: none), as run_at and run_end for references. */
+    size_t brun_at, brun_end;
     uint64_t pend_buffer, pend_session;
     uint32_t pend_ref[2];
     uint32_t pend_n; /* counts kept aside (entries the registry counted, none written) */
@@ -68,6 +72,21 @@ static inline uint8_t *gd_state_put32(uint8_t *p, uint32_t v) {
 }
 #endif
 
+/* Little-endian loads: one move each where the machine is little-endian
+ * (a run's head is read for every buffer that might extend it). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+static inline uint32_t gd_state_get32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+static inline uint64_t gd_state_get64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return v;
+}
+#else
 static inline uint32_t gd_state_get32(const uint8_t *p) {
     return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
 }
@@ -75,6 +94,7 @@ static inline uint32_t gd_state_get32(const uint8_t *p) {
 static inline uint64_t gd_state_get64(const uint8_t *p) {
     return (uint64_t)gd_state_get32(p) | (uint64_t)gd_state_get32(p + 4) << 32;
 }
+#endif
 
 /* The growing path of gd_obuf_room: out of line (inlined, it made every
  * entry's writer save six registers for a path it almost never takes). */

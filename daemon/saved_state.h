@@ -25,13 +25,16 @@ typedef struct gd_kept_fd {
 typedef struct gd_state gd_state;
 
 #define STATE_MAGIC "GPBUFST"   /* 8 bytes with its NUL */
-/* 3: version 2 and three more entries (state_record.h: a buffer's compact
- * entry, runs of one session's references, a last reference and its
- * buffer's removal in one); 2: frames hold groups of fixed entries and
- * their checksum is XXH3 of the bytes seeded with the generation and the
- * length; 1: every frame one packed StateRecord under FNV-1a. A successor
- * reads all three; an older gpubufd refuses a version it does not know. */
-#define STATE_VERSION 3u
+/* 4: version 3 and runs of plain buffers alike (state_record.h: BUFFERS,
+ * 24 bytes a buffer of an anonymous batch, not 80); 3: version 2 and three
+ * more entries (a buffer's compact entry, runs of one session's
+ * references, a last reference and its buffer's removal in one); 2: frames
+ * hold groups of fixed entries and their checksum is XXH3 of the bytes
+ * seeded with the generation and the length; 1: every frame one packed
+ * StateRecord under FNV-1a. A successor reads all four; an older gpubufd
+ * refuses a version it does not know. */
+#define STATE_VERSION 4u
+#define STATE_VERSION_3 3u
 #define STATE_VERSION_2 2u
 #define STATE_VERSION_1 1u
 #define GD_STATE_HEADER 32u /* a slot's header (state.h: gd_state_header()) */

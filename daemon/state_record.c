@@ -1,5 +1,5 @@
 /* State room, ground floor: the fixed binary entries of the saved state's
- * version 2 and their checksum. See state_record.h. */
+ * versions 2 to 4 and their checksum. See state_record.h. */
 #include "state_record.h"
 
 #include <errno.h>
@@ -81,6 +81,25 @@ void gd_se_buffer_full(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2])
     if (user_len)
         memcpy(p, user, user_len);
     o->len += n;
+}
+
+void gd_se_brun_open(gd_obuf *o, const gd_buf *b, uint8_t flags, uint32_t count, uint32_t ro) {
+    uint8_t *p = gd_obuf_room(o, GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM);
+    if (!p)
+        return;
+    o->brun_at = o->len;
+    *p = GD_SE_BUFFERS;
+    p = gd_state_put64(p + 1, b->owner_holder);
+    p = gd_state_put64(p, b->size);
+    p = gd_state_put64(p, b->blk.size);
+    p = gd_state_put64(p, b->charged);
+    p = gd_state_put32(p, b->owner_uid);
+    p = gd_state_put32(p, (uint32_t)b->state);
+    *p++ = flags;
+    p = gd_state_put32(gd_state_put32(gd_state_put32(p, count), ro), 1);
+    gd_state_put64(gd_state_put64(gd_state_put64(p, b->id), b->blk.slab->id), b->blk.offset);
+    o->len += GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM;
+    o->brun_end = o->len;
 }
 
 void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec) {
@@ -274,6 +293,44 @@ static int dec_buffer(rd *r, Gpubuf__StateRecord *rec, bool v3, uint32_t ref[3])
     return 0;
 }
 
+/* A BUFFERS entry (after its kind byte) into one buffer record per item,
+ * each followed by its owner's reference record when the head says one. */
+static int dec_buffers(rd *r, recs *out) {
+    uint64_t session = 0, size = 0, block = 0, charged = 0;
+    uint32_t uid = 0, state = 0, count = 0, ro = 0, n = 0;
+    uint8_t flags = 0;
+    bool oom = false;
+    if (!u64(r, &session) || !u64(r, &size) || !u64(r, &block) || !u64(r, &charged) ||
+        !u32(r, &uid) || !u32(r, &state) || !take(r, &flags, 1) || !u32(r, &count) ||
+        !u32(r, &ro) || !u32(r, &n) || n == 0 || n > r->left / GD_SE_BRUN_ITEM ||
+        (flags & ~(GD_SE_F_RESTORED | GD_SE_F_OWNER_REF)) ||
+        (!(flags & GD_SE_F_OWNER_REF) && (count || ro)))
+        return -EINVAL;
+    for (uint32_t i = 0; i < n; i++) {
+        Gpubuf__StateRecord *rec = push(out);
+        Gpubuf__StateBuffer *m;
+        if (!rec)
+            return -ENOMEM;
+        REC_NEW(rec, m, gpubuf__state_buffer__init, BUFFER, buffer);
+        m->name = NULL;
+        u64(r, &m->id);
+        u64(r, &m->slab_id);
+        u64(r, &m->offset);
+        m->block_size = block;
+        m->size = size;
+        m->owner_session = session;
+        m->charged = charged;
+        m->owner_uid = uid;
+        m->state = state;
+        m->restored = (flags & GD_SE_F_RESTORED) != 0;
+        if (!(m->name = (char *)dup_bytes(r, 0, &oom)))
+            return -ENOMEM; /* a name of 0 bytes, as a BUFFER3 entry without one decodes */
+        if ((flags & GD_SE_F_OWNER_REF) && put_ref(out, session, m->id, count, ro) < 0)
+            return -ENOMEM;
+    }
+    return 0;
+}
+
 /* One entry of r into the records it says, at the end of out (owned by out
  * whatever the outcome). */
 static int dec_entry(rd *r, recs *out) {
@@ -305,6 +362,7 @@ static int dec_entry(rd *r, recs *out) {
         rec->rec_case = GPUBUF__STATE_RECORD__REC_BUFFER_GONE;
         rec->buffer_gone = id;
         return 0;
+    case GD_SE_BUFFERS: return dec_buffers(r, out);
     case GD_SE_RECORD:
         if (!u32(r, &n) || n > r->left)
             return -EINVAL;

@@ -1,11 +1,19 @@
-/* State room, ground floor: the entries of a saved state of version 3
- * (and 2), in a fixed binary layout (little-endian), and their checksum. A
- * frame holds either one packed StateRecord (as in version 1) or, when its
- * first byte is 0 (no StateRecord starts so: field number 0 does not
+/* State room, ground floor: the entries of a saved state of version 4
+ * (and 3, 2), in a fixed binary layout (little-endian), and their checksum.
+ * A frame holds either one packed StateRecord (as in version 1) or, when
+ * its first byte is 0 (no StateRecord starts so: field number 0 does not
  * exist), a group: the byte 0 then entries back to back, each a kind byte
- * and its fields. What a version 3 gpubufd writes:
+ * and its fields. What a version 4 gpubufd writes:
  *
- *   BUFFER3      u64 id, slab_id, offset, block_size, size, owner_session,
+ *   BUFFERS      a run of plain buffers (no name, metadata, event or
+ *                lease) alike: u64 owner_session, size, block_size,
+ *                charged; u32 owner_uid, state; u8 flags (1 restored, 16
+ *                owner reference); u32 count, read_only (the owner
+ *                session's reference to each, as in BUFFER3; 0 without
+ *                flag 16); u32 n (1 or more); then n times u64 id,
+ *                slab_id, offset (version 4)
+ *   BUFFER3      (any other buffer) u64 id, slab_id, offset, block_size,
+ *                size, owner_session,
  *                charged; u32 owner_uid, state; u8 flags (1 restored,
  *                2 event, 4 layout, 8 lease, 16 owner reference); u16
  *                name_len, user_len, layout_len; then u64 event_session if
@@ -60,6 +68,7 @@ enum {
     /* 7: GD_SE_BUFFER_STATE (group.h) */
     GD_SE_BUFFER3 = 8,
     /* 9: GD_SE_REFS, 10: GD_SE_REF_GONE (group.h) */
+    GD_SE_BUFFERS = 11,
 };
 
 /* BUFFER3's flags, and its size before the optional fields. */
@@ -97,18 +106,60 @@ static inline bool gd_se_buffer_is_plain(const gd_buf *b) {
     return !b->name && !b->meta && !b->has_event && !b->lease_slot;
 }
 
-/* gd_se_buffer of a plain buffer: the same bytes, nothing to size. */
+/* A BUFFERS entry (a run of plain buffers, version 4): its head, then n
+ * items; the offsets of its fields in the head. */
+#define GD_SE_BRUN_HEAD (1 + 4 * 8 + 2 * 4 + 1 + 3 * 4)
+#define GD_SE_BRUN_ITEM 24u /* u64 id, slab_id, offset */
+enum {
+    GD_SE_BRUN_SESSION = 1,
+    GD_SE_BRUN_SIZE = 9,
+    GD_SE_BRUN_BLOCK = 17,
+    GD_SE_BRUN_CHARGED = 25,
+    GD_SE_BRUN_UID = 33,
+    GD_SE_BRUN_STATE = 37,
+    GD_SE_BRUN_FLAGS = 41,
+    GD_SE_BRUN_COUNT = 42,
+    GD_SE_BRUN_RO = 46,
+    GD_SE_BRUN_N = 50
+};
+
+/* Whether the run's head at h says what b's entry would (all but its id,
+ * slab and offset). */
+static inline bool gd_se_brun_same(const uint8_t *h, const gd_buf *b, uint8_t flags, uint32_t count,
+                                   uint32_t ro) {
+    return gd_state_get64(h + GD_SE_BRUN_SESSION) == b->owner_holder &&
+           gd_state_get64(h + GD_SE_BRUN_SIZE) == b->size &&
+           gd_state_get64(h + GD_SE_BRUN_BLOCK) == b->blk.size &&
+           gd_state_get64(h + GD_SE_BRUN_CHARGED) == b->charged &&
+           gd_state_get32(h + GD_SE_BRUN_UID) == b->owner_uid &&
+           gd_state_get32(h + GD_SE_BRUN_STATE) == (uint32_t)b->state &&
+           h[GD_SE_BRUN_FLAGS] == flags && gd_state_get32(h + GD_SE_BRUN_COUNT) == count &&
+           gd_state_get32(h + GD_SE_BRUN_RO) == ro;
+}
+
+/* A new run of b alone (state_record.c). */
+void gd_se_brun_open(gd_obuf *o, const gd_buf *b, uint8_t flags, uint32_t count, uint32_t ro);
+
+/* gd_se_buffer of a plain buffer: an item of the run that is o's last
+ * entry when that run says the rest of b's entry (an anonymous batch's
+ * buffers: one owner, size and state), else a new run. 24 bytes a buffer
+ * in a run, against 80 for a BUFFER3 entry of its own. */
 static inline void gd_se_buffer_plain(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2]) {
-    size_t n = 1 + GD_SE_BUF3_FIXED + (owner_ref ? 8 : 0);
-    uint8_t *p = gd_obuf_room(o, n);
-    if (!p)
+    uint8_t flags =
+        (uint8_t)((b->restored ? GD_SE_F_RESTORED : 0) | (owner_ref ? GD_SE_F_OWNER_REF : 0));
+    uint32_t count = owner_ref ? owner_ref[0] : 0, ro = owner_ref ? owner_ref[1] : 0;
+    size_t len = o->len, at = o->brun_at;
+    uint8_t *p = o->p;
+    if (o->brun_end != len || len == 0 || o->cap - len < GD_SE_BRUN_ITEM ||
+        !gd_se_brun_same(p + at, b, flags, count, ro)) {
+        gd_se_brun_open(o, b, flags, count, ro);
         return;
-    p = gd_se_buffer3_fixed(p, b);
-    *p++ = (uint8_t)((b->restored ? GD_SE_F_RESTORED : 0) | (owner_ref ? GD_SE_F_OWNER_REF : 0));
-    memset(p, 0, 6); /* no name, user bytes or layout */
-    if (owner_ref)
-        gd_state_put32(gd_state_put32(p + 6, owner_ref[0]), owner_ref[1]);
-    o->len += n;
+    }
+    gd_state_put64(gd_state_put64(gd_state_put64(p + len, b->id), b->blk.slab->id), b->blk.offset);
+    gd_state_put32(p + at + GD_SE_BRUN_N, gd_state_get32(p + at + GD_SE_BRUN_N) + 1);
+    len += GD_SE_BRUN_ITEM;
+    o->len = len;
+    o->brun_end = len;
 }
 
 /* gd_se_buffer of any other buffer (state_record.c). */

@@ -282,7 +282,8 @@ static uint32_t slot_header(int fd, uint64_t *gen) {
     if (memcmp(hdr, STATE_MAGIC, 8) != 0 || gd_state_get64(hdr + 24) != gd_state_checksum(hdr, 24))
         return 0;
     uint32_t v = gd_state_get32(hdr + 8);
-    if (v != STATE_VERSION_1 && v != STATE_VERSION_2 && v != STATE_VERSION) {
+    if (v != STATE_VERSION_1 && v != STATE_VERSION_2 && v != STATE_VERSION_3 &&
+        v != STATE_VERSION) {
         LOG_ERR_LIMITED("restore: the saved state is of version %u; this gpubufd reads versions "
                         "%u to %u only (it was written by a newer gpubufd): it is not restored. "
                         "Run the newer gpubufd again to keep its buffers",

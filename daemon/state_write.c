@@ -208,7 +208,7 @@ size_t gd_group_open(gd_obuf *o) {
         memset(p, 0, 9); /* the frame's header (filled by gd_group_frame), GD_SE_GROUP */
         o->len += 9;
     }
-    o->run_end = 0; /* a run of references does not go on into another group */
+    o->run_end = o->brun_end = 0; /* a run does not go on into another group */
     return start;
 }
 

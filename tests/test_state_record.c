@@ -1,8 +1,9 @@
-/* The saved state's entries of versions 2 and 3 (daemon/state_record.c) as
+/* The saved state's entries of versions 2 to 4 (daemon/state_record.c) as
  * the writer makes them and as a hostile state gives them: every entry
  * decodes to the records it says, and a group cut anywhere, of an unknown
  * kind, with a name too long or holding a NUL, with bad flags, an empty or
- * too long run of references, or a record longer than what is left, is
+ * too long run (of references or of buffers), or a
+ * record longer than what is left, is
  * refused whole (nothing returned, nothing leaked: the sanitizer build
  * checks). */
 #include <check.h>
@@ -395,13 +396,148 @@ START_TEST(bad_version_3_entries_are_refused) {
 }
 END_TEST
 
+/* Buffer entries ahead of the checks below: plain buffers of one owner,
+ * sizes and state as an anonymous batch makes them. */
+static void plain_buf(gd_buf *b, gd_slab *slab, uint64_t id, uint64_t size) {
+    memset(b, 0, sizeof(*b));
+    b->id = id;
+    b->blk.slab = slab;
+    b->blk.offset = id * 4096;
+    b->blk.size = 4096;
+    b->size = size;
+    b->state = GPUBUF_STATE_SEALED;
+    b->owner_uid = 1000;
+    b->owner_holder = 11;
+    b->charged = 4096;
+}
+
+/* The runs of version 4 as the writer makes them: plain buffers alike in
+ * one BUFFERS entry (24 bytes each after the first), a new run where any
+ * shared field differs, after another entry, and in another group; each
+ * decodes to the records a BUFFER3 entry of its own would. */
+START_TEST(version_4_runs_round_trip) {
+    gd_slab slab;
+    memset(&slab, 0, sizeof(slab));
+    slab.id = 3;
+    gd_buf b[6];
+    for (int i = 0; i < 6; i++)
+        plain_buf(&b[i], &slab, 20 + (uint64_t)i, 4000);
+    b[3].size = 100; /* another size: another run */
+    b[4].restored = true;
+    gd_obuf o;
+    memset(&o, 0, sizeof(o));
+    size_t g = gd_group_open(&o) + 9;
+    const uint32_t ref[2] = {1, 0};
+    for (int i = 0; i < 3; i++)
+        gd_se_buffer(&o, &b[i], ref);
+    ck_assert_uint_eq(o.len, g + GD_SE_BRUN_HEAD + 3 * GD_SE_BRUN_ITEM);
+    ck_assert_uint_eq(o.p[g], GD_SE_BUFFERS);
+    ck_assert_uint_eq(gd_state_get32(o.p + g + GD_SE_BRUN_N), 3);
+    gd_se_buffer(&o, &b[3], ref);  /* another size */
+    gd_se_buffer(&o, &b[4], NULL); /* restored, without the owner's reference */
+    ck_assert_uint_eq(o.len, g + 3 * GD_SE_BRUN_HEAD + 5 * GD_SE_BRUN_ITEM);
+    gd_se_buffer_state(&o, 20, GPUBUF_STATE_DELETED);
+    gd_se_buffer(&o, &b[5], NULL); /* like b[4] but not restored, after another entry */
+    ck_assert_uint_eq(o.len, g + 4 * GD_SE_BRUN_HEAD + 6 * GD_SE_BRUN_ITEM + 13);
+    ck_assert(!o.oom);
+
+    Gpubuf__StateRecord **r;
+    size_t k;
+    ck_assert_int_eq(gd_se_decode(o.p + g, o.len - g, &r, &k), 0);
+    ck_assert_uint_eq(k, 6 + 4 + 1); /* 6 buffers, 4 with their owner's reference, a state */
+    size_t i = 0;
+    for (int j = 0; j < 6; j++) {
+        if (j == 5) {
+            ck_assert_int_eq(r[i]->rec_case, GPUBUF__STATE_RECORD__REC_BUFFER_STATE);
+            ck_assert_uint_eq(r[i++]->buffer_state->id, 20);
+        }
+        ck_assert_int_eq(r[i]->rec_case, GPUBUF__STATE_RECORD__REC_BUFFER);
+        const Gpubuf__StateBuffer *d = r[i++]->buffer;
+        ck_assert_uint_eq(d->id, b[j].id);
+        ck_assert_uint_eq(d->slab_id, 3);
+        ck_assert_uint_eq(d->offset, b[j].blk.offset);
+        ck_assert_uint_eq(d->block_size, 4096);
+        ck_assert_uint_eq(d->size, b[j].size);
+        ck_assert_uint_eq(d->owner_session, 11);
+        ck_assert_uint_eq(d->charged, 4096);
+        ck_assert_uint_eq(d->owner_uid, 1000);
+        ck_assert_uint_eq(d->state, GPUBUF_STATE_SEALED);
+        ck_assert(d->restored == (j == 4));
+        ck_assert_str_eq(d->name, "");
+        ck_assert_ptr_null(d->layout);
+        if (j >= 4)
+            continue;
+        ck_assert_int_eq(r[i]->rec_case, GPUBUF__STATE_RECORD__REC_REF);
+        ck_assert_uint_eq(r[i]->ref->session, 11);
+        ck_assert_uint_eq(r[i]->ref->buffer, b[j].id);
+        ck_assert_uint_eq(r[i]->ref->count, 1);
+        ck_assert_uint_eq(r[i++]->ref->read_only, 0);
+    }
+    ck_assert_uint_eq(i, k);
+    free_recs(r, k);
+    /* No run goes on into the next group. */
+    size_t next = o.len;
+    gd_group_open(&o);
+    gd_se_buffer(&o, &b[5], NULL);
+    ck_assert_uint_eq(o.len, next + 9 + GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM);
+    free(o.p);
+}
+END_TEST
+
+/* Runs of buffers as a hostile state gives them: refused whole. */
+START_TEST(bad_version_4_runs_are_refused) {
+    gd_slab slab = {.id = 3};
+    gd_buf b[2];
+    plain_buf(&b[0], &slab, 5, 10);
+    plain_buf(&b[1], &slab, 6, 10);
+    gd_obuf o;
+    memset(&o, 0, sizeof(o));
+    gd_group_open(&o);
+    const uint32_t ref[2] = {2, 1};
+    gd_se_buffer(&o, &b[0], ref);
+    gd_se_buffer(&o, &b[1], ref);
+    uint8_t *p = o.p + 9;
+    size_t n = o.len - 9;
+    Gpubuf__StateRecord **r;
+    size_t k;
+    ck_assert_int_eq(gd_se_decode(p, n, &r, &k), 0);
+    ck_assert_uint_eq(k, 4);
+    free_recs(r, k);
+    for (size_t cut = 1; cut < n; cut++)
+        ck_assert_msg(gd_se_decode(p, cut, &r, &k) == -EINVAL, "cut at %zu", cut);
+    /* Counts of 0 and more than what is left (wrapping in 32 bits too). */
+    const uint32_t bad[] = {0, 3, 0x40000000, 0xaaaaaaab};
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        gd_state_put32(p + GD_SE_BRUN_N, bad[i]);
+        ck_assert_msg(gd_se_decode(p, n, &r, &k) == -EINVAL, "count %u", bad[i]);
+    }
+    gd_state_put32(p + GD_SE_BRUN_N, 2);
+    /* A flag a run of plain buffers has not (an event, a layout, a lease),
+     * and an owner's count without its flag. */
+    for (uint8_t f = 2; f <= 8; f *= 2) {
+        p[GD_SE_BRUN_FLAGS] |= f;
+        ck_assert_int_eq(gd_se_decode(p, n, &r, &k), -EINVAL);
+        p[GD_SE_BRUN_FLAGS] &= (uint8_t)~f;
+    }
+    p[GD_SE_BRUN_FLAGS] &= (uint8_t)~GD_SE_F_OWNER_REF;
+    ck_assert_int_eq(gd_se_decode(p, n, &r, &k), -EINVAL);
+    gd_state_put32(p + GD_SE_BRUN_COUNT, 0);
+    gd_state_put32(p + GD_SE_BRUN_RO, 0);
+    ck_assert_int_eq(gd_se_decode(p, n, &r, &k), 0); /* no reference said: none decoded */
+    ck_assert_uint_eq(k, 2);
+    free_recs(r, k);
+    free(o.p);
+}
+END_TEST
+
 static Suite *suite(void) {
     Suite *s = suite_create("state_record");
     TCase *t = add_case(s, "entries", NULL, NULL, 0);
     add_tests(t, entries_decode_to_their_records, a_group_cut_anywhere_is_refused_whole,
               bad_entries_are_refused, frames_of_another_generation_fail,
               long_frames_hash_as_the_inline_code, version_3_entries_round_trip,
-              bad_version_3_entries_are_refused);
+              bad_version_3_entries_are_refused, version_4_runs_round_trip,
+              bad_version_4_runs_are_refused);
     return s;
 }
 

@@ -221,6 +221,22 @@ static void state_seeds(const char *dir) {
     gd_state_end(ctx.state);
     gd_registry_release(&ctx.reg, a, big->id, &err);
     gd_registry_delete(&ctx.reg, a, NULL, big->id, &err);
+    /* A batch's anonymous buffers (one group: a run of buffers, version
+     * 4), then their deletes, then two of their last releases. */
+    gd_buf *run[3];
+    gd_state_begin(ctx.state);
+    for (int i = 0; i < 3; i++)
+        run[i] = seed_alloc(&ctx, a, host, 4096, NULL, true);
+    gd_state_end(ctx.state);
+    uint64_t run_id[3] = {run[0]->id, run[1]->id, run[2]->id};
+    gd_state_begin(ctx.state);
+    for (int i = 0; i < 3; i++)
+        gd_registry_delete(&ctx.reg, a, NULL, run_id[i], &err);
+    gd_state_end(ctx.state);
+    gd_state_begin(ctx.state);
+    for (int i = 0; i < 2; i++)
+        gd_registry_release(&ctx.reg, a, run_id[i], &err);
+    gd_state_end(ctx.state);
     save(dir, "limits", out, limits_input(out));
     save(dir, "fresh", out, state_input(&ctx, snap, false, out, sizeof(out)));
     save(dir, "fresh-raw", out, state_input(&ctx, snap, true, out, sizeof(out)));
