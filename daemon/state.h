@@ -65,7 +65,8 @@ void gd_state_end(gd_state *st);
 /* The writers of a version 2 state (tests, fuzz): gd_state_header_v2()
  * fills the header of generation gen, gd_state_frame_v2() frames n bytes
  * (a packed StateRecord, or a group: state_record.h) of that generation.
- * Version 3 frames the same way; its header is what gpubufd writes. */
+ * Versions 3 and 4 frame the same way; version 4's header is what gpubufd
+ * writes. */
 void gd_state_header_v2(uint8_t *out, uint64_t gen);
 size_t gd_state_frame_v2(uint8_t *out, uint64_t gen, const uint8_t *rec, uint32_t n);
 /* state_journal = switchable (measurement only): turn the journal off

@@ -83,9 +83,21 @@ void gd_se_buffer_full(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2])
     o->len += n;
 }
 
-void gd_se_brun_open(gd_obuf *o, const gd_buf *b, uint8_t flags, uint32_t count, uint32_t ro) {
-    uint8_t *p = gd_obuf_room(o, GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM);
-    if (!p)
+void gd_se_brun_next(gd_obuf *o, const gd_buf *b, uint8_t flags, uint32_t count, uint32_t ro) {
+    uint8_t *p;
+    if (o->brun_end == o->len && o->len && !o->oom &&
+        gd_se_brun_same(o->p + o->brun_at, b, flags, count, ro)) {
+        /* The run goes on: the stage was full. */
+        if (!(p = gd_obuf_room(o, GD_SE_BRUN_ITEM)))
+            return;
+        gd_state_put64(gd_state_put64(gd_state_put64(p, b->id), b->blk.slab->id), b->blk.offset);
+        p = o->p + o->brun_at + GD_SE_BRUN_N;
+        gd_state_put32(p, gd_state_get32(p) + 1);
+        o->len += GD_SE_BRUN_ITEM;
+        o->brun_end = o->len;
+        return;
+    }
+    if (!(p = gd_obuf_room(o, GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM)))
         return;
     o->brun_at = o->len;
     *p = GD_SE_BUFFERS;

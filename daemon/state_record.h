@@ -137,8 +137,10 @@ static inline bool gd_se_brun_same(const uint8_t *h, const gd_buf *b, uint8_t fl
            gd_state_get32(h + GD_SE_BRUN_RO) == ro;
 }
 
-/* A new run of b alone (state_record.c). */
-void gd_se_brun_open(gd_obuf *o, const gd_buf *b, uint8_t flags, uint32_t count, uint32_t ro);
+/* b's entry when the fast path below cannot take it (state_record.c): an
+ * item of the run that is o's last entry after growing o, else a new run
+ * of b alone. */
+void gd_se_brun_next(gd_obuf *o, const gd_buf *b, uint8_t flags, uint32_t count, uint32_t ro);
 
 /* gd_se_buffer of a plain buffer: an item of the run that is o's last
  * entry when that run says the rest of b's entry (an anonymous batch's
@@ -152,7 +154,7 @@ static inline void gd_se_buffer_plain(gd_obuf *o, const gd_buf *b, const uint32_
     uint8_t *p = o->p;
     if (o->brun_end != len || len == 0 || o->cap - len < GD_SE_BRUN_ITEM ||
         !gd_se_brun_same(p + at, b, flags, count, ro)) {
-        gd_se_brun_open(o, b, flags, count, ro);
+        gd_se_brun_next(o, b, flags, count, ro);
         return;
     }
     gd_state_put64(gd_state_put64(gd_state_put64(p + len, b->id), b->blk.slab->id), b->blk.offset);

@@ -437,7 +437,8 @@ START_TEST(version_4_runs_round_trip) {
     gd_se_buffer(&o, &b[4], NULL); /* restored, without the owner's reference */
     ck_assert_uint_eq(o.len, g + 3 * GD_SE_BRUN_HEAD + 5 * GD_SE_BRUN_ITEM);
     gd_se_buffer_state(&o, 20, GPUBUF_STATE_DELETED);
-    gd_se_buffer(&o, &b[5], NULL); /* like b[4] but not restored, after another entry */
+    b[5].restored = true;
+    gd_se_buffer(&o, &b[5], NULL); /* like b[4], after another entry */
     ck_assert_uint_eq(o.len, g + 4 * GD_SE_BRUN_HEAD + 6 * GD_SE_BRUN_ITEM + 13);
     ck_assert(!o.oom);
 
@@ -462,7 +463,7 @@ START_TEST(version_4_runs_round_trip) {
         ck_assert_uint_eq(d->charged, 4096);
         ck_assert_uint_eq(d->owner_uid, 1000);
         ck_assert_uint_eq(d->state, GPUBUF_STATE_SEALED);
-        ck_assert(d->restored == (j == 4));
+        ck_assert(d->restored == (j >= 4));
         ck_assert_str_eq(d->name, "");
         ck_assert_ptr_null(d->layout);
         if (j >= 4)
@@ -475,11 +476,108 @@ START_TEST(version_4_runs_round_trip) {
     }
     ck_assert_uint_eq(i, k);
     free_recs(r, k);
-    /* No run goes on into the next group. */
+    /* No run goes on into the next group, nor into the group opened after
+     * the stage was emptied (state.c, commit). */
     size_t next = o.len;
     gd_group_open(&o);
     gd_se_buffer(&o, &b[5], NULL);
     ck_assert_uint_eq(o.len, next + 9 + GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM);
+    o.len = 0;
+    gd_group_open(&o);
+    gd_se_buffer(&o, &b[5], NULL);
+    ck_assert_uint_eq(o.len, 9 + GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM);
+    ck_assert_uint_eq(o.p[9], GD_SE_BUFFERS);
+    /* Nor into bytes of the next group that look like the run where it
+     * ended (as another writer's would): a run goes on only as written in
+     * its own group. */
+    size_t end = o.len;
+    o.len = 0;
+    gd_group_open(&o);
+    o.len = end; /* the same bytes again, not written as a run */
+    gd_se_buffer(&o, &b[5], NULL);
+    ck_assert_uint_eq(o.len, end + GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM);
+    free(o.p);
+}
+END_TEST
+
+/* Every field a run's head says parts two buffers that differ in it
+ * alone, and says it: the second buffer's record has its own value. */
+START_TEST(a_run_parts_at_every_shared_field) {
+    gd_slab slab = {.id = 3};
+    for (int f = 0; f < 10; f++) {
+        gd_buf x, y;
+        plain_buf(&x, &slab, 5, 100);
+        plain_buf(&y, &slab, 6, 100);
+        uint32_t rx[2] = {1, 0}, ry[2] = {1, 0};
+        const uint32_t *py = ry;
+        switch (f) {
+        case 0: y.owner_holder = 12; break;
+        case 1: y.size = 101; break;
+        case 2: y.blk.size = 8192; break;
+        case 3: y.charged = 8192; break;
+        case 4: y.owner_uid = 1001; break;
+        case 5: y.state = GPUBUF_STATE_ALLOCATED; break;
+        case 6: ry[0] = 2; break;
+        case 7: ry[1] = 1; break;
+        case 8: y.restored = true; break;
+        default: py = NULL; break; /* no owner's reference */
+        }
+        gd_obuf o;
+        memset(&o, 0, sizeof(o));
+        size_t g = gd_group_open(&o) + 9;
+        gd_se_buffer(&o, &x, rx);
+        gd_se_buffer(&o, &y, py);
+        ck_assert_msg(o.len == g + 2 * (GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM), "field %d", f);
+        Gpubuf__StateRecord **r;
+        size_t k;
+        ck_assert_int_eq(gd_se_decode(o.p + g, o.len - g, &r, &k), 0);
+        ck_assert_uint_eq(k, py ? 4 : 3);
+        const Gpubuf__StateBuffer *d = r[2]->buffer;
+        ck_assert_int_eq(r[2]->rec_case, GPUBUF__STATE_RECORD__REC_BUFFER);
+        ck_assert_uint_eq(d->id, 6);
+        ck_assert_uint_eq(d->owner_session, y.owner_holder);
+        ck_assert_uint_eq(d->size, y.size);
+        ck_assert_uint_eq(d->block_size, y.blk.size);
+        ck_assert_uint_eq(d->charged, y.charged);
+        ck_assert_uint_eq(d->owner_uid, y.owner_uid);
+        ck_assert_uint_eq(d->state, (uint32_t)y.state);
+        ck_assert(d->restored == y.restored);
+        if (py) {
+            ck_assert_uint_eq(r[3]->ref->count, ry[0]);
+            ck_assert_uint_eq(r[3]->ref->read_only, ry[1]);
+        }
+        free_recs(r, k);
+        free(o.p);
+    }
+}
+END_TEST
+
+/* A run longer than the stage's first allocation (4 KiB: about 170
+ * items) grows it and stays one entry. */
+START_TEST(a_long_run_grows_the_stage) {
+    enum { N = 1000 };
+    gd_slab slab = {.id = 3};
+    gd_obuf o;
+    memset(&o, 0, sizeof(o));
+    size_t g = gd_group_open(&o) + 9;
+    for (uint64_t id = 1; id <= N; id++) {
+        gd_buf b;
+        plain_buf(&b, &slab, id, 64);
+        gd_se_buffer(&o, &b, NULL);
+    }
+    ck_assert(!o.oom);
+    ck_assert_uint_ge(o.cap, o.len);
+    ck_assert_uint_eq(o.len, g + GD_SE_BRUN_HEAD + N * GD_SE_BRUN_ITEM);
+    ck_assert_uint_eq(gd_state_get32(o.p + g + GD_SE_BRUN_N), N);
+    Gpubuf__StateRecord **r;
+    size_t k;
+    ck_assert_int_eq(gd_se_decode(o.p + g, o.len - g, &r, &k), 0);
+    ck_assert_uint_eq(k, N);
+    for (size_t i = 0; i < k; i++) {
+        ck_assert_uint_eq(r[i]->buffer->id, i + 1);
+        ck_assert_uint_eq(r[i]->buffer->offset, (i + 1) * 4096);
+    }
+    free_recs(r, k);
     free(o.p);
 }
 END_TEST
@@ -512,11 +610,13 @@ START_TEST(bad_version_4_runs_are_refused) {
         ck_assert_msg(gd_se_decode(p, n, &r, &k) == -EINVAL, "count %u", bad[i]);
     }
     gd_state_put32(p + GD_SE_BRUN_N, 2);
-    /* A flag a run of plain buffers has not (an event, a layout, a lease),
-     * and an owner's count without its flag. */
-    for (uint8_t f = 2; f <= 8; f *= 2) {
-        p[GD_SE_BRUN_FLAGS] |= f;
-        ck_assert_int_eq(gd_se_decode(p, n, &r, &k), -EINVAL);
+    /* A flag a run of plain buffers has not (an event, a layout, a lease,
+     * none at all), and an owner's count without its flag. */
+    for (unsigned f = 2; f <= 128; f *= 2) {
+        if (f == GD_SE_F_OWNER_REF)
+            continue;
+        p[GD_SE_BRUN_FLAGS] |= (uint8_t)f;
+        ck_assert_msg(gd_se_decode(p, n, &r, &k) == -EINVAL, "flag %u", f);
         p[GD_SE_BRUN_FLAGS] &= (uint8_t)~f;
     }
     p[GD_SE_BRUN_FLAGS] &= (uint8_t)~GD_SE_F_OWNER_REF;
@@ -526,6 +626,16 @@ START_TEST(bad_version_4_runs_are_refused) {
     ck_assert_int_eq(gd_se_decode(p, n, &r, &k), 0); /* no reference said: none decoded */
     ck_assert_uint_eq(k, 2);
     free_recs(r, k);
+    /* A run of no buffer, whatever follows it: here a whole entry of its
+     * own (a buffer's state), which would decode if the run were skipped. */
+    uint8_t g[GD_SE_BRUN_HEAD + 13];
+    memcpy(g, p, GD_SE_BRUN_HEAD);
+    gd_state_put32(g + GD_SE_BRUN_N, 0);
+    g[GD_SE_BRUN_HEAD] = GD_SE_BUFFER_STATE;
+    gd_state_put32(gd_state_put64(g + GD_SE_BRUN_HEAD + 1, 5), GPUBUF_STATE_DELETED);
+    ck_assert_int_eq(gd_se_decode(g + GD_SE_BRUN_HEAD, 13, &r, &k), 0);
+    free_recs(r, k);
+    ck_assert_int_eq(gd_se_decode(g, sizeof(g), &r, &k), -EINVAL);
     free(o.p);
 }
 END_TEST
@@ -537,6 +647,7 @@ static Suite *suite(void) {
               bad_entries_are_refused, frames_of_another_generation_fail,
               long_frames_hash_as_the_inline_code, version_3_entries_round_trip,
               bad_version_3_entries_are_refused, version_4_runs_round_trip,
+              a_run_parts_at_every_shared_field, a_long_run_grows_the_stage,
               bad_version_4_runs_are_refused);
     return s;
 }

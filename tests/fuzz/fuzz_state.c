@@ -10,9 +10,11 @@
  * Both are records as [u16 length][packed StateRecord]; this target frames
  * them with their lengths and checksums (a mutated checksum would stop
  * almost every input at the first record) behind a valid header in
- * state-0. With bit 30 of L set, the state is of version 2 (the current
- * one): a record whose first byte is 0 is a group of fixed entries
- * (daemon/state_record.h); else of version 1, as a predecessor wrote it.
+ * state-0. With bit 30 of L set, the state has a version 2 header: a
+ * record whose first byte is 0 is a group of fixed entries of any version
+ * from 2 to 4 (daemon/state_record.h: the decoder takes every kind it
+ * knows whatever the header says, so the entries of versions 3 and 4 are
+ * fed this way too); else of version 1, as a predecessor wrote it.
  * With bit 31 of L set, the journal bytes go in as they are, after the
  * framed snapshot: torn and bad frames. Every slab record of a
  * size that fits gets a sealed memfd named slab-ID (at most 8), as kept
