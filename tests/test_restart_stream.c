@@ -6,11 +6,16 @@
  * there whole or not at all (the K buffers of a round always agree). The
  * daemon holds FILL more buffers throughout, so that the journal's
  * snapshots take many turns of the loop (state_write.c) and the SIGKILL
- * can fall in one; they all come back. */
+ * can fall in one; they all come back. Half the clients name their
+ * buffers, half do not (their batches are the journal's runs of buffers,
+ * opened and deleted by id): a batch of anonymous buffers whose alloc was
+ * in flight is found by what is left over, K buffers of consecutive ids
+ * or none. */
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -47,6 +52,11 @@ static void log_step(int fd, logrec *l, uint32_t step) {
         _exit(3);
 }
 
+/* Odd clients allocate anonymous buffers and open and delete them by id. */
+static bool anonymous(int proc) {
+    return proc % 2 == 1;
+}
+
 /* One client process: rounds of five batches on two connections (a
  * producer and an opener) until the daemon goes; each step logged once
  * answered. Exits 0 when the daemon went, else what failed. */
@@ -72,16 +82,18 @@ static void client(const test_daemon *d, int cycle, int proc, int logfd, int rea
         l.round = r;
         for (int k = 0; k < K; k++)
             name_of(names[k], sizeof(names[k]), cycle, proc, r, k);
-        int e = gpubuf_alloc_many(p, "host", K, sizes, pn, GPUBUF_ALLOC_SEAL, mine, st);
+        bool anon = anonymous(proc);
+        int e =
+            gpubuf_alloc_many(p, "host", K, sizes, anon ? NULL : pn, GPUBUF_ALLOC_SEAL, mine, st);
         if (e != 0)
             _exit(e == GPUBUF_EDISCONNECTED ? 0 : 5);
         for (int k = 0; k < K; k++)
             l.ids[k] = gpubuf_buffer_id(mine[k]);
         log_step(logfd, &l, ALLOCATED);
-        if ((e = gpubuf_open_many(o, K, pn, NULL, 0, opened, st)) != 0)
+        if ((e = gpubuf_open_many(o, K, anon ? NULL : pn, l.ids, 0, opened, st)) != 0)
             _exit(e == GPUBUF_EDISCONNECTED ? 0 : 6);
         log_step(logfd, &l, OPENED);
-        if ((e = gpubuf_delete_many(p, K, pn, NULL, st)) != 0)
+        if ((e = gpubuf_delete_many(p, K, anon ? NULL : pn, l.ids, st)) != 0)
             _exit(e == GPUBUF_EDISCONNECTED ? 0 : 7);
         log_step(logfd, &l, DELETED);
         if ((e = gpubuf_release_many(opened, K, st)) != 0)
@@ -113,10 +125,25 @@ static int applied(const gpubuf_status_buffer *b) {
     return 300 + (int)b->state;
 }
 
+/* The anonymous buffers of a cycle's status: those not yet matched to a
+ * client's log (id 0 once matched). */
+typedef struct leftover {
+    uint64_t *ids;
+    size_t n;
+} leftover;
+
+static void leftover_take(leftover *lo, uint64_t id) {
+    for (size_t i = 0; i < lo->n; i++)
+        if (lo->ids[i] == id)
+            lo->ids[i] = 0;
+}
+
 /* Check one client's rounds against its log; the number of rounds it
- * logged. */
+ * logged. An anonymous client's round whose alloc was in flight is left
+ * to check_leftover (*unanswered counts them); the buffers of its other
+ * rounds are taken from lo. */
 static uint32_t check_client(const gpubuf_status *s, int cycle, int proc, const char *logpath,
-                             int *mid_batch) {
+                             int *mid_batch, leftover *lo, int *unanswered) {
     int fd = open(logpath, O_RDONLY);
     ck_assert_int_ge(fd, 0);
     struct stat sb;
@@ -141,6 +168,14 @@ static uint32_t check_client(const gpubuf_status *s, int cycle, int proc, const 
     uint32_t round = last_step == RELEASED_ALL ? last_round + 1 : last_round;
     int answered = last_step == RELEASED_ALL ? 0 : (int)last_step;
     int seen = -2;
+    if (anonymous(proc) && answered == 0) {
+        (*unanswered)++;
+        free(l);
+        return n ? last_round : 0;
+    }
+    if (anonymous(proc))
+        for (int k = 0; k < K; k++)
+            leftover_take(lo, l[n - 1].ids[k]);
     for (int k = 0; k < K; k++) {
         const gpubuf_status_buffer *b;
         if (answered >= ALLOCATED) {
@@ -190,6 +225,38 @@ static void fill(const test_daemon *d) {
     gpubuf_disconnect(c);
 }
 
+static int cmp_id(const void *a, const void *b) {
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The anonymous buffers no client's log names are the batches whose alloc
+ * was in flight and saved: K buffers of consecutive ids each (one request
+ * allocates them in turn), each sealed with its owner's one reference, at
+ * most one batch a client that had one in flight. The number of such
+ * batches. */
+static int check_leftover(const gpubuf_status *s, int cycle, leftover *lo, int unanswered) {
+    size_t m = 0;
+    for (size_t i = 0; i < lo->n; i++)
+        if (lo->ids[i])
+            lo->ids[m++] = lo->ids[i];
+    qsort(lo->ids, m, sizeof(*lo->ids), cmp_id);
+    ck_assert_msg(m % K == 0,
+                  "cycle %d: %zu anonymous buffers no client saw answered: not whole batches of %d",
+                  cycle, m, K);
+    for (size_t i = 0; i < m; i++) {
+        const gpubuf_status_buffer *b = by_id(s, lo->ids[i]);
+        ck_assert_msg(i % K == 0 || lo->ids[i] == lo->ids[i - 1] + 1,
+                      "cycle %d: buffer %llu of a batch in flight is not next to its batch", cycle,
+                      (unsigned long long)lo->ids[i]);
+        ck_assert_msg(applied(b) == ALLOCATED,
+                      "cycle %d: buffer %llu of a batch in flight shows %d, not its alloc", cycle,
+                      (unsigned long long)lo->ids[i], applied(b));
+    }
+    ck_assert_int_le(m / K, unanswered);
+    return (int)(m / K);
+}
+
 static void check_fill(const gpubuf_status *s) {
     size_t n = 0;
     for (size_t i = 0; i < s->n_buffers; i++)
@@ -201,7 +268,7 @@ static void check_fill(const gpubuf_status *s) {
 
 /* One cycle: 16 clients stream batches; once every one logged some rounds,
  * SIGKILL, restart, check. */
-static void cycle_once(fake_sd *m, const char *const *args, int cycle) {
+static void cycle_once(fake_sd *m, const char *const *args, int cycle, uint64_t *min_id) {
     char logs[PROCS][300];
     int logfd[PROCS], ready[2];
     pid_t pids[PROCS];
@@ -240,9 +307,21 @@ static void cycle_once(fake_sd *m, const char *const *args, int cycle) {
     gpubuf_status *s = td_status(&m->d);
     uint32_t rounds = 0;
     check_fill(s);
-    int mid = 0;
+    /* This cycle's anonymous buffers: those of an earlier cycle (held by
+     * sessions not resumed, until they go) have smaller ids. */
+    leftover lo = {calloc(s->n_buffers + 1, sizeof(uint64_t)), 0};
+    ck_assert_ptr_nonnull(lo.ids);
+    for (size_t i = 0; i < s->n_buffers; i++)
+        if (!s->buffers[i].name[0] && s->buffers[i].id > *min_id)
+            lo.ids[lo.n++] = s->buffers[i].id;
+    int mid = 0, unanswered = 0;
     for (int i = 0; i < PROCS; i++)
-        rounds += check_client(s, cycle, i, logs[i], &mid);
+        rounds += check_client(s, cycle, i, logs[i], &mid, &lo, &unanswered);
+    mid += check_leftover(s, cycle, &lo, unanswered);
+    for (size_t i = 0; i < s->n_buffers; i++)
+        if (s->buffers[i].id > *min_id)
+            *min_id = s->buffers[i].id;
+    free(lo.ids);
     gpubuf_status_free(s);
     printf("test_restart_stream: cycle %d: %u rounds of 5 batches of %d before the SIGKILL; %d "
            "client(s) had a batch saved but not seen answered\n",
@@ -255,8 +334,9 @@ START_TEST(sigkill_amid_batches_of_16_processes) {
     fsd_init(&m);
     fsd_start(&m, args);
     fill(&m.d);
+    uint64_t min_id = 0;
     for (int cycle = 0; cycle < 2; cycle++)
-        cycle_once(&m, args, cycle);
+        cycle_once(&m, args, cycle, &min_id);
     fsd_cleanup(&m);
 }
 END_TEST
