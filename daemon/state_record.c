@@ -84,34 +84,27 @@ void gd_se_buffer_full(gd_obuf *o, const gd_buf *b, const uint32_t owner_ref[2])
 }
 
 void gd_se_brun_next(gd_obuf *o, const gd_buf *b, uint8_t flags, uint32_t count, uint32_t ro) {
-    uint8_t *p;
-    if (o->brun_end == o->len && o->len && !o->oom &&
-        gd_se_brun_same(o->p + o->brun_at, b, flags, count, ro)) {
-        /* The run goes on: the stage was full. */
-        if (!(p = gd_obuf_room(o, GD_SE_BRUN_ITEM)))
-            return;
-        gd_state_put64(gd_state_put64(gd_state_put64(p, b->id), b->blk.slab->id), b->blk.offset);
-        p = o->p + o->brun_at + GD_SE_BRUN_N;
-        gd_state_put32(p, gd_state_get32(p) + 1);
-        o->len += GD_SE_BRUN_ITEM;
-        o->brun_end = o->len;
+    /* The run goes on where only the stage was full; else a new one, its
+     * head with no item yet. */
+    bool goes_on = o->brun_end == o->len && o->len && !o->oom &&
+                   gd_se_brun_same(o->p + o->brun_at, b, flags, count, ro);
+    uint8_t *p = gd_obuf_room(o, (goes_on ? 0 : GD_SE_BRUN_HEAD) + GD_SE_BRUN_ITEM);
+    if (!p)
         return;
+    if (!goes_on) {
+        o->brun_at = o->len;
+        *p = GD_SE_BUFFERS;
+        p = gd_state_put64(p + 1, b->owner_holder);
+        p = gd_state_put64(p, b->size);
+        p = gd_state_put64(p, b->blk.size);
+        p = gd_state_put64(p, b->charged);
+        p = gd_state_put32(p, b->owner_uid);
+        p = gd_state_put32(p, (uint32_t)b->state);
+        *p++ = flags;
+        gd_state_put32(gd_state_put32(gd_state_put32(p, count), ro), 0);
+        o->len += GD_SE_BRUN_HEAD;
     }
-    if (!(p = gd_obuf_room(o, GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM)))
-        return;
-    o->brun_at = o->len;
-    *p = GD_SE_BUFFERS;
-    p = gd_state_put64(p + 1, b->owner_holder);
-    p = gd_state_put64(p, b->size);
-    p = gd_state_put64(p, b->blk.size);
-    p = gd_state_put64(p, b->charged);
-    p = gd_state_put32(p, b->owner_uid);
-    p = gd_state_put32(p, (uint32_t)b->state);
-    *p++ = flags;
-    p = gd_state_put32(gd_state_put32(gd_state_put32(p, count), ro), 1);
-    gd_state_put64(gd_state_put64(gd_state_put64(p, b->id), b->blk.slab->id), b->blk.offset);
-    o->len += GD_SE_BRUN_HEAD + GD_SE_BRUN_ITEM;
-    o->brun_end = o->len;
+    gd_se_brun_item(o, o->p, o->brun_at, o->len, b);
 }
 
 void gd_se_record(gd_obuf *o, const Gpubuf__StateRecord *rec) {
@@ -324,7 +317,9 @@ static int dec_buffers(rd *r, recs *out) {
         if (!rec)
             return -ENOMEM;
         REC_NEW(rec, m, gpubuf__state_buffer__init, BUFFER, buffer);
-        m->name = NULL;
+        /* A name of 0 bytes, as a BUFFER3 entry without one decodes to. */
+        if (!(m->name = (char *)dup_bytes(r, 0, &oom)))
+            return -ENOMEM;
         u64(r, &m->id);
         u64(r, &m->slab_id);
         u64(r, &m->offset);
@@ -335,8 +330,6 @@ static int dec_buffers(rd *r, recs *out) {
         m->owner_uid = uid;
         m->state = state;
         m->restored = (flags & GD_SE_F_RESTORED) != 0;
-        if (!(m->name = (char *)dup_bytes(r, 0, &oom)))
-            return -ENOMEM; /* a name of 0 bytes, as a BUFFER3 entry without one decodes */
         if ((flags & GD_SE_F_OWNER_REF) && put_ref(out, session, m->id, count, ro) < 0)
             return -ENOMEM;
     }

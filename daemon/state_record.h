@@ -137,6 +137,17 @@ static inline bool gd_se_brun_same(const uint8_t *h, const gd_buf *b, uint8_t fl
            gd_state_get32(h + GD_SE_BRUN_RO) == ro;
 }
 
+/* b's item (id, slab, offset) at p + len, the end of o's last entry, the
+ * run at p + at: its count up, o's length on. In locals: a store through
+ * uint8_t * may alias o's fields (as in gd_se_ref). */
+static inline void gd_se_brun_item(gd_obuf *o, uint8_t *p, size_t at, size_t len, const gd_buf *b) {
+    gd_state_put64(gd_state_put64(gd_state_put64(p + len, b->id), b->blk.slab->id), b->blk.offset);
+    gd_state_put32(p + at + GD_SE_BRUN_N, gd_state_get32(p + at + GD_SE_BRUN_N) + 1);
+    len += GD_SE_BRUN_ITEM;
+    o->len = len;
+    o->brun_end = len;
+}
+
 /* b's entry when the fast path below cannot take it (state_record.c): an
  * item of the run that is o's last entry after growing o, else a new run
  * of b alone. */
@@ -157,11 +168,7 @@ static inline void gd_se_buffer_plain(gd_obuf *o, const gd_buf *b, const uint32_
         gd_se_brun_next(o, b, flags, count, ro);
         return;
     }
-    gd_state_put64(gd_state_put64(gd_state_put64(p + len, b->id), b->blk.slab->id), b->blk.offset);
-    gd_state_put32(p + at + GD_SE_BRUN_N, gd_state_get32(p + at + GD_SE_BRUN_N) + 1);
-    len += GD_SE_BRUN_ITEM;
-    o->len = len;
-    o->brun_end = len;
+    gd_se_brun_item(o, p, at, len, b);
 }
 
 /* gd_se_buffer of any other buffer (state_record.c). */
