@@ -23,6 +23,19 @@
 #   7  a snapshot once the journal has grown past 256 KiB (or twice the
 #      last snapshot): a journal region small enough to stay in the cache
 #   8  the same past 1 MiB
+#   9  no buffer entries: a buffer's alloc, seal or change stages nothing
+#      (state.c, pend_write; such a state does not restore): what the
+#      buffers' entries cost, the bound of any cheaper way to write them
+#  10  no reference entries: the registry appends none and the hook writes
+#      none (state.c; such a state does not restore): the same for
+#      references
+#  11  the journal never on: switching it "on" writes the whole snapshot as
+#      it does, but leaves the registry's hooks off (state.c,
+#      gd_state_switch): both sides run the same code, the pair's own
+#      spread and bias (an A/A pair)
+#  12  the hooks on, but nothing staged: every entry is refused as with the
+#      journal off (state.c, stage_room) and the registry appends none: what
+#      the hooks' calls and their bookkeeping cost
 # then, for each variant in --order, starts that daemon with
 # state_journal = switchable and runs the batchmix phase's journal pair in
 # slices (bench/pairs.c: 16 s, the journal off and on every 0.5 s) and
@@ -89,7 +102,15 @@ for v in $variants; do
     6) subst 6 daemon/saved_state.h '#define STATE_MIN_COMPACT (4ull << 20)' '#define STATE_MIN_COMPACT (32ull << 20)' ;;
     7) subst 7 daemon/saved_state.h '#define STATE_MIN_COMPACT (4ull << 20)' '#define STATE_MIN_COMPACT (256ull << 10)' ;;
     8) subst 8 daemon/saved_state.h '#define STATE_MIN_COMPACT (4ull << 20)' '#define STATE_MIN_COMPACT (1ull << 20)' ;;
-    *) echo "bench/journal_variants.sh: no variant $v (0 to 8)" >&2; exit 2 ;;
+    9) subst 9 daemon/state.c '    gd_se_buffer(&st->stage, b, owner_ref ? ref : NULL);' \
+           '    (void)b; (void)ref; (void)owner_ref;' ;;
+    10) subst 10 daemon/state.c '        reg->ref_sink = &st->stage;' '        reg->ref_sink = NULL;'
+        subst 10 daemon/state.c '    if (!stage_room(st, GD_SE_RUN_HEAD + GD_SE_RUN_ITEM))' \
+            '    if (1 || !stage_room(st, GD_SE_RUN_HEAD + GD_SE_RUN_ITEM))' ;;
+    11) subst 11 daemon/state.c '    st->ctx->reg.hooks = &hooks;' '    st->ctx->reg.hooks = NULL;' ;;
+    12) subst 12 daemon/state.c '        reg->ref_sink = &st->stage;' '        reg->ref_sink = NULL;'
+        subst 12 daemon/state.c '    if (st->frozen || st->no_journal)' '    if (1 || st->frozen || st->no_journal)' ;;
+    *) echo "bench/journal_variants.sh: no variant $v (0 to 12)" >&2; exit 2 ;;
     esac
     cmake -S "$out/src$v" -B "$out/b$v" -G Ninja -DCMAKE_BUILD_TYPE=Release >"$out/cmake$v.log" 2>&1
     cmake --build "$out/b$v" --target gpubufd gpubuf_bench >"$out/build$v.log" 2>&1 ||

@@ -63,6 +63,52 @@ int client_run(GpubufClient *self, client_op op, void *arg) {
     return r < 0 ? -1 : 0;
 }
 
+int fast_args(fast_spec *spec, PyObject *const *args, Py_ssize_t nargs, PyObject *kwnames,
+              PyObject **out) {
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    int n = 0;
+    while (spec->names[n])
+        n++;
+    if (!spec->interned[0])
+        for (int i = 0; i < n; i++)
+            if (!(spec->interned[i] = PyUnicode_InternFromString(spec->names[i])))
+                return -1;
+    if (nargs > spec->max_pos) {
+        PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional argument%s (%zd given)",
+                     spec->fname, spec->max_pos, spec->max_pos == 1 ? "" : "s", nargs);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < nargs; i++)
+        out[i] = args[i];
+    for (Py_ssize_t k = 0; k < nkw; k++) {
+        PyObject *key = PyTuple_GET_ITEM(kwnames, k);
+        int j = 0;
+        while (j < n && spec->interned[j] != key) /* interned: the common case */
+            j++;
+        for (j = j < n ? j : 0; j < n && spec->interned[j] != key; j++)
+            if (PyUnicode_Compare(spec->interned[j], key) == 0)
+                break;
+        if (j == n) {
+            PyErr_Format(PyExc_TypeError, "'%U' is an invalid keyword argument for %s()", key,
+                         spec->fname);
+            return -1;
+        }
+        if (j < nargs) {
+            PyErr_Format(PyExc_TypeError, "argument for %s() given by name ('%s') and position (%d)",
+                         spec->fname, spec->names[j], j + 1);
+            return -1;
+        }
+        out[j] = args[nargs + k];
+    }
+    for (int i = 0; i < spec->min; i++)
+        if (!out[i]) {
+            PyErr_Format(PyExc_TypeError, "%s() missing required argument '%s' (pos %d)",
+                         spec->fname, spec->names[i], i + 1);
+            return -1;
+        }
+    return 0;
+}
+
 /* A name argument: str, 1..GPUBUF_NAME_MAX bytes of UTF-8 (the library
  * checks the characters). */
 const char *name_arg(PyObject *o, const char *what) {

@@ -151,32 +151,48 @@ static PyObject *client_open_common(GpubufClient *self, const open_key *key, int
     return gpubufpy_buffer_new(self, b);
 }
 
-static PyObject *client_open(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"name", "timeout", "readonly", "pool", "owner", NULL};
-    PyObject *name, *timeout = Py_None, *pool = Py_None, *owner = Py_None;
+/* readonly= as PyArg_ParseTuple's "p": any object's truth. */
+static int flag_arg(PyObject *o, int *ret) {
+    int v = o ? PyObject_IsTrue(o) : 0;
+    if (v < 0)
+        return -1;
+    *ret = v;
+    return 0;
+}
+
+static PyObject *client_open(GpubufClient *self, PyObject *const *args, Py_ssize_t nargs,
+                             PyObject *kwnames) {
+    static fast_spec spec = {
+        "open", {"name", "timeout", "readonly", "pool", "owner", NULL}, 2, 1, {NULL}};
+    PyObject *a[5] = {NULL, Py_None, NULL, Py_None, Py_None};
     open_key key = {0};
-    int t, ro = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O$pOO:open", kwlist, &name, &timeout, &ro,
-                                     &pool, &owner))
+    int t, ro;
+    if (fast_args(&spec, args, nargs, kwnames, a) < 0 || flag_arg(a[2], &ro) < 0)
         return NULL;
-    if (!(key.name = name_arg(name, "name")) || (t = timeout_ms_arg(timeout)) == -2 ||
-        lookup_args(pool, owner, &key.o) < 0)
+    if (!(key.name = name_arg(a[0], "name")) || (t = timeout_ms_arg(a[1])) == -2 ||
+        lookup_args(a[3], a[4], &key.o) < 0)
         return NULL;
     key.o.flags |= ro ? GPUBUF_OPEN_READONLY : 0;
     return client_open_common(self, &key, t);
 }
 
-static PyObject *client_open_id(GpubufClient *self, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"id", "timeout", "readonly", "pool", "owner", NULL};
-    PyObject *id_o, *timeout = Py_None, *pool = Py_None, *owner = Py_None;
+static PyObject *client_open_id(GpubufClient *self, PyObject *const *args, Py_ssize_t nargs,
+                                PyObject *kwnames) {
+    static fast_spec spec = {
+        "open_id", {"id", "timeout", "readonly", "pool", "owner", NULL}, 2, 1, {NULL}};
+    PyObject *a[5] = {NULL, Py_None, NULL, Py_None, Py_None};
     open_key key = {0};
-    int t, ro = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O$pOO:open_id", kwlist, &PyLong_Type, &id_o,
-                                     &timeout, &ro, &pool, &owner))
+    int t, ro;
+    if (fast_args(&spec, args, nargs, kwnames, a) < 0 || flag_arg(a[2], &ro) < 0)
         return NULL;
-    key.id = PyLong_AsUnsignedLongLong(id_o); /* OverflowError when negative */
-    if (PyErr_Occurred() || (t = timeout_ms_arg(timeout)) == -2 ||
-        lookup_args(pool, owner, &key.o) < 0)
+    if (!PyLong_Check(a[0])) {
+        PyErr_Format(PyExc_TypeError, "open_id() argument 1 must be int, not %.100s",
+                     Py_TYPE(a[0])->tp_name);
+        return NULL;
+    }
+    key.id = PyLong_AsUnsignedLongLong(a[0]); /* OverflowError when negative */
+    if (PyErr_Occurred() || (t = timeout_ms_arg(a[1])) == -2 ||
+        lookup_args(a[3], a[4], &key.o) < 0)
         return NULL;
     key.o.flags |= ro ? GPUBUF_OPEN_READONLY : 0;
     return client_open_common(self, &key, t);
@@ -551,7 +567,7 @@ static PyMethodDef client_methods[] = {
         "elements; None: C order) give the buffer an array layout that openers' __dlpack__ "
         "exports (size defaults to the bytes it spans); user_data (at most 4096 bytes) travels "
         "with it; ttl (seconds) gives it a lease: the daemon deletes it then unless renewed."),
-    GPUBUFPY_KW_METHOD(
+    GPUBUFPY_FAST_METHOD(
         "open", client_open,
         "open(name, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen a "
         "sealed buffer by name and take one reference. Names are per pool: the name is looked up "
@@ -560,7 +576,7 @@ static PyMethodDef client_methods[] = {
         "seconds to wait for it (WaitTimeoutError); math.inf waits forever. readonly: map it "
         "read-only (host and cuda-vmm pools; NotSupportedError on cuda-ipc). owner: the uid the "
         "buffer must belong to (PermissionError otherwise)."),
-    GPUBUFPY_KW_METHOD(
+    GPUBUFPY_FAST_METHOD(
         "open_id", client_open_id,
         "open_id(id, timeout=None, *, readonly=False, pool=None, owner=None) -> Buffer\n\nOpen "
         "a sealed buffer by its id (see open; pool: the buffer must be in that pool)."),

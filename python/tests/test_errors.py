@@ -150,6 +150,43 @@ def test_invalid_arguments(client):
         client.open_id(-1)
 
 
+
+def test_open_arguments_as_python_parses_them(client):
+    """open() and open_id() parse their arguments without
+    PyArg_ParseTupleAndKeywords (call.c, fast_args): the same arguments are
+    taken, the same mistakes refused with the same TypeErrors."""
+    b = client.alloc(64, "t/args")
+    b.seal()
+    for o in (client.open("t/args"), client.open("t/args", None),
+              client.open(name="t/args", timeout=0.5, readonly=False, pool=None, owner=None),
+              client.open("t/args", **{"po" + "ol": None}),  # a keyword that is not interned
+              client.open_id(b.id), client.open_id(id=b.id, timeout=None)):
+        assert o.id == b.id
+        o.release()
+    cases = [
+        (lambda: client.open(), "open() missing required argument 'name' (pos 1)"),
+        (lambda: client.open_id(timeout=1), "open_id() missing required argument 'id' (pos 1)"),
+        (lambda: client.open("t/args", None, True),
+         "open() takes at most 2 positional arguments (3 given)"),
+        (lambda: client.open("t/args", bogus=1), "'bogus' is an invalid keyword argument for open()"),
+        (lambda: client.open("t/args", name="t/args"),
+         "argument for open() given by name ('name') and position (1)"),
+        (lambda: client.open_id("1"), "open_id() argument 1 must be int, not str"),
+    ]
+    for call, text in cases:
+        with pytest.raises(TypeError) as ei:
+            call()
+        assert str(ei.value) == text
+    with pytest.raises(ZeroDivisionError):  # readonly= takes any object's truth, as "p" did
+
+        class Bad:
+            def __bool__(self):
+                raise ZeroDivisionError
+
+        client.open("t/args", readonly=Bad())
+    b.release()
+    client.delete("t/args")
+
 def test_range(client):
     b = client.alloc(8)
     with pytest.raises(IndexError) as ei:
