@@ -209,7 +209,11 @@ static int read_reply(gpubuf_client *c, Gpubuf__Response **ret, int *fds, int *n
 
     uint64_t t_wake = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
     /* A reply read without blocking is settled before the next is read: it
-     * is unpacked into the connection's arena. */
+     * is unpacked into the connection's arena; so is a blocking call's reply
+     * of the common shape (a Buffer, or none), which its reader frees
+     * before the lock goes (gpubuf__resp_free). protobuf-c's unpack and
+     * free of a warm open's reply took 6,200 instructions, a fifth of the
+     * client's open (callgrind; docs/performance.md). */
     Gpubuf__Response *resp =
         gpubuf__reply_decode(&c->arena, c->nonblock, c->batch_wait,
                              c->rbuf + c->rpos + GPUBUF_WIRE_HEADER_SIZE, h.length);

@@ -54,8 +54,9 @@ typedef struct gpubuf_held {
     UT_hash_handle hh;
 } gpubuf_held;
 
-/* reply_fast.c: where a reply read by gpubuf_dispatch() is unpacked (one
- * at a time; what does not fit comes from malloc). */
+/* reply_fast.c: where a reply read by gpubuf_dispatch(), or a blocking
+ * call's reply of the common shape, is unpacked (one at a time; what does
+ * not fit comes from malloc). */
 typedef struct gpubuf__arena {
     gpubuf_arena a;         /* over block (common/arena.h) */
     Gpubuf__Response *live; /* the reply unpacked here and not yet freed */
@@ -169,7 +170,7 @@ struct gpubuf_client {
      * the last send. */
     uint64_t spin_max_ns, sent_ns;
     int spin_score;
-    gpubuf__arena arena; /* the replies read without blocking (reply_fast.c; lock held) */
+    gpubuf__arena arena; /* replies unpacked without malloc (reply_fast.c; lock held) */
     gpubuf_mapping *maps;
     uint32_t n_maps;
     int device;          /* gpubuf_set_device(): context to map into, -1: the memory's GPU */
@@ -458,11 +459,14 @@ int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const in
                         gpubuf_buffer **ret, int *status, size_t *retry, size_t *ret_n_retry);
 
 /* ---- reply_fast.c: decoding a reply ----------------------------------------- */
-/* The reply in body (len bytes), unpacked into the arena when in_arena (a
- * reply read without blocking) and no other reply lives there; else, when
- * batch (a blocking call waits for a batch's reply) and it is a batch's
- * reply gpubuf__reply_fast can decode, into the arena's heap block; else
- * with malloc. NULL when it is malformed. */
+/* The reply in body (len bytes), unpacked into the arena when no other
+ * reply lives there and either in_arena (a reply read without blocking) or
+ * it has the shape gpubuf__reply_fast decodes (a blocking call's open,
+ * alloc, seal, stat, release: every reader of such a reply frees it with
+ * gpubuf__resp_free, lock held); else, when batch (a blocking call waits
+ * for a batch's reply) and it is a batch's reply gpubuf__reply_fast can
+ * decode, into the arena's heap block; else with malloc. NULL when it is
+ * malformed. */
 Gpubuf__Response *gpubuf__reply_decode(gpubuf__arena *a, bool in_arena, bool batch,
                                        const uint8_t *body, size_t len);
 /* A reply of the common shape (id, status, message, fds, a Buffer with its

@@ -26,7 +26,7 @@ int gpubuf__buffer_request(gpubuf_client *c, Gpubuf__Request *req, gpubuf_buffer
             if (r == 0)
                 gpubuf_trace(c->session_id, req->id, -1, GPUBUF_TRACE_C_MAPPED, 0);
         }
-        gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf__resp_free(c, resp);
     }
     pthread_mutex_unlock(&c->lock);
     return r;
@@ -81,9 +81,9 @@ static int simple_request(gpubuf_client *c, Gpubuf__Request *req) {
     Gpubuf__Response *resp;
     pthread_mutex_lock(&c->lock);
     int r = gpubuf__rpc_reply_locked(c, req, GPUBUF__RESPONSE__BODY__NOT_SET, &resp);
-    pthread_mutex_unlock(&c->lock);
     if (r == 0)
-        gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf__resp_free(c, resp);
+    pthread_mutex_unlock(&c->lock);
     return r;
 }
 
@@ -112,7 +112,7 @@ int gpubuf__seal(gpubuf_buffer *b, bool wait, gpubuf_stream stream, bool on_stre
             Gpubuf__Response *resp;
             r = gpubuf__rpc_reply_locked(c, &req, GPUBUF__RESPONSE__BODY__NOT_SET, &resp);
             if (r == 0)
-                gpubuf__response__free_unpacked(resp, NULL);
+                gpubuf__resp_free(c, resp);
         } else {
             /* Nothing left for the daemon to refuse: send without waiting. */
             r = gpubuf__send_async_locked(c, &req);

@@ -118,7 +118,7 @@ static int seal_with_call(gpubuf_buffer *b, const gpubuf_meta *meta) {
         gpubuf__view_meta_free(b);
         r = gpubuf__view_meta(b, resp->buffer);
     }
-    gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf__resp_free(c, resp);
 out:
     pthread_mutex_unlock(&c->lock);
     return r;
@@ -131,12 +131,10 @@ GPUBUF_EXTERN int gpubuf_seal_sync_with(gpubuf_buffer *b, const gpubuf_meta *met
     return gpubuf__result(r);
 }
 
-/* Send req and keep its Buffer reply in *ret (free with free_unpacked). */
+/* Send req and keep its Buffer reply in *ret (lock held: free it with
+ * gpubuf__resp_free before the lock goes). */
 static int buffer_reply(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret) {
-    pthread_mutex_lock(&c->lock);
-    int r = gpubuf__rpc_reply_locked(c, req, GPUBUF__RESPONSE__BODY_BUFFER, ret);
-    pthread_mutex_unlock(&c->lock);
-    return r;
+    return gpubuf__rpc_reply_locked(c, req, GPUBUF__RESPONSE__BODY_BUFFER, ret);
 }
 
 static int renew_call(gpubuf_client *c, const char *name, uint64_t id, uint64_t ttl_ms) {
@@ -154,8 +152,10 @@ static int renew_call(gpubuf_client *c, const char *name, uint64_t id, uint64_t 
     q.ttl_ms = ttl_ms;
     req.body_case = GPUBUF__REQUEST__BODY_RENEW;
     req.renew = &q;
+    pthread_mutex_lock(&c->lock);
     if ((r = buffer_reply(c, &req, &resp)) == 0)
-        gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf__resp_free(c, resp);
+    pthread_mutex_unlock(&c->lock);
     return r;
 }
 
@@ -181,8 +181,11 @@ int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpu
                         : GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
     req.body_case = GPUBUF__REQUEST__BODY_STAT;
     req.stat = &q;
-    if ((r = buffer_reply(c, &req, &resp)) < 0)
+    pthread_mutex_lock(&c->lock);
+    if ((r = buffer_reply(c, &req, &resp)) < 0) {
+        pthread_mutex_unlock(&c->lock);
         return r;
+    }
     const Gpubuf__Buffer *m = resp->buffer;
     gpubuf_buffer_meta meta;
     memset(&meta, 0, offsetof(gpubuf_buffer_meta, user_data));
@@ -209,7 +212,8 @@ int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpu
         ret_meta->lease_ttl_ms = meta.lease_ttl_ms;
     }
 out:
-    gpubuf__response__free_unpacked(resp, NULL);
+    gpubuf__resp_free(c, resp);
+    pthread_mutex_unlock(&c->lock);
     return r;
 }
 

@@ -181,12 +181,19 @@ static Gpubuf__Response *decode_big(gpubuf__arena *a, const uint8_t *body, size_
 
 Gpubuf__Response *gpubuf__reply_decode(gpubuf__arena *a, bool in_arena, bool batch,
                                        const uint8_t *body, size_t len) {
-    if (!in_arena || a->live) /* one reply at a time in the block */
-        return batch ? decode_big(a, body, len) : gpubuf__response__unpack(NULL, len, body);
+    if (batch && (!in_arena || a->live))
+        return decode_big(a, body, len);
+    if (a->live) /* one reply at a time in the block */
+        return gpubuf__response__unpack(NULL, len, body);
     gpubuf_arena_init(&a->a, a->block, sizeof(a->block));
     Gpubuf__Response *resp = gpubuf__reply_fast(a, body, len);
-    if (!resp)
+    if (!resp) {
+        /* A blocking call's reply of another shape (a status, a hello) may
+         * be kept after the call or freed with free_unpacked: malloc. */
+        if (!in_arena)
+            return gpubuf__response__unpack(NULL, len, body);
         resp = gpubuf__response__unpack(&a->a.alloc, len, body);
+    }
     a->live = resp; /* NULL: the unpack failed and gave back what it took */
     return resp;
 }

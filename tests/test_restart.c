@@ -283,7 +283,7 @@ static bool open_brings_fd(gpubuf_client *c, const char *name, bool read_only) {
         ck_assert_ptr_nonnull(resp->buffer);
         gpubuf__send_release(c, resp->buffer->buffer_id, false, read_only);
         gpubuf__drain_locked(c);
-        gpubuf__response__free_unpacked(resp, NULL);
+        gpubuf__resp_free(c, resp); /* it may live in the connection's arena */
     }
     pthread_mutex_unlock(&c->lock);
     ck_assert_msg(r == 0, "open '%s': %d", name, r);
