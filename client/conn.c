@@ -79,7 +79,13 @@ static int send_request_max(gpubuf_client *c, Gpubuf__Request *req, size_t max) 
     }
     req->id = ++c->next_id;
     uint64_t t_encode = gpubuf_trace_on() ? gpubuf_now_ns() : 0;
-    plen = gpubuf__request__get_packed_size(req);
+    /* The common single requests by hand (request_pack.c), the others and
+     * those that do not fit the stack buffer with protobuf-c. */
+    plen = gpubuf__request_pack_fast(req, stackbuf + GPUBUF_WIRE_HEADER_SIZE,
+                                     sizeof(stackbuf) - GPUBUF_WIRE_HEADER_SIZE);
+    bool packed = plen > 0;
+    if (!packed)
+        plen = gpubuf__request__get_packed_size(req);
     if (plen > max && max < c->max_request)
         return -EMSGSIZE; /* a request sent ahead: too large for that */
     if (plen > c->max_request) {
@@ -93,7 +99,8 @@ static int send_request_max(gpubuf_client *c, Gpubuf__Request *req, size_t max) 
             return -ENOMEM;
     }
     gpubuf_wire_header_encode(frame, (uint32_t)plen);
-    gpubuf__request__pack(req, frame + GPUBUF_WIRE_HEADER_SIZE);
+    if (!packed)
+        gpubuf__request__pack(req, frame + GPUBUF_WIRE_HEADER_SIZE);
     r = gpubuf_wire_send_all(c->fd, frame, plen + GPUBUF_WIRE_HEADER_SIZE, -1);
     c->sent_ns = gpubuf_now_ns();
     if (t_encode) {

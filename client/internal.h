@@ -458,6 +458,13 @@ int gpubuf__batch_views(gpubuf_client *c, const Gpubuf__BatchReply *br, const in
                         int n_fds, const size_t *idx, size_t n, size_t n_all, bool read_only,
                         gpubuf_buffer **ret, int *status, size_t *retry, size_t *ret_n_retry);
 
+/* ---- request_pack.c: packing a request by hand ------------------------------ */
+/* req (an open, release, seal, alloc, stat or delete without an array
+ * layout) packed as protobuf-c packs it into out (cap bytes): its length,
+ * or 0 when it declines (another request, or no room): pack it with
+ * protobuf-c. */
+size_t gpubuf__request_pack_fast(const Gpubuf__Request *req, uint8_t *out, size_t cap);
+
 /* ---- reply_fast.c: decoding a reply ----------------------------------------- */
 /* The reply in body (len bytes), unpacked into the arena when no other
  * reply lives there and either in_arena (a reply read without blocking) or
