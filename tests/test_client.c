@@ -665,6 +665,12 @@ static void *thread_body(void *arg) {
         }
         if (gpubuf_buffer_device_ptr(o) != gpubuf_buffer_device_ptr(b))
             t->failures++;
+        /* A stat's reply lives in the connection's arena while it is read:
+         * the other threads' replies meanwhile go elsewhere. */
+        gpubuf_buffer_info info;
+        if (gpubuf_stat(t->c, name, &info) < 0 || info.size != 4096 ||
+            info.id != gpubuf_buffer_id(b))
+            t->failures++;
         gpubuf_release(o);
         gpubuf_release(b);
         if (gpubuf_delete(t->c, name) < 0)
