@@ -78,7 +78,7 @@ static int check_one(Gpubuf__Request *req, size_t cap) {
 START_TEST(packed_requests_equal_protobuf_c) {
     int packed[17] = {0}, declined[17] = {0};
     srand(20261203);
-    for (int i = 0; i < 60000; i++) {
+    for (int i = 0; i < 20000; i++) {
         Gpubuf__Request req = GPUBUF__REQUEST__INIT;
         Gpubuf__OpenRequest open = GPUBUF__OPEN_REQUEST__INIT;
         Gpubuf__StatRequest stat = GPUBUF__STAT_REQUEST__INIT;
