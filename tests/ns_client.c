@@ -5,7 +5,8 @@
  *   hello                    "hello pid P self S uid U gid G"
  *                            (P getpid(), S what /proc/self names)
  *   proc                     "proc own" or "proc foreign: WHY"
- *   alloc POOL NAME SIZE S   allocate, fill with pattern seed S, seal:
+ *   alloc POOL NAME SIZE S   allocate, fill with pattern seed S, seal,
+ *                            release (the daemon has it before the line):
  *                            "sealed ID"
  *   open NAME S              open and check against seed S, keep the view:
  *                            "opened ID MISMATCHES on host|device"
@@ -104,8 +105,17 @@ int main(int argc, char **argv) {
                 gpubuf_release(buf);
                 continue;
             }
-            printf("sealed %llu\n", (unsigned long long)gpubuf_buffer_id(buf));
+            /* The reference goes before the line does: a command the script
+             * sends next, on another connection, finds it gone (release is
+             * asynchronous; on a busy machine the other client's stat came
+             * first). */
+            uint64_t id = gpubuf_buffer_id(buf);
             gpubuf_release(buf);
+            if ((r = gpubuf_flush(c)) < 0) {
+                fail(r);
+                continue;
+            }
+            printf("sealed %llu\n", (unsigned long long)id);
         } else if (strcmp(cmd, "open") == 0 && n >= 3) {
             gpubuf_buffer *buf;
             uint64_t bad = 0;
