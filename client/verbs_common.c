@@ -3,11 +3,19 @@
  * and lookups (the target of an open, stat, delete or renew), the public
  * buffer info of a Buffer message, the check before a seal. */
 #include <errno.h>
-#include <stdio.h>
 #include <string.h>
 
 #include "internal.h"
 #include "util.h"
+
+/* src into dst of cap bytes, cut to cap - 1 bytes as snprintf("%s") cuts
+ * it: snprintf took 570 instructions of a warm open's 5,300 (callgrind,
+ * through the Python package). */
+static void copy_str(char *dst, size_t cap, const char *src) {
+    size_t n = strnlen(src, cap - 1);
+    memcpy(dst, src, n);
+    dst[n] = 0;
+}
 
 /* 0, or -EINVAL / -ENAMETOOLONG with the rule the name breaks. */
 static int name_check(const char *name) {
@@ -47,7 +55,7 @@ int gpubuf__lookup_make(const char *what, const char *name, uint64_t id, const g
         if (strlen(o->pool) > GPUBUF_NAME_MAX)
             return gpubuf__fail(-ENAMETOOLONG, "%s: a pool name is at most %d bytes", what,
                                 GPUBUF_NAME_MAX);
-        snprintf(l->pool, sizeof(l->pool), "%s", o->pool);
+        copy_str(l->pool, sizeof(l->pool), o->pool);
     }
     if (o->flags & GPUBUF_OPEN_OWNER) {
         l->has_owner = true;
@@ -121,7 +129,7 @@ int gpubuf__seal_check(gpubuf_buffer **pb) {
 void gpubuf__copy_info(gpubuf_buffer_info *o, const Gpubuf__Buffer *m) {
     memset(o, 0, sizeof(*o));
     o->id = m->buffer_id;
-    snprintf(o->name, sizeof(o->name), "%s", m->name ? m->name : "");
-    snprintf(o->pool, sizeof(o->pool), "%s", m->pool ? m->pool : "");
+    copy_str(o->name, sizeof(o->name), m->name ? m->name : "");
+    copy_str(o->pool, sizeof(o->pool), m->pool ? m->pool : "");
     GPUBUF_COPY_BUFFER_FIELDS(o, m);
 }
