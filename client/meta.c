@@ -131,12 +131,6 @@ GPUBUF_EXTERN int gpubuf_seal_sync_with(gpubuf_buffer *b, const gpubuf_meta *met
     return gpubuf__result(r);
 }
 
-/* Send req and keep its Buffer reply in *ret (lock held: free it with
- * gpubuf__resp_free before the lock goes). */
-static int buffer_reply(gpubuf_client *c, Gpubuf__Request *req, Gpubuf__Response **ret) {
-    return gpubuf__rpc_reply_locked(c, req, GPUBUF__RESPONSE__BODY_BUFFER, ret);
-}
-
 static int renew_call(gpubuf_client *c, const char *name, uint64_t id, uint64_t ttl_ms) {
     Gpubuf__Request req = GPUBUF__REQUEST__INIT;
     Gpubuf__RenewRequest q = GPUBUF__RENEW_REQUEST__INIT;
@@ -153,7 +147,7 @@ static int renew_call(gpubuf_client *c, const char *name, uint64_t id, uint64_t 
     req.body_case = GPUBUF__REQUEST__BODY_RENEW;
     req.renew = &q;
     pthread_mutex_lock(&c->lock);
-    if ((r = buffer_reply(c, &req, &resp)) == 0)
+    if ((r = gpubuf__rpc_reply_locked(c, &req, GPUBUF__RESPONSE__BODY_BUFFER, &resp)) == 0)
         gpubuf__resp_free(c, resp);
     pthread_mutex_unlock(&c->lock);
     return r;
@@ -182,7 +176,7 @@ int gpubuf__stat_meta(gpubuf_client *c, const char *name, uint64_t id, const gpu
     req.body_case = GPUBUF__REQUEST__BODY_STAT;
     req.stat = &q;
     pthread_mutex_lock(&c->lock);
-    if ((r = buffer_reply(c, &req, &resp)) < 0) {
+    if ((r = gpubuf__rpc_reply_locked(c, &req, GPUBUF__RESPONSE__BODY_BUFFER, &resp)) < 0) {
         pthread_mutex_unlock(&c->lock);
         return r;
     }

@@ -21,6 +21,7 @@
 #include <string.h>
 
 #include "gpubuf.pb-c.h"
+#include "pb_write.h"
 
 /* The fields this file knows; a message that grew more is left to
  * protobuf-c until this file learns them (the test says so first). */
@@ -29,76 +30,6 @@
 #define SLAB_FIELDS 8u
 #define BATCH_FIELDS 15u
 #define ITEM_ERROR_FIELDS 2u
-
-/* A varint's length: 1 + floor(log2(v)) / 7, without a loop. */
-static inline size_t vlen(uint64_t v) {
-    return ((size_t)(63 - __builtin_clzll(v | 1)) * 9 + 73) / 64;
-}
-
-static inline uint8_t *vput(uint8_t *p, uint64_t v) {
-    while (v >= 0x80) {
-        *p++ = (uint8_t)(v | 0x80);
-        v >>= 7;
-    }
-    *p++ = (uint8_t)v;
-    return p;
-}
-
-/* Tags of fields 1..15 take one byte, 16 and up two. */
-#define TAG(num, wt) (((uint64_t)(num) << 3) | (wt))
-#define VARINT 0u
-#define LEN 2u
-
-/* Sizes of one field, tag included; 0 when protobuf-c leaves it out. */
-static inline size_t f_u64(unsigned num, uint64_t v) {
-    return v ? vlen(TAG(num, VARINT)) + vlen(v) : 0;
-}
-/* int32 and enum: a negative value is sign-extended to ten bytes. */
-static inline size_t f_i32(unsigned num, int32_t v) {
-    return f_u64(num, (uint64_t)(int64_t)v);
-}
-static inline size_t f_bool(unsigned num, protobuf_c_boolean v) {
-    return v ? vlen(TAG(num, VARINT)) + 1 : 0;
-}
-static inline size_t f_len(unsigned num, size_t len) {
-    return vlen(TAG(num, LEN)) + vlen(len) + len;
-}
-static inline size_t f_str(unsigned num, const char *s) {
-    return s && *s ? f_len(num, strlen(s)) : 0;
-}
-static inline size_t f_bytes(unsigned num, ProtobufCBinaryData b) {
-    return b.len ? f_len(num, b.len) : 0;
-}
-
-static inline uint8_t *p_u64(uint8_t *p, unsigned num, uint64_t v) {
-    if (!v)
-        return p;
-    p = vput(p, TAG(num, VARINT));
-    return vput(p, v);
-}
-static inline uint8_t *p_i32(uint8_t *p, unsigned num, int32_t v) {
-    return p_u64(p, num, (uint64_t)(int64_t)v);
-}
-static inline uint8_t *p_bool(uint8_t *p, unsigned num, protobuf_c_boolean v) {
-    if (!v)
-        return p;
-    p = vput(p, TAG(num, VARINT));
-    *p++ = 1;
-    return p;
-}
-static inline uint8_t *p_data(uint8_t *p, unsigned num, const void *data, size_t len) {
-    p = vput(p, TAG(num, LEN));
-    p = vput(p, len);
-    if (len) /* an empty element of repeated bytes may have no data */
-        memcpy(p, data, len);
-    return p + len;
-}
-static inline uint8_t *p_str(uint8_t *p, unsigned num, const char *s) {
-    return s && *s ? p_data(p, num, s, strlen(s)) : p;
-}
-static inline uint8_t *p_bytes(uint8_t *p, unsigned num, ProtobufCBinaryData b) {
-    return b.len ? p_data(p, num, b.data, b.len) : p;
-}
 
 static size_t slab_size(const Gpubuf__Slab *m) {
     return f_u64(1, m->slab_id) + f_i32(2, (int32_t)m->kind) + f_i32(3, m->device) +
@@ -140,7 +71,7 @@ static uint8_t *buffer_pack(uint8_t *p, const Gpubuf__Buffer *m, size_t slab_len
     p = p_i32(p, 6, (int32_t)m->state);
     p = p_u64(p, 7, m->refs);
     if (m->slab) {
-        p = vput(p, TAG(8, LEN));
+        p = vput(p, PB_TAG(8, PB_LEN));
         p = vput(p, slab_len);
         p = slab_pack(p, m->slab);
     }
@@ -179,7 +110,7 @@ static inline size_t f_packed(unsigned num, size_t n, size_t len) {
     return n ? f_len(num, len) : 0;
 }
 static inline uint8_t *p_head(uint8_t *p, unsigned num, size_t len) {
-    p = vput(p, TAG(num, LEN));
+    p = vput(p, PB_TAG(num, PB_LEN));
     return vput(p, len);
 }
 static uint8_t *p_a_u64(uint8_t *p, unsigned num, const uint64_t *v, size_t n, size_t len) {
@@ -322,7 +253,7 @@ void gd_reply_pack_fast(const void *msg, uint8_t *dst) {
     p = p_str(p, 3, r->message);
     p = p_u64(p, 4, r->fds);
     if (r->body_case == GPUBUF__RESPONSE__BODY_BUFFER) {
-        p = vput(p, TAG(11, LEN));
+        p = vput(p, PB_TAG(11, PB_LEN));
         p = vput(p, plan->buffer_len);
         buffer_pack(p, r->buffer, plan->slab_len);
     } else if (r->body_case == GPUBUF__RESPONSE__BODY_BATCH) {

@@ -56,6 +56,20 @@ static int32_t some_timeout(void) {
     }
 }
 
+/* An open's, stat's or delete's target, pool and owner, at random: the
+ * name or the id (a union: only the one of the case is set; its case is 1
+ * for the name and 2 for the id in each of the three messages). */
+#define SOME_LOOKUP(m, pool_, owner_)                                                              \
+    do {                                                                                           \
+        (m).target_case = 1 + rand() % 2;                                                          \
+        if ((m).target_case == 1)                                                                  \
+            (m).name = some_str(0);                                                                \
+        else                                                                                       \
+            (m).buffer_id = some();                                                                \
+        (m).pool = (pool_);                                                                        \
+        (m).owner = (owner_);                                                                      \
+    } while (0)
+
 /* What the packer made of req against protobuf-c: 1 when packed (the same
  * bytes), 0 when declined; it wrote nothing past cap either way. */
 static int check_one(Gpubuf__Request *req, size_t cap) {
@@ -96,38 +110,17 @@ START_TEST(packed_requests_equal_protobuf_c) {
         switch (rand() % 7) {
         case 0:
             req.body_case = GPUBUF__REQUEST__BODY_OPEN, req.open = &open;
-            open.target_case = rand() % 2 ? GPUBUF__OPEN_REQUEST__TARGET_NAME
-                                          : GPUBUF__OPEN_REQUEST__TARGET_BUFFER_ID;
-            if (open.target_case == GPUBUF__OPEN_REQUEST__TARGET_NAME) /* a union with the id */
-                open.name = some_str(0);
-            else
-                open.buffer_id = some();
+            SOME_LOOKUP(open, pool, own);
             open.timeout_ms = some_timeout();
             open.read_only = some_bool();
-            open.pool = pool;
-            open.owner = own;
             break;
         case 1:
             req.body_case = GPUBUF__REQUEST__BODY_STAT, req.stat = &stat;
-            stat.target_case = rand() % 2 ? GPUBUF__STAT_REQUEST__TARGET_NAME
-                                          : GPUBUF__STAT_REQUEST__TARGET_BUFFER_ID;
-            if (stat.target_case == GPUBUF__STAT_REQUEST__TARGET_NAME) /* a union with the id */
-                stat.name = some_str(0);
-            else
-                stat.buffer_id = some();
-            stat.pool = pool;
-            stat.owner = own;
+            SOME_LOOKUP(stat, pool, own);
             break;
         case 2:
             req.body_case = GPUBUF__REQUEST__BODY_DELETE, req.delete_ = &del;
-            del.target_case = rand() % 2 ? GPUBUF__DELETE_REQUEST__TARGET_NAME
-                                         : GPUBUF__DELETE_REQUEST__TARGET_BUFFER_ID;
-            if (del.target_case == GPUBUF__DELETE_REQUEST__TARGET_NAME) /* a union with the id */
-                del.name = some_str(0);
-            else
-                del.buffer_id = some();
-            del.pool = pool;
-            del.owner = own;
+            SOME_LOOKUP(del, pool, own);
             break;
         case 3:
             req.body_case = GPUBUF__REQUEST__BODY_RELEASE, req.release = &rel;

@@ -85,17 +85,18 @@ int fast_args(fast_spec *spec, PyObject *const *args, Py_ssize_t nargs, PyObject
         int j = 0;
         while (j < n && spec->interned[j] != key) /* interned: the common case */
             j++;
-        for (j = j < n ? j : 0; j < n && spec->interned[j] != key; j++)
-            if (PyUnicode_Compare(spec->interned[j], key) == 0)
-                break;
+        if (j == n) /* a keyword made at run time (**kwargs) */
+            for (j = 0; j < n && PyUnicode_Compare(spec->interned[j], key) != 0; j++)
+                ;
         if (j == n) {
             PyErr_Format(PyExc_TypeError, "'%U' is an invalid keyword argument for %s()", key,
                          spec->fname);
             return -1;
         }
         if (j < nargs) {
-            PyErr_Format(PyExc_TypeError, "argument for %s() given by name ('%s') and position (%d)",
-                         spec->fname, spec->names[j], j + 1);
+            PyErr_Format(PyExc_TypeError,
+                         "argument for %s() given by name ('%s') and position (%d)", spec->fname,
+                         spec->names[j], j + 1);
             return -1;
         }
         out[j] = args[nargs + k];
