@@ -212,18 +212,36 @@ def _swept(table, which, expired):
 
 
 def _remember(base, buf_id):
-    _remember_all([(base, buf_id)])
+    """_remember_all() of one pair, without its lists (a hand-over's receiver
+    pays this once per tensor)."""
+    ptr, ref = base.data_ptr(), StorageWeakRef(_storage(base))
+    with _owned_lock:
+        if len(_owned) > _sweep["owned"]:
+            _swept(_owned, "owned", _owned_expired)
+        _owned[ptr] = (buf_id, ref)
+    with _opened_lock:
+        if len(_opened) > _sweep["opened"]:
+            _swept(_opened, "opened", _opened_expired)
+        _opened[buf_id] = ref
+
+
+def _owned_expired(e):
+    return e[1].expired()
+
+
+def _opened_expired(e):
+    return e.expired()
 
 
 def _remember_all(pairs):
     """_remember() of many (1-D base tensor, buffer id) pairs, each table locked once."""
     refs = [(base.data_ptr(), buf_id, StorageWeakRef(_storage(base))) for base, buf_id in pairs]
     with _owned_lock:
-        _swept(_owned, "owned", lambda e: e[1].expired())
+        _swept(_owned, "owned", _owned_expired)
         for ptr, buf_id, ref in refs:
             _owned[ptr] = (buf_id, ref)
     with _opened_lock:  # received here later: the same storage, no second reference
-        _swept(_opened, "opened", lambda e: e.expired())
+        _swept(_opened, "opened", _opened_expired)
         for _, buf_id, ref in refs:
             _opened[buf_id] = ref
 
@@ -299,28 +317,33 @@ def _itemsize(dtype):
     return n if n is not None else torch.empty((), dtype=dtype).element_size()
 
 
-def _base_tensor(buf):
-    """The whole buffer as a 1-D uint8 tensor (zero-copy), remembered as gpubuf storage."""
-    base = _from_dlpack(_bytes_view(buf))
+def _base_tensor(buf, layout=None):
+    """The whole buffer as a 1-D uint8 tensor (zero-copy), remembered as
+    gpubuf storage. layout: buf.layout, when the caller has it already."""
+    if layout is None:
+        layout = buf.layout
+    # The buffer's bytes, whatever layout it carries.
+    base = _from_dlpack(buf.as_array("uint8") if layout is not None else buf)
     _remember(base, buf.id)
     return base
 
 
-def _bytes_view(buf):
-    # The buffer's bytes, whatever layout it carries.
-    return buf.as_array("uint8") if buf.layout is not None else buf
-
-
 def _view(base, dtype, shape, strides, offset_bytes):
     itemsize = _itemsize(dtype)
+    if offset_bytes % itemsize:
+        raise ValueError("storage offset %d is not a multiple of the item size" % offset_bytes)
+    shape, strides, n = tuple(shape), tuple(strides), base.numel()
+    if offset_bytes == 0 and n and math.prod(shape) * itemsize == n and \
+            strides == ((1,) if len(shape) == 1 else _contiguous(shape)):
+        # The whole buffer in C order (the common case): plain views, not
+        # as_strided (a hand-over's receiver makes one per tensor).
+        flat = base if dtype == torch.uint8 else base.view(dtype)
+        return flat if len(shape) == 1 else flat.view(shape)
     if dtype == torch.uint8:
         flat = base
     else:
-        n = base.numel()
         flat = (base if n % itemsize == 0 else base[: n - n % itemsize]).view(dtype)
-    if offset_bytes % itemsize:
-        raise ValueError("storage offset %d is not a multiple of the item size" % offset_bytes)
-    return torch.as_strided(flat, tuple(shape), tuple(strides), offset_bytes // itemsize)
+    return torch.as_strided(flat, shape, strides, offset_bytes // itemsize)
 
 
 def as_tensor(buf, dtype=None, shape=None):
@@ -328,8 +351,8 @@ def as_tensor(buf, dtype=None, shape=None):
     in gpubuf: sent through a queue, it travels by id, not as a copy. dtype
     and shape default to the buffer's layout (else uint8, one dimension).
     The tensor keeps the buffer's daemon reference; release `buf` when you like."""
-    base = _base_tensor(buf)
     layout = buf.layout
+    base = _base_tensor(buf, layout)
     if dtype is None and layout is not None and layout["dtype"] in _BY_NAME:
         dtype = _BY_NAME[layout["dtype"]]
         if shape is None:

@@ -18,7 +18,7 @@ if importlib.util.find_spec("torch") is None:  # pragma: no cover
 
 HERE = SRC / "python" / "tests"
 SCENARIOS = ["queue", "zero_copy", "pool", "fork", "killed", "sender_exits", "lease", "sd_lease",
-             "versions", "readonly", "assign", "errors", "two_pools"]
+             "versions", "readonly", "assign", "errors", "two_pools", "as_tensor"]
 
 
 def run_scenario(daemon, scenario, device, pool, timeout=600):

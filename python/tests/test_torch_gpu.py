@@ -13,7 +13,7 @@ from test_torch import run_scenario
 
 pytestmark = [pytest.mark.gpu, pytest.mark.torch_gpu]
 SCENARIOS = ["queue", "zero_copy", "pool", "killed", "sender_exits", "lease", "sd_lease", "versions",
-             "readonly", "assign", "errors", "stream", "cai", "two_pools"]
+             "readonly", "assign", "errors", "stream", "cai", "two_pools", "as_tensor"]
 
 
 def _cuda_devices():

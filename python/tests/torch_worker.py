@@ -560,6 +560,47 @@ def scenario_cai(device, pool, ctx):
         x.release()
 
 
+def scenario_as_tensor(device, pool, ctx):
+    """as_tensor(): the whole buffer in C order (plain views) and every other
+    shape (as_strided) are the elements torch.as_strided picks from the same
+    bytes, in place: written through the tensor, read through the buffer."""
+    c = gt.client()
+    # (size, the buffer's layout, as_tensor's dtype and shape, shape, strides,
+    # offset in elements) expected
+    cases = [
+        (4096, {}, torch.float32, None, (1024,), (1,), 0),
+        (4096, {}, torch.float32, (32, 32), (32, 32), (32, 1), 0),
+        (4096, {}, torch.int64, (2, 4, 8), (2, 4, 8), (32, 8, 1), 0),
+        (4096, {}, None, None, (4096,), (1,), 0),
+        (4098, {}, torch.float32, None, (1024,), (1,), 0),  # a tail of no whole element
+        (4096, {}, torch.float32, (10,), (10,), (1,), 0),  # less than the whole buffer
+        (96, {"dtype": "float32", "shape": (2, 3, 4)}, None, None, (2, 3, 4), (12, 4, 1), 0),
+        (128, {"dtype": "int64", "shape": (16,)}, None, None, (16,), (1,), 0),
+        (128, {"dtype": "float32", "shape": (4, 8), "strides": (1, 4)}, None, None, (4, 8), (1, 4), 0),
+        (16 + 4 * 32, {"dtype": "float32", "shape": (4, 8), "strides": (1, 4), "byte_offset": 16},
+         None, None, (4, 8), (1, 4), 4),
+    ]
+    for size, layout, dtype, shape, want_shape, want_strides, want_offset in cases:
+        b = c.alloc(size, None, pool, **layout)
+        raw = torch.from_dlpack(b.as_array("uint8") if layout else b)
+        raw.copy_(torch.arange(size, dtype=torch.int64).remainder(251).to(torch.uint8))
+        t = gt.as_tensor(b, dtype, shape)
+        what = (size, layout, dtype, shape)
+        assert t.device.type == device, what
+        assert (tuple(t.shape), t.stride()) == (want_shape, want_strides), (what, t.shape, t.stride())
+        assert t.data_ptr() == raw.data_ptr() + want_offset * t.element_size(), what
+        dt = t.dtype
+        n = size // t.element_size()
+        flat = raw.cpu()[: n * t.element_size()].view(dt)
+        want = torch.as_strided(flat, want_shape, want_strides, want_offset)
+        assert torch.equal(t.cpu(), want), what
+        t.fill_(1)  # in place: the buffer's own bytes change
+        assert torch.equal(torch.as_strided(raw.cpu()[: n * t.element_size()].view(dt), want_shape,
+                                             want_strides, want_offset), torch.ones_like(want)), what
+        del t, raw
+        b.release()
+
+
 def main():
     scenario, device, pool = sys.argv[1], sys.argv[2], sys.argv[3]
     if device == "cuda" and not torch.cuda.is_available():
