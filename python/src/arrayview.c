@@ -52,10 +52,11 @@ static void av_dealloc(GpubufArrayView *v) {
     PyObject_Free(v);
 }
 
-static PyObject *av_dlpack(GpubufArrayView *v, PyObject *args, PyObject *kw) {
+static PyObject *av_dlpack(GpubufArrayView *v, PyObject *const *args, Py_ssize_t nargs,
+                           PyObject *kwnames) {
     export_t e;
     av_export(v, &e);
-    return gpubufpy_export_dlpack(&e, args, kw);
+    return gpubufpy_export_dlpack(&e, args, nargs, kwnames);
 }
 
 static PyObject *av_dlpack_device(GpubufArrayView *v, PyObject *unused) {
@@ -143,7 +144,7 @@ static PyObject *av_repr(GpubufArrayView *v) {
 }
 
 static PyMethodDef av_methods[] = {
-    GPUBUFPY_KW_METHOD("__dlpack__", av_dlpack,
+    GPUBUFPY_FAST_METHOD("__dlpack__", av_dlpack,
                        "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)"),
     {"__dlpack_device__", (PyCFunction)av_dlpack_device, METH_NOARGS, NULL},
     GPUBUFPY_KW_METHOD(

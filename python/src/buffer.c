@@ -396,11 +396,12 @@ static PyObject *buf_as_array(GpubufBuffer *self, PyObject *args, PyObject *kw) 
     return gpubufpy_arrayview_new(self, dt, ndim, shape);
 }
 
-static PyObject *buf_dlpack(GpubufBuffer *self, PyObject *args, PyObject *kw) {
+static PyObject *buf_dlpack(GpubufBuffer *self, PyObject *const *args, Py_ssize_t nargs,
+                            PyObject *kwnames) {
     export_t e;
     if (!buf_export(self, &e, true, PyExc_ValueError))
         return NULL;
-    return gpubufpy_export_dlpack(&e, args, kw);
+    return gpubufpy_export_dlpack(&e, args, nargs, kwnames);
 }
 
 static PyObject *buf_dlpack_device(GpubufBuffer *self, PyObject *unused) {
@@ -539,7 +540,7 @@ static PyMethodDef buf_methods[] = {
         "as_array(dtype='uint8', shape=None) -> ArrayView\n\nA typed, C-contiguous view for "
         "consumers that need a dtype: cupy.asarray, torch.as_tensor, numba.cuda.as_cuda_array, "
         "numpy.asarray (host pools), *.from_dlpack. shape=None: the whole view, 1-D."),
-    GPUBUFPY_KW_METHOD(
+    GPUBUFPY_FAST_METHOD(
         "__dlpack__", buf_dlpack,
         "__dlpack__(*, stream=None, max_version=None, dl_device=None, copy=None)\n\nA DLPack "
         "capsule with the buffer's layout (dtype, shape, strides, byte offset) when it has one, "

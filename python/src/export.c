@@ -378,15 +378,20 @@ static void dl_capsule_destructor(PyObject *cap) {
     PyErr_Restore(type, value, tb);
 }
 
-PyObject *gpubufpy_export_dlpack(const export_t *e, PyObject *args, PyObject *kw) {
-    static char *kwlist[] = {"stream", "max_version", "dl_device", "copy", NULL};
-    PyObject *stream = Py_None, *max_version = Py_None, *dl_device = Py_None, *copy = Py_None;
+/* A fast call (fast_args): torch.from_dlpack calls it once per tensor with
+ * stream= and max_version= (max_version is accepted and not used: the
+ * capsule is the unversioned "dltensor", which every consumer takes). */
+PyObject *gpubufpy_export_dlpack(const export_t *e, PyObject *const *args, Py_ssize_t nargs,
+                                 PyObject *kwnames) {
+    static fast_spec spec = {
+        "__dlpack__", {"stream", "max_version", "dl_device", "copy", NULL}, 0, 0, {NULL}};
+    PyObject *a[4] = {Py_None, Py_None, Py_None, Py_None};
     DLDataType dtype;
     dl_ctx *ctx;
     PyObject *cap;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "|$OOOO:__dlpack__", kwlist, &stream, &max_version,
-                                     &dl_device, &copy))
+    if (fast_args(&spec, args, nargs, kwnames, a) < 0)
         return NULL;
+    PyObject *stream = a[0], *dl_device = a[2], *copy = a[3];
     if (copy != Py_None && PyObject_IsTrue(copy) == 1) {
         PyErr_SetString(PyExc_BufferError,
                         "gpubuf exports zero-copy views only (copy=True): copy the result");

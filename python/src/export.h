@@ -43,7 +43,8 @@ bool gpubufpy_is_host(gpubuf_buffer *b);
 PyObject *gpubufpy_shape_tuple(const export_t *e);
 PyObject *gpubufpy_export_cai(const export_t *e);
 PyObject *gpubufpy_export_dlpack_device(const export_t *e);
-PyObject *gpubufpy_export_dlpack(const export_t *e, PyObject *args, PyObject *kw);
+PyObject *gpubufpy_export_dlpack(const export_t *e, PyObject *const *args, Py_ssize_t nargs,
+                                  PyObject *kwnames);
 /* The buffer protocol, for host pools; strides: room for MAX_NDIM. */
 int gpubufpy_export_getbuffer(const export_t *e, PyObject *exporter, Py_buffer *view, int flags,
                               Py_ssize_t *strides);

@@ -144,7 +144,7 @@ int timeout_ms_arg(PyObject *o);
  * interned at the first call, so a keyword is matched by its pointer.
  * PyArg_ParseTupleAndKeywords took 2,600 instructions for open(name,
  * pool=...) (callgrind), a fifth of the whole call; the hot methods
- * (open, open_id) parse with this instead. */
+ * (open, open_id, __dlpack__) parse with this instead. */
 #define FAST_ARGS_MAX 8
 typedef struct fast_spec {
     const char *fname;

@@ -100,6 +100,15 @@ def test_dlpack_numpy_is_zero_copy(client):
         b.__dlpack__(stream=1)
     cap = b.__dlpack__(max_version=(1, 0), dl_device=(1, 0), copy=False)
     assert "dltensor" in repr(cap)
+    # keyword-only, as the DLPack protocol has it
+    with pytest.raises(TypeError, match=r"takes at most 0 positional arguments \(1 given\)"):
+        b.__dlpack__(None)
+    with pytest.raises(TypeError, match="'streams' is an invalid keyword argument for __dlpack__"):
+        b.__dlpack__(streams=None)
+    kw = {"dl_" + "device": (1, 0)}  # a keyword made at run time, not interned
+    assert "dltensor" in repr(b.__dlpack__(**kw))
+    with pytest.raises(BufferError):
+        b.as_array("uint8").__dlpack__(copy=True)
     assert not hasattr(b, "__cuda_array_interface__")  # host memory
     del x, cap
     b.release()
