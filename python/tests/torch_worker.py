@@ -546,7 +546,7 @@ def scenario_cai(device, pool, ctx):
         src.t().reshape(-1))
     torch.cuda.synchronize()
     b.seal(sync=True)
-    o = c.open("cai/colmajor")
+    o = c.open("cai/colmajor", pool=pool)  # names are per pool
     cai = o.__cuda_array_interface__
     assert cai["shape"] == (4, 8) and cai["typestr"] == "<f4" and cai["strides"] == (4, 16), cai
     assert cai["data"][0] == o.address + 16
