@@ -91,10 +91,12 @@ step build 420 build || { tail -40 "$out/build.log" "$out/cmake.log" >>"$log" 2>
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >>"$log" 2>&1
 if [ "$phase" = tests ]; then
     # The examples first (a minute each at most), then the tests with what
-    # is left of a 10-minute device call.
+    # is left of a 10-minute device call, three at a time: one after another
+    # they take about 6 minutes on an H200, the two halves of gpubuf.torch's
+    # about 2 and 2.5 (test_gpu, which fills the GPU's memory, runs alone).
     step "aio_server cuda-ipc" 70 aio cuda-ipc
     step "aio_server cuda-vmm" 70 aio cuda-vmm
-    step "ctest -L gpu" 440 ctest --test-dir "$B" -L gpu --timeout 300 --output-on-failure
+    step "ctest -L gpu" 440 ctest --test-dir "$B" -L gpu -j3 --timeout 300 --output-on-failure
 else
     # bench/run.sh's folder holds its own build: only its figures come back,
     # in one archive (a device call returns at most 8 files).

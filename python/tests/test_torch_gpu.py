@@ -1,4 +1,5 @@
-"""gpubuf.torch on CUDA tensors (labels gpu; CTest python_torch_gpu): the
+"""gpubuf.torch on CUDA tensors (labels gpu; CTest python_torch_gpu_ipc and
+python_torch_gpu_vmm, a pool kind each, the examples with the pool they use): the
 scenarios of torch_worker.py on a cuda-ipc and a cuda-vmm pool, and the
 weight-sync example with three consumers. This process never initialises
 CUDA: every scenario runs in fresh processes (spawn). Skipped without a GPU
