@@ -317,10 +317,13 @@ def _itemsize(dtype):
     return n if n is not None else torch.empty((), dtype=dtype).element_size()
 
 
-def _base_tensor(buf, layout=None):
+_UNREAD = object()
+
+
+def _base_tensor(buf, layout=_UNREAD):
     """The whole buffer as a 1-D uint8 tensor (zero-copy), remembered as
-    gpubuf storage. layout: buf.layout, when the caller has it already."""
-    if layout is None:
+    gpubuf storage. layout: buf.layout, when the caller has read it already."""
+    if layout is _UNREAD:
         layout = buf.layout
     # The buffer's bytes, whatever layout it carries.
     base = _from_dlpack(buf.as_array("uint8") if layout is not None else buf)

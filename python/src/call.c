@@ -69,9 +69,10 @@ int fast_args(fast_spec *spec, PyObject *const *args, Py_ssize_t nargs, PyObject
     int n = 0;
     while (spec->names[n])
         n++;
-    if (!spec->interned[0])
+    if (!spec->interned[n - 1]) /* the last one set: all were (a failure leaves it NULL) */
         for (int i = 0; i < n; i++)
-            if (!(spec->interned[i] = PyUnicode_InternFromString(spec->names[i])))
+            if (!spec->interned[i] &&
+                !(spec->interned[i] = PyUnicode_InternFromString(spec->names[i])))
                 return -1;
     if (nargs > spec->max_pos) {
         PyErr_Format(PyExc_TypeError, "%s() takes at most %d positional argument%s (%zd given)",

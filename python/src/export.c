@@ -392,7 +392,10 @@ PyObject *gpubufpy_export_dlpack(const export_t *e, PyObject *const *args, Py_ss
     if (fast_args(&spec, args, nargs, kwnames, a) < 0)
         return NULL;
     PyObject *stream = a[0], *dl_device = a[2], *copy = a[3];
-    if (copy != Py_None && PyObject_IsTrue(copy) == 1) {
+    int copy_true = copy == Py_None ? 0 : PyObject_IsTrue(copy);
+    if (copy_true < 0)
+        return NULL;
+    if (copy_true) {
         PyErr_SetString(PyExc_BufferError,
                         "gpubuf exports zero-copy views only (copy=True): copy the result");
         return NULL;

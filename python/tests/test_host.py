@@ -1,6 +1,7 @@
 """The gpubuf package on host pools: API, zero-copy exports, lifetimes."""
 import gc
 import os
+import sys
 import time
 
 import numpy as np
@@ -105,8 +106,11 @@ def test_dlpack_numpy_is_zero_copy(client):
         b.__dlpack__(None)
     with pytest.raises(TypeError, match="'streams' is an invalid keyword argument for __dlpack__"):
         b.__dlpack__(streams=None)
-    kw = {"dl_" + "device": (1, 0)}  # a keyword made at run time, not interned
-    assert "dltensor" in repr(b.__dlpack__(**kw))
+    key = "".join(["dl_", "device"])  # a keyword made at run time, not interned
+    assert key is not sys.intern("dl_device")
+    assert "dltensor" in repr(b.__dlpack__(**{key: (1, 0)}))
+    with pytest.raises(BufferError):
+        b.__dlpack__(**{key: (2, 0)})
     with pytest.raises(BufferError):
         b.as_array("uint8").__dlpack__(copy=True)
     assert not hasattr(b, "__cuda_array_interface__")  # host memory

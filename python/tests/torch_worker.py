@@ -574,6 +574,7 @@ def scenario_as_tensor(device, pool, ctx):
         (4096, {}, None, None, (4096,), (1,), 0),
         (4098, {}, torch.float32, None, (1024,), (1,), 0),  # a tail of no whole element
         (4096, {}, torch.float32, (10,), (10,), (1,), 0),  # less than the whole buffer
+        (8, {}, torch.float64, (), (), (), 0),  # no dimension
         (96, {"dtype": "float32", "shape": (2, 3, 4)}, None, None, (2, 3, 4), (12, 4, 1), 0),
         (128, {"dtype": "int64", "shape": (16,)}, None, None, (16,), (1,), 0),
         (128, {"dtype": "float32", "shape": (4, 8), "strides": (1, 4)}, None, None, (4, 8), (1, 4), 0),
