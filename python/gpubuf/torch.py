@@ -212,8 +212,10 @@ def _swept(table, which, expired):
 
 
 def _remember(base, buf_id):
-    """_remember_all() of one pair, without its lists (a hand-over's receiver
-    pays this once per tensor)."""
+    """Remember a 1-D base tensor as the storage of buffer buf_id: sent, it
+    travels by id (_owned); received here later, the same storage serves it,
+    without a second reference (_opened). A hand-over's receiver pays this
+    once per tensor: no lists, no lambdas."""
     ptr, ref = base.data_ptr(), StorageWeakRef(_storage(base))
     with _owned_lock:
         if len(_owned) > _sweep["owned"]:
@@ -234,16 +236,9 @@ def _opened_expired(e):
 
 
 def _remember_all(pairs):
-    """_remember() of many (1-D base tensor, buffer id) pairs, each table locked once."""
-    refs = [(base.data_ptr(), buf_id, StorageWeakRef(_storage(base))) for base, buf_id in pairs]
-    with _owned_lock:
-        _swept(_owned, "owned", _owned_expired)
-        for ptr, buf_id, ref in refs:
-            _owned[ptr] = (buf_id, ref)
-    with _opened_lock:  # received here later: the same storage, no second reference
-        _swept(_opened, "opened", _opened_expired)
-        for _, buf_id, ref in refs:
-            _opened[buf_id] = ref
+    """_remember() of many (1-D base tensor, buffer id) pairs."""
+    for base, buf_id in pairs:
+        _remember(base, buf_id)
 
 
 def _lookup(t):
