@@ -37,9 +37,22 @@
 
 static const char *const order[] = {"off", "on", "on", "off", "off", "on", "on", "off"};
 
+/* What gpubufd's journal did while on, from its SIGUSR2 messages that
+ * turned it off (daemon/main.c, journal_went_off): summed over the windows
+ * that this process opened (its own switch on) for the phase under way. */
+typedef struct journal_work {
+    double secs;
+    unsigned long long groups, bytes, big, big_bytes, big_ns, snaps, snap_ns;
+    int windows;
+} journal_work;
+static journal_work g_work;
+static int g_switched_on; /* this process turned the journal on, and it is on */
+static char g_last_said[1024];
+
 /* The daemon's messages about SIGUSR2 in log: how many, and whether the last
  * says the journal is on (1), off (0), or something else (-1: the switch
- * failed; no message: on, as state_journal = switchable starts). */
+ * failed; no message: on, as state_journal = switchable starts). The last
+ * one's text is kept in g_last_said. */
 static int journal_said(const char *log, int *count) {
     FILE *f = fopen(log, "r");
     if (!f) {
@@ -54,6 +67,7 @@ static int journal_said(const char *log, int *count) {
         if (!p)
             continue;
         (*count)++;
+        snprintf(g_last_said, sizeof(g_last_said), "%s", p);
         if (strstr(p, "SIGUSR2: the journal is on"))
             state = 1;
         else if (strstr(p, "SIGUSR2: the journal is off"))
@@ -92,7 +106,48 @@ static int switch_journal(const char *log, int on) {
                 on ? "on" : "off", log);
         return -1;
     }
+    const char *w = strstr(g_last_said, "while it was on (");
+    journal_work d = {0};
+    if (!on && g_switched_on && w &&
+        sscanf(w,
+               "while it was on (%lf s): %llu groups, %llu bytes; %llu of %*u bytes or more, "
+               "%llu bytes, in %llu ns; %llu snapshot(s) in %llu ns",
+               &d.secs, &d.groups, &d.bytes, &d.big, &d.big_bytes, &d.big_ns, &d.snaps,
+               &d.snap_ns) == 8) {
+        g_work.secs += d.secs;
+        g_work.groups += d.groups;
+        g_work.bytes += d.bytes;
+        g_work.big += d.big;
+        g_work.big_bytes += d.big_bytes;
+        g_work.big_ns += d.big_ns;
+        g_work.snaps += d.snaps;
+        g_work.snap_ns += d.snap_ns;
+        g_work.windows++;
+    }
+    g_switched_on = on;
     return 0;
+}
+
+/* Appends the phase's journal work (g_work, then cleared) to DIR/journal-work.txt,
+ * one line that bench/report.py reads, and says it on stderr. */
+static void put_work(const char *dir, const char *phase) {
+    journal_work *w = &g_work;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/journal-work.txt", dir);
+    FILE *f = fopen(path, "a");
+    if (f) {
+        fprintf(f, "%s %d %.3f %llu %llu %llu %llu %llu %llu %llu\n", phase, w->windows, w->secs,
+                w->groups, w->bytes, w->big, w->big_bytes, w->big_ns, w->snaps, w->snap_ns);
+        fclose(f);
+    }
+    fprintf(stderr,
+            "bench: %s: with the journal on (%.1f s, %d windows), gpubufd wrote %llu groups, "
+            "%.1f MiB; %llu of 4 KiB or more, %.1f us each (framing, checksum, copy); "
+            "%llu snapshot(s), %.1f ms\n",
+            phase, w->secs, w->windows, w->groups, (double)w->bytes / 1048576.0, w->big,
+            w->big ? (double)w->big_ns / 1e3 / (double)w->big : 0.0, w->snaps,
+            (double)w->snap_ns / 1e6);
+    *w = (journal_work){0};
 }
 
 /* Runs fn with stdout appended to path. */
@@ -218,6 +273,8 @@ static int run_sliced(const char *dir, const char *log, const bench_phase *ph) {
                 dropped);
     if (s.failed)
         r = -1;
+    else
+        put_work(dir, ph->name);
     munmap(w, len);
     return r;
 }
@@ -249,6 +306,7 @@ int run_pairs(const char *dir, const char *log, const bench_phase *const *phases
         }
         fprintf(stderr, "bench: %s: %d rounds, the journal %s\n", phases[i]->name, ROUNDS,
                 "off on on off off on on off");
+        put_work(dir, phases[i]->name);
     }
     /* The daemon goes on as it started: with its journal. */
     if (switch_journal(log, 1) < 0)

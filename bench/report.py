@@ -402,6 +402,30 @@ if pairs["on"] and pairs["off"]:
             (lambda xs: f"{min(xs):.1f}–{max(xs):.1f}")
         print(f"| {label} | {fmt(on)} | {fmt(off)} | {cost:.3f} × | {span(ons)} / {span(offs)} | "
               f"≤ 1.1 × | {'met' if cost <= 1.1 else 'MISSED'} |")
+    # What the journal's writing itself took in the runs with it on
+    # (bench/pairs.c, journal-work.txt: gpubufd's SIGUSR2 messages summed per
+    # phase). The entries are appended during the registry's work, which
+    # this does not time.
+    work = os.path.join(sys.argv[5], "journal-work.txt")
+    if os.path.exists(work):
+        print()
+        print("The journal's writes in those runs with it on (gpubufd's clock; groups of 4 KiB or "
+              "more, a batch's, are each timed from framing to copy; the entries appended during "
+              "the registry's work are not in this):")
+        print()
+        print("| phase | time on | groups | of 4 KiB or more | each | their share of the time on "
+              "| snapshots |")
+        print("|---|---|---|---|---|---|---|")
+        for line in open(work):
+            f = line.split()
+            if len(f) != 10:
+                continue
+            secs = float(f[2])
+            groups, nbytes, big, big_bytes, big_ns, snaps, snap_ns = map(int, f[3:])
+            each = f"{big_ns / big / 1e3:.1f} µs, {big_bytes / big / 1024:.1f} KiB" if big else "-"
+            share = f"{big_ns / 1e9 / secs * 100:.2f} %" if secs > 0 else "-"
+            print(f"| {f[0]} | {secs:.1f} s | {groups} ({nbytes / 1048576:.1f} MiB) | {big} | "
+                  f"{each} | {share} | {snaps}, {snap_ns / 1e6:.1f} ms |")
 print()
 print("Anchors measured in this run:")
 for k in ("unix_socket_roundtrip_64B_median_us", "cuIpcOpenMemHandle_first_median_us",

@@ -271,6 +271,34 @@ static void reload(void) {
 static bool g_listen_stored; /* our listening socket is in the fd store */
 static void shutdown_daemon(void);
 
+/* The journal's counts when it last went on (state_journal = switchable),
+ * and when: a SIGUSR2 that turns it off logs what it did since (the
+ * benchmark's journal pairs read it, bench/pairs.c). */
+static gd_state_stats g_on_since;
+static uint64_t g_on_since_ns;
+
+static void journal_went_on(void) {
+    gd_state_stats_get(g_d.ctx.state, &g_on_since);
+    g_on_since_ns = gpubuf_now_ns();
+}
+
+/* SIGUSR2 turned the journal off: what it did while on. */
+static void journal_went_off(void) {
+    gd_state_stats now, *a = &g_on_since;
+    gd_state_stats_get(g_d.ctx.state, &now);
+    LOG_WARN("SIGUSR2: the journal is off: a restart loses the changes from now on; while it was "
+             "on (%.3f s): %llu groups, %llu bytes; %llu of %u bytes or more, %llu bytes, in "
+             "%llu ns; %llu snapshot(s) in %llu ns",
+             (double)(gpubuf_now_ns() - g_on_since_ns) / 1e9,
+             (unsigned long long)(now.groups - a->groups),
+             (unsigned long long)(now.bytes - a->bytes),
+             (unsigned long long)(now.big_groups - a->big_groups), GD_STATE_BIG_GROUP,
+             (unsigned long long)(now.big_bytes - a->big_bytes),
+             (unsigned long long)(now.big_ns - a->big_ns),
+             (unsigned long long)(now.snapshots - a->snapshots),
+             (unsigned long long)(now.snapshot_ns - a->snapshot_ns));
+}
+
 static void on_signal(uv_signal_t *h, int signum) {
     (void)h;
     if (signum == SIGHUP) {
@@ -287,8 +315,12 @@ static void on_signal(uv_signal_t *h, int signum) {
         else if (r < 0)
             LOG_ERR("SIGUSR2: the journal stays off: its snapshot could not be written");
         else {
-            LOG_WARN("SIGUSR2: the journal is %s", r ? "on again, after a whole snapshot"
-                                                     : "off: a restart loses the changes from now on");
+            if (r) {
+                journal_went_on();
+                LOG_WARN("SIGUSR2: the journal is on again, after a whole snapshot");
+            } else {
+                journal_went_off();
+            }
 #ifdef GPUBUF_HAVE_SYSTEMD
             sd_notifyf(0, "STATUS=serving %d pool(s), journal %s (state_journal = switchable)",
                        g_d.ctx.n_pools, r ? "on" : "off");
@@ -664,6 +696,7 @@ int main(int argc, char **argv) {
         }
     }
     kept_close();
+    journal_went_on(); /* (read only where state_journal = switchable) */
     if (r == 0 && listen_socket(&cfg, g_listen_fd, g_listen_from) < 0) {
         r = -EINVAL;
         snprintf(why, sizeof(why), "cannot listen on the socket passed");

@@ -76,6 +76,7 @@ struct gd_state {
     uint64_t bytes;       /* their bytes, frames included */
     uint64_t journal_ns;  /* time spent writing the timed ones of those */
     uint64_t timed_groups; /* the groups timed: one in 64 */
+    uint64_t big_groups, big_bytes, big_ns; /* groups of GD_STATE_BIG_GROUP or more: each timed */
     gd_obuf stage;        /* the group being made: the entries of this request */
     unsigned depth;       /* gd_state_begin() without its gd_state_end() */
     const struct gd_buf *pend; /* a buffer whose entry is still to be staged */

@@ -87,7 +87,9 @@ static void commit(gd_state *st) {
      * through the vDSO), and are a system call each where the clock source
      * has no vDSO path. */
     bool timed = (st->groups & 63) == 0;
-    uint64_t t0 = timed ? gpubuf_now_ns() : 0;
+    size_t len0 = o->len;
+    bool big = len0 >= GD_STATE_BIG_GROUP; /* timed each (gd_state_stats) */
+    uint64_t t0 = timed || big ? gpubuf_now_ns() : 0;
     if (o->oom) {
         errno = ENOMEM;
         gd_state_write_failed(st, "journal");
@@ -104,9 +106,17 @@ static void commit(gd_state *st) {
     o->oom = false;
     gd_group_open(o);
     st->groups++;
-    if (timed) {
-        st->journal_ns += gpubuf_now_ns() - t0;
-        st->timed_groups++;
+    if (timed || big) {
+        uint64_t dt = gpubuf_now_ns() - t0;
+        if (timed) {
+            st->journal_ns += dt;
+            st->timed_groups++;
+        }
+        if (big) {
+            st->big_groups++;
+            st->big_bytes += len0;
+            st->big_ns += dt;
+        }
     }
     if (s->len > st->compact_at)
         gd_state_snap_start(st);
@@ -503,6 +513,19 @@ int gd_state_switch(gd_state *st) {
     st->ctx->reg.hooks = &hooks;
     st->ctx->reg.hooks_arg = st;
     return 1;
+}
+
+void gd_state_stats_get(const gd_state *st, gd_state_stats *out) {
+    *out = (gd_state_stats){0};
+    if (!st)
+        return;
+    *out = (gd_state_stats){.groups = st->groups,
+                            .bytes = st->bytes,
+                            .big_groups = st->big_groups,
+                            .big_bytes = st->big_bytes,
+                            .big_ns = st->big_ns,
+                            .snapshots = st->snapshots,
+                            .snapshot_ns = st->snapshot_ns};
 }
 
 int gd_state_rewrite(gd_state *st) {

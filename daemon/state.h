@@ -75,6 +75,19 @@ size_t gd_state_frame_v2(uint8_t *out, uint64_t gen, const uint8_t *rec, uint32_
  * without a journal to switch (frozen), -EIO when the snapshot could not be
  * written (the journal stays off; the write error is logged). */
 int gd_state_switch(gd_state *st);
+/* What the journal did since start (state_journal = switchable: the log of
+ * each SIGUSR2 that turns it off gives the difference over the time it was
+ * on, for the benchmark's journal pairs, bench/pairs.c). Groups of
+ * GD_STATE_BIG_GROUP bytes or more (a batch's) are each timed, from their
+ * framing to their copy into the slot; smaller ones are not (the entries
+ * themselves are appended during the request's registry work, untimed). */
+#define GD_STATE_BIG_GROUP 4096u
+typedef struct gd_state_stats {
+    uint64_t groups, bytes;                /* groups written, their bytes */
+    uint64_t big_groups, big_bytes, big_ns; /* of those, the big ones and their time */
+    uint64_t snapshots, snapshot_ns;       /* snapshots, whole or a step per turn */
+} gd_state_stats;
+void gd_state_stats_get(const gd_state *st, gd_state_stats *out);
 /* Bytes of the active state memfd, and the records written since start
  * (status, benchmarks). */
 uint64_t gd_state_bytes(const gd_state *st);
