@@ -46,6 +46,10 @@ typedef struct journal_work {
     int windows;
 } journal_work;
 static journal_work g_work;
+/* With GPUBUF_TRACE_TIMING=1: DIR/switches.txt, a line "ns on|off" each
+ * time a run's side is in place (CLOCK_MONOTONIC, the trace's clock), for
+ * bench/trace_timing.py --windows to split a traced run's requests by side. */
+static char g_switches[4096];
 static int g_switched_on; /* this process turned the journal on, and it is on */
 static char g_last_said[1024];
 
@@ -82,7 +86,21 @@ static int journal_said(const char *log, int *count) {
 /* Turns gpubufd's journal on (1) or off (0): SIGUSR2 when it is not so, then
  * waits (30 s at most) until its log says it switched. 0, or -1 with a
  * message. */
+static int switch_journal_now(const char *log, int on);
+
 static int switch_journal(const char *log, int on) {
+    int r = switch_journal_now(log, on);
+    if (r == 0 && g_switches[0]) {
+        FILE *f = fopen(g_switches, "a");
+        if (f) {
+            fprintf(f, "%.0f %s\n", now_us() * 1e3, on ? "on" : "off");
+            fclose(f);
+        }
+    }
+    return r;
+}
+
+static int switch_journal_now(const char *log, int on) {
     int n, state = journal_said(log, &n);
     if (state == on)
         return 0;
@@ -285,6 +303,9 @@ int run_pairs(const char *dir, const char *log, const bench_phase *const *phases
         return -1;
     }
     int failed = 0;
+    const char *tr = getenv("GPUBUF_TRACE_TIMING");
+    if (tr && strcmp(tr, "1") == 0)
+        snprintf(g_switches, sizeof(g_switches), "%s/switches.txt", dir);
     for (size_t i = 0; i < n; i++) {
         if (phases[i]->rate_key) {
             if (run_sliced(dir, log, phases[i]) < 0) {

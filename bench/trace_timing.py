@@ -14,8 +14,14 @@ before it, and of the whole request.
 cache and view) took more than US microseconds: the opens that imported a
 slab (the cold opens), apart from the warm ones.
 
+--windows FILE --side on|off keeps only the requests that began while the
+journal was on (off) in a traced run of the journal pairs: FILE is their
+switches.txt (bench/pairs.c: a line "ns on|off" when each run's side was in
+place; the last window runs to the end).
+
 Use one daemon per trace directory (session ids restart with each daemon).
 """
+import bisect
 import argparse
 import collections
 import statistics
@@ -44,8 +50,12 @@ def main():
     ap.add_argument("--type", default="open", help="request type (default: open)")
     ap.add_argument("--map-over", type=float, default=None, metavar="US",
                     help="only requests whose mapping step took longer (cold opens)")
+    ap.add_argument("--windows", metavar="FILE", help="switches.txt of a traced pairs run")
+    ap.add_argument("--side", choices=("on", "off"), help="with --windows: which side's requests")
     ap.add_argument("files", nargs="+")
     a = ap.parse_args()
+    if bool(a.windows) != bool(a.side):
+        sys.exit("--windows and --side go together")
     if a.type not in TYPES:
         sys.exit(f"unknown type {a.type}; one of {', '.join(TYPES)}")
     want = TYPES.index(a.type)
@@ -65,6 +75,21 @@ def main():
                 reqs[key].setdefault(step, ns)
     n_steps = len(STEPS)
     rows = [k for k, v in reqs.items() if types.get(k) == want and len(v) == n_steps]
+    if a.windows:
+        marks = []
+        with open(a.windows) as f:
+            for line in f:
+                p = line.split()
+                if len(p) == 2 and p[1] in ("on", "off"):
+                    marks.append((int(float(p[0])), p[1]))
+        marks.sort()
+        starts = [t for t, _ in marks]
+
+        def side_of(ns):
+            i = bisect.bisect_right(starts, ns) - 1
+            return marks[i][1] if i >= 0 else None
+
+        rows = [k for k in rows if side_of(reqs[k][0]) == a.side]
     if a.map_over is not None and rows:
         rows = [k for k in rows if reqs[k][n_steps - 1] - reqs[k][n_steps - 2] > a.map_over * 1e3]
         if not rows:
