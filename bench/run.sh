@@ -12,8 +12,9 @@
 # goals that restart survival must not slow down (latency, cold, throughput
 # of the base group; batch, batchmix) run 8 more times each, back to back,
 # the journal off, on, on, off, off, on, on, off (bench/pairs.c); the report gives each figure's median with the
-# journal on and off and the ratio (goal <= 1.1). --no-journal-pairs skips
-# them.
+# journal on and off and the ratio (goal <= 1.1), and what the journal wrote
+# in the runs with it on (OUT/pairs/journal-work.txt, from gpubufd's SIGUSR2
+# messages). --no-journal-pairs skips them.
 #
 # --trace: the daemon and the benchmark record a timestamp at each step of
 # every request (GPUBUF_TRACE_TIMING=1, files in DIR/trace), and the report
