@@ -47,8 +47,9 @@ typedef struct journal_work {
 } journal_work;
 static journal_work g_work;
 /* With GPUBUF_TRACE_TIMING=1: DIR/switches.txt, a line "ns on|off" each
- * time a run's side is in place (CLOCK_MONOTONIC, the trace's clock), for
- * bench/trace_timing.py --windows to split a traced run's requests by side. */
+ * time a run's side is in place (CLOCK_MONOTONIC, the trace's clock), and
+ * "ns end" when the pairs are done, for bench/trace_timing.py --windows to
+ * split a traced run's requests by side. */
 static char g_switches[4096];
 static int g_switched_on; /* this process turned the journal on, and it is on */
 static char g_last_said[1024];
@@ -307,6 +308,10 @@ int run_pairs(const char *dir, const char *log, const bench_phase *const *phases
     if (tr && strcmp(tr, "1") == 0)
         snprintf(g_switches, sizeof(g_switches), "%s/switches.txt", dir);
     for (size_t i = 0; i < n; i++) {
+        /* A window open when a phase starts (or left by a phase that
+         * failed) is not this phase's. */
+        g_work = (journal_work){0};
+        g_switched_on = 0;
         if (phases[i]->rate_key) {
             if (run_sliced(dir, log, phases[i]) < 0) {
                 fprintf(stderr, "bench: phase %s failed in its journal slices\n", phases[i]->name);
@@ -329,7 +334,16 @@ int run_pairs(const char *dir, const char *log, const bench_phase *const *phases
                 "off on on off off on on off");
         put_work(dir, phases[i]->name);
     }
-    /* The daemon goes on as it started: with its journal. */
+    /* The daemon goes on as it started: with its journal. What follows
+     * is no pair's: the traced windows end here. */
+    if (g_switches[0]) {
+        FILE *f = fopen(g_switches, "a");
+        if (f) {
+            fprintf(f, "%.0f end\n", now_us() * 1e3);
+            fclose(f);
+        }
+        g_switches[0] = '\0';
+    }
     if (switch_journal(log, 1) < 0)
         return -1;
     return failed ? -1 : 0;

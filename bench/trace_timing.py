@@ -17,7 +17,8 @@ slab (the cold opens), apart from the warm ones.
 --windows FILE --side on|off keeps only the requests that began while the
 journal was on (off) in a traced run of the journal pairs: FILE is their
 switches.txt (bench/pairs.c: a line "ns on|off" when each run's side was in
-place; the last window runs to the end).
+place, "ns end" when the pairs were done; a window without an end runs to
+the end of the trace).
 
 Use one daemon per trace directory (session ids restart with each daemon).
 """
@@ -80,7 +81,7 @@ def main():
         with open(a.windows) as f:
             for line in f:
                 p = line.split()
-                if len(p) == 2 and p[1] in ("on", "off"):
+                if len(p) == 2 and p[1] in ("on", "off", "end"):
                     marks.append((int(float(p[0])), p[1]))
         marks.sort()
         starts = [t for t, _ in marks]

@@ -88,7 +88,8 @@ static void commit(gd_state *st) {
      * has no vDSO path. */
     bool timed = (st->groups & 63) == 0;
     size_t len0 = o->len;
-    bool big = len0 >= GD_STATE_BIG_GROUP; /* timed each (gd_state_stats) */
+    /* Timed each (gd_state_stats), and counted only when written. */
+    bool big = len0 >= GD_STATE_BIG_GROUP && !o->oom;
     uint64_t t0 = timed || big ? gpubuf_now_ns() : 0;
     if (o->oom) {
         errno = ENOMEM;

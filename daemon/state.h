@@ -79,8 +79,9 @@ int gd_state_switch(gd_state *st);
  * each SIGUSR2 that turns it off gives the difference over the time it was
  * on, for the benchmark's journal pairs, bench/pairs.c). Groups of
  * GD_STATE_BIG_GROUP bytes or more (a batch's) are each timed, from their
- * framing to their copy into the slot; smaller ones are not (the entries
- * themselves are appended during the request's registry work, untimed). */
+ * framing to their copy into the slot (and into a snapshot under way) and
+ * the next group's opening; smaller ones are not (the entries themselves
+ * are appended during the request's registry work, untimed). */
 #define GD_STATE_BIG_GROUP 4096u
 typedef struct gd_state_stats {
     uint64_t groups, bytes;                /* groups written, their bytes */
