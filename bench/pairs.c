@@ -89,15 +89,19 @@ static int journal_said(const char *log, int *count) {
  * message. */
 static int switch_journal_now(const char *log, int on);
 
+/* Appends "ns what" to DIR/switches.txt when the pairs are traced. */
+static void mark_side(const char *what) {
+    FILE *f = g_switches[0] ? fopen(g_switches, "a") : NULL;
+    if (f) {
+        fprintf(f, "%.0f %s\n", now_us() * 1e3, what);
+        fclose(f);
+    }
+}
+
 static int switch_journal(const char *log, int on) {
     int r = switch_journal_now(log, on);
-    if (r == 0 && g_switches[0]) {
-        FILE *f = fopen(g_switches, "a");
-        if (f) {
-            fprintf(f, "%.0f %s\n", now_us() * 1e3, on ? "on" : "off");
-            fclose(f);
-        }
-    }
+    if (r == 0)
+        mark_side(on ? "on" : "off");
     return r;
 }
 
@@ -336,14 +340,8 @@ int run_pairs(const char *dir, const char *log, const bench_phase *const *phases
     }
     /* The daemon goes on as it started: with its journal. What follows
      * is no pair's: the traced windows end here. */
-    if (g_switches[0]) {
-        FILE *f = fopen(g_switches, "a");
-        if (f) {
-            fprintf(f, "%.0f end\n", now_us() * 1e3);
-            fclose(f);
-        }
-        g_switches[0] = '\0';
-    }
+    mark_side("end");
+    g_switches[0] = '\0';
     if (switch_journal(log, 1) < 0)
         return -1;
     return failed ? -1 : 0;

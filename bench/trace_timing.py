@@ -22,8 +22,8 @@ the end of the trace).
 
 Use one daemon per trace directory (session ids restart with each daemon).
 """
-import bisect
 import argparse
+import bisect
 import collections
 import statistics
 import sys

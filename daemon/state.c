@@ -88,8 +88,10 @@ static void commit(gd_state *st) {
      * has no vDSO path. */
     bool timed = (st->groups & 63) == 0;
     size_t len0 = o->len;
-    /* Timed each (gd_state_stats), and counted only when written. */
-    bool big = len0 >= GD_STATE_BIG_GROUP && !o->oom;
+    /* With a switchable journal (measurement only), a big group is timed
+     * each (gd_state_stats), and counted only when written; a daemon that
+     * cannot be switched makes no clock read for it. */
+    bool big = st->switchable && len0 >= GD_STATE_BIG_GROUP && !o->oom;
     uint64_t t0 = timed || big ? gpubuf_now_ns() : 0;
     if (o->oom) {
         errno = ENOMEM;

@@ -77,8 +77,9 @@ size_t gd_state_frame_v2(uint8_t *out, uint64_t gen, const uint8_t *rec, uint32_
 int gd_state_switch(gd_state *st);
 /* What the journal did since start (state_journal = switchable: the log of
  * each SIGUSR2 that turns it off gives the difference over the time it was
- * on, for the benchmark's journal pairs, bench/pairs.c). Groups of
- * GD_STATE_BIG_GROUP bytes or more (a batch's) are each timed, from their
+ * on, for the benchmark's journal pairs, bench/pairs.c). With a switchable
+ * journal, groups of GD_STATE_BIG_GROUP bytes or more (a batch's) are each
+ * timed (otherwise not counted), from their
  * framing to their copy into the slot (and into a snapshot under way) and
  * the next group's opening; smaller ones are not (the entries themselves
  * are appended during the request's registry work, untimed). */
